@@ -1,0 +1,145 @@
+"""Input checks shared by the reference and the fused ops: every message names the offending argument.
+
+Skipped while tracing with ``torch.compile`` (``torch.compiler.is_compiling()``) since they read shapes
+only, except the per-value checks, which never run under compilation.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .specs import BucketSpec, MaskSpec
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v ``[B, H, N, D]`` of one float dtype and one device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape [B, H, N, D], got {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"q, k, v must be [B, H, N, D] with the same B, H, N (and q, k the same D); got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+
+
+def check_distance(distance: torch.Tensor, q: torch.Tensor) -> None:
+    """distance ``uint8 [B, N, N]`` on q's device."""
+    if not isinstance(distance, torch.Tensor):
+        raise TypeError(f"distance must be a uint8 tensor [B, N, N], got {type(distance).__name__}")
+    B, _, N, _ = q.shape
+    if distance.dtype != torch.uint8:
+        raise ValueError(f"distance must be uint8 (from sk.tree_distance), got {distance.dtype}")
+    if tuple(distance.shape) != (B, N, N):
+        raise ValueError(f"distance must have shape [B, N, N] = [{B}, {N}, {N}], got {tuple(distance.shape)}")
+    if distance.device != q.device:
+        raise ValueError(f"distance is on {distance.device} but q is on {q.device}")
+
+
+def check_table(table: torch.Tensor, buckets: BucketSpec, q: torch.Tensor) -> None:
+    """table ``[T]`` (shared) or ``[H, T]`` (per head) with T = buckets.num_buckets."""
+    if not isinstance(buckets, BucketSpec):
+        raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+    if not isinstance(table, torch.Tensor):
+        raise TypeError(f"table must be a tensor [T] or [H, T], got {type(table).__name__}")
+    H = q.shape[1]
+    T = buckets.num_buckets
+    if table.dim() == 1:
+        ok = table.shape[0] == T
+    elif table.dim() == 2:
+        ok = tuple(table.shape) == (H, T)
+    else:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"table must have shape [T] = [{T}] or [H, T] = [{H}, {T}] for this BucketSpec, got {tuple(table.shape)}"
+        )
+    if not table.is_floating_point():
+        raise ValueError(f"table must be a float tensor, got {table.dtype}")
+    if table.device != q.device:
+        raise ValueError(f"table is on {table.device} but q is on {q.device}")
+
+
+def check_bias_scale(bias_scale, q: torch.Tensor) -> None:
+    if bias_scale is None or isinstance(bias_scale, (int, float)):
+        return
+    if not isinstance(bias_scale, torch.Tensor) or bias_scale.numel() != 1:
+        raise ValueError("bias_scale must be None, a float or a one-element tensor")
+    if bias_scale.device != q.device:
+        raise ValueError(f"bias_scale is on {bias_scale.device} but q is on {q.device}")
+
+
+def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """``lengths`` as ``int64 [B]`` on q's device, from ``int [B]`` or a boolean key-padding mask
+    ``[B, N]`` (True = padding, as in ``nn.MultiheadAttention``; it must pad a suffix)."""
+    if lengths is None:
+        return None
+    B, _, N, _ = q.shape
+    lengths = torch.as_tensor(lengths, device=q.device)
+    if lengths.dtype == torch.bool:
+        if tuple(lengths.shape) != (B, N):
+            raise ValueError(f"a boolean key-padding mask must have shape [B, N] = [{B}, {N}], got {tuple(lengths.shape)}")
+        valid = ~lengths
+        counts = valid.sum(dim=1)
+        if not compiling():
+            prefix = torch.arange(N, device=q.device)[None, :] < counts[:, None]
+            bad = (prefix != valid).any(dim=1)
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0, 0])
+                raise ValueError(f"batch item {b}: the key-padding mask must pad a suffix (valid tokens first)")
+        return counts.to(torch.int64)
+    if lengths.dtype.is_floating_point or lengths.dim() != 1 or lengths.shape[0] != B:
+        raise ValueError(f"lengths must be an integer tensor [B] = [{B}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if not compiling():
+        bad = (lengths < 0) | (lengths > N)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} is outside 0..N = 0..{N}")
+    return lengths.to(torch.int64)
+
+
+def check_window(window) -> None:
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
+        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+
+
+def check_trees(trees, q: torch.Tensor) -> None:
+    from .trees.batch import TreeBatch
+
+    if not isinstance(trees, TreeBatch):
+        raise TypeError(f"trees must be a TreeBatch (sk.TreeBatch.from_heads), got {type(trees).__name__}")
+    check_distance(trees.distance, q)
+    B, _, N, _ = q.shape
+    for name in ("depth", "segment"):
+        t = getattr(trees, name)
+        if tuple(t.shape) != (B, N):
+            raise ValueError(f"trees.{name} must have shape [B, N] = [{B}, {N}], got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"trees.{name} is on {t.device} but q is on {q.device}")
+
+
+def check_masks(masks) -> None:
+    if not isinstance(masks, MaskSpec):
+        raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")

@@ -1,0 +1,44 @@
+"""Choosing between the Triton kernels and the reference (``backend=`` of every public op)."""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .. import _validation as V
+
+
+@functools.lru_cache(maxsize=None)
+def triton_status() -> str:
+    """'ok', or why Triton cannot be used here."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the install
+        return f"triton is not importable ({exc!r})"
+    return "ok"
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'triton' or 'reference' for tensors on ``device``.
+
+    "auto" picks Triton for CUDA tensors (when Triton imports) and the reference elsewhere; "triton" on a
+    CPU tensor works only under ``TRITON_INTERPRET=1`` and raises a clear error otherwise.
+    """
+    V.check_backend(backend)
+    if backend == "reference":
+        return "reference"
+    usable = triton_status() == "ok" and (device.type == "cuda" or (device.type == "cpu" and interpreting()))
+    if backend == "auto":
+        return "triton" if usable and device.type == "cuda" else "reference"
+    if not usable:
+        why = triton_status()
+        if why == "ok":
+            why = (f"tensors are on {device}; the Triton kernels need CUDA tensors "
+                   "(or CPU tensors with TRITON_INTERPRET=1 set before triton is imported)")
+        raise RuntimeError(f"backend='triton' is not available: {why}")
+    return "triton"
