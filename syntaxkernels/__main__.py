@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
 
 
@@ -47,9 +49,14 @@ def _table(rows, columns):
 def _verify(args) -> int:
     import torch
 
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu" and not args.no_interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        # The Triton kernels run on CPU only under the interpreter, which must be chosen before triton is
+        # imported: run the checks in a fresh process with it on.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.call([sys.executable, "-m", "syntaxkernels", *sys.argv[1:]], env=env)
     from .checks import run_checks
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = run_checks(device, args.select)
     shown = [dict(r, seconds=f"{r['seconds']:.2f}", detail=r["detail"].splitlines()[0][:90] if r["detail"] else "")
              for r in rows]
@@ -95,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--select", default="", help="only checks whose name contains this")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--no-interpret", action="store_true",
+                   help="on CPU, do not run the Triton kernels under TRITON_INTERPRET=1 (they are then skipped)")
     p = sub.add_parser("bench", help="the benchmarks available on this machine")
     p.add_argument("--device", default=None)
     p.add_argument("--select", default="", help="only benchmarks whose name contains this")

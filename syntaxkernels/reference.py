@@ -24,6 +24,11 @@ __all__ = [
     "masked_attention",
     "syntax_masks",
     "syntax_subnetwork_attention",
+    "topical_attention",
+    "gat_attention",
+    "gat_layer",
+    "inject_syntax_heads",
+    "structural_probe_loss",
 ]
 
 
@@ -175,3 +180,208 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     scores = (q @ k.transpose(-1, -2)).to(_acc_dtype(q.dtype)) * scale
     out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(masks.num_masks)], dim=1)
     return out, allowed.any(dim=-1)
+
+
+def topical_attention(outputs: torch.Tensor, nonempty: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor,
+                      value_weight: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """Syntax-BERT topical attention: mix the M sub-network outputs of every token, per head.
+
+    For head h and token i with sub-network outputs ``H_m`` (row vectors of width D):
+    ``k_m = H_m Wk_h``, ``v_m = H_m Wv_h``, ``w = softmax_m(q_h . k_m * scale)`` over the non-empty m only,
+    output ``sum_m w_m v_m``. A token whose M masks are all empty outputs 0 (zero gradients, never NaN).
+    With ``query = 0`` and ``value_weight = I`` it is the average of the non-empty sub-networks.
+
+    Args:
+        outputs: ``[B, M, H, N, D]`` from :func:`syntax_subnetwork_attention`.
+        nonempty: ``bool [B, M, N]``: mask m of token n has at least one key.
+        query: ``[H, D]`` the learnable task query q_h.
+        key_weight: ``[H, D, D]`` Wk (``k = H_m @ key_weight[h]``).
+        value_weight: ``[H, D, D]`` Wv.
+        scale: default ``1/sqrt(D)``.
+    Returns:
+        ``[B, H, N, D]`` in outputs' dtype.
+    """
+    if outputs.dim() != 5:
+        raise ValueError(f"outputs must have shape [B, M, H, N, D], got {tuple(outputs.shape)}")
+    B, M, H, N, D = outputs.shape
+    if nonempty.dtype != torch.bool or tuple(nonempty.shape) != (B, M, N):
+        raise ValueError(f"nonempty must be bool [B, M, N] = [{B}, {M}, {N}], got {nonempty.dtype} "
+                         f"{tuple(nonempty.shape)}")
+    if tuple(query.shape) != (H, D):
+        raise ValueError(f"query must have shape [H, D] = [{H}, {D}], got {tuple(query.shape)}")
+    for name, w in (("key_weight", key_weight), ("value_weight", value_weight)):
+        if tuple(w.shape) != (H, D, D):
+            raise ValueError(f"{name} must have shape [H, D, D] = [{H}, {D}, {D}], got {tuple(w.shape)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    acc = _acc_dtype(outputs.dtype)
+    keys = torch.einsum("bmhnd,hde->bhnme", outputs, key_weight.to(outputs.dtype))
+    values = torch.einsum("bmhnd,hde->bhnme", outputs, value_weight.to(outputs.dtype))
+    # One "query row" per (b, h, n) attending over its M sub-network keys: [B, H, N, 1, M].
+    scores = torch.einsum("bhnme,he->bhnm", keys.to(acc), query.to(acc))[..., None, :] * scale
+    allowed = nonempty.permute(0, 2, 1)[:, None, :, None, :]
+    return masked_attention(scores, allowed, values)[..., 0, :]
+
+
+def gat_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, *, window: int,
+                  lengths=None, scale: Optional[float] = None) -> torch.Tensor:
+    """Windowed attention of the syntax GAT: query i attends key j only when ``d(i, j) <= window``.
+
+    Plain softmax attention restricted to the tree window (unreachable pairs never; padding never); the
+    public op for it is :func:`syntax_bias_attention` with ``window=`` and a zero table.
+
+    Args:
+        q, k, v: ``[B, H, N, D]``.
+        distance: ``uint8 [B, N, N]``.
+        window: the delta of the paper (``0..254``); 0 lets a token see only itself.
+        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]``.
+        scale: default ``1/sqrt(D)``.
+    Returns:
+        ``[B, H, N, Dv]``; padding rows are 0.
+    """
+    if not V.compiling():
+        V.check_qkv(q, k, v)
+        V.check_distance(distance, q)
+        if window is None:
+            raise ValueError("window must be an int in 0..254 for gat_attention, got None")
+        V.check_window(window)
+    lengths = V.normalize_lengths(lengths, q)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-1, -2)).to(_acc_dtype(q.dtype)) * scale
+    return masked_attention(scores, allowed_pairs(distance, lengths, window)[:, None], v)
+
+
+def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, N, H*D] -> [B, H, N, D]``."""
+    B, N, E = x.shape
+    return x.view(B, N, num_heads, E // num_heads).transpose(1, 2)
+
+
+def gat_layer(x: torch.Tensor, distance: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+              v_weight: torch.Tensor, *, num_heads: int, window: int, lengths=None,
+              scale: Optional[float] = None) -> torch.Tensor:
+    """One syntax-GAT layer: k heads of windowed attention, heads concatenated, no FFN, no residual.
+
+    ``Q = x Wq^T``, ``K = x Wk^T``, ``V = x Wv^T`` split into ``num_heads`` heads of width d_g, then
+    :func:`gat_attention` per head and the heads concatenated.
+
+    Args:
+        x: ``[B, N, E_in]``.
+        distance: ``uint8 [B, N, N]``.
+        q_weight, k_weight, v_weight: ``[k*d_g, E_in]`` (``torch.nn.Linear`` layout, no bias).
+        num_heads: k.
+        window: delta.
+        lengths: ``int [B]`` or boolean key-padding mask.
+    Returns:
+        ``G [B, N, k*d_g]``; padding rows are 0.
+    """
+    out_dim = q_weight.shape[0]
+    if out_dim % num_heads:
+        raise ValueError(f"q_weight has {out_dim} output features, not a multiple of num_heads = {num_heads}")
+    q = _split_heads(torch.nn.functional.linear(x, q_weight), num_heads)
+    k = _split_heads(torch.nn.functional.linear(x, k_weight), num_heads)
+    v = _split_heads(torch.nn.functional.linear(x, v_weight), num_heads)
+    out = gat_attention(q, k, v, distance, window=window, lengths=lengths, scale=scale)
+    B, H, N, D = out.shape
+    return out.transpose(1, 2).reshape(B, N, H * D)
+
+
+def inject_syntax_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, weights, *,
+                        heads: int, targets=("q", "k")):
+    """Add the GAT output to the first ``heads`` attention heads ("syntax heads").
+
+    For every target t in ``targets`` (in order, one weight each): ``t[:, :heads] += split_heads(g W_t^T)``.
+    The paper adds to the queries and keys (``targets=("q", "k")``); the authors' release adds to the keys
+    and values (``("k", "v")``).
+
+    Args:
+        q, k, v: ``[B, H, N, D]`` (v may have its own last dim Dv).
+        g: ``G [B, N, E_g]`` from the syntax GAT.
+        weights: one tensor per target, ``[heads*D, E_g]`` (``[heads*Dv, E_g]`` for "v"), ``torch.nn.Linear``
+            layout.
+        heads: n, the number of syntax heads (``0 <= n <= H``).
+        targets: a sequence of distinct names among "q", "k", "v".
+    Returns:
+        ``(q, k, v)`` with the syntax heads updated (new tensors; untouched inputs are returned as is).
+    """
+    if isinstance(targets, str):
+        targets = (targets,)
+    targets = tuple(targets)
+    if len(set(targets)) != len(targets) or not set(targets) <= {"q", "k", "v"}:
+        raise ValueError(f"targets must be distinct names among 'q', 'k', 'v', got {targets!r}")
+    weights = tuple(weights) if not isinstance(weights, torch.Tensor) else (weights,)
+    if len(weights) != len(targets):
+        raise ValueError(f"weights must give one tensor per target ({len(targets)}), got {len(weights)}")
+    H = q.shape[1]
+    if isinstance(heads, bool) or not isinstance(heads, int) or not 0 <= heads <= H:
+        raise ValueError(f"heads must be an int in 0..{H}, got {heads!r}")
+    B, N = g.shape[:2]
+    if g.dim() != 3 or B != q.shape[0] or N != q.shape[2]:
+        raise ValueError(f"g must have shape [B, N, E_g] with B = {q.shape[0]}, N = {q.shape[2]}, got "
+                         f"{tuple(g.shape)}")
+    out = {"q": q, "k": k, "v": v}
+    for name, weight in zip(targets, weights):
+        t = out[name]
+        D = t.shape[-1]
+        if tuple(weight.shape) != (heads * D, g.shape[-1]):
+            raise ValueError(f"the weight for {name!r} must have shape [heads*D, E_g] = [{heads * D}, "
+                             f"{g.shape[-1]}], got {tuple(weight.shape)}")
+        if heads == 0:
+            continue
+        added = _split_heads(torch.nn.functional.linear(g.to(t.dtype), weight.to(t.dtype)), heads)
+        out[name] = torch.cat([t[:, :heads] + added, t[:, heads:]], dim=1)
+    return out["q"], out["k"], out["v"]
+
+
+def structural_probe_loss(g: torch.Tensor, proj: torch.Tensor, distance: torch.Tensor, depth: torch.Tensor,
+                          lengths=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Structural-probe losses of the syntax GAT output (distance term and depth term).
+
+    With ``p_i = g_i B`` (``B = proj``):
+
+    - distance loss: ``mean |d(i, j)^2 - ||p_i - p_j||^2|`` over pairs with ``i != j``, both tokens valid and
+      a finite distance (same tree; 255 = unreachable pairs are left out);
+    - depth loss: ``mean |depth_i^2 - ||p_i||^2|`` over valid tokens.
+
+    Both means run over the whole batch (every pair, or every token, weighs the same). The squared norms come
+    from the Gram matrix, ``||p_i - p_j||^2 = ||p_i||^2 + ||p_j||^2 - 2 <p_i, p_j>``, so no
+    ``[B, N, N, rank]`` tensor exists. A batch with no valid pair gives a zero distance loss (with gradients).
+
+    Args:
+        g: ``[B, N, E]``.
+        proj: ``[E, rank]``.
+        distance: ``uint8 [B, N, N]``.
+        depth: ``int [B, N]`` (root = 0; negative for padding).
+        lengths: ``int [B]`` or boolean key-padding mask ``[B, N]``; default: tokens with ``depth >= 0``.
+    Returns:
+        ``(distance_loss, depth_loss)``, scalar tensors in the accumulation dtype (float32, or float64).
+    """
+    if g.dim() != 3:
+        raise ValueError(f"g must have shape [B, N, E], got {tuple(g.shape)}")
+    B, N, E = g.shape
+    if proj.dim() != 2 or proj.shape[0] != E:
+        raise ValueError(f"proj must have shape [E, rank] with E = {E}, got {tuple(proj.shape)}")
+    if distance.dtype != torch.uint8 or tuple(distance.shape) != (B, N, N):
+        raise ValueError(f"distance must be uint8 [B, N, N] = [{B}, {N}, {N}], got {distance.dtype} "
+                         f"{tuple(distance.shape)}")
+    if tuple(depth.shape) != (B, N):
+        raise ValueError(f"depth must have shape [B, N] = [{B}, {N}], got {tuple(depth.shape)}")
+    acc = _acc_dtype(g.dtype)
+    if lengths is None:
+        valid = depth >= 0
+    else:
+        counts = V.normalize_lengths(lengths, g.new_empty(B, 1, N, 1))  # reads B, N and the device
+        valid = torch.arange(N, device=g.device)[None, :] < counts[:, None]
+    p = (g @ proj.to(g.dtype)).to(acc)
+    norms = (p * p).sum(dim=-1)  # [B, N]
+    gram = p @ p.transpose(-1, -2)  # [B, N, N]
+    squared = norms[:, :, None] + norms[:, None, :] - 2 * gram
+    eye = torch.eye(N, dtype=torch.bool, device=g.device)[None]
+    pairs = valid[:, :, None] & valid[:, None, :] & ~eye & (distance != 255)
+    target = distance.to(acc) ** 2
+    pair_err = (target - squared).abs() * pairs
+    distance_loss = pair_err.sum() / pairs.sum().clamp(min=1)
+    depth_err = (depth.to(acc) ** 2 - norms).abs() * valid
+    depth_loss = depth_err.sum() / valid.sum().clamp(min=1)
+    return distance_loss, depth_loss

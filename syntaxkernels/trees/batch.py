@@ -16,6 +16,7 @@ Every builder rejects bad input with a ``ValueError`` naming the batch item and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -45,17 +46,7 @@ def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch
             raise ValueError(f"heads must be an integer array, got dtype {heads.dtype}")
         tensor = torch.from_numpy(np.ascontiguousarray(heads))
     elif isinstance(heads, (list, tuple)):
-        rows = [list(r) if not isinstance(r, torch.Tensor) else r.tolist() for r in heads]
-        for b, row in enumerate(rows):
-            for i, h in enumerate(row):
-                if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
-                    raise ValueError(f"batch item {b}, token {i}: head {h!r} is not an integer")
-        row_lengths = [len(r) for r in rows]
-        n = max(row_lengths, default=0)
-        tensor = torch.full((len(rows), n), -1, dtype=torch.int64)
-        for b, row in enumerate(rows):
-            if row:
-                tensor[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        tensor, row_lengths = _pad_rows(heads)
     else:
         raise ValueError(f"heads must be a tensor [B, N] or a list of lists, got {type(heads).__name__}")
 
@@ -79,7 +70,11 @@ def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch
             raise ValueError(f"lengths must have shape [B] = [{B}], got {tuple(lengths_t.shape)}")
         lengths_t = lengths_t.to(torch.int64)
         lengths_cpu = lengths_t.cpu()
-        for b in range(B):
+        too_long = lengths_cpu > N
+        if row_lengths is not None:
+            too_long |= lengths_cpu > torch.tensor(row_lengths, dtype=torch.int64)
+        # The per-item loop below only runs to name the first bad item.
+        for b in (range(B) if bool((lengths_cpu < 0).any() or too_long.any()) else ()):
             value = int(lengths_cpu[b])
             if value < 0:
                 raise ValueError(f"batch item {b}: lengths[{b}] = {value} is negative")
@@ -90,6 +85,37 @@ def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch
                     f"batch item {b}: lengths[{b}] = {value} is larger than the {row_lengths[b]} heads given"
                 )
     return tensor.to(tensor.device), lengths_t.to(tensor.device)
+
+
+def _pad_rows(rows_in) -> Tuple[torch.Tensor, List[int]]:
+    """``int64 [B, N]`` (padded with -1) and the row lengths of a ragged list of integer sequences."""
+    rows = []
+    for b, r in enumerate(rows_in):
+        if isinstance(r, torch.Tensor):
+            rows.append(r.tolist())
+        elif isinstance(r, (str, bytes)) or not hasattr(r, "__iter__"):
+            raise ValueError(f"heads must be a tensor [B, N] or a list of lists; batch item {b} is {r!r}")
+        else:
+            rows.append(list(r))
+    row_lengths = [len(r) for r in rows]
+    flat = list(chain.from_iterable(rows))
+    if not set(map(type, flat)) <= {int}:  # slow path: name the first non-integer, accept NumPy integers
+        for b, row in enumerate(rows):
+            for i, h in enumerate(row):
+                if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
+                    raise ValueError(f"batch item {b}, token {i}: head {h!r} is not an integer")
+    n = max(row_lengths, default=0)
+    padded = np.full((len(rows), n), -1, dtype=np.int64)
+    try:
+        values = np.array(flat, dtype=np.int64)
+    except OverflowError:
+        for b, row in enumerate(rows):
+            for i, h in enumerate(row):
+                if not -(1 << 63) <= int(h) < (1 << 63):
+                    raise ValueError(f"batch item {b}, token {i}: head {h!r} does not fit in int64") from None
+        raise
+    padded[np.arange(n)[None, :] < np.array(row_lengths, dtype=np.int64)[:, None]] = values
+    return torch.from_numpy(padded), row_lengths
 
 
 def _cycle_error(b: int, h: np.ndarray, unreached: np.ndarray) -> ValueError:

@@ -1,0 +1,23 @@
+# The one list of C++/CUDA sources, read by CMakeLists.txt and by setup.py (which parses these set() calls:
+# keep one path per line, relative to the repository root).
+
+# Torch-free core: the tree-distance builder (used by the extension and by the C++ tests).
+set(SYNTAXKERNELS_CORE_SOURCES
+    csrc/tree_distance.cpp
+)
+
+# Python bindings of syntaxkernels._C (need torch).
+set(SYNTAXKERNELS_BINDING_SOURCES
+    csrc/bindings.cpp
+)
+
+# CUDA builder: kernels (plain CUDA C++) and their torch launcher; only in a CUDA build.
+set(SYNTAXKERNELS_CUDA_SOURCES
+    csrc/cuda/tree_distance_cuda.cu
+    csrc/cuda/launcher.cpp
+)
+
+# C++ tests of the core, run by ctest.
+set(SYNTAXKERNELS_TEST_SOURCES
+    csrc/tests/test_tree_distance.cpp
+)

@@ -1,0 +1,242 @@
+// All-pairs tree distance: the torch-free core (see tree_distance.h for the contract).
+#include "tree_distance.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <thread>
+
+namespace syntaxkernels {
+namespace {
+
+std::string item_prefix(int64_t b, int64_t token) {
+  return "batch item " + std::to_string(b) + ", token " + std::to_string(token) + ": ";
+}
+
+// Head out of range, then self-loop (the Python builder's order); "" when neither occurs.
+std::string check_heads_local(int64_t b, const int64_t* heads, int64_t length) {
+  for (int64_t i = 0; i < length; ++i) {
+    const int64_t h = heads[i];
+    if (h < -1 || h >= length) {
+      return item_prefix(b, i) + "head " + std::to_string(h) + " out of range (length " +
+             std::to_string(length) + "; expected -1 for a root or 0.." + std::to_string(length - 1) + ")";
+    }
+  }
+  for (int64_t i = 0; i < length; ++i) {
+    if (heads[i] == i) return item_prefix(b, i) + "self-loop (its head is itself; use -1 for a root)";
+  }
+  return "";
+}
+
+// The message for tokens that never reach a root (depth < 0): peels the tokens no unreached token
+// points to; what remains lies on cycles; names the smallest such token and its cycle.
+std::string cycle_message(int64_t b, const int64_t* heads, int64_t length, const int32_t* depth,
+                          TreeWorkspace& workspace) {
+  std::vector<int32_t>& indegree = workspace.scratch;
+  indegree.assign(static_cast<size_t>(2 * length), 0);
+  int32_t* removed = indegree.data() + length;
+  for (int64_t i = 0; i < length; ++i) {
+    if (depth[i] < 0) ++indegree[heads[i]];  // an unreached token's head is never a root, never -1
+  }
+  std::vector<int32_t>& stack = workspace.children;  // free once the breadth-first pass is over
+  stack.clear();
+  for (int64_t i = 0; i < length; ++i) {
+    if (depth[i] < 0 && indegree[i] == 0) stack.push_back(static_cast<int32_t>(i));
+  }
+  while (!stack.empty()) {
+    const int32_t i = stack.back();
+    stack.pop_back();
+    removed[i] = 1;
+    const int64_t p = heads[i];
+    if (--indegree[p] == 0) stack.push_back(static_cast<int32_t>(p));
+  }
+  int64_t start = -1;
+  for (int64_t i = 0; i < length; ++i) {
+    if (depth[i] < 0 && !removed[i]) {
+      start = i;
+      break;
+    }
+  }
+  std::string path = std::to_string(start);
+  for (int64_t node = heads[start]; node != start; node = heads[node]) path += " -> " + std::to_string(node);
+  path += " -> " + std::to_string(start);
+  return item_prefix(b, start) + "on a cycle (" + path + ") that never reaches a root";
+}
+
+// Validates one sentence and orders its tokens breadth-first from the roots (roots first, by position).
+// Fills workspace.order, depth[0 .. length) and segment[0 .. length). Returns "" or the error message.
+std::string order_tokens(int64_t b, const int64_t* heads, int64_t length, int32_t* depth, int32_t* segment,
+                         TreeWorkspace& workspace) {
+  std::string message = check_heads_local(b, heads, length);
+  if (!message.empty()) return message;
+
+  // Children lists (compressed rows), each in increasing token order.
+  std::vector<int32_t>& start = workspace.child_start;
+  std::vector<int32_t>& children = workspace.children;
+  std::vector<int32_t>& order = workspace.order;
+  start.assign(static_cast<size_t>(length + 1), 0);
+  for (int64_t i = 0; i < length; ++i) {
+    if (heads[i] >= 0) ++start[heads[i] + 1];
+  }
+  for (int64_t t = 0; t < length; ++t) start[t + 1] += start[t];
+  children.resize(static_cast<size_t>(start[length]));
+  std::vector<int32_t>& cursor = workspace.scratch;
+  cursor.assign(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < length; ++i) {
+    if (heads[i] >= 0) children[cursor[heads[i]]++] = static_cast<int32_t>(i);
+  }
+
+  // Breadth-first order: every token comes after its head.
+  order.resize(static_cast<size_t>(length));
+  int64_t placed = 0;
+  int32_t trees = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    depth[i] = -1;
+    segment[i] = -1;
+  }
+  for (int64_t i = 0; i < length; ++i) {
+    if (heads[i] == -1) {
+      order[placed++] = static_cast<int32_t>(i);
+      depth[i] = 0;
+      segment[i] = trees++;
+    }
+  }
+  for (int64_t next = 0; next < placed; ++next) {
+    const int32_t v = order[next];
+    for (int32_t c = start[v]; c < start[v + 1]; ++c) {
+      const int32_t child = children[c];
+      order[placed++] = child;
+      depth[child] = depth[v] + 1;
+      segment[child] = segment[v];
+    }
+  }
+  if (placed < length) return cycle_message(b, heads, length, depth, workspace);
+  return "";
+}
+
+}  // namespace
+
+std::string check_length(int64_t b, int64_t length, int64_t N) {
+  const std::string prefix = "batch item " + std::to_string(b) + ": lengths[" + std::to_string(b) + "] = " +
+                             std::to_string(length);
+  if (length < 0) return prefix + " is negative";
+  if (length > N) return prefix + " is larger than N = " + std::to_string(N);
+  return "";
+}
+
+std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, TreeWorkspace& workspace) {
+  std::vector<int32_t> depth(static_cast<size_t>(length)), segment(static_cast<size_t>(length));
+  return order_tokens(b, heads, length, depth.data(), segment.data(), workspace);
+}
+
+std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
+                       int32_t* depth, int32_t* segment, TreeWorkspace& workspace) {
+  std::memset(distance, kUnreachable, static_cast<size_t>(N * N));
+  for (int64_t i = length; i < N; ++i) {
+    depth[i] = -1;
+    segment[i] = -1;
+  }
+  if (length == 0) return "";
+  std::string message = order_tokens(b, heads, length, depth, segment, workspace);
+  if (!message.empty()) return message;
+
+  // Place tokens in breadth-first order. Invariant: entry (x, y) is final once x and y are both placed,
+  // and 255 while either is not. A new token's path to any placed token runs through its head, so its
+  // row is the head's row plus one (255 stays 255, saturating at 254); the row is then mirrored into
+  // the token's column. Roots keep their all-255 row.
+  const int32_t* order = workspace.order.data();
+  for (int64_t k = 0; k < length; ++k) {
+    const int64_t v = order[k];
+    uint8_t* row = distance + v * N;
+    const int64_t p = heads[v];
+    if (p >= 0) {
+      const uint8_t* parent_row = distance + p * N;
+      for (int64_t u = 0; u < length; ++u) {
+        const uint8_t d = parent_row[u];
+        row[u] = static_cast<uint8_t>(d + (d < kMaxDistance));
+      }
+      row[v] = 0;
+      uint8_t* column = distance + v;
+      for (int64_t u = 0; u < length; ++u) column[u * N] = row[u];
+    } else {
+      row[v] = 0;
+    }
+  }
+  return "";
+}
+
+void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, uint8_t* distance,
+                 int32_t* depth, int32_t* segment, int num_threads) {
+  for (int64_t b = 0; b < B; ++b) {
+    std::string message = check_length(b, lengths[b], N);
+    if (!message.empty()) throw std::invalid_argument(message);
+  }
+  if (B == 0 || N == 0) return;
+
+  // Threads only pay off with enough work (each start costs tens of microseconds).
+  const int64_t work = B * N * N;
+  int64_t threads = std::max<int64_t>(1, num_threads);
+  threads = std::min<int64_t>({threads, B, std::max<int64_t>(1, work / 65536)});
+
+  auto item = [&](int64_t b, TreeWorkspace& workspace) {
+    return build_item(b, heads + b * N, lengths[b], N, distance + b * N * N, depth + b * N, segment + b * N,
+                      workspace);
+  };
+  if (threads <= 1) {
+    TreeWorkspace workspace;
+    for (int64_t b = 0; b < B; ++b) {
+      std::string message = item(b, workspace);
+      if (!message.empty()) throw std::invalid_argument(message);
+    }
+    return;
+  }
+
+  // Items are claimed in increasing order; a worker stops at its first bad item or once it claims an
+  // item past the lowest bad one found so far. Every item below the lowest bad item is therefore
+  // built, and the reported error is the lowest bad item's, whatever the interleaving.
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> first_bad{B};
+  struct Outcome {
+    int64_t b = -1;
+    std::string message;
+    std::exception_ptr exception;
+  };
+  std::vector<Outcome> outcomes(static_cast<size_t>(threads));
+  auto worker = [&](Outcome& outcome) {
+    try {
+      TreeWorkspace workspace;
+      for (;;) {
+        const int64_t b = next.fetch_add(1);
+        if (b >= B || b > first_bad.load()) return;
+        std::string message = item(b, workspace);
+        if (!message.empty()) {
+          outcome.b = b;
+          outcome.message = std::move(message);
+          int64_t seen = first_bad.load();
+          while (b < seen && !first_bad.compare_exchange_weak(seen, b)) {
+          }
+          return;
+        }
+      }
+    } catch (...) {
+      outcome.exception = std::current_exception();
+      first_bad.store(-1);  // stop everyone
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker, std::ref(outcomes[static_cast<size_t>(t)]));
+  worker(outcomes[0]);
+  for (auto& thread : pool) thread.join();
+
+  const Outcome* lowest = nullptr;
+  for (const Outcome& outcome : outcomes) {
+    if (outcome.exception) std::rethrow_exception(outcome.exception);
+    if (outcome.b >= 0 && (lowest == nullptr || outcome.b < lowest->b)) lowest = &outcome;
+  }
+  if (lowest != nullptr) throw std::invalid_argument(lowest->message);
+}
+
+}  // namespace syntaxkernels

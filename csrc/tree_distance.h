@@ -1,0 +1,54 @@
+// All-pairs tree distance for batches of dependency trees: the torch-free core.
+//
+// A tree is a vector of 0-based head indices, -1 for a root; several roots make a forest. For a batch
+// heads [B, N] (row-major int64) with lengths [B], the builder writes
+//   distance uint8 [B, N, N]: edges on the tree path, 0 on the diagonal, saturating at 254,
+//                             255 = unreachable (different trees, or padding);
+//   depth    int32 [B, N]:    edges to the token's root, -1 for padding;
+//   segment  int32 [B, N]:    which tree the token is in (trees numbered by their root's position),
+//                             -1 for padding.
+// Bad input raises std::invalid_argument with the same message as the Python builder
+// (syntaxkernels/trees/batch.py), naming the batch item and token; with several bad items the lowest
+// batch index is reported, whatever the number of threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace syntaxkernels {
+
+constexpr uint8_t kUnreachable = 255;
+constexpr uint8_t kMaxDistance = 254;
+
+// Reusable per-thread buffers for one sentence (sized to the longest sentence seen).
+struct TreeWorkspace {
+  std::vector<int32_t> order;         // tokens in breadth-first order (roots first, by position)
+  std::vector<int32_t> child_start;   // children of token t: children[child_start[t] .. child_start[t+1])
+  std::vector<int32_t> children;
+  std::vector<int32_t> scratch;       // cycle search
+};
+
+// The error message for a bad lengths[b] (negative or larger than N), or "" when it is valid.
+std::string check_length(int64_t b, int64_t length, int64_t N);
+
+// The error message for heads[0 .. length) of batch item b (head out of range, self-loop, cycle), or ""
+// when the sentence is a valid forest. Checks in the Python builder's order: range, then self-loops,
+// then cycles (naming the smallest token on a cycle, with the cycle's path).
+std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, TreeWorkspace& workspace);
+
+// Builds one batch item. heads points at the item's row (N entries, the first `length` used); distance
+// at its [N, N] block (row stride N), depth and segment at its N entries. Writes every entry, padding
+// included. Returns "" on success or the error message (outputs are then unspecified).
+// O(length^2) with O(1) work per pair: tokens are placed in breadth-first order and each new token's
+// row is its parent's row plus one (saturating), mirrored into the column.
+std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
+                       int32_t* depth, int32_t* segment, TreeWorkspace& workspace);
+
+// Builds the whole batch on up to num_threads threads (num_threads <= 1: the calling thread only).
+// Validates every length first, then every sentence; throws std::invalid_argument with the message of
+// the lowest bad batch item. Never reads heads beyond [B, N] nor writes beyond the outputs.
+void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, uint8_t* distance,
+                 int32_t* depth, int32_t* segment, int num_threads);
+
+}  // namespace syntaxkernels

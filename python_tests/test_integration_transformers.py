@@ -1,0 +1,377 @@
+"""transformers integration: enable_syntax_attention on BERT / RoBERTa / XLM-RoBERTa built from tiny configs.
+
+What is checked: the promise each method makes for fresh parameters (bias and gat: unchanged outputs;
+subnetwork with only ``full``: unchanged; subnetwork with relation masks: the average of the sub-networks),
+that trees change the outputs once the syntax parameters are non-zero, that gradients reach every syntax
+parameter, save_pretrained / load_syntax_model round trips, and the errors. No hub downloads.
+"""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import syntaxkernels as sk  # noqa: E402
+from syntaxkernels import reference  # noqa: E402
+from syntaxkernels.integrations.transformers import (  # noqa: E402
+    ATTN_IMPLEMENTATION,
+    SyntaxSubnetworks,
+    enable_syntax_attention,
+    load_syntax_model,
+    syntax_aux_loss,
+    syntax_parameters,
+    token_pos_ids,
+)
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100)
+HEADS = [[-1, 0, 1, 1, 0, 4, 5, 4, 0], [-1, 0, 0, 2, 2, 0]]  # [CLS]-rooted token trees, lengths 9 and 6
+GAT_SMALL = dict(num_layers=2, num_heads=2, head_dim=8, window=2)
+
+
+def _config(arch: str, **overrides):
+    if arch == "bert":
+        return transformers.BertConfig(**SMALL, **overrides)
+    if arch == "roberta":
+        return transformers.RobertaConfig(**SMALL, pad_token_id=1, **overrides)
+    return transformers.XLMRobertaConfig(**SMALL, pad_token_id=1, **overrides)
+
+
+def _model(arch: str = "bert", head: str = "base", attn_implementation: str = "sdpa", **overrides):
+    classes = {
+        "bert": (transformers.BertModel, transformers.BertForTokenClassification),
+        "roberta": (transformers.RobertaModel, transformers.RobertaForTokenClassification),
+        "xlmr": (transformers.XLMRobertaModel, transformers.XLMRobertaForTokenClassification),
+    }[arch]
+    cls = classes[0] if head == "base" else classes[1]
+    model = cls(_config(arch, **overrides))
+    model.set_attn_implementation(attn_implementation)
+    return model.eval()
+
+
+def _batch(arch: str = "bert"):
+    trees = sk.TreeBatch.from_heads(HEADS)
+    N = trees.max_len
+    low = 3 if arch == "bert" else 4  # RoBERTa's padding_idx is 1
+    ids = torch.randint(low, SMALL["vocab_size"], (2, N))
+    mask = (torch.arange(N)[None, :] < trees.lengths[:, None]).long()
+    return ids, mask, trees
+
+
+def _randomise(model):
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 0.5)
+
+
+def _hidden(model, **inputs):
+    out = model(**inputs)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+
+
+def _fresh_pair(arch, method, attn_implementation="sdpa", **kwargs):
+    """(unpatched model, patched copy with fresh syntax parameters)."""
+    plain = _model(arch, attn_implementation=attn_implementation)
+    patched = copy.deepcopy(plain)
+    enable_syntax_attention(patched, method, **kwargs)
+    return plain, patched.eval()
+
+
+# ---------------------------------------------------------------------------------------------- promises at init
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlmr"])
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fresh_bias_is_plain_attention(arch, attn_implementation, per_head):
+    plain, patched = _fresh_pair(arch, "bias", attn_implementation, per_head=per_head)
+    ids, mask, trees = _batch(arch)
+    ref = _hidden(plain, input_ids=ids, attention_mask=mask)
+    out = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    valid = mask.bool()
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+    assert patched.config._attn_implementation == ATTN_IMPLEMENTATION
+    table = patched.base_model.encoder.layer[0].attention.self.syntax.distance_bias
+    assert table.shape == ((4, sk.BucketSpec().num_buckets) if per_head else (sk.BucketSpec().num_buckets,))
+    assert torch.count_nonzero(table) == 0
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlmr"])
+def test_fresh_gat_is_plain_attention_everywhere(arch):
+    plain, patched = _fresh_pair(arch, "gat", gat_config=dict(GAT_SMALL, probe_rank=4), syntax_heads=2,
+                                 targets=("k", "v"))
+    ids, mask, trees = _batch(arch)
+    pos = torch.randint(0, 18, ids.shape)
+    ref = _hidden(plain, input_ids=ids, attention_mask=mask)
+    out = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=pos)
+    # The syntax heads use ordinary attention, so even padding positions match.
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_fresh_subnetwork_full_only_is_plain_attention():
+    full_only = sk.MaskSpec(parent=False, child=False, sibling=False, full=True)
+    plain, patched = _fresh_pair("bert", "subnetwork", masks=full_only)
+    ids, mask, trees = _batch()
+    valid = mask.bool()
+    ref = _hidden(plain, input_ids=ids, attention_mask=mask)
+    out = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_fresh_subnetwork_averages_the_subnetworks():
+    """With relation masks a fresh layer is the mean of the non-empty sub-networks (not plain attention)."""
+    plain, patched = _fresh_pair("bert", "subnetwork")
+    ids, mask, trees = _batch()
+    valid = mask.bool()
+    ref = _hidden(plain, input_ids=ids, attention_mask=mask)
+    out = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    assert (out[valid] - ref[valid]).abs().max() > 1e-3
+
+    masks = sk.MaskSpec()
+    layer = SyntaxSubnetworks(num_heads=4, head_dim=8, masks=masks)
+    q, k, v = (torch.randn(2, 4, trees.max_len, 8) for _ in range(3))
+    got = layer(q, k, v, trees, None)
+    outputs, nonempty = reference.syntax_subnetwork_attention(q, k, v, trees, masks)
+    weights = nonempty.permute(0, 2, 1).float()  # [B, N, M]
+    mean = torch.einsum("bmhnd,bnm->bhnd", outputs, weights) / weights.sum(-1).clamp(min=1)[:, None, :, None]
+    torch.testing.assert_close(got, mean, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- trees matter
+
+
+@pytest.mark.parametrize("method", ["bias", "subnetwork", "gat"])
+def test_trees_change_outputs_once_parameters_are_nonzero(method):
+    kwargs = {"gat_config": GAT_SMALL} if method == "gat" else {}
+    plain, patched = _fresh_pair("bert", method, **kwargs)
+    _randomise(patched)
+    ids, mask, trees = _batch()
+    other = sk.TreeBatch.from_heads([[-1, 0, 0, 0, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4]])  # star / chain
+    valid = mask.bool()
+    ref = _hidden(plain, input_ids=ids, attention_mask=mask)
+    out = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    out_other = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=other)
+    assert (out[valid] - ref[valid]).abs().max() > 1e-3
+    assert (out[valid] - out_other[valid]).abs().max() > 1e-3
+
+
+def test_pos_tags_reach_the_gat():
+    _, patched = _fresh_pair("bert", "gat", gat_config=GAT_SMALL)
+    _randomise(patched)
+    ids, mask, trees = _batch()
+    a = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees,
+                syntax_pos=torch.zeros_like(ids))
+    b = _hidden(patched, input_ids=ids, attention_mask=mask, syntax_trees=trees,
+                syntax_pos=torch.full_like(ids, 5))
+    assert (a - b).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("method", ["bias", "subnetwork", "gat"])
+def test_gradients_reach_every_syntax_parameter(method):
+    kwargs = {"gat_config": dict(GAT_SMALL, probe_rank=4)} if method == "gat" else {}
+    model = _model("bert", head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    enable_syntax_attention(model, method, **kwargs)
+    model.train()
+    _randomise(model)  # at init some gradients are zero by design (bias_scale with a zero table, the GAT's
+    # task gradient with zero injection weights); test_fresh_bias_table_gets_a_gradient covers init
+    ids, mask, trees = _batch()
+    labels = torch.randint(0, 2, ids.shape).masked_fill(~mask.bool(), -100)
+    extra = {"syntax_pos": torch.randint(0, 18, ids.shape)} if method == "gat" else {}
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees, labels=labels, **extra)
+    loss = out.loss
+    aux = syntax_aux_loss(model)
+    if method == "gat":
+        assert aux is not None and torch.isfinite(aux)
+        loss = loss + 0.1 * aux
+    else:
+        assert aux is None
+    loss.backward()
+    params = syntax_parameters(model)
+    assert params
+    for name, p in params.items():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_fresh_bias_table_gets_a_gradient():
+    """A zero-initialised table still learns: its gradient is non-zero from the first step."""
+    model = _model("bert", head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    enable_syntax_attention(model, "bias")
+    ids, mask, trees = _batch()
+    labels = torch.randint(0, 2, ids.shape).masked_fill(~mask.bool(), -100)
+    model(input_ids=ids, attention_mask=mask, syntax_trees=trees, labels=labels).loss.backward()
+    table = model.bert.encoder.layer[1].attention.self.syntax.distance_bias
+    assert table.grad.abs().sum() > 0
+
+
+def test_layers_subset_and_gradient_checkpointing():
+    plain = _model("bert", head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = copy.deepcopy(plain)
+    enable_syntax_attention(model, "gat", gat_config=GAT_SMALL, layers=[1])
+    layers = model.bert.encoder.layer
+    assert not hasattr(layers[0].attention.self, "syntax") and hasattr(layers[1].attention.self, "syntax")
+    _randomise(model)
+    ids, mask, trees = _batch()
+    model.train()
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in syntax_parameters(model).items()}
+    model.zero_grad()
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.bert.encoder.layer[1].gradient_checkpointing
+    out_ckpt = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
+    out_ckpt.sum().backward()
+    torch.testing.assert_close(out_ckpt, out)
+    for name, p in syntax_parameters(model).items():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- save / load
+
+
+@pytest.mark.parametrize("arch,method,kwargs", [
+    ("bert", "bias", dict(per_head=True, buckets=sk.BucketSpec(max_distance=6, log_distance=3), window=5)),
+    ("roberta", "subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True), layers=[0])),
+    ("xlmr", "gat", dict(gat_config=dict(GAT_SMALL, probe_rank=3), syntax_heads=2, targets=("q", "k", "v"))),
+])
+def test_save_pretrained_round_trip(tmp_path, arch, method, kwargs):
+    model = _model(arch, head="tokens")
+    enable_syntax_attention(model, method, **kwargs)
+    _randomise(model)
+    ids, mask, trees = _batch(arch)
+    extra = {"syntax_pos": torch.randint(0, 18, ids.shape)} if method == "gat" else {}
+    expected = model(input_ids=ids, attention_mask=mask, syntax_trees=trees, **extra).logits
+    expected_aux = syntax_aux_loss(model)
+    model.save_pretrained(tmp_path)
+
+    cls = type(model)
+    loaded = load_syntax_model(cls, tmp_path).eval()
+    assert loaded.config.syntax_attention == model.config.syntax_attention
+    assert loaded.config._attn_implementation == ATTN_IMPLEMENTATION
+    before, after = syntax_parameters(model), syntax_parameters(loaded)
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], atol=0, rtol=0)
+    got = loaded(input_ids=ids, attention_mask=mask, syntax_trees=trees, **extra).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    if expected_aux is not None:
+        torch.testing.assert_close(syntax_aux_loss(loaded), expected_aux)
+
+    # The base model class reads the same checkpoint (its names lack the head's prefix).
+    base = load_syntax_model(transformers.AutoModel, tmp_path).eval()
+    for name, p in syntax_parameters(base).items():
+        torch.testing.assert_close(p, before[f"{model.base_model_prefix}.{name}"], atol=0, rtol=0)
+
+
+def test_plain_from_pretrained_refuses_to_reenable(tmp_path):
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "bias")
+    model.save_pretrained(tmp_path)
+    plain = transformers.BertForTokenClassification.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="load_syntax_model"):
+        enable_syntax_attention(plain, "bias")
+
+
+def test_load_syntax_model_needs_a_syntax_checkpoint(tmp_path):
+    _model("bert", head="tokens").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="syntax_attention"):
+        load_syntax_model(transformers.BertForTokenClassification, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_unsupported_architecture():
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=100))
+    with pytest.raises(ValueError, match="not supported"):
+        enable_syntax_attention(gpt2, "bias")
+    with pytest.raises(ValueError, match="PreTrainedModel"):
+        enable_syntax_attention(torch.nn.Linear(2, 2), "bias")
+    decoder = transformers.BertModel(_config("bert", is_decoder=True))
+    with pytest.raises(ValueError, match="encoders only"):
+        enable_syntax_attention(decoder, "bias")
+
+
+def test_argument_errors():
+    model = _model()
+    with pytest.raises(ValueError, match="method"):
+        enable_syntax_attention(model, "syntax")
+    with pytest.raises(ValueError, match="masks applies"):
+        enable_syntax_attention(model, "bias", masks=sk.MaskSpec())
+    with pytest.raises(ValueError, match="buckets, per_head and window"):
+        enable_syntax_attention(model, "gat", window=3)
+    with pytest.raises(ValueError, match="layers"):
+        enable_syntax_attention(model, "bias", layers=[5])
+    with pytest.raises(ValueError, match="gat_config has unknown keys"):
+        enable_syntax_attention(model, "gat", gat_config={"heads": 2})
+    with pytest.raises(ValueError, match="syntax_heads"):
+        enable_syntax_attention(model, "gat", syntax_heads=9)
+    assert getattr(model.config, "syntax_attention", None) is None  # nothing half-enabled
+    enable_syntax_attention(model, "bias")
+    with pytest.raises(ValueError, match="already enabled"):
+        enable_syntax_attention(model, "bias")
+
+
+def test_forward_errors():
+    model = _model()
+    enable_syntax_attention(model, "bias")
+    ids, mask, trees = _batch()
+    with pytest.raises(ValueError, match="syntax_trees"):
+        model(input_ids=ids, attention_mask=mask)
+    with pytest.raises(TypeError, match="TreeBatch"):
+        model(input_ids=ids, attention_mask=mask, syntax_trees=HEADS)
+    with pytest.raises(ValueError, match="cover the token sequence"):
+        model(input_ids=ids[:, :7], attention_mask=mask[:, :7], syntax_trees=trees)
+    with pytest.raises(ValueError, match="batch item 1"):
+        model(input_ids=ids, attention_mask=torch.ones_like(mask), syntax_trees=trees)
+    with pytest.raises(ValueError, match="batch item 1"):
+        model(input_ids=ids, syntax_trees=trees)  # padding in the trees but no attention mask
+    with pytest.raises(ValueError, match="method='gat'"):
+        model(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=torch.zeros_like(ids))
+    model.set_attn_implementation("eager")
+    with pytest.raises(RuntimeError, match="set_attn_implementation"):
+        model(input_ids=ids, attention_mask=mask, syntax_trees=trees)
+
+
+def test_token_pos_ids():
+    s = sk.trees.Sentence(words=["A", "dog", "barks"], heads=[1, 2, -1], upos=["DET", "NOUN", "VERB"])
+    ids = token_pos_ids([s], [[None, 0, 1, 1, 2, None]], width=7)
+    assert ids.tolist() == [[0, 6, 8, 8, 16, 0, 0]]
+
+
+def test_ud_sentences_end_to_end(ud_dev_path, tmp_path):
+    """CoNLL-U -> a fast WordPiece tokenizer -> TreeCollator -> a few training steps of each method."""
+    tokenizers = pytest.importorskip("tokenizers")
+    sentences = [s for s in sk.trees.read_conllu(ud_dev_path) if 3 <= len(s) <= 20][:16]
+    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator([" ".join(s.words) for s in sentences], vocab_size=120, min_frequency=1)
+    wordpiece.save(str(tmp_path / "tok.json"))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
+                                               sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    collate = sk.trees.TreeCollator(tokenizer=tok)
+    batch = collate(sentences[:8])
+    assert batch["input_ids"].shape[1] > max(len(s) for s in sentences[:8])  # words split into pieces
+    pos = token_pos_ids(batch["sentences"], batch["word_ids"], width=batch["input_ids"].shape[1])
+    for method, kwargs in [("bias", {}), ("subnetwork", {}), ("gat", {"gat_config": dict(GAT_SMALL, probe_rank=4)})]:
+        config = transformers.BertConfig(**dict(SMALL, vocab_size=len(tok)), num_labels=len(sk.integrations
+                                         .transformers.UPOS_TAGS) + 1)
+        model = transformers.BertForTokenClassification(config)
+        enable_syntax_attention(model, method, **kwargs)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        extra = {"syntax_pos": pos} if method == "gat" else {}
+        labels = pos.masked_fill(batch["attention_mask"] == 0, -100)
+        losses = []
+        for _ in range(4):
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        syntax_trees=batch["trees"], labels=labels, **extra)
+            loss = out.loss + (0.01 * syntax_aux_loss(model) if method == "gat" else 0.0)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(out.loss.detach()))
+        assert all(torch.isfinite(torch.tensor(losses)))
+        assert losses[-1] < losses[0], (method, losses)

@@ -1,0 +1,346 @@
+"""The tree-distance builders (C++ extension and Python/NumPy fallback) against hand-computed trees, a BFS
+oracle and scipy's shortest_path; their input validation; TreeBatch."""
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import syntaxkernels as sk
+from syntaxkernels import _ext
+from syntaxkernels.checks import trees as oracles
+from syntaxkernels.trees import TreeBatch, build_tree_tensors, normalize_heads, python_tree_tensors
+
+HAS_CPP = _ext.available()
+BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built"))]
+requires_cpp = pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built")
+
+
+def build(heads, lengths=None, backend="python", num_threads=0):
+    """(distance, depth, segment) as NumPy arrays."""
+    _, _, distance, depth, segment = build_tree_tensors(heads, lengths, backend=backend, num_threads=num_threads)
+    return distance.numpy(), depth.numpy(), segment.numpy()
+
+
+def expected_depth_segment(sentences, n):
+    depth = np.full((len(sentences), n), -1, dtype=np.int32)
+    segment = np.full((len(sentences), n), -1, dtype=np.int32)
+    for b, s in enumerate(sentences):
+        if s:
+            depth[b, : len(s)], segment[b, : len(s)] = oracles.bfs_depth_segment(s)
+    return depth, segment
+
+
+# ----------------------------------------------------------------------------------- hand-computed trees
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chain(backend):
+    distance, depth, segment = build([[-1, 0, 1, 2, 3]], backend=backend)
+    index = np.arange(5)
+    np.testing.assert_array_equal(distance[0], np.abs(index[:, None] - index[None, :]))
+    np.testing.assert_array_equal(depth[0], index)
+    np.testing.assert_array_equal(segment[0], 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_star_rooted_in_the_middle(backend):
+    # Token 2 is the root; every other token hangs off it.
+    distance, depth, segment = build([[2, 2, -1, 2, 2]], backend=backend)
+    want = np.full((5, 5), 2)
+    want[2, :] = want[:, 2] = 1
+    np.fill_diagonal(want, 0)
+    np.testing.assert_array_equal(distance[0], want)
+    np.testing.assert_array_equal(depth[0], [1, 1, 0, 1, 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_right_headed_tree(backend):
+    # 0 <- 1 <- 3 -> 2 ; 3 is the root; 4 attaches to 2.
+    heads = [1, 3, 3, -1, 2]
+    distance, depth, _ = build([heads], backend=backend)
+    want = np.array([
+        [0, 1, 3, 2, 4],
+        [1, 0, 2, 1, 3],
+        [3, 2, 0, 1, 1],
+        [2, 1, 1, 0, 2],
+        [4, 3, 1, 2, 0],
+    ])
+    np.testing.assert_array_equal(distance[0], want)
+    np.testing.assert_array_equal(depth[0], [2, 1, 1, 0, 2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forest(backend):
+    # Tree A = {0, 1, 2} rooted at 1; tree B = {3, 4} rooted at 4; tree C = {5}.
+    distance, depth, segment = build([[1, -1, 1, 4, -1, -1]], backend=backend)
+    np.testing.assert_array_equal(segment[0], [0, 0, 0, 1, 1, 2])
+    np.testing.assert_array_equal(depth[0], [1, 0, 1, 1, 0, 0])
+    assert distance[0, 0, 2] == 2 and distance[0, 3, 4] == 1 and distance[0, 5, 5] == 0
+    for i, j in [(0, 3), (2, 4), (1, 5), (4, 5)]:
+        assert distance[0, i, j] == 255 and distance[0, j, i] == 255
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_token_and_padding(backend):
+    heads = torch.tensor([[-1, 99, 99], [-1, 0, 7], [5, 5, 5]])  # padding entries are never read
+    distance, depth, segment = build(heads, torch.tensor([1, 2, 0]), backend=backend)
+    assert distance[0, 0, 0] == 0
+    off_diagonal = np.ones((3, 3), dtype=bool)
+    off_diagonal[0, 0] = False
+    assert (distance[0][off_diagonal] == 255).all()
+    np.testing.assert_array_equal(distance[1, :2, :2], [[0, 1], [1, 0]])
+    assert (distance[1, 2, :] == 255).all() and (distance[1, :, 2] == 255).all()
+    assert (distance[2] == 255).all()
+    np.testing.assert_array_equal(depth, [[0, -1, -1], [0, 1, -1], [-1, -1, -1]])
+    np.testing.assert_array_equal(segment, [[0, -1, -1], [0, 0, -1], [-1, -1, -1]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_distance_saturates_at_254(backend):
+    chain = [-1] + list(range(299))
+    distance, depth, _ = build([chain], backend=backend)
+    assert distance[0, 0, 253] == 253 and distance[0, 0, 254] == 254 and distance[0, 299, 0] == 254
+    assert depth[0, 299] == 299
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_shapes(backend):
+    for heads, lengths, shape in [
+        (torch.zeros(0, 4, dtype=torch.int64), None, (0, 4, 4)),
+        (torch.zeros(3, 0, dtype=torch.int64), None, (3, 0, 0)),
+        ([], None, (0, 0, 0)),
+        ([[], []], None, (2, 0, 0)),
+        (torch.full((2, 3), -1), torch.tensor([0, 0]), (2, 3, 3)),
+    ]:
+        distance, depth, segment = build(heads, lengths, backend=backend)
+        assert distance.shape == shape and depth.shape == shape[:2] and segment.shape == shape[:2]
+        assert (distance == 255).all() and (depth == -1).all() and (segment == -1).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_list_tuple_numpy_and_small_int_dtypes(backend):
+    want = build(torch.tensor([[-1, 0, 0], [1, -1, -1]]), torch.tensor([3, 2]), backend=backend)
+    for heads, lengths in [
+        ([[-1, 0, 0], [1, -1]], None),
+        (([-1, 0, 0], (1, -1)), None),
+        ([np.array([-1, 0, 0]), torch.tensor([1, -1])], None),
+        ([[np.int32(-1), np.int64(0), 0], [1, -1]], None),
+        (np.array([[-1, 0, 0], [1, -1, 5]], dtype=np.int16), [3, 2]),
+        (torch.tensor([[-1, 0, 0], [1, -1, -1]], dtype=torch.int8), torch.tensor([3, 2], dtype=torch.int32)),
+        (torch.tensor([[-1, 1], [0, -1], [0, 5]]).t(), torch.tensor([3, 2])),  # non-contiguous
+    ]:
+        got = build(heads, lengths, backend=backend)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_public_api_and_auto_backend():
+    heads = [[-1, 0, 1], [-1]]
+    distance = sk.tree_distance(heads)
+    assert distance.dtype == torch.uint8 and distance.shape == (2, 3, 3)
+    np.testing.assert_array_equal(distance.numpy(), oracles.bfs_tree_distance(heads, 3))
+    batch = TreeBatch.from_heads(heads)
+    assert batch.lengths.tolist() == [3, 1] and batch.heads.dtype == torch.int64
+    assert batch.depth.dtype == torch.int32 and batch.segment.dtype == torch.int32
+    assert torch.equal(batch.distance, distance)
+    assert batch.key_padding_mask().tolist() == [[False, False, False], [False, True, True]]
+
+
+# ------------------------------------------------------------------------------------- property tests
+
+@st.composite
+def forests(draw, max_items=6, max_length=24):
+    """A batch of random forests (heads point left and right), some padding columns and garbage padding."""
+    count = draw(st.integers(0, max_items))
+    sentences = []
+    for _ in range(count):
+        length = draw(st.integers(0, max_length))
+        order = draw(st.permutations(range(length)))
+        heads = [-1] * length
+        for k in range(1, length):
+            if draw(st.integers(0, 9)) > 0:  # 1 in 10 tokens starts a new tree
+                heads[order[k]] = order[draw(st.integers(0, k - 1))]
+        sentences.append(heads)
+    extra = draw(st.integers(0, 3))
+    garbage = draw(st.integers(-5, 40))
+    return sentences, extra, garbage
+
+
+def padded_with_garbage(sentences, extra, garbage):
+    n = max((len(s) for s in sentences), default=0) + extra
+    heads = torch.full((len(sentences), n), garbage, dtype=torch.int64)
+    for b, s in enumerate(sentences):
+        if s:
+            heads[b, : len(s)] = torch.tensor(s)
+    return heads, torch.tensor([len(s) for s in sentences], dtype=torch.int64), n
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forests())
+def test_random_forests_match_scipy_bfs_and_each_other(case):
+    sentences, extra, garbage = case
+    heads, lengths, n = padded_with_garbage(sentences, extra, garbage)
+    want_distance = oracles.scipy_tree_distance(sentences, n)
+    np.testing.assert_array_equal(oracles.bfs_tree_distance(sentences, n), want_distance)
+    want_depth, want_segment = expected_depth_segment(sentences, n)
+    results = {"python": python_tree_tensors(heads, lengths)}
+    if HAS_CPP:
+        module = _ext.load()
+        results["cpp"] = module.tree_distance(heads, lengths, 1)
+        results["cpp-threads"] = module.tree_distance(heads, lengths, 3)
+    for name, (distance, depth, segment) in results.items():
+        np.testing.assert_array_equal(distance.numpy(), want_distance, err_msg=name)
+        np.testing.assert_array_equal(depth.numpy(), want_depth, err_msg=name)
+        np.testing.assert_array_equal(segment.numpy(), want_segment, err_msg=name)
+
+
+@requires_cpp
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_large_batches_with_threads_match_python(seed):
+    sentences = oracles.generated_sentences(70, seed=seed, max_length=60)
+    heads, lengths = oracles.padded(sentences)
+    want = python_tree_tensors(heads, lengths)
+    for threads in (1, 2, 4):
+        for a, b in zip(_ext.load().tree_distance(heads, lengths, threads), want):
+            assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------- bad inputs
+
+BAD_TREES = [
+    ([[-1, 0, 3]], None, "batch item 0, token 2: head 3 out of range (length 3; expected -1 for a root or 0..2)"),
+    ([[-1, -2]], None, "batch item 0, token 1: head -2 out of range (length 2; expected -1 for a root or 0..1)"),
+    # Out of range against the length, even if inside N.
+    (torch.tensor([[-1, 2, 0]]), [2], "batch item 0, token 1: head 2 out of range (length 2; expected -1 for a root or 0..1)"),
+    ([[-1, 0], [0, 1]], None, "batch item 1, token 0: self-loop (its head is itself; use -1 for a root)"),
+    ([[-1, 0], [1, 2, 0]], None, "batch item 1, token 0: on a cycle (0 -> 1 -> 2 -> 0) that never reaches a root"),
+    ([[-1, 4, 1, 2, 3]], None, "batch item 0, token 1: on a cycle (1 -> 4 -> 3 -> 2 -> 1) that never reaches a root"),
+    # A tail hanging off a cycle: the smallest token ON the cycle is named.
+    ([[-1, 5, 1, 4, 3, 3]], None, "batch item 0, token 3: on a cycle (3 -> 4 -> 3) that never reaches a root"),
+    # Range errors come before self-loops and cycles within an item; the lowest bad item wins.
+    ([[1, 0], [2, 1, 9]], None, "batch item 0, token 0: on a cycle (0 -> 1 -> 0) that never reaches a root"),
+    ([[-1], [1, 1, 9]], None, "batch item 1, token 2: head 9 out of range (length 3; expected -1 for a root or 0..2)"),
+]
+
+BAD_SHAPES = [
+    (torch.tensor([[-1, 0]]), [3], "batch item 0: lengths[0] = 3 is larger than N = 2"),
+    (torch.tensor([[-1, 0], [-1, 0]]), [2, -1], "batch item 1: lengths[1] = -1 is negative"),
+    ([[-1, 0], [-1]], [2, 2], "batch item 1: lengths[1] = 2 is larger than the 1 heads given"),
+    (torch.tensor([[-1.0, 0.0]]), None, "heads must have an integer dtype, got torch.float32"),
+    (torch.tensor([[True, False]]), None, "heads must have an integer dtype, got torch.bool"),
+    (np.array([[-1.0, 0.0]]), None, "heads must be an integer array, got dtype float64"),
+    (torch.tensor([-1, 0]), None, "heads must have shape [B, N], got (2,) (rank 1)"),
+    (torch.zeros(1, 2, 2, dtype=torch.int64), None, "heads must have shape [B, N], got (1, 2, 2) (rank 3)"),
+    (torch.tensor([[-1, 0]]), [2, 2], "lengths must have shape [B] = [1], got (2,)"),
+    (torch.tensor([[-1, 0]]), torch.tensor([2.0]), "lengths must be an integer tensor [B], got dtype torch.float32"),
+    ([[-1, 0.0]], None, "batch item 0, token 1: head 0.0 is not an integer"),
+    ([[-1, 0], [-1, "0"]], None, "batch item 1, token 1: head '0' is not an integer"),
+    ([[-1, None]], None, "batch item 0, token 1: head None is not an integer"),
+    ([[-1, True]], None, "batch item 0, token 1: head True is not an integer"),
+    ([[-1, 2**70]], None, f"batch item 0, token 1: head {2**70} does not fit in int64"),
+    ([[-1, 0], 3], None, "heads must be a tensor [B, N] or a list of lists; batch item 1 is 3"),
+    ("-1 0", None, "heads must be a tensor [B, N] or a list of lists, got str"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,lengths,message", BAD_TREES + BAD_SHAPES, ids=[c[2][:48] for c in BAD_TREES + BAD_SHAPES])
+def test_bad_input_errors(backend, heads, lengths, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        build(heads, lengths, backend=backend)
+
+
+@requires_cpp
+@pytest.mark.parametrize("heads,lengths,message", BAD_TREES + BAD_SHAPES[:2],
+                         ids=[c[2][:48] for c in BAD_TREES + BAD_SHAPES[:2]])
+def test_extension_validates_on_its_own(heads, lengths, message):
+    """_C.tree_distance raises the same ValueError without the Python checks in front of it."""
+    if isinstance(heads, list):
+        tensor, lengths_t, _ = padded_with_garbage(heads, 0, -1)
+    else:
+        tensor, lengths_t = heads, torch.full((heads.shape[0],), heads.shape[1])
+    if lengths is not None:
+        lengths_t = torch.tensor(lengths)
+    for threads in (1, 2):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            _ext.load().tree_distance(tensor, lengths_t, threads)
+
+
+@requires_cpp
+def test_extension_rejects_bad_tensors_without_crashing():
+    module = _ext.load()
+    cases = [
+        (torch.zeros(2, 3), torch.tensor([3, 3]), "heads must have an integer dtype, got torch.float32"),
+        (torch.zeros(3, dtype=torch.int64), torch.tensor([3]), "heads must have shape [B, N], got (3,) (rank 1)"),
+        (torch.zeros(1, 3, dtype=torch.int64), torch.tensor([[3]]), "lengths must have shape [B] = [1], got (1, 1)"),
+        (torch.zeros(1, 3, dtype=torch.int64), torch.tensor([3.0]),
+         "lengths must be an integer tensor [B], got dtype torch.float32"),
+        # A broadcast view with an absurd N: rejected before anything is allocated.
+        (torch.zeros(1, 1, dtype=torch.int64).expand(1, 2**40), torch.tensor([0]),
+         f"heads of shape (1, {2**40}) need a distance tensor [B, N, N] too large to address"),
+    ]
+    for heads, lengths, message in cases:
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            module.tree_distance(heads, lengths, 0)
+    assert module.has_cuda() in (True, False)
+
+
+@requires_cpp
+def test_lowest_bad_item_is_reported_whatever_the_thread_count():
+    sentences = oracles.generated_sentences(400, seed=5, max_length=80)
+    heads, lengths = oracles.padded(sentences)
+    heads[300, 0] = 0  # a self-loop (every generated sentence has a token 0)
+    heads[120, : lengths[120]] = -1
+    heads[120, int(lengths[120]) - 1] = 1000  # out of range
+    length = int(lengths[120])
+    message = (f"batch item 120, token {length - 1}: head 1000 out of range "
+               f"(length {length}; expected -1 for a root or 0..{length - 1})")
+    for threads in (1, 2, 3, 8):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            _ext.load().tree_distance(heads, lengths, threads)
+
+
+# ------------------------------------------------------------------------------------------ treebank
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_treebank_matches_scipy(ud_dev_path, backend):
+    sentences = oracles.treebank_sentences(ud_dev_path)
+    assert len(sentences) == 2001
+    for batch in oracles.batches(sentences, 32):
+        distance, depth, segment = build(batch, backend=backend)
+        np.testing.assert_array_equal(distance, oracles.scipy_tree_distance(batch))
+        want_depth, want_segment = expected_depth_segment(batch, distance.shape[1])
+        np.testing.assert_array_equal(depth, want_depth)
+        np.testing.assert_array_equal(segment, want_segment)
+
+
+# ----------------------------------------------------------------------------------------- TreeBatch
+
+def test_tree_batch_to_and_pin_memory():
+    batch = TreeBatch.from_heads([[-1, 0, 0], [-1]])
+    moved = batch.to("cpu")
+    assert moved.distance.dtype == torch.uint8 and torch.equal(moved.distance, batch.distance)
+    assert len(moved) == 2 and moved.max_len == 3 and "batch_size=2" in repr(moved)
+    try:
+        pinned = batch.pin_memory()
+    except RuntimeError as exc:  # page-locked memory needs a CUDA (or other accelerator) runtime
+        pytest.skip(f"pin_memory unavailable on this build: {exc}")
+    assert pinned.distance.is_pinned() and torch.equal(pinned.distance, batch.distance)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_builder_matches_cpp():
+    if not _ext.has_cuda_builder():
+        pytest.skip("CUDA builder not built")
+    sentences = oracles.generated_sentences(64, seed=9)
+    heads, lengths = oracles.padded(sentences)
+    cpu = _ext.load().tree_distance(heads, lengths, 1)
+    gpu = TreeBatch.from_heads(heads.cuda(), lengths.cuda())
+    assert gpu.distance.is_cuda
+    for a, b in zip(cpu, (gpu.distance, gpu.depth, gpu.segment)):
+        assert torch.equal(a, b.cpu())
+    with pytest.raises(ValueError, match=re.escape("on a cycle (0 -> 1 -> 0)")):
+        _ext.load().tree_distance_cuda(torch.tensor([[1, 0]]).cuda(), torch.tensor([2]).cuda())

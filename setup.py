@@ -1,0 +1,82 @@
+"""Build and install syntaxkernels with its C++ extension ``syntaxkernels._C``.
+
+    pip install --no-build-isolation -e .          # needs torch already installed (see README)
+
+The extension is always a CppExtension (the CPU tree-distance builder). The CUDA builder (csrc/cuda/) joins
+only in a CUDA build: a CUDA toolkit and a CUDA torch, or ``FORCE_CUDA=1``. ``MAX_JOBS`` limits the
+parallel compile jobs (ninja). The source list lives in cmake/sources.cmake, shared with CMakeLists.txt.
+"""
+import os
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def read_sources(variable):
+    """Paths listed in ``set(<variable> ...)`` of cmake/sources.cmake."""
+    text = (ROOT / "cmake" / "sources.cmake").read_text()
+    match = re.search(r"set\(\s*" + re.escape(variable) + r"\s+(.*?)\)", text, re.S)
+    if match is None:
+        raise RuntimeError(f"cmake/sources.cmake has no set({variable} ...)")
+    return [line.split("#")[0].strip() for line in match.group(1).splitlines() if line.split("#")[0].strip()]
+
+
+def extensions():
+    from torch.utils.cpp_extension import CUDA_HOME, CppExtension, CUDAExtension
+    import torch
+
+    sources = read_sources("SYNTAXKERNELS_CORE_SOURCES") + read_sources("SYNTAXKERNELS_BINDING_SOURCES")
+    cxx_flags = ["-O3"]  # the language standard comes from torch (C++17 or C++20, by version)
+    force_cuda = os.environ.get("FORCE_CUDA", "0") == "1"
+    use_cuda = force_cuda or (torch.version.cuda is not None and CUDA_HOME is not None)
+    if use_cuda:
+        return [
+            CUDAExtension(
+                "syntaxkernels._C",
+                sources + read_sources("SYNTAXKERNELS_CUDA_SOURCES"),
+                include_dirs=[str(ROOT / "csrc")],
+                define_macros=[("WITH_CUDA", None)],
+                extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+            )
+        ]
+    return [
+        CppExtension(
+            "syntaxkernels._C",
+            sources,
+            include_dirs=[str(ROOT / "csrc")],
+            extra_compile_args={"cxx": cxx_flags},
+        )
+    ]
+
+
+def build_ext_class():
+    from torch.utils.cpp_extension import BuildExtension
+
+    # BuildExtension uses ninja when available and honours MAX_JOBS.
+    return BuildExtension.with_options(use_ninja=True)
+
+
+EXTRAS = {
+    "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
+             "tokenizers", "stanza"],
+    "bench": ["scipy", "networkx", "pytest", "pytest-benchmark"],
+}
+
+setup(
+    name="syntaxkernels",
+    version="0.1.0",
+    description="Fast syntax-tree-aware attention for PyTorch: Triton kernels and a C++ tree-distance builder",
+    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["syntaxkernels", "syntaxkernels.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4", "numpy"],
+    extras_require=EXTRAS,
+    ext_modules=extensions(),
+    cmdclass={"build_ext": build_ext_class()},
+    include_package_data=False,
+    zip_safe=False,
+)

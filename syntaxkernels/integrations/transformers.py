@@ -1,0 +1,697 @@
+"""Syntax-aware attention for transformers BERT, RoBERTa and XLM-RoBERTa models, in one call.
+
+::
+
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+    model = BertForTokenClassification.from_pretrained("bert-base-multilingual-cased")
+    enable_syntax_attention(model, method="bias")            # or "subnetwork", or "gat"
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees)   # trees: sk.TreeBatch, N = seq length
+
+How it plugs in (transformers 5.x):
+
+- The attention runs through transformers' attention-function interface: the function
+  :func:`syntax_attention_forward` is registered as ``attn_implementation = "syntaxkernels"`` in
+  ``AttentionInterface``, together with a mask function in ``AttentionMaskInterface`` that hands the 2-D
+  padding mask (``bool [B, N]``, True = attend) down unchanged instead of expanding it to ``[B, 1, N, N]``.
+  ``enable_syntax_attention`` switches the model to that implementation.
+- Every patched layer's self-attention module (``...encoder.layer[i].attention.self``) gets a child module
+  ``syntax`` holding the new parameters, so they sit in ``model.state_dict()``, reach the optimizer through
+  ``model.parameters()``, and are saved by ``save_pretrained``.
+- ``syntax_trees`` (and ``syntax_pos`` for the GAT) are ordinary forward keyword arguments: the model
+  classes pass ``**kwargs`` from ``model(...)`` through the encoder and layers to the attention function.
+  A forward pre-hook on the encoder checks the trees against the batch (shape, device, padding), moves
+  them to the model's device, and for ``method="gat"`` runs the syntax GAT once per forward, adding its
+  output ``G`` to the keyword arguments every layer receives. Because the trees and ``G`` travel as
+  arguments, gradient checkpointing recomputes layers with the right inputs.
+
+What each method promises for a freshly enabled model (same pre-trained weights):
+
+- ``"bias"``: distance-bias table zeros, ``bias_scale`` 1 -> exactly plain attention; outputs at every
+  non-padding token equal the unpatched model's (fp32 rounding aside).
+- ``"subnetwork"``: topical query zeros, ``Wk``/``Wv`` identity -> each token averages its non-empty
+  sub-networks. With ``masks`` enabling only ``full`` this is exactly plain attention; with relation masks
+  (the default) a fresh model differs from the pre-trained one: that is the method, not a defect.
+- ``"gat"``: the syntax-head injection weights start at zero -> exactly plain attention; the GAT and the
+  probe have random (trainable) parameters but do not change the outputs until the injection has learned.
+
+Differences from the unpatched model that hold for every method:
+
+- Padding positions: the fused ops give query rows at or beyond a sequence's length a zero attention
+  output (``"bias"``, ``"subnetwork"``); hidden states at padding positions therefore differ from plain
+  BERT's (which are meaningless anyway). Compare and train on non-padding tokens only. Padding must be
+  right padding (valid tokens first), and the trees' lengths must equal the attention mask's.
+- Attention dropout: the fused ops have no attention-probability dropout; syntax layers of ``"bias"`` and
+  ``"subnetwork"`` apply ``attention_probs_dropout_prob`` to the attention output instead (as
+  :mod:`syntaxkernels.nn` does). Layers left plain and ``"gat"`` layers keep ordinary attention dropout.
+- ``output_attentions=True`` returns no attention weights (the fused ops never form them).
+- Encoder-decoder / decoder (``is_decoder``) BERT configurations are rejected.
+
+Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
+(a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
+to the weights file. :func:`load_syntax_model` reloads both (plain ``from_pretrained`` would drop the syntax
+parameters as unexpected keys).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import transformers
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from .. import ops
+from ..nn import StructuralProbeLoss, SyntaxGAT, TopicalAttention
+from ..reference import inject_syntax_heads
+from ..specs import BucketSpec, MaskSpec
+from ..trees.batch import TreeBatch
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "METHODS",
+    "DEFAULT_GAT_CONFIG",
+    "enable_syntax_attention",
+    "load_syntax_model",
+    "syntax_aux_loss",
+    "syntax_attention_forward",
+    "syntax_parameters",
+    "token_pos_ids",
+    "UPOS_TAGS",
+    "SyntaxDistanceBias",
+    "SyntaxSubnetworks",
+    "SyntaxHeadInjection",
+]
+
+ATTN_IMPLEMENTATION = "syntaxkernels"
+METHODS = ("bias", "subnetwork", "gat")
+
+#: Defaults of ``gat_config`` (the paper's GAT shape; ``probe_rank=None`` leaves the structural probe off).
+DEFAULT_GAT_CONFIG: Dict[str, Any] = {
+    "num_layers": 4,
+    "num_heads": 4,
+    "head_dim": 64,
+    "window": 4,
+    "num_pos_tags": 18,
+    "probe_rank": None,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-layer parameter holders (child module ``syntax`` of each patched self-attention module)
+# ----------------------------------------------------------------------------------------------------------
+
+
+class SyntaxDistanceBias(nn.Module):
+    """Method "bias" in one transformers layer: ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]``.
+
+    Parameters ``distance_bias`` (``[T]`` shared, ``[H, T]`` per head; zeros) and ``bias_scale`` (``[1]``,
+    ones; None when ``learnable_scale=False``). A fresh module is plain attention.
+    """
+
+    def __init__(self, num_heads: int, buckets: BucketSpec, per_head: bool = False, learnable_scale: bool = True,
+                 window: Optional[int] = None, backend: str = "auto"):
+        super().__init__()
+        self.num_heads = num_heads
+        self.buckets = buckets
+        self.per_head = per_head
+        self.window = window
+        self.backend = backend
+        shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
+        self.distance_bias = nn.Parameter(torch.zeros(shape))
+        if learnable_scale:
+            self.bias_scale = nn.Parameter(torch.ones(1))
+        else:
+            self.register_parameter("bias_scale", None)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
+                scale: Optional[float]) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (padding query rows 0)."""
+        return ops.syntax_bias_attention(q, k, v, trees.distance, self.distance_bias, buckets=self.buckets,
+                                         scale=scale, bias_scale=self.bias_scale, lengths=trees.lengths,
+                                         window=self.window, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"buckets={self.buckets}, per_head={self.per_head}, window={self.window}, backend={self.backend!r}"
+
+
+class SyntaxSubnetworks(nn.Module):
+    """Method "subnetwork" in one transformers layer: M masked sub-networks sharing the layer's Q, K, V,
+    mixed per token by :class:`syntaxkernels.nn.TopicalAttention` (child ``topical``; query zeros,
+    ``key_weight``/``value_weight`` identity, so a fresh module averages the non-empty sub-networks)."""
+
+    def __init__(self, num_heads: int, head_dim: int, masks: MaskSpec, backend: str = "auto"):
+        super().__init__()
+        self.masks = masks
+        self.backend = backend
+        self.topical = TopicalAttention(num_heads, head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
+                scale: Optional[float]) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (0 where every mask of a token is empty)."""
+        outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
+                                                            backend=self.backend)
+        return self.topical(outputs, nonempty)
+
+    def extra_repr(self) -> str:
+        return f"masks={self.masks.names}, backend={self.backend!r}"
+
+
+class SyntaxHeadInjection(nn.Module):
+    """Method "gat" in one transformers layer: ``t_h += G W_t`` for the first ``syntax_heads`` heads and each
+    target t of ``targets`` (:func:`syntaxkernels.reference.inject_syntax_heads`).
+
+    ``syntax_proj[t]`` is ``nn.Linear(syntax_dim, syntax_heads * D, bias=False)`` with zero weights, so a
+    fresh layer is plain attention; the attention itself stays ordinary softmax attention.
+    """
+
+    def __init__(self, syntax_dim: int, num_heads: int, head_dim: int, syntax_heads: int,
+                 targets: Sequence[str]):
+        super().__init__()
+        self.syntax_heads = syntax_heads
+        self.targets = tuple(targets)
+        self.syntax_proj = nn.ModuleDict(
+            {t: nn.Linear(syntax_dim, syntax_heads * head_dim, bias=False) for t in self.targets}
+        )
+        for proj in self.syntax_proj.values():
+            nn.init.zeros_(proj.weight)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v [B, H, N, D]``, ``G [B, N, syntax_dim]`` -> updated ``(q, k, v)``."""
+        return inject_syntax_heads(q, k, v, g, [self.syntax_proj[t].weight for t in self.targets],
+                                   heads=self.syntax_heads, targets=self.targets)
+
+    def extra_repr(self) -> str:
+        return f"syntax_heads={self.syntax_heads}, targets={self.targets}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The attention function and the mask function registered with transformers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float]):
+    """Ordinary softmax attention over the valid keys (what transformers' "sdpa" implementation computes)."""
+    mask = None if valid is None else valid[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+
+
+def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                             scaling: Optional[float] = None, syntax_trees: Optional[TreeBatch] = None,
+                             syntax_gat_output: Optional[torch.Tensor] = None, **kwargs):
+    """The attention function behind ``attn_implementation="syntaxkernels"``.
+
+    Args:
+        module: the layer's self-attention module; its child ``syntax`` (if any) decides the method.
+        query, key, value: ``[B, H, N, D]``.
+        attention_mask: ``bool [B, N]`` (True = attend) from the registered mask function, or None.
+        dropout: the attention dropout probability transformers passes (0 in eval mode).
+        scaling: the score scale (``1/sqrt(D)``).
+        syntax_trees: the :class:`TreeBatch` of the batch (checked and moved by the encoder hook).
+        syntax_gat_output: ``G [B, N, E_g]`` for the "gat" method (computed once per forward by the hook).
+    Returns:
+        ``(attn_output [B, N, H, D], None)`` as transformers expects.
+    """
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
+                         f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
+    part = getattr(module, "syntax", None)
+    if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)):
+        if syntax_trees is None:
+            raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+        out = part(query, key, value, syntax_trees, scaling)
+        if dropout > 0.0:
+            out = F.dropout(out, p=dropout, training=True)
+    elif isinstance(part, SyntaxHeadInjection):
+        if syntax_gat_output is None:
+            raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")
+        query, key, value = part(query, key, value, syntax_gat_output)
+        out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+    else:
+        out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                           mask_function=None, attention_mask: Optional[torch.Tensor] = None, **kwargs):
+    """Mask function for ``attn_implementation="syntaxkernels"``: the 2-D padding mask, unexpanded.
+
+    ``attention_mask`` arrives as ``bool [B, kv_length]`` (True = attend) or None; the syntax ops need the
+    key padding only (they take ``lengths``), so nothing ``[B, 1, N, N]`` is built.
+    """
+    from transformers.masking_utils import bidirectional_mask_function
+
+    if mask_function is not bidirectional_mask_function:
+        raise ValueError("the syntaxkernels attention supports bidirectional encoders only (no causal, sliding or "
+                         "custom mask functions)")
+    if attention_mask is not None and tuple(attention_mask.shape) != (batch_size, kv_length):
+        raise ValueError(f"attention_mask must have shape [B, N] = [{batch_size}, {kv_length}], got "
+                         f"{tuple(attention_mask.shape)}")
+    return attention_mask
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, syntax_attention_forward)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask_function)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The encoder hook: checks the trees, runs the GAT and the probe once per forward
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> TreeBatch:
+    """Validate ``syntax_trees`` against the hidden states ``[B, N, E]`` and the padding mask; move it."""
+    if not isinstance(trees, TreeBatch):
+        raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch, got {type(trees).__name__}")
+    B, N = hidden.shape[:2]
+    if tuple(trees.distance.shape) != (B, N, N):
+        raise ValueError(f"syntax_trees must cover the token sequence: expected batch {B} and N = {N} tokens "
+                         f"(distance [B, N, N] = [{B}, {N}, {N}]), got distance {tuple(trees.distance.shape)}; "
+                         "build it on the token-level heads padded to the input_ids length")
+    if trees.device != hidden.device:
+        trees = trees.to(hidden.device, non_blocking=True)
+    if not _compiling():
+        positions = torch.arange(N, device=hidden.device)
+        tree_valid = positions[None, :] < trees.lengths[:, None]
+        expected = valid if valid is not None else torch.ones_like(tree_valid)
+        bad = (tree_valid != expected).any(dim=1)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"batch item {b}: syntax_trees has {int(trees.lengths[b])} tokens but the attention mask attends "
+                f"{int(expected[b].sum())} (of N = {N}); the trees' lengths must equal the attention mask, which "
+                "must pad on the right (valid tokens first)"
+            )
+    return trees
+
+
+def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
+    config = encoder.config
+    if config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise RuntimeError(
+            f"syntax attention is enabled on this model but config._attn_implementation is "
+            f"{config._attn_implementation!r}: set_attn_implementation() replaced the syntaxkernels attention. "
+            f"Call model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) to restore it."
+        )
+    hidden = args[0] if args else kwargs["hidden_states"]
+    mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
+    if mask is not None and (mask.dim() != 2 or mask.dtype != torch.bool):
+        raise ValueError("the syntaxkernels attention takes a 2-D padding attention_mask [B, N]; got "
+                         f"{mask.dtype} {tuple(mask.shape)}")
+    trees = kwargs.get("syntax_trees")
+    pos = kwargs.pop("syntax_pos", None)
+    if trees is None:
+        method = config.syntax_attention["method"]
+        raise ValueError(f"syntax attention (method={method!r}) is enabled on this model: pass "
+                         "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = sequence length) to forward")
+    trees = _check_trees(trees, hidden, mask)
+    kwargs["syntax_trees"] = trees
+    gat = getattr(encoder, "syntax_gat", None)
+    encoder.syntax_aux_losses = None
+    if gat is not None:
+        if pos is not None:
+            if not isinstance(pos, torch.Tensor) or tuple(pos.shape) != tuple(hidden.shape[:2]):
+                shape = tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__
+                raise ValueError(f"syntax_pos must be an int64 tensor [B, N] = {list(hidden.shape[:2])} of POS "
+                                 f"ids, got {shape}")
+            pos = pos.to(hidden.device, non_blocking=True)
+        elif gat.pos_embedding is not None:
+            # No tags given: every token gets tag 0 ("unknown"), which keeps the POS table in the graph (DDP
+            # needs every parameter to take part in each step).
+            pos = torch.zeros(hidden.shape[:2], dtype=torch.int64, device=hidden.device)
+        g = gat(hidden, trees, pos=pos)
+        kwargs["syntax_gat_output"] = g
+        probe = getattr(encoder, "syntax_probe", None)
+        if probe is not None:
+            encoder.syntax_aux_losses = probe(g, trees)
+    elif pos is not None:
+        raise ValueError("syntax_pos is used by method='gat' only")
+    return args, kwargs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# enable / load / helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _supported_base_classes():
+    return (transformers.BertModel, transformers.RobertaModel, transformers.XLMRobertaModel)
+
+
+def _base_model(model) -> nn.Module:
+    if not isinstance(model, transformers.PreTrainedModel):
+        raise ValueError(f"model must be a transformers PreTrainedModel (BERT, RoBERTa or XLM-RoBERTa), got "
+                         f"{type(model).__name__}")
+    base = model.base_model
+    if not isinstance(base, _supported_base_classes()):
+        raise ValueError(
+            f"enable_syntax_attention supports BERT (incl. multilingual BERT), RoBERTa and XLM-RoBERTa models; "
+            f"{type(model).__name__} (model_type {model.config.model_type!r}) is not supported"
+        )
+    if base.config.is_decoder or getattr(base.config, "add_cross_attention", False):
+        raise ValueError("enable_syntax_attention supports encoders only: this model has is_decoder=True or "
+                         "add_cross_attention=True")
+    return base
+
+
+def _as_buckets(buckets) -> BucketSpec:
+    if buckets is None:
+        return BucketSpec()
+    if isinstance(buckets, BucketSpec):
+        return buckets
+    if isinstance(buckets, dict):
+        return BucketSpec(**buckets)
+    raise ValueError(f"buckets must be a BucketSpec, a dict of its fields or None, got {type(buckets).__name__}")
+
+
+def _as_masks(masks) -> MaskSpec:
+    if masks is None:
+        return MaskSpec()
+    if isinstance(masks, MaskSpec):
+        return masks
+    if isinstance(masks, dict):
+        return MaskSpec(**masks)
+    raise ValueError(f"masks must be a MaskSpec, a dict of its fields or None, got {type(masks).__name__}")
+
+
+def _as_gat_config(gat_config) -> Dict[str, Any]:
+    if gat_config is None:
+        gat_config = {}
+    if not isinstance(gat_config, dict):
+        raise ValueError(f"gat_config must be a dict, got {type(gat_config).__name__}")
+    unknown = set(gat_config) - set(DEFAULT_GAT_CONFIG)
+    if unknown:
+        raise ValueError(f"gat_config has unknown keys {sorted(unknown)}; known: {sorted(DEFAULT_GAT_CONFIG)}")
+    return {**DEFAULT_GAT_CONFIG, **gat_config}
+
+
+def _as_layers(layers, num_layers: int):
+    if layers is None:
+        return list(range(num_layers))
+    if isinstance(layers, int):
+        layers = [layers]
+    out = []
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not -num_layers <= i < num_layers:
+            raise ValueError(f"layers must hold layer indices in 0..{num_layers - 1}, got {i!r}")
+        out.append(i % num_layers)
+    if len(set(out)) != len(out):
+        raise ValueError(f"layers has duplicates: {list(layers)}")
+    return sorted(out)
+
+
+def _self_attention_modules(base: nn.Module):
+    return [layer.attention.self for layer in base.encoder.layer]
+
+
+def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[BucketSpec, dict, None] = None,
+                            per_head: bool = False, learnable_scale: bool = True, window: Optional[int] = None,
+                            masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
+                            syntax_heads: int = 1, targets: Sequence[str] = ("q", "k"),
+                            layers: Union[int, Iterable[int], None] = None, backend: str = "auto"):
+    """Make a transformers BERT / RoBERTa / XLM-RoBERTa model syntax-aware, in place.
+
+    Args:
+        model: any model whose ``base_model`` is a ``BertModel``, ``RobertaModel`` or ``XLMRobertaModel``
+            (e.g. ``BertForTokenClassification``), configured as an encoder.
+        method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
+            attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
+        buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
+        per_head: "bias": one table per head (``[H, T]``) instead of one shared ``[T]``.
+        learnable_scale: "bias": learn the strength c (``bias_scale``, init 1).
+        window: "bias": attend only where ``d(i, j) <= window`` (None: every key).
+        masks: "subnetwork": the :class:`MaskSpec` (or a dict); default ``MaskSpec()`` (parent/child/sibling
+            up to 3, plus full).
+        gat_config: "gat": overrides of :data:`DEFAULT_GAT_CONFIG` -- ``num_layers``, ``num_heads``,
+            ``head_dim``, ``window`` (delta), ``num_pos_tags`` (0: no POS input), ``probe_rank`` (an int
+            enables the structural-probe loss, see :func:`syntax_aux_loss`).
+        syntax_heads: "gat": the first n heads of each chosen layer receive G.
+        targets: "gat": which of "q", "k", "v" receive G (paper ("q", "k"); authors' release ("k", "v")).
+        layers: indices of the encoder layers to patch (None: all). Other layers stay plain attention.
+        backend: "auto" (fused Triton kernels on CUDA, reference elsewhere), "triton" or "reference".
+
+    Returns:
+        the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
+        ``"syntaxkernels"``). Forward then needs ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` =
+        POS ids ``int64 [B, N]`` for "gat", e.g. from :func:`token_pos_ids`; without it every token gets
+        tag 0, "unknown").
+
+    For "gat" the GAT reads the embedding layer's output (word + position + type embeddings after their
+    LayerNorm) plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
+    chosen layer. With ``probe_rank`` set, add :func:`syntax_aux_loss` to the loss (under DDP an unused
+    probe would need ``find_unused_parameters=True``).
+
+    New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
+    (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
+    ``syntax_gat.*`` and ``syntax_probe.proj``. They take the dtype and device of the model's parameters.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    base = _base_model(model)
+    config = base.config
+    if getattr(config, "syntax_attention", None) is not None or hasattr(base.encoder, "syntax_hook_handle"):
+        raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
+                         "use load_syntax_model to reload a saved syntax model")
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    if method != "bias" and (buckets is not None or window is not None or per_head):
+        raise ValueError("buckets, per_head and window apply to method='bias' only")
+    if method != "subnetwork" and masks is not None:
+        raise ValueError("masks applies to method='subnetwork' only")
+    if method != "gat" and gat_config is not None:
+        raise ValueError("gat_config applies to method='gat' only")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
+        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
+
+    num_heads = config.num_attention_heads
+    head_dim = config.hidden_size // num_heads
+    chosen = _as_layers(layers, config.num_hidden_layers)
+    reference_param = next(model.parameters())
+    factory = {"device": reference_param.device, "dtype": reference_param.dtype}
+
+    spec: Dict[str, Any] = {"method": method, "layers": None if layers is None else chosen, "backend": backend}
+    if method == "bias":
+        bucket_spec = _as_buckets(buckets)
+        spec.update(buckets=asdict(bucket_spec), per_head=per_head, learnable_scale=learnable_scale, window=window)
+
+        def make():
+            return SyntaxDistanceBias(num_heads, bucket_spec, per_head, learnable_scale, window, backend)
+    elif method == "subnetwork":
+        mask_spec = _as_masks(masks)
+        spec.update(masks=asdict(mask_spec))
+
+        def make():
+            return SyntaxSubnetworks(num_heads, head_dim, mask_spec, backend)
+    else:
+        gcfg = _as_gat_config(gat_config)
+        if isinstance(targets, str):
+            targets = (targets,)
+        targets = tuple(targets)
+        if len(set(targets)) != len(targets) or not set(targets) <= {"q", "k", "v"} or not targets:
+            raise ValueError(f"targets must be distinct names among 'q', 'k', 'v', got {targets!r}")
+        if isinstance(syntax_heads, bool) or not isinstance(syntax_heads, int) or not 1 <= syntax_heads <= num_heads:
+            raise ValueError(f"syntax_heads must be an int in 1..{num_heads}, got {syntax_heads!r}")
+        spec.update(gat_config=gcfg, syntax_heads=syntax_heads, targets=list(targets))
+        gat = SyntaxGAT(config.hidden_size, num_layers=gcfg["num_layers"], num_heads=gcfg["num_heads"],
+                        head_dim=gcfg["head_dim"], window=gcfg["window"], num_pos_tags=gcfg["num_pos_tags"],
+                        backend=backend)
+        probe = None
+        if gcfg["probe_rank"] is not None:
+            probe = StructuralProbeLoss(gat.output_dim, int(gcfg["probe_rank"]))
+
+        def make():
+            return SyntaxHeadInjection(gat.output_dim, num_heads, head_dim, syntax_heads, targets)
+
+    attention_modules = _self_attention_modules(base)
+    for i in chosen:
+        attention_modules[i].syntax = make().to(**factory)
+    if method == "gat":
+        base.encoder.syntax_gat = gat.to(**factory)
+        if probe is not None:
+            base.encoder.syntax_probe = probe.to(**factory)
+    base.encoder.syntax_aux_losses = None
+    base.encoder.syntax_hook_handle = base.encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
+
+    config.syntax_attention = spec
+    if model.config is not config:
+        model.config.syntax_attention = spec
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise RuntimeError(f"could not switch {type(model).__name__} to attn_implementation="
+                           f"{ATTN_IMPLEMENTATION!r} (it is {config._attn_implementation!r})")
+    return model
+
+
+#: Universal POS tags in their UD order; ``token_pos_ids`` maps them to 1..17 and anything else to 0.
+UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
+             "SCONJ", "SYM", "VERB", "X")
+_UPOS_INDEX = {tag: i + 1 for i, tag in enumerate(UPOS_TAGS)}
+
+
+def token_pos_ids(texts: Sequence, word_ids: Sequence[Sequence[Optional[int]]],
+                  width: Optional[int] = None) -> torch.Tensor:
+    """Token-level UPOS ids for ``syntax_pos`` (the GAT's POS input; ``num_pos_tags=18``).
+
+    Every piece of a word gets the word's tag id (1..17, :data:`UPOS_TAGS` order); special tokens, padding
+    and unknown tags get 0.
+
+    Args:
+        texts: B items, each a :class:`~syntaxkernels.trees.Sentence` (anything with ``upos``) or a list of
+            them (their words concatenated, as in ``align_to_tokens``).
+        word_ids: B lists from ``encoding.word_ids(b)`` (None for special tokens).
+        width: N (default: the longest word-id list).
+    Returns:
+        ``int64 [B, N]``.
+    """
+    if len(texts) != len(word_ids):
+        raise ValueError(f"texts has {len(texts)} items but word_ids has {len(word_ids)}")
+    width = max((len(w) for w in word_ids), default=0) if width is None else width
+    out = torch.zeros(len(texts), width, dtype=torch.int64)
+    for b, (text, ids) in enumerate(zip(texts, word_ids)):
+        sentences = [text] if hasattr(text, "upos") else list(text)
+        tags = [t for s in sentences for t in s.upos]
+        for p, w in enumerate(ids):
+            if w is not None and p < width:
+                if not 0 <= w < len(tags):
+                    raise ValueError(f"batch item {b}, token {p}: word id {w} out of range ({len(tags)} tags)")
+                out[b, p] = _UPOS_INDEX.get(tags[w], 0)
+    return out
+
+
+def syntax_parameters(model) -> Dict[str, nn.Parameter]:
+    """The parameters ``enable_syntax_attention`` added, by their ``model.named_parameters()`` name."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    out = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        if "syntax" in parts or "syntax_gat" in parts or "syntax_probe" in parts:
+            out[name] = p
+    return out
+
+
+def syntax_aux_loss(model, *, parts: bool = False):
+    """The structural-probe loss of the last forward (``method="gat"`` with ``gat_config["probe_rank"]``).
+
+    Returns ``distance_loss + depth_loss`` (a scalar tensor with gradients to the GAT and the probe), or the
+    pair when ``parts=True``; None when the probe is off. Add it to the task loss with a weight, e.g.
+    ``loss = out.loss + 0.1 * syntax_aux_loss(model)``. Accepts a ``DistributedDataParallel`` wrapper.
+    """
+    model = getattr(model, "module", model)
+    base = _base_model(model)
+    if getattr(base.encoder, "syntax_probe", None) is None:
+        return None
+    losses = base.encoder.syntax_aux_losses
+    if losses is None:
+        raise RuntimeError("no forward has run since syntax attention was enabled")
+    return losses if parts else losses[0] + losses[1]
+
+
+@contextlib.contextmanager
+def _transformers_log_level(level: int):
+    logger = transformers.utils.logging.get_logger("transformers.modeling_utils")
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _checkpoint_tensors(path: str, wanted: Sequence[str]) -> Dict[str, torch.Tensor]:
+    """Read the tensors named ``wanted`` from a saved checkpoint directory (safetensors, sharded or not, or
+    ``pytorch_model.bin``)."""
+    from safetensors import safe_open
+
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(path, allow_patterns=["*.safetensors", "*.json", "*.bin"])
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    found: Dict[str, torch.Tensor] = {}
+    wanted_set = set(wanted)
+    if os.path.exists(index) or os.path.exists(single):
+        if os.path.exists(index):
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            files = sorted({os.path.join(path, fn) for key, fn in weight_map.items() if key in wanted_set})
+        else:
+            files = [single]
+        for fn in files:
+            with safe_open(fn, framework="pt") as f:
+                for key in f.keys():
+                    if key in wanted_set:
+                        found[key] = f.get_tensor(key)
+        return found
+    binary = os.path.join(path, "pytorch_model.bin")
+    if os.path.exists(binary):
+        state = torch.load(binary, map_location="cpu", weights_only=True)
+        return {k: v for k, v in state.items() if k in wanted_set}
+    raise ValueError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {path}")
+
+
+def load_syntax_model(model_class, path: str, **kwargs):
+    """Load a model saved with ``save_pretrained`` after :func:`enable_syntax_attention`.
+
+    ``model_class.from_pretrained(path, **kwargs)`` loads the pre-trained weights, then syntax attention is
+    re-enabled from ``config.syntax_attention`` and the syntax parameters are read from the checkpoint.
+    Loading under another head class (e.g. ``BertModel`` from a ``BertForTokenClassification`` save) works;
+    a syntax parameter missing from the checkpoint raises ``ValueError``.
+
+    Args:
+        model_class: e.g. ``BertForTokenClassification`` or ``AutoModel``.
+        path: a directory written by ``save_pretrained`` (or a hub id).
+        kwargs: passed to ``from_pretrained`` (``torch_dtype``, ``device_map`` ...).
+    Returns:
+        the model, syntax attention enabled, every syntax parameter restored.
+    """
+    with _transformers_log_level(40):  # the syntax keys are "unexpected" to the plain class: say nothing
+        model = model_class.from_pretrained(path, **kwargs)
+    spec = getattr(model.config, "syntax_attention", None)
+    if spec is None:
+        raise ValueError(f"{path} has no config.syntax_attention: it was not saved from a syntax model "
+                         "(use enable_syntax_attention on a freshly loaded model instead)")
+    spec = dict(spec)
+    model.config.syntax_attention = None
+    model.base_model.config.syntax_attention = None
+    enable_syntax_attention(model, **spec)
+    names = list(syntax_parameters(model))
+    prefix = model.base_model_prefix
+    candidates = {}
+    for name in names:
+        options = [name]
+        if name.startswith(prefix + "."):
+            options.append(name[len(prefix) + 1:])
+        else:
+            options.append(f"{prefix}.{name}")
+        candidates[name] = options
+    found = _checkpoint_tensors(path, [o for opts in candidates.values() for o in opts])
+    params = dict(model.named_parameters())
+    missing = []
+    with torch.no_grad():
+        for name, options in candidates.items():
+            key = next((o for o in options if o in found), None)
+            if key is None:
+                missing.append(name)
+                continue
+            value = found[key]
+            if value.shape != params[name].shape:
+                raise ValueError(f"checkpoint tensor {key} has shape {tuple(value.shape)}, the model expects "
+                                 f"{tuple(params[name].shape)}")
+            params[name].copy_(value)
+    if missing:
+        raise ValueError(f"the checkpoint at {path} lacks syntax parameters: {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    return model

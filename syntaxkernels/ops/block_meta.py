@@ -1,0 +1,160 @@
+"""Per (query block, key block) metadata built on the device, and compacted lists of live key blocks.
+
+A fused attention kernel tiles the ``[N, N]`` pair space into ``block_m x block_n`` tiles. For windowed or
+masked attention most tiles hold no allowed pair; this module finds the live ones without leaving the
+device (no host sync) so kernels walk only those:
+
+1. :func:`block_distance_range` (one Triton kernel, one read of the uint8 distance): the smallest and the
+   largest distance among the valid pairs of every tile, ``uint8 [B, nQ, nK]`` each. A tile with no valid
+   pair (padding only) gets ``min = 255, max = 0``.
+2. :func:`live_blocks`: bool ``[B, nQ, nK]`` from those ranges, ``lengths``, an optional window
+   (``min <= window``) and causality (the key block starts at or before the query block's last row).
+3. :func:`compact_rows`: for every row of a boolean ``[B, R, C]`` matrix, the indices of its True columns
+   first, ascending (``int32 [B, R, C]``), and their count (``int32 [B, R]``). Applied to ``live`` it gives
+   each query block's key blocks; applied to ``live.transpose(1, 2)``, each key block's query blocks.
+
+Cost: building reads the ``B x N x N`` bytes of distance once (no head dimension); a kernel walking the
+lists then costs O(live tiles), i.e. O(tree edges x window) for a windowed pass.
+
+Any kernel can reuse this: the sub-network kernel, for instance, can mark a tile live for mask ``parent_d``
+only where ``min <= d <= max``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._primitives import launch, load_distance_tile
+
+__all__ = ["BlockMeta", "block_distance_range", "live_blocks", "compact_rows", "build_block_meta"]
+
+
+@triton.jit
+def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
+                                 stride_db, stride_di, stride_dj,
+                                 N, num_q_blocks, num_k_blocks,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Smallest and largest distance over the valid pairs of one tile.
+
+    Args:
+        DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``.
+        MIN_OUT, MAX_OUT: uint8 ``[B, nQ, nK]`` contiguous.
+    Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    """
+    q_block = tl.program_id(0)
+    k_block = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
+    valid = (offs_m[:, None] < length) & (offs_n[None, :] < length)
+    smallest = tl.min(tl.min(tl.where(valid, distance, 255), axis=1), axis=0)
+    largest = tl.max(tl.max(tl.where(valid, distance, 0), axis=1), axis=0)
+    out = (b * num_q_blocks + q_block) * num_k_blocks + k_block
+    tl.store(MIN_OUT + out, smallest.to(tl.uint8))
+    tl.store(MAX_OUT + out, largest.to(tl.uint8))
+
+
+def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m: int,
+                         block_n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(min, max)`` distance over the valid pairs of every tile, each ``uint8 [B, nQ, nK]``.
+
+    Args:
+        distance: ``uint8 [B, N, N]`` (any strides), on the device the kernels run on.
+        lengths: ``int32 [B]`` valid tokens per item (pass ``N`` for unpadded items).
+        block_m, block_n: tile sizes (powers of two >= 16).
+    Tiles with no valid pair get ``min = 255``, ``max = 0``.
+    """
+    B, N, _ = distance.shape
+    num_q = triton.cdiv(N, block_m)
+    num_k = triton.cdiv(N, block_n)
+    smallest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
+    largest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
+    if B * num_q * num_k:
+        launch(_block_distance_range_kernel, (num_q, num_k, B), distance, lengths, smallest, largest,
+               distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
+               BLOCK_M=block_m, BLOCK_N=block_n)
+    return smallest, largest
+
+
+def live_blocks(min_distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int,
+                window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+    """bool ``[B, nQ, nK]``: the tile may hold an allowed pair.
+
+    A tile is live when both its query and key blocks start inside the sequence, its smallest distance is
+    ``<= window`` (when given) and, for causal attention, its first key is ``<=`` its last query.
+    """
+    B, num_q, num_k = min_distance.shape
+    device = min_distance.device
+    q_start = torch.arange(num_q, device=device) * block_m
+    k_start = torch.arange(num_k, device=device) * block_n
+    lengths = lengths.to(torch.int64)
+    live = (q_start[None, :, None] < lengths[:, None, None]) & (k_start[None, None, :] < lengths[:, None, None])
+    if window is not None:
+        live = live & (min_distance.to(torch.int32) <= window)
+    if causal:
+        live = live & (k_start[None, None, :] <= (q_start[:, None] + block_m - 1))[None]
+    return live
+
+
+def compact_rows(mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the True columns of every row, first and ascending, and their count.
+
+    Args:
+        mask: bool ``[B, R, C]``.
+    Returns:
+        ``indices int32 [B, R, C]`` (entries past the count are 0) and ``counts int32 [B, R]``.
+    Equivalent PyTorch (per row): ``mask[b, r].nonzero().flatten()`` padded to C. Runs on the device
+    without a host sync (one sort).
+    """
+    C = mask.shape[-1]
+    column = torch.arange(C, device=mask.device, dtype=torch.int32)
+    key = torch.where(mask, column, column + C)
+    ordered = torch.sort(key, dim=-1).values
+    indices = torch.where(ordered < C, ordered, torch.zeros_like(ordered)).to(torch.int32)
+    counts = mask.sum(dim=-1, dtype=torch.int32)
+    return indices.contiguous(), counts.contiguous()
+
+
+@dataclass
+class BlockMeta:
+    """Tile metadata for one ``(block_m, block_n)`` tiling.
+
+    Attributes:
+        min_distance, max_distance: ``uint8 [B, nQ, nK]`` (see :func:`block_distance_range`).
+        live: bool ``[B, nQ, nK]``.
+        kv_blocks, kv_counts: per query block, its live key blocks (``int32 [B, nQ, nK]``, ``[B, nQ]``).
+        q_blocks, q_counts: per key block, its live query blocks (``int32 [B, nK, nQ]``, ``[B, nK]``);
+            ``None`` unless built with ``transposed=True``.
+    """
+
+    block_m: int
+    block_n: int
+    min_distance: torch.Tensor
+    max_distance: torch.Tensor
+    live: torch.Tensor
+    kv_blocks: torch.Tensor
+    kv_counts: torch.Tensor
+    q_blocks: Optional[torch.Tensor] = None
+    q_counts: Optional[torch.Tensor] = None
+
+    def density(self) -> float:
+        """Fraction of live tiles (host sync; for benchmarks and tests)."""
+        return float(self.live.float().mean()) if self.live.numel() else 0.0
+
+
+def build_block_meta(distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int,
+                     window: Optional[int] = None, causal: bool = False, transposed: bool = False) -> BlockMeta:
+    """All of the above in one call (see the module docstring)."""
+    smallest, largest = block_distance_range(distance, lengths, block_m, block_n)
+    live = live_blocks(smallest, lengths, block_m, block_n, window, causal)
+    kv_blocks, kv_counts = compact_rows(live)
+    q_blocks = q_counts = None
+    if transposed:
+        q_blocks, q_counts = compact_rows(live.transpose(1, 2))
+    return BlockMeta(block_m, block_n, smallest, largest, live, kv_blocks, kv_counts, q_blocks, q_counts)

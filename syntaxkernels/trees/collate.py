@@ -1,0 +1,200 @@
+"""DataLoader collation: items with token ids and heads (or parsed sentences) to padded tensors + TreeBatch.
+
+``TreeCollator`` is a picklable callable, so it works as ``collate_fn`` with ``num_workers > 0``; the
+``TreeBatch`` it returns has ``pin_memory()``, so ``pin_memory=True`` pins the trees along with the ids.
+
+Items are either
+
+- dicts with ``"heads"`` (token-level, 0-based, -1 for a root; a list, array or 1-D tensor) and usually
+  ``"input_ids"``; any other key is collated too (see :class:`TreeCollator`); or
+- :class:`~syntaxkernels.trees.Sentence` objects (anything with ``words`` and ``heads``): with a
+  ``tokenizer`` they are tokenised (``is_split_into_words=True``) and their trees aligned to the tokens
+  with :func:`~syntaxkernels.trees.align.align_batch`; without one the trees stay word-level.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .align import align_batch
+from .batch import TreeBatch
+
+__all__ = ["TreeCollator", "collate_trees"]
+
+_TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
+
+
+def _is_number_sequence(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and value.dtype.kind in "iufb"
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, numbers.Number) for v in value)
+    return False
+
+
+def _is_scalar(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0
+    return isinstance(value, (numbers.Number, np.generic))
+
+
+def _pad(rows: List[Any], width: int, value) -> torch.Tensor:
+    tensors = [r if isinstance(r, torch.Tensor) else torch.as_tensor(np.asarray(r)) for r in rows]
+    dtype = tensors[0].dtype if tensors else torch.int64
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for b, t in enumerate(tensors):
+        out[b, : t.shape[0]] = t
+    return out
+
+
+class TreeCollator:
+    """Collate tree items into a dict of padded tensors with a ``"trees"`` :class:`TreeBatch`.
+
+    Args:
+        pad_token_id: padding value of ``input_ids``.
+        pad_values: padding value per key for the other per-token keys (default 0; ``"labels"`` -100).
+        heads_key: the key of the token-level heads in dict items.
+        tokenizer: a fast tokenizer, for :class:`Sentence` items (ignored for dict items).
+        max_length: with a tokenizer, truncate to this many tokens (words cut off are dropped from the
+            trees and their dependents re-attach to the nearest remaining ancestor).
+        connect: with a tokenizer, one tree per sequence rooted at ``[CLS]`` (see ``align_to_tokens``).
+        backend: tree builder ("auto", "cpp", "python"; see ``build_tree_tensors``).
+
+    Returns (``__call__``) a dict:
+
+    - dict items: every per-token key (a 1-D sequence of numbers as long as the heads, e.g. ``input_ids``,
+      ``token_type_ids``, ``labels``) padded to ``[B, N]``; numeric scalars stacked to ``[B]``; anything
+      else as a list; plus ``"attention_mask" [B, N]`` (if not given), ``"lengths" int64 [B]`` and
+      ``"trees"`` (``TreeBatch`` of ``[B, N]``).
+    - Sentence items without a tokenizer: ``"trees"`` (word-level), ``"lengths"``, ``"words"`` (lists)
+      and ``"sentences"``.
+    - Sentence items with a tokenizer: the tokenizer's tensors (``input_ids``, ``attention_mask``, ...),
+      ``"trees"`` (token-level), ``"lengths"``, ``"word_ids"`` (lists) and ``"sentences"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pad_token_id: int = 0,
+        pad_values: Optional[Mapping[str, Any]] = None,
+        heads_key: str = "heads",
+        tokenizer=None,
+        max_length: Optional[int] = None,
+        connect: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        self.pad_token_id = pad_token_id
+        self.pad_values: Dict[str, Any] = {"labels": -100}
+        self.pad_values.update(pad_values or {})
+        self.heads_key = heads_key
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.connect = connect
+        self.backend = backend
+
+    def __repr__(self) -> str:
+        return (f"TreeCollator(pad_token_id={self.pad_token_id}, heads_key={self.heads_key!r}, "
+                f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
+                f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r})")
+
+    def __call__(self, items: Sequence) -> Dict[str, Any]:
+        items = list(items)
+        if not items:
+            raise ValueError("TreeCollator: empty batch")
+        if all(isinstance(item, Mapping) for item in items):
+            return self._collate_dicts(items)
+        if all(hasattr(item, "heads") and hasattr(item, "words") for item in items):
+            return self._collate_sentences(items)
+        raise ValueError("TreeCollator: items must all be dicts with a "
+                         f"{self.heads_key!r} key or all Sentence objects, got "
+                         f"{sorted({type(i).__name__ for i in items})}")
+
+    def _collate_dicts(self, items: List[Mapping]) -> Dict[str, Any]:
+        heads = []
+        for b, item in enumerate(items):
+            if self.heads_key not in item:
+                raise ValueError(f"TreeCollator: batch item {b} has no {self.heads_key!r} key")
+            value = item[self.heads_key]
+            if not _is_number_sequence(value):
+                raise ValueError(f"TreeCollator: batch item {b}: {self.heads_key!r} must be a 1-D sequence of ints")
+            heads.append([int(h) for h in (value.tolist() if hasattr(value, "tolist") else value)])
+        lengths = [len(h) for h in heads]
+        width = max(lengths)
+        out: Dict[str, Any] = {}
+        keys = [k for k in items[0] if k != self.heads_key]
+        for b, item in enumerate(items[1:], start=1):
+            if set(item) != set(items[0]):
+                raise ValueError(f"TreeCollator: batch item {b} has keys {sorted(item)}, item 0 has {sorted(items[0])}")
+        for key in keys:
+            values = [item[key] for item in items]
+            per_token = all(_is_number_sequence(v) and len(v) == n for v, n in zip(values, lengths))
+            if key in _TOKEN_KEYS and not per_token:
+                for b, (v, n) in enumerate(zip(values, lengths)):
+                    if not (_is_number_sequence(v) and len(v) == n):
+                        size = len(v) if hasattr(v, "__len__") else "no"
+                        raise ValueError(f"TreeCollator: batch item {b}: {key!r} has {size} entries but "
+                                         f"{self.heads_key!r} has {n}")
+            if per_token:
+                pad = self.pad_token_id if key == "input_ids" else self.pad_values.get(key, 0)
+                out[key] = _pad(values, width, pad)
+            elif all(_is_scalar(v) for v in values):
+                out[key] = torch.as_tensor([v.item() if hasattr(v, "item") else v for v in values])
+            else:
+                out[key] = values
+        positions = torch.arange(width)
+        lengths_t = torch.tensor(lengths, dtype=torch.int64)
+        if "attention_mask" not in out:
+            out["attention_mask"] = (positions[None, :] < lengths_t[:, None]).to(torch.int64)
+        out["lengths"] = lengths_t
+        out["trees"] = self._trees(heads, lengths_t, width)
+        return out
+
+    def _trees(self, heads: List[List[int]], lengths: torch.Tensor, width: int) -> TreeBatch:
+        padded = torch.full((len(heads), width), -1, dtype=torch.int64)
+        for b, row in enumerate(heads):
+            if row:
+                padded[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        return TreeBatch.from_heads(padded, lengths, backend=self.backend)
+
+    def _collate_sentences(self, items: List) -> Dict[str, Any]:
+        if self.tokenizer is None:
+            heads = [list(s.heads) for s in items]
+            lengths = torch.tensor([len(h) for h in heads], dtype=torch.int64)
+            width = int(lengths.max())
+            return {"trees": self._trees(heads, lengths, width), "lengths": lengths,
+                    "words": [list(s.words) for s in items], "sentences": items}
+        truncate = self.max_length is not None
+        encoding = self.tokenizer(
+            [list(s.words) for s in items], is_split_into_words=True, padding=True, truncation=truncate,
+            max_length=self.max_length, return_tensors="pt",
+        )
+        if not _is_batch_encoding_with_word_ids(encoding):
+            raise ValueError("TreeCollator: the tokenizer must be a fast tokenizer (its output needs word_ids())")
+        heads, lengths = align_batch(items, encoding, connect=self.connect,
+                                     missing_words="reattach" if truncate else "error")
+        out: Dict[str, Any] = {key: value for key, value in encoding.items()}
+        out["lengths"] = lengths
+        out["trees"] = TreeBatch.from_heads(heads, lengths, backend=self.backend)
+        out["word_ids"] = [encoding.word_ids(b) for b in range(len(items))]
+        out["sentences"] = items
+        return out
+
+
+def _is_batch_encoding_with_word_ids(encoding) -> bool:
+    try:
+        encoding.word_ids(0)
+    except (AttributeError, ValueError, IndexError):
+        return False
+    return True
+
+
+def collate_trees(items: Sequence, **options) -> Dict[str, Any]:
+    """Collate ``items`` with a :class:`TreeCollator` built from ``options`` (``collate_fn=collate_trees``)."""
+    return TreeCollator(**options)(items)
