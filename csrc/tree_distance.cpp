@@ -142,26 +142,72 @@ std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t 
   std::string message = order_tokens(b, heads, length, depth, segment, workspace);
   if (!message.empty()) return message;
 
-  // Place tokens in breadth-first order. Invariant: entry (x, y) is final once x and y are both placed,
-  // and 255 while either is not. A new token's path to any placed token runs through its head, so its
-  // row is the head's row plus one (255 stays 255, saturating at 254); the row is then mirrored into
-  // the token's column. Roots keep their all-255 row.
+  // Subtree sizes (children before their head: reverse breadth-first order), then preorder positions:
+  // the subtree of v is the tokens u with first[v] <= first[u] < first[v] + size[v].
   const int32_t* order = workspace.order.data();
+  workspace.subtree_size.assign(static_cast<size_t>(length), 0);
+  workspace.preorder.resize(static_cast<size_t>(length));
+  int32_t* size = workspace.subtree_size.data();
+  int32_t* first = workspace.preorder.data();
+  for (int64_t k = length - 1; k >= 0; --k) {
+    const int32_t v = order[k];
+    size[v] += 1;
+    if (heads[v] >= 0) size[heads[v]] += size[v];
+  }
+  int32_t next = 0;
+  for (int64_t k = 0; k < length && heads[order[k]] == -1; ++k) {
+    first[order[k]] = next;
+    next += size[order[k]];
+  }
+  const int32_t* child_start = workspace.child_start.data();
+  const int32_t* children = workspace.children.data();
+  for (int64_t k = 0; k < length; ++k) {
+    const int32_t v = order[k];
+    int32_t position = first[v] + 1;
+    for (int32_t c = child_start[v]; c < child_start[v + 1]; ++c) {
+      first[children[c]] = position;
+      position += size[children[c]];
+    }
+  }
+
+  // Each tree's span of positions [span_begin, span_end): outside it a row stays 255.
+  int64_t roots = 0;
+  while (roots < length && heads[order[roots]] == -1) ++roots;
+  workspace.span.assign(static_cast<size_t>(2 * roots), 0);
+  int32_t* span_begin = workspace.span.data();
+  int32_t* span_end = span_begin + roots;
+  for (int64_t t = 0; t < roots; ++t) span_begin[t] = static_cast<int32_t>(length);
+  for (int64_t u = 0; u < length; ++u) {
+    span_begin[segment[u]] = std::min(span_begin[segment[u]], static_cast<int32_t>(u));
+    span_end[segment[u]] = static_cast<int32_t>(u + 1);
+  }
+
+  // Rows in breadth-first order, each from its head's row, O(1) per entry and every access sequential:
+  // a token u in the subtree of v is depth[u] - depth[v] away; any other token's path from v runs through
+  // v's head, so it is one further than from the head (255 stays 255, saturating at 254). A root's row
+  // is its descendants' depths and 255 elsewhere. Only the columns of the token's tree's span are visited.
   for (int64_t k = 0; k < length; ++k) {
     const int64_t v = order[k];
     uint8_t* row = distance + v * N;
+    const int64_t begin = span_begin[segment[v]], end = span_end[segment[v]];
+    const int32_t v_first = first[v];
+    const uint32_t v_size = static_cast<uint32_t>(size[v]);
+    const int32_t v_depth = depth[v];
     const int64_t p = heads[v];
     if (p >= 0) {
       const uint8_t* parent_row = distance + p * N;
-      for (int64_t u = 0; u < length; ++u) {
-        const uint8_t d = parent_row[u];
-        row[u] = static_cast<uint8_t>(d + (d < kMaxDistance));
+      for (int64_t u = begin; u < end; ++u) {
+        const int32_t below = std::min(depth[u] - v_depth, static_cast<int32_t>(kMaxDistance));
+        const uint8_t through_head = static_cast<uint8_t>(parent_row[u] + (parent_row[u] < kMaxDistance));
+        const bool inside = static_cast<uint32_t>(first[u] - v_first) < v_size;
+        row[u] = inside ? static_cast<uint8_t>(below) : through_head;
       }
-      row[v] = 0;
-      uint8_t* column = distance + v;
-      for (int64_t u = 0; u < length; ++u) column[u * N] = row[u];
     } else {
-      row[v] = 0;
+      for (int64_t u = begin; u < end; ++u) {
+        const int32_t below = std::min(depth[u] - v_depth, static_cast<int32_t>(kMaxDistance));
+        const bool inside = static_cast<uint32_t>(first[u] - v_first) < v_size;
+        row[u] = inside ? static_cast<uint8_t>(below) : kUnreachable;
+      }
     }
   }
   return "";

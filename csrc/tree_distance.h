@@ -27,6 +27,9 @@ struct TreeWorkspace {
   std::vector<int32_t> child_start;   // children of token t: children[child_start[t] .. child_start[t+1])
   std::vector<int32_t> children;
   std::vector<int32_t> scratch;       // cycle search
+  std::vector<int32_t> subtree_size;  // tokens in the subtree of t, t included
+  std::vector<int32_t> preorder;      // position of t in a depth-first preorder of the forest
+  std::vector<int32_t> span;          // first and one-past-last position of each tree
 };
 
 // The error message for a bad lengths[b] (negative or larger than N), or "" when it is valid.
@@ -40,8 +43,8 @@ std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, Tree
 // Builds one batch item. heads points at the item's row (N entries, the first `length` used); distance
 // at its [N, N] block (row stride N), depth and segment at its N entries. Writes every entry, padding
 // included. Returns "" on success or the error message (outputs are then unspecified).
-// O(length^2) with O(1) work per pair: tokens are placed in breadth-first order and each new token's
-// row is its parent's row plus one (saturating), mirrored into the column.
+// O(length^2) with O(1) work per pair: rows are built in breadth-first order, each from its head's row
+// (plus one outside the token's subtree, the depth difference inside it), reading and writing sequentially.
 std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
                        int32_t* depth, int32_t* segment, TreeWorkspace& workspace);
 

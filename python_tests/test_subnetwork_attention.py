@@ -85,17 +85,18 @@ SMALL = dict(BLOCK_M=16, BLOCK_N=16)
 CASES = [
     ("ragged-N17-default-fp32-D32", "ragged", 17, DEFAULT, torch.float32, 32, None),
     ("ragged-N100-default-bf16-D64", "ragged", 100, DEFAULT, torch.bfloat16, 64, None),
-    ("ragged-N100-syntax-fp32-D32-blocks16-G3", "ragged", 100, SYNTAX, torch.float32, 32, dict(SMALL, GROUP=3)),
+    ("ragged-N64-syntax-fp32-D32-blocks16-G3", "ragged", 64, SYNTAX, torch.float32, 32, dict(SMALL, GROUP=3)),
     ("ragged-N1-default-fp32-D32", "ragged", 1, DEFAULT, torch.float32, 32, None),
     ("forest-N17-all-fp32-D64", "forest", 17, ALL, torch.float32, 64, None),
-    ("forest-N100-all-bf16-D32-blocks16-G4", "forest", 100, ALL, torch.bfloat16, 32, dict(SMALL, GROUP=4)),
-    ("forest-N100-pairwise-fp32-D32-blocks16", "forest", 100, PAIRWISE, torch.float32, 32, dict(SMALL, GROUP=1)),
-    ("forest-N100-parent-fp32-D32-blocks16", "forest", 100, PARENT, torch.float32, 32, dict(SMALL, GROUP=2)),
-    ("forest-N100-child-bf16-D32-blocks16", "forest", 100, CHILD, torch.bfloat16, 32, dict(SMALL, GROUP=2)),
-    ("forest-N100-sibling-fp32-D64-blocks16", "forest", 100, SIBLING, torch.float32, 64, dict(SMALL, GROUP=2)),
+    ("forest-N64-all-bf16-D32-blocks16-G4", "forest", 64, ALL, torch.bfloat16, 32, dict(SMALL, GROUP=4)),
+    ("forest-N64-pairwise-fp32-D32-blocks16", "forest", 64, PAIRWISE, torch.float32, 32, dict(SMALL, GROUP=1)),
+    ("forest-N64-parent-fp32-D32-blocks16", "forest", 64, PARENT, torch.float32, 32, dict(SMALL, GROUP=2)),
+    ("forest-N64-child-bf16-D32-blocks16", "forest", 64, CHILD, torch.bfloat16, 32, dict(SMALL, GROUP=2)),
+    ("forest-N64-sibling-fp32-D64-blocks16", "forest", 64, SIBLING, torch.float32, 64, dict(SMALL, GROUP=2)),
+    ("forest-N100-all-bf16-D64", "forest", 100, ALL, torch.bfloat16, 64, None),
     ("forest-N129-default-bf16-D32", "forest", 129, DEFAULT, torch.bfloat16, 32, None),
     ("single-N17-all-fp32-D32", "single", 17, ALL, torch.float32, 32, None),
-    ("single-N100-full-bf16-D64-blocks16", "single", 100, FULL, torch.bfloat16, 64, dict(SMALL, GROUP=1)),
+    ("single-N64-full-bf16-D64-blocks16", "single", 64, FULL, torch.bfloat16, 64, dict(SMALL, GROUP=1)),
 ]
 
 
@@ -125,7 +126,7 @@ def test_matches_reference(case, config_override):
     _, kind, N, masks, dtype, D, override = case
     config_override(override)
     trees = make_trees(kind, N)
-    B, H = trees.batch_size, 2
+    B, H = trees.batch_size, 1
     q, k, v = _qkv(B, H, N, D, dtype)
     grad = torch.randn(B, masks.num_masks, H, N, D, dtype=torch.float64)
 

@@ -344,3 +344,17 @@ def test_cuda_builder_matches_cpp():
         assert torch.equal(a, b.cpu())
     with pytest.raises(ValueError, match=re.escape("on a cycle (0 -> 1 -> 0)")):
         _ext.load().tree_distance_cuda(torch.tensor([[1, 0]]).cuda(), torch.tensor([2]).cuda())
+
+
+@requires_cpp
+def test_concurrent_calls_from_python_threads():
+    """The builder releases the GIL; concurrent calls from Python threads give the sequential result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    heads, lengths = oracles.padded(oracles.generated_sentences(64, seed=11, max_length=50))
+    want = _ext.load().tree_distance(heads, lengths, 1)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: _ext.load().tree_distance(heads, lengths, t), [1, 2, 1, 2, 0, 0]))
+    for result in results:
+        for a, b in zip(result, want):
+            assert torch.equal(a, b)

@@ -34,7 +34,7 @@ What each method promises for a freshly enabled model (same pre-trained weights)
 - ``"gat"``: the syntax-head injection weights start at zero -> exactly plain attention; the GAT and the
   probe have random (trainable) parameters but do not change the outputs until the injection has learned.
 
-Differences from the unpatched model that hold for every method:
+Other differences from the unpatched model:
 
 - Padding positions: the fused ops give query rows at or beyond a sequence's length a zero attention
   output (``"bias"``, ``"subnetwork"``); hidden states at padding positions therefore differ from plain
@@ -50,6 +50,11 @@ Saving and loading: ``enable_syntax_attention`` records its arguments in ``model
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
 to the weights file. :func:`load_syntax_model` reloads both (plain ``from_pretrained`` would drop the syntax
 parameters as unexpected keys).
+
+Distributed training: the syntax parameters are ordinary parameters of the model, so
+``DistributedDataParallel`` and FSDP (``fully_shard`` per ``encoder.layer[i]``, then the model; the GAT and
+the probe live in ``encoder`` and shard with the root) synchronise them like any other
+(``python_tests/test_distributed.py`` checks both on CPU with gloo).
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ class KernelSpec:
         module, name: where the ``@triton.jit`` function lives (imported in the worker process).
         signature: argument name -> Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``, ``"constexpr"``).
         constexprs: argument name -> value for every constexpr (and specialised) argument.
-        pointer_args: names of pointer arguments to mark 16-byte aligned.
+        pointer_args: names of arguments to mark divisible by 16 (pointers: 16-byte aligned).
         num_warps, num_stages: launch options.
         needs_mma: the kernel must use tensor cores (mma.sync on sm_80, wgmma or mma.sync on sm_90).
     """
@@ -76,8 +76,8 @@ class CompileResult:
 
 
 def kernel_spec(fn, label: str, pointer_types: Dict[str, str], constexprs: Dict[str, object],
-                float_args: Iterable[str] = (), num_warps: int = 4, num_stages: int = 2,
-                needs_mma: bool = True) -> KernelSpec:
+                float_args: Iterable[str] = (), divisible_args: Iterable[str] = (), num_warps: int = 4,
+                num_stages: int = 2, needs_mma: bool = True) -> KernelSpec:
     """Build a :class:`KernelSpec` for a ``@triton.jit`` function.
 
     Args:
@@ -86,6 +86,9 @@ def kernel_spec(fn, label: str, pointer_types: Dict[str, str], constexprs: Dict[
         constexprs: values of the constexpr arguments, plus any integer argument specialised to a value
             (e.g. an innermost stride of 1); names the kernel does not take are ignored.
         float_args: fp32 scalar arguments; every other argument is ``i32``.
+        divisible_args: integer arguments known to be multiples of 16 (strides of contiguous tensors whose
+            inner sizes are multiples of 16), marked like the JIT marks them at launch; without the mark the
+            compiler cannot vectorise loads along those rows.
     """
     float_args = set(float_args)
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
@@ -103,8 +106,10 @@ def kernel_spec(fn, label: str, pointer_types: Dict[str, str], constexprs: Dict[
     if missing:
         raise ValueError(f"{label}: no value for constexpr arguments {missing}")
     inner = getattr(fn, "fn", fn)
-    return KernelSpec(label, inner.__module__, inner.__name__, signature, dict(constexprs),
-                      [n for n in pointer_types if n not in constexprs], num_warps, num_stages, needs_mma)
+    aligned = [n for n in pointer_types if n not in constexprs]
+    aligned += [n for n in divisible_args if n in fn.arg_names and n not in constexprs and n not in aligned]
+    return KernelSpec(label, inner.__module__, inner.__name__, signature, dict(constexprs), aligned, num_warps,
+                      num_stages, needs_mma)
 
 
 def ptxas_path() -> str:

@@ -40,6 +40,22 @@ def store_tile(ptr, value, offs_r, offs_c, stride_r, stride_c, n_rows, n_cols):
 
 
 @triton.jit
+def mma(a, b, DOT_PRECISION: tl.constexpr):
+    """``tl.dot(a, b)`` with fp32 accumulation.
+
+    ``DOT_PRECISION``: "ieee" (exact fp32, for fp32 inputs), "tf32" (the default of half types: tensor
+    cores), or "upcast": the operands are widened to fp32 first. Launchers pass "upcast" for bfloat16 under
+    ``TRITON_INTERPRET=1``, whose bf16 ``tl.dot`` returns garbage in Triton 3.6; products of bf16 values are
+    exact in fp32, so the result equals a tensor-core dot with fp32 accumulation.
+    """
+    if DOT_PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        result = tl.dot(a, b, input_precision=DOT_PRECISION)
+    return result
+
+
+@triton.jit
 def load_distance_tile(dist_ptr, offs_m, offs_n, stride_i, stride_j, n_valid):
     """The uint8 distance tile ``[M, N]`` as int32; pairs outside ``n_valid x n_valid`` read 255.
 
@@ -90,9 +106,21 @@ def bucket_from_distance(distance, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.
 
 
 @triton.jit
-def gather_bias(bucket, table_ptr, bias_scale):
-    """``bias_scale * table[bucket]`` as fp32 (``table_ptr``: one head's fp32 row of the table)."""
-    return tl.load(table_ptr + bucket).to(tl.float32) * bias_scale
+def gather_bias(bucket, table_ptr, bias_scale, NUM_BUCKETS: tl.constexpr, SELECT_MAX: tl.constexpr = 16):
+    """``bias_scale * table[bucket]`` as fp32 (``table_ptr``: one head's fp32 row of the table).
+
+    Small tables (``NUM_BUCKETS <= SELECT_MAX``) use a chain of selects over loop-invariant scalar loads:
+    a per-element gather from memory is a dependent load the software pipeliner stages through shared
+    memory, which costs ~60 registers per thread at 64x64 tiles (measured with ptxas for sm_90). Larger
+    tables fall back to the gather.
+    """
+    if NUM_BUCKETS <= SELECT_MAX:
+        bias = tl.zeros(bucket.shape, dtype=tl.float32)
+        for t in tl.static_range(NUM_BUCKETS):
+            bias = tl.where(bucket == t, tl.load(table_ptr + t).to(tl.float32), bias)
+    else:
+        bias = tl.load(table_ptr + bucket).to(tl.float32)
+    return bias * bias_scale
 
 
 @triton.jit
@@ -187,3 +215,35 @@ def launch(kernel, grid, *args, **kwargs):
         kernel[grid](*args, **kwargs)
         return
     torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+
+
+@triton.jit
+def accumulate_bucket_row_sums(ds_rows, p_rows, bucket, ds, p, allowed, bucket_ids, NUM_BUCKETS: tl.constexpr):
+    """Per-row, per-bucket sums of dS and of P over one tile: ``ds_rows[i, t] += sum_{j in t} ds_ij``.
+
+    With :func:`finish_bucket_sums` this gives the table gradient of an exact softmax backward even when
+    ``delta_i = dO_i . O_i`` was formed from a rounded (fp16/bf16) output: the row error
+    ``e_i = sum_j dS_ij`` (zero in exact arithmetic) is removed as ``dS_ij - P_ij e_i``. Without it the
+    small per-row errors add up over every row in each bucket sum.
+
+    Args:
+        ds_rows, p_rows: fp32 ``[M, T_PAD]`` running sums; bucket_ids: ``tl.arange(0, T_PAD)``.
+        bucket: int32 ``[M, N]``; ds, p: fp32 ``[M, N]``; allowed: bool ``[M, N]``.
+    """
+    lowest = tl.min(tl.min(tl.where(allowed, bucket, NUM_BUCKETS), axis=1), axis=0)
+    highest = tl.max(tl.max(tl.where(allowed, bucket, -1), axis=1), axis=0)
+    ds = tl.where(allowed, ds, 0.0)
+    p = tl.where(allowed, p, 0.0)
+    for t in range(lowest, highest + 1):
+        in_bucket = bucket == t
+        column = bucket_ids[None, :] == t
+        ds_rows += tl.where(column, tl.sum(tl.where(in_bucket, ds, 0.0), axis=1)[:, None], 0.0)
+        p_rows += tl.where(column, tl.sum(tl.where(in_bucket, p, 0.0), axis=1)[:, None], 0.0)
+    return ds_rows, p_rows
+
+
+@triton.jit
+def finish_bucket_sums(ds_rows, p_rows):
+    """``G[t] = sum_i (ds_rows[i, t] - e_i * p_rows[i, t])`` with ``e_i = sum_t ds_rows[i, t]`` (fp32 ``[T_PAD]``)."""
+    row_error = tl.sum(ds_rows, axis=1)
+    return tl.sum(ds_rows - row_error[:, None] * p_rows, axis=0)

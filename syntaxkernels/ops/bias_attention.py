@@ -43,13 +43,16 @@ from ..specs import BucketSpec
 from ._dispatch import resolve_backend
 from ._primitives import (
     LOG2E,
+    accumulate_bucket_row_sums,
     accumulate_bucket_sums,
     bucket_from_distance,
+    finish_bucket_sums,
     finish_softmax,
     gather_bias,
     launch,
     load_distance_tile,
     load_tile,
+    mma,
     online_softmax_step,
     pair_allowed,
     store_tile,
@@ -79,6 +82,7 @@ def _bias_attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     USE_LISTS: tl.constexpr, HAS_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    NUM_BUCKETS: tl.constexpr,
 ):
     """Forward: output rows and their log2-sum-exp for one query block.
 
@@ -133,14 +137,14 @@ def _bias_attn_fwd_kernel(
         offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D)
         v = load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = mma(q, tl.trans(k), DOT_PRECISION)
         distance = load_distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, length)
         bucket = bucket_from_distance(distance, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2)
+        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2, NUM_BUCKETS)
         allowed = pair_allowed(offs_m, offs_n, length, distance, window, HAS_WINDOW, CAUSAL)
         scores2 = tl.where(allowed, scores2, float("-inf"))
         running_max, alpha, p, running_sum = online_softmax_step(running_max, running_sum, scores2)
-        accumulator = accumulator * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        accumulator = accumulator * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PRECISION)
 
     # Epilogue: normalise; rows past the length or without an allowed key are 0.
     out, lse2 = finish_softmax(accumulator, running_max, running_sum)
@@ -189,6 +193,7 @@ def _bias_attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     USE_LISTS: tl.constexpr, HAS_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    NUM_BUCKETS: tl.constexpr,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp.
 
@@ -243,16 +248,16 @@ def _bias_attn_bwd_dkdv_kernel(
         dout = load_tile(dout_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV)
         lse2 = tl.load(LSE + row_base + offs_m, mask=offs_m < N, other=0.0)
         delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < N, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = mma(q, tl.trans(k), DOT_PRECISION)
         distance = load_distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, length)
         bucket = bucket_from_distance(distance, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2)
+        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2, NUM_BUCKETS)
         allowed = pair_allowed(offs_m, offs_n, length, distance, window, HAS_WINDOW, CAUSAL)
         p = tl.where(allowed, tl.exp2(scores2 - lse2[:, None]), 0.0)
-        dv += tl.dot(tl.trans(p.to(dout.dtype)), dout, input_precision=DOT_PRECISION)
-        dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
+        dv += mma(tl.trans(p.to(dout.dtype)), dout, DOT_PRECISION)
+        dp = mma(dout, tl.trans(v), DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
+        dk += mma(tl.trans(ds.to(q.dtype)), q, DOT_PRECISION)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     dk = dk * scale
@@ -271,7 +276,7 @@ def _bias_attn_bwd_dq_kernel(
     stride_th,
     stride_xb, stride_xh, stride_xn, stride_xd,
     H, N, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2, window,
-    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, ROW_CORRECTED: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     USE_LISTS: tl.constexpr, HAS_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -281,6 +286,9 @@ def _bias_attn_bwd_dq_kernel(
     Args:
         DQ: like Q (strides ``stride_x*``). BUCKET_PARTIALS: fp32 ``[B, H, nQ, NUM_BUCKETS]``: this program's
             ``G[t] = sum of dS over its pairs in bucket t``, written once.
+        ROW_CORRECTED: sum dS per row and bucket (``[BLOCK_M, BUCKETS_PAD]`` in registers) and remove each
+            row's rounding error (see :func:`accumulate_bucket_row_sums`); used for half types with
+            ``BUCKETS_PAD <= 32``. Otherwise dS is summed per bucket directly.
         Others as in the dK/dV kernel (KV lists as in the forward).
     Grid: ``(cdiv(N, BLOCK_M), B * H)``; one program owns BLOCK_M query rows of one (batch, head).
     """
@@ -307,6 +315,9 @@ def _bias_attn_bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bucket_sums = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+    if ROW_CORRECTED:
+        ds_rows = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+        p_rows = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
 
     list_base = KV_BLOCKS + (b * num_q_blocks + q_block) * num_k_blocks
     if USE_LISTS:
@@ -326,18 +337,24 @@ def _bias_attn_bwd_dq_kernel(
         offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D)
         v = load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = mma(q, tl.trans(k), DOT_PRECISION)
         distance = load_distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, length)
         bucket = bucket_from_distance(distance, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2)
+        scores2 = qk * qk_scale2 + gather_bias(bucket, table_row, bias_scale2, NUM_BUCKETS)
         allowed = pair_allowed(offs_m, offs_n, length, distance, window, HAS_WINDOW, CAUSAL)
         p = tl.where(allowed, tl.exp2(scores2 - lse2[:, None]), 0.0)
-        dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
+        dp = mma(dout, tl.trans(v), DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
-        bucket_sums = accumulate_bucket_sums(bucket_sums, bucket, ds, allowed, bucket_ids, NUM_BUCKETS)
+        dq += mma(ds.to(k.dtype), k, DOT_PRECISION)
+        if ROW_CORRECTED:
+            ds_rows, p_rows = accumulate_bucket_row_sums(ds_rows, p_rows, bucket, ds, p, allowed, bucket_ids,
+                                                         NUM_BUCKETS)
+        else:
+            bucket_sums = accumulate_bucket_sums(bucket_sums, bucket, ds, allowed, bucket_ids, NUM_BUCKETS)
 
     # Epilogue: dQ carries the score scale; one row of bucket sums per program.
+    if ROW_CORRECTED:
+        bucket_sums = finish_bucket_sums(ds_rows, p_rows)
     dq = dq * scale
     store_tile(DQ + b * stride_xb + h * stride_xh, dq, offs_m, offs_d, stride_xn, stride_xd, N, D)
     partial_row = BUCKET_PARTIALS + (bh.to(tl.int64) * num_q_blocks + q_block) * NUM_BUCKETS
@@ -389,8 +406,13 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, index: int = 0) 
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs: exact fp32 products (TF32 would miss the fp32 tolerance); half types use tensor cores.
-    return "ieee" if dtype == torch.float32 else "tf32"
+    # fp32 inputs: exact fp32 products (TF32 would miss the fp32 tolerance); half types use tensor cores;
+    # bf16 under the interpreter is widened first (see _primitives.mma).
+    if dtype == torch.float32:
+        return "ieee"
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "upcast"
+    return "tf32"
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -455,7 +477,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_head_block(D), BLOCK_DV=_head_block(DV),
            USE_LISTS=use_lists, HAS_WINDOW=window >= 0, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
            MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket,
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           NUM_BUCKETS=table.shape[-1], num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse
 
 
@@ -493,7 +515,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_head_block(D), BLOCK_DV=block_dv,
                       USE_LISTS=use_lists, HAS_WINDOW=window >= 0, CAUSAL=causal,
                       DOT_PRECISION=_dot_precision(q.dtype), MAX_DISTANCE=max_distance,
-                      LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket, num_warps=config["num_warps"],
+                      LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket, NUM_BUCKETS=T,
+                      num_warps=config["num_warps"],
                       num_stages=config["num_stages"])
         strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_th)
         sizes = (H, N, D, DV, num_q, num_k, scale, scale * LOG2E, max(window, 0))
@@ -505,7 +528,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                q, k, v, dout, distance, table32, scale_t, lengths,
                meta.kv_blocks if use_lists else lengths, meta.kv_counts if use_lists else lengths,
                lse, delta, dq, partials, *strides, *dq.stride(), *sizes,
-               NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), **common)
+               BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
+               ROW_CORRECTED=q.dtype != torch.float32 and T <= 32, **common)
     else:
         dq.zero_()
         dk.zero_()
@@ -623,6 +647,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
 # Compile matrix (python_tests/test_compile_bias.py)
 # ---------------------------------------------------------------------------------------------------------
 
+# Strides a launch on contiguous tensors with N and D multiples of 16 sees as multiples of 16.
+_DIVISIBLE_STRIDES = tuple(f"stride_{t}{a}" for t in "qkvogxy" for a in "bhn") + ("stride_db", "stride_di")
+
 _TRITON_DTYPE = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -656,14 +683,15 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), all_
                     variants.append((False, False, False, configs[:1]))
                 for use_lists, has_window, causal, variant_configs in variants:
                     for index, config in enumerate(variant_configs):
-                        flags = dict(MAX_DISTANCE=10, LOG_DISTANCE=0, UNREACHABLE_BUCKET=True, USE_LISTS=use_lists, HAS_WINDOW=has_window, CAUSAL=causal,
+                        flags = dict(MAX_DISTANCE=10, LOG_DISTANCE=0, UNREACHABLE_BUCKET=True, NUM_BUCKETS=12,
+                                     USE_LISTS=use_lists, HAS_WINDOW=has_window, CAUSAL=causal,
                                      DOT_PRECISION=_dot_precision(torch_dtype), BLOCK_D=block_d,
                                      BLOCK_DV=block_d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
                         tag = (f"{dname} D{head_dim} {'lists+window+causal' if use_lists else 'dense'} "
                                f"cfg{index} {config['BLOCK_M']}x{config['BLOCK_N']} w{config['num_warps']} "
                                f"s{config['num_stages']}")
                         options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"],
-                                       needs_mma=half)
+                                       needs_mma=half, divisible_args=_DIVISIBLE_STRIDES)
                         pointers = dict(Q=dt, K=dt, V=dt, DIST="u8", TABLE="fp32", BIAS_SCALE="fp32",
                                         LENGTHS="i32", LSE="fp32")
                         if kind == "fwd":
@@ -677,7 +705,7 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), all_
                                                  dict(unit, **flags), float_args=("scale", "qk_scale2"), **options))
                         dq = dict(pointers, KV_BLOCKS="i32", KV_COUNTS="i32", DQ=dt, BUCKET_PARTIALS="fp32")
                         specs.append(kernel_spec(_bias_attn_bwd_dq_kernel, f"bwd_dq {tag}", dq,
-                                                 dict(unit, NUM_BUCKETS=12, BUCKETS_PAD=16, **flags),
+                                                 dict(unit, BUCKETS_PAD=16, ROW_CORRECTED=half, **flags),
                                                  float_args=("scale", "qk_scale2"), **options))
         specs.append(kernel_spec(_bias_attn_bwd_preprocess_kernel, f"bwd_preprocess {dname} D128",
                                  dict(OUT=dt, DOUT=dt, DELTA="fp32"),

@@ -98,7 +98,7 @@ def live_blocks(min_distance: torch.Tensor, lengths: torch.Tensor, block_m: int,
     if window is not None:
         live = live & (min_distance.to(torch.int32) <= window)
     if causal:
-        live = live & (k_start[None, None, :] <= (q_start[:, None] + block_m - 1))[None]
+        live = live & (k_start[None, None, :] <= q_start[None, :, None] + block_m - 1)
     return live
 
 

@@ -1,8 +1,8 @@
 """Block-sparse Syntax-BERT sub-network attention: M masked attentions sharing q, k, v in one pass.
 
 Limits: CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``); float16, bfloat16 and float32 inputs
-(float32 dots run in IEEE fp32, never TF32), fp32 accumulation; head dims 16..256 that are powers of two
-(32, 64, 128 are compiled and checked for sm_80/sm_90); any N; float64 inputs use the reference.
+(float32 dots run in IEEE fp32, never TF32), fp32 accumulation; head dims up to 128 (masked to the next power of two >= 32; 32, 64, 128 are compiled and
+checked for sm_80/sm_90); v's head dim equal to q's; any N; float64 inputs use the reference.
 
 How it works (DESIGN.md §2, §5):
 
@@ -39,7 +39,7 @@ import torch
 from .. import _validation as V
 from .. import reference
 from ..specs import MaskSpec
-from ._dispatch import resolve_backend
+from ._dispatch import interpreting, resolve_backend
 
 import triton
 import triton.language as tl
@@ -94,23 +94,18 @@ def mask_codes(masks: MaskSpec) -> Tuple[List[int], List[int], int]:
     return codes, needs, max_d
 
 
-# (BLOCK_M, BLOCK_N, GROUP, num_warps, num_stages) per (dtype family, head dim). BLOCK_M == BLOCK_N for all
-# configs so the forward and both backward kernels share one block metadata. GROUP (the masks whose
-# accumulators one forward program holds) is the largest that compiles without spills for sm_80 and sm_90
-# (python_tests/test_compile_subnetwork.py).
-KERNEL_CONFIGS: Dict[Tuple[str, int], Tuple[int, int, int, int, int]] = {
-    ("16bit", 16): (64, 64, 4, 4, 2),
-    ("16bit", 32): (64, 64, 4, 4, 2),
-    ("16bit", 64): (64, 64, 2, 4, 2),
-    ("16bit", 128): (64, 64, 1, 4, 2),
-    ("16bit", 256): (32, 32, 1, 4, 1),
-    ("fp32", 16): (64, 64, 2, 4, 2),
-    ("fp32", 32): (64, 64, 2, 4, 2),
-    ("fp32", 64): (32, 32, 2, 4, 2),
-    ("fp32", 128): (32, 32, 1, 4, 1),
-    ("fp32", 256): (16, 16, 1, 4, 1),
+# Per (dtype family, padded head dim): (BLOCK_M, BLOCK_N, GROUP, forward warps, forward stages, backward warps,
+# backward stages). The forward and both backward kernels share the tiles, hence one block metadata. Every entry
+# compiles for sm_80 and sm_90 without register spills (python_tests/test_compile_subnetwork.py); GROUP (masks
+# whose [BLOCK_M, D] accumulators one forward program holds) is the largest that does: 2 spills at D >= 64.
+# float32 inputs pad head dims below 64 to 64 (the 32-wide fp32 backward spills on one arch or the other).
+KERNEL_CONFIGS: Dict[Tuple[str, int], Tuple[int, int, int, int, int, int, int]] = {
+    ("16bit", 32): (64, 32, 2, 4, 2, 4, 2),
+    ("16bit", 64): (32, 16, 1, 8, 2, 8, 2),
+    ("16bit", 128): (32, 16, 1, 8, 2, 8, 2),
+    ("fp32", 64): (32, 32, 1, 8, 2, 4, 2),
+    ("fp32", 128): (32, 32, 1, 8, 1, 8, 1),
 }
-
 
 # Tests set this to a dict of config entries (e.g. 16x16 tiles to exercise block skipping at small N, or a
 # GROUP size); None = KERNEL_CONFIGS.
@@ -121,8 +116,9 @@ def forward_config(dtype: torch.dtype, head_dim: int) -> Dict[str, int]:
     """The launch config (shared by the forward and backward kernels) for ``dtype`` and a power-of-two
     ``head_dim`` (the padded head dim ``BLOCK_D``)."""
     family = "fp32" if dtype == torch.float32 else "16bit"
-    block_m, block_n, group, warps, stages = KERNEL_CONFIGS[(family, head_dim)]
-    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group, num_warps=warps, num_stages=stages)
+    block_m, block_n, group, warps, stages, bwd_warps, bwd_stages = KERNEL_CONFIGS[(family, head_dim)]
+    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group, num_warps=warps, num_stages=stages,
+                  bwd_num_warps=bwd_warps, bwd_num_stages=bwd_stages)
     if _CONFIG_OVERRIDE:
         config.update(_CONFIG_OVERRIDE)
     return config
@@ -165,11 +161,23 @@ def _mask_select(code, mask_code):
     return (code == mask_code) | ((mask_code < 0) & (code > 0))
 
 @triton.jit
-def _masked_softmax_step(accumulator, running_max, running_sum, scores2, allowed, v, DOT_PRECISION: tl.constexpr):
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST_BF16: tl.constexpr):
+    """``a @ b (+ acc)`` with fp32 accumulation. ``UPCAST_BF16`` (set only under ``TRITON_INTERPRET=1`` for
+    bfloat16 inputs) multiplies in fp32: the Triton 3.6 interpreter's ``tl.dot`` multiplies the raw bits of
+    bfloat16 operands. The product of two bfloat16 numbers is exact in fp32, so the result is the same."""
+    if UPCAST_BF16:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _masked_softmax_step(accumulator, running_max, running_sum, scores2, allowed, v, DOT_PRECISION: tl.constexpr,
+                         UPCAST_BF16: tl.constexpr):
     """One key tile of one mask's online softmax: ``scores2`` (log2 domain) restricted to ``allowed``."""
     new_max, alpha, p, new_sum = online_softmax_step(running_max, running_sum,
                                                      tl.where(allowed, scores2, float("-inf")))
-    accumulator = tl.dot(p.to(v.dtype), v, accumulator * alpha[:, None], input_precision=DOT_PRECISION)
+    accumulator = _dot(p.to(v.dtype), v, accumulator * alpha[:, None], DOT_PRECISION, UPCAST_BF16)
     return accumulator, new_max, new_sum
 
 
@@ -235,7 +243,7 @@ def _subnetwork_fwd_kernel(
     stride_eb, stride_em, stride_en,
     stride_db, stride_dq, stride_dk, stride_tb, stride_tn, stride_sb, stride_sn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_BF16: tl.constexpr,
 ):
     """Forward of up to GROUP masks for one query block of one (batch, head).
 
@@ -322,18 +330,18 @@ def _subnetwork_fwd_kernel(
         depth_k = tl.load(depth_b + offs_n * stride_tn, mask=col_ok, other=0)
         seg_k = tl.load(seg_b + offs_n * stride_sn, mask=col_ok, other=-1)
         code = _pair_code(dist, depth_q[:, None], depth_k[None, :], seg_q[:, None], seg_k[None, :])
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        scores = _dot(q, k, None, DOT_PRECISION, UPCAST_BF16) * qk_scale
         acc0, max0, sum0 = _masked_softmax_step(acc0, max0, sum0, scores, _mask_select(code, code0), v,
-                                                DOT_PRECISION)
+                                                DOT_PRECISION, UPCAST_BF16)
         if GROUP > 1:
             acc1, max1, sum1 = _masked_softmax_step(acc1, max1, sum1, scores, _mask_select(code, code1), v,
-                                                    DOT_PRECISION)
+                                                    DOT_PRECISION, UPCAST_BF16)
         if GROUP > 2:
             acc2, max2, sum2 = _masked_softmax_step(acc2, max2, sum2, scores, _mask_select(code, code2), v,
-                                                    DOT_PRECISION)
+                                                    DOT_PRECISION, UPCAST_BF16)
         if GROUP > 3:
             acc3, max3, sum3 = _masked_softmax_step(acc3, max3, sum3, scores, _mask_select(code, code3), v,
-                                                    DOT_PRECISION)
+                                                    DOT_PRECISION, UPCAST_BF16)
 
     # Normalise and store each mask of the group (slots past the group's size have mask index -1).
     row_offs = offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
@@ -367,7 +375,7 @@ def _subnetwork_bwd_dkdv_kernel(
     stride_db, stride_dq, stride_dk, stride_tb, stride_tn, stride_sb, stride_sn,
     stride_gb, stride_gh, stride_gn, stride_gd,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_BF16: tl.constexpr,
 ):
     """dk and dv of one key block of one (batch, head), summed over the M masks.
 
@@ -423,7 +431,7 @@ def _subnetwork_bwd_dkdv_kernel(
         dist = tl.load(dist_b + (offs_n[:, None] * stride_dq + offs_m[None, :] * stride_dk),
                        mask=col_ok[:, None] & row_ok[None, :], other=255).to(tl.int32)
         code = _pair_code(dist, depth_q[None, :], depth_k[:, None], seg_q[None, :], seg_k[:, None])
-        scores_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        scores_t = _dot(k, tl.trans(q), None, DOT_PRECISION, UPCAST_BF16) * qk_scale
         ds_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         # Every mask with a pair in this tile: dv += P^T dO, and accumulate dS^T over the masks.
         for m in range(0, M):
@@ -436,10 +444,10 @@ def _subnetwork_bwd_dkdv_kernel(
                 do = tl.load(do_bh + m * stride_om + (offs_m[:, None] * stride_on + offs_d[None, :] * stride_od),
                              mask=row_ok[:, None] & d_ok[None, :], other=0.0)
                 p_t = tl.where(_mask_select(code, mask_code), tl.exp2(scores_t - lse[None, :]), 0.0)
-                dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-                dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION, UPCAST_BF16)
+                dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION, UPCAST_BF16)
                 ds_t += p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        dk = _dot(ds_t.to(q.dtype), q, dk, DOT_PRECISION, UPCAST_BF16)
 
     dk = dk * sm_scale
     out_offs = offs_n[:, None] * stride_gn + offs_d[None, :] * stride_gd
@@ -463,7 +471,7 @@ def _subnetwork_bwd_dq_kernel(
     stride_db, stride_dq, stride_dk, stride_tb, stride_tn, stride_sb, stride_sn,
     stride_gb, stride_gh, stride_gn, stride_gd,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST_BF16: tl.constexpr,
 ):
     """dq of one query block of one (batch, head), summed over the M masks.
 
@@ -513,7 +521,7 @@ def _subnetwork_bwd_dq_kernel(
         depth_k = tl.load(depth_b + offs_n * stride_tn, mask=col_ok, other=0)
         seg_k = tl.load(seg_b + offs_n * stride_sn, mask=col_ok, other=-1)
         code = _pair_code(dist, depth_q[:, None], depth_k[None, :], seg_q[:, None], seg_k[None, :])
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        scores = _dot(q, tl.trans(k), None, DOT_PRECISION, UPCAST_BF16) * qk_scale
         ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         # Every mask with a pair in this tile: accumulate dS over the masks.
         for m in range(0, M):
@@ -526,9 +534,9 @@ def _subnetwork_bwd_dq_kernel(
                 do = tl.load(do_bh + m * stride_om + (offs_m[:, None] * stride_on + offs_d[None, :] * stride_od),
                              mask=row_ok[:, None] & d_ok[None, :], other=0.0)
                 p = tl.where(_mask_select(code, mask_code), tl.exp2(scores - lse[:, None]), 0.0)
-                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+                dp = _dot(do, tl.trans(v), None, DOT_PRECISION, UPCAST_BF16)
                 ds += p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        dq = _dot(ds.to(k.dtype), k, dq, DOT_PRECISION, UPCAST_BF16)
 
     dq = dq * sm_scale
     out_offs = offs_m[:, None] * stride_gn + offs_d[None, :] * stride_gd
@@ -628,8 +636,13 @@ def subnetwork_block_stats(trees, masks: MaskSpec, block_m: int = 64, block_n: i
 # Launchers (torch.library Triton ops)
 # --------------------------------------------------------------------------------------------------------
 
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+def _block_d(head_dim: int, dtype: torch.dtype) -> int:
+    """The padded head dim of the kernels (a power of two, >= 32; >= 64 for float32)."""
+    return max(64 if dtype == torch.float32 else 32, triton.next_power_of_2(head_dim))
+
+
+def _upcast_bf16(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and interpreting()
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -677,7 +690,7 @@ def subnetwork_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     B, H, N, D = q.shape
     M = len(codes)
-    cfg = forward_config(q.dtype, _block_d(D))
+    cfg = forward_config(q.dtype, _block_d(D, q.dtype))
     block_m, block_n, group = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["GROUP"]
     bits = _block_bits_triton(distance, segment, max_syntax_distance, block_m, block_n)
     rows, class_needs = _group_table(codes, needs, group)
@@ -694,8 +707,8 @@ def subnetwork_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                scale, H, N, num_q, num_k,
                *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(), *nonempty.stride(),
                *distance.stride(), *depth.stride(), *segment.stride(),
-               HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group,
-               DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+               HEAD_DIM=D, BLOCK_D=_block_d(D, q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group,
+               DOT_PRECISION=_dot_precision(q.dtype), UPCAST_BF16=_upcast_bf16(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out, lse, nonempty.bool(), bits
 
 
@@ -712,7 +725,7 @@ def subnetwork_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: to
     """
     B, H, N, D = q.shape
     M = len(codes)
-    cfg = forward_config(q.dtype, _block_d(D))
+    cfg = forward_config(q.dtype, _block_d(D, q.dtype))
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     live = (bits & _need_all(needs)) != 0
     lists, counts = compact_rows(live)
@@ -726,9 +739,9 @@ def subnetwork_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: to
     dv = torch.empty_like(dq)
     num_q, num_k = bits.shape[1], bits.shape[2]
     if dq.numel():
-        common = dict(HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=block_m, BLOCK_N=block_n,
-                      DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg["num_warps"],
-                      num_stages=cfg["num_stages"])
+        common = dict(HEAD_DIM=D, BLOCK_D=_block_d(D, q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
+                      DOT_PRECISION=_dot_precision(q.dtype), UPCAST_BF16=_upcast_bf16(q.dtype),
+                      num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"])
         strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse.stride(),
                    *distance.stride(), *depth.stride(), *segment.stride(), *dq.stride())
         launch(_subnetwork_bwd_dkdv_kernel, (num_k, B * H),
@@ -765,7 +778,7 @@ class _SubnetworkAttention(torch.autograd.Function):
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 128
 
 
 def _triton_unsupported(q: torch.Tensor, v: torch.Tensor) -> Optional[str]:
@@ -785,7 +798,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     Args:
         q, k, v: ``[B, H, N, D]``; float16/bfloat16/float32 for the Triton kernels (float64, head dims above
-            256 or a v head dim unlike q's fall back to the reference under ``backend="auto"``).
+            128 or a v head dim unlike q's fall back to the reference under ``backend="auto"``).
         trees: a :class:`syntaxkernels.TreeBatch` on q's device (distance uint8 ``[B, N, N]``, depth and
             segment ``[B, N]``).
         masks: the :class:`syntaxkernels.MaskSpec`; M = ``masks.num_masks``, outputs in ``masks.names`` order.
@@ -843,28 +856,31 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), grou
         dtype = _TRITON_DTYPE[dname]
         half = dtype != torch.float32
         for head_dim in head_dims:
-            cfg = forward_config(dtype, _block_d(head_dim))
+            cfg = forward_config(dtype, _block_d(head_dim, dtype))
             block_sizes.add((cfg["BLOCK_M"], cfg["BLOCK_N"]))
-            flags = dict(unit, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=cfg["BLOCK_M"],
-                         BLOCK_N=cfg["BLOCK_N"], DOT_PRECISION=_dot_precision(dtype))
+            flags = dict(unit, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim, dtype), BLOCK_M=cfg["BLOCK_M"],
+                         BLOCK_N=cfg["BLOCK_N"], DOT_PRECISION=_dot_precision(dtype),
+                     UPCAST_BF16=False)
             options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], needs_mma=half)
-            tag = (f"{dname} D{head_dim} {cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} "
-                   f"s{cfg['num_stages']}")
+            bwd_options = dict(num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"], needs_mma=half)
+            tag = f"{dname} D{head_dim} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}"
+            fwd_tag = f"{tag} w{cfg['num_warps']} s{cfg['num_stages']}"
+            bwd_tag = f"{tag} w{cfg['bwd_num_warps']} s{cfg['bwd_num_stages']}"
             tensors = dict(q_ptr=dname, k_ptr=dname, v_ptr=dname, dist_ptr="u8", depth_ptr="i32", seg_ptr="i32",
                            lse_ptr="fp32")
             for group in (groups or (cfg["GROUP"],)):
                 fwd = dict(tensors, out_ptr=dname, nonempty_ptr="i8", lists_ptr="i32", counts_ptr="i32",
                            group_table_ptr="i32")
-                specs.append(kernel_spec(_subnetwork_fwd_kernel, f"fwd G{group} {tag}", fwd,
+                specs.append(kernel_spec(_subnetwork_fwd_kernel, f"fwd G{group} {fwd_tag}", fwd,
                                          dict(flags, GROUP=group), float_args=("sm_scale",), **options))
             bwd = dict(tensors, do_ptr=dname, delta_ptr="fp32", bits_ptr="i8", mask_code_ptr="i32",
                        mask_need_ptr="i32")
-            specs.append(kernel_spec(_subnetwork_bwd_dkdv_kernel, f"bwd_dkdv {tag}",
+            specs.append(kernel_spec(_subnetwork_bwd_dkdv_kernel, f"bwd_dkdv {bwd_tag}",
                                      dict(bwd, dk_ptr=dname, dv_ptr=dname, tlists_ptr="i32", tcounts_ptr="i32"),
-                                     flags, float_args=("sm_scale",), **options))
-            specs.append(kernel_spec(_subnetwork_bwd_dq_kernel, f"bwd_dq {tag}",
+                                     flags, float_args=("sm_scale",), **bwd_options))
+            specs.append(kernel_spec(_subnetwork_bwd_dq_kernel, f"bwd_dq {bwd_tag}",
                                      dict(bwd, dq_ptr=dname, lists_ptr="i32", counts_ptr="i32"),
-                                     flags, float_args=("sm_scale",), **options))
+                                     flags, float_args=("sm_scale",), **bwd_options))
     for block_m, block_n in sorted(block_sizes):
         specs.append(kernel_spec(_subnetwork_block_meta_kernel, f"block_meta {block_m}x{block_n}",
                                  dict(dist_ptr="u8", seg_ptr="i32", bits_ptr="i8"),

@@ -89,14 +89,17 @@ def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch
 
 def _pad_rows(rows_in) -> Tuple[torch.Tensor, List[int]]:
     """``int64 [B, N]`` (padded with -1) and the row lengths of a ragged list of integer sequences."""
-    rows = []
-    for b, r in enumerate(rows_in):
-        if isinstance(r, torch.Tensor):
-            rows.append(r.tolist())
-        elif isinstance(r, (str, bytes)) or not hasattr(r, "__iter__"):
-            raise ValueError(f"heads must be a tensor [B, N] or a list of lists; batch item {b} is {r!r}")
-        else:
-            rows.append(list(r))
+    if all(type(r) is list for r in rows_in):
+        rows = rows_in
+    else:
+        rows = []
+        for b, r in enumerate(rows_in):
+            if isinstance(r, torch.Tensor):
+                rows.append(r.tolist())
+            elif isinstance(r, (str, bytes)) or not hasattr(r, "__iter__"):
+                raise ValueError(f"heads must be a tensor [B, N] or a list of lists; batch item {b} is {r!r}")
+            else:
+                rows.append(list(r))
     row_lengths = [len(r) for r in rows]
     flat = list(chain.from_iterable(rows))
     if not set(map(type, flat)) <= {int}:  # slow path: name the first non-integer, accept NumPy integers

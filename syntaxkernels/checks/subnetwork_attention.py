@@ -1,0 +1,148 @@
+"""Checks and benches of the fused sub-network attention (``python -m syntaxkernels verify|bench``).
+
+CHECKS: the Triton kernels against the fp64 reference (forward, non-empty flags, dq, dk, dv) on the current
+device: CUDA, or CPU under ``TRITON_INTERPRET=1`` (skipped otherwise).
+BENCHES: the visited-block fractions of packed treebank documents (any device; a property of the trees and the
+tiling), and forward / forward+backward times on CUDA.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import torch
+
+from . import Bench, Check, Skip
+
+_UD_DEV = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                       "shared", "data", "ud", "en_ewt-ud-dev.conllu")
+
+
+def _random_forest(rng: random.Random, lengths):
+    heads, offset = [], 0
+    for length in lengths:
+        order = list(range(length))
+        rng.shuffle(order)
+        sentence = [0] * length
+        sentence[order[0]] = -1
+        for pos in range(1, length):
+            sentence[order[pos]] = order[rng.randrange(pos)] + offset
+        heads += sentence
+        offset += length
+    return heads
+
+
+def _usable(device: str) -> None:
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise Skip("the Triton kernels run on CPU only under TRITON_INTERPRET=1")
+
+
+def _check(device: str, dtype: torch.dtype, n: int, pairwise: bool):
+    import syntaxkernels as sk
+    from syntaxkernels import reference
+    from syntaxkernels.testing import compare_to_reference
+
+    _usable(device)
+    rng = random.Random(0)
+    rows = [_random_forest(rng, [n // 3, n - n // 3]), _random_forest(rng, [max(1, n // 2)]), []]
+    trees = sk.TreeBatch.from_heads(rows).to(device)
+    n = trees.max_len
+    masks = sk.MaskSpec(pairwise=pairwise)
+    B, H, D = len(rows), 2, 64
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, device=device) for _ in range(3))
+    grad = torch.randn(B, masks.num_masks, H, n, D, dtype=torch.float64, device=device)
+
+    def run(fn, dt):
+        args = [t.to(dt).requires_grad_(True) for t in (q, k, v)]
+        out, nonempty = fn(*args)
+        return (out, nonempty, *torch.autograd.grad(out, args, grad.to(dt)))
+
+    kernel = run(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees, masks, backend="triton"), dtype)
+    ref64 = run(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, masks), torch.float64)
+    reflow = run(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, masks), dtype)
+    if not torch.equal(kernel[1], ref64[1]):
+        return False, "non-empty flags differ from the reference"
+    details = []
+    ok_all = True
+    for name, i in (("out", 0), ("dq", 2), ("dk", 3), ("dv", 4)):
+        ok, err, bound = compare_to_reference(kernel[i], ref64[i], reflow[i])
+        ok_all &= ok
+        details.append(f"{name} {err:.1e}/{bound:.1e}")
+    return ok_all, ", ".join(details)
+
+
+def _treebank_heads():
+    from syntaxkernels.trees import read_conllu
+
+    if not os.path.exists(_UD_DEV):
+        raise Skip(f"treebank not present at {_UD_DEV}")
+    return [list(s.heads) for s in read_conllu(_UD_DEV) if s.heads]
+
+
+def _pack(sentences, n):
+    doc = []
+    for heads in sentences:
+        if len(doc) + len(heads) > n:
+            break
+        offset = len(doc)
+        doc += [h + offset if h >= 0 else -1 for h in heads]
+    return doc
+
+
+def _bench_fractions(device: str, quick: bool):
+    import syntaxkernels as sk
+    from syntaxkernels.ops.subnetwork_attention import subnetwork_block_stats
+
+    sentences = _treebank_heads()
+    masks = sk.MaskSpec()
+    rows = []
+    for n in ([512] if quick else [512, 1024, 4096]):
+        trees = sk.TreeBatch.from_heads([_pack(sentences, n)])
+        for block in ((64, 32), (64, 64)):
+            stats = subnetwork_block_stats(trees, masks, *block)
+            rows.append(dict(N=n, block=f"{block[0]}x{block[1]}", masks=masks.num_masks,
+                             syntax_fraction=round(stats["syntax_fraction"], 4),
+                             visited_mask_fraction=round(stats["visited_mask_fraction"], 4)))
+    return rows
+
+
+def _bench_cuda(device: str, quick: bool):
+    import syntaxkernels as sk
+    from syntaxkernels import reference
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        raise Skip("timings need a CUDA device")
+    sentences = _treebank_heads()
+    masks = sk.MaskSpec()
+    rows = []
+    for n in ([512] if quick else [512, 2048]):
+        batch = max(1, 8192 // n)
+        trees = sk.TreeBatch.from_heads([_pack(sentences[i * 40:], n) for i in range(batch)]).to(device)
+        n = trees.max_len
+        q, k, v = (torch.randn(batch, 12, n, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+        for name, fn in (("syntaxkernels", lambda: sk.syntax_subnetwork_attention(q, k, v, trees, masks,
+                                                                                   backend="triton")),
+                         ("reference", lambda: reference.syntax_subnetwork_attention(q, k, v, trees, masks))):
+            fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            reps = 3 if quick else 10
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+            rows.append(dict(provider=name, N=n, batch=batch, fwd_ms=round((time.perf_counter() - start) / reps * 1e3, 3)))
+    return rows
+
+
+CHECKS = [
+    Check("subnetwork_attention fp32 N=37 (forest, default masks)",
+          lambda device: _check(device, torch.float32, 37, False)),
+    Check("subnetwork_attention bf16 N=70 (forest, pairwise)", lambda device: _check(device, torch.bfloat16, 70, True)),
+]
+
+BENCHES = [
+    Bench("subnetwork_attention visited-block fraction (treebank documents)", _bench_fractions),
+    Bench("subnetwork_attention forward time (bf16, H=12, D=64)", _bench_cuda),
+]
