@@ -14,6 +14,9 @@ from syntaxkernels import reference
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.testing import assert_close_to_reference
 
+# The kernels run on the GPU when there is one, else under the interpreter (conftest sets TRITON_INTERPRET=1).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Tree generators
@@ -64,7 +67,7 @@ def make_trees(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
     for b, row in enumerate(rows):
         if row:
             heads[b, :len(row)] = torch.tensor(row)
-    return sk.TreeBatch.from_heads(heads, lengths=[len(r) for r in rows])
+    return sk.TreeBatch.from_heads(heads, lengths=[len(r) for r in rows]).to(DEVICE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -111,7 +114,7 @@ def config_override():
 
 
 def _qkv(B, H, N, D, dtype):
-    return [torch.randn(B, H, N, D, dtype=torch.float64) for _ in range(3)]
+    return [torch.randn(B, H, N, D, dtype=torch.float64, device=DEVICE) for _ in range(3)]
 
 
 def _run(fn, q, k, v, grad):
@@ -128,7 +131,7 @@ def test_matches_reference(case, config_override):
     trees = make_trees(kind, N)
     B, H = trees.batch_size, 1
     q, k, v = _qkv(B, H, N, D, dtype)
-    grad = torch.randn(B, masks.num_masks, H, N, D, dtype=torch.float64)
+    grad = torch.randn(B, masks.num_masks, H, N, D, dtype=torch.float64, device=DEVICE)
 
     def kernel(q, k, v):
         return sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")
@@ -176,7 +179,7 @@ def test_default_scale_and_explicit_scale():
 def test_strided_inputs():
     """q, k, v as transposed views of a [B, N, H, D] projection (no copies in the op)."""
     trees = make_trees("forest", 17)
-    x = torch.randn(3, 17, 2, 3 * 32)
+    x = torch.randn(3, 17, 2, 3 * 32, device=DEVICE)
     q, k, v = (t.transpose(1, 2) for t in x.split(32, dim=-1))
     assert not q.is_contiguous()
     out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, ALL, backend="triton")
@@ -199,7 +202,7 @@ def test_block_bits_kernel_matches_torch_and_covers_every_pair(masks):
     allowed = reference.syntax_masks(trees, masks)  # [B, M, N, N]
     B, M, N, _ = allowed.shape
     blocks = -(-N // 16)
-    padded = torch.zeros(B, M, blocks * 16, blocks * 16, dtype=torch.bool)
+    padded = torch.zeros(B, M, blocks * 16, blocks * 16, dtype=torch.bool, device=allowed.device)
     padded[..., :N, :N] = allowed
     tile_has_pair = padded.view(B, M, blocks, 16, blocks, 16).any(dim=5).any(dim=3)
     for m in range(M):
@@ -244,8 +247,8 @@ def test_mask_codes_and_groups():
 # ---------------------------------------------------------------------------------------------------------
 
 def test_auto_on_cpu_is_the_reference():
-    trees = make_trees("ragged", 17)
-    q, k, v = (t.float() for t in _qkv(3, 1, 17, 32, torch.float32))
+    trees = make_trees("ragged", 17).to("cpu")
+    q, k, v = (t.float().cpu() for t in _qkv(3, 1, 17, 32, torch.float32))
     out, nonempty = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
     ref, ref_nonempty = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
     assert torch.equal(out, ref) and torch.equal(nonempty, ref_nonempty)
@@ -277,3 +280,45 @@ def test_bad_inputs():
         sk.syntax_subnetwork_attention(q, k, v[..., :16], trees, DEFAULT, backend="triton")
     with pytest.raises(ValueError, match="float16, bfloat16"):
         sk.syntax_subnetwork_attention(q.long(), k.long(), v.long(), trees, DEFAULT, backend="triton")
+
+
+def test_library_ops_pass_opcheck():
+    """The torch.library triton ops have valid schemas and fake (shape-only) implementations."""
+    trees = make_trees("forest", 17)
+    q, k, v = (t.float() for t in _qkv(3, 1, 17, 32, torch.float32))
+    codes, needs, max_d = subnet.mask_codes(ALL)
+    args = (q, k, v, trees.distance, trees.depth, trees.segment, codes, needs, max_d, 0.2)
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.syntaxkernels.subnetwork_attention_fwd, args, test_utils=utils)
+    out, lse, nonempty, bits = torch.ops.syntaxkernels.subnetwork_attention_fwd(*args)
+    assert lse.shape == (3, ALL.num_masks, 1, 17) and bits.dtype == torch.int8
+    bwd_args = (torch.randn_like(out), q, k, v, out, lse, trees.distance, trees.depth, trees.segment, bits, codes,
+                needs, 0.2)
+    torch.library.opcheck(torch.ops.syntaxkernels.subnetwork_attention_bwd, bwd_args, test_utils=utils)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_cuda_real_sizes(dtype, head_dim):
+    """Real sizes on a GPU: 4 documents of ~512 tokens, 4 heads, M = 11, and backend='auto' picks Triton."""
+    rng = random.Random(1)
+    rows = [random_document(rng, [rng.randint(5, 40) for _ in range(20)])[:512] for _ in range(4)]
+    trees = sk.TreeBatch.from_heads(rows).to(DEVICE)
+    N = trees.max_len
+    q, k, v = _qkv(4, 4, N, head_dim, dtype)
+    grad = torch.randn(4, ALL.num_masks, 4, N, head_dim, dtype=torch.float64, device=DEVICE)
+
+    def kernel(q, k, v):
+        return sk.syntax_subnetwork_attention(q, k, v, trees, ALL, backend="auto")
+
+    def ref(q, k, v):
+        return reference.syntax_subnetwork_attention(q, k, v, trees, ALL)
+
+    out, nonempty, grads = _run(kernel, q.to(dtype), k.to(dtype), v.to(dtype), grad)
+    ref64, nonempty64, grads64 = _run(ref, q, k, v, grad)
+    reflow, _, gradslow = _run(ref, q.to(dtype), k.to(dtype), v.to(dtype), grad)
+    assert torch.equal(nonempty, nonempty64)
+    assert_close_to_reference(out, ref64, reflow, "out")
+    for name, g, g64, glow in zip(("dq", "dk", "dv"), grads, grads64, gradslow):
+        assert_close_to_reference(g, g64, glow, name)

@@ -47,6 +47,9 @@ def _modules():
         except ModuleNotFoundError as exc:
             if exc.name == name:  # not written yet
                 continue
+            if exc.name and exc.name.split(".")[0] == "triton":
+                yield name, None, Skip(f"{name}: triton is not installed")
+                continue
             yield name, None, exc
         except Exception as exc:  # noqa: BLE001 - reported as a failure
             yield name, None, exc
@@ -56,6 +59,9 @@ def run_checks(device: str, select: str = "") -> List[dict]:
     """Run every check (whose name contains ``select``) and return result rows."""
     rows = []
     for module_name, module, error in _modules():
+        if isinstance(error, Skip):
+            rows.append(dict(check=module_name, status="skip", seconds=0.0, detail=str(error)))
+            continue
         if error is not None:
             rows.append(dict(check=module_name, status="FAIL", seconds=0.0, detail=f"import failed: {error!r}"))
             continue

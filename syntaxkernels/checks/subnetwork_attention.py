@@ -132,7 +132,8 @@ def _bench_cuda(device: str, quick: bool):
             for _ in range(reps):
                 fn()
             torch.cuda.synchronize()
-            rows.append(dict(provider=name, N=n, batch=batch, fwd_ms=round((time.perf_counter() - start) / reps * 1e3, 3)))
+            elapsed_ms = (time.perf_counter() - start) / reps * 1e3
+            rows.append(dict(provider=name, N=n, batch=batch, fwd_ms=round(elapsed_ms, 3)))
     return rows
 
 

@@ -1,5 +1,19 @@
-"""Fused ops: one file per op (Triton kernels -> launcher -> autograd.Function -> public function)."""
-from .bias_attention import syntax_bias_attention
-from .subnetwork_attention import syntax_subnetwork_attention
+"""Fused ops: one file per op (Triton kernels -> launcher -> autograd.Function -> public function).
+
+Importing never fails because Triton is missing: a single warning says so and the public ops run the
+reference (``backend="triton"`` then raises with the reason).
+"""
+import warnings
+
+from ._dispatch import triton_status
+
+if triton_status() == "ok":
+    from .bias_attention import syntax_bias_attention
+    from .subnetwork_attention import syntax_subnetwork_attention
+else:
+    warnings.warn(f"syntaxkernels: {triton_status()}; the fused ops fall back to the PyTorch reference. "
+                  "Install triton (it ships with CUDA builds of torch) for the fused kernels.",
+                  RuntimeWarning, stacklevel=2)
+    from ._without_triton import syntax_bias_attention, syntax_subnetwork_attention
 
 __all__ = ["syntax_bias_attention", "syntax_subnetwork_attention"]

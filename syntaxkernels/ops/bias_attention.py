@@ -370,16 +370,14 @@ def _bias_attn_bwd_dq_kernel(
 # python_tests/test_compile_bias.py. Which candidate is fastest must be measured on a GPU
 # (benchmarks/bench_bias_attention.py --tune).
 CONFIGS: Dict[Tuple[str, str, int], List[dict]] = {
-    ("fwd", "half", 64): [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-                          dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)],
-    ("fwd", "half", 128): [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-                           dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)],
-    ("fwd", "fp32", 64): [dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)],
-    ("fwd", "fp32", 128): [dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)],
-    ("bwd", "half", 64): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-                          dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)],
-    ("bwd", "half", 128): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("fwd", "half", 64): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+                          dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)],
+    ("fwd", "half", 128): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
                            dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)],
+    ("fwd", "fp32", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
+    ("fwd", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
+    ("bwd", "half", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
+    ("bwd", "half", 128): [dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)],
     ("bwd", "fp32", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
     ("bwd", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
 }

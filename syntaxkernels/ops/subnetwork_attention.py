@@ -1,8 +1,9 @@
 """Block-sparse Syntax-BERT sub-network attention: M masked attentions sharing q, k, v in one pass.
 
 Limits: CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``); float16, bfloat16 and float32 inputs
-(float32 dots run in IEEE fp32, never TF32), fp32 accumulation; head dims up to 128 (masked to the next power of two >= 32; 32, 64, 128 are compiled and
-checked for sm_80/sm_90); v's head dim equal to q's; any N; float64 inputs use the reference.
+(float32 dots run in IEEE fp32, never TF32), fp32 accumulation; head dims up to 128 (masked to the next
+power of two >= 32; 32, 64, 128 are compiled and checked for sm_80/sm_90); v's head dim equal to q's; any N;
+float64 inputs use the reference.
 
 How it works (DESIGN.md §2, §5):
 
@@ -19,8 +20,9 @@ How it works (DESIGN.md §2, §5):
   so the syntax masks cost O(live blocks near each sentence's diagonal), not O(N^2).
 - **Mask groups (forward).** Program (query block, batch*head, group) owns up to ``GROUP`` masks: it
   computes ``QK^T`` once per visited tile and runs one online softmax per mask of its group, each with its
-  own ``[BLOCK_M, D]`` fp32 accumulator. ``GROUP`` is chosen per head dim so that the accumulators fit in
-  registers without spilling (checked with ``ptxas -v``; see ``forward_config``). The syntax masks form
+  own ``[BLOCK_M, D]`` fp32 accumulator. ``GROUP`` is chosen per dtype and head dim so that the accumulators
+  fit in registers without spilling (checked with ``ptxas -v``; ``KERNEL_CONFIGS``): 2 for 16-bit D = 32, 1
+  otherwise (a second accumulator spills there). The syntax masks form
   groups that walk the syntax-live list; ``pairwise`` and ``full`` form a dense group over valid blocks.
 - **Backward.** Only sums over masks are needed (``dv = sum_m P_m^T dO_m``, ``dq, dk`` from
   ``dS = sum_m dS_m``), so the backward programs loop over all M masks with two fp32 accumulators and compute
@@ -30,7 +32,6 @@ How it works (DESIGN.md §2, §5):
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -94,17 +95,17 @@ def mask_codes(masks: MaskSpec) -> Tuple[List[int], List[int], int]:
     return codes, needs, max_d
 
 
-# Per (dtype family, padded head dim): (BLOCK_M, BLOCK_N, GROUP, forward warps, forward stages, backward warps,
-# backward stages). The forward and both backward kernels share the tiles, hence one block metadata. Every entry
-# compiles for sm_80 and sm_90 without register spills (python_tests/test_compile_subnetwork.py); GROUP (masks
-# whose [BLOCK_M, D] accumulators one forward program holds) is the largest that does: 2 spills at D >= 64.
-# float32 inputs pad head dims below 64 to 64 (the 32-wide fp32 backward spills on one arch or the other).
-KERNEL_CONFIGS: Dict[Tuple[str, int], Tuple[int, int, int, int, int, int, int]] = {
-    ("16bit", 32): (64, 32, 2, 4, 2, 4, 2),
-    ("16bit", 64): (32, 16, 1, 8, 2, 8, 2),
-    ("16bit", 128): (32, 16, 1, 8, 2, 8, 2),
-    ("fp32", 64): (32, 32, 1, 8, 2, 4, 2),
-    ("fp32", 128): (32, 32, 1, 8, 1, 8, 1),
+# Per (dtype family, padded head dim): (BLOCK_M, BLOCK_N, GROUP, forward warps, forward stages, dk/dv warps,
+# dq warps, backward stages). The forward and both backward kernels share the tiles, hence one block metadata.
+# Every entry compiles for sm_80 and sm_90 without register spills (python_tests/test_compile_subnetwork.py);
+# GROUP (masks whose [BLOCK_M, D] accumulators one forward program holds) is the largest that does.
+KERNEL_CONFIGS: Dict[Tuple[str, int], Tuple[int, int, int, int, int, int, int, int]] = {
+    ("16bit", 32): (64, 32, 2, 4, 2, 4, 4, 2),
+    ("16bit", 64): (32, 16, 1, 8, 2, 8, 8, 2),
+    ("16bit", 128): (32, 16, 1, 8, 2, 8, 8, 2),
+    ("fp32", 32): (32, 32, 1, 8, 2, 4, 8, 2),
+    ("fp32", 64): (32, 32, 1, 8, 2, 4, 4, 2),
+    ("fp32", 128): (32, 32, 1, 8, 1, 8, 8, 1),
 }
 
 # Tests set this to a dict of config entries (e.g. 16x16 tiles to exercise block skipping at small N, or a
@@ -116,9 +117,9 @@ def forward_config(dtype: torch.dtype, head_dim: int) -> Dict[str, int]:
     """The launch config (shared by the forward and backward kernels) for ``dtype`` and a power-of-two
     ``head_dim`` (the padded head dim ``BLOCK_D``)."""
     family = "fp32" if dtype == torch.float32 else "16bit"
-    block_m, block_n, group, warps, stages, bwd_warps, bwd_stages = KERNEL_CONFIGS[(family, head_dim)]
+    block_m, block_n, group, warps, stages, dkdv_warps, dq_warps, bwd_stages = KERNEL_CONFIGS[(family, head_dim)]
     config = dict(BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group, num_warps=warps, num_stages=stages,
-                  bwd_num_warps=bwd_warps, bwd_num_stages=bwd_stages)
+                  dkdv_num_warps=dkdv_warps, dq_num_warps=dq_warps, bwd_num_stages=bwd_stages)
     if _CONFIG_OVERRIDE:
         config.update(_CONFIG_OVERRIDE)
     return config
@@ -637,8 +638,8 @@ def subnetwork_block_stats(trees, masks: MaskSpec, block_m: int = 64, block_n: i
 # --------------------------------------------------------------------------------------------------------
 
 def _block_d(head_dim: int, dtype: torch.dtype) -> int:
-    """The padded head dim of the kernels (a power of two, >= 32; >= 64 for float32)."""
-    return max(64 if dtype == torch.float32 else 32, triton.next_power_of_2(head_dim))
+    """The padded head dim of the kernels (a power of two >= 32)."""
+    return max(32, triton.next_power_of_2(head_dim))
 
 
 def _upcast_bf16(dtype: torch.dtype) -> bool:
@@ -708,7 +709,8 @@ def subnetwork_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(), *nonempty.stride(),
                *distance.stride(), *depth.stride(), *segment.stride(),
                HEAD_DIM=D, BLOCK_D=_block_d(D, q.dtype), BLOCK_M=block_m, BLOCK_N=block_n, GROUP=group,
-               DOT_PRECISION=_dot_precision(q.dtype), UPCAST_BF16=_upcast_bf16(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+               DOT_PRECISION=_dot_precision(q.dtype), UPCAST_BF16=_upcast_bf16(q.dtype), num_warps=cfg["num_warps"],
+               num_stages=cfg["num_stages"])
     return out, lse, nonempty.bool(), bits
 
 
@@ -741,15 +743,15 @@ def subnetwork_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: to
     if dq.numel():
         common = dict(HEAD_DIM=D, BLOCK_D=_block_d(D, q.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
                       DOT_PRECISION=_dot_precision(q.dtype), UPCAST_BF16=_upcast_bf16(q.dtype),
-                      num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"])
+                      num_stages=cfg["bwd_num_stages"])
         strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse.stride(),
                    *distance.stride(), *depth.stride(), *segment.stride(), *dq.stride())
         launch(_subnetwork_bwd_dkdv_kernel, (num_k, B * H),
                q, k, v, grad_out, lse, delta, dk, dv, distance, depth, segment, tlists, tcounts, bits, code_t,
-               need_t, scale, H, N, M, num_q, num_k, *strides, **common)
+               need_t, scale, H, N, M, num_q, num_k, *strides, num_warps=cfg["dkdv_num_warps"], **common)
         launch(_subnetwork_bwd_dq_kernel, (num_q, B * H),
                q, k, v, grad_out, lse, delta, dq, distance, depth, segment, lists, counts, bits, code_t, need_t,
-               scale, H, N, M, num_q, num_k, *strides, **common)
+               scale, H, N, M, num_q, num_k, *strides, num_warps=cfg["dq_num_warps"], **common)
     return dq, dk, dv
 
 
@@ -862,10 +864,12 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), grou
                          BLOCK_N=cfg["BLOCK_N"], DOT_PRECISION=_dot_precision(dtype),
                      UPCAST_BF16=False)
             options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], needs_mma=half)
-            bwd_options = dict(num_warps=cfg["bwd_num_warps"], num_stages=cfg["bwd_num_stages"], needs_mma=half)
+            dkdv_options = dict(num_warps=cfg["dkdv_num_warps"], num_stages=cfg["bwd_num_stages"], needs_mma=half)
+            dq_options = dict(num_warps=cfg["dq_num_warps"], num_stages=cfg["bwd_num_stages"], needs_mma=half)
             tag = f"{dname} D{head_dim} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}"
             fwd_tag = f"{tag} w{cfg['num_warps']} s{cfg['num_stages']}"
-            bwd_tag = f"{tag} w{cfg['bwd_num_warps']} s{cfg['bwd_num_stages']}"
+            dkdv_tag = f"{tag} w{cfg['dkdv_num_warps']} s{cfg['bwd_num_stages']}"
+            dq_tag = f"{tag} w{cfg['dq_num_warps']} s{cfg['bwd_num_stages']}"
             tensors = dict(q_ptr=dname, k_ptr=dname, v_ptr=dname, dist_ptr="u8", depth_ptr="i32", seg_ptr="i32",
                            lse_ptr="fp32")
             for group in (groups or (cfg["GROUP"],)):
@@ -875,12 +879,12 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), grou
                                          dict(flags, GROUP=group), float_args=("sm_scale",), **options))
             bwd = dict(tensors, do_ptr=dname, delta_ptr="fp32", bits_ptr="i8", mask_code_ptr="i32",
                        mask_need_ptr="i32")
-            specs.append(kernel_spec(_subnetwork_bwd_dkdv_kernel, f"bwd_dkdv {bwd_tag}",
+            specs.append(kernel_spec(_subnetwork_bwd_dkdv_kernel, f"bwd_dkdv {dkdv_tag}",
                                      dict(bwd, dk_ptr=dname, dv_ptr=dname, tlists_ptr="i32", tcounts_ptr="i32"),
-                                     flags, float_args=("sm_scale",), **bwd_options))
-            specs.append(kernel_spec(_subnetwork_bwd_dq_kernel, f"bwd_dq {bwd_tag}",
+                                     flags, float_args=("sm_scale",), **dkdv_options))
+            specs.append(kernel_spec(_subnetwork_bwd_dq_kernel, f"bwd_dq {dq_tag}",
                                      dict(bwd, dq_ptr=dname, lists_ptr="i32", counts_ptr="i32"),
-                                     flags, float_args=("sm_scale",), **bwd_options))
+                                     flags, float_args=("sm_scale",), **dq_options))
     for block_m, block_n in sorted(block_sizes):
         specs.append(kernel_spec(_subnetwork_block_meta_kernel, f"block_meta {block_m}x{block_n}",
                                  dict(dist_ptr="u8", seg_ptr="i32", bits_ptr="i8"),

@@ -1,0 +1,94 @@
+"""Shared helpers for the GPU benchmark scripts (timing, memory, FLOP counts, JSON and table output).
+
+Every ``benchmarks/bench_*.py`` uses these so results look the same: ``time_ms`` wraps
+``triton.testing.do_bench`` (median and 20/80% quantiles), ``peak_memory_mib`` measures the peak
+allocation of one call, ``attention_tflops`` follows the FlashAttention convention (forward
+``4 * B * H * N^2 * D`` FLOPs, backward 2.5x that, fwd+bwd 3.5x, scaled by the visited-block density for
+sparse ops), and ``write_results`` prints a table with the conditions and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Callable, Dict, Iterable, List, Optional
+
+import torch
+
+MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+def require_cuda(script: str) -> bool:
+    """True when a CUDA GPU is present; otherwise print that one is needed (the caller exits 0)."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{script}: a CUDA GPU is needed for this benchmark; none is available here, nothing was measured.")
+    return False
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", default=None, help="write the result rows and conditions to this file")
+    parser.add_argument("--quick", action="store_true", help="a reduced grid (for the GPU suite)")
+    return parser
+
+
+def conditions() -> Dict[str, str]:
+    """GPU, versions and date: printed with every table and stored in the JSON."""
+    import datetime
+
+    info = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), python=platform.python_version(),
+                torch=torch.__version__)
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        info["triton"] = "unavailable"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = f"{props.name} (sm_{props.major}{props.minor}, {props.total_memory >> 30} GiB)"
+        info["cuda"] = str(torch.version.cuda)
+    return info
+
+
+def time_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> Dict[str, float]:
+    """Median and 20/80% quantiles of ``fn()`` in milliseconds (``triton.testing.do_bench``)."""
+    import triton
+
+    median, low, high = triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
+    return dict(ms=median, ms_p20=low, ms_p80=high)
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float:
+    """Peak CUDA memory allocated during one ``fn()`` call, above what was allocated before, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def attention_tflops(B: int, H: int, N: int, D: int, mode: str, ms: float, density: float = 1.0) -> float:
+    """TFLOP/s by the FlashAttention convention (see the module docstring)."""
+    flops = 4.0 * B * H * N * N * D * MODE_FACTOR[mode] * density
+    return flops / (ms * 1e-3) / 1e12
+
+
+def write_results(rows: List[dict], path: Optional[str], title: str, columns: Iterable[str]) -> None:
+    """Print the conditions and a table of ``rows``; write ``{"conditions", "rows"}`` as JSON to ``path``."""
+    info = conditions()
+    print(f"# {title}")
+    print("  ".join(f"{k}={v}" for k, v in info.items()))
+    columns = list(columns)
+    shown = [{c: (f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, ""))) for c in columns} for r in rows]
+    widths = [max([len(c)] + [len(s[c]) for s in shown]) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for s in shown:
+        print("  ".join(s[c].ljust(w) for c, w in zip(columns, widths)))
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(title=title, conditions=info, rows=rows), f, indent=1)
+        print(f"wrote {path}", file=sys.stderr)

@@ -1,0 +1,177 @@
+"""Distance-bias attention: syntaxkernels vs the alternatives a user would pick (GPU only).
+
+Providers (one grid, bf16):
+    syntaxkernels   the fused Triton kernel (bias gathered in-kernel, table gradient on chip);
+    reference       syntaxkernels.reference (materialises [B, H, N, N]);
+    sdpa_dense_bias SDPA, memory-efficient backend, with a dense float bias [B, 1, N, N] gathered from the
+                    same learnable table by PyTorch (its gradient flows back through the gather);
+    flex            FlexAttention with a score_mod gathering the same learnable table per score;
+    sdpa_flash      SDPA flash backend without any bias (the ceiling).
+Modes fwd, bwd, fwd+bwd; N from 256 to 8192 with B*N fixed; D 64 and 128. TFLOP/s by the FlashAttention
+convention, peak memory per call. Every provider's forward output is checked against syntaxkernels'
+reference before it is timed (a provider that disagrees is reported, not timed).
+
+    python benchmarks/bench_bias_attention.py [--quick] [--json out.json]
+On a machine without CUDA it says so and exits 0.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from _bench_utils import attention_tflops, base_parser, peak_memory_mib, require_cuda, time_ms, write_results  # noqa: E402
+
+PROVIDERS = ("syntaxkernels", "reference", "sdpa_dense_bias", "flex", "sdpa_flash")
+MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+def make_inputs(B, H, N, D, dtype=torch.bfloat16, seed=0):
+    import random
+
+    import syntaxkernels as sk
+
+    rng = random.Random(seed)
+    heads = [[-1] + [rng.randrange(0, i) for i in range(1, N)] for _ in range(B)]
+    distance = sk.tree_distance(heads).cuda()
+    buckets = sk.BucketSpec()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    table = (0.5 * torch.randn(buckets.num_buckets, device="cuda", generator=gen)).requires_grad_()
+    return dict(q=q, k=k, v=v, distance=distance, table=table, buckets=buckets)
+
+
+def provider_fn(name, inputs):
+    """``f(q, k, v, table) -> out`` for one provider, or None when it is unavailable here."""
+    import syntaxkernels as sk
+
+    distance, buckets = inputs["distance"], inputs["buckets"]
+    if name == "syntaxkernels":
+        return lambda q, k, v, t: sk.syntax_bias_attention(q, k, v, distance, t, buckets=buckets, backend="triton")
+    if name == "reference":
+        return lambda q, k, v, t: sk.reference.syntax_bias_attention(q, k, v, distance, t, buckets=buckets)
+    if name == "sdpa_dense_bias":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        bucket = buckets.lut(distance.device)[distance.long()]
+
+        def f(q, k, v, t):
+            bias = t[bucket].to(q.dtype)[:, None]
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.expand(
+                    q.shape[0], q.shape[1], -1, -1))
+        return f
+    if name == "flex":
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+        except ImportError:
+            return None
+        bucket = buckets.lut(distance.device)[distance.long()].to(torch.int32)
+        compiled = torch.compile(flex_attention, dynamic=False)
+
+        def f(q, k, v, t):
+            def score_mod(score, b, h, i, j):
+                return score + t[bucket[b, i, j]]
+            return compiled(q, k, v, score_mod=score_mod)
+        return f
+    if name == "sdpa_flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def f(q, k, v, t):
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return f
+    raise ValueError(name)
+
+
+def check_provider(name, fn, inputs):
+    """(ok, detail): the provider's forward against the reference (bf16 tolerance of syntaxkernels.testing)."""
+    import syntaxkernels as sk
+    from syntaxkernels.testing import compare_to_reference
+
+    q, k, v, t = inputs["q"], inputs["k"], inputs["v"], inputs["table"]
+    if name == "sdpa_flash":
+        ref64 = sk.reference.syntax_bias_attention(q.double(), k.double(), v.double(), inputs["distance"],
+                                                   torch.zeros_like(t).double(), buckets=inputs["buckets"])
+        reflp = sk.reference.syntax_bias_attention(q, k, v, inputs["distance"], torch.zeros_like(t),
+                                                   buckets=inputs["buckets"])
+    else:
+        ref64 = sk.reference.syntax_bias_attention(q.double(), k.double(), v.double(), inputs["distance"],
+                                                   t.detach().double(), buckets=inputs["buckets"])
+        reflp = sk.reference.syntax_bias_attention(q, k, v, inputs["distance"], t.detach(), buckets=inputs["buckets"])
+    with torch.no_grad():
+        out = fn(q, k, v, t)
+    ok, err, bound = compare_to_reference(out, ref64, reflp)
+    return ok, f"max err {err:.3e} (bound {bound:.3e})"
+
+
+def run_mode(fn, inputs, mode):
+    q, k, v, t = (inputs[n] for n in ("q", "k", "v", "table"))
+    if mode == "fwd":
+        return lambda: fn(q, k, v, t)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    if mode == "fwd+bwd":
+        def step():
+            out = fn(qg, kg, vg, t)
+            out.backward(torch.ones_like(out))
+        return step
+    out = fn(qg, kg, vg, t)
+    grad = torch.ones_like(out)
+    return lambda: out.backward(grad, retain_graph=True)
+
+
+def main(argv=None) -> int:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    if not require_cuda("bench_bias_attention.py"):
+        return 0
+    tokens = 16384
+    sizes = [1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
+    head_dims = [64] if args.quick else [64, 128]
+    rows = []
+    for D in head_dims:
+        H = 2048 // D // 2  # 16 heads of 64, 8 of 128
+        for N in sizes:
+            B = max(1, tokens // N)
+            inputs = make_inputs(B, H, N, D)
+            for name in args.providers.split(","):
+                if name == "reference" and N > 4096:
+                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="skipped: O(B H N^2) memory"))
+                    continue
+                try:
+                    fn = provider_fn(name, inputs)
+                    if fn is None:
+                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="unavailable"))
+                        continue
+                    ok, detail = check_provider(name, fn, inputs)
+                except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the grid
+                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"error: {exc!r}"[:200]))
+                    torch.cuda.empty_cache()
+                    continue
+                if not ok:
+                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"WRONG RESULT, not timed: {detail}"))
+                    continue
+                for mode in args.modes.split(","):
+                    try:
+                        step = run_mode(fn, inputs, mode)
+                        timing = time_ms(step)
+                        memory = peak_memory_mib(step)
+                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, **timing,
+                                         tflops=attention_tflops(B, H, N, D, mode, timing["ms"]), peak_mib=memory,
+                                         note=detail))
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, note=f"error: {exc!r}"[:200]))
+                    torch.cuda.empty_cache()
+    write_results(rows, args.json, "bias attention, bf16, B*N = 16384",
+                  ["provider", "D", "N", "B", "H", "mode", "ms", "tflops", "peak_mib", "note"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
