@@ -119,6 +119,10 @@ CASES = [
     ("N64-fp32-D32-bigtable-gather", (2, 2, 64, 32), torch.float32,
      dict(buckets=sk.BucketSpec(40, unreachable_bucket=False), roots=1)),
     ("N50-fp32-D32-window0-forest", (2, 2, 50, 32), torch.float32, dict(window=0, roots=5)),
+    # D128 backward: the dK/dV and dQ kernels use different tilings, each with its own live-block lists.
+    ("N100-fp16-D128-ragged-window2-causal", (2, 1, 100, 128), torch.float16,
+     dict(lengths=[100, 45], window=2, causal=True)),
+    ("N70-fp32-D128-window1", (1, 2, 70, 128), torch.float32, dict(window=1)),
 ]
 
 
@@ -143,7 +147,7 @@ def test_window_block_skipping_small_tiles(monkeypatch):
 
 
 def test_real_block_size_with_padding_and_causal():
-    """The launcher's own tile sizes (64+) on N just over one tile, ragged and causal."""
+    """The launcher's own tile sizes on N just over one tile, ragged and causal."""
     assert ba._BLOCK_OVERRIDE is None
     case = make_case(2, 1, 70, 64, torch.float32, lengths=[70, 66])
     check_against_reference(case, causal=True)

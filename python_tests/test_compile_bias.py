@@ -2,9 +2,11 @@
 
 Compilation runs in ONE subprocess without TRITON_INTERPRET (the interpreter replaces @triton.jit
 functions), two worker processes, PTX + ``ptxas -v`` from Triton's package (no GPU needed). Covered:
-forward, dK/dV and dQ kernels in their heaviest variant (live lists + window + causal) for fp16, bf16, fp32
-and head dims 32, 64, 128 with every entry of ``CONFIGS``; the dense variant with the launcher's config; the
-preprocess and block-metadata kernels. Half-type matmul kernels must contain mma.sync (sm_80) or wgmma
+forward, dK/dV and dQ kernels (each with its own ``CONFIGS`` entries) in their heaviest variant (live lists +
+window + causal) for fp16, bf16, fp32 and head dims 32, 64, 128 with every entry of ``CONFIGS``; the dense
+variant with the launcher's config; tables of 32 and 256 buckets (memory gather of the bias; per-row bucket
+sums at 32, per-bucket sums only at 256) with the launcher's config; the preprocess kernel and the
+block-metadata kernel for every tiling. Half-type matmul kernels must contain mma.sync (sm_80) or wgmma
 (sm_90); fp32 runs exact fp32 dots (no tensor cores by design).
 """
 import json

@@ -161,4 +161,13 @@ def _worker(rank: int, port: int):
 
 
 def test_ddp_and_fsdp_gloo_two_processes_keep_syntax_parameters_in_sync():
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    # One CI run on a loaded 2-core machine saw a worker abort natively ("terminate called without an
+    # active exception", SIGABRT) with no Python error; it did not reproduce in 12 later runs. A native abort
+    # (ProcessExitedException) gets one fresh attempt on a new port; a failed assertion in a worker raises
+    # ProcessRaisedException and is never retried.
+    try:
+        mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    except mp.ProcessExitedException as exc:
+        if exc.exit_code is not None and exc.exit_code >= 0:
+            raise
+        mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)

@@ -9,8 +9,8 @@ Layers (one file, three layers):
 
 - ``_bias_attn_fwd_kernel``, ``_bias_attn_bwd_preprocess_kernel``, ``_bias_attn_bwd_dkdv_kernel``,
   ``_bias_attn_bwd_dq_kernel``: the Triton kernels. The uint8 distance tile is read in-kernel, the bucket
-  is computed from the distance with integer ops (equal to ``BucketSpec.lut()``) and the bias from the table: no ``[B, H, N, N]`` tensor exists, forward or
-  backward.
+  is computed from the distance with integer ops (equal to ``BucketSpec.lut()``) and the bias from the
+  table: no ``[B, H, N, N]`` tensor exists, forward or backward.
 - ``bias_attention_forward`` / ``bias_attention_backward``: launchers registered as ``torch.library``
   Triton ops (``syntaxkernels::bias_attention_fwd`` / ``_bwd``) so ``torch.compile(fullgraph=True)`` traces
   them; their fake implementations only allocate outputs.
@@ -365,9 +365,12 @@ def _bias_attn_bwd_dq_kernel(
 # Configurations (block sizes, warps, stages) and the compile matrix
 # ---------------------------------------------------------------------------------------------------------
 
-# Candidate configurations per kernel and head-dim class (BLOCK_D <= 64 or 128), for half types and fp32.
-# The first entry is the one the launcher uses; every entry is compiled for sm_80 and sm_90 by
-# python_tests/test_compile_bias.py. Which candidate is fastest must be measured on a GPU
+# Candidate configurations per kernel ("fwd", "dkdv", "dq"), dtype class ("half" or "fp32") and head-dim
+# class (BLOCK_D <= 64 or 128). The first entry is the one the launcher uses; every entry is compiled for
+# sm_80 and sm_90 by python_tests/test_compile_bias.py and must build without register spills (read with
+# ``ptxas -v``; the numbers are in the comments). The dK/dV and dQ kernels have separate entries: their
+# register budgets differ (dQ also keeps the per-row, per-bucket sums of the table gradient), and each
+# walks block lists built for its own tiling. Which candidate is fastest must be measured on a GPU
 # (benchmarks/bench_bias_attention.py --tune).
 CONFIGS: Dict[Tuple[str, str, int], List[dict]] = {
     ("fwd", "half", 64): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
@@ -375,11 +378,23 @@ CONFIGS: Dict[Tuple[str, str, int], List[dict]] = {
     ("fwd", "half", 128): [dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
                            dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2)],
     ("fwd", "fp32", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
-    ("fwd", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
-    ("bwd", "half", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
-    ("bwd", "half", 128): [dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)],
-    ("bwd", "fp32", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
-    ("bwd", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
+    # fp32 D128: 32x32 with 4 warps spills ~1 KB on sm_90 (exact fp32 dots hold whole rows of q).
+    ("fwd", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=2)],
+    ("dkdv", "half", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)],
+    # half D128: 64x32 / 32x64 with 8 warps spill 48-160 B on one arch or the other; 32x32 is clean on both.
+    ("dkdv", "half", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)],
+    # fp32 (exact fp32 dots, no tensor cores): 32x32 with 4 warps spilled 16 B to 16 KB; 16x32 spills 8 B
+    # at D64 with a 32-bucket table on sm_90.
+    ("dkdv", "fp32", 64): [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+    ("dkdv", "fp32", 128): [dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)],
+    # half D64: 4 warps spill 28 B on sm_90 with tables of more than 32 buckets.
+    ("dq", "half", 64): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)],
+    # half D128: every 32- and 64-row tile tried (4, 8, 16 warps; 1-2 stages) spills on sm_80 or sm_90
+    # with the per-row bucket sums in registers; 16 query rows per program are clean on both (mma.sync).
+    ("dq", "half", 128): [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2)],
+    # fp32 D64: 32x32 spills 20-24 B (8 warps at T = 12, 4 warps at T = 256), 32x16 4 B at D32.
+    ("dq", "fp32", 64): [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+    ("dq", "fp32", 128): [dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=1)],
 }
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
@@ -395,7 +410,7 @@ def _dtype_class(dtype: torch.dtype) -> str:
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, index: int = 0) -> dict:
-    """The launch configuration of the ``kind`` ("fwd" or "bwd") kernels for this dtype and head dim."""
+    """The launch configuration of the ``kind`` ("fwd", "dkdv" or "dq") kernel for this dtype and head dim."""
     cls = 64 if _head_block(head_dim) <= 64 else 128
     config = dict(CONFIGS[(kind, _dtype_class(dtype), cls)][index])
     if _BLOCK_OVERRIDE is not None:
@@ -497,37 +512,47 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     dq = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, H, N, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H, N, DV), dtype=v.dtype, device=q.device)
-    config = select_config("bwd", q.dtype, max(D, DV))
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
-    partials = torch.zeros((B, H, num_q, T), dtype=torch.float32, device=q.device)
+    dkdv_config = select_config("dkdv", q.dtype, max(D, DV))
+    dq_config = select_config("dq", q.dtype, max(D, DV))
+    num_q_dq = triton.cdiv(N, dq_config["BLOCK_M"])
+    partials = torch.zeros((B, H, num_q_dq, T), dtype=torch.float32, device=q.device)
     if dq.numel() and N:
-        meta = _meta(distance, lengths, block_m, block_n, window, causal, transposed=True)
         table32, stride_th = _table_rows(table)
         scale_t = bias_scale.reshape(1).to(torch.float32)
-        use_lists = meta is not None
         delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
         block_dv = _head_block(DV)
         launch(_bias_attn_bwd_preprocess_kernel, (triton.cdiv(N, 64), B * H),
                out, dout, delta, *out.stride(), *dout.stride(), H, N, DV, BLOCK_M=64, BLOCK_DV=block_dv)
-        common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_head_block(D), BLOCK_DV=block_dv,
-                      USE_LISTS=use_lists, HAS_WINDOW=window >= 0, CAUSAL=causal,
-                      DOT_PRECISION=_dot_precision(q.dtype), MAX_DISTANCE=max_distance,
-                      LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket, NUM_BUCKETS=T,
-                      num_warps=config["num_warps"],
-                      num_stages=config["num_stages"])
         strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_th)
-        sizes = (H, N, D, DV, num_q, num_k, scale, scale * LOG2E, max(window, 0))
-        launch(_bias_attn_bwd_dkdv_kernel, (num_k, B * H),
-               q, k, v, dout, distance, table32, scale_t, lengths,
-               meta.q_blocks if use_lists else lengths, meta.q_counts if use_lists else lengths,
-               lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), *sizes, **common)
-        launch(_bias_attn_bwd_dq_kernel, (num_q, B * H),
-               q, k, v, dout, distance, table32, scale_t, lengths,
-               meta.kv_blocks if use_lists else lengths, meta.kv_counts if use_lists else lengths,
-               lse, delta, dq, partials, *strides, *dq.stride(), *sizes,
-               BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
-               ROW_CORRECTED=q.dtype != torch.float32 and T <= 32, **common)
+        # One block-list build per tiling (the two kernels share it when their tiles are equal).
+        metas = {}
+        for config in (dkdv_config, dq_config):
+            tiles = (config["BLOCK_M"], config["BLOCK_N"])
+            if tiles not in metas:
+                metas[tiles] = _meta(distance, lengths, *tiles, window, causal, transposed=True)
+        for kernel_kind, config in (("dkdv", dkdv_config), ("dq", dq_config)):
+            block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+            meta = metas[(block_m, block_n)]
+            use_lists = meta is not None
+            num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+            common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_head_block(D), BLOCK_DV=block_dv,
+                          USE_LISTS=use_lists, HAS_WINDOW=window >= 0, CAUSAL=causal,
+                          DOT_PRECISION=_dot_precision(q.dtype), MAX_DISTANCE=max_distance,
+                          LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket, NUM_BUCKETS=T,
+                          num_warps=config["num_warps"], num_stages=config["num_stages"])
+            sizes = (H, N, D, DV, num_q, num_k, scale, scale * LOG2E, max(window, 0))
+            if kernel_kind == "dkdv":
+                launch(_bias_attn_bwd_dkdv_kernel, (num_k, B * H),
+                       q, k, v, dout, distance, table32, scale_t, lengths,
+                       meta.q_blocks if use_lists else lengths, meta.q_counts if use_lists else lengths,
+                       lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), *sizes, **common)
+            else:
+                launch(_bias_attn_bwd_dq_kernel, (num_q, B * H),
+                       q, k, v, dout, distance, table32, scale_t, lengths,
+                       meta.kv_blocks if use_lists else lengths, meta.kv_counts if use_lists else lengths,
+                       lse, delta, dq, partials, *strides, *dq.stride(), *sizes,
+                       BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
+                       ROW_CORRECTED=q.dtype != torch.float32 and T <= 32, **common)
     else:
         dq.zero_()
         dk.zero_()
@@ -653,12 +678,16 @@ _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.flo
 
 
 def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), all_configs: bool = True,
-                  plain_variants: bool = True):
+                  plain_variants: bool = True, table_sizes=(12, 32, 256)):
     """:class:`syntaxkernels.ops._compile.KernelSpec` for every kernel of this op.
 
     The attention kernels are built in their heaviest variant (live lists, window and causal masks on) with
     every candidate config of :data:`CONFIGS`; with ``plain_variants`` also the dense variant (no lists, no
-    window, not causal) with the launcher's config. The preprocess and block-metadata kernels once per dtype.
+    window, not causal) with the launcher's config, all with the default table size (the first of
+    ``table_sizes``, T = 12). Each further table size is built in the heaviest variant with the launcher's
+    config: T <= 16 selects the bias from scalar loads, larger tables gather it from memory; T <= 32 keeps
+    the per-row bucket sums of half types (``[BLOCK_M, 32]`` at most), larger tables sum per bucket only.
+    The preprocess kernel once per dtype; the block-metadata kernel once per tiling in :data:`CONFIGS`.
     """
     from ._compile import kernel_spec
     from .block_meta import _block_distance_range_kernel
@@ -672,20 +701,22 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), all_
                     stride_xd=1, stride_yd=1)
         for head_dim in head_dims:
             block_d = _head_block(head_dim)
-            for kind in ("fwd", "bwd"):
+            for kind in ("fwd", "dkdv", "dq"):
                 cls = 64 if block_d <= 64 else 128
                 configs = CONFIGS[(kind, _dtype_class(torch_dtype), cls)]
                 configs = configs if all_configs else configs[:1]
-                variants = [(True, True, True, configs)]
+                variants = [(True, True, True, configs, table_sizes[0])]
                 if plain_variants:
-                    variants.append((False, False, False, configs[:1]))
-                for use_lists, has_window, causal, variant_configs in variants:
+                    variants.append((False, False, False, configs[:1], table_sizes[0]))
+                variants += [(True, True, True, configs[:1], size) for size in table_sizes[1:]]
+                for use_lists, has_window, causal, variant_configs, num_buckets in variants:
                     for index, config in enumerate(variant_configs):
-                        flags = dict(MAX_DISTANCE=10, LOG_DISTANCE=0, UNREACHABLE_BUCKET=True, NUM_BUCKETS=12,
-                                     USE_LISTS=use_lists, HAS_WINDOW=has_window, CAUSAL=causal,
+                        flags = dict(MAX_DISTANCE=num_buckets - 2, LOG_DISTANCE=0, UNREACHABLE_BUCKET=True,
+                                     NUM_BUCKETS=num_buckets, USE_LISTS=use_lists, HAS_WINDOW=has_window, CAUSAL=causal,
                                      DOT_PRECISION=_dot_precision(torch_dtype), BLOCK_D=block_d,
                                      BLOCK_DV=block_d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
-                        tag = (f"{dname} D{head_dim} {'lists+window+causal' if use_lists else 'dense'} "
+                        tag = (f"{dname} D{head_dim} T{num_buckets} "
+                               f"{'lists+window+causal' if use_lists else 'dense'} "
                                f"cfg{index} {config['BLOCK_M']}x{config['BLOCK_N']} w{config['num_warps']} "
                                f"s{config['num_stages']}")
                         options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"],
@@ -698,20 +729,24 @@ def compile_specs(dtypes=("fp16", "bf16", "fp32"), head_dims=(32, 64, 128), all_
                                                      dict(unit, **flags), float_args=("qk_scale2",), **options))
                             continue
                         pointers.update(DOUT=dt, DELTA="fp32")
-                        dkdv = dict(pointers, Q_BLOCKS="i32", Q_COUNTS="i32", DK=dt, DV_OUT=dt)
-                        specs.append(kernel_spec(_bias_attn_bwd_dkdv_kernel, f"bwd_dkdv {tag}", dkdv,
-                                                 dict(unit, **flags), float_args=("scale", "qk_scale2"), **options))
+                        if kind == "dkdv":
+                            dkdv = dict(pointers, Q_BLOCKS="i32", Q_COUNTS="i32", DK=dt, DV_OUT=dt)
+                            specs.append(kernel_spec(_bias_attn_bwd_dkdv_kernel, f"bwd_dkdv {tag}", dkdv,
+                                                     dict(unit, **flags), float_args=("scale", "qk_scale2"),
+                                                     **options))
+                            continue
                         dq = dict(pointers, KV_BLOCKS="i32", KV_COUNTS="i32", DQ=dt, BUCKET_PARTIALS="fp32")
                         specs.append(kernel_spec(_bias_attn_bwd_dq_kernel, f"bwd_dq {tag}", dq,
-                                                 dict(unit, BUCKETS_PAD=16, ROW_CORRECTED=half, **flags),
+                                                 dict(unit, BUCKETS_PAD=max(16, triton.next_power_of_2(num_buckets)),
+                                                      ROW_CORRECTED=half and num_buckets <= 32, **flags),
                                                  float_args=("scale", "qk_scale2"), **options))
         specs.append(kernel_spec(_bias_attn_bwd_preprocess_kernel, f"bwd_preprocess {dname} D128",
                                  dict(OUT=dt, DOUT=dt, DELTA="fp32"),
                                  dict(stride_od=1, stride_gd=1, BLOCK_M=64, BLOCK_DV=128), needs_mma=False))
-    specs.append(kernel_spec(_block_distance_range_kernel, "block_distance_range 64x64",
-                             dict(DIST="u8", LENGTHS="i32", MIN_OUT="u8", MAX_OUT="u8"),
-                             dict(stride_dj=1, BLOCK_M=64, BLOCK_N=64), needs_mma=False))
-    specs.append(kernel_spec(_block_distance_range_kernel, "block_distance_range 128x64",
-                             dict(DIST="u8", LENGTHS="i32", MIN_OUT="u8", MAX_OUT="u8"),
-                             dict(stride_dj=1, BLOCK_M=128, BLOCK_N=64), needs_mma=False))
+    # The block-metadata kernel runs with the tiling of every config (its lists feed that kernel).
+    tilings = sorted({(c["BLOCK_M"], c["BLOCK_N"]) for configs in CONFIGS.values() for c in configs})
+    for block_m, block_n in tilings:
+        specs.append(kernel_spec(_block_distance_range_kernel, f"block_distance_range {block_m}x{block_n}",
+                                 dict(DIST="u8", LENGTHS="i32", MIN_OUT="u8", MAX_OUT="u8"),
+                                 dict(stride_dj=1, BLOCK_M=block_m, BLOCK_N=block_n), needs_mma=False))
     return specs
