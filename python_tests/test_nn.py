@@ -15,12 +15,7 @@ from syntaxkernels.nn import (StructuralProbeLoss, SyntaxBertSelfAttention, Synt
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def trees_and_input(seed=0, sizes=(7, 4), trees_per_item=(1, 2), E=16):

@@ -14,13 +14,7 @@ from syntaxkernels.checks.reference import brute_force_masks, random_forest
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: one thread avoids OpenMP spin-waiting on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rand(*shape, grad=False, dtype=f64):

@@ -79,6 +79,18 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, N, H * D)
 
 
+def init_distance_bias(module: nn.Module, num_heads: int, buckets: BucketSpec, per_head: bool,
+                       learnable_scale: bool) -> None:
+    """Give ``module`` the bias parameters DESIGN.md fixes: ``distance_bias`` ``[T]`` (or ``[H, T]`` per head),
+    zero-initialised, and ``bias_scale`` ``[1]`` initialised to 1 (None when the scale is not learnable)."""
+    shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
+    module.distance_bias = nn.Parameter(torch.zeros(shape))
+    if learnable_scale:
+        module.bias_scale = nn.Parameter(torch.ones(1))
+    else:
+        module.register_parameter("bias_scale", None)
+
+
 def _check_heads(embed_dim: int, num_heads: int) -> int:
     if num_heads <= 0 or embed_dim % num_heads:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
@@ -119,12 +131,7 @@ class SyntaxBiasedSelfAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
-        self.distance_bias = nn.Parameter(torch.zeros(shape))
-        if learnable_scale:
-            self.bias_scale = nn.Parameter(torch.ones(1))
-        else:
-            self.register_parameter("bias_scale", None)
+        init_distance_bias(self, num_heads, buckets, per_head, learnable_scale)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, trees: TreesLike, lengths=None, causal: bool = False,

@@ -73,7 +73,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import ops
-from ..nn import StructuralProbeLoss, SyntaxGAT, TopicalAttention
+from ..nn import StructuralProbeLoss, SyntaxGAT, TopicalAttention, init_distance_bias
 from ..reference import inject_syntax_heads
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
@@ -128,12 +128,7 @@ class SyntaxDistanceBias(nn.Module):
         self.per_head = per_head
         self.window = window
         self.backend = backend
-        shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
-        self.distance_bias = nn.Parameter(torch.zeros(shape))
-        if learnable_scale:
-            self.bias_scale = nn.Parameter(torch.ones(1))
-        else:
-            self.register_parameter("bias_scale", None)
+        init_distance_bias(self, num_heads, buckets, per_head, learnable_scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
                 scale: Optional[float]) -> torch.Tensor:
