@@ -3,15 +3,22 @@
 // tree_distance(heads int64 [B, N] CPU, lengths int64 [B] CPU, num_threads)
 //     -> (distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N])
 // tree_distance_cuda(heads [B, N] CUDA, lengths [B] CUDA) -> the same on the GPU (CUDA builds only)
+// tree_distance_lists(rows, lengths int tensor [B] or None, num_threads)
+//     -> (heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of
+//        list/tuple rows of Python ints or NumPy integers (padded with -1), or None when some row is not
+//        a plain list or tuple (the caller then takes the Python path, which converts such rows).
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "tensor_checks.h"
 #include "tree_distance.h"
@@ -44,6 +51,139 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tenso
   return {distance, depth, segment};
 }
 
+namespace {
+
+namespace py = pybind11;
+
+bool is_plain_sequence(PyObject* object) { return PyList_CheckExact(object) || PyTuple_CheckExact(object); }
+
+std::string python_repr(PyObject* object) { return py::repr(py::handle(object)).cast<std::string>(); }
+
+enum class HeadRead { kOk, kNotInteger, kOverflow };
+
+// numpy.integer, imported on first use (only entries that are not Python ints need it); never released.
+PyObject* numpy_integer_type() {
+  static PyObject* type = py::object(py::module_::import("numpy").attr("integer")).release().ptr();
+  return type;
+}
+
+// One list entry as int64: Python ints (not bools) and NumPy integers are accepted, as in _pad_rows.
+HeadRead read_head(PyObject* entry, int64_t& value) {
+  PyObject* number = entry;
+  py::object index;
+  if (!PyLong_Check(entry) || PyBool_Check(entry)) {
+    if (PyBool_Check(entry)) return HeadRead::kNotInteger;
+    const int is_integer = PyObject_IsInstance(entry, numpy_integer_type());
+    if (is_integer < 0) throw py::error_already_set();
+    if (is_integer == 0) return HeadRead::kNotInteger;
+    index = py::reinterpret_steal<py::object>(PyNumber_Index(entry));
+    if (!index) throw py::error_already_set();
+    number = index.ptr();
+  }
+  int overflow = 0;
+  const long long result = PyLong_AsLongLongAndOverflow(number, &overflow);
+  if (overflow != 0) return HeadRead::kOverflow;
+  if (result == -1 && PyErr_Occurred()) throw py::error_already_set();
+  value = static_cast<int64_t>(result);
+  return HeadRead::kOk;
+}
+
+// The lengths checks of normalize_heads for list input, in its order and with its messages.
+at::Tensor check_list_lengths(const py::object& lengths_object, const std::vector<int64_t>& row_lengths,
+                              int64_t N) {
+  const int64_t B = static_cast<int64_t>(row_lengths.size());
+  const at::Tensor lengths = lengths_object.cast<at::Tensor>();
+  const auto dtype = lengths.scalar_type();
+  if (dtype != at::kChar && dtype != at::kShort && dtype != at::kInt && dtype != at::kLong && dtype != at::kByte) {
+    throw std::invalid_argument("lengths must be an integer tensor [B], got dtype " +
+                                py::str(lengths_object.attr("dtype")).cast<std::string>());
+  }
+  if (lengths.dim() != 1 || lengths.size(0) != B) {
+    throw std::invalid_argument("lengths must have shape [B] = [" + std::to_string(B) + "], got " +
+                                python_shape(lengths));
+  }
+  at::Tensor result = lengths.to(at::kLong).to(at::kCPU).contiguous();
+  const int64_t* values = result.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t value = values[b];
+    const std::string item = "batch item " + std::to_string(b) + ": lengths[" + std::to_string(b) + "] = " +
+                             std::to_string(value);
+    if (value < 0) throw std::invalid_argument(item + " is negative");
+    if (value > N) throw std::invalid_argument(item + " is larger than N = " + std::to_string(N));
+    if (value > row_lengths[static_cast<size_t>(b)]) {
+      throw std::invalid_argument(item + " is larger than the " + std::to_string(row_lengths[static_cast<size_t>(b)]) +
+                                  " heads given");
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+// The list-of-lists path of build_tree_tensors in one call: reads the rows without building NumPy
+// arrays, pads heads [B, N] with -1, checks lengths, then builds as tree_distance_cpu. Errors (ValueError)
+// are the Python path's, in its order: the first non-integer entry, else the first entry that does not
+// fit in int64, then lengths, then the sentences.
+py::object tree_distance_lists(py::handle rows, py::object lengths, int64_t num_threads) {
+  PyObject* outer = rows.ptr();
+  if (!is_plain_sequence(outer)) {
+    throw std::invalid_argument("heads must be a tensor [B, N] or a list of lists, got " +
+                                py::type::handle_of(rows).attr("__name__").cast<std::string>());
+  }
+  const int64_t B = static_cast<int64_t>(PySequence_Fast_GET_SIZE(outer));
+  PyObject** items = PySequence_Fast_ITEMS(outer);
+  std::vector<int64_t> row_lengths(static_cast<size_t>(B));
+  int64_t N = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!is_plain_sequence(items[b])) return py::none();
+    row_lengths[static_cast<size_t>(b)] = static_cast<int64_t>(PySequence_Fast_GET_SIZE(items[b]));
+    N = std::max(N, row_lengths[static_cast<size_t>(b)]);
+  }
+  const int64_t limit = std::numeric_limits<int64_t>::max();
+  if (N > 0 && B > limit / N) throw std::invalid_argument("heads: too many entries to address");
+
+  at::Tensor heads = at::empty({B, N}, at::TensorOptions().dtype(at::kLong));
+  int64_t* out = heads.data_ptr<int64_t>();
+  py::object first_overflow;
+  int64_t overflow_b = -1, overflow_i = -1;
+  for (int64_t b = 0; b < B; ++b) {
+    PyObject* row = items[b];
+    const int64_t length = row_lengths[static_cast<size_t>(b)];
+    PyObject** entries = PySequence_Fast_ITEMS(row);
+    int64_t* out_row = out + b * N;
+    for (int64_t i = 0; i < length; ++i) {
+      int64_t value = 0;
+      const HeadRead read = read_head(entries[i], value);
+      if (read == HeadRead::kNotInteger) {
+        throw std::invalid_argument("batch item " + std::to_string(b) + ", token " + std::to_string(i) +
+                                    ": head " + python_repr(entries[i]) + " is not an integer");
+      }
+      if (read == HeadRead::kOverflow && overflow_b < 0) {
+        first_overflow = py::reinterpret_borrow<py::object>(entries[i]);
+        overflow_b = b;
+        overflow_i = i;
+      }
+      out_row[i] = value;
+    }
+    std::fill(out_row + length, out_row + N, int64_t{-1});
+  }
+  if (overflow_b >= 0) {
+    throw std::invalid_argument("batch item " + std::to_string(overflow_b) + ", token " +
+                                std::to_string(overflow_i) + ": head " + python_repr(first_overflow.ptr()) +
+                                " does not fit in int64");
+  }
+
+  at::Tensor lengths_tensor;
+  if (lengths.is_none()) {
+    lengths_tensor = at::empty({B}, at::TensorOptions().dtype(at::kLong));
+    std::copy(row_lengths.begin(), row_lengths.end(), lengths_tensor.data_ptr<int64_t>());
+  } else {
+    lengths_tensor = check_list_lengths(lengths, row_lengths, N);
+  }
+  auto [distance, depth, segment] = tree_distance_cpu(heads, lengths_tensor, num_threads);
+  return py::make_tuple(heads, lengths_tensor, distance, depth, segment);
+}
+
 }  // namespace syntaxkernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -52,6 +192,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("num_threads") = 0,
         "(distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N]) for heads int64 [B, N] and "
         "lengths int64 [B] on the CPU; num_threads 0 = torch's intra-op thread count. Releases the GIL.");
+  m.def("tree_distance_lists", &syntaxkernels::tree_distance_lists, pybind11::arg("rows"),
+        pybind11::arg("lengths") = pybind11::none(), pybind11::arg("num_threads") = 0,
+        "(heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of "
+        "list/tuple rows of ints (padded with -1; lengths: None = the row lengths, or an integer tensor [B]), "
+        "or None when some row is not a plain list or tuple. Raises ValueError with the Python path's messages.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

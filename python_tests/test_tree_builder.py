@@ -303,6 +303,139 @@ def test_lowest_bad_item_is_reported_whatever_the_thread_count():
             _ext.load().tree_distance(heads, lengths, threads)
 
 
+# ------------------------------------------------------------------- ragged lists straight to the extension
+
+def outcome(fn):
+    """("ok", tensors), ("none", None) or ("error", message) of fn(); errors other than ValueError propagate."""
+    try:
+        result = fn()
+        return ("none", None) if result is None else ("ok", tuple(result))
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+def assert_same_outcome(got, want):
+    assert got[0] == want[0], (got, want)
+    if got[0] == "error":
+        assert got[1] == want[1]
+    else:
+        assert len(got[1]) == len(want[1]) == 5
+        for name, a, b in zip(("heads", "lengths", "distance", "depth", "segment"), got[1], want[1]):
+            assert a.dtype == b.dtype and a.device == b.device, name
+            assert torch.equal(a, b), name
+
+
+def list_paths(heads, lengths=None):
+    """Outcomes of the Python path, build_tree_tensors(backend="cpp") and _C.tree_distance_lists."""
+    python = outcome(lambda: build_tree_tensors(heads, lengths, backend="python"))
+    cpp = outcome(lambda: build_tree_tensors(heads, lengths, backend="cpp", num_threads=1))
+    lengths_t = None if lengths is None else torch.as_tensor(lengths)
+    direct = outcome(lambda: _ext.load().tree_distance_lists(heads, lengths_t, 2))
+    return python, cpp, direct
+
+
+@st.composite
+def ragged_lists(draw):
+    """Ragged head lists (valid forests, or with out-of-range/self-loop heads), rows as lists or tuples,
+    entries as ints or NumPy integers, and optional lengths (sometimes cutting rows short)."""
+    sentences, _, _ = draw(forests())
+    rows = []
+    for s in sentences:
+        row = list(s)
+        if row and draw(st.integers(0, 7)) == 0:
+            row[draw(st.integers(0, len(row) - 1))] = draw(st.integers(-3, len(row) + 2))
+        kinds = draw(st.lists(st.sampled_from([int, np.int64, np.int32, np.int8]), min_size=len(row),
+                              max_size=len(row)))
+        row = [kind(h) if kind is not np.int8 or -128 <= h < 128 else h for kind, h in zip(kinds, row)]
+        rows.append(tuple(row) if draw(st.booleans()) else row)
+    lengths = None
+    if draw(st.booleans()):
+        lengths = [draw(st.integers(0, len(r))) for r in rows]
+        if draw(st.booleans()):
+            lengths = np.array(lengths, dtype=draw(st.sampled_from([np.int64, np.int32, np.uint8])))
+    container = tuple if draw(st.booleans()) else list
+    return container(rows), lengths
+
+
+@requires_cpp
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ragged_lists())
+def test_ragged_lists_extension_path_matches_python_path(case):
+    heads, lengths = case
+    python, cpp, direct = list_paths(heads, lengths)
+    assert direct[0] != "none"
+    assert_same_outcome(cpp, python)
+    assert_same_outcome(direct, python)
+
+
+LIST_CASES = [
+    ([], None), ([], []), ([[]], None), ([[], []], None), ([[], [-1]], None), ([[-1], []], [1, 0]),
+    ([[-1, 0, 1], (-1,), [np.int64(-1), np.int16(0)]], None),
+    ([[-1, 0, 1], [-1]], torch.tensor([2, 1], dtype=torch.int32)),
+    ([[-1, 0, 1], [-1]], np.array([0, 0], dtype=np.uint8)),
+    # Errors: types first (over the whole batch), then int64 overflow, then lengths, then the trees.
+    ([[-1, 0.0]], None), ([[-1, 0], [-1, "0"]], None), ([[-1, None]], None), ([[-1, True]], None),
+    ([[-1, np.True_]], None), ([[-1, np.float32(0)]], None), ([[-1, [0]]], None), ([[torch.tensor(0)]], None),
+    ([[-1, 2**70]], None), ([[-1, -2**63 - 1]], None), ([[-1, 2**63]], None), ([[2**63 - 1]], None),
+    ([[np.uint64(2**64 - 1)]], None), ([[-1, 2**70], [-1, "x"]], None), ([[-1, 2**70], [2**80]], None),
+    ([[-1, 2**70]], [5]), ([[-1, 0], [-1]], [2, 2]), ([[-1, 0]], [3]), ([[-1, 0], [-1]], [2, -1]),
+    ([[-1, 0]], [2, 2]), ([[-1, 0]], [[2]]), ([[-1, 0]], torch.tensor([2.0])), ([[-1, 0]], [True]),
+    ([[-1, 0]], torch.tensor(2)), ([[-1, 0]], 2), ([[-1, 0.5]], [3]),
+    ([[-1, 0, 3]], None), ([[-1, 0], [0, 1]], None), ([[-1, 0], [1, 2, 0]], None), ([[-1, 0, 2]], [2]),
+    # Rows that are not lists or tuples take the Python path (tensor rows work; the rest is an error).
+    ([[-1, 0], torch.tensor([-1, 0, 1])], None), ([np.array([-1, 0])], None), ([[-1, 0], 3], None),
+    ([[-1, 0], "-1 0"], None), ([range(-1, 1)], [1]),
+]
+
+
+@requires_cpp
+@pytest.mark.parametrize("heads,lengths", LIST_CASES, ids=[str(i) for i in range(len(LIST_CASES))])
+def test_list_cases_same_result_or_message_on_both_paths(heads, lengths):
+    python, cpp, direct = list_paths(heads, lengths)
+    assert_same_outcome(cpp, python)
+    plain = type(heads) in (list, tuple) and all(type(r) in (list, tuple) for r in heads)
+    if plain:
+        assert_same_outcome(direct, python)
+    else:  # the extension hands such batches back to the Python path
+        assert direct == ("none", None)
+
+
+@requires_cpp
+def test_list_error_messages_are_the_documented_ones():
+    cases = [
+        ([[-1, 2**70], [-1, "x"]], None, "batch item 1, token 1: head 'x' is not an integer"),
+        ([[-1, 2**70], [2**80]], None, f"batch item 0, token 1: head {2**70} does not fit in int64"),
+        ([[np.uint64(2**64 - 1)]], None, "batch item 0, token 0: head np.uint64(18446744073709551615) does not fit in int64"),
+        ([[-1, np.True_]], None, "batch item 0, token 1: head np.True_ is not an integer"),
+        ([[-1, 2**70]], [5], f"batch item 0, token 1: head {2**70} does not fit in int64"),
+        ([[-1, 0]], [True], "lengths must be an integer tensor [B], got dtype torch.bool"),
+        ([[-1, 0]], [[2]], "lengths must have shape [B] = [1], got (1, 1)"),
+    ]
+    for heads, lengths, message in cases:
+        for backend in ("python", "cpp"):
+            with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+                build_tree_tensors(heads, lengths, backend=backend)
+
+
+@requires_cpp
+def test_lists_skip_the_python_normalization(monkeypatch):
+    """Plain ragged lists go to _C.tree_distance_lists (normalize_heads is not called); tensor rows do not."""
+    from syntaxkernels.trees import batch as batch_module
+
+    calls = []
+    original = batch_module.normalize_heads
+    monkeypatch.setattr(batch_module, "normalize_heads", lambda *a, **k: calls.append(1) or original(*a, **k))
+    sentences = oracles.generated_sentences(20, seed=3, max_length=30)
+    got = build_tree_tensors(sentences)
+    assert calls == []
+    want = build_tree_tensors(sentences, backend="python")
+    assert calls == [1]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    build_tree_tensors([torch.tensor(s) for s in sentences])
+    assert calls == [1, 1]
+
+
 # ------------------------------------------------------------------------------------------ treebank
 
 @pytest.mark.parametrize("backend", BACKENDS)

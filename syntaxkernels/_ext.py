@@ -6,6 +6,9 @@ If the extension is missing or broken, a single warning says so (set ``SYNTAXKER
 Contract of ``_C`` (csrc/bindings.cpp):
     tree_distance(heads int64 [B, N] CPU, lengths int64 [B] CPU, num_threads int)
         -> (distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N])
+    tree_distance_lists(rows: list of list/tuple of ints, lengths or None, num_threads int)
+        -> (heads, lengths, distance, depth, segment), reading the Python lists directly (padding with -1),
+        or None when a row is not a plain list/tuple (the caller then takes the tensor path)
     tree_distance_cuda(heads int64 [B, N] CUDA, lengths int64 [B] CUDA) -> same, on the GPU
         (present only in a CUDA build)
     has_cuda() -> bool

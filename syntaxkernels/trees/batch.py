@@ -233,7 +233,13 @@ def build_tree_tensors(heads: HeadsLike, lengths=None, *, backend: str = "auto",
 
     ``backend``: "auto" (CUDA builder for CUDA tensors, else the C++ extension, else Python), "cpp",
     "cuda" or "python". ``num_threads`` (C++ only): 0 = all available threads.
+    Ragged lists of list/tuple rows go straight to the C++ extension (same checks and messages as
+    :func:`normalize_heads`); other inputs, or no extension, take the Python path.
     """
+    if type(heads) in (list, tuple) and backend in ("auto", "cpp"):
+        built = _build_from_lists(heads, lengths, num_threads)
+        if built is not None:
+            return built
     heads_t, lengths_t = normalize_heads(heads, lengths)
     device = heads_t.device
     if backend not in ("auto", "cpp", "cuda", "python"):
@@ -258,6 +264,24 @@ def build_tree_tensors(heads: HeadsLike, lengths=None, *, backend: str = "auto",
     else:
         distance, depth, segment = python_tree_tensors(heads_t, lengths_t)
     return heads_t, lengths_t, distance.to(device), depth.to(device), segment.to(device)
+
+
+def _build_from_lists(rows, lengths, num_threads: int):
+    """``build_tree_tensors`` for a ragged list in one extension call, or None where it does not apply.
+
+    None when the extension (or its ``tree_distance_lists``) is missing, ``lengths`` cannot become a tensor,
+    or a row is not a plain list/tuple (e.g. a 1-D tensor): the caller then takes the Python path, which
+    raises the same errors as the extension for everything the extension does check.
+    """
+    module = _ext.load()
+    if module is None or not hasattr(module, "tree_distance_lists"):
+        return None
+    if lengths is not None:
+        try:
+            lengths = torch.as_tensor(lengths)
+        except Exception:  # the Python path reports heads errors first, then this one
+            return None
+    return module.tree_distance_lists(rows, lengths, int(num_threads))
 
 
 def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> torch.Tensor:
