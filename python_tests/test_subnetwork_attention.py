@@ -11,6 +11,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
+from syntaxkernels.checks.reference import random_document, random_forest
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.testing import assert_close_to_reference
 
@@ -22,28 +23,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Tree generators
 # ---------------------------------------------------------------------------------------------------------
 
-def random_sentence(rng: random.Random, length: int, offset: int = 0):
-    """0-based heads (-1 = root) of a random tree on ``length`` tokens, shifted by ``offset``."""
-    if length == 0:
-        return []
-    order = list(range(length))
-    rng.shuffle(order)
-    heads = [0] * length
-    heads[order[0]] = -1
-    for pos in range(1, length):
-        heads[order[pos]] = order[rng.randrange(pos)] + offset
-    return heads
-
-
-def random_document(rng: random.Random, lengths):
-    """Several sentences packed into one sequence (a forest: one tree per sentence)."""
-    heads, offset = [], 0
-    for length in lengths:
-        heads += random_sentence(rng, length, offset)
-        offset += length
-    return heads
-
-
 def chain(length: int):
     return [-1] + list(range(length - 1))
 
@@ -52,7 +31,7 @@ def make_trees(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
     """A batch of three items of at most ``n`` tokens (see the ids of ``CASES``)."""
     rng = random.Random(seed)
     if kind == "ragged":  # one sentence per item, lengths n, ~n/2 and 0
-        rows = [random_sentence(rng, n), random_sentence(rng, max(1, n // 2)), []]
+        rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
     elif kind == "forest":  # sentence pairs and documents (several trees per item)
         split = max(1, n // 3)
         rows = [random_document(rng, [split, n - split]),

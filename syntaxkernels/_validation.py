@@ -143,3 +143,19 @@ def check_trees(trees, q: torch.Tensor) -> None:
 def check_masks(masks) -> None:
     if not isinstance(masks, MaskSpec):
         raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
+
+
+def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window) -> None:
+    """Every shape/dtype/device check of ``syntax_bias_attention``'s tensor arguments."""
+    check_qkv(q, k, v)
+    check_distance(distance, q)
+    check_table(table, buckets, q)
+    check_bias_scale(bias_scale, q)
+    check_window(window)
+
+
+def check_subnetwork_inputs(q, k, v, trees, masks) -> None:
+    """Every check of ``syntax_subnetwork_attention``'s arguments."""
+    check_qkv(q, k, v)
+    check_trees(trees, q)
+    check_masks(masks)

@@ -111,11 +111,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key are 0.
     """
     if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_distance(distance, q)
-        V.check_table(table, buckets, q)
-        V.check_bias_scale(bias_scale, q)
-        V.check_window(window)
+        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window)
     lengths = V.normalize_lengths(lengths, q)
     acc = _acc_dtype(q.dtype)
     if scale is None:
@@ -171,9 +167,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         ``out [B, M, H, N, D]`` (zero where a token's mask is empty) and ``nonempty bool [B, M, N]``.
     """
     if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_trees(trees, q)
-        V.check_masks(masks)
+        V.check_subnetwork_inputs(q, k, v, trees, masks)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     allowed = syntax_masks(trees, masks)

@@ -35,6 +35,15 @@ def random_forest(rng: random.Random, length: int, num_trees: int = 1) -> List[i
     return heads
 
 
+def random_document(rng: random.Random, lengths: Sequence[int]) -> List[int]:
+    """Sentences of the given lengths packed one after another into one sequence (one tree each)."""
+    heads: List[int] = []
+    for length in lengths:
+        offset = len(heads)
+        heads += [h + offset if h >= 0 else -1 for h in random_forest(rng, length)]
+    return heads
+
+
 def _chain(heads: Sequence[int], i: int) -> List[int]:
     """``[i, head(i), head(head(i)), ..., root]``."""
     chain = [i]

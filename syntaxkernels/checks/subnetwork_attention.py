@@ -14,23 +14,10 @@ import time
 import torch
 
 from . import Bench, Check, Skip
+from .reference import random_document
 
 _UD_DEV = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
                        "shared", "data", "ud", "en_ewt-ud-dev.conllu")
-
-
-def _random_forest(rng: random.Random, lengths):
-    heads, offset = [], 0
-    for length in lengths:
-        order = list(range(length))
-        rng.shuffle(order)
-        sentence = [0] * length
-        sentence[order[0]] = -1
-        for pos in range(1, length):
-            sentence[order[pos]] = order[rng.randrange(pos)] + offset
-        heads += sentence
-        offset += length
-    return heads
 
 
 def _usable(device: str) -> None:
@@ -45,7 +32,7 @@ def _check(device: str, dtype: torch.dtype, n: int, pairwise: bool):
 
     _usable(device)
     rng = random.Random(0)
-    rows = [_random_forest(rng, [n // 3, n - n // 3]), _random_forest(rng, [max(1, n // 2)]), []]
+    rows = [random_document(rng, [n // 3, n - n // 3]), random_document(rng, [max(1, n // 2)]), []]
     trees = sk.TreeBatch.from_heads(rows).to(device)
     n = trees.max_len
     masks = sk.MaskSpec(pairwise=pairwise)

@@ -630,11 +630,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
     if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_distance(distance, q)
-        V.check_table(table, buckets, q)
-        V.check_bias_scale(bias_scale, q)
-        V.check_window(window)
+        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window)
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
         if not isinstance(causal, bool):

@@ -818,9 +818,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         nonempty = allowed.any(-1)
     """
     if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_trees(trees, q)
-        V.check_masks(masks)
+        V.check_subnetwork_inputs(q, k, v, trees, masks)
     chosen = resolve_backend(backend, q.device)
     if chosen == "triton":
         why = _triton_unsupported(q, v)
