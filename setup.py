@@ -62,7 +62,7 @@ def build_ext_class():
 EXTRAS = {
     "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
              "tokenizers", "stanza"],
-    "bench": ["scipy", "networkx", "pytest", "pytest-benchmark"],
+    "bench": ["scipy", "networkx", "pytest", "pytest-benchmark", "transformers"],  # benchmarks/*.py
 }
 
 setup(

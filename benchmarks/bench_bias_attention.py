@@ -16,6 +16,7 @@ On a machine without CUDA it says so and exits 0.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -124,10 +125,23 @@ def run_mode(fn, inputs, mode):
     return lambda: out.backward(grad, retain_graph=True)
 
 
+def _names(allowed):
+    """argparse type: a comma-separated subset of ``allowed`` (a typo is an argument error, not a missing row)."""
+    def parse(value):
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {unknown or value!r}; choose from {','.join(allowed)}")
+        return names
+    return parse
+
+
 def main(argv=None) -> int:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--providers", type=_names(PROVIDERS), default=list(PROVIDERS),
+                        help=f"comma-separated subset of {','.join(PROVIDERS)}")
+    parser.add_argument("--modes", type=_names(MODES), default=list(MODES),
+                        help=f"comma-separated subset of {','.join(MODES)}")
     args = parser.parse_args(argv)
     if not require_cuda("bench_bias_attention.py"):
         return 0
@@ -140,7 +154,7 @@ def main(argv=None) -> int:
         for N in sizes:
             B = max(1, tokens // N)
             inputs = make_inputs(B, H, N, D)
-            for name in args.providers.split(","):
+            for name in args.providers:
                 if name == "reference" and N > 4096:
                     rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="skipped: O(B H N^2) memory"))
                     continue
@@ -157,7 +171,7 @@ def main(argv=None) -> int:
                 if not ok:
                     rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"WRONG RESULT, not timed: {detail}"))
                     continue
-                for mode in args.modes.split(","):
+                for mode in args.modes:
                     try:
                         step = run_mode(fn, inputs, mode)
                         timing = time_ms(step)

@@ -17,7 +17,8 @@ for "tiny" --, one syntax head per layer on Q and K). ``backend="auto"``: fused 
 A step is forward + backward + AdamW step on a pre-built batch already on the device; tokens/s counts the
 non-padding tokens. Peak memory is ``torch.cuda.max_memory_allocated`` over the timed steps (GPU only).
 
-Data: sequences packed from the shared UD English-EWT dev treebank when present (its word-level trees;
+Data: sequences packed from the UD English-EWT dev treebank when present (``$SYNTAXKERNELS_UD``, see
+:mod:`syntaxkernels.data`; its word-level trees;
 ``[CLS]`` roots every sentence, ``[SEP]`` closes the sequence), generated forests otherwise. Pipeline:
 ``syntaxkernels.trees.TreeCollator`` (the C++ builder when built) collating those sequences, measured in
 the main process (tree building alone, and the whole collate) and through a ``DataLoader`` with worker
@@ -84,8 +85,10 @@ def packed_sequences(max_len: int, count: int, vocab_size: int, seed: int = 0):
         sentences = tree_checks.treebank_sentences()
         source = f"UD English-EWT dev ({len(sentences)} sentences), packed"
     except FileNotFoundError:
+        from syntaxkernels.data import ENV_VAR
+
         sentences = tree_checks.generated_sentences(4000, seed=seed)
-        source = "generated forests (lengths 1-40), packed"
+        source = f"generated forests (lengths 1-40), packed (no treebank: set {ENV_VAR})"
     sentences = [s for s in sentences if 0 < len(s) <= max_len - 2]
     g = torch.Generator().manual_seed(seed)
     items = []

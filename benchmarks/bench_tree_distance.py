@@ -1,8 +1,9 @@
 """All-pairs tree distance on batches of 32 real sentences: the C++ builder against scipy, networkx and a
 pure-Python per-pair LCA walk (and the package's Python/NumPy fallback).
 
-Data: the shared UD English-EWT dev treebank when present (../shared/data/ud), generated forests otherwise.
-Every provider's output is checked against scipy before it is timed.
+Data: the UD English-EWT dev treebank when present (``$SYNTAXKERNELS_UD``, see :mod:`syntaxkernels.data`),
+generated forests otherwise (the data line says so). Every provider's output is checked against scipy before it
+is timed (scipy and networkx are needed here: ``pip install -e ".[bench]"``).
 
     python -m pytest benchmarks/bench_tree_distance.py --benchmark-only     # pytest-benchmark
     python benchmarks/bench_tree_distance.py [--json out.json] [--batches K] # printed table (+ JSON)

@@ -1,6 +1,7 @@
 """Learning check (CPU, minutes): do the syntax modules let a tiny encoder use the tree it is given?
 
-Task: dependency-head prediction on the shared UD English-EWT dev treebank. Each sentence gets a ROOT token
+Task: dependency-head prediction on the UD English-EWT dev treebank (``--data``, default ``$SYNTAXKERNELS_UD``,
+see :mod:`syntaxkernels.data`). Each sentence gets a ROOT token
 in front (the head of the sentence root); a small encoder (word + UPOS + position embeddings, two encoder
 layers, d_model 64, 4 heads) reads the sentence *and its gold tree*, and a biaffine scorer picks each word's
 head among the positions. A model that really feeds the tree into attention can read the answer off it;
@@ -17,7 +18,7 @@ of steps for every variant:
 
 Reports held-out unlabelled attachment score (all words, punctuation included), held-out loss, the mean
 training loss over the last 20 steps, and the wall time. Without the treebank it falls back to random
-trees with random words (the numbers then only show that the tree is used).
+trees with random words (the numbers then only show that the tree is used) and says how to provide it.
 
     python benchmarks/learning_check.py [--steps 300] [--json out.json]
 """
@@ -43,7 +44,6 @@ from torch import nn  # noqa: E402
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels.nn import StructuralProbeLoss, SyntaxGAT, SyntaxTransformerEncoderLayer  # noqa: E402
 
-DEFAULT_DATA = ROOT_DIR.parent / "shared" / "data" / "ud" / "en_ewt-ud-dev.conllu"
 UPOS = ["ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
         "SCONJ", "SYM", "VERB", "X"]
 METHODS = ("plain", "bias", "subnetwork", "gat")
@@ -51,7 +51,7 @@ METHODS = ("plain", "bias", "subnetwork", "gat")
 
 def load_sentences(path: pathlib.Path):
     """``[(words, heads 0-based with -1 root, upos)]`` from CoNLL-U (or random trees when absent)."""
-    if path.exists():
+    if path.is_file():
         try:
             from syntaxkernels.trees import read_conllu
 
@@ -66,6 +66,9 @@ def load_sentences(path: pathlib.Path):
         n = rng.randint(3, 30)
         sentences.append(([f"w{rng.randrange(500)}" for _ in range(n)], random_forest(rng, n, 1),
                           [rng.choice(UPOS) for _ in range(n)]))
+    from syntaxkernels.data import missing_message
+
+    print(f"learning_check: {missing_message(path)}; using random trees instead", file=sys.stderr)
     return sentences, "random trees (treebank absent)"
 
 
@@ -214,7 +217,8 @@ def run(method, data, train, held_out, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=pathlib.Path, default=None,
+                        help="a CoNLL-U file (default: $SYNTAXKERNELS_UD, else ../shared/data/ud/en_ewt-ud-dev.conllu)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -230,7 +234,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    sentences, source = load_sentences(args.data)
+    from syntaxkernels.data import treebank_path
+
+    sentences, source = load_sentences(args.data or treebank_path())
     sentences = [s for s in sentences if 1 <= len(s[0]) <= args.max_len]
     split = int(0.8 * len(sentences))  # document order: the held-out sentences come from other documents
     data = Data(sentences[:split], args.max_len)

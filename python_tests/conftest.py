@@ -1,7 +1,11 @@
 """Test configuration: on a machine without CUDA, Triton kernels run under the interpreter.
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection start.
-Tests that compile kernels for real GPUs (sm_80/sm_90) run in a subprocess without it.
+Tests that compile kernels for real GPUs (sm_80/sm_90) run in a subprocess without it; every test in a
+``test_compile_*.py`` file is marked ``slow`` here (minutes of compilation: the GPU suite runs ``-m 'not slow'``).
+
+The real treebank comes from :mod:`syntaxkernels.data` (``SYNTAXKERNELS_UD``); tests that need it take the
+``ud_dev_path`` fixture and skip, saying how to provide it, when it is absent.
 """
 import os
 import pathlib
@@ -13,18 +17,30 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-UD_DIR = ROOT.parent / "shared" / "data" / "ud"
-UD_DEV = UD_DIR / "en_ewt-ud-dev.conllu"
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# The one device every kernel test runs on: CUDA when present, else the CPU under the Triton interpreter
+# (set above). Tests import it (``from conftest import KERNEL_DEVICE``) and never build CPU tensors for the
+# Triton path on a GPU host.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name.startswith("test_compile_"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
 def ud_dev_path():
-    """Path of the shared UD English-EWT dev treebank; skips the test when it is absent."""
-    if not UD_DEV.exists():
-        pytest.skip(f"treebank not present at {UD_DEV}")
-    return UD_DEV
+    """Path of the treebank (``$SYNTAXKERNELS_UD``, see :mod:`syntaxkernels.data`); skips the test when absent."""
+    from syntaxkernels import data
+
+    path = data.treebank_path()
+    if not path.is_file():
+        pytest.skip(data.missing_message(path))
+    return path
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,10 @@
 """Fused distance-bias attention (Triton) against the reference: forward and every gradient.
 
-On a CPU machine the kernels run under TRITON_INTERPRET=1 (set by conftest.py); sizes stay small (B = 2,
-H = 2) so the file runs in a few minutes on two cores. The CUDA tests at the bottom run real sizes.
+Every kernel test runs on ``DEVICE``: CUDA when present, else the CPU under TRITON_INTERPRET=1 (set by
+conftest.py); no test builds CPU tensors for the Triton path on a GPU host. Sizes stay small (B <= 3, H <= 2)
+so the file runs in a few minutes on two cores; the tiles are shrunk to 16 x 16 where a test needs many
+tiles (interior/boundary splits, one-bucket and mixed tiles of the table gradient, live-tile lists) at small N. The CUDA
+tests at the bottom run real sizes.
 """
 import random
 
@@ -12,45 +15,32 @@ import triton.language as tl
 
 import syntaxkernels as sk
 from syntaxkernels import reference
+from syntaxkernels.checks.reference import random_document, random_forest
 from syntaxkernels.ops import bias_attention as ba
-from syntaxkernels.ops._primitives import bucket_from_distance
-from syntaxkernels.ops.block_meta import block_distance_range, build_block_meta, compact_rows
+from syntaxkernels.ops.block_meta import (block_distance_range, boundary_tiles, build_block_meta, compact_rows,
+                                          split_lists)
 from syntaxkernels.testing import assert_close_to_reference
 
+from conftest import KERNEL_DEVICE as DEVICE
 from conftest import requires_cuda
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def random_heads(length: int, rng: random.Random, roots: int = 1):
-    """0-based heads of a random forest with ``roots`` trees (root = -1)."""
-    heads = []
-    for i in range(length):
-        if i < roots:
-            heads.append(-1)
-        else:
-            heads.append(rng.randrange(0, i))
-    return heads
-
-
-def make_case(B, H, N, D, dtype, *, lengths=None, per_head=False, buckets=None, seed=0, roots=2):
+def make_case(B, H, N, D, dtype, *, lengths=None, per_head=False, buckets=None, seed=0, roots=2, heads=None):
+    """Random trees (``roots`` trees per item) or the given ``heads`` rows, and random q, k, v, table."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     lengths = [N] * B if lengths is None else list(lengths)
-    heads = [random_heads(L, rng, roots=min(roots, max(L, 1))) for L in lengths]
+    if heads is None:
+        heads = [random_forest(rng, L, num_trees=roots) if L else [] for L in lengths]
     buckets = buckets or sk.BucketSpec()
-    distance = sk.tree_distance([h for h in heads], torch.tensor(lengths)) if N else torch.empty(B, 0, 0,
-                                                                                                dtype=torch.uint8)
-    if distance.shape[-1] < N:
-        pad = torch.full((B, N, N), 255, dtype=torch.uint8)
-        n = distance.shape[-1]
-        pad[:, :n, :n] = distance
-        distance = pad
+    distance = torch.full((B, N, N), 255, dtype=torch.uint8)
+    if N:
+        built = sk.tree_distance(heads, torch.tensor(lengths))
+        distance[:, :built.shape[-1], :built.shape[-1]] = built
     q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
     T = buckets.num_buckets
     table = torch.randn((H, T) if per_head else (T,), generator=gen)
-    bias_scale = torch.tensor([0.8])
-    return dict(q=q, k=k, v=v, distance=distance, table=table, bias_scale=bias_scale,
+    return dict(q=q, k=k, v=v, distance=distance, table=table, bias_scale=torch.tensor([0.8]),
                 lengths=torch.tensor(lengths), buckets=buckets, dtype=dtype)
 
 
@@ -73,7 +63,7 @@ def check_bias_scale_grad(case, grads, grads64, gradslp):
     against the reference), and (2) that its error is within the error that the reference's per-bucket
     errors, weighted by |table|, allow."""
     table = case["table"].to(DEVICE, torch.float64)
-    c = float(case["bias_scale"])
+    c = float(case["bias_scale"].detach())
     from_table = (table * grads["dtable"].double()).sum() / c
     torch.testing.assert_close(grads["dbias_scale"].double().reshape(()), from_table, rtol=1e-5, atol=1e-5)
     bucket_err = (gradslp["dtable"].double() - grads64["dtable"].double()).abs()
@@ -116,10 +106,9 @@ CASES = [
      dict(per_head=True, window=1, causal=True, lengths=[100, 61])),
     ("N40-fp32-D48-oddhead", (2, 2, 40, 48), torch.float32, dict()),
     ("N64-fp32-D32-logbuckets", (2, 2, 64, 32), torch.float32, dict(buckets=sk.BucketSpec(16, log_distance=4))),
-    ("N64-fp32-D32-bigtable-gather", (2, 2, 64, 32), torch.float32,
+    ("N64-fp32-D32-bigtable", (2, 2, 64, 32), torch.float32,
      dict(buckets=sk.BucketSpec(40, unreachable_bucket=False), roots=1)),
     ("N50-fp32-D32-window0-forest", (2, 2, 50, 32), torch.float32, dict(window=0, roots=5)),
-    # D128 backward: the dK/dV and dQ kernels use different tilings, each with its own live-block lists.
     ("N100-fp16-D128-ragged-window2-causal", (2, 1, 100, 128), torch.float16,
      dict(lengths=[100, 45], window=2, causal=True)),
     ("N70-fp32-D128-window1", (1, 2, 70, 128), torch.float32, dict(window=1)),
@@ -134,16 +123,104 @@ def test_forward_and_gradients(shape, dtype, opts):
     check_against_reference(case, **kw)
 
 
-def test_window_block_skipping_small_tiles(monkeypatch):
-    """16x16 tiles on a chain: most tiles are dead under window=2 and are skipped, the result still matches."""
+def _documents(B, N, sentence, seed=0, chains=False):
+    """Rows of packed sentences of about ``sentence`` tokens (many trees: most pairs unreachable); with
+    ``chains`` every sentence is a chain of exactly ``sentence`` tokens (long distances inside a sentence)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(B):
+        sizes, left = [], N
+        while left:
+            size = sentence if chains else rng.randint(max(1, sentence // 2), sentence * 3 // 2)
+            sizes.append(min(left, size))
+            left -= sizes[-1]
+        if chains:
+            row = []
+            for size in sizes:
+                row += [-1] + list(range(len(row), len(row) + size - 1))
+            rows.append(row)
+        else:
+            rows.append(random_document(rng, sizes))
+    return rows
+
+
+SMALL_TILE_CASES = [
+    # Packed sentences: tiles between sentences are one bucket (unreachable), tiles near the diagonal span
+    # several buckets.
+    ("packed-bf16-shared", torch.bfloat16, dict(heads=(12, False)), dict()),
+    # Packed chains of 48 tokens clamped at 3: tiles far apart inside a sentence are one bucket (the clamp).
+    ("chains-fp32-perhead-ragged", torch.float32,
+     dict(heads=(48, True), buckets=sk.BucketSpec(3), per_head=True, lengths=[96, 53]), dict()),
+    ("chain-fp16-causal", torch.float16, dict(heads="chain", buckets=sk.BucketSpec(4)), dict(causal=True)),
+    # Log buckets: the bucket compares are distance ranges.
+    ("chain-fp32-logbuckets", torch.float32, dict(heads="chain", buckets=sk.BucketSpec(40, log_distance=4)),
+     dict()),
+    # Windows walk live-tile lists, interior tiles first.
+    ("packed-bf16-window3-ragged", torch.bfloat16, dict(heads=(12, False), lengths=[96, 71]), dict(window=3)),
+    ("chain-fp32-window5-causal", torch.float32, dict(heads="chain", lengths=[96, 40]),
+     dict(window=5, causal=True)),
+]
+
+
+@pytest.mark.parametrize("dtype,opts,kw", [c[1:] for c in SMALL_TILE_CASES], ids=[c[0] for c in SMALL_TILE_CASES])
+def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
+    """16x16 tiles at N = 96: interior and boundary loops, one-bucket tiles (one row sum of dS) and tiles
+    spanning several buckets (per-bucket sums) in the dQ kernel, live-tile lists for windows."""
     monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
-    N = 128
-    case = make_case(2, 2, N, 32, torch.float32, lengths=[128, 50])
-    chain = [[-1] + list(range(N - 1)), [-1] + list(range(49))]
-    case["distance"] = sk.tree_distance(chain, torch.tensor([128, 50]))
-    meta = build_block_meta(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16, window=2)
-    assert meta.density() < 0.3
-    check_against_reference(case, window=2)
+    B, N = 2, 96
+    opts = dict(opts)
+    lengths = opts.pop("lengths", [N] * B)
+    kind = opts.pop("heads")
+    if kind == "chain":
+        heads = [[-1] + list(range(L - 1)) for L in lengths]
+    else:
+        heads = [_documents(1, L, kind[0], seed=b, chains=kind[1])[0] for b, L in enumerate(lengths)]
+    case = make_case(B, 1, N, 32, dtype, lengths=lengths, heads=heads, **opts)
+    # The case reaches both table-gradient paths: tiles in one bucket and tiles in several.
+    tile_buckets, _ = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16,
+                                       16, kw.get("window", -1), kw.get("causal", False), case["buckets"])
+    tile_buckets = tile_buckets.cpu()
+    if case["buckets"].num_buckets <= ba.STATIC_BUCKET_LIMIT:
+        count = sum((tile_buckets >> t) & 1 for t in range(31))
+    else:
+        count = (tile_buckets // 256 - tile_buckets % 256 + 1).clamp(min=0)
+    assert (count == 1).any() and (count > 1).any()
+    check_against_reference(case, **kw)
+
+
+@pytest.mark.parametrize("window,causal", [(-1, False), (3, True)])
+@pytest.mark.parametrize("spec", [sk.BucketSpec(6), sk.BucketSpec(40)], ids=["bitset", "range"])
+def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal):
+    """Up to 31 buckets, each tile's metadata is exactly the set of its allowed pairs' buckets (bits); larger
+    tables get a range that holds them all; tiles without an allowed pair are empty."""
+    B, N, bm, bn = 2, 80, 16, 32
+    heads = [_documents(1, L, 10, seed=b)[0] for b, L in enumerate([80, 45])]
+    case = make_case(B, 1, N, 32, torch.float32, lengths=[80, 45], heads=heads, buckets=spec)
+    distance, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32)
+    tile_buckets, common = ba._tile_buckets(distance, lengths, bm, bn, window, causal, spec)  # [B, nK, nQ], [B, nK]
+    tile_buckets, common = tile_buckets.cpu(), common.cpu()
+    allowed = reference.allowed_pairs(distance.cpu(), lengths.cpu(), None if window < 0 else window, causal)
+    buckets = spec.lut()[distance.cpu().long()]
+    for b in range(B):
+        for qi in range(triton.cdiv(N, bm)):
+            for ki in range(triton.cdiv(N, bn)):
+                tile = (slice(qi * bm, (qi + 1) * bm), slice(ki * bn, (ki + 1) * bn))
+                present = set(buckets[b][tile][allowed[b][tile]].tolist())
+                value = int(tile_buckets[b, ki, qi])
+                if spec.num_buckets <= ba.STATIC_BUCKET_LIMIT:
+                    assert {t for t in range(31) if value >> t & 1} == present
+                elif present:
+                    assert value % 256 <= min(present) and max(present) <= value // 256
+                else:
+                    assert value % 256 > value // 256
+        # The common bucket of a key block is the one most of its one-bucket tiles are in.
+        for ki in range(triton.cdiv(N, bn)):
+            values = [int(v) for v in tile_buckets[b, ki]]
+            singles = [v.bit_length() - 1 for v in values if v and not v & (v - 1)]
+            if spec.num_buckets > ba.STATIC_BUCKET_LIMIT or not singles:
+                assert int(common[b, ki]) == -1
+            else:
+                assert singles.count(int(common[b, ki])) == max(singles.count(t) for t in set(singles))
 
 
 def test_real_block_size_with_padding_and_causal():
@@ -165,19 +242,20 @@ def test_deterministic_bit_identical():
 def test_strided_inputs_without_copies():
     """q/k/v as views of a packed [B, N, 3, H, D] projection (non-contiguous) give the same result."""
     case = make_case(2, 2, 33, 32, torch.float32)
-    packed = torch.randn(2, 33, 3, 2, 32)
+    packed = torch.randn(2, 33, 3, 2, 32, device=DEVICE)
     q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
     assert not q.is_contiguous()
-    kw = dict(buckets=case["buckets"], lengths=case["lengths"])
-    out = sk.syntax_bias_attention(q, k, v, case["distance"], case["table"], backend="triton", **kw)
-    ref = sk.syntax_bias_attention(q.contiguous(), k.contiguous(), v.contiguous(), case["distance"], case["table"],
+    distance, table = case["distance"].to(DEVICE), case["table"].to(DEVICE)
+    kw = dict(buckets=case["buckets"], lengths=case["lengths"].to(DEVICE))
+    out = sk.syntax_bias_attention(q, k, v, distance, table, backend="triton", **kw)
+    ref = sk.syntax_bias_attention(q.contiguous(), k.contiguous(), v.contiguous(), distance, table,
                                    backend="reference", **kw)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
 def test_float_bias_scale_and_default_scale():
     case = make_case(1, 2, 20, 32, torch.float32)
-    args = (case["q"], case["k"], case["v"], case["distance"], case["table"])
+    args = [case[n].to(DEVICE) for n in ("q", "k", "v", "distance", "table")]
     for c in (None, 0.5):
         out = sk.syntax_bias_attention(*args, buckets=case["buckets"], bias_scale=c, scale=0.3, backend="triton")
         ref = reference.syntax_bias_attention(*args, buckets=case["buckets"], bias_scale=c, scale=0.3)
@@ -193,28 +271,44 @@ def test_auto_backend_picks_reference_on_cpu():
     assert torch.equal(out, ref)
 
 
-@triton.jit
-def _bucket_kernel(D, OUT, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE: tl.constexpr):
-    offs = tl.arange(0, 256)
-    d = tl.load(D + offs).to(tl.int32)
-    tl.store(OUT + offs, bucket_from_distance(d, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE))
-
-
 @pytest.mark.parametrize("spec", [sk.BucketSpec(), sk.BucketSpec(3), sk.BucketSpec(10, unreachable_bucket=False),
                                   sk.BucketSpec(16, log_distance=4), sk.BucketSpec(254, log_distance=1),
                                   sk.BucketSpec(100, log_distance=7, unreachable_bucket=False)],
                          ids=["default", "max3", "no-unreachable", "log4-16", "log1-254", "log7-100-clamped"])
-def test_in_kernel_bucket_equals_lut(spec):
-    d = torch.arange(256, dtype=torch.uint8, device=DEVICE)
-    out = torch.empty(256, dtype=torch.int32, device=DEVICE)
-    _bucket_kernel[(1,)](d, out, *ba.bucket_args(spec))
-    assert torch.equal(out.cpu().long(), spec.lut())
+def test_bias_lut_and_in_kernel_buckets_equal_the_spec(spec):
+    """The per-head LUT is ``c * table[bucket(d)] * log2(e)`` (-inf past the window), and the table-gradient
+    kernel's compile-time bucket ranges select exactly the distances ``BucketSpec.lut()`` maps to each bucket."""
+    table = torch.randn(2, spec.num_buckets, device=DEVICE)
+    c = torch.tensor([0.7], device=DEVICE)
+    lut = ba.bias_lut(table, c, spec, window=6)
+    expect = table[:, spec.lut().to(DEVICE)] * 0.7 * 1.4426950408889634
+    expect[:, 7:] = float("-inf")
+    torch.testing.assert_close(lut, expect)
+
+    members = torch.empty(spec.num_buckets, 256, dtype=torch.int32, device=DEVICE)
+    _bucket_members_kernel[(1,)](torch.arange(256, dtype=torch.uint8, device=DEVICE), members,
+                                 NUM_BUCKETS=spec.num_buckets, LOG_DISTANCE=spec.log_distance or 0,
+                                 UNREACHABLE_BUCKET=spec.unreachable_bucket,
+                                 LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1)
+    expect = spec.lut()[None, :] == torch.arange(spec.num_buckets)[:, None]
+    assert torch.equal(members.cpu().bool(), expect)
+
+
+@triton.jit
+def _bucket_members_kernel(D, OUT, NUM_BUCKETS: tl.constexpr, LOG_DISTANCE: tl.constexpr,
+                           UNREACHABLE_BUCKET: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr):
+    offs = tl.arange(0, 256)
+    d = tl.load(D + offs).to(tl.int32)
+    for t in tl.static_range(NUM_BUCKETS):
+        tl.store(OUT + t * 256 + offs, ba._in_bucket(d, t, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                                                     LAST_DISTANCE_BUCKET).to(tl.int32))
 
 
 def test_block_meta_matches_dense_computation():
     case = make_case(2, 1, 50, 32, torch.float32, lengths=[50, 21])
-    dist, lengths = case["distance"], case["lengths"].to(torch.int32)
+    dist, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32)
     smallest, largest = block_distance_range(dist, lengths, 16, 32)
+    smallest, largest, dist = smallest.cpu(), largest.cpu(), dist.cpu()
     for b in range(2):
         L = int(lengths[b])
         for qi in range(smallest.shape[1]):
@@ -233,6 +327,59 @@ def test_block_meta_matches_dense_computation():
             assert torch.equal(idx[b, r, :expect.numel()].long(), expect)
 
 
+def test_split_lists_put_interior_tiles_first():
+    live = torch.rand(2, 5, 7) > 0.3
+    boundary = torch.rand(2, 5, 7) > 0.6
+    idx, counts = split_lists(live, boundary)
+    for b in range(2):
+        for r in range(5):
+            interior = (live[b, r] & ~boundary[b, r]).nonzero().flatten()
+            edge = (live[b, r] & boundary[b, r]).nonzero().flatten()
+            assert counts[b, r].tolist() == [interior.numel(), interior.numel() + edge.numel()]
+            assert idx[b, r, :counts[b, r, 1]].long().tolist() == interior.tolist() + edge.tolist()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("by_key", [False, True])
+def test_boundary_tiles_are_exactly_the_tiles_with_a_masked_pair(causal, by_key):
+    """A tile is interior only if every pair the kernel computes in it is allowed by length and causality
+    (along the dimension its programs walk), so the unmasked loop never needs a mask."""
+    lengths = torch.tensor([37, 64, 5])
+    bm, bn, N = 16, 8, 64
+    boundary = boundary_tiles(lengths, 4, 8, bm, bn, causal, by_key=by_key)
+    for b, L in enumerate(lengths.tolist()):
+        for qi in range(4):
+            for ki in range(8):
+                rows = torch.arange(qi * bm, (qi + 1) * bm)
+                cols = torch.arange(ki * bn, (ki + 1) * bn)
+                ok = (cols[None, :] < L) if by_key else (rows[:, None] < L)
+                ok = ok.expand(bm, bn)
+                if causal:
+                    ok = ok & (cols[None, :] <= rows[:, None])
+                assert bool(boundary[b, qi, ki]) == (not bool(ok.all())), (b, qi, ki)
+
+
+def test_grid_is_one_axis_for_any_batch_and_heads():
+    """Every launch is a 1-D grid of blocks x B x H programs, decoded in-kernel: 2048 sentences x 32 heads
+    (beyond CUDA's 65535 limit of the second axis) launch; past 2^31 programs the launcher says why."""
+    assert ba._grid(8, 2048, 32) == (8 * 2048 * 32,)
+    with pytest.raises(ValueError, match="exceeds one grid axis"):
+        ba._grid(1 << 12, 1 << 12, 1 << 8)
+    out = torch.empty(3 * 5 * 7, 4, dtype=torch.int64, device=DEVICE)
+    _decode_kernel[ba._grid(3, 5, 7)](out, 3, 7)
+    expect = [[pid % 3, pid // 3, (pid // 3) // 7, (pid // 3) % 7] for pid in range(3 * 5 * 7)]
+    assert out.cpu().tolist() == expect
+
+
+@triton.jit
+def _decode_kernel(OUT, num_blocks, H):
+    block, bh, b, h = ba._program_ids(num_blocks, H)
+    pid = tl.program_id(0)
+    offs = tl.arange(0, 4)
+    values = tl.where(offs == 0, block, tl.where(offs == 1, bh, tl.where(offs == 2, b, h)))
+    tl.store(OUT + pid * 4 + offs, values.to(tl.int64))
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(window=-1), "window"),
     (dict(window=True), "window"),
@@ -249,34 +396,59 @@ def test_bad_inputs(bad, match):
     kw = dict(q=case["q"], k=case["k"], v=case["v"], distance=case["distance"], table=case["table"],
               buckets=case["buckets"], backend="triton")
     kw.update(bad)
+    # Everything on the kernel device except lengths, which are checked (with a ValueError naming the item)
+    # where they live on the host; lengths already on a GPU get a device-side assertion instead.
+    kw = {name: value.to(DEVICE) if isinstance(value, torch.Tensor) and name != "lengths" else value
+          for name, value in kw.items()}
     with pytest.raises(ValueError, match=match):
         sk.syntax_bias_attention(**kw)
 
 
 def test_unsupported_head_dim_and_dtype():
     case = make_case(1, 1, 8, 32, torch.float32)
-    big = torch.randn(1, 1, 8, 160)
+    distance, table = case["distance"].to(DEVICE), case["table"].to(DEVICE)
+    big = torch.randn(1, 1, 8, 160, device=DEVICE)
     with pytest.raises(ValueError, match="head dim 160"):
-        sk.syntax_bias_attention(big, big, big, case["distance"], case["table"], buckets=case["buckets"],
-                                 backend="triton")
-    q64 = case["q"].double()
+        sk.syntax_bias_attention(big, big, big, distance, table, buckets=case["buckets"], backend="triton")
+    q64 = case["q"].double().to(DEVICE)
     with pytest.raises(ValueError, match="float64"):
-        sk.syntax_bias_attention(q64, q64, q64, case["distance"], case["table"], buckets=case["buckets"],
-                                 backend="triton")
+        sk.syntax_bias_attention(q64, q64, q64, distance, table, buckets=case["buckets"], backend="triton")
+
+
+def test_lut_attention_full_and_pairwise_masks():
+    """``lut_attention`` with the sub-network op's dense masks: ``full`` (a zero LUT) and ``pairwise`` (only
+    unreachable pairs), against masked reference attention; gradients for q, k, v."""
+    case = make_case(2, 2, 40, 32, torch.float32, lengths=[40, 23], roots=3)
+    distance, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE)
+    full = torch.zeros(256, device=DEVICE)
+    pairwise = torch.full((256,), float("-inf"), device=DEVICE)
+    pairwise[255] = 0.0
+    for lut, allowed in ((full, reference.allowed_pairs(distance, lengths)),
+                         (pairwise, reference.allowed_pairs(distance, lengths) & (distance == 255))):
+        q, k, v = (case[n].to(DEVICE).requires_grad_() for n in ("q", "k", "v"))
+        out = ba.lut_attention(q, k, v, distance, lut, lengths)
+        scores = (q @ k.transpose(-1, -2)) / 32 ** 0.5
+        ref = reference.masked_attention(scores, allowed[:, None], v)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def _op_args(case, dtype=torch.float32):
-    lengths = case["lengths"].to(torch.int32)
-    return (case["q"].to(dtype), case["k"].to(dtype), case["v"].to(dtype), case["distance"], case["table"],
-            case["bias_scale"], lengths, 0.2, 3, False, *ba.bucket_args(case["buckets"]))
+    lengths = case["lengths"].to(DEVICE, torch.int32)
+    lut = ba.bias_lut(case["table"].to(DEVICE), case["bias_scale"].to(DEVICE), case["buckets"], 3)
+    return (case["q"].to(DEVICE, dtype), case["k"].to(DEVICE, dtype), case["v"].to(DEVICE, dtype),
+            case["distance"].to(DEVICE), lut, lengths, 0.2, 3, False)
 
 
 def test_opcheck_forward_and_backward():
     """torch.library.opcheck on both Triton ops (schema, fake tensors, autograd registration).
 
     ``test_aot_dispatch_dynamic`` is left out on CPU: under the interpreter the functional decomposition of a
-    Triton op would call the Python-interpreted kernel on functional tensors, which it cannot run; it is
-    covered by the CUDA test below.
+    Triton op would call the Python-interpreted kernel on functional tensors, which it cannot run; it runs on
+    CUDA.
     """
     case = make_case(2, 2, 20, 32, torch.float32, lengths=[20, 11])
     args = _op_args(case)
@@ -286,14 +458,15 @@ def test_opcheck_forward_and_backward():
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
     out, lse = torch.ops.syntaxkernels.bias_attention_fwd(*args)
     dout = torch.randn_like(out)
-    bwd_args = (dout, *args[:3], out, lse, *args[3:])
+    bwd_args = (dout, *args[:3], out, lse, *args[3:], *ba.bucket_args(case["buckets"]), True)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd_args, test_utils=utils)
 
 
 def test_torch_compile_fullgraph():
     case = make_case(2, 2, 24, 32, torch.float32, lengths=[24, 13])
-    table = case["table"].clone().requires_grad_()
-    q = case["q"].clone().requires_grad_()
+    table = case["table"].to(DEVICE).requires_grad_()
+    q = case["q"].to(DEVICE).requires_grad_()
+    k, v, distance, lengths = (case[n].to(DEVICE) for n in ("k", "v", "distance", "lengths"))
 
     def f(q, k, v, distance, table, lengths):
         return sk.syntax_bias_attention(q, k, v, distance, table, buckets=sk.BucketSpec(), lengths=lengths,
@@ -301,11 +474,10 @@ def test_torch_compile_fullgraph():
 
     backend = "inductor" if DEVICE == "cuda" else "eager"
     compiled = torch.compile(f, fullgraph=True, backend=backend)
-    args = (q, case["k"], case["v"], case["distance"], table, case["lengths"])
-    out = compiled(*args)
+    out = compiled(q, k, v, distance, table, lengths)
     out.sum().backward()
-    ref = reference.syntax_bias_attention(q.detach(), case["k"], case["v"], case["distance"], case["table"],
-                                          buckets=sk.BucketSpec(), lengths=case["lengths"], window=4)
+    ref = reference.syntax_bias_attention(q.detach(), k, v, distance, table.detach(), buckets=sk.BucketSpec(),
+                                          lengths=lengths, window=4)
     torch.testing.assert_close(out.detach(), ref, atol=2e-5, rtol=1e-5)
     assert table.grad is not None and table.grad.abs().max() > 0
 

@@ -282,6 +282,92 @@ def test_load_syntax_model_needs_a_syntax_checkpoint(tmp_path):
         load_syntax_model(transformers.BertForTokenClassification, tmp_path)
 
 
+def test_load_syntax_model_is_quiet(tmp_path, caplog):
+    """No tensor-parallel "layers were not sharded" message and no report of the syntax keys it restores."""
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "gat", gat_config=dict(GAT_SMALL, probe_rank=3))
+    model.save_pretrained(tmp_path)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        load_syntax_model(transformers.BertForTokenClassification, tmp_path)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "not sharded" not in said and "LOAD REPORT" not in said, said
+    # the filter is only for that: the plain class still reports the syntax keys it does not know
+    with caplog.at_level("INFO"):
+        transformers.BertForTokenClassification.from_pretrained(tmp_path)
+    assert "UNEXPECTED" in "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_load_report_filter_lets_other_reports_through():
+    import logging
+
+    from syntaxkernels.integrations.transformers import _SyntaxKeysReportFilter
+
+    def record(rows):
+        table = "Key | Status |  | \n----+----+--+-\n" + "\n".join(f"{k} | {s} |  | " for k, s in rows)
+        message = f"\x1b[1mBertModel LOAD REPORT\x1b[0m from: x\n{table}\n\nNotes:\n- UNEXPECTED: ..."
+        return logging.LogRecord("transformers.modeling_utils", logging.WARNING, __file__, 1, message, None, None)
+
+    keep = _SyntaxKeysReportFilter().filter
+    syntax = [("encoder.layer.{0, 1}.attention.self.syntax.distance_bias", "UNEXPECTED"),
+              ("encoder.syntax_gat.layers.0.weight", "UNEXPECTED"), ("encoder.syntax_probe.proj", "UNEXPECTED")]
+    assert not keep(record(syntax))
+    assert keep(record(syntax + [("encoder.layer.0.output.dense.weight", "MISSING")]))
+    assert keep(record(syntax + [("pooler.extra", "UNEXPECTED")]))
+    assert keep(logging.LogRecord("x", logging.WARNING, __file__, 1, "something else", None, None))
+
+
+def test_enabling_one_model_leaves_others_built_from_the_same_config():
+    config = _config("bert")
+    first, second = transformers.BertModel(config).eval(), transformers.BertModel(config).eval()
+    for m in (first, second):
+        m.set_attn_implementation("sdpa")
+    before = (config.to_dict(), config._attn_implementation)
+    ids, mask, trees = _batch()
+    plain = _hidden(second, input_ids=ids, attention_mask=mask)
+
+    enable_syntax_attention(first, "bias")
+    assert (config.to_dict(), config._attn_implementation) == before  # the shared object is untouched
+    assert second.config is config and getattr(config, "syntax_attention", None) is None
+    assert first.config is not config and first.config.syntax_attention["method"] == "bias"
+    assert all(getattr(m, "config", first.config) is first.config for m in first.modules())
+    torch.testing.assert_close(_hidden(second, input_ids=ids, attention_mask=mask), plain, atol=0, rtol=0)
+
+    enable_syntax_attention(second, "subnetwork")  # used to raise "already enabled"
+    assert first.config.syntax_attention["method"] == "bias"
+    assert second.config.syntax_attention["method"] == "subnetwork"
+    _hidden(first, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+
+
+HOST_READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu")
+
+
+def test_tree_check_reads_nothing_back_when_the_data_is_on_the_device(monkeypatch):
+    """With the mask on the model's device the lengths check is queued on the device (no host read); a
+    mismatch still stops the forward. (Forced here on CPU tensors by treating them as device memory.)"""
+    from syntaxkernels.integrations import transformers as integration
+
+    ids, mask, trees = _batch()
+    hidden = torch.randn(*ids.shape, 32)
+    valid = mask.bool()
+    monkeypatch.setattr(integration, "_on_host", lambda *tensors: False)
+    reads = []
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    checked = integration._check_trees(trees, hidden, valid)
+    assert checked is trees and reads == []
+    with pytest.raises(RuntimeError, match="lengths differ from the attention mask"):
+        integration._check_trees(trees, hidden, torch.ones_like(valid))
+    with pytest.raises(RuntimeError, match="lengths differ from the attention mask"):
+        integration._check_trees(trees, hidden, None)  # padded trees, no mask
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 

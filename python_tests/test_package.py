@@ -1,25 +1,33 @@
-"""The package imports and works without Triton and without the C++ extension; the CLI runs."""
+"""The package imports and works without Triton and without the C++ extension; the CLI runs and says what it
+checks; verify's checks can fail."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BLOCK_TRITON = textwrap.dedent(
-    """
-    import importlib.abc, sys
-    class _NoTriton(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "triton" or name.startswith("triton."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-    sys.meta_path.insert(0, _NoTriton())
-    """
-)
+def blocking(*modules):
+    """Python code that makes importing any of ``modules`` (and their submodules) fail, as if not installed."""
+    return textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        class _Missing(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {modules!r}:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+        sys.meta_path.insert(0, _Missing())
+        """
+    )
+
+
+BLOCK_TRITON = blocking("triton")
 
 
 def _run(code, env_extra=None):
@@ -36,6 +44,7 @@ def test_import_without_triton_falls_back_to_reference():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import syntaxkernels as sk
+            sk.syntax_bias_attention  # the ops load on first use, and say once that they run the reference
         assert any("triton" in str(w.message) for w in caught), [str(w.message) for w in caught]
         trees = sk.TreeBatch.from_heads([[1, -1, 1], [-1, 0]])
         q = torch.randn(2, 2, 3, 8)
@@ -62,7 +71,12 @@ def test_import_without_triton_falls_back_to_reference():
 def test_cli_info_and_verify(tmp_path):
     result = _run("import sys; from syntaxkernels.__main__ import main; sys.exit(main(['info']))")
     assert result.returncode == 0, result.stderr
-    assert "torch" in result.stdout and "C++ extension" in result.stdout
+    for key in ("torch", "C++ extension", "OS", "CPU", "C++ compiler", "CUDA", "treebank",
+                "syntax_bias_attention", "syntax_subnetwork_attention", "tree_distance"):
+        assert key in result.stdout, (key, result.stdout)
+    if not torch.cuda.is_available():  # what "auto" runs on CPU tensors here
+        assert "PyTorch reference" in result.stdout
+    assert all(len(line) <= 100 for line in result.stdout.splitlines()), result.stdout
     out = tmp_path / "verify.json"
     result = subprocess.run([sys.executable, "-m", "syntaxkernels", "verify", "--select", "tree", "--json", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -70,6 +84,10 @@ def test_cli_info_and_verify(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert rows and all(r["status"] in ("pass", "skip") for r in rows)
     assert any(r["status"] == "pass" for r in rows)
+    # progress on stderr, one line per check; the table and the legend fit 100 columns
+    assert sum(line.startswith("[") for line in result.stderr.splitlines()) == len(rows), result.stderr
+    assert all(len(line) <= 100 for line in result.stdout.splitlines()), result.stdout
+    assert "err/bound" in result.stdout and "passed" in result.stdout
 
 
 def test_cli_verify_fails_on_mismatch(monkeypatch):
@@ -85,11 +103,241 @@ def test_cli_verify_fails_on_mismatch(monkeypatch):
     assert main(["verify", "--device", "cpu", "--no-interpret"]) == 1
 
 
-@pytest.mark.parametrize("argv", [["bench", "--select", "tree"]])
-def test_cli_bench_runs(argv, tmp_path):
+def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, capsys):
+    from syntaxkernels import checks
+    from syntaxkernels.checks import Check
+
+    detail = ", ".join(f"d{i} {i}.123456e-02/{i}.654321e-01" for i in range(12))
+
+    class Fake:
+        CHECKS = [Check("a check with a long detail", lambda device: (True, detail))]
+
+    monkeypatch.setattr(checks, "_modules", lambda: iter([("fake", Fake, None)]))
+    from syntaxkernels.__main__ import main
+
+    assert main(["verify", "--device", "cpu", "--no-interpret"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    for i in range(12):  # every figure whole, on some line
+        assert f"d{i} {i}.123456e-02/{i}.654321e-01" in out
+
+
+def test_cli_select_matching_nothing_says_so(capsys):
+    from syntaxkernels.__main__ import main
+
+    assert main(["verify", "--select", "no-such-check", "--no-interpret"]) == 2
+    err = capsys.readouterr().err
+    assert "no check matches --select 'no-such-check'" in err and "bias_attention" in err
+    assert main(["bench", "--select", "no-such-bench"]) == 2
+    assert "no benchmark matches" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the behaviour without CUDA")
+@pytest.mark.parametrize("command", ["verify", "bench"])
+def test_cli_cuda_without_cuda_is_one_line(command, capsys):
+    from syntaxkernels.__main__ import main
+
+    assert main([command, "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and "CUDA is not available" in captured.err
+
+
+def test_cli_rejects_an_unknown_device(capsys):
+    from syntaxkernels.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--device", "gpu"])
+    assert exc.value.code == 2 and "expected cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_cli_help_needs_neither_torch_nor_triton():
+    """The command line is parsed before torch or Triton is imported (here they cannot be)."""
+    code = blocking("torch", "triton", "numpy") + textwrap.dedent(
+        f"""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("cli", {os.path.join(ROOT, "syntaxkernels", "__main__.py")!r})
+        cli = sys.modules["cli"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cli)
+        for argv in (["--help"], ["verify", "--help"], ["bench", "--help"], ["info", "--help"]):
+            try:
+                cli.build_parser().parse_args(argv)
+            except SystemExit as exc:
+                assert exc.code == 0, argv
+        print("OK")
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+    assert "inspect" not in result.stdout  # (a new command is one add_command call)
+    assert "usage: python -m syntaxkernels verify" in result.stdout
+
+
+@pytest.mark.parametrize("block_scipy", [False, True], ids=["with-scipy", "without-scipy"])
+def test_cli_bench_runs(block_scipy, tmp_path):
+    """``bench`` runs to the end on a fresh install: without scipy its rows say why they are missing."""
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, "-m", "syntaxkernels", *argv, "--json", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
+    code = (blocking("scipy") if block_scipy else "") + textwrap.dedent(
+        f"""
+        import sys
+        from syntaxkernels.__main__ import main
+        sys.exit(main(["bench", "--select", "tree_distance", "--json", {str(out)!r}]))
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert rows
+    timed = [r for r in rows if "batch_ms" in r]
+    assert timed and all(r["pairs_per_s"] > 0 for r in timed)
+    scipy_row = next(r for r in rows if r.get("provider") == "scipy shortest_path")
+    if block_scipy:
+        assert "scipy is not installed" in scipy_row["skipped"] and "skipped: scipy is not installed" in result.stdout
+        assert all(r["vs_scipy"] is None for r in timed)
+    else:
+        assert scipy_row["vs_scipy"] == 1.0 and all(r["vs_scipy"] > 0 for r in timed)
+
+
+def test_bench_reports_a_missing_optional_module_and_keeps_going(monkeypatch):
+    from syntaxkernels import checks
+    from syntaxkernels.checks import Bench
+
+    def needs_missing():
+        raise ModuleNotFoundError("No module named 'networkx'", name="networkx")
+
+    class Fake:
+        BENCHES = [Bench("needs networkx", lambda device, quick: needs_missing()),
+                   Bench("broken", lambda device, quick: 1 / 0),
+                   Bench("fine", lambda device, quick: [dict(provider="x", ms=1.0)])]
+
+    monkeypatch.setattr(checks, "_modules", lambda: iter([("fake", Fake, None)]))
+    rows = checks.run_benches("cpu", quick=True)
+    assert rows[0] == dict(bench="needs networkx", skipped=rows[0]["skipped"]) and "networkx is not installed" in \
+        rows[0]["skipped"]
+    assert "ZeroDivisionError" in rows[1]["error"]
+    assert rows[2] == dict(bench="fine", provider="x", ms=1.0)
+
+
+# ------------------------------------------------------------------------------------ verify's checks can fail
+
+
+def test_bias_scale_gradient_is_checked():
+    """A missing, zero, wrongly signed or wrongly scaled bias-scale gradient fails the comparison."""
+    from syntaxkernels.checks import bias_attention as check
+
+    inp = check._inputs("cpu", 2, 2, 9, 8, torch.float32, lengths=[9, 5])
+    grad_out = torch.randn(2, 2, 9, 8, generator=torch.Generator().manual_seed(1))
+    got = check._grads(inp, torch.float32, "reference", grad_out)
+    assert got[5].abs().item() > 0
+    ok, detail = check._against_reference(inp, torch.float32, grad_out, got)
+    assert ok and "dscale" in detail, detail
+    for wrong in (torch.zeros_like(got[5]), -got[5], 1.01 * got[5]):
+        ok, detail = check._against_reference(inp, torch.float32, grad_out, got[:5] + [wrong])
+        assert not ok and "dscale" in detail and "FAIL" in detail, detail
+
+
+triton_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                        reason="program order matters only under TRITON_INTERPRET=1")
+
+
+@triton_interpreter
+def test_shuffled_program_order_runs_every_program_once_in_another_order():
+    import triton
+    import triton.language as tl
+
+    from syntaxkernels.checks import shuffled_program_order
+
+    @triton.jit
+    def arrival(COUNTER, ORDER, TOTAL, BLOCK: tl.constexpr):
+        pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(ORDER + pid, tl.atomic_add(COUNTER, 1))
+        offs = tl.arange(0, BLOCK)
+        tl.atomic_add(TOTAL + offs * 0, tl.load(ORDER + pid + offs * 0), mask=offs < 1)
+
+    def run(seed=None):
+        counter = torch.zeros(1, dtype=torch.int32)
+        order = torch.full((6 * 5,), -1, dtype=torch.int32)
+        total = torch.zeros(1, dtype=torch.int32)
+        if seed is None:
+            arrival[(6, 5)](counter, order, total, BLOCK=2)
+        else:
+            with shuffled_program_order(seed):
+                arrival[(6, 5)](counter, order, total, BLOCK=2)
+        return order
+
+    natural = run()
+    assert natural.tolist() == list(range(30))
+    shuffled = [run(seed) for seed in (1, 2)]
+    for order in shuffled:
+        assert sorted(order.tolist()) == list(range(30))  # every program ran exactly once
+        assert order.tolist() != list(range(30))
+    assert shuffled[0].tolist() != shuffled[1].tolist()
+    assert run().tolist() == list(range(30))  # back to index order after the context
+
+
+@triton_interpreter
+def test_shuffled_order_exposes_an_order_dependent_float_sum():
+    """The determinism check's means: float atomics summed in program order give other bits in another order."""
+    import triton
+    import triton.language as tl
+
+    from syntaxkernels.checks import shuffled_program_order
+
+    @triton.jit
+    def accumulate(X, OUT):
+        pid = tl.program_id(0)
+        tl.atomic_add(OUT, tl.load(X + pid))
+
+    x = torch.tensor([1e8, 1.0, -1e8, 3.0, 1e-3, 7.0, -2.5e7, 0.5] * 8, dtype=torch.float32)
+
+    def run(seed):
+        out = torch.zeros(1, dtype=torch.float32)
+        with shuffled_program_order(seed):
+            accumulate[(x.numel(),)](x, out)
+        return out.item()
+
+    assert len({run(seed) for seed in range(1, 6)}) > 1
+
+
+def test_determinism_check_fails_when_runs_differ(monkeypatch):
+    from syntaxkernels.checks import bias_attention as check
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check's CPU path (the fake below runs no kernel)
+    calls = []
+    real = check._grads
+
+    def fake(inp, dtype, backend, grad_out, **kw):
+        if backend == "triton":
+            backend = "reference"
+            calls.append(kw.get("deterministic"))
+        out = real(inp, dtype, backend, grad_out, **kw)
+        if kw.get("deterministic") and len(calls) == 3:  # the third deterministic run is off by one ulp
+            out[4] = torch.nextafter(out[4], torch.full_like(out[4], float("inf")))
+        return out
+
+    monkeypatch.setattr(check, "_grads", fake)
+    monkeypatch.setattr(check, "_shape", lambda device, small, large: (2, 2, 12, 8))
+    ok, detail = check.check_deterministic("cpu")
+    assert not ok and "dtable differ" in detail, detail
+    calls.clear()
+    monkeypatch.setattr(check, "_grads", lambda *a, **kw: real(*a[:2], "reference", *a[3:], **kw))
+    ok, detail = check.check_deterministic("cpu")
+    assert ok and "bit-identical" in detail and "control" in detail, detail
+
+
+def test_torch_compile_sees_no_lru_cache_in_dispatch():
+    import syntaxkernels as sk
+
+    trees = sk.TreeBatch.from_heads([[1, -1, 1, 2], [-1, 0, 0]])
+    buckets = sk.BucketSpec()
+    table = torch.zeros(buckets.num_buckets)
+    q = torch.randn(2, 2, 4, 16)
+
+    def attention(q):
+        return sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=buckets, lengths=trees.lengths,
+                                        backend="reference")
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(attention, fullgraph=True, backend="eager")(q)
+    assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]

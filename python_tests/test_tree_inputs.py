@@ -3,6 +3,7 @@
 The tokenizers are built locally (WordPiece + BertPreTokenizer + TemplateProcessing wrapped in
 PreTrainedTokenizerFast): no hub download.
 """
+import importlib.util
 import io
 import pickle
 import random
@@ -198,6 +199,10 @@ def test_from_self_root():
 
 # ---------------------------------------------------------------------------------------------- stanza
 
+#: stanza is an optional dependency (the [test] extra); the GPU machine, for one, does not have it.
+needs_stanza = pytest.mark.skipif(importlib.util.find_spec("stanza") is None,
+                                  reason="stanza is not installed (optional: pip install stanza, or the [test] extra)")
+
 def _compare(ours, theirs):
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
@@ -207,6 +212,7 @@ def _compare(ours, theirs):
         assert a.sent_id == b.sent_id and a.text == b.text
 
 
+@needs_stanza
 def test_from_stanza_hand_written():
     from stanza.utils.conll import CoNLL
 
@@ -214,6 +220,7 @@ def test_from_stanza_hand_written():
     _compare(from_stanza(doc), read_conllu(HAND))
 
 
+@needs_stanza
 def test_from_stanza_treebank(ud_dev_path):
     from stanza.utils.conll import CoNLL
 
@@ -222,6 +229,7 @@ def test_from_stanza_treebank(ud_dev_path):
     _compare(from_stanza(CoNLL.conll2doc(input_str=text)), read_conllu(text))
 
 
+@needs_stanza
 def test_from_stanza_errors():
     import stanza
 
@@ -248,6 +256,7 @@ def test_parse_with_stanza_missing_models_is_clear(tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "resources.json"]  # nothing was downloaded
 
 
+@needs_stanza
 def test_parse_with_stanza_builds_a_no_download_pipeline(tmp_path, monkeypatch):
     import stanza
 
@@ -293,6 +302,7 @@ class _FakePipeline:
         return CoNLL.conll2doc(input_str=self.conllu)
 
 
+@needs_stanza
 def test_parse_with_stanza_inputs():
     fake = _FakePipeline(HAND)
     out = parse_with_stanza("I don't know. Sue likes coffee and tea", pipeline=fake)
@@ -709,3 +719,40 @@ def test_collate_in_dataloader_workers_and_pin_memory(tokenizer):
                                                    collate_fn=TreeCollator(tokenizer=tokenizer))
     for batch in sentences_loader:
         _assert_one_tree(batch["trees"].heads, batch["trees"].lengths)
+
+
+# ------------------------------------------------------------------------------- where the treebank comes from
+
+
+def test_treebank_path_follows_the_environment(tmp_path, monkeypatch):
+    from syntaxkernels import data
+    from syntaxkernels.checks import trees as tree_checks
+
+    small = tmp_path / "tiny.conllu"
+    small.write_text(HAND)
+    monkeypatch.setenv(data.ENV_VAR, str(small))
+    assert data.ENV_VAR == "SYNTAXKERNELS_UD"
+    assert data.treebank_path() == small and data.require_treebank() == small
+    assert tree_checks.treebank_sentences() == [list(s.heads) for s in read_conllu(HAND)]
+    ok, detail = tree_checks.check_treebank("cpu")
+    assert ok and f"{len(read_conllu(HAND))} treebank sentences" in detail
+    monkeypatch.delenv(data.ENV_VAR)
+    assert data.treebank_path() == data.default_treebank_path()
+    assert data.default_treebank_path().parts[-4:] == ("shared", "data", "ud", "en_ewt-ud-dev.conllu")
+
+
+def test_a_missing_treebank_says_how_to_provide_it(tmp_path, monkeypatch):
+    from syntaxkernels import data
+    from syntaxkernels.checks import Skip
+    from syntaxkernels.checks import trees as tree_checks
+
+    monkeypatch.setenv(data.ENV_VAR, str(tmp_path / "absent.conllu"))
+    assert not data.treebank_available()
+    with pytest.raises(FileNotFoundError, match="SYNTAXKERNELS_UD=.*absent.conllu does not name an existing file"):
+        data.require_treebank()
+    with pytest.raises(Skip, match="set SYNTAXKERNELS_UD to a CoNLL-U file"):
+        tree_checks.check_treebank("cpu")
+    source, batches = tree_checks.benchmark_batches(32, count=2)
+    assert "generated" in source and "SYNTAXKERNELS_UD" in source and len(batches) == 2
+    monkeypatch.setenv(data.ENV_VAR, "")  # empty counts as unset
+    assert data.treebank_path() == data.default_treebank_path()

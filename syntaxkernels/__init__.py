@@ -1,6 +1,6 @@
 """syntaxkernels: fast syntax-tree-aware attention for PyTorch.
 
-Public API (DESIGN.md §3)::
+Public API (docs/api.md)::
 
     sk.tree_distance(heads, lengths=None) -> uint8 [B, N, N]
     sk.TreeBatch.from_heads(heads, lengths=None)
@@ -8,13 +8,29 @@ Public API (DESIGN.md §3)::
     sk.syntax_bias_attention(q, k, v, distance, table, *, buckets, ...)
     sk.syntax_subnetwork_attention(q, k, v, trees, masks, *, ...)
     sk.reference.<same names>, sk.trees, sk.nn
+
+Names load on first use (PEP 562), so ``import syntaxkernels`` and ``python -m syntaxkernels --help`` do not
+import torch or Triton; the first use of an op imports them (and, without Triton, warns once that the ops run
+the reference).
 """
-from . import reference, trees
-from .ops import syntax_bias_attention, syntax_subnetwork_attention
-from .specs import BucketSpec, MaskSpec
-from .trees import TreeBatch, tree_distance
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "BucketSpec": (".specs", "BucketSpec"),
+    "MaskSpec": (".specs", "MaskSpec"),
+    "TreeBatch": (".trees", "TreeBatch"),
+    "tree_distance": (".trees", "tree_distance"),
+    "syntax_bias_attention": (".ops", "syntax_bias_attention"),
+    "syntax_subnetwork_attention": (".ops", "syntax_subnetwork_attention"),
+    "reference": (".reference", None),
+    "trees": (".trees", None),
+    "nn": (".nn", None),
+    "integrations": (".integrations", None),
+    "ops": (".ops", None),
+}
 
 __all__ = [
     "BucketSpec",
@@ -31,11 +47,14 @@ __all__ = [
 
 
 def __getattr__(name):
-    # nn and the integrations import torch.nn machinery; load them on first use.
-    if name in ("nn", "integrations"):
-        import importlib
+    if name not in _LAZY:
+        raise AttributeError(f"module 'syntaxkernels' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name, __name__)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
 
-        module = importlib.import_module(f".{name}", __name__)
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'syntaxkernels' has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

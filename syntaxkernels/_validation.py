@@ -84,33 +84,52 @@ def check_bias_scale(bias_scale, q: torch.Tensor) -> None:
         raise ValueError(f"bias_scale is on {bias_scale.device} but q is on {q.device}")
 
 
+def _on_host(tensor: torch.Tensor) -> bool:
+    """Whether reading ``tensor``'s values costs no device synchronisation (a test may pretend otherwise)."""
+    return tensor.device.type == "cpu"
+
+
 def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
     """``lengths`` as ``int64 [B]`` on q's device, from ``int [B]`` or a boolean key-padding mask
-    ``[B, N]`` (True = padding, as in ``nn.MultiheadAttention``; it must pad a suffix)."""
+    ``[B, N]`` (True = padding, as in ``nn.MultiheadAttention``; it must pad a suffix).
+
+    Values are checked where they live without a host synchronisation: a CPU tensor (or a list) is checked
+    here, with a ``ValueError`` naming the batch item, before it moves to q's device; a tensor already on a
+    GPU is checked by a device-side assertion (``torch._assert_async``), which fails at the next
+    synchronisation instead of stalling the stream now.
+    """
     if lengths is None:
         return None
     B, _, N, _ = q.shape
-    lengths = torch.as_tensor(lengths, device=q.device)
+    if not isinstance(lengths, torch.Tensor):
+        lengths = torch.as_tensor(lengths)
+    on_host = _on_host(lengths)
     if lengths.dtype == torch.bool:
         if tuple(lengths.shape) != (B, N):
             raise ValueError(f"a boolean key-padding mask must have shape [B, N] = [{B}, {N}], got {tuple(lengths.shape)}")
         valid = ~lengths
         counts = valid.sum(dim=1)
         if not compiling():
-            prefix = torch.arange(N, device=q.device)[None, :] < counts[:, None]
+            prefix = torch.arange(N, device=lengths.device)[None, :] < counts[:, None]
             bad = (prefix != valid).any(dim=1)
-            if bool(bad.any()):
-                b = int(bad.nonzero()[0, 0])
-                raise ValueError(f"batch item {b}: the key-padding mask must pad a suffix (valid tokens first)")
-        return counts.to(torch.int64)
+            if on_host:
+                if bool(bad.any()):
+                    b = int(bad.nonzero()[0, 0])
+                    raise ValueError(f"batch item {b}: the key-padding mask must pad a suffix (valid tokens first)")
+            else:
+                torch._assert_async(~bad.any(), "the key-padding mask must pad a suffix (valid tokens first)")
+        return counts.to(device=q.device, dtype=torch.int64, non_blocking=True)
     if lengths.dtype.is_floating_point or lengths.dim() != 1 or lengths.shape[0] != B:
         raise ValueError(f"lengths must be an integer tensor [B] = [{B}], got {lengths.dtype} {tuple(lengths.shape)}")
     if not compiling():
         bad = (lengths < 0) | (lengths > N)
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} is outside 0..N = 0..{N}")
-    return lengths.to(torch.int64)
+        if on_host:
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0, 0])
+                raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} is outside 0..N = 0..{N}")
+        else:
+            torch._assert_async(~bad.any(), f"lengths must be in 0..N = 0..{N}")
+    return lengths.to(device=q.device, dtype=torch.int64, non_blocking=True)
 
 
 def check_window(window) -> None:

@@ -6,11 +6,15 @@ small absolute floor per dtype for outputs that the low-precision reference happ
 """
 from __future__ import annotations
 
-from typing import Dict
+import contextlib
+import os
+import sys
+from typing import Dict, Iterator, List
 
 import torch
 
-__all__ = ["ABS_FLOOR", "error_bound", "assert_close_to_reference", "compare_to_reference"]
+__all__ = ["ABS_FLOOR", "error_bound", "assert_close_to_reference", "compare_to_reference", "count_host_reads",
+           "HOST_READS"]
 
 ABS_FLOOR: Dict[torch.dtype, float] = {
     torch.float64: 1e-10,
@@ -46,3 +50,38 @@ def assert_close_to_reference(actual: torch.Tensor, ref_fp64: torch.Tensor, ref_
     if not ok:
         raise AssertionError(f"{name}: max abs error {err:.3e} > bound {bound:.3e} (dtype {actual.dtype}, shape "
                              f"{tuple(actual.shape)})")
+
+
+#: Tensor methods that read a value back to the host (a device synchronisation on a GPU tensor).
+HOST_READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu")
+
+
+@contextlib.contextmanager
+def count_host_reads() -> Iterator[List[str]]:
+    """Record every host read (:data:`HOST_READS`) that the package's own code makes inside the block.
+
+    Yields a list that fills with ``"method at file:line"`` entries; reads made by other code (tests, Triton's
+    interpreter, PyTorch) are not recorded. On a GPU each recorded read would stall the stream and break
+    CUDA-graph capture, so a valid call of a fused op should record none.
+    """
+    package = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.abspath(__file__)
+    reads: List[str] = []
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(name, original):
+        def read(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if filename.startswith(package) and filename != here:
+                reads.append(f"{name} at {os.path.relpath(filename, package)}:{frame.f_lineno}")
+            return original(self, *args, **kwargs)
+        return read
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counting(name, original))
+    try:
+        yield reads
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)

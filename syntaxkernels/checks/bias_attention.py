@@ -2,7 +2,9 @@
 
 CHECKS: the Triton kernels against the fp64 reference (forward and the q, k, v, table and bias-scale
 gradients) on the current device: CUDA at real sizes, or CPU under ``TRITON_INTERPRET=1`` at small sizes
-(skipped otherwise); plus a bit-identical check of ``deterministic=True``.
+(skipped otherwise); and ``deterministic=True``: close to the reference, and bit-identical over repeated runs
+(on CPU the interpreter runs the programs in shuffled orders, see
+:func:`syntaxkernels.checks.shuffled_program_order`, since in index order every run is trivially the same).
 BENCHES: forward and forward+backward times of the kernel and the reference on CUDA (skipped on CPU).
 """
 from __future__ import annotations
@@ -12,7 +14,14 @@ import random
 
 import torch
 
-from . import Bench, Check, Skip
+from . import Bench, Check, Skip, shuffled_program_order
+
+#: Names of what :func:`_grads` returns, in order.
+OUTPUTS = ("out", "dq", "dk", "dv", "dtable", "dscale")
+#: The bias strength c (``bias_scale``) every check differentiates.
+BIAS_SCALE = 0.9
+#: Largest relative mismatch allowed in ``c * dscale == sum(table * dtable)`` (fp32 sums in another order).
+IDENTITY_TOLERANCE = 1e-3
 
 
 def _usable(device: str) -> None:
@@ -46,30 +55,65 @@ def _grads(inp, dtype, backend, grad_out, **kw):
     pdtype = torch.float64 if dtype == torch.float64 else torch.float32
     q, k, v = (inp[n].to(device, dtype).requires_grad_() for n in ("q", "k", "v"))
     table = inp["table"].to(device, pdtype).requires_grad_()
-    c = torch.tensor([0.9], device=device, dtype=pdtype, requires_grad=True)
+    c = torch.tensor([BIAS_SCALE], device=device, dtype=pdtype, requires_grad=True)
     out = sk.syntax_bias_attention(q, k, v, inp["distance"], table, buckets=inp["buckets"], bias_scale=c,
                                    lengths=inp["lengths"], backend=backend, **kw)
-    grads = torch.autograd.grad(out, (q, k, v, table), grad_out.to(device, dtype))
+    grads = torch.autograd.grad(out, (q, k, v, table, c), grad_out.to(device, dtype))
     return [out, *grads]
 
 
-def _compare(device, shape, dtype, **kw):
+def _scale_gradient(inp, got, ref64, reflp):
+    """``(ok, err, bound, mismatch)`` for the bias-scale gradient ``dscale`` (one scalar).
+
+    With ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]`` and ``G[t]`` the sum of dS over the pairs in
+    bucket t, ``dtable = c * G`` and ``dscale = sum_t table[t] * G[t]``. So (1) ``c * dscale`` must equal
+    ``sum(table * dtable)`` of the same run up to fp32 summation order (``mismatch``, relative to
+    ``sum |table * dtable|``): a scale gradient that is missing, zero, of the wrong sign or computed from
+    other sums fails this; and (2) ``dscale`` must be as close to the fp64 reference as the dtable bound allows
+    once propagated through that sum (``||table||_1 * bound(dtable) / |c|``), or as the usual rule allows
+    (a single scalar of the low-precision reference can be accurate by luck, which makes that rule alone
+    fragile).
+    """
     from ..testing import compare_to_reference
 
+    _, _, dtable_bound = compare_to_reference(got[4], ref64[4], reflp[4])
+    _, err, rule_bound = compare_to_reference(got[5], ref64[5], reflp[5])
+    table = inp["table"].to(got[4].device, torch.float64)
+    propagated = table.abs().sum().item() * dtable_bound / abs(BIAS_SCALE)
+    bound = max(rule_bound, propagated)
+    products = table * got[4].detach().double()
+    mismatch = abs(BIAS_SCALE * got[5].detach().double().sum().item() - products.sum().item())
+    mismatch /= max(products.abs().sum().item(), 1e-30)
+    return err <= bound and mismatch <= IDENTITY_TOLERANCE, err, bound, mismatch
+
+
+def _against_reference(inp, dtype, grad_out, got, **kw):
+    """``(ok, detail)``: each of :data:`OUTPUTS` of ``got`` against the fp64 reference, as ``name err/bound``
+    (``dscale`` by :func:`_scale_gradient`, its identity mismatch in brackets)."""
+    from ..testing import compare_to_reference
+
+    ref64 = _grads(inp, torch.float64, "reference", grad_out, **kw)
+    reflp = _grads(inp, dtype, "reference", grad_out, **kw)
+    details, ok = [], True
+    for name, a, r64, rlp in zip(OUTPUTS[:5], got, ref64, reflp):
+        good, err, bound = compare_to_reference(a, r64, rlp)
+        ok &= good
+        details.append(f"{name} {err:.1e}/{bound:.1e}" + ("" if good else " FAIL"))
+    good, err, bound, mismatch = _scale_gradient(inp, got, ref64, reflp)
+    ok &= good
+    details.append(f"dscale {err:.1e}/{bound:.1e} [c*dscale vs sum(table*dtable): {mismatch:.0e}]"
+                   + ("" if good else " FAIL"))
+    return ok, ", ".join(details)
+
+
+def _compare(device, shape, dtype, **kw):
     _usable(device)
     lengths = kw.pop("lengths", None)
     per_head = kw.pop("per_head", False)
     inp = _inputs(device, *shape, dtype, lengths=lengths, per_head=per_head)
     grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     got = _grads(inp, dtype, "triton", grad_out, **kw)
-    ref64 = _grads(inp, torch.float64, "reference", grad_out, **kw)
-    reflp = _grads(inp, dtype, "reference", grad_out, **kw)
-    details, ok = [], True
-    for name, a, r64, rlp in zip(("out", "dq", "dk", "dv", "dtable"), got, ref64, reflp):
-        good, err, bound = compare_to_reference(a, r64, rlp)
-        ok &= good
-        details.append(f"{name} {err:.1e}/{bound:.1e}")
-    return ok, ", ".join(details)
+    return _against_reference(inp, dtype, grad_out, got, **kw)
 
 
 def _shape(device, small, large):
@@ -91,15 +135,52 @@ def check_fp32_window(device):
     return _compare(device, shape, torch.float32, window=3)
 
 
+def _runs(device, count, run):
+    """``count`` results of ``run()``: on CUDA plain repeats; under the interpreter each with its programs in
+    another order (seeds 1..count), the way a GPU may schedule them."""
+    if device == "cpu":
+        results = []
+        for seed in range(1, count + 1):
+            with shuffled_program_order(seed):
+                results.append(run())
+        return results
+    return [run() for _ in range(count)]
+
+
+def _bits_differ(a, b):
+    return [name for name, x, y in zip(OUTPUTS, a, b) if not torch.equal(x, y)]
+
+
 def check_deterministic(device):
+    """``deterministic=True`` gives the reference's values and the same bits on every run.
+
+    A kernel compared with itself in one fixed order cannot fail, so: (1) the values are checked against the
+    fp64 reference, which a consistently wrong kernel fails; (2) repeated runs must match bit for bit, on CPU
+    with the programs of every launch in a shuffled order (an order-dependent reduction then changes bits);
+    (3) as a control, ``deterministic=False`` is run the same way and the detail says whether its bits varied.
+    """
     _usable(device)
     shape = _shape(device, (2, 2, 64, 32), (2, 8, 1024, 64))
-    inp = _inputs(device, *shape, torch.bfloat16)
+    lengths = [shape[2], shape[2] // 2 + 1]
+    inp = _inputs(device, *shape, torch.bfloat16, lengths=lengths)
     grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
-    a = _grads(inp, torch.bfloat16, "triton", grad_out, deterministic=True)
-    b = _grads(inp, torch.bfloat16, "triton", grad_out, deterministic=True)
-    same = all(torch.equal(x, y) for x, y in zip(a, b))
-    return same, "bit-identical" if same else "gradients differ between two runs"
+    first = _grads(inp, torch.bfloat16, "triton", grad_out, deterministic=True)
+    ok, detail = _against_reference(inp, torch.bfloat16, grad_out, first, deterministic=True)
+    repeats = 2 if device == "cpu" else 4
+    how = "shuffled program order" if device == "cpu" else "repeated run"
+    for k, again in enumerate(_runs(device, repeats, lambda: _grads(inp, torch.bfloat16, "triton", grad_out,
+                                                                      deterministic=True))):
+        differ = _bits_differ(first, again)
+        if differ:
+            return False, f"deterministic=True: {', '.join(differ)} differ in {how} {k + 1}; {detail}"
+    control = _runs(device, 2, lambda: _grads(inp, torch.bfloat16, "triton", grad_out, deterministic=False))
+    varied = _bits_differ(control[0], control[1])
+    control_note = (f"deterministic=False varied in {', '.join(varied)}" if varied
+                    else "deterministic=False did not vary either")
+    summary = (f"bit-identical in index order and {repeats} shuffled program orders" if device == "cpu"
+               else f"bit-identical over {repeats + 1} runs")
+    summary += f" (control: {control_note})"
+    return ok, f"{summary}; {detail}"
 
 
 CHECKS = [
@@ -135,4 +216,35 @@ def bench_times(device, quick):
     return rows
 
 
-BENCHES = [Bench("bias_attention.times", bench_times)]
+def bench_inspect(device, quick):
+    """Without a GPU: the cost model of the bias kernels as a real sm_90 launch compiles them (bf16, D = 64,
+    N = 1024; ``python -m syntaxkernels inspect`` reports every kernel and config for sm_80 and sm_90)."""
+    if device == "cuda":
+        raise Skip("a GPU is here: bias_attention.times measures instead")
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/inspect.json"
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--arch", "90", "--processes", "1",
+                               "--select", "bias_attention bf16 D64 N1024 dense", "--json", out], env=env,
+                              capture_output=True, text=True)
+        if not os.path.exists(out):
+            raise RuntimeError(f"inspect failed: {proc.stderr[-2000:]}")
+        with open(out) as f:
+            reports = json.load(f)["reports"]
+    rows = []
+    for r in reports:
+        if r["other_per_unit"] is None:
+            continue
+        rows.append(dict(kernel=r["kernel"].strip("_").replace("_kernel", ""), sm=r["arch"], tile=r["tile"],
+                         regs=r["registers"], instr_per_elem=r["other_per_unit"], all_branches=r["all_per_unit"],
+                         ex2_per_elem=r["ex2_per_unit"], plain=r["plain_other_per_unit"], ratio=r["ratio"],
+                         note="model, not a measurement (SASS of the launch as compiled)"))
+    return rows
+
+
+BENCHES = [Bench("bias_attention.times", bench_times), Bench("bias_attention.inspect", bench_inspect)]

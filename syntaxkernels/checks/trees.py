@@ -7,7 +7,6 @@ saturating at 254), plus generated forests and the shared treebank in batches of
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from pathlib import Path
@@ -20,10 +19,6 @@ from . import Bench, Check, Skip
 
 Heads = Sequence[int]
 
-UD_DEV = Path(os.environ.get(
-    "SYNTAXKERNELS_UD_DEV",
-    Path(__file__).resolve().parents[3] / "shared" / "data" / "ud" / "en_ewt-ud-dev.conllu",
-))
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -46,12 +41,16 @@ def generated_sentences(count: int, seed: int = 0, max_length: int = 40) -> List
 
 
 def treebank_sentences(path: Optional[Path] = None) -> List[List[int]]:
-    """0-based heads of every sentence of the shared UD treebank; raises FileNotFoundError when absent."""
+    """0-based heads of every sentence of the treebank (``path``, default :func:`syntaxkernels.data.treebank_path`,
+    i.e. ``$SYNTAXKERNELS_UD``); raises :class:`syntaxkernels.data.TreebankNotFound` (a ``FileNotFoundError``
+    saying how to provide it) when absent."""
+    from ..data import TreebankNotFound, missing_message, require_treebank
     from ..trees import read_conllu
 
-    path = Path(path or UD_DEV)
-    if not path.exists():
-        raise FileNotFoundError(f"treebank not present at {path}")
+    if path is None:
+        path = require_treebank()
+    elif not Path(path).is_file():
+        raise TreebankNotFound(missing_message(Path(path)))
     return [list(sentence.heads) for sentence in read_conllu(path)]
 
 
@@ -65,8 +64,10 @@ def benchmark_batches(batch_size: int = 32, count: Optional[int] = None) -> Tupl
         sentences = treebank_sentences()
         source = f"UD English-EWT dev ({len(sentences)} sentences)"
     except FileNotFoundError:
+        from ..data import ENV_VAR
+
         sentences = generated_sentences(2000)
-        source = "generated forests (2000 sentences, lengths 1-40)"
+        source = f"generated forests (2000 sentences, lengths 1-40; no treebank: set {ENV_VAR})"
     result = batches(sentences, batch_size)
     if count is not None:
         result = result[:count]
@@ -243,6 +244,15 @@ def check_cpp_vs_bfs(device: str) -> Tuple[bool, str]:
     return _compare_builders(sentences, pad=5, use_cpp=True)
 
 
+def has_scipy() -> bool:
+    """True when scipy's graph routines import (scipy is optional: the ``test`` and ``bench`` extras)."""
+    try:
+        import scipy.sparse.csgraph  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def check_treebank(device: str) -> Tuple[bool, str]:
     from ..trees import tree_distance
 
@@ -250,15 +260,17 @@ def check_treebank(device: str) -> Tuple[bool, str]:
         sentences = treebank_sentences()
     except FileNotFoundError as exc:
         raise Skip(str(exc))
+    oracle, oracle_name = ((scipy_tree_distance, "scipy shortest_path") if has_scipy()
+                           else (bfs_tree_distance, "the BFS oracle (scipy is not installed)"))
     for k, batch in enumerate(batches(sentences, 32)):
         got = tree_distance(batch).numpy()
-        want = scipy_tree_distance(batch)
+        want = oracle(batch)
         if not np.array_equal(got, want):
-            return False, f"batch {k}: tree_distance differs from scipy at {tuple(np.argwhere(got != want)[0])}"
+            return False, f"batch {k}: tree_distance differs from {oracle_name} at {tuple(np.argwhere(got != want)[0])}"
     from .. import _ext
 
     builder = "C++" if _ext.available() else "Python"
-    return True, f"{len(sentences)} treebank sentences ({builder} builder) == scipy shortest_path"
+    return True, f"{len(sentences)} treebank sentences ({builder} builder) == {oracle_name}"
 
 
 BAD_INPUTS = [
@@ -332,7 +344,7 @@ def check_cuda(device: str) -> Tuple[bool, str]:
 CHECKS = [
     Check("trees: Python builder == BFS oracle", check_python_vs_bfs),
     Check("trees: C++ builder == Python == BFS oracle", check_cpp_vs_bfs),
-    Check("trees: treebank == scipy shortest_path", check_treebank),
+    Check("trees: treebank == shortest paths", check_treebank),
     Check("trees: bad inputs, same errors C++/Python", check_errors),
     Check("trees: CUDA builder == C++", check_cuda),
 ]
@@ -359,14 +371,20 @@ def time_per_batch(fn: Callable, batch_list: Sequence, min_seconds: float = 0.2,
 
 
 def bench_tree_distance(device: str, quick: bool) -> List[dict]:
-    """Per-batch time of each builder on batches of 32 sentences, with its ratio to scipy and pairs/s."""
+    """Per-batch time of each builder on batches of 32 sentences, with its ratio to scipy and pairs/s.
+
+    Without scipy (an optional dependency) the builders are still checked (against the BFS oracle) and timed;
+    the scipy row says why it is missing and ``vs_scipy`` is left empty.
+    """
     from .. import _ext
     from ..trees import python_tree_tensors
 
     source, batch_list = benchmark_batches(32, count=8 if quick else None)
     tensors = [padded(b) for b in batch_list]
     pairs = sum(pair_count(b) for b in batch_list) / len(batch_list)
-    want = [scipy_tree_distance(b) for b in batch_list]
+    scipy_ok = has_scipy()
+    oracle = scipy_tree_distance if scipy_ok else bfs_tree_distance
+    want = [oracle(b) for b in batch_list]
     providers: List[Tuple[str, Callable, Sequence, Callable]] = []
     module = _ext.load()
     if module is not None:
@@ -381,15 +399,20 @@ def bench_tree_distance(device: str, quick: bool) -> List[dict]:
     for name, fn, inputs, _ in providers:  # correctness before timing
         for k, item in enumerate(inputs):
             if not np.array_equal(fn(item)[0].cpu().numpy(), want[k]):
-                raise AssertionError(f"{name} differs from scipy on batch {k}")
-    scipy_s = time_per_batch(scipy_tree_distance, batch_list, min_seconds=0.1 if quick else 0.5)
+                raise AssertionError(f"{name} differs from {oracle.__name__} on batch {k}")
+    min_seconds = 0.1 if quick else 0.5
+    scipy_s = time_per_batch(scipy_tree_distance, batch_list, min_seconds=min_seconds) if scipy_ok else None
     rows = []
     for name, fn, inputs, sync in providers:
-        seconds = time_per_batch(fn, inputs, min_seconds=0.1 if quick else 0.5, sync=sync)
-        rows.append(dict(provider=name, batch_ms=seconds * 1e3, vs_scipy=scipy_s / seconds,
+        seconds = time_per_batch(fn, inputs, min_seconds=min_seconds, sync=sync)
+        rows.append(dict(provider=name, batch_ms=seconds * 1e3, vs_scipy=scipy_s / seconds if scipy_s else None,
                          pairs_per_s=pairs / seconds, data=source))
-    rows.append(dict(provider="scipy shortest_path", batch_ms=scipy_s * 1e3, vs_scipy=1.0,
-                     pairs_per_s=pairs / scipy_s, data=source))
+    if scipy_ok:
+        rows.append(dict(provider="scipy shortest_path", batch_ms=scipy_s * 1e3, vs_scipy=1.0,
+                         pairs_per_s=pairs / scipy_s, data=source))
+    else:
+        rows.append(dict(provider="scipy shortest_path",
+                         skipped="scipy is not installed (pip install scipy, or the [bench] extra)"))
     return rows
 
 

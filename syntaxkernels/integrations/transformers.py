@@ -59,8 +59,11 @@ the probe live in ``encoder`` and shard with the root) synchronise them like any
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import logging
 import os
+import re
 from dataclasses import asdict
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -271,8 +274,46 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> Optional[str]:
+    """Why the trees' lengths disagree with the padding mask (``bool [B, N]``, None = all valid), read on the
+    host; None when they agree."""
+    positions = torch.arange(n)
+    tree_valid = positions[None, :] < tree_lengths[:, None]
+    expected = valid if valid is not None else torch.ones_like(tree_valid)
+    bad = (tree_valid != expected).any(dim=1)
+    if not bool(bad.any()):
+        return None
+    b = int(bad.nonzero()[0, 0])
+    return (f"batch item {b}: syntax_trees has {int(tree_lengths[b])} tokens but the attention mask attends "
+            f"{int(expected[b].sum())} (of N = {n}); the trees' lengths must equal the attention mask, which must "
+            "pad on the right (valid tokens first)")
+
+
+def _on_host(*tensors: Optional[torch.Tensor]) -> bool:
+    """True when every given tensor is in CPU memory, so reading it costs no device synchronisation."""
+    return all(t is None or t.device.type == "cpu" for t in tensors)
+
+
+def _assert_lengths_on_device(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> None:
+    """Queue the lengths check on the device: no host read; a mismatch fails the next synchronising call
+    (CUDA: a device-side assertion; on CPU it raises at once)."""
+    if valid is not None:
+        tree_valid = torch.arange(n, device=valid.device)[None, :] < tree_lengths.to(valid.device)[:, None]
+        agree = (tree_valid == valid).all()
+    else:
+        agree = (tree_lengths == n).all()
+    torch._assert_async(agree, "syntax_trees' lengths differ from the attention mask (which must pad on the "
+                               "right, valid tokens first); run the batch on CPU to see which item")
+
+
 def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> TreeBatch:
-    """Validate ``syntax_trees`` against the hidden states ``[B, N, E]`` and the padding mask; move it."""
+    """Validate ``syntax_trees`` against the hidden states ``[B, N, E]`` and the padding mask; move it.
+
+    Shapes are compared on the host (metadata only). The lengths must equal the mask's valid prefix: where
+    both are still in CPU memory (trees from a collator and a CPU mask) they are read there and a mismatch
+    raises a ``ValueError`` naming the batch item; otherwise (a CUDA model) the check is a device-side
+    assertion, so a valid batch costs no host synchronisation. Skipped while ``torch.compile`` traces.
+    """
     if not isinstance(trees, TreeBatch):
         raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch, got {type(trees).__name__}")
     B, N = hidden.shape[:2]
@@ -280,20 +321,16 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
         raise ValueError(f"syntax_trees must cover the token sequence: expected batch {B} and N = {N} tokens "
                          f"(distance [B, N, N] = [{B}, {N}, {N}]), got distance {tuple(trees.distance.shape)}; "
                          "build it on the token-level heads padded to the input_ids length")
+    checked = _compiling()
+    if not checked and _on_host(trees.lengths, valid):
+        message = _lengths_mismatch_message(trees.lengths, valid, N)
+        if message is not None:
+            raise ValueError(message)
+        checked = True
     if trees.device != hidden.device:
         trees = trees.to(hidden.device, non_blocking=True)
-    if not _compiling():
-        positions = torch.arange(N, device=hidden.device)
-        tree_valid = positions[None, :] < trees.lengths[:, None]
-        expected = valid if valid is not None else torch.ones_like(tree_valid)
-        bad = (tree_valid != expected).any(dim=1)
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"batch item {b}: syntax_trees has {int(trees.lengths[b])} tokens but the attention mask attends "
-                f"{int(expected[b].sum())} (of N = {N}); the trees' lengths must equal the attention mask, which "
-                "must pad on the right (valid tokens first)"
-            )
+    if not checked:
+        _assert_lengths_on_device(trees.lengths, valid, N)
     return trees
 
 
@@ -416,6 +453,25 @@ def _self_attention_modules(base: nn.Module):
     return [layer.attention.self for layer in base.encoder.layer]
 
 
+def _use_own_config(model: nn.Module) -> None:
+    """Give ``model`` private copies of the configuration objects its modules hold.
+
+    transformers models keep a reference to the config object they were built from (the model, the base
+    model and the attention modules all read it), and several models may be built from one object. Enabling
+    syntax attention writes to the config (``syntax_attention``, the attention implementation), so the model
+    first switches every such reference to a deep copy (one copy per object, shared sub-configs stay shared):
+    other models built from the same object are left exactly as they were.
+    """
+    memo: Dict[int, Any] = {}
+    copies: Dict[int, Any] = {}
+    for module in model.modules():
+        config = module.__dict__.get("config")
+        if isinstance(config, transformers.PretrainedConfig):
+            if id(config) not in copies:
+                copies[id(config)] = copy.deepcopy(config, memo)
+            module.config = copies[id(config)]
+
+
 def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[BucketSpec, dict, None] = None,
                             per_head: bool = False, learnable_scale: bool = True, window: Optional[int] = None,
                             masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
@@ -444,7 +500,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
-        ``"syntaxkernels"``). Forward then needs ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` =
+        ``"syntaxkernels"``). The model gets its own copy of its config first (``model.config`` is then a new
+        object), so other models built from the same config object are not changed. Forward then needs ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` =
         POS ids ``int64 [B, N]`` for "gat", e.g. from :func:`token_pos_ids`; without it every token gets
         tag 0, "unknown").
 
@@ -478,6 +535,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     num_heads = config.num_attention_heads
     head_dim = config.hidden_size // num_heads
     chosen = _as_layers(layers, config.num_hidden_layers)
+    _use_own_config(model)  # everything below writes to this model's own copy
+    config = base.config
     reference_param = next(model.parameters())
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
 
@@ -598,15 +657,50 @@ def syntax_aux_loss(model, *, parts: bool = False):
     return losses if parts else losses[0] + losses[1]
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SYNTAX_KEY = re.compile(r"(^|\.)(syntax|syntax_gat|syntax_probe)(\.|$)")
+
+
+class _SyntaxKeysReportFilter(logging.Filter):
+    """Drops transformers' weight-loading report when all it reports is syntax parameters as UNEXPECTED.
+
+    ``from_pretrained`` of the plain class does not know the syntax parameters and lists them as unexpected
+    keys; :func:`load_syntax_model` restores every one of them right after (and raises if one is missing), so
+    that report says nothing useful. A report that lists anything else (missing or mismatched weights,
+    other unexpected keys) is let through unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
+            return True
+        if "LOAD REPORT" not in message:
+            return True
+        rows = []
+        for line in _ANSI.sub("", message).splitlines():
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) < 2 or not cells[0] or set(cells[0]) <= {"-", "+"} or cells[0] == "Key":
+                continue
+            rows.append((cells[0], cells[1]))
+        only_syntax = bool(rows) and all(status == "UNEXPECTED" and _SYNTAX_KEY.search(key) for key, status in rows)
+        return not only_syntax
+
+
 @contextlib.contextmanager
-def _transformers_log_level(level: int):
-    logger = transformers.utils.logging.get_logger("transformers.modeling_utils")
-    old = logger.level
-    logger.setLevel(level)
+def _quiet_syntax_keys_report():
+    """While loading, hide the weight-loading report about syntax parameters (:class:`_SyntaxKeysReportFilter`).
+
+    A filter rather than a higher log level: transformers runs (and logs) an extra tensor-parallel plan check
+    ("The following layers were not sharded: ...") whenever its loading logger's level is WARNING or above.
+    """
+    logger = logging.getLogger("transformers.modeling_utils")
+    report_filter = _SyntaxKeysReportFilter()
+    logger.addFilter(report_filter)
     try:
         yield
     finally:
-        logger.setLevel(old)
+        logger.removeFilter(report_filter)
 
 
 def _checkpoint_tensors(path: str, wanted: Sequence[str]) -> Dict[str, torch.Tensor]:
@@ -657,7 +751,7 @@ def load_syntax_model(model_class, path: str, **kwargs):
     Returns:
         the model, syntax attention enabled, every syntax parameter restored.
     """
-    with _transformers_log_level(40):  # the syntax keys are "unexpected" to the plain class: say nothing
+    with _quiet_syntax_keys_report():  # the syntax keys are "unexpected" to the plain class
         model = model_class.from_pretrained(path, **kwargs)
     spec = getattr(model.config, "syntax_attention", None)
     if spec is None:

@@ -1,22 +1,32 @@
 """Choosing between the Triton kernels and the reference (``backend=`` of every public op)."""
 from __future__ import annotations
 
-import functools
 import os
+from typing import Optional
 
 import torch
 
 from .. import _validation as V
 
+_triton_status: Optional[str] = None
 
-@functools.lru_cache(maxsize=None)
+
 def triton_status() -> str:
-    """'ok', or why Triton cannot be used here."""
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # pragma: no cover - depends on the install
-        return f"triton is not importable ({exc!r})"
-    return "ok"
+    """'ok', or why Triton cannot be used here (probed once, then remembered).
+
+    A plain module-level cache rather than ``functools.lru_cache``: the ops call this while ``torch.compile``
+    traces them, and Dynamo warns about (and traces through) ``lru_cache``-wrapped functions. The first call
+    happens when :mod:`syntaxkernels.ops` is imported, so traced calls only read the remembered value.
+    """
+    global _triton_status
+    if _triton_status is None:
+        try:
+            import triton  # noqa: F401
+
+            _triton_status = "ok"
+        except Exception as exc:  # pragma: no cover - depends on the install
+            _triton_status = f"triton is not importable ({exc!r})"
+    return _triton_status
 
 
 def interpreting() -> bool:

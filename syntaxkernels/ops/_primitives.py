@@ -56,6 +56,40 @@ def mma(a, b, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def mma_acc(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` (fp32 ``acc``), with the precision modes of :func:`mma`; the accumulation is fused
+    into the tensor-core instruction."""
+    if DOT_PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return result
+
+
+@triton.jit
+def load_rows(ptr, offs_r, offs_c, stride_r, stride_c, n_rows, n_cols, MASK_ROWS: tl.constexpr,
+              EVEN_COLS: tl.constexpr):
+    """Load a ``[R, C]`` tile with only the masks it needs (zero where masked).
+
+    ``MASK_ROWS``: rows ``>= n_rows`` read 0 (a boundary tile); otherwise every row is known to be in range.
+    ``EVEN_COLS``: ``C == n_cols`` (the head dim is a power of two), so columns need no mask. A row-only
+    mask is constant along the contiguous dimension and still allows vector loads.
+    """
+    ptrs = ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
+    if MASK_ROWS:
+        if EVEN_COLS:
+            tile = tl.load(ptrs, mask=offs_r[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(offs_r[:, None] < n_rows) & (offs_c[None, :] < n_cols), other=0.0)
+    else:
+        if EVEN_COLS:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_c[None, :] < n_cols, other=0.0)
+    return tile
+
+
+@triton.jit
 def load_distance_tile(dist_ptr, offs_m, offs_n, stride_i, stride_j, n_valid):
     """The uint8 distance tile ``[M, N]`` as int32; pairs outside ``n_valid x n_valid`` read 255.
 
@@ -196,6 +230,20 @@ def accumulate_bucket_sums(acc, bucket, values, allowed, bucket_ids, NUM_BUCKETS
     return acc
 
 
+_LAUNCH_HOOK = None
+
+
+def set_launch_hook(hook):
+    """Route every :func:`launch` to ``hook(kernel, grid, args, kwargs)`` instead (None restores launching).
+
+    Used by :mod:`syntaxkernels.inspection`, which compiles each launch for a GPU this machine lacks. Returns
+    the previous hook.
+    """
+    global _LAUNCH_HOOK
+    previous, _LAUNCH_HOOK = _LAUNCH_HOOK, hook
+    return previous
+
+
 def launch(kernel, grid, *args, **kwargs):
     """Launch a ``@triton.jit`` kernel from inside a ``torch.library.triton_op`` (Python helper, not jit).
 
@@ -209,6 +257,9 @@ def launch(kernel, grid, *args, **kwargs):
     import torch
     from torch._subclasses.fake_tensor import is_fake
 
+    if _LAUNCH_HOOK is not None:
+        _LAUNCH_HOOK(kernel, grid, args, kwargs)
+        return
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         if any(isinstance(a, torch.Tensor) and is_fake(a) for a in list(args) + list(kwargs.values())):
             return

@@ -21,6 +21,7 @@ only where ``min <= d <= max``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -30,7 +31,8 @@ import triton.language as tl
 
 from ._primitives import launch, load_distance_tile
 
-__all__ = ["BlockMeta", "block_distance_range", "live_blocks", "compact_rows", "build_block_meta"]
+__all__ = ["BlockMeta", "block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows", "build_block_meta",
+           "boundary_tiles", "split_lists"]
 
 
 @triton.jit
@@ -73,6 +75,8 @@ def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m:
     B, N, _ = distance.shape
     num_q = triton.cdiv(N, block_m)
     num_k = triton.cdiv(N, block_n)
+    if _without_triton(distance):
+        return _block_distance_range_torch(distance, lengths, block_m, block_n)
     smallest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
     largest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
     if B * num_q * num_k:
@@ -80,6 +84,110 @@ def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m:
                distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
                BLOCK_M=block_m, BLOCK_N=block_n)
     return smallest, largest
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _block_bucket_mask_kernel(DIST, LENGTHS, BUCKET_LUT, MASK_OUT,
+                              stride_db, stride_di, stride_dj,
+                              N, num_q_blocks, num_k_blocks, window,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                              CAUSAL: tl.constexpr):
+    """Bit t set when some allowed pair of the tile is in bucket t (t < 32).
+
+    Args:
+        DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``; BUCKET_LUT: int32 ``[256]``
+            (``BucketSpec.lut()``); MASK_OUT: int32 ``[B, nQ, nK]`` contiguous.
+    Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    """
+    q_block = tl.program_id(0)
+    k_block = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
+    allowed = (offs_m[:, None] < length) & (offs_n[None, :] < length)
+    if HAS_WINDOW:
+        allowed = allowed & (distance <= window)
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+    bits = tl.where(allowed, 1 << tl.load(BUCKET_LUT + distance), 0)
+    present = tl.reduce(tl.reduce(bits, 1, _or), 0, _or)
+    tl.store(MASK_OUT + (b * num_q_blocks + q_block) * num_k_blocks + k_block, present)
+
+
+def block_bucket_masks(distance: torch.Tensor, lengths: torch.Tensor, bucket_lut: torch.Tensor, block_m: int,
+                       block_n: int, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+    """int32 ``[B, nQ, nK]``: the set of buckets (a bit mask) of each tile's allowed pairs.
+
+    Allowed: both tokens inside the length, within ``window`` when given, ``j <= i`` when ``causal``. Needs
+    ``bucket_lut`` (``BucketSpec.lut()``, int, on distance's device) to map every distance to a bucket below
+    32. One read of the uint8 distance on the device, no host synchronisation.
+    """
+    B, N, _ = distance.shape
+    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+    if _without_triton(distance):
+        return block_bucket_masks_torch(distance, lengths, bucket_lut, block_m, block_n, window, causal)
+    out = torch.empty(B, num_q, num_k, dtype=torch.int32, device=distance.device)
+    if B * num_q * num_k:
+        launch(_block_bucket_mask_kernel, (num_q, num_k, B), distance, lengths, bucket_lut.to(torch.int32), out,
+               distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
+               0 if window is None else window, BLOCK_M=block_m, BLOCK_N=block_n, HAS_WINDOW=window is not None,
+               CAUSAL=causal)
+    return out
+
+
+def block_bucket_masks_torch(distance, lengths, bucket_lut, block_m, block_n, window=None, causal=False):
+    """:func:`block_bucket_masks` in PyTorch (any device, no Triton): CPU tensors outside the Triton interpreter,
+    and the inspection report's tile statistics."""
+    B, N, _ = distance.shape
+    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+    position = torch.arange(N, device=distance.device)
+    valid = position[None, :] < lengths.to(torch.int64)[:, None]
+    allowed = valid[:, :, None] & valid[:, None, :]
+    if window is not None:
+        allowed = allowed & (distance.to(torch.int32) <= window)
+    if causal:
+        allowed = allowed & (position[None, :] <= position[:, None])[None]
+    bits = torch.zeros(B, num_q * block_m, num_k * block_n, dtype=torch.int64, device=distance.device)
+    bits[:, :N, :N] = torch.where(allowed, 1 << bucket_lut.to(torch.int64)[distance.long()], 0)
+    bits = bits.view(B, num_q, block_m, num_k, block_n)
+    present = torch.zeros(B, num_q, num_k, dtype=torch.int64, device=distance.device)
+    for t in range(int(bucket_lut.max()) + 1):
+        present |= ((bits & (1 << t)) != 0).any(dim=4).any(dim=2).to(torch.int64) << t
+    return present.to(torch.int32)
+
+
+def _without_triton(distance: torch.Tensor) -> bool:
+    """CPU tensors outside the Triton interpreter (and not being compiled for the inspection report)."""
+    from . import _primitives
+
+    return (distance.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and _primitives._LAUNCH_HOOK is None)
+
+
+def _block_distance_range_torch(distance: torch.Tensor, lengths: torch.Tensor, block_m: int,
+                                block_n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`block_distance_range` in PyTorch, for CPU tensors outside the Triton interpreter (the
+    inspection report's tile statistics)."""
+    B, N, _ = distance.shape
+    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+    position = torch.arange(N, device=distance.device)
+    valid = position[None, :] < lengths.to(torch.int64)[:, None]
+    pair = valid[:, :, None] & valid[:, None, :]
+    d = distance.to(torch.int16)
+    smallest = torch.full((B, num_q * block_m, num_k * block_n), 255, dtype=torch.int16, device=distance.device)
+    largest = torch.zeros_like(smallest)
+    smallest[:, :N, :N] = torch.where(pair, d, torch.full_like(d, 255))
+    largest[:, :N, :N] = torch.where(pair, d, torch.zeros_like(d))
+    smallest = smallest.view(B, num_q, block_m, num_k, block_n).amin(dim=(2, 4))
+    largest = largest.view(B, num_q, block_m, num_k, block_n).amax(dim=(2, 4))
+    return smallest.to(torch.uint8), largest.to(torch.uint8)
 
 
 def live_blocks(min_distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int,
@@ -158,3 +266,45 @@ def build_block_meta(distance: torch.Tensor, lengths: torch.Tensor, block_m: int
     if transposed:
         q_blocks, q_counts = compact_rows(live.transpose(1, 2))
     return BlockMeta(block_m, block_n, smallest, largest, live, kv_blocks, kv_counts, q_blocks, q_counts)
+
+
+def boundary_tiles(lengths: torch.Tensor, num_q: int, num_k: int, block_m: int, block_n: int, causal: bool,
+                   by_key: bool) -> torch.Tensor:
+    """bool ``[B, nQ, nK]``: the tiles a kernel must run through its masked path.
+
+    A kernel whose programs own query blocks and walk key blocks (the forward, dQ) needs masks where the key
+    block runs past the sequence length (``by_key``); one whose programs own key blocks and walk query blocks
+    (dK/dV) needs them where the query block does. Causal attention also masks the tiles that cross the
+    diagonal (some key after some query). Every other tile is interior: all its pairs are allowed by the
+    length and by causality, so it is computed without a mask.
+    """
+    device = lengths.device
+    q_start = torch.arange(num_q, device=device) * block_m
+    k_start = torch.arange(num_k, device=device) * block_n
+    lengths = lengths.to(torch.int64)[:, None, None]
+    if by_key:
+        boundary = (k_start[None, None, :] + block_n) > lengths
+    else:
+        boundary = (q_start[None, :, None] + block_m) > lengths
+    boundary = boundary.expand(lengths.shape[0], num_q, num_k)
+    if causal:
+        boundary = boundary | ((k_start[None, None, :] + block_n - 1) > q_start[None, :, None])
+    return boundary
+
+
+def split_lists(live: torch.Tensor, boundary: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``live [B, R, C]``: its live columns, interior ones first, then the boundary ones.
+
+    Returns ``indices int32 [B, R, C]`` (ascending within each part; entries past the count are 0) and
+    ``counts int32 [B, R, 2]``: the number of interior columns and the number of live columns. A kernel walks
+    ``indices[:counts[0]]`` unmasked and ``indices[counts[0]:counts[1]]`` masked. One sort on the device, no
+    host synchronisation.
+    """
+    C = live.shape[-1]
+    column = torch.arange(C, device=live.device, dtype=torch.int32)
+    key = column + C * boundary.to(torch.int32) + 2 * C * (~live).to(torch.int32)
+    ordered = torch.sort(key, dim=-1).values
+    indices = torch.where(ordered < 2 * C, ordered % C, torch.zeros_like(ordered)).to(torch.int32)
+    interior = (live & ~boundary).sum(dim=-1, dtype=torch.int32)
+    total = live.sum(dim=-1, dtype=torch.int32)
+    return indices.contiguous(), torch.stack([interior, total], dim=-1).contiguous()

@@ -1,0 +1,63 @@
+"""benchmarks/gpu_suite.sh cannot rot: its dry run (no GPU) checks every step's command line, and the checker
+itself rejects what would break on the GPU machine."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
+#: The steps in the order the suite must run them: GPU-only evidence first, the rest of the tests last.
+STEPS = ["preflight", "build", "cuda-builder", "info", "cuda-tests", "verify", "sync-free", "bench_bias_attention",
+         "bench_subnetwork_attention", "bench_end_to_end", "bench_tree_distance", "other-tests"]
+OUT_FILE_LIMIT = 8
+
+
+def _suite(*args, out=None, timeout=600):
+    env = dict(os.environ, PYTHON=sys.executable)
+    if out is not None:
+        env["OUT"] = str(out)
+    return subprocess.run(["bash", str(SUITE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_dry_run_checks_every_step(tmp_path):
+    result = _suite("--dry-run", out=tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert [s["name"] for s in report["steps"]] == STEPS
+    assert all(s["status"] == "ok (dry run)" for s in report["steps"]), [(s["name"], s["status"]) for s in
+                                                                          report["steps"]]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in files) == ["results.json", "suite.log", "summary.md"]
+    assert len(files) <= OUT_FILE_LIMIT
+    by_name = {s["name"]: s for s in report["steps"]}
+    assert "--device cuda" in by_name["verify"]["command"]
+    assert "not slow" in by_name["cuda-tests"]["command"]
+    assert [c["status"] for c in by_name["sync-free"]["result"]["cases"]] == ["ok"] * 6
+    assert "(dry run)" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("check", [
+    ["script", "benchmarks/bench_bias_attention.py", "--quik"],              # a misspelt option
+    ["script", "benchmarks/bench_bias_attention.py", "--providers", "flexx"],  # an unknown provider
+    ["module", "syntaxkernels", "verify", "--device", "tpu"],                 # a device the CLI rejects
+    ["pytest", "python_tests", "--deselect=python_tests/test_tree_builder.py::test_no_such_test"],
+], ids=["option", "provider", "device", "deselect"])
+def test_checker_rejects_what_would_fail_on_the_gpu(check):
+    result = _suite("--check", *check, timeout=300)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "dry run" in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_real_run_without_a_gpu_stops_at_once(tmp_path):
+    result = _suite(out=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no CUDA GPU is visible" in result.stdout + (tmp_path / "suite.log").read_text()
+    steps = json.loads((tmp_path / "results.json").read_text())["steps"]
+    assert [s["name"] for s in steps] == ["preflight"] and steps[0]["status"] == "FAIL"
