@@ -1,81 +1,77 @@
-"""Syntax-BERT sub-network attention: syntaxkernels vs the reference, SDPA and FlexAttention.
+"""Syntax-BERT sub-network attention and the GAT's windowed attention on tree edge lists: CPU ratios and GPU times.
 
-Workload: documents of N tokens (128..4096) packed from the shared UD English-EWT dev treebank (whole sentences,
-one tree per sentence: a forest), or generated sentences when the treebank is absent. M masks
-(``MaskSpec()``: parent/child/sibling at distances 1..3 and full, M = 10; ``--pairwise`` adds pairwise).
+Data: real sentences from a CoNLL-U treebank, ``$SYNTAXKERNELS_UD`` (default: ``../shared/data/ud/en_ewt-ud-dev.conllu``
+next to the repository), packed whole, one after another, into documents of at most N tokens (one tree per sentence:
+a forest). Without the file the script says so and exits 0.
 
-Providers (each computes all M outputs ``[B, M, H, N, D]``):
-- ``syntaxkernels``: the fused block-sparse Triton kernels;
-- ``reference``: M dense masked attentions over one score matrix (as the authors' code does);
-- ``sdpa``: ``F.scaled_dot_product_attention`` once per mask with a boolean ``[B, 1, N, N]`` mask (masks built
-  before timing; fully masked rows set to 0);
-- ``flex``: ``flex_attention`` once per mask, with a block mask per mask whose ``mask_mod`` reads the distance,
-  depth and segment tensors (block masks built before timing).
+CPU part (always; the machine is shared and noisy, so only ratios measured in one run are reported: every pair is
+timed interleaved, round after round, and the medians compared). Edge lists are built before timing, as a
+``TreeCollator(masks=...)`` does in the DataLoader workers; their build time is reported on its own.
 
-Every provider is checked against the fp64 reference before it is timed (``syntaxkernels.testing``).
-TFLOP/s follow the FlashAttention convention scaled by the visited density: forward ``4 B H N^2 D * M * f``,
-forward+backward 3.5x that, with f = ``visited_mask_fraction`` of the syntaxkernels tiling (the same FLOP count
-for every provider, so the figures compare times).
+1. ``subnetwork vs sdpa``: ``sk.syntax_subnetwork_attention`` forward + backward (``MaskSpec()``, M = 10: nine relation
+   masks on the C++ edge kernels, ``full`` on SDPA; the op returns M outputs, so writing and reading them is part of
+   its cost) against one plain ``F.scaled_dot_product_attention`` forward + backward on the same q, k, v; B = 8
+   documents of N = 128, H = 4, D = 64, fp32. Target <= 3x. The reference (M dense masked attentions) for context.
+2. ``relations N=4096 vs N=512``: the nine relation masks only, the same batch size at N = 512 and N = 4096
+   (forward + backward). Target <= 12x the time for 8x the tokens (work proportional to the edges).
+3. ``gat window``: ``sk.ops.syntax_window_attention`` (window 4, edge lists) forward + backward on N = 2048 documents
+   against the dense masked reference (``reference.gat_attention``), and at N = 512 to show time following E.
 
-Without CUDA it prints that a GPU is needed for timings, still reports the visited-block fractions of the
-treebank documents (a property of the trees and the tiling) and exits 0.
+GPU part (CUDA only; otherwise a message): bf16 forward and forward + backward of syntaxkernels (Triton edge kernels +
+the fused dense kernel), FlexAttention with M block masks, SDPA with M boolean masks and the reference, N = 512 ..
+4096, M = 10 and 11 (``--pairwise``).
 
-Usage: ``python benchmarks/bench_subnetwork_attention.py [--json out.json] [--quick] [--pairwise]``
+Usage: ``python benchmarks/bench_subnetwork_attention.py [--json out.json] [--quick] [--threads 1] [--pairwise]``
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
-import random
 import sys
-from typing import Dict, List
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import reference  # noqa: E402
 from syntaxkernels.ops import subnetwork_attention as subnet  # noqa: E402
+from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
 from syntaxkernels.testing import compare_to_reference  # noqa: E402
+from _bench_utils import base_parser, conditions, write_results  # noqa: E402
 
-UD_DEV = os.path.join(os.path.dirname(ROOT), "shared", "data", "ud", "en_ewt-ud-dev.conllu")
-SIZES = [128, 256, 512, 1024, 2048, 4096]
+DEFAULT_UD = os.path.join(os.path.dirname(ROOT), "shared", "data", "ud", "en_ewt-ud-dev.conllu")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Workload
 # ---------------------------------------------------------------------------------------------------------
 
-def load_sentences() -> (List[List[int]], str):
-    """Head lists of the treebank's sentences, or generated ones; and where they came from."""
-    if os.path.exists(UD_DEV):
-        sentences = sk.trees.read_conllu(UD_DEV)
-        return [list(s.heads) for s in sentences if len(s.heads)], "UD English-EWT dev"
-    rng = random.Random(0)
-    out = []
-    for _ in range(2000):
-        length = rng.randint(3, 40)
-        order = list(range(length))
-        rng.shuffle(order)
-        heads = [0] * length
-        heads[order[0]] = -1
-        for pos in range(1, length):
-            heads[order[pos]] = order[rng.randrange(pos)]
-        out.append(heads)
-    return out, "generated trees (treebank absent)"
+def treebank_path() -> str:
+    return os.environ.get("SYNTAXKERNELS_UD") or DEFAULT_UD
 
 
-def pack_documents(sentences: List[List[int]], n: int, batch: int) -> List[List[int]]:
-    """``batch`` documents of at most ``n`` tokens: whole consecutive sentences, one tree each (a forest)."""
-    docs, current, cursor = [], [], 0
+def load_sentences(path: str) -> List[List[int]]:
+    return [list(s.heads) for s in sk.trees.read_conllu(path) if s.heads]
+
+
+def pack_documents(sentences: List[List[int]], n: int, batch: int, start: int = 0) -> List[List[int]]:
+    """``batch`` documents of at most ``n`` tokens: whole consecutive sentences (a sentence longer than n is
+    skipped), one tree each."""
+    docs, current, cursor = [], [], start
     while len(docs) < batch:
-        heads = sentences[cursor % len(sentences)][:n]
+        heads = sentences[cursor % len(sentences)]
         cursor += 1
+        if len(heads) > n:
+            continue
         if len(current) + len(heads) > n:
             docs.append(current)
             current = []
@@ -84,188 +80,266 @@ def pack_documents(sentences: List[List[int]], n: int, batch: int) -> List[List[
     return docs
 
 
-def make_trees(sentences, n: int, batch: int, device) -> sk.TreeBatch:
+def make_trees(sentences, n: int, batch: int, device="cpu") -> sk.TreeBatch:
+    """A TreeBatch of ``batch`` packed documents padded to exactly N = n tokens."""
     docs = pack_documents(sentences, n, batch)
     heads = torch.full((batch, n), -1, dtype=torch.int64)
     for b, doc in enumerate(docs):
         heads[b, :len(doc)] = torch.tensor(doc)
-    return sk.TreeBatch.from_heads(heads, lengths=[len(d) for d in docs]).to(device)
+    return sk.TreeBatch.from_heads(heads, torch.tensor([len(d) for d in docs])).to(device)
 
 
-def block_fraction_rows(sentences, source: str, masks: sk.MaskSpec, sizes, blocks, batch: int = 4) -> List[Dict]:
+# ---------------------------------------------------------------------------------------------------------
+# CPU timing: interleaved rounds, medians
+# ---------------------------------------------------------------------------------------------------------
+
+def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> Dict[str, float]:
+    """Median milliseconds of each function, timed in turn round after round (noise hits them alike)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+
+
+def fwd_bwd(fn: Callable, inputs: Sequence[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
+    def run():
+        for t in inputs:
+            t.grad = None
+        out = fn(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(grad)
+    return run
+
+
+def qkv(B: int, H: int, N: int, D: int, dtype=torch.float32, device="cpu", seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, D, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+            for _ in range(3)]
+
+
+def check_close(name: str, got, want64, wantlow) -> None:
+    ok, err, bound = compare_to_reference(got, want64, wantlow)
+    if not ok:
+        raise SystemExit(f"{name}: output differs from the float64 reference ({err:.2e} > {bound:.2e})")
+
+
+def cpu_subnetwork_vs_sdpa(sentences, rounds: int) -> Dict:
+    B, H, N, D = 8, 4, 128, 64
+    masks = sk.MaskSpec()
+    trees = make_trees(sentences, N, B)
+    start = time.perf_counter()
+    lists = trees.relation_lists(masks)  # what TreeCollator(masks=...) does in a DataLoader worker
+    build_ms = (time.perf_counter() - start) * 1e3
+    q, k, v = qkv(B, H, N, D)
+    check_close("subnetwork", sk.syntax_subnetwork_attention(q, k, v, trees, masks)[0],
+                reference.syntax_subnetwork_attention(q.double(), k.double(), v.double(), trees, masks)[0],
+                reference.syntax_subnetwork_attention(q, k, v, trees, masks)[0])
+    grad = torch.randn(B, masks.num_masks, H, N, D)
+    grad1 = torch.randn(B, H, N, D)
+    times = interleaved_ms({
+        "sdpa": fwd_bwd(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), (q, k, v), grad1),
+        "subnetwork": fwd_bwd(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees, masks), (q, k, v), grad),
+        "relations only": fwd_bwd(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees,
+                                                                               sk.MaskSpec(full=False)),
+                                  (q, k, v), grad[:, :9]),
+        "reference": fwd_bwd(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, masks),
+                             (q, k, v), grad),
+    }, rounds)
+    return dict(test="subnetwork vs sdpa", B=B, H=H, N=N, D=D, M=masks.num_masks,
+                tokens=int(trees.lengths.sum()), edges=lists.num_edges, list_build_ms=round(build_ms, 3),
+                **{f"{k}_ms": round(v, 3) for k, v in times.items()},
+                ratio=round(times["subnetwork"] / times["sdpa"], 2), target="<= 3",
+                relations_only_ratio=round(times["relations only"] / times["sdpa"], 2),
+                reference_ratio=round(times["reference"] / times["sdpa"], 2))
+
+
+def cpu_relation_scaling(sentences, rounds: int, batch: int = 4) -> Dict:
+    H, D = 4, 64
+    masks = sk.MaskSpec(full=False)
+    fns, edges, tokens = {}, {}, {}
+    for n in (512, 4096):
+        trees = make_trees(sentences, n, batch)
+        lists = trees.relation_lists(masks)
+        edges[n], tokens[n] = lists.num_edges, int(trees.lengths.sum())
+        q, k, v = qkv(batch, H, trees.max_len, D)
+        grad = torch.randn(batch, masks.num_masks, H, trees.max_len, D)
+        fns[f"N={n}"] = fwd_bwd(lambda a, b, c, t=trees: sk.syntax_subnetwork_attention(a, b, c, t, masks),
+                                (q, k, v), grad)
+    times = interleaved_ms(fns, rounds)
+    return dict(test="relations N=4096 vs N=512", B=batch, H=H, D=D, M=masks.num_masks,
+                tokens_512=tokens[512], tokens_4096=tokens[4096], edges_512=edges[512], edges_4096=edges[4096],
+                ms_512=round(times["N=512"], 3), ms_4096=round(times["N=4096"], 3),
+                token_ratio=round(tokens[4096] / tokens[512], 2),
+                ratio=round(times["N=4096"] / times["N=512"], 2), target="<= 12")
+
+
+def cpu_gat_window(sentences, rounds: int, batch: int = 2) -> Dict:
+    H, D, window = 4, 64, 4
+    row: Dict = dict(test="gat window", B=batch, H=H, D=D, window=window)
+    for n in (512, 2048):
+        trees = make_trees(sentences, n, batch)
+        lists = trees.window_lists(window)
+        q, k, v = qkv(batch, H, trees.max_len, D)
+        check_close(f"window N={n}", syntax_window_attention(q, k, v, trees, window=window),
+                    reference.gat_attention(q.double(), k.double(), v.double(), trees.distance, window=window,
+                                            lengths=trees.lengths),
+                    reference.gat_attention(q, k, v, trees.distance, window=window, lengths=trees.lengths))
+        grad = torch.randn(batch, H, trees.max_len, D)
+        times = interleaved_ms({
+            "edges": fwd_bwd(lambda a, b, c: syntax_window_attention(a, b, c, trees, window=window), (q, k, v), grad),
+            "reference": fwd_bwd(lambda a, b, c: reference.gat_attention(a, b, c, trees.distance, window=window,
+                                                                       lengths=trees.lengths), (q, k, v), grad),
+        }, rounds if n == 512 else max(3, rounds // 3))
+        row.update({f"edges_{n}": lists.num_edges, f"pairs_{n}": int((trees.lengths ** 2).sum()),
+                    f"edge_ms_{n}": round(times["edges"], 3), f"reference_ms_{n}": round(times["reference"], 3),
+                    f"speedup_{n}": round(times["reference"] / times["edges"], 1)})
+    row["edge_ratio_2048_vs_512"] = round(row["edges_2048"] / row["edges_512"], 2)
+    row["time_ratio_2048_vs_512"] = round(row["edge_ms_2048"] / row["edge_ms_512"], 2)
+    return row
+
+
+def run_cpu(sentences, args) -> List[Dict]:
+    rounds = 5 if args.quick else 15
     rows = []
-    for n in sizes:
-        trees = make_trees(sentences, n, batch, "cpu")
-        for block_m, block_n in blocks:
-            stats = subnet.subnetwork_block_stats(trees, masks, block_m, block_n)
-            rows.append(dict(N=n, batch=batch, block=f"{block_m}x{block_n}", masks=masks.num_masks,
-                             mean_length=float(trees.lengths.float().mean()), source=source,
-                             valid=round(stats["valid_fraction"], 4), syntax=round(stats["syntax_fraction"], 4),
-                             visited=round(stats["visited_fraction"], 4),
-                             visited_mask=round(stats["visited_mask_fraction"], 4)))
+    for bench in (cpu_subnetwork_vs_sdpa, cpu_relation_scaling, cpu_gat_window):
+        row = bench(sentences, rounds)
+        print(row, flush=True)
+        rows.append(row)
     return rows
 
 
-def print_table(rows: List[Dict], columns: List[str]) -> None:
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
-
-
 # ---------------------------------------------------------------------------------------------------------
-# Providers (CUDA)
+# GPU part
 # ---------------------------------------------------------------------------------------------------------
 
-def provider_fns(q, k, v, trees, masks):
-    import torch.nn.functional as F
-
-    M = masks.num_masks
-    fns = {
-        "syntaxkernels": lambda q, k, v: sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")[0],
+def gpu_providers(q, k, v, trees, masks) -> Dict[str, Callable]:
+    fns: Dict[str, Callable] = {
+        "syntaxkernels": lambda q, k, v: sk.syntax_subnetwork_attention(q, k, v, trees, masks)[0],
         "reference": lambda q, k, v: reference.syntax_subnetwork_attention(q, k, v, trees, masks)[0],
     }
     allowed = reference.syntax_masks(trees, masks)  # built once, outside the timed region
 
     def sdpa(q, k, v):
-        outs = [torch.nan_to_num(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, m, None]))
-                for m in range(M)]
-        return torch.stack(outs, dim=1)
+        return torch.stack([torch.nan_to_num(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, m, None]))
+                            for m in range(masks.num_masks)], dim=1)
 
     fns["sdpa"] = sdpa
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         flex = torch.compile(flex_attention, dynamic=False)
-        codes, _, _ = subnet.mask_codes(masks)
         dist, depth, seg = trees.distance, trees.depth, trees.segment
-        B, H, N, _ = q.shape
+        B, _, N, _ = q.shape
 
-        def make_mod(code):
+        def make_mod(kind, d):
             def mask_mod(b, h, qi, kj):
-                d = dist[b, qi, kj].to(torch.int32)
+                dd = dist[b, qi, kj].to(torch.int32)
                 valid = (seg[b, qi] >= 0) & (seg[b, kj] >= 0)
                 same = valid & (seg[b, qi] == seg[b, kj])
                 gap = depth[b, kj] - depth[b, qi]
-                rel = torch.where(gap == d, 0, torch.where(gap == -d, 1, 2))
-                pair = torch.where(same, torch.where(d == 0, 2, 4 * d + rel), torch.where(valid, 1, 0))
-                return (pair == code) if code >= 0 else (pair > 0)
+                if kind == "parent":
+                    return same & (gap == dd) & (dd == d)
+                if kind == "child":
+                    return same & (-gap == dd) & (dd == d)
+                if kind == "sibling":
+                    return same & (gap != dd) & (-gap != dd) & (dd == d)
+                if kind == "pairwise":
+                    return valid & ~same
+                return valid
             return mask_mod
 
-        block_masks = [create_block_mask(make_mod(c), B, None, N, N, device=q.device) for c in codes]
-
-        def flex_provider(q, k, v):
-            return torch.stack([flex(q, k, v, block_mask=bm) for bm in block_masks], dim=1)
-
-        fns["flex"] = flex_provider
+        block_masks = [create_block_mask(make_mod(kind, d), B, None, N, N, device=q.device)
+                       for kind, d in masks.kinds()]
+        fns["flex"] = lambda q, k, v: torch.stack([flex(q, k, v, block_mask=bm) for bm in block_masks], dim=1)
     except Exception as exc:  # noqa: BLE001 - reported, the other providers still run
         print(f"flex: unavailable ({exc!r})")
     return fns
 
 
-def run_cuda(args, sentences, source, masks) -> List[Dict]:
-    from triton.testing import do_bench
+def run_gpu(sentences, args) -> List[Dict]:
+    from _bench_utils import time_ms
 
-    device = "cuda"
-    dtype = torch.bfloat16
-    H, D = args.heads, args.head_dim
     rows = []
-    sizes = [512, 1024] if args.quick else SIZES
-    for n in sizes:
-        batch = max(1, args.tokens // n)
-        trees = make_trees(sentences, n, batch, device)
-        stats = subnet.subnetwork_block_stats(trees, masks, *_tiles(dtype, D))
-        q, k, v = (torch.randn(batch, H, n, D, device=device, dtype=dtype) for _ in range(3))
-        grad = torch.randn(batch, masks.num_masks, H, n, D, device=device, dtype=dtype)
-        fns = provider_fns(q, k, v, trees, masks)
-        ref64 = reference.syntax_subnetwork_attention(q.double(), k.double(), v.double(), trees, masks)[0] \
-            if n <= 1024 else None
-        reflow = fns["reference"](q, k, v) if ref64 is not None else None
-        flops = 4.0 * batch * H * n * n * D * masks.num_masks * stats["visited_mask_fraction"]
-        for name, fn in fns.items():
-            row = dict(provider=name, N=n, batch=batch, heads=H, head_dim=D, masks=masks.num_masks,
-                       dtype="bf16", visited_mask_fraction=stats["visited_mask_fraction"], source=source)
-            try:
-                out = fn(q, k, v)
-                if ref64 is not None:
-                    ok, err, bound = compare_to_reference(out, ref64, reflow)
-                    row["max_error"] = err
-                    if not ok:
-                        row["error"] = f"correctness check failed: {err:.3e} > {bound:.3e}"
-                        rows.append(row)
-                        continue
-                del out
-                qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                fwd_ms = do_bench(lambda: fn(q, k, v), quantiles=[0.5])
-                row["fwd_ms"] = fwd_ms
-                row["fwd_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-
-                def fwd_bwd():
-                    fn(qg, kg, vg).backward(grad)
-
-                torch.cuda.reset_peak_memory_stats()
-                fb_ms = do_bench(fwd_bwd, quantiles=[0.5], grad_to_none=[qg, kg, vg])
-                row["fwd_bwd_ms"] = fb_ms
-                row["fwd_bwd_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                row["fwd_tflops"] = flops / fwd_ms * 1e-9
-                row["fwd_bwd_tflops"] = 3.5 * flops / fb_ms * 1e-9
-            except torch.cuda.OutOfMemoryError:
-                row["error"] = "out of memory"
-                torch.cuda.empty_cache()
-            except Exception as exc:  # noqa: BLE001 - one provider failing does not stop the others
-                row["error"] = repr(exc)[:200]
-            rows.append(row)
-            print(row, flush=True)
+    H, D = args.heads, args.head_dim
+    for pairwise in ((False, True) if not args.quick else (args.pairwise,)):
+        masks = sk.MaskSpec(pairwise=pairwise)
+        for n in ([512, 2048] if args.quick else [512, 1024, 2048, 4096]):
+            batch = max(1, args.tokens // n)
+            trees = make_trees(sentences, n, batch)
+            trees.relation_lists(masks)  # as the DataLoader workers would
+            trees = trees.to("cuda")
+            n_real = trees.max_len
+            q, k, v = (torch.randn(batch, H, n_real, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            grad = torch.randn(batch, masks.num_masks, H, n_real, D, device="cuda", dtype=torch.bfloat16)
+            fns = gpu_providers(q, k, v, trees, masks)
+            small = n <= 1024
+            ref64 = reference.syntax_subnetwork_attention(q.double(), k.double(), v.double(), trees, masks)[0] \
+                if small else None
+            reflow = fns["reference"](q, k, v) if small else None
+            for name, fn in fns.items():
+                row = dict(provider=name, N=n_real, B=batch, H=H, D=D, M=masks.num_masks, dtype="bf16")
+                try:
+                    out = fn(q, k, v)
+                    if ref64 is not None:
+                        ok, err, bound = compare_to_reference(out, ref64, reflow)
+                        if not ok:
+                            row["error"] = f"correctness check failed: {err:.3e} > {bound:.3e}"
+                            rows.append(row)
+                            continue
+                    del out
+                    row.update({f"fwd_{key}": value for key, value in time_ms(lambda: fn(q, k, v)).items()})
+                    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+                    row.update({f"fwd_bwd_{key}": value
+                                for key, value in time_ms(lambda: fn(qg, kg, vg).backward(grad)).items()})
+                except torch.cuda.OutOfMemoryError:
+                    row["error"] = "out of memory"
+                    torch.cuda.empty_cache()
+                except Exception as exc:  # noqa: BLE001 - one provider failing does not stop the others
+                    row["error"] = repr(exc)[:200]
+                rows.append(row)
+                print(row, flush=True)
     return rows
 
 
-def _tiles(dtype, head_dim):
-    cfg = subnet.forward_config(dtype, subnet._block_d(head_dim, dtype))
-    return cfg["BLOCK_M"], cfg["BLOCK_N"]
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes")
-    parser.add_argument("--pairwise", action="store_true", help="add the pairwise mask (M = 11)")
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=16384, help="batch * N per step")
-    args = parser.parse_args()
-    if args.quick:  # fits the GPU suite's time slot
-        args.tokens = min(args.tokens, 4096)
-
-    masks = sk.MaskSpec(pairwise=args.pairwise)
-    sentences, source = load_sentences()
-    conditions = dict(python=platform.python_version(), torch=torch.__version__, masks=masks.names,
-                      source=source)
-    try:
-        import triton
-
-        conditions["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    # Visited-block fractions: a CPU property of the trees and the tiling.
-    blocks = sorted({_tiles(torch.bfloat16, 32), _tiles(torch.bfloat16, 64), _tiles(torch.bfloat16, 128), (64, 64)})
-    fraction_rows = block_fraction_rows(sentences, source, masks, [128, 512, 1024, 4096] if args.quick else SIZES,
-                                        blocks)
-    print(f"Visited block fractions ({source}, documents of whole sentences, masks {masks.names}):")
-    print_table(fraction_rows, ["N", "batch", "mean_length", "block", "masks", "valid", "syntax", "visited",
-                                "visited_mask"])
-    result = dict(conditions=conditions, block_fractions=fraction_rows, timings=[])
-    if not torch.cuda.is_available():
-        print("\nNo CUDA device: a GPU is needed for the timings (the block fractions above need none).")
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the CPU part (default 1)")
+    parser.add_argument("--pairwise", action="store_true", help="GPU --quick: M = 11 (pairwise) instead of 10")
+    parser.add_argument("--heads", type=int, default=12, help="GPU heads")
+    parser.add_argument("--head-dim", type=int, default=64, help="GPU head dim")
+    parser.add_argument("--tokens", type=int, default=16384, help="GPU batch * N per step")
+    parser.add_argument("--skip-cpu", action="store_true", help="only the GPU part")
+    args = parser.parse_args(argv)
+    path = treebank_path()
+    if not os.path.exists(path):
+        print(f"bench_subnetwork_attention: treebank not found at {path} (set SYNTAXKERNELS_UD to a CoNLL-U file); "
+              "nothing was measured.")
+        return 0
+    sentences = load_sentences(path)
+    torch.set_num_threads(args.threads)
+    rows: List[Dict] = []
+    if not args.skip_cpu:
+        rows += run_cpu(sentences, args)
+        write_results(rows, None, f"sub-network / edge attention, CPU ({args.threads} thread(s), "
+                      f"{platform.processor() or platform.machine()})",
+                      ["test", "ratio", "target", "relations_only_ratio", "reference_ratio", "token_ratio",
+                       "speedup_512", "speedup_2048", "time_ratio_2048_vs_512", "edge_ratio_2048_vs_512"])
+    if torch.cuda.is_available():
+        rows += run_gpu(sentences, args)
     else:
-        conditions["gpu"] = torch.cuda.get_device_name()
-        result["timings"] = run_cuda(args, sentences, source, masks)
-        print_table(result["timings"], ["provider", "N", "batch", "fwd_ms", "fwd_bwd_ms", "fwd_tflops",
-                                        "fwd_bwd_tflops", "fwd_bwd_peak_mib", "error"])
+        print("\nNo CUDA device: the GPU part (FlexAttention with M block masks, SDPA with M boolean masks, the "
+              "reference) needs one; nothing was measured there.")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_results(rows, args.json, "sub-network / edge attention", ["test", "provider", "N", "ratio"])
+    info = conditions()
+    info["threads"] = torch.get_num_threads()
+    print(" ".join(f"{k}={v}" for k, v in info.items()))
     return 0
 
 

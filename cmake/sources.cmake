@@ -1,14 +1,17 @@
 # The one list of C++/CUDA sources, read by CMakeLists.txt and by setup.py (which parses these set() calls:
 # keep one path per line, relative to the repository root).
 
-# Torch-free core: the tree-distance builder (used by the extension and by the C++ tests).
+# Torch-free core: the tree-distance builder and the relation/window list builder (used by the extension and
+# by the C++ tests).
 set(SYNTAXKERNELS_CORE_SOURCES
     csrc/tree_distance.cpp
+    csrc/relation_lists.cpp
 )
 
-# Python bindings of syntaxkernels._C (need torch).
+# Python bindings of syntaxkernels._C and the CPU edge-list attention (need torch).
 set(SYNTAXKERNELS_BINDING_SOURCES
     csrc/bindings.cpp
+    csrc/edge_attention.cpp
 )
 
 # CUDA builder: kernels (plain CUDA C++) and their torch launcher; only in a CUDA build.
@@ -20,4 +23,5 @@ set(SYNTAXKERNELS_CUDA_SOURCES
 # C++ tests of the core, run by ctest.
 set(SYNTAXKERNELS_TEST_SOURCES
     csrc/tests/test_tree_distance.cpp
+    csrc/tests/test_relation_lists.cpp
 )

@@ -7,6 +7,12 @@
 //     -> (heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of
 //        list/tuple rows of Python ints or NumPy integers (padded with -1), or None when some row is not
 //        a plain list or tuple (the caller then takes the Python path, which converts such rows).
+// edge_lists(heads int64 [B, N] CPU, lengths int64 [B] CPU, max_distance, parent, child, sibling, window,
+//     num_threads) -> (row_ptr, col, rel, t_ptr, t_col, t_rel), int32 CSR lists of the tree relations (window
+//     -1) or of the tree window (window >= 0); see relation_lists.h.
+// edge_attention_forward(q, k, v, row_ptr, col, scale, out, lse) and
+// edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv):
+//     CPU edge-list attention writing into the given tensors; see edge_attention.h.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -20,6 +26,8 @@
 #include <tuple>
 #include <vector>
 
+#include "edge_attention.h"
+#include "relation_lists.h"
 #include "tensor_checks.h"
 #include "tree_distance.h"
 
@@ -184,10 +192,40 @@ py::object tree_distance_lists(py::handle rows, py::object lengths, int64_t num_
   return py::make_tuple(heads, lengths_tensor, distance, depth, segment);
 }
 
+// The relation (or window) lists of a batch as int32 tensors: validates like tree_distance_cpu.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> edge_lists_cpu(
+    const at::Tensor& heads_in, const at::Tensor& lengths_in, int64_t max_distance, bool parent, bool child,
+    bool sibling, int64_t window, int64_t num_threads) {
+  if (heads_in.defined() && !heads_in.device().is_cpu()) {
+    throw std::invalid_argument("edge_lists needs CPU tensors, got heads on " + heads_in.device().str());
+  }
+  auto [heads, lengths] = check_inputs(heads_in, lengths_in);
+  ListSpec spec;
+  spec.max_distance = static_cast<int32_t>(std::clamp<int64_t>(max_distance, -1, 1 << 20));
+  spec.parent = parent;
+  spec.child = child;
+  spec.sibling = sibling;
+  spec.window = static_cast<int32_t>(std::clamp<int64_t>(window, -2, 1 << 20));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  EdgeLists lists;
+  {
+    pybind11::gil_scoped_release release;
+    lists = build_edge_lists(heads.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), heads.size(0), heads.size(1),
+                             spec, static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  auto tensor = [](const std::vector<int32_t>& values) {
+    at::Tensor t = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(at::kInt));
+    std::copy(values.begin(), values.end(), t.data_ptr<int32_t>());
+    return t;
+  };
+  return {tensor(lists.row_ptr), tensor(lists.col), tensor(lists.rel), tensor(lists.t_ptr), tensor(lists.t_col),
+          tensor(lists.t_rel)};
+}
+
 }  // namespace syntaxkernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "syntaxkernels C++ extension: all-pairs tree-distance builders";
+  m.doc() = "syntaxkernels C++ extension: tree-distance builders, tree relation lists, CPU edge-list attention";
   m.def("tree_distance", &syntaxkernels::tree_distance_cpu, pybind11::arg("heads"), pybind11::arg("lengths"),
         pybind11::arg("num_threads") = 0,
         "(distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N]) for heads int64 [B, N] and "
@@ -197,6 +235,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of "
         "list/tuple rows of ints (padded with -1; lengths: None = the row lengths, or an integer tensor [B]), "
         "or None when some row is not a plain list or tuple. Raises ValueError with the Python path's messages.");
+  m.def("edge_lists", &syntaxkernels::edge_lists_cpu, pybind11::arg("heads"), pybind11::arg("lengths"),
+        pybind11::arg("max_distance"), pybind11::arg("parent"), pybind11::arg("child"), pybind11::arg("sibling"),
+        pybind11::arg("window") = -1, pybind11::arg("num_threads") = 0,
+        "(row_ptr, col, rel, t_ptr, t_col, t_rel) int32 CSR lists over rows (b, i, r) of the parent_d, child_d, "
+        "sibling_d relations (window = -1) or of the pairs within `window` edges (window >= 0), with the "
+        "transposed lists over rows (b, j, r). Validates like tree_distance (ValueError). Releases the GIL.");
+  m.def("edge_attention_forward", &syntaxkernels::edge_attention_forward_cpu, pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("row_ptr"), pybind11::arg("col"),
+        pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("lse"),
+        "CPU edge-list attention forward: writes out [B, R, H, N, Dv] and lse [B, R, H, N] (natural log, +inf "
+        "for an empty row). Releases the GIL.");
+  m.def("edge_attention_backward", &syntaxkernels::edge_attention_backward_cpu, pybind11::arg("dout"),
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("out"), pybind11::arg("lse"),
+        pybind11::arg("row_ptr"), pybind11::arg("col"), pybind11::arg("rel"), pybind11::arg("t_ptr"),
+        pybind11::arg("t_col"), pybind11::arg("t_rel"), pybind11::arg("scale"), pybind11::arg("dq"),
+        pybind11::arg("dk"), pybind11::arg("dv"),
+        "CPU edge-list attention backward: writes dq, dk [B, H, N, D] and dv [B, H, N, Dv]. Releases the GIL.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

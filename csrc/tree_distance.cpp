@@ -126,6 +126,11 @@ std::string check_length(int64_t b, int64_t length, int64_t N) {
   return "";
 }
 
+std::string order_sentence(int64_t b, const int64_t* heads, int64_t length, int32_t* depth, int32_t* segment,
+                           TreeWorkspace& workspace) {
+  return order_tokens(b, heads, length, depth, segment, workspace);
+}
+
 std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, TreeWorkspace& workspace) {
   std::vector<int32_t> depth(static_cast<size_t>(length)), segment(static_cast<size_t>(length));
   return order_tokens(b, heads, length, depth.data(), segment.data(), workspace);

@@ -35,6 +35,13 @@ struct TreeWorkspace {
 // The error message for a bad lengths[b] (negative or larger than N), or "" when it is valid.
 std::string check_length(int64_t b, int64_t length, int64_t N);
 
+// Validates heads[0 .. length) of batch item b (as check_sentence) and orders the sentence: fills
+// workspace.order (breadth first, roots first by position), workspace.child_start / workspace.children (the
+// children of token t, increasing, are children[child_start[t] .. child_start[t+1])), depth[0 .. length) and
+// segment[0 .. length). Returns "" or the error message (the workspace is then unspecified).
+std::string order_sentence(int64_t b, const int64_t* heads, int64_t length, int32_t* depth, int32_t* segment,
+                           TreeWorkspace& workspace);
+
 // The error message for heads[0 .. length) of batch item b (head out of range, self-loop, cycle), or ""
 // when the sentence is a valid forest. Checks in the Python builder's order: range, then self-loops,
 // then cycles (naming the smallest token on a cycle, with the cycle's path).

@@ -159,7 +159,7 @@ def test_cli_help_needs_neither_torch_nor_triton():
         spec = importlib.util.spec_from_file_location("cli", {os.path.join(ROOT, "syntaxkernels", "__main__.py")!r})
         cli = sys.modules["cli"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(cli)
-        for argv in (["--help"], ["verify", "--help"], ["bench", "--help"], ["info", "--help"]):
+        for argv in (["--help"], ["verify", "--help"], ["bench", "--help"], ["info", "--help"], ["inspect", "--help"]):
             try:
                 cli.build_parser().parse_args(argv)
             except SystemExit as exc:
@@ -169,8 +169,21 @@ def test_cli_help_needs_neither_torch_nor_triton():
     )
     result = _run(code)
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
-    assert "inspect" not in result.stdout  # (a new command is one add_command call)
     assert "usage: python -m syntaxkernels verify" in result.stdout
+    assert "usage: python -m syntaxkernels inspect" in result.stdout
+
+
+def test_package_import_and_cli_help_are_fast():
+    """``import syntaxkernels`` loads nothing heavy (names load on first use), so ``python -m syntaxkernels --help``
+    answers without importing torch or Triton."""
+    import subprocess
+
+    code = "import sys, syntaxkernels; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+    result = subprocess.run([sys.executable, "-m", "syntaxkernels", "--help"], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0 and "inspect" in result.stdout, result.stderr
 
 
 @pytest.mark.parametrize("block_scipy", [False, True], ids=["with-scipy", "without-scipy"])

@@ -1,8 +1,8 @@
-"""Fused sub-network attention (Triton, under the interpreter on CPU) against the reference.
-
-Forward outputs, the non-empty flags and dq, dk, dv for every mask kind, forests with the pairwise mask,
-single-token sentences, ragged batches with an empty item, odd N; the block metadata against a PyTorch
-computation and against the reference masks (no allowed pair is ever skipped); bad inputs.
+"""Sub-network attention against the float64 reference: the C++ path (edge kernels + SDPA, CPU) and the Triton path
+(edge kernels under the interpreter on CPU, or on CUDA), outputs, non-empty flags and every gradient, on random
+trees, forests, stars, chains, packed documents, ragged batches with empty items and one-token sentences, for every
+mask kind; through TopicalAttention; dispatch, caching of the lists, validation before backend resolution, bad
+inputs; on CUDA, no host synchronisation once the lists are built.
 """
 import random
 
@@ -10,270 +10,323 @@ import pytest
 import torch
 
 import syntaxkernels as sk
-from syntaxkernels import reference
+from syntaxkernels import _ext, reference
 from syntaxkernels.checks.reference import random_document, random_forest
 from syntaxkernels.ops import subnetwork_attention as subnet
+from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference
+from syntaxkernels.trees import batch as tree_batch_module
 
-# The kernels run on the GPU when there is one, else under the interpreter (conftest sets TRITON_INTERPRET=1).
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The Triton kernels run on the GPU when there is one, else under the interpreter (conftest sets
+# TRITON_INTERPRET=1); the C++ kernels always take CPU tensors.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HAS_CPP = _ext.available() and hasattr(_ext.load(), "edge_attention_forward")
+needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built")
+needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
+                                  reason="needs CUDA or TRITON_INTERPRET=1")
+CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
+TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Tree generators
-# ---------------------------------------------------------------------------------------------------------
-
-def chain(length: int):
-    return [-1] + list(range(length - 1))
+def sentence_lengths(rng: random.Random, total: int, longest: int):
+    """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(1, longest), total - sum(lengths)))
+    return lengths
 
 
 def make_trees(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
-    """A batch of three items of at most ``n`` tokens (see the ids of ``CASES``)."""
+    """A batch (CPU) of at most ``n`` tokens per item of one kind of tree."""
     rng = random.Random(seed)
-    if kind == "ragged":  # one sentence per item, lengths n, ~n/2 and 0
+    if kind == "random":  # one random tree per item; ragged, with an empty item
         rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
-    elif kind == "forest":  # sentence pairs and documents (several trees per item)
-        split = max(1, n // 3)
-        rows = [random_document(rng, [split, n - split]),
-                random_document(rng, [max(1, n // 5)] * 3),
-                random_document(rng, [1, max(1, n - 1)])]
-        rows = [r[:n] for r in rows]
-    elif kind == "single":  # every token its own one-token sentence, plus a chain
-        rows = [[-1] * n, [-1] * max(1, n - 3), chain(n)]
+    elif kind == "forest":  # interleaved trees, a sentence pair, a one-token item
+        rows = [random_forest(rng, n, 3), random_document(rng, [n // 3, n - n // 3]), [-1]]
+    elif kind == "star":  # every leaf is every other leaf's sibling
+        rows = [[-1] + [0] * (n - 1), [n // 2] * (n // 2) + [-1] + [n // 2] * (n - n // 2 - 1)]
+    elif kind == "chain":
+        rows = [[-1] + list(range(n - 1)), list(range(1, n // 2)) + [-1]]
+    elif kind == "packed":  # documents of short sentences
+        rows = [random_document(rng, sentence_lengths(rng, n, 9)) for _ in range(2)]
+    elif kind == "single":  # one-token sentences only: every relation mask empty, pairwise full of keys
+        rows = [[-1] * n, [-1] * (n - 3)]
     else:
         raise ValueError(kind)
-    heads = torch.full((len(rows), n), -1, dtype=torch.int64)
-    for b, row in enumerate(rows):
-        if row:
-            heads[b, :len(row)] = torch.tensor(row)
-    return sk.TreeBatch.from_heads(heads, lengths=[len(r) for r in rows]).to(DEVICE)
+    return sk.TreeBatch.from_heads(rows)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Forward and backward against the reference
-# ---------------------------------------------------------------------------------------------------------
-
-ALL = sk.MaskSpec(max_distance=3, pairwise=True, full=True)
-SYNTAX = sk.MaskSpec(max_distance=3, full=False)
-PARENT = sk.MaskSpec(max_distance=3, child=False, sibling=False, full=False)
-CHILD = sk.MaskSpec(max_distance=2, parent=False, sibling=False, full=False)
-SIBLING = sk.MaskSpec(max_distance=3, parent=False, child=False, full=False)
+DEFAULT = sk.MaskSpec()  # parent/child/sibling 1..3 and full: M = 10
+ALL = sk.MaskSpec(max_distance=3, pairwise=True)
+PARENT = sk.MaskSpec(max_distance=2, child=False, sibling=False, full=False)
+CHILD = sk.MaskSpec(max_distance=4, parent=False, sibling=False, full=False)
+SIBLING = sk.MaskSpec(max_distance=2, parent=False, child=False, full=False)
 PAIRWISE = sk.MaskSpec(max_distance=1, parent=False, child=False, sibling=False, pairwise=True, full=False)
 FULL = sk.MaskSpec(max_distance=1, parent=False, child=False, sibling=False, full=True)
-DEFAULT = sk.MaskSpec()  # parent/child/sibling 1..3 and full: M = 10
-
-# (id, tree kind, N, masks, dtype, D, config override)
-SMALL = dict(BLOCK_M=16, BLOCK_N=16)
-CASES = [
-    ("ragged-N17-default-fp32-D32", "ragged", 17, DEFAULT, torch.float32, 32, None),
-    ("ragged-N100-default-bf16-D64", "ragged", 100, DEFAULT, torch.bfloat16, 64, None),
-    ("ragged-N64-syntax-fp32-D32-blocks16-G3", "ragged", 64, SYNTAX, torch.float32, 32, dict(SMALL, GROUP=3)),
-    ("ragged-N1-default-fp32-D32", "ragged", 1, DEFAULT, torch.float32, 32, None),
-    ("forest-N17-all-fp32-D64", "forest", 17, ALL, torch.float32, 64, None),
-    ("forest-N64-all-bf16-D32-blocks16-G4", "forest", 64, ALL, torch.bfloat16, 32, dict(SMALL, GROUP=4)),
-    ("forest-N64-pairwise-fp32-D32-blocks16", "forest", 64, PAIRWISE, torch.float32, 32, dict(SMALL, GROUP=1)),
-    ("forest-N64-parent-fp32-D32-blocks16", "forest", 64, PARENT, torch.float32, 32, dict(SMALL, GROUP=2)),
-    ("forest-N64-child-bf16-D32-blocks16", "forest", 64, CHILD, torch.bfloat16, 32, dict(SMALL, GROUP=2)),
-    ("forest-N64-sibling-fp32-D64-blocks16", "forest", 64, SIBLING, torch.float32, 64, dict(SMALL, GROUP=2)),
-    ("forest-N100-all-bf16-D64", "forest", 100, ALL, torch.bfloat16, 64, None),
-    ("forest-N129-default-bf16-D32", "forest", 129, DEFAULT, torch.bfloat16, 32, None),
-    ("single-N17-all-fp32-D32", "single", 17, ALL, torch.float32, 32, None),
-    ("single-N64-full-bf16-D64-blocks16", "single", 64, FULL, torch.bfloat16, 64, dict(SMALL, GROUP=1)),
-]
 
 
-@pytest.fixture
-def config_override():
-    """Set ``subnet._CONFIG_OVERRIDE`` for one test (smaller tiles exercise block skipping at small N)."""
-    def set_override(value):
-        subnet._CONFIG_OVERRIDE = value
-
-    yield set_override
-    subnet._CONFIG_OVERRIDE = None
+def run(fn, tensors, grad, dtype):
+    inputs = [t.to(dtype).requires_grad_(True) for t in tensors]
+    out, nonempty = fn(*inputs)
+    return out, nonempty, torch.autograd.grad(out, inputs, grad.to(out.dtype))
 
 
-def _qkv(B, H, N, D, dtype):
-    return [torch.randn(B, H, N, D, dtype=torch.float64, device=DEVICE) for _ in range(3)]
-
-
-def _run(fn, q, k, v, grad):
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out, nonempty = fn(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
-    return out, nonempty, grads
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_reference(case, config_override):
-    _, kind, N, masks, dtype, D, override = case
-    config_override(override)
-    trees = make_trees(kind, N)
-    B, H = trees.batch_size, 1
-    q, k, v = _qkv(B, H, N, D, dtype)
-    grad = torch.randn(B, masks.num_masks, H, N, D, dtype=torch.float64, device=DEVICE)
+def check(trees: sk.TreeBatch, masks, backend, device, dtype, H=None, D=16, seed=0):
+    trees = trees.to(device)
+    if H is None:  # one head under the interpreter keeps the Triton tests fast
+        H = 1 if backend == "triton" and interpreting() else 2
+    B, N = trees.batch_size, trees.max_len
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=gen, dtype=torch.float64).to(device) for _ in range(3))
+    grad = torch.randn(B, masks.num_masks, H, N, D, generator=gen, dtype=torch.float64).to(device)
 
     def kernel(q, k, v):
-        return sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")
+        return sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend=backend)
 
     def ref(q, k, v):
         return reference.syntax_subnetwork_attention(q, k, v, trees, masks)
 
-    out, nonempty, grads = _run(kernel, q.to(dtype), k.to(dtype), v.to(dtype), grad)
-    ref64, nonempty64, grads64 = _run(ref, q, k, v, grad)
-    reflow, _, gradslow = _run(ref, q.to(dtype), k.to(dtype), v.to(dtype), grad)
-
+    out, nonempty, grads = run(kernel, (q, k, v), grad, dtype)
+    out64, nonempty64, grads64 = run(ref, (q, k, v), grad, torch.float64)
+    outlow, _, gradslow = run(ref, (q, k, v), grad, dtype)
     assert out.dtype == dtype and out.shape == (B, masks.num_masks, H, N, D)
     assert nonempty.dtype == torch.bool and torch.equal(nonempty, nonempty64)
-    assert_close_to_reference(out, ref64, reflow, "out")
+    assert_close_to_reference(out, out64, outlow, "out")
     for name, g, g64, glow in zip(("dq", "dk", "dv"), grads, grads64, gradslow):
         assert_close_to_reference(g, g64, glow, name)
-    # Empty (token, mask) rows are exactly zero.
     empty = ~nonempty[:, :, None, :, None].expand_as(out)
-    assert torch.all(out[empty] == 0)
-    if bool(nonempty.any()):
+    assert torch.all(out[empty] == 0), "an empty (token, mask) row is not exactly zero"
+    alone = ~nonempty.any(dim=1)  # tokens with no key in any mask: exactly zero dq
+    assert torch.all(grads[0].permute(0, 2, 1, 3)[alone] == 0)
+    if bool((reference.syntax_masks(trees, masks).sum(dim=-1) > 1).any()):
         assert all(bool(g.abs().sum() > 0) for g in grads), "a gradient is all zeros"
+    elif bool(nonempty.any()):  # every row is a gather (e.g. child masks only): only v gets a gradient
+        assert bool(grads[2].abs().sum() > 0)
 
 
-def test_empty_rows_have_zero_gradients():
-    """Tokens whose every mask is empty (single-token sentences, padding) get exactly zero dq."""
-    trees = make_trees("single", 17)
-    masks = SYNTAX  # no syntax relation exists in one-token sentences; item 2 is a chain
-    q, k, v = (t.float().requires_grad_(True) for t in _qkv(3, 2, 17, 32, torch.float32))
-    out, nonempty = sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")
-    assert not bool(nonempty[:2].any()) and bool(nonempty[2].any())
-    assert torch.all(out[:2] == 0)
-    out.sum().backward()
-    assert torch.all(q.grad[:2] == 0) and torch.all(k.grad[:2] == 0) and torch.all(v.grad[:2] == 0)
-    assert torch.isfinite(q.grad).all() and bool(q.grad[2].abs().sum() > 0)
+# ---------------------------------------------------------------------------------------------------------
+# Forward and backward against the float64 reference
+# ---------------------------------------------------------------------------------------------------------
+
+def cases(values, triton_values, ids=None):
+    """Every value on the C++ path, ``triton_values`` (a subset: the interpreter is slow) on the Triton path."""
+    ids = ids or {value: str(value) for value in values}
+    return ([pytest.param(CPP.values[0], value, marks=needs_cpp, id=f"cpp-{ids[value]}") for value in values]
+            + [pytest.param(TRITON.values[0], value, marks=needs_triton, id=f"triton-{ids[value]}")
+               for value in triton_values])
 
 
-def test_default_scale_and_explicit_scale():
-    trees = make_trees("ragged", 17)
-    q, k, v = (t.float() for t in _qkv(3, 1, 17, 32, torch.float32))
-    out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, scale=0.3, backend="triton")
-    ref, _ = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, scale=0.3)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("backend_device,kind", cases(["random", "forest", "star", "chain", "packed", "single"],
+                                                      ["random", "star"]))
+def test_default_masks_fp32(backend_device, kind):
+    backend, device = backend_device
+    check(make_trees(kind, 19), DEFAULT, backend, device, torch.float32)
 
 
-def test_strided_inputs():
-    """q, k, v as transposed views of a [B, N, H, D] projection (no copies in the op)."""
-    trees = make_trees("forest", 17)
-    x = torch.randn(3, 17, 2, 3 * 32, device=DEVICE)
-    q, k, v = (t.transpose(1, 2) for t in x.split(32, dim=-1))
+MASK_IDS = {ALL: "all", PARENT: "parent", CHILD: "child", SIBLING: "sibling", PAIRWISE: "pairwise", FULL: "full"}
+
+
+@pytest.mark.parametrize("backend_device,masks", cases(list(MASK_IDS), [ALL, CHILD], MASK_IDS))
+def test_every_mask_kind_fp32(backend_device, masks):
+    backend, device = backend_device
+    check(make_trees("forest", 17, seed=1), masks, backend, device, torch.float32)
+
+
+@pytest.mark.parametrize("backend_device,kind", cases(["packed", "star"], ["packed"]))
+def test_bfloat16(backend_device, kind):
+    backend, device = backend_device
+    check(make_trees(kind, 24, seed=2), ALL, backend, device, torch.bfloat16, D=32)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["fp64", "fp16"])
+def test_cpp_float64_and_float16(dtype):
+    check(make_trees("random", 18, seed=3), ALL, "auto", "cpu", dtype)
+
+
+@needs_cpp
+def test_treebank_document(ud_dev_path):
+    """A real document: UD English-EWT sentences packed into 160 tokens, fp32, C++ path."""
+    sentences = sk.trees.read_conllu(ud_dev_path)
+    rows = []
+    for start in (0, 40):
+        doc = []
+        for s in sentences[start:]:
+            if len(doc) + len(s.heads) > 160:
+                break
+            doc += [h + len(doc) if h >= 0 else -1 for h in s.heads]
+        rows.append(doc)
+    check(sk.TreeBatch.from_heads(rows), ALL, "auto", "cpu", torch.float32, H=2, D=32)
+
+
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_through_topical_attention(backend_device):
+    """Sub-networks mixed by a (perturbed) TopicalAttention: output and the gradients of q, k, v and of the
+    topical parameters against the float64 reference pipeline."""
+    backend, device = backend_device
+    trees = make_trees("forest", 16, seed=4).to(device)
+    B, H, N, D = trees.batch_size, 1 if backend == "triton" and interpreting() else 2, trees.max_len, 8
+    torch.manual_seed(4)
+    topical = sk.nn.TopicalAttention(H, D).double().to(device)
+    with torch.no_grad():
+        for p in topical.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    q, k, v = (torch.randn(B, H, N, D, dtype=torch.float64, device=device) for _ in range(3))
+    grad = torch.randn(B, H, N, D, dtype=torch.float64, device=device)
+
+    def pipeline(fn, dtype):
+        module = topical.to(dtype)
+        inputs = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        mixed = module(*fn(*inputs))
+        grads = torch.autograd.grad(mixed, inputs + list(module.parameters()), grad.to(dtype))
+        return mixed, grads
+
+    got, got_grads = pipeline(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees, ALL, backend=backend),
+                              torch.float32)
+    want, want_grads = pipeline(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, ALL),
+                                torch.float64)
+    low, low_grads = pipeline(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, ALL),
+                              torch.float32)
+    assert_close_to_reference(got, want, low, "topical output")
+    names = ["dq", "dk", "dv", "d query", "d key_weight", "d value_weight"]
+    for name, g, g64, glow in zip(names, got_grads, want_grads, low_grads):
+        assert_close_to_reference(g, g64, glow, name)
+
+
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_strided_inputs(backend_device):
+    """q, k, v as transposed views of a [B, N, H, 3D] projection (no copies in the op)."""
+    backend, device = backend_device
+    trees = make_trees("forest", 17).to(device)
+    x = torch.randn(3, 17, 2, 3 * 16, device=device)
+    q, k, v = (t.transpose(1, 2) for t in x.split(16, dim=-1))
     assert not q.is_contiguous()
-    out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, ALL, backend="triton")
+    out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, ALL, backend=backend)
     ref, _ = reference.syntax_subnetwork_attention(q, k, v, trees, ALL)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Block metadata
-# ---------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("masks", [DEFAULT, ALL, PAIRWISE, CHILD], ids=["default", "all", "pairwise", "child"])
-def test_block_bits_kernel_matches_torch_and_covers_every_pair(masks):
-    trees = make_trees("forest", 100, seed=3)
-    bits_kernel = subnet.subnetwork_block_bits(trees, masks, 16, 16, use_kernel=True)
-    bits_torch = subnet.subnetwork_block_bits(trees, masks, 16, 16, use_kernel=False)
-    assert torch.equal(bits_kernel, bits_torch)
-    # Soundness: every allowed pair of mask m lies in a tile that has mask m's bit.
-    codes, needs, _ = subnet.mask_codes(masks)
-    allowed = reference.syntax_masks(trees, masks)  # [B, M, N, N]
-    B, M, N, _ = allowed.shape
-    blocks = -(-N // 16)
-    padded = torch.zeros(B, M, blocks * 16, blocks * 16, dtype=torch.bool, device=allowed.device)
-    padded[..., :N, :N] = allowed
-    tile_has_pair = padded.view(B, M, blocks, 16, blocks, 16).any(dim=5).any(dim=3)
-    for m in range(M):
-        has_bit = (bits_torch.to(torch.int32) & needs[m]) != 0
-        assert not bool((tile_has_pair[:, m] & ~has_bit).any()), f"mask {masks.names[m]} has a pair in a skipped tile"
-    # The syntax masks skip tiles on documents.
-    stats = subnet.subnetwork_block_stats(trees, masks, 16, 16)
-    assert 0.0 < stats["visited_mask_fraction"] <= stats["visited_fraction"] <= stats["valid_fraction"] <= 1.0
-    if masks is DEFAULT:
-        assert stats["syntax_fraction"] < stats["valid_fraction"]
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_scale(backend_device):
+    backend, device = backend_device
+    trees = make_trees("random", 15).to(device)
+    q, k, v = (torch.randn(3, 1, 15, 16, device=device) for _ in range(3))
+    out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, ALL, scale=0.3, backend=backend)
+    ref, _ = reference.syntax_subnetwork_attention(q, k, v, trees, ALL, scale=0.3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_block_stats_on_treebank(ud_dev_path):
-    sentences = sk.trees.read_conllu(ud_dev_path)[:40]
-    heads, offset = [], 0
-    for s in sentences:
-        if offset + len(s.heads) > 512:
-            break
-        heads += [h + offset if h >= 0 else -1 for h in s.heads]
-        offset += len(s.heads)
-    trees = sk.TreeBatch.from_heads([heads])
-    stats = subnet.subnetwork_block_stats(trees, DEFAULT, 64, 64)
-    assert stats["syntax_fraction"] < 0.5 * stats["valid_fraction"]
-
-
-def test_mask_codes_and_groups():
-    codes, needs, max_d = subnet.mask_codes(ALL)
-    assert len(codes) == ALL.num_masks and max_d == 4  # sibling_4
-    assert codes[ALL.names.index("parent_2")] == 8 and codes[ALL.names.index("child_1")] == 5
-    assert codes[ALL.names.index("sibling_3")] == 14 and codes[ALL.names.index("pairwise")] == 1
-    assert codes[-1] == -1 and needs[-1] == subnet.BIT_VALID
-    for group in (1, 2, 3, 4):
-        groups = subnet._mask_groups(codes, needs, group)
-        assert sorted(m for g in groups for m in g) == list(range(len(codes)))
-        assert all(1 <= len(g) <= group for g in groups)
-        # syntax masks never share a group with the dense ones
-        assert all(len({needs[m] == subnet.BIT_SYNTAX for m in g}) == 1 for g in groups)
+def test_pairwise_flags_without_a_pair_matrix():
+    """The CUDA path's pairwise flags come from per-tree token counts: equal to the reference's."""
+    for kind in ("random", "forest", "packed", "single", "star"):
+        trees = make_trees(kind, 21, seed=5)
+        want = reference.syntax_masks(trees, PAIRWISE)[:, 0].any(dim=-1)
+        assert torch.equal(subnet._pairwise_nonempty(trees), want), kind
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Dispatch and bad inputs
+# Dispatch, caching, validation
 # ---------------------------------------------------------------------------------------------------------
 
-def test_auto_on_cpu_is_the_reference():
-    trees = make_trees("ragged", 17).to("cpu")
-    q, k, v = (t.float().cpu() for t in _qkv(3, 1, 17, 32, torch.float32))
-    out, nonempty = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
-    ref, ref_nonempty = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
-    assert torch.equal(out, ref) and torch.equal(nonempty, ref_nonempty)
+@needs_cpp
+def test_auto_on_cpu_is_the_edge_path(monkeypatch):
+    trees = make_trees("random", 15)
+    q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
+    want, want_flags = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
+    monkeypatch.setattr(reference, "syntax_subnetwork_attention", lambda *a, **k: pytest.fail("the reference ran"))
+    out, flags = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(flags, want_flags)
 
 
-def test_float64_falls_back_under_auto_and_is_refused_by_triton():
-    trees = make_trees("ragged", 17)
-    q, k, v = _qkv(3, 1, 17, 32, torch.float64)
-    out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="auto")
-    assert out.dtype == torch.float64
-    with pytest.raises(ValueError, match="float64"):
-        sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="triton")
+@needs_cpp
+def test_lists_are_built_once_per_batch_and_masks(monkeypatch):
+    trees = make_trees("packed", 20)
+    calls = []
+    original = tree_batch_module.build_edge_lists
+    monkeypatch.setattr(tree_batch_module, "build_edge_lists", lambda *a, **k: calls.append(k) or original(*a, **k))
+    q, k, v = (torch.randn(2, 1, 20, 8) for _ in range(3))
+    for _ in range(3):
+        sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
+    sk.syntax_subnetwork_attention(q, k, v, trees, ALL)  # same relations: same lists
+    assert len(calls) == 1
+    sk.syntax_subnetwork_attention(q, k, v, trees, PARENT)
+    assert len(calls) == 2
+
+
+def test_reference_backend_and_float64_triton():
+    trees = make_trees("random", 15)
+    q, k, v = (torch.randn(3, 1, 15, 16, dtype=torch.float64) for _ in range(3))
+    out, flags = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="reference")
+    want, want_flags = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
+    assert torch.equal(out, want) and torch.equal(flags, want_flags)
+    if torch.cuda.is_available() or interpreting():
+        trees = trees.to(KERNEL_DEVICE)
+        q, k, v = (t.to(KERNEL_DEVICE) for t in (q, k, v))
+        with pytest.raises(ValueError, match="float64"):
+            sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="triton")
+        out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="auto")
+        assert out.dtype == torch.float64
+
+
+def test_validation_comes_before_backend_resolution():
+    trees = make_trees("random", 15)
+    q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
+    # A bad tensor is reported as such even with a backend that could not run here.
+    with pytest.raises(ValueError, match="q, k, v"):
+        sk.syntax_subnetwork_attention(q, k[:, :, :10], v, trees, DEFAULT, backend="cuda")
+    with pytest.raises(TypeError, match="trees"):
+        sk.syntax_subnetwork_attention(q, k, v, trees.distance, DEFAULT, backend="no such backend")
+    with pytest.raises(TypeError, match="masks"):
+        sk.syntax_subnetwork_attention(q, k, v, trees, "parent", backend="no such backend")
+    with pytest.raises(ValueError, match="backend"):
+        sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="cuda")
 
 
 def test_bad_inputs():
-    trees = make_trees("ragged", 17)
-    q, k, v = (t.float() for t in _qkv(3, 1, 17, 32, torch.float32))
-    with pytest.raises(TypeError, match="trees"):
-        sk.syntax_subnetwork_attention(q, k, v, trees.distance, DEFAULT, backend="triton")
-    with pytest.raises(TypeError, match="masks"):
-        sk.syntax_subnetwork_attention(q, k, v, trees, "parent", backend="triton")
-    with pytest.raises(ValueError, match="backend"):
-        sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="cuda")
+    trees = make_trees("random", 15)
+    q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
     with pytest.raises(ValueError, match="distance"):
-        sk.syntax_subnetwork_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], trees, DEFAULT, backend="triton")
-    with pytest.raises(ValueError, match="q, k, v"):
-        sk.syntax_subnetwork_attention(q, k[:, :, :10], v, trees, DEFAULT, backend="triton")
-    with pytest.raises(ValueError, match="head dim"):
-        sk.syntax_subnetwork_attention(q, k, v[..., :16], trees, DEFAULT, backend="triton")
+        sk.syntax_subnetwork_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], trees, DEFAULT)
     with pytest.raises(ValueError, match="float16, bfloat16"):
-        sk.syntax_subnetwork_attention(q.long(), k.long(), v.long(), trees, DEFAULT, backend="triton")
+        sk.syntax_subnetwork_attention(q.long(), k.long(), v.long(), trees, DEFAULT)
+    with pytest.raises(ValueError, match="one device"):
+        sk.syntax_subnetwork_attention(q, k, v.to("meta"), trees, DEFAULT)
 
 
-def test_library_ops_pass_opcheck():
-    """The torch.library triton ops have valid schemas and fake (shape-only) implementations."""
-    trees = make_trees("forest", 17)
-    q, k, v = (t.float() for t in _qkv(3, 1, 17, 32, torch.float32))
-    codes, needs, max_d = subnet.mask_codes(ALL)
-    args = (q, k, v, trees.distance, trees.depth, trees.segment, codes, needs, max_d, 0.2)
-    utils = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.syntaxkernels.subnetwork_attention_fwd, args, test_utils=utils)
-    out, lse, nonempty, bits = torch.ops.syntaxkernels.subnetwork_attention_fwd(*args)
-    assert lse.shape == (3, ALL.num_masks, 1, 17) and bits.dtype == torch.int8
-    bwd_args = (torch.randn_like(out), q, k, v, out, lse, trees.distance, trees.depth, trees.segment, bits, codes,
-                needs, 0.2)
-    torch.library.opcheck(torch.ops.syntaxkernels.subnetwork_attention_bwd, bwd_args, test_utils=utils)
+def test_edge_stats():
+    trees = make_trees("packed", 30, seed=6)
+    stats = subnet.subnetwork_edge_stats(trees, DEFAULT)
+    lists = trees.relation_lists(DEFAULT)
+    assert stats["edges"] == lists.num_edges == sum(stats[name] for name in lists.names)
+    assert stats["child_1"] == float((trees.heads[trees.segment >= 0] >= 0).sum())  # one parent per non-root
+    assert 0 < stats["relation_density"] < 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA only
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("masks", [sk.MaskSpec(full=False), ALL], ids=["relations", "all"])
+def test_cuda_no_host_synchronisation(masks):
+    """With the lists built in the data pipeline (on the CPU, before .to()), forward and backward read nothing
+    back from the GPU."""
+    rng = random.Random(1)
+    trees = sk.TreeBatch.from_heads([random_document(rng, [rng.randint(3, 30) for _ in range(12)])[:256]
+                                     for _ in range(2)])
+    trees.relation_lists(masks)
+    trees = trees.to("cuda")
+    N = trees.max_len
+    q, k, v = (torch.randn(2, 4, N, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    sk.syntax_subnetwork_attention(q, k, v, trees, masks)[0].sum().backward()  # warm-up (compilation, caches)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, masks)
+        out.float().square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -283,21 +336,4 @@ def test_cuda_real_sizes(dtype, head_dim):
     """Real sizes on a GPU: 4 documents of ~512 tokens, 4 heads, M = 11, and backend='auto' picks Triton."""
     rng = random.Random(1)
     rows = [random_document(rng, [rng.randint(5, 40) for _ in range(20)])[:512] for _ in range(4)]
-    trees = sk.TreeBatch.from_heads(rows).to(DEVICE)
-    N = trees.max_len
-    q, k, v = _qkv(4, 4, N, head_dim, dtype)
-    grad = torch.randn(4, ALL.num_masks, 4, N, head_dim, dtype=torch.float64, device=DEVICE)
-
-    def kernel(q, k, v):
-        return sk.syntax_subnetwork_attention(q, k, v, trees, ALL, backend="auto")
-
-    def ref(q, k, v):
-        return reference.syntax_subnetwork_attention(q, k, v, trees, ALL)
-
-    out, nonempty, grads = _run(kernel, q.to(dtype), k.to(dtype), v.to(dtype), grad)
-    ref64, nonempty64, grads64 = _run(ref, q, k, v, grad)
-    reflow, _, gradslow = _run(ref, q.to(dtype), k.to(dtype), v.to(dtype), grad)
-    assert torch.equal(nonempty, nonempty64)
-    assert_close_to_reference(out, ref64, reflow, "out")
-    for name, g, g64, glow in zip(("dq", "dk", "dv"), grads, grads64, gradslow):
-        assert_close_to_reference(g, g64, glow, name)
+    check(sk.TreeBatch.from_heads(rows), ALL, "auto", "cuda", dtype, H=4, D=head_dim)

@@ -491,3 +491,157 @@ def test_concurrent_calls_from_python_threads():
     for result in results:
         for a, b in zip(result, want):
             assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------- relation and window lists
+
+from syntaxkernels.checks.reference import brute_force_masks  # noqa: E402
+from syntaxkernels.trees.batch import EdgeLists, build_edge_lists, python_edge_lists  # noqa: E402
+
+LIST_SPECS = [sk.MaskSpec(max_distance=3), sk.MaskSpec(max_distance=1, sibling=False),
+              sk.MaskSpec(max_distance=4, parent=False, child=False), sk.MaskSpec(max_distance=2, parent=False)]
+
+
+def relation_spec(masks):
+    return dict(max_distance=masks.max_distance, parent=masks.parent, child=masks.child, sibling=masks.sibling)
+
+
+def assert_lists_are(lists: EdgeLists, want: torch.Tensor):
+    """``lists`` hold exactly the pairs of the bool [B, R, N, N] ``want``, keys and queries increasing."""
+    B, R, N, _ = want.shape
+    assert (lists.batch_size, lists.num_relations, lists.max_len) == (B, R, N)
+    assert torch.equal(lists.to_dense(), want)
+    assert torch.equal(lists.nonempty, want.any(dim=-1))
+    ptr, t_ptr = lists.row_ptr.long(), lists.t_ptr.long()
+    assert ptr[0] == 0 and ptr[-1] == lists.num_edges == t_ptr[-1] and bool((ptr[1:] >= ptr[:-1]).all())
+    rows = torch.repeat_interleave(torch.arange(B * N * R), ptr[1:] - ptr[:-1])
+    assert torch.equal(lists.rel.long(), rows % R)
+    t_rows = torch.repeat_interleave(torch.arange(B * N * R), t_ptr[1:] - t_ptr[:-1])
+    assert torch.equal(lists.t_rel.long(), t_rows % R)
+    transposed = torch.zeros(B * N * R * N, dtype=torch.bool)
+    transposed[t_rows * N + lists.t_col.long()] = True  # [b, j, r, i]
+    assert torch.equal(transposed.view(B, N, R, N).permute(0, 2, 3, 1), want)
+    for index, row_of in ((lists.col.long(), rows), (lists.t_col.long(), t_rows)):  # increasing within a row
+        same_row = row_of[1:] == row_of[:-1]
+        assert bool((index[1:][same_row] > index[:-1][same_row]).all())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forests(max_items=4, max_length=16))
+def test_relation_lists_match_the_head_chains(case):
+    """C++ lists (and the PyTorch fallback) hold exactly the pairs of the masks computed by walking the head chains
+    (an oracle independent of the distance matrix)."""
+    sentences, extra, garbage = case
+    heads, lengths, n = padded_with_garbage(sentences, extra, garbage)
+    batch = TreeBatch.from_heads(heads, lengths)
+    for masks in LIST_SPECS:
+        want = brute_force_masks(sentences, n, masks)[:, :masks.max_distance * (masks.parent + masks.child
+                                                                                 + masks.sibling)]
+        lists = [python_edge_lists(batch.distance, batch.depth, batch.segment, **relation_spec(masks))]
+        if HAS_CPP:
+            lists.append(build_edge_lists(heads, lengths, **relation_spec(masks), num_threads=2))
+        for built in lists:
+            assert_lists_are(built, want)
+            assert built.names == tuple(masks.names[:built.num_relations])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forests(max_items=4, max_length=16), st.sampled_from([0, 1, 2, 5, 254]))
+def test_window_lists_are_the_pairs_within_the_window(case, window):
+    sentences, extra, garbage = case
+    heads, lengths, n = padded_with_garbage(sentences, extra, garbage)
+    batch = TreeBatch.from_heads(heads, lengths)
+    want = (batch.distance.int() <= window)[:, None]
+    assert_lists_are(python_edge_lists(batch.distance, batch.depth, batch.segment, window=window), want)
+    if HAS_CPP:
+        lists = build_edge_lists(heads, lengths, window=window)
+        assert_lists_are(lists, want)
+        assert lists.names == (f"window_{window}",)
+
+
+@requires_cpp
+def test_lists_of_a_long_chain_and_a_star():
+    """Distances saturate at 254 (window 254 keeps the whole tree); a star's sibling lists are quadratic."""
+    chain = list(range(-1, 299))
+    lists = build_edge_lists(torch.tensor([chain]), torch.tensor([300]), window=254)
+    assert lists.num_edges == 300 * 300
+    assert build_edge_lists(torch.tensor([chain]), torch.tensor([300]), window=253).num_edges < 300 * 300
+    star = torch.tensor([[-1] + [0] * 99])
+    lists = build_edge_lists(star, torch.tensor([100]), max_distance=1, parent=False, child=False)
+    assert lists.num_edges == 99 * 98 and lists.names == ("sibling_2",)
+
+
+@pytest.mark.parametrize("heads, lengths, message", [
+    ([[-1, 0], [-1, 2, 3, 1]], None, "batch item 1, token 1: on a cycle (1 -> 2 -> 3 -> 1) that never reaches a root"),
+    ([[-1, 0, 3]], None, "batch item 0, token 2: head 3 out of range (length 3; expected -1 for a root or 0..2)"),
+    ([[-1, 1]], None, "batch item 0, token 1: self-loop (its head is itself; use -1 for a root)"),
+    ([[-1], [-1]], [1, 2], "batch item 1: lengths[1] = 2 is larger than N = 1"),
+])
+def test_list_builder_reports_the_tree_builders_errors(heads, lengths, message):
+    heads_t, given, _ = padded_with_garbage(heads, 0, -1)
+    lengths_t = torch.tensor(lengths) if lengths is not None else given
+    with pytest.raises(ValueError) as tree_error:
+        TreeBatch.from_heads(heads_t, lengths_t)
+    assert str(tree_error.value) == message
+    if HAS_CPP:
+        for spec in (dict(max_distance=2), dict(window=3)):
+            with pytest.raises(ValueError) as list_error:
+                build_edge_lists(heads_t, lengths_t, **spec)
+            assert str(list_error.value) == message
+
+
+def test_list_builder_rejects_bad_specs():
+    heads, lengths = torch.tensor([[-1, 0]]), torch.tensor([2])
+    with pytest.raises(ValueError, match="max_distance"):
+        build_edge_lists(heads, lengths, max_distance=0)
+    with pytest.raises(ValueError, match="no relation enabled"):
+        build_edge_lists(heads, lengths, parent=False, child=False, sibling=False)
+    with pytest.raises(ValueError, match="window"):
+        build_edge_lists(heads, lengths, window=255)
+    with pytest.raises(ValueError, match="window"):
+        TreeBatch.from_heads([[-1, 0]]).window_lists(-1)
+    with pytest.raises(TypeError, match="MaskSpec"):
+        TreeBatch.from_heads([[-1, 0]]).relation_lists("parent")
+
+
+def test_tree_batch_caches_lists_and_carries_them():
+    batch = TreeBatch.from_heads([[-1, 0, 0, 1], [1, -1]])
+    masks = sk.MaskSpec(max_distance=2)
+    lists = batch.relation_lists(masks)
+    assert batch.relation_lists(sk.MaskSpec(max_distance=2, pairwise=True)) is lists  # same relations
+    assert batch.window_lists(2) is batch.window_lists(2) and batch.cached_window_lists(3) is None
+    moved = batch.to("cpu")
+    assert moved.relation_lists(masks) is not lists and torch.equal(moved.relation_lists(masks).col, lists.col)
+    assert moved.cached_window_lists(2) is not None
+    assert lists.to(torch.float16).col.dtype == torch.int32  # a dtype never converts the lists
+
+
+def test_tree_batch_pins_its_lists():
+    batch = TreeBatch.from_heads([[-1, 0, 0, 1], [1, -1]])
+    masks = sk.MaskSpec(max_distance=2)
+    batch.relation_lists(masks)
+    batch.window_lists(2)
+    try:
+        pinned = batch.pin_memory()
+    except RuntimeError as exc:  # page-locked memory needs a CUDA (or other accelerator) runtime
+        pytest.skip(f"pin_memory unavailable on this build: {exc}")
+    assert pinned.relation_lists(masks).col.is_pinned() and pinned.cached_window_lists(2).t_ptr.is_pinned()
+
+
+def test_collator_builds_lists_in_dataloader_workers():
+    from syntaxkernels.trees import TreeCollator
+
+    masks = sk.MaskSpec(max_distance=2)
+    collator = TreeCollator(masks=masks, windows=(1, 3))
+    items = [{"input_ids": [5, 6, 7], "heads": [-1, 0, 1]}, {"input_ids": [8, 9], "heads": [1, -1]}]
+    loader = torch.utils.data.DataLoader(items * 2, batch_size=2, collate_fn=collator, num_workers=1)
+    for batch in loader:
+        trees = batch["trees"]
+        keys = set(trees._edge_lists)
+        assert ("window", 1) in keys and ("window", 3) in keys and len(keys) == 3
+        want = TreeBatch.from_heads([[-1, 0, 1], [1, -1]])
+        assert torch.equal(trees.relation_lists(masks).col, want.relation_lists(masks).col)
+    with pytest.raises(ValueError, match="windows"):
+        TreeCollator(windows=(255,))
+    with pytest.raises(TypeError, match="masks"):
+        TreeCollator(masks="parent")

@@ -76,7 +76,9 @@ class _FakeCudaDriver:
         return self.target
 
     def get_current_device(self):
-        return 0
+        # The JIT caches its target per device id: one id per architecture keeps sm_80 and sm_90 compilations
+        # apart in one process.
+        return self.target.arch
 
     def get_current_stream(self, device=None):
         return 0
@@ -427,9 +429,39 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
     return run
 
 
+def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
+    """The edge-list attention launchers (``syntaxkernels::edge_attention_fwd`` / ``_bwd``) on one packed document
+    of N tokens (sentences of 5..40 tokens, one tree each) with ``MaskSpec()`` (9 relation masks)."""
+
+    def run():
+        import random
+
+        import torch
+
+        from . import workloads
+        from .ops import edge_attention as op
+        from .specs import MaskSpec
+        from .trees import TreeBatch
+
+        dt = _torch_dtype(dtype)
+        rng = random.Random(0)
+        lengths = []
+        while sum(lengths) < N:
+            lengths.append(min(rng.randint(5, 40), N - sum(lengths)))
+        lists = TreeBatch.from_heads([workloads.random_document(rng, lengths)]).relation_lists(MaskSpec())
+        q = torch.zeros(1, H, N, head_dim, dtype=dt)
+        k, v = torch.zeros_like(q), torch.zeros_like(q)
+        out, lse = op.edge_attention_forward(q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.125)
+        op.edge_attention_backward(torch.zeros_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel,
+                                   lists.t_ptr, lists.t_col, lists.t_rel, 0.125)
+
+    return run
+
+
 # The subset the test suite compiles: the target cases, the heaviest variants and fp32 (spills).
 _CI_CASES = {("bf16", 64, "dense"), ("bf16", 128, "dense"), ("fp16", 128, "dense"), ("bf16", 64, "window"),
              ("bf16", 128, "causal"), ("fp32", 64, "dense"), ("fp32", 128, "dense")}
+_CI_EDGE_CASES = {("bf16", 64), ("bf16", 128), ("fp32", 64)}
 
 
 def launch_cases(select: str = "", ci: bool = False) -> List[LaunchCase]:
@@ -448,6 +480,10 @@ def launch_cases(select: str = "", ci: bool = False) -> List[LaunchCase]:
                                         _bias_case(dtype, head_dim, variant),
                                         targets=dtype != "fp32" and head_dim in (64, 128) and variant == "dense",
                                         ci=(dtype, head_dim, variant) in _CI_CASES))
+    for dtype in ("bf16", "fp16", "fp32"):
+        for head_dim in (32, 64, 128):
+            cases.append(LaunchCase("edge_attention", f"{dtype} D{head_dim} N1024 MaskSpec()", dtype, head_dim,
+                                    _edge_case(dtype, head_dim), ci=(dtype, head_dim) in _CI_EDGE_CASES))
     return [c for c in cases if (not select or select in f"{c.op} {c.name}") and (c.ci or not ci)]
 
 

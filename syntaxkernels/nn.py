@@ -326,8 +326,8 @@ class SyntaxGAT(nn.Module):
             q = _split_heads(layer.q_proj(x), self.num_heads)
             k = _split_heads(layer.k_proj(x), self.num_heads)
             v = _split_heads(layer.v_proj(x), self.num_heads)
-            out = ops.syntax_bias_attention(q, k, v, distance, table, buckets=self._buckets, lengths=lengths,
-                                            window=self.window, backend=self.backend)
+            out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
+                                              window=self.window, lengths=lengths, backend=self.backend)
             x = _merge_heads(out)
         return x
 

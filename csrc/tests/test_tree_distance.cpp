@@ -1,4 +1,5 @@
-// C++ tests of the torch-free tree-distance core (run by ctest; no Python, no libtorch).
+// C++ tests of the torch-free core (run by ctest; no Python, no libtorch): the tree-distance builder here,
+// the relation/window list builder in test_relation_lists.cpp (called from main()).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -191,6 +192,9 @@ void test_empty() {
 
 }  // namespace
 
+// csrc/tests/test_relation_lists.cpp (the same executable): returns its number of failures.
+int run_relation_list_tests();
+
 int main() {
   test_chain_star_single();
   test_forest_and_padding();
@@ -199,6 +203,7 @@ int main() {
   test_errors();
   test_lowest_bad_item_with_threads();
   test_empty();
+  failures += run_relation_list_tests();
   if (failures) {
     std::fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

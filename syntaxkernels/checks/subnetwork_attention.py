@@ -1,9 +1,9 @@
-"""Checks and benches of the fused sub-network attention (``python -m syntaxkernels verify|bench``).
+"""Checks and benches of the sub-network attention (``python -m syntaxkernels verify|bench``).
 
-CHECKS: the Triton kernels against the fp64 reference (forward, non-empty flags, dq, dk, dv) on the current
-device: CUDA, or CPU under ``TRITON_INTERPRET=1`` (skipped otherwise).
-BENCHES: the visited-block fractions of packed treebank documents (any device; a property of the trees and the
-tiling), and forward / forward+backward times on CUDA.
+CHECKS: the op against the fp64 reference (forward, non-empty flags, dq, dk, dv): the Triton path on the current
+device (CUDA, or CPU under ``TRITON_INTERPRET=1``; skipped otherwise) and the C++ path (CPU).
+BENCHES: the edge counts of the relation masks on packed treebank documents (any device: a property of the trees),
+and forward times on CUDA.
 """
 from __future__ import annotations
 
@@ -20,33 +20,40 @@ _UD_DEV = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.d
                        "shared", "data", "ud", "en_ewt-ud-dev.conllu")
 
 
-def _usable(device: str) -> None:
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+def _usable(device: str, backend: str) -> None:
+    if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise Skip("the Triton kernels run on CPU only under TRITON_INTERPRET=1")
+    if backend == "auto" and device != "cpu":
+        raise Skip("the C++ path takes CPU tensors (run verify on the CPU)")
+    if backend == "auto":
+        from .. import _ext
+
+        if not _ext.available():
+            raise Skip("the C++ extension is not built")
 
 
-def _check(device: str, dtype: torch.dtype, n: int, pairwise: bool):
+def _check(device: str, backend: str, dtype: torch.dtype, n: int, pairwise: bool):
     import syntaxkernels as sk
     from syntaxkernels import reference
     from syntaxkernels.testing import compare_to_reference
 
-    _usable(device)
+    _usable(device, backend)
     rng = random.Random(0)
     rows = [random_document(rng, [n // 3, n - n // 3]), random_document(rng, [max(1, n // 2)]), []]
     trees = sk.TreeBatch.from_heads(rows).to(device)
     n = trees.max_len
     masks = sk.MaskSpec(pairwise=pairwise)
     B, H, D = len(rows), 2, 64
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, device=device) for _ in range(3))
-    grad = torch.randn(B, masks.num_masks, H, n, D, dtype=torch.float64, device=device)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, D, generator=gen, dtype=torch.float64).to(device) for _ in range(3))
+    grad = torch.randn(B, masks.num_masks, H, n, D, generator=gen, dtype=torch.float64).to(device)
 
     def run(fn, dt):
         args = [t.to(dt).requires_grad_(True) for t in (q, k, v)]
         out, nonempty = fn(*args)
         return (out, nonempty, *torch.autograd.grad(out, args, grad.to(dt)))
 
-    kernel = run(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees, masks, backend="triton"), dtype)
+    kernel = run(lambda a, b, c: sk.syntax_subnetwork_attention(a, b, c, trees, masks, backend=backend), dtype)
     ref64 = run(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, masks), torch.float64)
     reflow = run(lambda a, b, c: reference.syntax_subnetwork_attention(a, b, c, trees, masks), dtype)
     if not torch.equal(kernel[1], ref64[1]):
@@ -63,9 +70,10 @@ def _check(device: str, dtype: torch.dtype, n: int, pairwise: bool):
 def _treebank_heads():
     from syntaxkernels.trees import read_conllu
 
-    if not os.path.exists(_UD_DEV):
-        raise Skip(f"treebank not present at {_UD_DEV}")
-    return [list(s.heads) for s in read_conllu(_UD_DEV) if s.heads]
+    path = os.environ.get("SYNTAXKERNELS_UD") or _UD_DEV
+    if not os.path.exists(path):
+        raise Skip(f"treebank not present at {path}")
+    return [list(s.heads) for s in read_conllu(path) if s.heads]
 
 
 def _pack(sentences, n):
@@ -78,20 +86,19 @@ def _pack(sentences, n):
     return doc
 
 
-def _bench_fractions(device: str, quick: bool):
+def _bench_edges(device: str, quick: bool):
     import syntaxkernels as sk
-    from syntaxkernels.ops.subnetwork_attention import subnetwork_block_stats
+    from syntaxkernels.ops.subnetwork_attention import subnetwork_edge_stats
 
     sentences = _treebank_heads()
     masks = sk.MaskSpec()
     rows = []
     for n in ([512] if quick else [512, 1024, 4096]):
         trees = sk.TreeBatch.from_heads([_pack(sentences, n)])
-        for block in ((64, 32), (64, 64)):
-            stats = subnetwork_block_stats(trees, masks, *block)
-            rows.append(dict(N=n, block=f"{block[0]}x{block[1]}", masks=masks.num_masks,
-                             syntax_fraction=round(stats["syntax_fraction"], 4),
-                             visited_mask_fraction=round(stats["visited_mask_fraction"], 4)))
+        stats = subnetwork_edge_stats(trees, masks)
+        rows.append(dict(N=n, tokens=int(trees.lengths.sum()), edges=int(stats["edges"]),
+                         edges_per_token=round(stats["edges_per_token"], 2),
+                         relation_density=round(stats["relation_density"], 5)))
     return rows
 
 
@@ -106,7 +113,9 @@ def _bench_cuda(device: str, quick: bool):
     rows = []
     for n in ([512] if quick else [512, 2048]):
         batch = max(1, 8192 // n)
-        trees = sk.TreeBatch.from_heads([_pack(sentences[i * 40:], n) for i in range(batch)]).to(device)
+        trees = sk.TreeBatch.from_heads([_pack(sentences[i * 40:], n) for i in range(batch)])
+        trees.relation_lists(masks)
+        trees = trees.to(device)
         n = trees.max_len
         q, k, v = (torch.randn(batch, 12, n, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
         for name, fn in (("syntaxkernels", lambda: sk.syntax_subnetwork_attention(q, k, v, trees, masks,
@@ -125,12 +134,15 @@ def _bench_cuda(device: str, quick: bool):
 
 
 CHECKS = [
-    Check("subnetwork_attention fp32 N=37 (forest, default masks)",
-          lambda device: _check(device, torch.float32, 37, False)),
-    Check("subnetwork_attention bf16 N=70 (forest, pairwise)", lambda device: _check(device, torch.bfloat16, 70, True)),
+    Check("subnetwork_attention triton fp32 N=37 (forest, default masks)",
+          lambda device: _check(device, "triton", torch.float32, 37, False)),
+    Check("subnetwork_attention triton bf16 N=70 (forest, pairwise)",
+          lambda device: _check(device, "triton", torch.bfloat16, 70, True)),
+    Check("subnetwork_attention C++ fp32 N=70 (forest, pairwise)",
+          lambda device: _check(device, "auto", torch.float32, 70, True)),
 ]
 
 BENCHES = [
-    Bench("subnetwork_attention visited-block fraction (treebank documents)", _bench_fractions),
+    Bench("subnetwork_attention relation edges (treebank documents)", _bench_edges),
     Bench("subnetwork_attention forward time (bf16, H=12, D=64)", _bench_cuda),
 ]

@@ -12,21 +12,30 @@ A tree is a vector of 0-based head indices, ``-1`` for a root; several roots mak
 Three builders give the same result: the C++ extension (``syntaxkernels._C``, parallel over the batch,
 GIL released), a CUDA one for tensors already on the GPU, and the pure-Python/NumPy fallback here.
 Every builder rejects bad input with a ``ValueError`` naming the batch item and token.
+
+Edge lists (:class:`EdgeLists`, :func:`build_edge_lists`): for the relation masks of a ``MaskSpec``
+(parent_d, child_d, sibling_d) or a tree window (``d(i, j) <= window``), the keys of every query row in CSR
+form, int32, with the transposed lists a backward gathers from. Built by the C++ extension from the heads in
+O(E) (no N x N matrix), with a PyTorch fallback from the distance, depth and segment tensors.
+``TreeBatch.relation_lists(masks)`` and ``TreeBatch.window_lists(window)`` build them once per batch and
+cache them; ``.to()`` and ``.pin_memory()`` carry the cache.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .. import _ext
+from ..specs import MaskSpec
 
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
-__all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors"]
+__all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors", "EdgeLists",
+           "build_edge_lists", "python_edge_lists"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -299,6 +308,210 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
 
 
 @dataclass
+class EdgeLists:
+    """Per-row key lists of ``R`` relations over ``B`` sequences of ``N`` tokens (CSR, int32, one device).
+
+    Rows are ``(b, i, r)`` (query token i of sequence b, relation r), row id ``(b * N + i) * R + r``; the keys
+    (token indices within the sequence) of a row are ``col[row_ptr[row]:row_ptr[row + 1]]``, increasing. As
+    the R rows of one query are consecutive, ``col[row_ptr[(b*N + i)*R]:row_ptr[(b*N + i + 1)*R]]`` are all
+    its edges, each with its relation in ``rel``. The transposed lists hold, per key row ``(b, j, r)``, the
+    queries i whose row r lists j (``t_col``, increasing, with ``t_rel``): a backward gathers dk and dv
+    through them without atomics. Padding rows are empty. Memory is O(E + B N R).
+
+    Attributes:
+        row_ptr, t_ptr: int32 ``[B * N * R + 1]``.
+        col, rel, t_col, t_rel: int32 ``[E]``.
+        nonempty: bool ``[B, R, N]``: row (b, i, r) has at least one key.
+        names: the relation names, in order (``MaskSpec.names`` of the relation masks, or ``window_<w>``).
+    """
+
+    row_ptr: torch.Tensor
+    col: torch.Tensor
+    rel: torch.Tensor
+    t_ptr: torch.Tensor
+    t_col: torch.Tensor
+    t_rel: torch.Tensor
+    nonempty: torch.Tensor
+    names: Tuple[str, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return self.nonempty.shape[0]
+
+    @property
+    def num_relations(self) -> int:
+        return self.nonempty.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.nonempty.shape[2]
+
+    @property
+    def num_edges(self) -> int:
+        """E (host-side metadata: no device synchronisation)."""
+        return self.col.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.col.device
+
+    def _map(self, fn) -> "EdgeLists":
+        tensors = (self.row_ptr, self.col, self.rel, self.t_ptr, self.t_col, self.t_rel, self.nonempty)
+        return EdgeLists(*(fn(t) for t in tensors), names=self.names)
+
+    def to(self, *args, **kwargs) -> "EdgeLists":
+        """Move every tensor to a device (``lists.to('cuda', non_blocking=True)``); a dtype argument is
+        ignored: the lists stay int32 (and bool)."""
+        device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                device = arg.device
+            elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
+                device = arg
+            elif isinstance(arg, bool):
+                non_blocking = arg
+        if device is None:
+            return self
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "EdgeLists":
+        return self._map(lambda t: t.pin_memory())
+
+    def to_dense(self) -> torch.Tensor:
+        """bool ``[B, R, N, N]``: ``[b, r, i, j]`` is True when row (b, i, r) lists key j. For tests and small
+        inputs only (it is the matrix the lists avoid)."""
+        B, R, N = self.nonempty.shape
+        dense = torch.zeros(B * N * R * N, dtype=torch.bool, device=self.device)
+        rows = torch.repeat_interleave(torch.arange(B * N * R, device=self.device),
+                                       (self.row_ptr[1:] - self.row_ptr[:-1]).long())
+        dense[rows * N + self.col.long()] = True
+        return dense.view(B, N, R, N).permute(0, 2, 1, 3)
+
+    def __repr__(self) -> str:
+        return (f"EdgeLists(batch_size={self.batch_size}, max_len={self.max_len}, relations={list(self.names)}, "
+                f"edges={self.num_edges}, device={self.device})")
+
+
+def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
+    r = range(1, max_distance + 1)
+    return tuple(([f"parent_{d}" for d in r] if parent else []) + ([f"child_{d}" for d in r] if child else [])
+                 + ([f"sibling_{d + 1}" for d in r] if sibling else []))
+
+
+def _check_list_spec(max_distance: int, parent: bool, child: bool, sibling: bool, window: Optional[int]) -> None:
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
+            raise ValueError(f"window must be an int in 0..254, got {window!r}")
+        return
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or not 1 <= max_distance <= 64:
+        raise ValueError(f"max_distance must be an int in 1..64, got {max_distance!r}")
+    if not (parent or child or sibling):
+        raise ValueError("no relation enabled: at least one of parent, child, sibling must be True")
+
+
+def _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B: int, N: int, R: int, names) -> EdgeLists:
+    nonempty = (row_ptr[1:] > row_ptr[:-1]).view(B, N, R).permute(0, 2, 1).contiguous()
+    return EdgeLists(row_ptr, col, rel, t_ptr, t_col, t_rel, nonempty, tuple(names))
+
+
+def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tensor, *, max_distance: int = 3,
+                      parent: bool = True, child: bool = True, sibling: bool = True,
+                      window: Optional[int] = None, lengths: Optional[torch.Tensor] = None) -> EdgeLists:
+    """The edge lists from the distance, depth and segment tensors with PyTorch ops (any device).
+
+    The fallback of :func:`build_edge_lists` (no C++ extension) and the way to get window lists from a bare
+    distance tensor: relation r of pair (i, j) follows DESIGN.md section 2 (i is an ancestor of j iff same
+    segment and ``depth[j] - depth[i] == d(i, j)``); a window keeps ``d(i, j) <= window``. One ``[B, N, N]``
+    boolean mask exists at a time (the size of the distance tensor itself). ``lengths`` (int ``[B]``, windows
+    only) additionally drops tokens at ``>= lengths[b]``. On CUDA it synchronises (``nonzero``).
+    """
+    _check_list_spec(max_distance, parent, child, sibling, window)
+    B, N, _ = distance.shape
+    device = distance.device
+    dist = distance.to(torch.int32)
+    seg = segment.to(torch.int32)
+    valid = seg >= 0
+    if lengths is not None:
+        valid = valid & (torch.arange(N, device=device)[None, :] < lengths.to(device)[:, None])
+    pair_valid = valid[:, :, None] & valid[:, None, :]
+    masks = []
+    if window is not None:
+        names = (f"window_{window}",)
+        masks.append(lambda: pair_valid & (dist <= window))
+    else:
+        names = _relation_names(max_distance, parent, child, sibling)
+        same_tree = pair_valid & (seg[:, :, None] == seg[:, None, :])
+        gap = depth.to(torch.int32)[:, None, :] - depth.to(torch.int32)[:, :, None]  # depth[j] - depth[i]
+        ancestor = same_tree & (gap == dist)
+        descendant = same_tree & (-gap == dist)
+        other = same_tree & ~ancestor & ~descendant
+        for kind, enabled, first in (("parent", parent, 1), ("child", child, 1), ("sibling", sibling, 2)):
+            if not enabled:
+                continue
+            relation = {"parent": ancestor, "child": descendant, "sibling": other}[kind]
+            for d in range(first, first + max_distance):
+                masks.append(lambda relation=relation, d=d: relation & (dist == d))
+    R = len(masks)
+    keys, tkeys = [], []
+    for r, make in enumerate(masks):
+        b, i, j = make().nonzero(as_tuple=True)
+        keys.append((((b * N + i) * R + r) * N + j))
+        tkeys.append((((b * N + j) * R + r) * N + i))
+    index = torch.int64
+    key = torch.cat(keys) if keys else torch.zeros(0, dtype=index, device=device)
+    tkey = torch.cat(tkeys) if tkeys else torch.zeros(0, dtype=index, device=device)
+    key, _ = torch.sort(key)
+    tkey, _ = torch.sort(tkey)
+    rows = B * N * R
+
+    def csr(sorted_keys):
+        row = sorted_keys // N
+        ptr = torch.zeros(rows + 1, dtype=torch.int64, device=device)
+        ptr[1:] = torch.cumsum(torch.bincount(row, minlength=rows), 0)
+        return (ptr.to(torch.int32), (sorted_keys % N).to(torch.int32), (row % R).to(torch.int32))
+
+    row_ptr, col, rel = csr(key)
+    t_ptr, t_col, t_rel = csr(tkey)
+    return _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B, N, R, names)
+
+
+def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance: int = 3, parent: bool = True,
+                     child: bool = True, sibling: bool = True, window: Optional[int] = None,
+                     num_threads: int = 0) -> EdgeLists:
+    """The relation lists (``window=None``) or window lists of a batch, by the C++ builder, on the heads' device.
+
+    Args:
+        heads: int ``[B, N]`` 0-based heads (-1 = root); lengths: int ``[B]``.
+        max_distance, parent, child, sibling: the relation masks (as in :class:`MaskSpec`); R = max_distance x
+            the number enabled, in ``MaskSpec.names`` order (parent_1..D, child_1..D, sibling_2..D+1).
+        window: instead, one relation: every key within ``window`` edges (0..254; the token itself included).
+        num_threads: C++ threads (0 = torch's intra-op thread count).
+    Returns:
+        :class:`EdgeLists` on the heads' device. Tensors on a GPU are copied to the CPU for the build (one
+        synchronisation: build the lists in the data pipeline, e.g. ``TreeCollator(masks=...)``, to avoid it).
+
+    Raises ValueError for bad heads or lengths (the tree builder's messages) or a bad spec. Without the C++
+    extension, builds the tree tensors and uses :func:`python_edge_lists`.
+    """
+    _check_list_spec(max_distance, parent, child, sibling, window)
+    device = heads.device
+    module = _ext.load()
+    if module is None or not hasattr(module, "edge_lists"):
+        batch = TreeBatch.from_heads(heads, lengths)
+        return python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
+                                 parent=parent, child=child, sibling=sibling, window=window).to(device)
+    heads_cpu = heads.to("cpu", torch.int64).contiguous()
+    lengths_cpu = lengths.to("cpu", torch.int64).contiguous()
+    B, N = heads_cpu.shape
+    lists = module.edge_lists(heads_cpu, lengths_cpu, max_distance, parent, child, sibling,
+                              -1 if window is None else window, int(num_threads))
+    R = 1 if window is not None else max_distance * (int(parent) + int(child) + int(sibling))
+    names = (f"window_{window}",) if window is not None else _relation_names(max_distance, parent, child, sibling)
+    built = _finish_lists(*lists, B, N, R, names)
+    return built if device.type == "cpu" else built.to(device, non_blocking=True)
+
+
+@dataclass
 class TreeBatch:
     """A batch of dependency trees with everything the attention ops need.
 
@@ -308,6 +521,8 @@ class TreeBatch:
         distance: ``uint8 [B, N, N]``.
         depth: ``int32 [B, N]`` (-1 for padding).
         segment: ``int32 [B, N]`` (-1 for padding).
+
+    Edge lists (:meth:`relation_lists`, :meth:`window_lists`) are built on first use and cached on the batch.
     """
 
     heads: torch.Tensor
@@ -315,6 +530,7 @@ class TreeBatch:
     distance: torch.Tensor
     depth: torch.Tensor
     segment: torch.Tensor
+    _edge_lists: Dict[tuple, EdgeLists] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto") -> "TreeBatch":
@@ -333,16 +549,45 @@ class TreeBatch:
     def device(self) -> torch.device:
         return self.distance.device
 
-    def _map(self, fn) -> "TreeBatch":
-        return TreeBatch(*(fn(t) for t in (self.heads, self.lengths, self.distance, self.depth, self.segment)))
+    def _map(self, fn, lists_fn) -> "TreeBatch":
+        mapped = TreeBatch(*(fn(t) for t in (self.heads, self.lengths, self.distance, self.depth, self.segment)))
+        mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()}
+        return mapped
 
     def to(self, *args, **kwargs) -> "TreeBatch":
-        """Move every tensor (``TreeBatch.to('cuda', non_blocking=True)``); dtypes are kept."""
-        return self._map(lambda t: t.to(*args, **kwargs))
+        """Move every tensor (``TreeBatch.to('cuda', non_blocking=True)``), cached edge lists included; dtypes
+        are kept."""
+        return self._map(lambda t: t.to(*args, **kwargs), lambda lists: lists.to(*args, **kwargs))
 
     def pin_memory(self) -> "TreeBatch":
-        """Page-locked copies, so DataLoader(pin_memory=True) and non_blocking transfers work."""
-        return self._map(lambda t: t.pin_memory())
+        """Page-locked copies (cached edge lists included), so DataLoader(pin_memory=True) and non_blocking
+        transfers work."""
+        return self._map(lambda t: t.pin_memory(), lambda lists: lists.pin_memory())
+
+    def relation_lists(self, masks: MaskSpec) -> EdgeLists:
+        """The :class:`EdgeLists` of the parent/child/sibling masks of ``masks`` (R of them, in
+        ``masks.names`` order), built once per batch and cached (``pairwise`` and ``full`` are dense masks: no
+        lists). Raises ValueError when ``masks`` enables none of parent, child, sibling."""
+        if not isinstance(masks, MaskSpec):
+            raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
+        key = ("relations", masks.max_distance, masks.parent, masks.child, masks.sibling)
+        if key not in self._edge_lists:
+            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, max_distance=masks.max_distance,
+                                                     parent=masks.parent, child=masks.child, sibling=masks.sibling)
+        return self._edge_lists[key]
+
+    def window_lists(self, window: int) -> EdgeLists:
+        """The :class:`EdgeLists` of the tree window ``d(i, j) <= window`` (one relation; the GAT's attention),
+        built once per batch and cached."""
+        _check_list_spec(1, True, True, True, window)
+        key = ("window", window)
+        if key not in self._edge_lists:
+            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, window=window)
+        return self._edge_lists[key]
+
+    def cached_window_lists(self, window: int) -> Optional[EdgeLists]:
+        """The window lists if already built (never builds: no synchronisation), else None."""
+        return self._edge_lists.get(("window", window))
 
     def key_padding_mask(self) -> torch.Tensor:
         """``bool [B, N]``, True where the token is padding."""

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
+from ..specs import MaskSpec
 from .align import align_batch
 from .batch import TreeBatch
 
@@ -66,6 +67,11 @@ class TreeCollator:
             trees and their dependents re-attach to the nearest remaining ancestor).
         connect: with a tokenizer, one tree per sequence rooted at ``[CLS]`` (see ``align_to_tokens``).
         backend: tree builder ("auto", "cpp", "python"; see ``build_tree_tensors``).
+        masks: a :class:`MaskSpec`: also build the edge lists of its parent/child/sibling masks
+            (``TreeBatch.relation_lists``) here, in the DataLoader worker, so the sub-network attention finds
+            them cached (and, after ``.to('cuda')``, never reads the trees back from the GPU).
+        windows: tree windows (ints 0..254) whose edge lists to build likewise (``TreeBatch.window_lists``,
+            the syntax GAT's attention).
 
     Returns (``__call__``) a dict:
 
@@ -89,7 +95,15 @@ class TreeCollator:
         max_length: Optional[int] = None,
         connect: bool = True,
         backend: str = "auto",
+        masks: Optional[MaskSpec] = None,
+        windows: Sequence[int] = (),
     ) -> None:
+        if masks is not None and not isinstance(masks, MaskSpec):
+            raise TypeError(f"TreeCollator: masks must be a MaskSpec or None, got {type(masks).__name__}")
+        windows = tuple(windows)
+        for window in windows:
+            if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
+                raise ValueError(f"TreeCollator: windows must be ints in 0..254, got {window!r}")
         self.pad_token_id = pad_token_id
         self.pad_values: Dict[str, Any] = {"labels": -100}
         self.pad_values.update(pad_values or {})
@@ -98,11 +112,14 @@ class TreeCollator:
         self.max_length = max_length
         self.connect = connect
         self.backend = backend
+        self.masks = masks
+        self.windows = windows
 
     def __repr__(self) -> str:
         return (f"TreeCollator(pad_token_id={self.pad_token_id}, heads_key={self.heads_key!r}, "
                 f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
-                f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r})")
+                f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r}, "
+                f"masks={self.masks}, windows={self.windows})")
 
     def __call__(self, items: Sequence) -> Dict[str, Any]:
         items = list(items)
@@ -161,7 +178,15 @@ class TreeCollator:
         for b, row in enumerate(heads):
             if row:
                 padded[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
-        return TreeBatch.from_heads(padded, lengths, backend=self.backend)
+        return self._with_lists(TreeBatch.from_heads(padded, lengths, backend=self.backend))
+
+    def _with_lists(self, trees: TreeBatch) -> TreeBatch:
+        """Build (and cache on ``trees``) the edge lists asked for by ``masks`` and ``windows``."""
+        if self.masks is not None and (self.masks.parent or self.masks.child or self.masks.sibling):
+            trees.relation_lists(self.masks)
+        for window in self.windows:
+            trees.window_lists(window)
+        return trees
 
     def _collate_sentences(self, items: List) -> Dict[str, Any]:
         if self.tokenizer is None:
@@ -181,7 +206,7 @@ class TreeCollator:
                                      missing_words="reattach" if truncate else "error")
         out: Dict[str, Any] = {key: value for key, value in encoding.items()}
         out["lengths"] = lengths
-        out["trees"] = TreeBatch.from_heads(heads, lengths, backend=self.backend)
+        out["trees"] = self._with_lists(TreeBatch.from_heads(heads, lengths, backend=self.backend))
         out["word_ids"] = [encoding.word_ids(b) for b in range(len(items))]
         out["sentences"] = items
         return out

@@ -1,0 +1,293 @@
+// Per-row key lists of the tree relations and of tree windows (see relation_lists.h for the contract).
+#include "relation_lists.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+namespace syntaxkernels {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kUnlimited = std::numeric_limits<int32_t>::max();
+
+// The lists of one batch item, rows (i, r) for i < length only.
+struct ItemLists {
+  std::vector<int32_t> counts;    // [length * R] keys per row (i, r)
+  std::vector<int32_t> col, rel;  // edges in row order, keys increasing within a row
+  std::vector<int32_t> t_counts;  // [length * R] queries per transposed row (j, r)
+  std::vector<int32_t> t_col, t_rel;
+};
+
+struct ItemWorkspace {
+  TreeWorkspace tree;
+  std::vector<int32_t> depth, segment;
+  std::vector<std::vector<int32_t>> bucket;        // [R]: the keys of the current row, per relation
+  std::vector<std::pair<int32_t, int32_t>> stack;  // (token, depth below the walk's top)
+  std::vector<int32_t> cursor;
+};
+
+// Calls emit(j, k) for every token j of the subtree of `top` at depth k = 1..max_depth below it, except the
+// subtree of top's child `skip` (-1: none). Visits only the tokens it emits.
+template <typename Emit>
+void walk_down(int32_t top, int32_t skip, int32_t max_depth, const int32_t* child_start, const int32_t* children,
+               std::vector<std::pair<int32_t, int32_t>>& stack, Emit&& emit) {
+  if (max_depth <= 0) return;
+  stack.clear();
+  for (int32_t c = child_start[top + 1] - 1; c >= child_start[top]; --c) {
+    if (children[c] != skip) stack.emplace_back(children[c], 1);
+  }
+  while (!stack.empty()) {
+    const auto [token, below] = stack.back();
+    stack.pop_back();
+    emit(token, below);
+    if (below < max_depth) {
+      for (int32_t c = child_start[token + 1] - 1; c >= child_start[token]; --c) {
+        stack.emplace_back(children[c], below + 1);
+      }
+    }
+  }
+}
+
+// Fills workspace.bucket[r] with the keys of query i for every relation r (unsorted).
+void enumerate_row(int32_t i, const int64_t* heads, const ListSpec& spec, const int32_t* child_start,
+                   const int32_t* children, ItemWorkspace& ws) {
+  auto& stack = ws.stack;
+  if (spec.window >= 0) {
+    // Every token within `window` edges: walk up the ancestors a_u (distance u) and, from each, down into
+    // the branches not already visited (distance u + k).
+    const int32_t limit = spec.window >= kMaxDistance ? kUnlimited : spec.window;
+    std::vector<int32_t>& keys = ws.bucket[0];
+    keys.push_back(i);
+    walk_down(i, -1, limit, child_start, children, stack, [&](int32_t j, int32_t) { keys.push_back(j); });
+    int32_t a = i;
+    for (int32_t u = 1; u <= limit && heads[a] >= 0; ++u) {
+      const int32_t from = a;
+      a = static_cast<int32_t>(heads[a]);
+      keys.push_back(a);
+      walk_down(a, from, limit - u, child_start, children, stack, [&](int32_t j, int32_t) { keys.push_back(j); });
+    }
+    return;
+  }
+  const int32_t D = spec.max_distance;
+  const int32_t parent_offset = 0;
+  const int32_t child_offset = spec.parent ? D : 0;
+  const int32_t sibling_offset = child_offset + (spec.child ? D : 0);
+  if (spec.parent) {  // i is an ancestor of j: the tokens d levels below i
+    walk_down(i, -1, D, child_start, children, stack,
+              [&](int32_t j, int32_t k) { ws.bucket[parent_offset + k - 1].push_back(j); });
+  }
+  if (!spec.child && !spec.sibling) return;
+  int32_t a = i;
+  for (int32_t u = 1; u <= D && heads[a] >= 0; ++u) {
+    const int32_t from = a;
+    a = static_cast<int32_t>(heads[a]);
+    if (spec.child) ws.bucket[child_offset + u - 1].push_back(a);  // i is a descendant of a at distance u
+    if (spec.sibling) {
+      // Below a, outside the branch of i: lowest common ancestor a, distance u + k in 2..D+1.
+      walk_down(a, from, D + 1 - u, child_start, children, stack,
+                [&](int32_t j, int32_t k) { ws.bucket[sibling_offset + u + k - 2].push_back(j); });
+    }
+  }
+}
+
+std::string build_item_lists(int64_t b, const int64_t* heads, int64_t length, const ListSpec& spec,
+                             ItemWorkspace& ws, ItemLists& out) {
+  const int64_t R = spec.num_relations();
+  out.counts.assign(static_cast<size_t>(length * R), 0);
+  out.t_counts.assign(static_cast<size_t>(length * R), 0);
+  out.col.clear();
+  out.rel.clear();
+  out.t_col.clear();
+  out.t_rel.clear();
+  if (length == 0) return "";
+  ws.depth.resize(static_cast<size_t>(length));
+  ws.segment.resize(static_cast<size_t>(length));
+  std::string message = order_sentence(b, heads, length, ws.depth.data(), ws.segment.data(), ws.tree);
+  if (!message.empty()) return message;
+  const int32_t* child_start = ws.tree.child_start.data();
+  const int32_t* children = ws.tree.children.data();
+  ws.bucket.resize(static_cast<size_t>(R));
+
+  for (int64_t i = 0; i < length; ++i) {
+    for (auto& keys : ws.bucket) keys.clear();
+    enumerate_row(static_cast<int32_t>(i), heads, spec, child_start, children, ws);
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<int32_t>& keys = ws.bucket[static_cast<size_t>(r)];
+      if (!std::is_sorted(keys.begin(), keys.end())) std::sort(keys.begin(), keys.end());
+      out.counts[static_cast<size_t>(i * R + r)] = static_cast<int32_t>(keys.size());
+      out.col.insert(out.col.end(), keys.begin(), keys.end());
+      out.rel.insert(out.rel.end(), keys.size(), static_cast<int32_t>(r));
+      for (const int32_t j : keys) ++out.t_counts[static_cast<size_t>(j * R + r)];
+    }
+    if (out.col.size() > static_cast<size_t>(kInt32Max)) {
+      throw std::length_error("edge lists: batch item " + std::to_string(b) + " has more than 2^31 - 1 edges");
+    }
+  }
+
+  // Transposed lists: a counting sort of the edges by (key, relation); walking the edges in row order keeps
+  // the queries of each transposed row increasing.
+  const size_t edges = out.col.size();
+  out.t_col.resize(edges);
+  out.t_rel.resize(edges);
+  ws.cursor.resize(static_cast<size_t>(length * R));
+  int32_t position = 0;
+  for (size_t row = 0; row < ws.cursor.size(); ++row) {
+    ws.cursor[row] = position;
+    position += out.t_counts[row];
+  }
+  size_t e = 0;
+  for (int64_t i = 0; i < length; ++i) {
+    for (int64_t r = 0; r < R; ++r) {
+      for (int32_t n = 0; n < out.counts[static_cast<size_t>(i * R + r)]; ++n, ++e) {
+        const int32_t slot = ws.cursor[static_cast<size_t>(out.col[e] * R + r)]++;
+        out.t_col[static_cast<size_t>(slot)] = static_cast<int32_t>(i);
+        out.t_rel[static_cast<size_t>(slot)] = static_cast<int32_t>(r);
+      }
+    }
+  }
+  return "";
+}
+
+// Runs item(b, workspace, lists[b]) for every b on up to `threads` threads. Items are claimed in increasing
+// order and a worker stops at its first bad item, so every item below the lowest bad one is built and the
+// reported error is the lowest bad item's, whatever the interleaving (as build_batch).
+void run_items(int64_t B, int64_t threads, std::vector<ItemLists>& lists,
+               const std::function<std::string(int64_t, ItemWorkspace&, ItemLists&)>& item) {
+  if (threads <= 1) {
+    ItemWorkspace workspace;
+    for (int64_t b = 0; b < B; ++b) {
+      std::string message = item(b, workspace, lists[static_cast<size_t>(b)]);
+      if (!message.empty()) throw std::invalid_argument(message);
+    }
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> first_bad{B};
+  struct Outcome {
+    int64_t b = -1;
+    std::string message;
+    std::exception_ptr exception;
+  };
+  std::vector<Outcome> outcomes(static_cast<size_t>(threads));
+  auto worker = [&](Outcome& outcome) {
+    try {
+      ItemWorkspace workspace;
+      for (;;) {
+        const int64_t b = next.fetch_add(1);
+        if (b >= B || b > first_bad.load()) return;
+        std::string message = item(b, workspace, lists[static_cast<size_t>(b)]);
+        if (!message.empty()) {
+          outcome.b = b;
+          outcome.message = std::move(message);
+          int64_t seen = first_bad.load();
+          while (b < seen && !first_bad.compare_exchange_weak(seen, b)) {
+          }
+          return;
+        }
+      }
+    } catch (...) {
+      outcome.exception = std::current_exception();
+      first_bad.store(-1);
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker, std::ref(outcomes[static_cast<size_t>(t)]));
+  worker(outcomes[0]);
+  for (auto& thread : pool) thread.join();
+  const Outcome* lowest = nullptr;
+  for (const Outcome& outcome : outcomes) {
+    if (outcome.exception) std::rethrow_exception(outcome.exception);
+    if (outcome.b >= 0 && (lowest == nullptr || outcome.b < lowest->b)) lowest = &outcome;
+  }
+  if (lowest != nullptr) throw std::invalid_argument(lowest->message);
+}
+
+// One CSR over the rows (b, i, r) from the items' per-row counts (padding rows empty).
+void assemble(const std::vector<ItemLists>& items, const int64_t* lengths, int64_t N, int64_t R, bool transposed,
+              std::vector<int32_t>& ptr, std::vector<int32_t>& index, std::vector<int32_t>& relation) {
+  const int64_t B = static_cast<int64_t>(items.size());
+  ptr.assign(static_cast<size_t>(B * N * R + 1), 0);
+  int64_t offset = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const ItemLists& item = items[static_cast<size_t>(b)];
+    const std::vector<int32_t>& counts = transposed ? item.t_counts : item.counts;
+    int32_t* row = ptr.data() + b * N * R;
+    const int64_t filled = lengths[b] * R;
+    for (int64_t k = 0; k < N * R; ++k) {
+      row[k] = static_cast<int32_t>(offset);
+      if (k < filled) offset += counts[static_cast<size_t>(k)];
+    }
+  }
+  ptr[static_cast<size_t>(B * N * R)] = static_cast<int32_t>(offset);
+  index.resize(static_cast<size_t>(offset));
+  relation.resize(static_cast<size_t>(offset));
+  size_t at = 0;
+  for (const ItemLists& item : items) {
+    const std::vector<int32_t>& from_index = transposed ? item.t_col : item.col;
+    const std::vector<int32_t>& from_relation = transposed ? item.t_rel : item.rel;
+    std::copy(from_index.begin(), from_index.end(), index.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(from_relation.begin(), from_relation.end(), relation.begin() + static_cast<std::ptrdiff_t>(at));
+    at += from_index.size();
+  }
+}
+
+}  // namespace
+
+std::string check_list_spec(const ListSpec& spec) {
+  if (spec.window < -1 || spec.window > kMaxDistance) {
+    return "window must be in 0..254 (or -1 for the relation lists), got " + std::to_string(spec.window);
+  }
+  if (spec.window >= 0) return "";
+  if (spec.max_distance < 1 || spec.max_distance > 64) {
+    return "max_distance must be in 1..64, got " + std::to_string(spec.max_distance);
+  }
+  if (!spec.parent && !spec.child && !spec.sibling) {
+    return "no relation enabled (parent, child and sibling are all off)";
+  }
+  return "";
+}
+
+EdgeLists build_edge_lists(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, const ListSpec& spec,
+                           int num_threads) {
+  std::string message = check_list_spec(spec);
+  if (!message.empty()) throw std::invalid_argument(message);
+  for (int64_t b = 0; b < B; ++b) {
+    message = check_length(b, lengths[b], N);
+    if (!message.empty()) throw std::invalid_argument(message);
+  }
+  const int64_t R = spec.num_relations();
+  if (N > 0 && B > 0 && B * N > (kInt32Max - 1) / R) {
+    throw std::length_error("edge lists: B * N * R = " + std::to_string(B) + " * " + std::to_string(N) + " * " +
+                            std::to_string(R) + " rows do not fit in int32");
+  }
+  std::vector<ItemLists> items(static_cast<size_t>(B));
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < B; ++b) tokens += lengths[b];
+  int64_t threads = std::max<int64_t>(1, num_threads);
+  threads = std::min<int64_t>({threads, B, std::max<int64_t>(1, tokens * R / 16384)});
+  run_items(B, threads, items, [&](int64_t b, ItemWorkspace& ws, ItemLists& out) {
+    return build_item_lists(b, heads + b * N, lengths[b], spec, ws, out);
+  });
+
+  int64_t edges = 0;
+  for (const ItemLists& item : items) edges += static_cast<int64_t>(item.col.size());
+  if (edges > kInt32Max) {
+    throw std::length_error("edge lists: " + std::to_string(edges) + " edges do not fit in int32 offsets");
+  }
+  EdgeLists lists;
+  lists.B = B;
+  lists.N = N;
+  lists.R = R;
+  assemble(items, lengths, N, R, false, lists.row_ptr, lists.col, lists.rel);
+  assemble(items, lengths, N, R, true, lists.t_ptr, lists.t_col, lists.t_rel);
+  return lists;
+}
+
+}  // namespace syntaxkernels

@@ -1,0 +1,68 @@
+// Per-row key lists of the tree relations (Syntax-BERT masks) and of tree windows: the torch-free core.
+//
+// For a batch heads [B, N] (row-major int64, -1 = root) with lengths [B], the builder emits, for every
+// sequence b, query token i and relation r, the keys j of (query i, key j) pairs in that relation, in CSR
+// form over the rows (b, i, r) (row id (b * N + i) * R + r):
+//
+//   row_ptr int32 [B * N * R + 1]   keys of row (b, i, r): col[row_ptr[row] .. row_ptr[row + 1]), increasing
+//   col     int32 [E]               the key token j (0 .. N-1, within the sequence)
+//   rel     int32 [E]               the relation r of each edge (so the edges of one query over every relation,
+//                                   col[row_ptr[(b*N + i)*R] .. row_ptr[(b*N + i + 1)*R]), can be walked at once)
+//
+// and the transposed lists, what a backward needs to gather per key without atomics, over rows (b, j, r):
+//
+//   t_ptr   int32 [B * N * R + 1]   queries of key row (b, j, r): t_col[t_ptr[row] .. t_ptr[row + 1]), increasing
+//   t_col   int32 [E]               the query token i
+//   t_rel   int32 [E]               the relation r
+//
+// Relations (query i, key j; DESIGN.md section 2), in MaskSpec order, those enabled:
+//   parent_d  (d = 1..D):   i is an ancestor of j at distance d   (the descendants of i d levels down)
+//   child_d   (d = 1..D):   i is a descendant of j at distance d  (at most one key: i's ancestor d levels up)
+//   sibling_d (d = 2..D+1): same tree, neither an ancestor of the other, distance d
+// or, in window mode, one relation: every key j with d(i, j) <= window (i itself included; window 254 = the
+// whole tree, as distances saturate at 254).
+//
+// Work and memory are O(E + N * D) per sequence: each row walks up its ancestors and enumerates only the
+// tokens it pairs with (a depth-limited walk down from each ancestor that skips the branch it came from);
+// no N x N matrix is read or written. Padding rows (i >= lengths[b]) are empty. Bad input throws
+// std::invalid_argument with the tree-distance builder's messages (the lowest bad batch item is reported).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tree_distance.h"
+
+namespace syntaxkernels {
+
+struct ListSpec {
+  int32_t max_distance = 3;  // D of the relation masks (1..64)
+  bool parent = true;
+  bool child = true;
+  bool sibling = true;
+  int32_t window = -1;  // >= 0: window mode (0..254); the relation flags are then ignored
+
+  // R: the number of relations (1 in window mode).
+  int64_t num_relations() const {
+    if (window >= 0) return 1;
+    return static_cast<int64_t>(max_distance) * ((parent ? 1 : 0) + (child ? 1 : 0) + (sibling ? 1 : 0));
+  }
+};
+
+struct EdgeLists {
+  int64_t B = 0, N = 0, R = 0;
+  std::vector<int32_t> row_ptr, col, rel;
+  std::vector<int32_t> t_ptr, t_col, t_rel;
+};
+
+// "" or why the spec is invalid (max_distance outside 1..64, window outside -1..254, no relation enabled).
+std::string check_list_spec(const ListSpec& spec);
+
+// The lists of one batch on up to num_threads threads (<= 1: the calling thread). Validates the spec, every
+// length, then every sentence, like build_batch; throws std::invalid_argument on bad input and
+// std::length_error when B * N * R or the number of edges does not fit in int32.
+EdgeLists build_edge_lists(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, const ListSpec& spec,
+                           int num_threads);
+
+}  // namespace syntaxkernels

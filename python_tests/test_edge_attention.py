@@ -1,0 +1,377 @@
+"""Edge-list attention against the dense reference: the C++ kernels (CPU) and the Triton kernels (CUDA, or CPU
+under TRITON_INTERPRET=1), forward and every gradient, on relation and window lists of random trees, forests,
+stars, chains, packed documents, ragged batches with empty items; exact zeros for empty rows; determinism; the
+torch.library ops; the GAT's windowed attention (``syntax_window_attention``, ``SyntaxGAT``); bad inputs.
+"""
+import random
+
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels import _ext, reference
+from syntaxkernels.checks.reference import random_document, random_forest
+from syntaxkernels.ops import edge_attention as E
+from syntaxkernels.ops._dispatch import interpreting
+from syntaxkernels.testing import assert_close_to_reference
+
+# The Triton kernels run on the GPU when there is one, else under the interpreter (conftest sets
+# TRITON_INTERPRET=1); the C++ kernels always take CPU tensors.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HAS_CPP = _ext.available() and hasattr(_ext.load(), "edge_attention_forward")
+needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built")
+needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
+                                  reason="needs CUDA or TRITON_INTERPRET=1")
+# (backend argument, device)
+CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
+TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
+
+
+def sentence_lengths(rng: random.Random, total: int, longest: int):
+    """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(1, longest), total - sum(lengths)))
+    return lengths
+
+
+def tree_batch(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
+    """A small batch of one kind of tree (CPU); ragged, with an empty item for most kinds."""
+    rng = random.Random(seed)
+    if kind == "random":  # one random tree per item, ragged, one empty item
+        rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
+    elif kind == "forest":  # several trees per item, interleaved (random_forest) or packed (random_document)
+        rows = [random_forest(rng, n, 3), random_document(rng, [n // 3, n - n // 3]), [-1]]
+    elif kind == "star":  # quadratic sibling lists: every leaf is every other leaf's sibling
+        rows = [[-1] + [0] * (n - 1), [n // 2] * (n // 2) + [-1] + [n // 2] * (n - n // 2 - 1)]
+    elif kind == "chain":  # the deepest tree: every parent_d / child_d row holds one key
+        rows = [[-1] + list(range(n - 1)), list(range(1, n // 2)) + [-1], []]
+    elif kind == "packed":  # a document of short sentences
+        rows = [random_document(rng, sentence_lengths(rng, n, 9)) for _ in range(2)]
+    else:
+        raise ValueError(kind)
+    return sk.TreeBatch.from_heads(rows)
+
+
+def lists_of(trees: sk.TreeBatch, which):
+    return trees.window_lists(which) if isinstance(which, int) else trees.relation_lists(which)
+
+
+def run(fn, tensors, grad, dtype):
+    """Output and (dq, dk, dv) of ``fn`` on copies of ``tensors`` in ``dtype``, backpropagating ``grad``."""
+    inputs = [t.to(dtype).requires_grad_(True) for t in tensors]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out, inputs, grad.to(out.dtype))
+
+
+def check_against_reference(trees, which, backend, device, dtype, H=None, D=16, DV=None, seed=0):
+    lists = lists_of(trees, which).to(device)
+    if H is None:  # one head under the interpreter keeps the Triton tests fast
+        H = 1 if backend == "triton" and interpreting() else 2
+    B, N = trees.batch_size, trees.max_len
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, N, D, generator=gen, dtype=torch.float64).to(device) for _ in range(2))
+    v = torch.randn(B, H, N, DV or D, generator=gen, dtype=torch.float64).to(device)
+    grad = torch.randn(B, lists.num_relations, H, N, DV or D, generator=gen, dtype=torch.float64).to(device)
+
+    def kernel(q, k, v):
+        return E.edge_list_attention(q, k, v, lists, backend=backend)[0]
+
+    def ref(q, k, v):
+        return E.edge_list_attention(q, k, v, lists, backend="reference")[0]
+
+    out, grads = run(kernel, (q, k, v), grad, dtype)
+    out64, grads64 = run(ref, (q, k, v), grad, torch.float64)
+    outlow, gradslow = run(ref, (q, k, v), grad, dtype)
+    assert out.dtype == dtype and out.shape == (B, lists.num_relations, H, N, DV or D)
+    assert_close_to_reference(out, out64, outlow, "out")
+    for name, g, g64, glow in zip(("dq", "dk", "dv"), grads, grads64, gradslow):
+        assert_close_to_reference(g, g64, glow, name)
+    # Empty rows: exactly zero output; tokens in no list at all: exactly zero gradients.
+    empty_rows = ~lists.nonempty[:, :, None, :, None].expand_as(out)
+    assert torch.all(out[empty_rows] == 0)
+    dense = lists.to_dense()  # [B, R, N, N]
+    no_query_edge = ~dense.any(dim=(1, 3))  # token i lists nothing
+    no_key_edge = ~dense.any(dim=(1, 2))  # token j is in no list
+    assert torch.all(grads[0].permute(0, 2, 1, 3)[no_query_edge] == 0)
+    assert torch.all(grads[1].permute(0, 2, 1, 3)[no_key_edge] == 0)
+    assert torch.all(grads[2].permute(0, 2, 1, 3)[no_key_edge] == 0)
+    counts = lists.row_ptr[1:] - lists.row_ptr[:-1]
+    if bool((counts > 1).any()):
+        assert all(bool(g.abs().sum() > 0) for g in grads), "a gradient is all zeros"
+    elif bool(lists.nonempty.any()):  # every row a gather (a chain's lists): only v gets a gradient
+        assert bool(grads[2].abs().sum() > 0)
+        if backend == "auto":  # the C++ kernels skip such rows: exactly zero
+            assert not bool(grads[0].any()) and not bool(grads[1].any())
+    return lists
+
+
+MASKS = sk.MaskSpec(max_distance=3)
+KINDS = ["random", "forest", "star", "chain", "packed"]
+
+
+# Every case on the C++ kernels; the Triton kernels (slow under the interpreter) on the cases that exercise
+# different code paths: long lists (star), several trees, many short rows.
+TRITON_KINDS = ("forest", "star", "packed")
+
+
+def cases(kinds, triton_kinds):
+    return ([pytest.param(CPP.values[0], kind, marks=needs_cpp, id=f"cpp-{kind}") for kind in kinds]
+            + [pytest.param(TRITON.values[0], kind, marks=needs_triton, id=f"triton-{kind}") for kind in triton_kinds])
+
+
+@pytest.mark.parametrize("backend_device,kind", cases(KINDS, TRITON_KINDS))
+def test_relation_lists_match_reference_fp32(backend_device, kind):
+    backend, device = backend_device
+    check_against_reference(tree_batch(kind, 19), MASKS, backend, device, torch.float32)
+
+
+WINDOW_CASES = [("random", 2), ("packed", 4), ("star", 0), ("chain", 254)]
+
+
+@pytest.mark.parametrize("backend_device,case", cases(WINDOW_CASES, WINDOW_CASES[:2]))
+def test_window_lists_match_reference_fp32(backend_device, case):
+    backend, device = backend_device
+    kind, window = case
+    check_against_reference(tree_batch(kind, 17), window, backend, device, torch.float32)
+
+
+@pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))
+def test_bfloat16(backend_device, kind):
+    backend, device = backend_device
+    n = 15 if backend == "triton" else 23
+    check_against_reference(tree_batch(kind, n, seed=2), MASKS, backend, device, torch.bfloat16, D=32)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["fp64", "fp16"])
+def test_cpp_float64_and_float16(dtype):
+    check_against_reference(tree_batch("forest", 21, seed=3), sk.MaskSpec(max_distance=2, pairwise=True), "auto",
+                            "cpu", dtype)
+
+
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
+    backend, device = backend_device
+    check_against_reference(tree_batch("random", 20, seed=4), sk.MaskSpec(max_distance=2), backend, device,
+                            torch.float32, D=20, DV=24)
+
+
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_strided_inputs_and_gradient(backend_device):
+    """q, k, v as head-split views of a [B, N, H, 3D] projection; the output gradient a slice of a larger one."""
+    backend, device = backend_device
+    trees = tree_batch("packed", 18, seed=5)
+    lists = trees.relation_lists(MASKS).to(device)
+    B, N, H, D = trees.batch_size, trees.max_len, 2, 16
+    x = torch.randn(B, N, H, 3 * D, dtype=torch.float64, device=device)
+    wide = torch.randn(B, lists.num_relations + 2, H, N, D, dtype=torch.float64, device=device)
+
+    def split(x):
+        return [t.transpose(1, 2) for t in x.split(D, dim=-1)]
+
+    xs = x.float().requires_grad_(True)
+    q, k, v = split(xs)
+    assert not q.is_contiguous()
+    out, _ = E.edge_list_attention(q, k, v, lists, backend=backend)
+    (grad_x,) = torch.autograd.grad(out, xs, wide[:, 1:-1].float())
+    x64 = x.clone().requires_grad_(True)
+    ref, _ = E.edge_list_attention(*split(x64), lists, backend="reference")
+    (grad64,) = torch.autograd.grad(ref, x64, wide[:, 1:-1])
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_x.double(), grad64, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend_device", [CPP, TRITON])
+def test_scale_argument(backend_device):
+    backend, device = backend_device
+    trees = tree_batch("forest", 15, seed=6)
+    lists = trees.relation_lists(MASKS).to(device)
+    q, k, v = (torch.randn(3, 1, 15, 16, device=device) for _ in range(3))
+    out, _ = E.edge_list_attention(q, k, v, lists, scale=0.7, backend=backend)
+    ref, _ = E.edge_list_attention(q, k, v, lists, scale=0.7, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    default, _ = E.edge_list_attention(q, k, v, lists, backend=backend)
+    assert not torch.allclose(default, out)
+
+
+@needs_cpp
+def test_cpp_is_deterministic_across_thread_counts():
+    trees = tree_batch("star", 40, seed=7)
+    lists = trees.relation_lists(MASKS)
+    q, k, v = (torch.randn(2, 3, 40, 32, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, lists.num_relations, 3, 40, 32)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 1):
+            torch.set_num_threads(count)
+            out, _ = E.edge_list_attention(q, k, v, lists)
+            results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+def test_auto_backend_on_cpu_runs_the_cpp_kernels(monkeypatch):
+    trees = tree_batch("random", 12)
+    lists = trees.relation_lists(MASKS)
+    q, k, v = (torch.randn(3, 1, 12, 8) for _ in range(3))
+    assert E.resolve_edge_backend("auto", q, v) == ("cpp" if HAS_CPP else "reference")
+    if HAS_CPP:
+        monkeypatch.setattr(E, "_reference_edge_attention", lambda *a: pytest.fail("the reference ran"))
+        E.edge_list_attention(q, k, v, lists)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The torch.library ops
+# ---------------------------------------------------------------------------------------------------------
+
+def _op_args(device):
+    trees = tree_batch("forest", 7)
+    lists = trees.relation_lists(sk.MaskSpec(max_distance=2)).to(device)
+    q, k, v = (torch.randn(3, 2, 7, 16, device=device) for _ in range(3))
+    return lists, q, k, v
+
+
+@needs_cpp
+def test_cpp_ops_pass_opcheck():
+    lists, q, k, v = _op_args("cpu")
+    utils = ("test_schema", "test_faketensor")
+    args = (q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.25)
+    torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_cpu_fwd, args, test_utils=utils)
+    out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(*args)
+    assert lse.dtype == torch.float32 and torch.isinf(lse[~lists.nonempty[:, :, None, :].expand_as(lse)]).all()
+    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
+           lists.t_rel, 0.25)
+    torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_cpu_bwd, bwd, test_utils=utils)
+
+
+@needs_triton
+def test_triton_ops_pass_opcheck():
+    lists, q, k, v = _op_args(KERNEL_DEVICE)
+    utils = ("test_schema", "test_faketensor")
+    args = (q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.25)
+    torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_fwd, args, test_utils=utils)
+    out, lse = torch.ops.syntaxkernels.edge_attention_fwd(*args)
+    assert out.shape == (3, lists.num_relations, 2, 7, 16) and lse.shape == (3, lists.num_relations, 2, 7)
+    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
+           lists.t_rel, 0.25)
+    torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_bwd, bwd, test_utils=utils)
+
+
+@needs_cpp
+def test_cpp_kernel_rejects_inconsistent_lists():
+    lists, q, k, v = _op_args("cpu")
+    bad = lists.col.clone()
+    bad[0] = 7  # a token past N
+    with pytest.raises(RuntimeError, match="outside 0..6"):
+        torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, lists.row_ptr, bad, lists.num_relations, 0.25)
+    with pytest.raises(RuntimeError, match="offsets"):
+        torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, lists.row_ptr[:-1], lists.col, lists.num_relations,
+                                                       0.25)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------------------------------------
+
+def test_bad_inputs():
+    trees = tree_batch("random", 12)
+    lists = trees.relation_lists(MASKS)
+    q, k, v = (torch.randn(3, 1, 12, 8) for _ in range(3))
+    with pytest.raises(TypeError, match="EdgeLists"):
+        E.edge_list_attention(q, k, v, trees, backend="reference")
+    with pytest.raises(ValueError, match="lists are for B = 3, N = 12"):
+        E.edge_list_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], lists)
+    with pytest.raises(ValueError, match="q, k, v"):
+        E.edge_list_attention(q, k[:, :, :10], v, lists)
+    with pytest.raises(ValueError, match="backend"):
+        E.edge_list_attention(q, k, v, lists, backend="cuda")
+    with pytest.raises(ValueError, match="window"):
+        E.syntax_window_attention(q, k, v, trees, window=255)
+    with pytest.raises(ValueError, match="window"):
+        E.syntax_window_attention(q, k, v, trees, window=None)
+    with pytest.raises(ValueError, match="distance"):
+        E.syntax_window_attention(q, k, v, trees.distance.float(), window=2)
+
+
+@needs_triton
+def test_triton_refuses_float64_and_wide_heads():
+    trees = tree_batch("random", 12)
+    lists = trees.relation_lists(MASKS).to(KERNEL_DEVICE)
+    q = torch.randn(3, 1, 12, 8, dtype=torch.float64, device=KERNEL_DEVICE)
+    with pytest.raises(ValueError, match="float64"):
+        E.edge_list_attention(q, q, q, lists, backend="triton")
+    wide = torch.randn(3, 1, 12, 160, device=KERNEL_DEVICE)
+    with pytest.raises(ValueError, match="head dims"):
+        E.edge_list_attention(wide, wide, wide, lists, backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The GAT's windowed attention
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend_device,window", cases([0, 1, 3], [1]))
+def test_window_attention_matches_gat_reference(backend_device, window):
+    backend, device = backend_device
+    trees = tree_batch("packed", 21, seed=8).to(device)
+    q, k, v = (torch.randn(2, 2, 21, 16, dtype=torch.float64, device=device) for _ in range(3))
+    grad = torch.randn(2, 2, 21, 16, dtype=torch.float64, device=device)
+    out, grads = run(lambda q, k, v: E.syntax_window_attention(q, k, v, trees, window=window, backend=backend),
+                     (q, k, v), grad, torch.float32)
+    out64, grads64 = run(lambda q, k, v: reference.gat_attention(q, k, v, trees.distance, window=window,
+                                                                 lengths=trees.lengths), (q, k, v), grad,
+                         torch.float64)
+    outlow, gradslow = run(lambda q, k, v: reference.gat_attention(q, k, v, trees.distance, window=window,
+                                                                   lengths=trees.lengths), (q, k, v), grad,
+                           torch.float32)
+    assert_close_to_reference(out, out64, outlow, "out")
+    for name, g, g64, glow in zip(("dq", "dk", "dv"), grads, grads64, gradslow):
+        assert_close_to_reference(g, g64, glow, name)
+
+
+@needs_cpp
+def test_window_attention_from_distance_and_custom_lengths():
+    """A bare distance tensor, and lengths shorter than the trees' (int or key-padding mask): lists from the
+    distance, padding keys never weighted, padding rows zero."""
+    trees = tree_batch("random", 16, seed=9)
+    q, k, v = (torch.randn(3, 2, 16, 8, dtype=torch.float64) for _ in range(3))
+    for lengths in (None, torch.tensor([10, 5, 0]), torch.arange(16)[None, :] >= torch.tensor([[12], [8], [0]])):
+        want = reference.gat_attention(q, k, v, trees.distance, window=2,
+                                       lengths=trees.lengths if lengths is None else lengths)
+        for source in (trees, trees.distance):
+            got = E.syntax_window_attention(q, k, v, source, window=2, lengths=lengths)
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+@needs_cpp
+def test_syntax_gat_runs_the_window_on_edge_lists():
+    trees = tree_batch("packed", 20, seed=10)
+    torch.manual_seed(0)
+    fast = sk.nn.SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=8, window=2, num_pos_tags=0).double()
+    slow = sk.nn.SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=8, window=2, num_pos_tags=0,
+                           backend="reference").double()
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 20, 16, dtype=torch.float64)
+    out_fast, out_slow = fast(x, trees), slow(x, trees)
+    assert ("window", 2) in trees._edge_lists  # the edge path ran and cached its lists on the batch
+    torch.testing.assert_close(out_fast, out_slow, atol=1e-12, rtol=0)
+    grads_fast = torch.autograd.grad(out_fast.square().sum(), list(fast.parameters()))
+    grads_slow = torch.autograd.grad(out_slow.square().sum(), list(slow.parameters()))
+    for a, b in zip(grads_fast, grads_slow):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_window_uses_cached_lists_only():
+    trees = tree_batch("packed", 64, seed=11)
+    q, k, v = (torch.randn(2, 2, 64, 32, device="cuda") for _ in range(3))
+    on_gpu = trees.to("cuda")
+    dense = E.syntax_window_attention(q, k, v, on_gpu, window=1)  # no cached lists: the dense kernel
+    assert ("window", 1) not in on_gpu._edge_lists
+    trees.window_lists(1)
+    cached = trees.to("cuda")
+    edges = E.syntax_window_attention(q, k, v, cached, window=1)
+    torch.testing.assert_close(edges, dense, atol=2e-3, rtol=2e-3)
