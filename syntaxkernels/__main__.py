@@ -482,6 +482,12 @@ def _run_inspect(args) -> int:
             print()
             print(tiles["text"])
     problems = I.check_targets(reports, cases)
+    known = I.known_limitations(reports)
+    if known:
+        print()
+        print("known limitations (not counted as problems; see docs/kernels.md):")
+        for line in known:
+            print(f"  {line}")
     print()
     if problems:
         print(f"{len(problems)} problems:")

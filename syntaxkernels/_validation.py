@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .specs import BucketSpec, MaskSpec
+from .specs import MAX_PATH, BucketSpec, MaskSpec
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -76,10 +76,13 @@ def check_table(table: torch.Tensor, buckets: BucketSpec, q: torch.Tensor) -> No
 
 
 def check_bias_scale(bias_scale, q: torch.Tensor) -> None:
-    if bias_scale is None or isinstance(bias_scale, (int, float)):
+    """bias_scale None, a number or a one-element tensor on q's device (TypeError for anything else)."""
+    if bias_scale is None or (isinstance(bias_scale, (int, float)) and not isinstance(bias_scale, bool)):
         return
-    if not isinstance(bias_scale, torch.Tensor) or bias_scale.numel() != 1:
-        raise ValueError("bias_scale must be None, a float or a one-element tensor")
+    if not isinstance(bias_scale, torch.Tensor):
+        raise TypeError(f"bias_scale must be None, a float or a one-element tensor, got {type(bias_scale).__name__}")
+    if bias_scale.numel() != 1:
+        raise ValueError(f"bias_scale must be None, a float or a one-element tensor, got shape {tuple(bias_scale.shape)}")
     if bias_scale.device != q.device:
         raise ValueError(f"bias_scale is on {bias_scale.device} but q is on {q.device}")
 
@@ -135,8 +138,8 @@ def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
 def check_window(window) -> None:
     if window is None:
         return
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
-        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= MAX_PATH:
+        raise ValueError(f"window must be None or an int in 0..{MAX_PATH}, got {window!r}")
 
 
 def check_backend(backend: str) -> None:

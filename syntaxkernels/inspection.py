@@ -57,6 +57,11 @@ TARGETS: Dict[str, Dict[str, float]] = {
 }
 WORST_LIMIT = 80.0
 SM80_SLACK = 1.25
+# (op, dtype, head dim) whose spills are a known, documented limitation rather than a failure: exact fp32
+# products at D = 128 (see the CONFIGS comment in ops/bias_attention.py).
+KNOWN_SPILLS = {("bias_attention", "fp32", 128)}
+# Dynamic shared memory one block may use (bytes): A100, H100/H200, and the ~100 KB GPUs (sm_86/sm_89).
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -696,9 +701,16 @@ def format_reports(reports: Sequence[KernelReport]) -> str:
     return "\n".join(lines)
 
 
+def known_limitations(reports: Iterable[KernelReport]) -> List[str]:
+    """The spills of :data:`KNOWN_SPILLS` (reported by ``inspect``, not counted as problems)."""
+    return [f"sm_{r.arch} {r.op} {r.case} {r.kernel}: spills {r.stack_bytes + max(r.local_bytes, 0)} B"
+            for r in reports if r.spills and (r.op, r.dtype, r.head_dim) in KNOWN_SPILLS]
+
+
 def check_targets(reports: Iterable[KernelReport], cases: Optional[Sequence[LaunchCase]] = None) -> List[str]:
-    """Every violation of the rules: compile errors, spills, a worst loop above WORST_LIMIT, and the main-loop
-    targets of :data:`TARGETS` for the target cases (sm_80 allowed ``SM80_SLACK`` times more)."""
+    """Every violation of the rules: compile errors, spills (except :data:`KNOWN_SPILLS`), a worst loop above
+    WORST_LIMIT, and the main-loop targets of :data:`TARGETS` for the target cases (sm_80 allowed
+    ``SM80_SLACK`` times more)."""
     target_cases = {(c.op, c.name) for c in (cases if cases is not None else launch_cases()) if c.targets}
     problems = []
     for r in reports:
@@ -706,9 +718,13 @@ def check_targets(reports: Iterable[KernelReport], cases: Optional[Sequence[Laun
         if r.error:
             problems.append(f"{where}: {r.error}")
             continue
-        if r.spills:
-            problems.append(f"{where}: spills ({r.local_bytes} B local, {r.stack_bytes} B stack, {r.spill_instructions} STL/LDL)")
-        slack = SM80_SLACK if r.arch == 80 else 1.0
+        if r.spills and (r.op, r.dtype, r.head_dim) not in KNOWN_SPILLS:
+            problems.append(f"{where}: spills ({r.local_bytes} B local, {r.stack_bytes} B stack, "
+                            f"{r.spill_instructions} STL/LDL)")
+        limit = SHARED_LIMIT.get(r.arch)
+        if limit is not None and r.shared_bytes > limit:
+            problems.append(f"{where}: {r.shared_bytes} B of shared memory (sm_{r.arch} allows {limit})")
+        slack = SM80_SLACK if r.arch < 90 else 1.0
         if r.worst_per_unit is not None and r.dtype != "fp32" and r.worst_per_unit > WORST_LIMIT * slack:
             problems.append(f"{where}: a loop issues {r.worst_per_unit:.1f} instructions per {r.unit} "
                             f"(limit {WORST_LIMIT * slack:.0f})")

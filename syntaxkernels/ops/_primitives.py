@@ -1,69 +1,59 @@
-"""Shared ``@triton.jit`` helpers for the fused attention kernels (bias attention, sub-network attention).
+"""The kernel layer every fused op builds on: ``@triton.jit`` helpers and the host-side launch helpers.
 
-These are the building blocks every attention kernel of the package uses; their signatures are stable
-(other kernels import them), so extend by adding functions, not by changing these.
+Device helpers (``@triton.jit``):
 
-Conventions:
-    - Scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``) so the softmax uses
-      ``exp2``; ``LOG2E`` / ``LN2`` convert.
-    - Distance tiles are read as uint8 and widened to int32; out-of-range pairs read as 255 (unreachable).
-    - "Empty" rows (no allowed key) keep ``running_max = -inf``; :func:`online_softmax_step` never forms
-      ``-inf - -inf``, so they end with ``running_sum = 0`` and no NaN.
+- :func:`program_ids` / :func:`program_ids_r`: decode a 1-D launch grid into (block, batch, head[, relation]);
+- :func:`load_rows`: a ``[R, C]`` tile with only the masks it needs; :func:`distance_tile` /
+  :func:`load_distance_tile`: the uint8 distance tile (255 outside the sequence);
+- :func:`mma` / :func:`mma_acc`: ``tl.dot`` with fp32 accumulation and the project's precision modes;
+- :func:`bucket_from_distance` (a tile of bucket indices) and :func:`in_bucket` (the pairs of one bucket,
+  resolved at compile time): equal to ``BucketSpec.lut()``;
+- :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source.
+
+Host helpers: :func:`launch` (through ``torch.library.wrap_triton``; :func:`set_launch_hook` lets the inspection
+report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
+:func:`arch_family`, ``LOG2E``.
+
+Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``), so softmaxes use
+``exp2``; distance tiles are uint8, 255 = unreachable (and out of range).
 """
 import triton
 import triton.language as tl
 
+from ._dispatch import interpreting
+
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+
+__all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
+           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "set_launch_hook",
+           "launch_grid", "head_block", "dot_precision", "arch_family", "interpreting"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device helpers
+# ---------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def load_tile(ptr, offs_r, offs_c, stride_r, stride_c, n_rows, n_cols):
-    """Load a ``[R, C]`` tile ``ptr[offs_r * stride_r + offs_c * stride_c]``, zero outside ``n_rows x n_cols``.
-
-    Args:
-        ptr: base pointer (already offset to the batch/head).
-        offs_r: int32 ``[R]`` row indices; offs_c: int32 ``[C]`` column indices.
-        stride_r, stride_c: element strides of rows and columns.
-        n_rows, n_cols: valid extent (rows >= n_rows or columns >= n_cols read 0).
-    """
-    mask = (offs_r[:, None] < n_rows) & (offs_c[None, :] < n_cols)
-    return tl.load(ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c, mask=mask, other=0.0)
+def program_ids(num_blocks, H):
+    """Decode the 1-D grid of :func:`launch_grid`: ``(block, batch * H + head, batch, head)``, the blocks of one
+    head adjacent (batch and head as int64)."""
+    pid = tl.program_id(0)
+    block = pid % num_blocks
+    bh = pid // num_blocks
+    return block, bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
 
 
 @triton.jit
-def store_tile(ptr, value, offs_r, offs_c, stride_r, stride_c, n_rows, n_cols):
-    """Store a ``[R, C]`` tile (converted to the pointer's dtype), masked to ``n_rows x n_cols``."""
-    mask = (offs_r[:, None] < n_rows) & (offs_c[None, :] < n_cols)
-    tl.store(ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c, value.to(ptr.dtype.element_ty),
-             mask=mask)
-
-
-@triton.jit
-def mma(a, b, DOT_PRECISION: tl.constexpr):
-    """``tl.dot(a, b)`` with fp32 accumulation.
-
-    ``DOT_PRECISION``: "ieee" (exact fp32, for fp32 inputs), "tf32" (the default of half types: tensor
-    cores), or "upcast": the operands are widened to fp32 first. Launchers pass "upcast" for bfloat16 under
-    ``TRITON_INTERPRET=1``, whose bf16 ``tl.dot`` returns garbage in Triton 3.6; products of bf16 values are
-    exact in fp32, so the result equals a tensor-core dot with fp32 accumulation.
-    """
-    if DOT_PRECISION == "upcast":
-        result = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        result = tl.dot(a, b, input_precision=DOT_PRECISION)
-    return result
-
-
-@triton.jit
-def mma_acc(a, b, acc, DOT_PRECISION: tl.constexpr):
-    """``acc + a @ b`` (fp32 ``acc``), with the precision modes of :func:`mma`; the accumulation is fused
-    into the tensor-core instruction."""
-    if DOT_PRECISION == "upcast":
-        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        result = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return result
+def program_ids_r(num_blocks, H, R):
+    """:func:`program_ids` with a relation axis: ``(block, batch * H + head, relation, batch, head)`` for a grid
+    of ``num_blocks * B * H * R`` programs (relations of one head adjacent)."""
+    pid = tl.program_id(0)
+    block = pid % num_blocks
+    rest = pid // num_blocks
+    r = rest % R
+    bh = rest // R
+    return block, bh, r, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
 
 
 @triton.jit
@@ -90,24 +80,55 @@ def load_rows(ptr, offs_r, offs_c, stride_r, stride_c, n_rows, n_cols, MASK_ROWS
 
 
 @triton.jit
-def load_distance_tile(dist_ptr, offs_m, offs_n, stride_i, stride_j, n_valid):
-    """The uint8 distance tile ``[M, N]`` as int32; pairs outside ``n_valid x n_valid`` read 255.
+def distance_tile(dist_base, offs_r, offs_c, stride_r, stride_c, N, MASK: tl.constexpr, EVEN_N: tl.constexpr):
+    """The uint8 distance tile ``dist[offs_r, offs_c]``; out-of-range pairs read 255 (unreachable).
 
-    Args:
-        dist_ptr: pointer to ``distance[b]`` (uint8).
-        offs_m: query token indices ``[M]``; offs_n: key token indices ``[N]``.
-        stride_i, stride_j: strides of the distance matrix.
-        n_valid: tokens < n_valid are read (the sequence length, or N).
+    Interior tiles mask nothing when N is a multiple of both tile sides (``EVEN_N``), else only rows past N
+    (a mask constant along the contiguous dimension, so the load stays vectorised).
     """
+    ptrs = dist_base + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
+    if MASK:
+        dist = tl.load(ptrs, mask=(offs_r[:, None] < N) & (offs_c[None, :] < N), other=255)
+    elif EVEN_N:
+        dist = tl.load(ptrs)
+    else:
+        dist = tl.load(ptrs, mask=offs_r[:, None] < N, other=255)
+    return dist
+
+
+@triton.jit
+def load_distance_tile(dist_ptr, offs_m, offs_n, stride_i, stride_j, n_valid):
+    """The uint8 distance tile ``[M, N]`` as int32; pairs outside ``n_valid x n_valid`` read 255."""
     mask = (offs_m[:, None] < n_valid) & (offs_n[None, :] < n_valid)
     d = tl.load(dist_ptr + offs_m[:, None] * stride_i + offs_n[None, :] * stride_j, mask=mask, other=255)
     return d.to(tl.int32)
 
 
 @triton.jit
-def bucket_of(distance, lut_ptr):
-    """Table index of each distance (int32 tile) through the 256-entry int32 LUT (``BucketSpec.lut()``)."""
-    return tl.load(lut_ptr + distance)
+def mma(a, b, DOT_PRECISION: tl.constexpr):
+    """``tl.dot(a, b)`` with fp32 accumulation.
+
+    ``DOT_PRECISION`` (:func:`dot_precision`): "ieee" (exact fp32 products, for fp32 inputs), "tf32" (the
+    tensor cores of half types), or "upcast": the operands are widened to fp32 first. Launchers pass "upcast"
+    for bfloat16 under ``TRITON_INTERPRET=1``, whose bf16 ``tl.dot`` returns garbage in Triton 3.6; products of
+    bf16 values are exact in fp32, so the result equals a tensor-core dot with fp32 accumulation.
+    """
+    if DOT_PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        result = tl.dot(a, b, input_precision=DOT_PRECISION)
+    return result
+
+
+@triton.jit
+def mma_acc(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` (fp32 ``acc``) with the precision modes of :func:`mma`; the accumulation is fused into
+    the tensor-core instruction."""
+    if DOT_PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return result
 
 
 @triton.jit
@@ -118,8 +139,7 @@ def bucket_from_distance(distance, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.
     ``d' = min(d, MAX_DISTANCE)``; with ``LOG_DISTANCE = E > 0`` and ``d' > E`` the bucket is
     ``E + ceil(log2(d' / E))``, counted exactly as the number of ``k >= 0`` with ``E * 2^k < d'``;
     ``LOG_DISTANCE = 0`` is the clamp scheme. With ``UNREACHABLE_BUCKET``, 255 maps to the last bucket
-    (``bucket(MAX_DISTANCE) + 1``). No memory access: the gather of a LUT would be one more dependent
-    load per score element.
+    (``bucket(MAX_DISTANCE) + 1``).
     """
     clamped = tl.minimum(distance, MAX_DISTANCE)
     bucket = clamped
@@ -140,95 +160,53 @@ def bucket_from_distance(distance, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.
 
 
 @triton.jit
-def gather_bias(bucket, table_ptr, bias_scale, NUM_BUCKETS: tl.constexpr, SELECT_MAX: tl.constexpr = 16):
-    """``bias_scale * table[bucket]`` as fp32 (``table_ptr``: one head's fp32 row of the table).
+def in_bucket(dist, t: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+              LAST_DISTANCE_BUCKET: tl.constexpr):
+    """bool tile: the distance falls in bucket ``t`` of the BucketSpec (equal to ``BucketSpec.lut()``).
 
-    Small tables (``NUM_BUCKETS <= SELECT_MAX``) use a chain of selects over loop-invariant scalar loads:
-    a per-element gather from memory is a dependent load the software pipeliner stages through shared
-    memory, which costs ~60 registers per thread at 64x64 tiles (measured with ptxas for sm_90). Larger
-    tables fall back to the gather.
+    Buckets are contiguous distance ranges, resolved at compile time: ``{t}`` for exact buckets, the log
+    ranges ``(E 2^(k-1), E 2^k]`` for ``t = E + k``, everything from the last range's start up to 254 (and 255
+    unless it has its own bucket) for the last distance bucket, and 255 alone for the unreachable bucket.
     """
-    if NUM_BUCKETS <= SELECT_MAX:
-        bias = tl.zeros(bucket.shape, dtype=tl.float32)
-        for t in tl.static_range(NUM_BUCKETS):
-            bias = tl.where(bucket == t, tl.load(table_ptr + t).to(tl.float32), bias)
+    if t > LAST_DISTANCE_BUCKET:  # the unreachable bucket
+        sel = dist == 255
+    elif LOG_DISTANCE == 0 or t <= LOG_DISTANCE:  # exact distances
+        if t < LAST_DISTANCE_BUCKET:
+            sel = dist == t
+        elif UNREACHABLE_BUCKET:
+            sel = (dist >= t) & (dist != 255)
+        else:
+            sel = dist >= t
+    else:  # log-spaced: (E 2^(k-1), E 2^k] with k = t - E
+        above = dist > LOG_DISTANCE * (1 << (t - LOG_DISTANCE - 1))
+        if t < LAST_DISTANCE_BUCKET:
+            sel = above & (dist <= LOG_DISTANCE * (1 << (t - LOG_DISTANCE)))
+        elif UNREACHABLE_BUCKET:
+            sel = above & (dist != 255)
+        else:
+            sel = above
+    return sel
+
+
+@triton.jit
+def opaque_int32(x, like, INTERPRETED: tl.constexpr):
+    """``x`` (an int32 tile) materialised in ``like``'s layout, in registers the compiler cannot fold back.
+
+    A tile compared many times (once per bucket) is otherwise re-extracted from its packed uint8 source, or
+    its mask converted between layouts, at every compare: an opaque ``mov`` (with ``like`` as a dummy operand
+    fixing the layout) keeps one copy. The interpreter has no inline assembly; there it is the identity.
+    """
+    if INTERPRETED:
+        result = x
     else:
-        bias = tl.load(table_ptr + bucket).to(tl.float32)
-    return bias * bias_scale
+        result = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, like], dtype=tl.int32, is_pure=True,
+                                           pack=1)
+    return result
 
 
-@triton.jit
-def pair_allowed(offs_m, offs_n, length, distance, window, HAS_WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
-    """bool ``[M, N]``: query i may attend key j (DESIGN.md §2).
-
-    Both tokens ``< length``; ``distance <= window`` when ``HAS_WINDOW`` (255 = unreachable never passes a
-    window <= 254); ``j <= i`` when ``CAUSAL``.
-    """
-    allowed = (offs_m[:, None] < length) & (offs_n[None, :] < length)
-    if HAS_WINDOW:
-        allowed = allowed & (distance <= window)
-    if CAUSAL:
-        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
-    return allowed
-
-
-@triton.jit
-def online_softmax_step(running_max, running_sum, scores2):
-    """One step of the streaming softmax over a new score tile (log2 domain, disallowed pairs = -inf).
-
-    Args:
-        running_max: fp32 ``[M]`` (``-inf`` until a row sees an allowed key).
-        running_sum: fp32 ``[M]`` sum of ``exp2(s2 - running_max)`` so far.
-        scores2: fp32 ``[M, N]`` scores times log2(e), ``-inf`` where not allowed.
-    Returns:
-        ``(new_max, alpha, p, new_sum)``: ``alpha [M]`` rescales the old accumulator, ``p [M, N]`` are the
-        unnormalised weights of this tile (0 where not allowed); empty rows give ``alpha = p = 0``.
-    """
-    new_max = tl.maximum(running_max, tl.max(scores2, 1))
-    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-    alpha = tl.exp2(running_max - safe_max)
-    p = tl.exp2(scores2 - safe_max[:, None])
-    new_sum = running_sum * alpha + tl.sum(p, 1)
-    return new_max, alpha, p, new_sum
-
-
-@triton.jit
-def finish_softmax(accumulator, running_max, running_sum):
-    """Normalise the output accumulator and form the log2-sum-exp of every row.
-
-    Returns ``(out [M, D], lse2 [M])``; rows with ``running_sum == 0`` (no allowed key) give ``out = 0`` and
-    ``lse2 = 0`` (their weights are masked to 0 in the backward anyway, so any finite value works).
-    """
-    empty = running_sum == 0.0
-    denom = tl.where(empty, 1.0, running_sum)
-    out = accumulator / denom[:, None]
-    lse2 = tl.where(empty, 0.0, running_max + tl.log2(denom))
-    return out, lse2
-
-
-@triton.jit
-def accumulate_bucket_sums(acc, bucket, values, allowed, bucket_ids, NUM_BUCKETS: tl.constexpr):
-    """``acc[t] += sum(values[bucket == t])`` over the allowed pairs of one tile, on chip.
-
-    Only the buckets present in the tile are visited (a loop from the tile's smallest to its largest
-    allowed bucket), so a tile whose pairs share one bucket costs a single reduction.
-
-    Args:
-        acc: fp32 ``[T_PAD]`` running per-bucket sums; bucket_ids: ``tl.arange(0, T_PAD)``.
-        bucket: int32 ``[M, N]`` table index of every pair; values: fp32 ``[M, N]``.
-        allowed: bool ``[M, N]``; disallowed pairs contribute nothing.
-        NUM_BUCKETS: T (buckets >= T never occur).
-    """
-    lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS), axis=1)
-    lowest = tl.min(lowest, axis=0)
-    highest = tl.max(tl.where(allowed, bucket, -1), axis=1)
-    highest = tl.max(highest, axis=0)
-    values = tl.where(allowed, values, 0.0)
-    for t in range(lowest, highest + 1):
-        part = tl.sum(tl.sum(tl.where(bucket == t, values, 0.0), axis=1), axis=0)
-        acc += tl.where(bucket_ids == t, part, 0.0)
-    return acc
-
+# ---------------------------------------------------------------------------------------------------------
+# Host helpers
+# ---------------------------------------------------------------------------------------------------------
 
 _LAUNCH_HOOK = None
 
@@ -245,22 +223,20 @@ def set_launch_hook(hook):
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """Launch a ``@triton.jit`` kernel from inside a ``torch.library.triton_op`` (Python helper, not jit).
+    """Launch a ``@triton.jit`` kernel from inside a ``torch.library.triton_op``.
 
     Goes through ``torch.library.wrap_triton`` so ``torch.compile`` sees the kernel. Under
     ``TRITON_INTERPRET=1`` the kernel is a Python function that cannot run on FakeTensors; when the op is
     being traced for shapes only (fake tensors among the arguments) the launch is skipped, which is what the
     fake implementation needs (outputs are allocated by the caller).
     """
-    import os
-
     import torch
     from torch._subclasses.fake_tensor import is_fake
 
     if _LAUNCH_HOOK is not None:
         _LAUNCH_HOOK(kernel, grid, args, kwargs)
         return
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if interpreting():
         if any(isinstance(a, torch.Tensor) and is_fake(a) for a in list(args) + list(kwargs.values())):
             return
         kernel[grid](*args, **kwargs)
@@ -268,33 +244,43 @@ def launch(kernel, grid, *args, **kwargs):
     torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
-@triton.jit
-def accumulate_bucket_row_sums(ds_rows, p_rows, bucket, ds, p, allowed, bucket_ids, NUM_BUCKETS: tl.constexpr):
-    """Per-row, per-bucket sums of dS and of P over one tile: ``ds_rows[i, t] += sum_{j in t} ds_ij``.
-
-    With :func:`finish_bucket_sums` this gives the table gradient of an exact softmax backward even when
-    ``delta_i = dO_i . O_i`` was formed from a rounded (fp16/bf16) output: the row error
-    ``e_i = sum_j dS_ij`` (zero in exact arithmetic) is removed as ``dS_ij - P_ij e_i``. Without it the
-    small per-row errors add up over every row in each bucket sum.
-
-    Args:
-        ds_rows, p_rows: fp32 ``[M, T_PAD]`` running sums; bucket_ids: ``tl.arange(0, T_PAD)``.
-        bucket: int32 ``[M, N]``; ds, p: fp32 ``[M, N]``; allowed: bool ``[M, N]``.
-    """
-    lowest = tl.min(tl.min(tl.where(allowed, bucket, NUM_BUCKETS), axis=1), axis=0)
-    highest = tl.max(tl.max(tl.where(allowed, bucket, -1), axis=1), axis=0)
-    ds = tl.where(allowed, ds, 0.0)
-    p = tl.where(allowed, p, 0.0)
-    for t in range(lowest, highest + 1):
-        in_bucket = bucket == t
-        column = bucket_ids[None, :] == t
-        ds_rows += tl.where(column, tl.sum(tl.where(in_bucket, ds, 0.0), axis=1)[:, None], 0.0)
-        p_rows += tl.where(column, tl.sum(tl.where(in_bucket, p, 0.0), axis=1)[:, None], 0.0)
-    return ds_rows, p_rows
+def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):
+    """The 1-D launch grid ``(num_blocks * B * H * R,)`` that :func:`program_ids` (``R = 1``) and
+    :func:`program_ids_r` decode: any batch and head count launches (CUDA caps the second and third grid axes
+    at 65535, which 2048 sentences x 32 heads would exceed); past 2^31 - 1 programs it says why."""
+    total = num_blocks * B * H * R
+    if total >= 2 ** 31:
+        raise ValueError(f"{B} x {H} heads x {R} x {num_blocks} blocks = {total} programs exceeds one grid axis "
+                         "(2^31 - 1); split the batch")
+    return (total,)
 
 
-@triton.jit
-def finish_bucket_sums(ds_rows, p_rows):
-    """``G[t] = sum_i (ds_rows[i, t] - e_i * p_rows[i, t])`` with ``e_i = sum_t ds_rows[i, t]`` (fp32 ``[T_PAD]``)."""
-    row_error = tl.sum(ds_rows, axis=1)
-    return tl.sum(ds_rows - row_error[:, None] * p_rows, axis=0)
+def head_block(dim: int) -> int:
+    """The padded head dim of the kernels: a power of two >= 32."""
+    return max(32, triton.next_power_of_2(dim))
+
+
+def dot_precision(dtype) -> str:
+    """The :func:`mma` mode for inputs of ``dtype``: exact fp32 products for fp32 (TF32 would miss the fp32
+    tolerance), tensor cores for half types, bf16 widened under the interpreter (see :func:`mma`)."""
+    import torch
+
+    if dtype == torch.float32:
+        return "ieee"
+    if dtype == torch.bfloat16 and interpreting():
+        return "upcast"
+    return "tf32"
+
+
+def arch_family() -> str:
+    """"sm90" (Hopper and newer), "sm80" (A100) or "small" (GPUs with about 100 KB of shared memory a block)
+    for the GPU Triton compiles for; the interpreter counts as "sm90"."""
+    if interpreting():
+        return "sm90"
+    target = triton.runtime.driver.active.get_current_target()
+    arch = target.arch if isinstance(target.arch, int) else 0
+    if arch >= 90:
+        return "sm90"
+    if arch == 80:
+        return "sm80"
+    return "small"

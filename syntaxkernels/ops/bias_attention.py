@@ -50,8 +50,10 @@ import triton.language as tl
 from .. import _validation as V
 from .. import reference
 from ..specs import UNREACHABLE, BucketSpec
-from ._dispatch import interpreting, resolve_backend
-from ._primitives import LOG2E, bucket_from_distance, launch, load_rows, mma, mma_acc
+from ._dispatch import resolve_backend
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, distance_tile, dot_precision, head_block,
+                          in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
+                          program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 
 __all__ = ["syntax_bias_attention", "lut_attention", "bias_attention_forward", "bias_attention_backward",
@@ -63,36 +65,6 @@ MAX_HEAD_DIM = 128
 # ---------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _program_ids(num_blocks, H):
-    """Decode the 1-D grid: ``(block, batch * H + head, batch, head)`` (blocks of one head are adjacent).
-
-    One grid axis of ``num_blocks * B * H`` programs launches for any batch and head count (CUDA caps the
-    second and third axes at 65535).
-    """
-    pid = tl.program_id(0)
-    block = pid % num_blocks
-    bh = pid // num_blocks
-    return block, bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
-
-
-@triton.jit
-def _distance_tile(dist_base, offs_r, offs_c, stride_r, stride_c, N, MASK: tl.constexpr, EVEN_N: tl.constexpr):
-    """The uint8 distance tile ``dist[offs_r, offs_c]``; out-of-range pairs read 255 (unreachable).
-
-    Interior tiles mask nothing when N is a multiple of both tile sides (``EVEN_N``), else only rows past N
-    (a mask constant along the contiguous dimension, so the load stays vectorised).
-    """
-    ptrs = dist_base + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
-    if MASK:
-        dist = tl.load(ptrs, mask=(offs_r[:, None] < N) & (offs_c[None, :] < N), other=255)
-    elif EVEN_N:
-        dist = tl.load(ptrs)
-    else:
-        dist = tl.load(ptrs, mask=offs_r[:, None] < N, other=255)
-    return dist
 
 
 @triton.jit
@@ -112,7 +84,7 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
     """One key tile of the forward's online softmax (log2 domain)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     if SYNTAX:
-        dist = _distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
+        dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
         bias = tl.load(lut_row + dist.to(tl.int32))
     k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D, MASK, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
@@ -161,7 +133,7 @@ def _bias_fwd_kernel(
             for the inspection report only).
     Grid: ``(nQ * B * H,)``.
     """
-    q_block, bh, b, h = _program_ids(num_q_blocks, H)
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -234,7 +206,7 @@ def _bias_bwd_preprocess_kernel(
         OUT, DOUT: ``[B, H, N, DV]`` (strided); DELTA: fp32 ``[B, H, N]`` contiguous.
     Grid: ``(nM * B * H,)`` with ``nM = cdiv(N, BLOCK_M)``.
     """
-    block, bh, b, h = _program_ids(tl.cdiv(N, BLOCK_M), H)
+    block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_M), H)
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
     out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, N, DV, True, False)
@@ -266,17 +238,10 @@ def _bucket_sums(sums, common, ds_t, dist_t, tile_buckets, q_block, common_bit, 
         if present == common_bit:
             common += tl.sum(ds_t, 1)
         elif present != 0:
-            # Widened once into registers, in dS's layout, that every bucket compares: an opaque move (dS is a
-            # dummy operand that fixes the layout); otherwise each compare extracts its byte from the packed
-            # uint8 tile again, or converts its mask between layouts.
-            if INTERPRETED:  # the interpreter has no inline assembly; the move is an identity anyway
-                dist32 = dist_t.to(tl.int32)
-            else:
-                dist32 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [dist_t.to(tl.int32), ds_t],
-                                                   dtype=tl.int32, is_pure=True, pack=1)
+            dist32 = opaque_int32(dist_t.to(tl.int32), ds_t, INTERPRETED)  # widened once, in dS's layout
             for t in tl.static_range(NUM_BUCKETS):
                 if ((present >> t) & 1) != 0:
-                    sel = _in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
+                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
                     sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds_t, 0.0), 1),) + sums[t + 1:]
     else:
         span = tl.load(tile_buckets + q_block)
@@ -304,7 +269,7 @@ def _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base
     if SYNTAX:
         # The pair (query i, key j) at distance[b, j, i]: tree distances are symmetric, and this tile is
         # contiguous along the queries.
-        dist_t = _distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
+        dist_t = distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
         bias_t = tl.load(lut_row + dist_t.to(tl.int32))
     q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, MASK, EVEN_D)
     if MASK:
@@ -383,7 +348,7 @@ def _bias_bwd_dkdv_kernel(
         Others as in the forward.
     Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
     """
-    k_block, bh, b, h = _program_ids(num_k_blocks, H)
+    k_block, bh, b, h = program_ids(num_k_blocks, H)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -495,7 +460,7 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
     """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     if SYNTAX:
-        dist = _distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
+        dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
         bias = tl.load(lut_row + dist.to(tl.int32))
     k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D, MASK, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
@@ -541,7 +506,7 @@ def _bias_bwd_dq_kernel(
         Others as in the dK/dV kernel (key lists as in the forward).
     Grid: ``(nQ * B * H,)``.
     """
-    q_block, bh, b, h = _program_ids(num_q_blocks, H)
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -602,35 +567,6 @@ def _bias_bwd_dq_kernel(
         tl.store(DELTA_CORRECTED + row_base + offs_m, delta + row_error, mask=offs_m < N)
 
 
-@triton.jit
-def _in_bucket(dist, t: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
-               LAST_DISTANCE_BUCKET: tl.constexpr):
-    """bool tile: the distance (uint8) falls in bucket ``t`` of the BucketSpec (equal to ``BucketSpec.lut()``).
-
-    Buckets are contiguous distance ranges, resolved at compile time: ``{t}`` for exact buckets, the log
-    ranges ``(E 2^(k-1), E 2^k]`` for ``t = E + k``, everything from the last range's start up to 254 (and 255
-    unless it has its own bucket) for the last distance bucket, and 255 alone for the unreachable bucket.
-    """
-    if t > LAST_DISTANCE_BUCKET:  # the unreachable bucket
-        sel = dist == 255
-    elif LOG_DISTANCE == 0 or t <= LOG_DISTANCE:  # exact distances
-        if t < LAST_DISTANCE_BUCKET:
-            sel = dist == t
-        elif UNREACHABLE_BUCKET:
-            sel = (dist >= t) & (dist != 255)
-        else:
-            sel = dist >= t
-    else:  # log-spaced: (E 2^(k-1), E 2^k] with k = t - E
-        above = dist > LOG_DISTANCE * (1 << (t - LOG_DISTANCE - 1))
-        if t < LAST_DISTANCE_BUCKET:
-            sel = above & (dist <= LOG_DISTANCE * (1 << (t - LOG_DISTANCE)))
-        elif UNREACHABLE_BUCKET:
-            sel = above & (dist != 255)
-        else:
-            sel = above
-    return sel
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Configurations (block sizes, warps, stages)
 # ---------------------------------------------------------------------------------------------------------
@@ -641,71 +577,48 @@ def _in_bucket(dist, t: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BU
 # (``python -m syntaxkernels inspect``), which checks registers, spills and the main loop's instruction mix;
 # the choices below are the spill-free ones with the fewest instructions per score element there. For "dkdv",
 # BLOCK_N is the key block a program owns and BLOCK_M the query block of one iteration; "boundary_warps" (when
-# given) is the warp count of its boundary pass (the table gradient of the boundary tiles).
+# given) and "boundary_stages" are the warps and stages of its boundary pass (the table gradient of the
+# boundary tiles).
 _C = dict
 CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("fwd", "sm90", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     ("fwd", "sm90", "half", 128): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     ("fwd", "sm80", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-    ("fwd", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("fwd", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
     ("dkdv", "sm90", "half", 64): _C(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
     ("dkdv", "sm90", "half", 128): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-    ("dkdv", "sm80", "half", 64): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2, boundary_warps=4),
-    ("dkdv", "sm80", "half", 128): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("dkdv", "sm80", "half", 64): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2, boundary_warps=4,
+                                     boundary_stages=1),
+    ("dkdv", "sm80", "half", 128): _C(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
     ("dq", "sm90", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     ("dq", "sm90", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
     ("dq", "sm80", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
     ("dq", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
 }
-# fp32 inputs run exact fp32 dots (no tensor cores): small tiles keep them spill-free.
+# fp32 inputs run exact fp32 products (no tensor cores, no TF32): Triton 3.6 lowers them to FMA loops that hold
+# whole operand rows per thread. 16x32 tiles are spill-free up to D = 64; at D = 128 every tiling tried spills
+# (16x16 the least): correct, but not tuned (fp32 is not a performance target; use bf16/fp16 for speed).
 for _kind in ("fwd", "dkdv", "dq"):
     for _arch in ("sm90", "sm80"):
-        CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-        CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
+        CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
+        CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     for _cls in ("half", "fp32"):
         for _dim in (64, 128):
-            CONFIGS[(_kind, "small", _cls, _dim)] = _C(BLOCK_M=64 if _cls == "half" else 32, BLOCK_N=32,
-                                                       num_warps=4, num_stages=2)
+            CONFIGS[(_kind, "small", _cls, _dim)] = _C(BLOCK_M=64 if _cls == "half" else 16, BLOCK_N=32,
+                                                       num_warps=4, num_stages=2 if _cls == "half" else 1)
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
-def _head_block(dim: int) -> int:
-    return max(32, triton.next_power_of_2(dim))
-
-
-def _arch_family() -> str:
-    """"sm90", "sm80" or "small" for the GPU Triton compiles for (the interpreter counts as sm90)."""
-    if interpreting():
-        return "sm90"
-    target = triton.runtime.driver.active.get_current_target()
-    arch = target.arch if isinstance(target.arch, int) else 0
-    if arch >= 90:
-        return "sm90"
-    if arch == 80:
-        return "sm80"
-    return "small"
-
-
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
     """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq"; "table" shares "dq") kernel."""
-    family = family or _arch_family()
+    family = family or arch_family()
     cls = "fp32" if dtype == torch.float32 else "half"
-    config = dict(CONFIGS[("dq" if kind == "table" else kind, family, cls, 64 if _head_block(head_dim) <= 64 else 128)])
+    config = dict(CONFIGS[("dq" if kind == "table" else kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs: exact fp32 products (TF32 would miss the fp32 tolerance); half types use tensor cores;
-    # bf16 under the interpreter is widened first (see _primitives.mma).
-    if dtype == torch.float32:
-        return "ieee"
-    if dtype == torch.bfloat16 and interpreting():
-        return "upcast"
-    return "tf32"
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -771,14 +684,6 @@ def _even(N: int, config: dict) -> bool:
     return N % config["BLOCK_M"] == 0 and N % config["BLOCK_N"] == 0
 
 
-def _grid(num_blocks: int, B: int, H: int) -> Tuple[int]:
-    """The 1-D launch grid ``(num_blocks * B * H,)`` (see ``_program_ids``)."""
-    total = num_blocks * B * H
-    if total >= 2 ** 31:
-        raise ValueError(f"{B} x {H} heads x {num_blocks} blocks = {total} programs exceeds one grid axis (2^31 - 1)")
-    return (total,)
-
-
 @torch.library.triton_op("syntaxkernels::bias_attention_fwd", mutates_args=())
 def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                            lut: torch.Tensor, lengths: torch.Tensor, scale: float, window: int,
@@ -804,12 +709,12 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     use_lists = kv_list is not None
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     lut = lut.contiguous()
-    launch(_bias_fwd_kernel, _grid(num_q, B, H),
+    launch(_bias_fwd_kernel, launch_grid(num_q, B, H),
            q, k, v, distance, lut, lengths, kv_list if use_lists else lengths, kv_count if use_lists else lengths,
            out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *distance.stride(),
            lut.stride(0) if lut.shape[0] > 1 else 0, H, N, D, DV, num_q, num_k, scale * LOG2E,
-           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_head_block(D), BLOCK_DV=_head_block(DV),
-           EVEN_D=_head_block(D) == D, EVEN_DV=_head_block(DV) == DV, EVEN_N=_even(N, config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(N, config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse
 
@@ -821,7 +726,7 @@ def common_buckets(masks: torch.Tensor, num_buckets: int) -> torch.Tensor:
     """int32 ``[B, R]``: per row of tile bucket sets ``masks [B, R, C]``, the bucket most one-bucket tiles are in
     (-1 when the row has none)."""
     one = (masks != 0) & ((masks & (masks - 1)) == 0)
-    bucket = torch.log2(masks.clamp(min=1).to(torch.float64)).round().to(torch.int64)
+    bucket = torch.log2(masks.clamp(min=1).to(torch.float64)).round().to(torch.int64).clamp(max=num_buckets)
     bucket = torch.where(one, bucket, torch.full_like(bucket, num_buckets))
     counts = torch.zeros(*masks.shape[:2], num_buckets + 1, dtype=torch.int32, device=masks.device)
     counts.scatter_add_(2, bucket, torch.ones_like(bucket, dtype=torch.int32))
@@ -881,14 +786,14 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         return dq.zero_(), dk.zero_(), dv.zero_(), torch.zeros((rows, T), dtype=torch.float32, device=q.device)
     lut = lut.contiguous()
     stride_lh = lut.stride(0) if rows > 1 else 0
-    family = _arch_family()
+    family = arch_family()
     dkdv_config = select_config("dkdv", q.dtype, max(D, DV), family)
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
-    block_d, block_dv = _head_block(D), _head_block(DV)
-    precision = _dot_precision(q.dtype)
+    block_d, block_dv = head_block(D), head_block(DV)
+    precision = dot_precision(q.dtype)
 
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    launch(_bias_bwd_preprocess_kernel, _grid(triton.cdiv(N, 64), B, H),
+    launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, 64), B, H),
            out, dout, delta, *out.stride(), *dout.stride(), H, N, DV, BLOCK_M=64, BLOCK_DV=block_dv)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh)
 
@@ -898,7 +803,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
     use_lists = kv_list is not None
     corrected = torch.empty_like(delta) if table_grad else delta
-    launch(_bias_bwd_dq_kernel, _grid(num_q, B, H),
+    launch(_bias_bwd_dq_kernel, launch_grid(num_q, B, H),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
            kv_count if use_lists else lengths, lse, delta, dq, corrected, *strides, *dq.stride(),
            H, N, D, DV, num_q, num_k, scale, scale * LOG2E,
@@ -927,10 +832,11 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 TABLE_GRAD=table_grad, INTERPRETED=interpreting(), DOT_PRECISION=precision,
                 num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
     sizes = (*strides, *dk.stride(), *dv.stride(), H, N, D, DV, num_q, num_k, scale, scale * LOG2E)
-    launch(_bias_bwd_dkdv_kernel, _grid(num_k, B, H), *args, partials[0], *sizes, BOUNDARY_PASS=False, **meta)
+    launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[0], *sizes, BOUNDARY_PASS=False, **meta)
     if table_grad:
         meta["num_warps"] = dkdv_config.get("boundary_warps", dkdv_config["num_warps"])
-        launch(_bias_bwd_dkdv_kernel, _grid(num_k, B, H), *args, partials[1], *sizes, BOUNDARY_PASS=True, **meta)
+        meta["num_stages"] = dkdv_config.get("boundary_stages", dkdv_config["num_stages"])
+        launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[1], *sizes, BOUNDARY_PASS=True, **meta)
     # A fixed-order sum of the per-program bucket sums: deterministic.
     bucket_grad = partials.view(2, B, H, num_k, T).sum(dim=(0, 1, 3))
     if rows == 1:

@@ -51,7 +51,6 @@ MAX_HEAD_DIM = 128
 EDGE_DENSITY_LIMIT = 1.0 / 16.0
 
 _HAS_TRITON = triton_status() == "ok"
-LOG2E = 1.4426950408889634
 
 
 def _next_power_of_2(n: int) -> int:
@@ -85,7 +84,7 @@ if _HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._primitives import launch
+    from ._primitives import LOG2E, launch, launch_grid, program_ids, program_ids_r
 
     @triton.jit
     def _gather_rows(base, rows, stride_n, offs, n_cols, live, EVEN: tl.constexpr):
@@ -115,15 +114,11 @@ if _HAS_TRITON:
             ROW_PTR: int32 ``[B * N * R + 1]``, COL: int32 ``[E]`` (rows (b, i, r)).
             OUT: ``[B, R, H, N, DV]`` (strided, last dim contiguous); LSE: fp32 ``[B, R, H, N]`` contiguous, the
                 base-2 logsumexp of the row's scores (``qk_scale2 = scale * log2(e)``), +inf for an empty row.
-        Grid: ``(cdiv(N, BLOCK_E), B * H, R)``. The main loop runs as long as the block's longest list; each
+        Grid: ``launch_grid(cdiv(N, BLOCK_E), B, H, R)`` (1-D). The main loop runs as long as the block's longest list; each
         iteration takes edge ``t`` of every row (``BLOCK_E`` edge slots): gather k and v rows, one dot, an
         online-softmax step.
         """
-        block = tl.program_id(0)
-        bh = tl.program_id(1)
-        r = tl.program_id(2)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
+        block, bh, r, b, h = program_ids_r(tl.cdiv(N, BLOCK_E), H, R)
         rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
         row_ok = rows < N
         list_rows = (b * N + rows) * R + r
@@ -169,13 +164,9 @@ if _HAS_TRITON:
         H, N, R, DV,
         BLOCK_E: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):
-        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous). Grid ``(cdiv(N, BLOCK_E),
-        B * H, R)``."""
-        block = tl.program_id(0)
-        bh = tl.program_id(1)
-        r = tl.program_id(2)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
+        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous). Grid ``launch_grid(cdiv(N, BLOCK_E),
+        B, H, R)`` (1-D)."""
+        block, bh, r, b, h = program_ids_r(tl.cdiv(N, BLOCK_E), H, R)
         rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
         offs = tl.arange(0, BLOCK_DV)
         mask = (rows[:, None] < N) & (offs[None, :] < DV)
@@ -201,12 +192,9 @@ if _HAS_TRITON:
         The R rows of a query are consecutive in the CSR, so one loop walks all the query's edges (each with its
         relation from REL): per edge, gather k_j, v_j and dO of (r, i); ``p = exp2(s - lse)``,
         ``ds = p (dO . v_j - delta)``, ``dq += ds k_j``. DQ: ``[B, H, N, D]`` contiguous. Grid
-        ``(cdiv(N, BLOCK_E), B * H)``.
+        ``launch_grid(cdiv(N, BLOCK_E), B, H)`` (1-D).
         """
-        block = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
+        block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
         rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
         row_ok = rows < N
         first = tl.load(ROW_PTR + (b * N + rows) * R, mask=row_ok, other=0)
@@ -253,12 +241,9 @@ if _HAS_TRITON:
 
         Per transposed edge (query i, relation r): gather q_i and dO of (r, i); ``p = exp2(s - lse)``,
         ``ds = p (dO . v_j - delta)``, ``dk += ds q_i``, ``dv += p dO``. DK ``[B, H, N, D]``, DV_OUT
-        ``[B, H, N, DV]``, contiguous. Grid ``(cdiv(N, BLOCK_E), B * H)``.
+        ``[B, H, N, DV]``, contiguous. Grid ``launch_grid(cdiv(N, BLOCK_E), B, H)`` (1-D).
         """
-        block = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
+        block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
         keys = block * BLOCK_E + tl.arange(0, BLOCK_E)
         key_ok = keys < N
         first = tl.load(T_PTR + (b * N + keys) * R, mask=key_ok, other=0)
@@ -326,7 +311,7 @@ if _HAS_TRITON:
             return out, lse
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         tiles = _tiles(q, v)
-        launch(_edge_fwd_kernel, (triton.cdiv(N, tiles["BLOCK_E"]), B * H, R),
+        launch(_edge_fwd_kernel, launch_grid(triton.cdiv(N, tiles["BLOCK_E"]), B, H, R),
                q, k, v, row_ptr, col, out, lse,
                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
@@ -356,14 +341,14 @@ if _HAS_TRITON:
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
         tiles = _tiles(q, v)
         delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)
-        launch(_edge_bwd_delta_kernel, (triton.cdiv(N, 64), B * H, R),
+        launch(_edge_bwd_delta_kernel, launch_grid(triton.cdiv(N, 64), B, H, R),
                out, dout, delta, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
                dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV,
                BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], num_warps=4)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    dout.stride(3))
-        grid = (triton.cdiv(N, tiles["BLOCK_E"]), B * H)
+        grid = launch_grid(triton.cdiv(N, tiles["BLOCK_E"]), B, H)
         launch(_edge_bwd_dq_kernel, grid, q, k, v, dout, lse, delta, row_ptr, col, rel, dq, *strides,
                H, N, R, D, DV, scale * LOG2E, scale, **tiles)
         launch(_edge_bwd_dkdv_kernel, grid, q, k, v, dout, lse, delta, t_ptr, t_col, t_rel, dk, dv, *strides,
