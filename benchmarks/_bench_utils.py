@@ -1,6 +1,7 @@
-"""Shared helpers for the GPU benchmark scripts (timing, memory, FLOP counts, JSON and table output).
+"""Shared helpers of the attention benchmarks (timing, memory, FLOP counts, JSON and table output).
 
-Every ``benchmarks/bench_*.py`` uses these so results look the same: ``time_ms`` wraps
+``bench_bias_attention.py`` and ``bench_subnetwork_attention.py`` use these so their results look the same (the
+tree-distance and end-to-end benchmarks time whole CPU pipelines their own way): ``time_ms`` wraps
 ``triton.testing.do_bench`` (median and 20/80% quantiles), ``peak_memory_mib`` measures the peak
 allocation of one call, ``attention_tflops`` follows the FlashAttention convention (forward
 ``4 * B * H * N^2 * D`` FLOPs, backward 2.5x that, fwd+bwd 3.5x, scaled by the visited-block density for

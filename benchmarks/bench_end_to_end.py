@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import _ext  # noqa: E402
-from syntaxkernels.checks import trees as tree_checks  # noqa: E402
+from syntaxkernels import workloads  # noqa: E402
 
 SIZES = {
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512, vocab_size=2000),
@@ -82,12 +82,12 @@ def packed_sequences(max_len: int, count: int, vocab_size: int, seed: int = 0):
     root), each sentence's root attaches to it, the last token is ``[SEP]`` (attached to it).
     """
     try:
-        sentences = tree_checks.treebank_sentences()
+        sentences = workloads.treebank_heads()
         source = f"UD English-EWT dev ({len(sentences)} sentences), packed"
     except FileNotFoundError:
         from syntaxkernels.data import ENV_VAR
 
-        sentences = tree_checks.generated_sentences(4000, seed=seed)
+        sentences = workloads.generated_sentences(4000, seed=seed)
         source = f"generated forests (lengths 1-40), packed (no treebank: set {ENV_VAR})"
     sentences = [s for s in sentences if 0 < len(s) <= max_len - 2]
     g = torch.Generator().manual_seed(seed)

@@ -1,7 +1,6 @@
 """Syntax-BERT sub-network attention and the GAT's windowed attention on tree edge lists: CPU ratios and GPU times.
 
-Data: real sentences from a CoNLL-U treebank, ``$SYNTAXKERNELS_UD`` (default: ``../shared/data/ud/en_ewt-ud-dev.conllu``
-next to the repository), packed whole, one after another, into documents of at most N tokens (one tree per sentence:
+Data: real sentences from the CoNLL-U treebank ``$SYNTAXKERNELS_UD`` names, packed whole, one after another, into documents of at most N tokens (one tree per sentence:
 a forest). Without the file the script says so and exits 0.
 
 CPU part (always; the machine is shared and noisy, so only ratios measured in one run are reported: every pair is
@@ -42,47 +41,19 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import syntaxkernels as sk  # noqa: E402
-from syntaxkernels import reference  # noqa: E402
+from syntaxkernels import reference, workloads  # noqa: E402
 from syntaxkernels.ops import subnetwork_attention as subnet  # noqa: E402
 from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
 from syntaxkernels.testing import compare_to_reference  # noqa: E402
 from _bench_utils import base_parser, conditions, write_results  # noqa: E402
 
-DEFAULT_UD = os.path.join(os.path.dirname(ROOT), "shared", "data", "ud", "en_ewt-ud-dev.conllu")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Workload
 # ---------------------------------------------------------------------------------------------------------
 
-def treebank_path() -> str:
-    return os.environ.get("SYNTAXKERNELS_UD") or DEFAULT_UD
-
-
-def load_sentences(path: str) -> List[List[int]]:
-    return [list(s.heads) for s in sk.trees.read_conllu(path) if s.heads]
-
-
-def pack_documents(sentences: List[List[int]], n: int, batch: int, start: int = 0) -> List[List[int]]:
-    """``batch`` documents of at most ``n`` tokens: whole consecutive sentences (a sentence longer than n is
-    skipped), one tree each."""
-    docs, current, cursor = [], [], start
-    while len(docs) < batch:
-        heads = sentences[cursor % len(sentences)]
-        cursor += 1
-        if len(heads) > n:
-            continue
-        if len(current) + len(heads) > n:
-            docs.append(current)
-            current = []
-        offset = len(current)
-        current += [h + offset if h >= 0 else -1 for h in heads]
-    return docs
-
-
 def make_trees(sentences, n: int, batch: int, device="cpu") -> sk.TreeBatch:
     """A TreeBatch of ``batch`` packed documents padded to exactly N = n tokens."""
-    docs = pack_documents(sentences, n, batch)
+    docs = workloads.pack_sentences(sentences, n, rows=batch)
     heads = torch.full((batch, n), -1, dtype=torch.int64)
     for b, doc in enumerate(docs):
         heads[b, :len(doc)] = torch.tensor(doc)
@@ -316,12 +287,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tokens", type=int, default=16384, help="GPU batch * N per step")
     parser.add_argument("--skip-cpu", action="store_true", help="only the GPU part")
     args = parser.parse_args(argv)
-    path = treebank_path()
-    if not os.path.exists(path):
-        print(f"bench_subnetwork_attention: treebank not found at {path} (set SYNTAXKERNELS_UD to a CoNLL-U file); "
-              "nothing was measured.")
+    from syntaxkernels import data
+
+    if not data.treebank_available():
+        print(f"bench_subnetwork_attention: {data.missing_message()}; nothing was measured.")
         return 0
-    sentences = load_sentences(path)
+    path = data.treebank_path()
+    sentences = workloads.treebank_heads(path)
     torch.set_num_threads(args.threads)
     rows: List[Dict] = []
     if not args.skip_cpu:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import _ext  # noqa: E402
+from syntaxkernels import workloads  # noqa: E402
 from syntaxkernels.checks import trees as tree_checks  # noqa: E402
 
 SLOW_BATCHES = 4  # networkx and the LCA walk run on the first few batches only
@@ -41,21 +42,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def pack(sentences, max_tokens):
-    """Consecutive sentences joined into forests of at most ``max_tokens`` tokens (one tree per sentence)."""
-    packed, current = [], []
-    for heads in sentences:
-        heads = heads[:max_tokens]
-        if current and len(current) + len(heads) > max_tokens:
-            packed.append(current)
-            current = []
-        offset = len(current)
-        current = current + [h + offset if h >= 0 else -1 for h in heads]
-    if current:
-        packed.append(current)
-    return packed
 
 
 def providers():
@@ -95,7 +81,7 @@ def run(batches: int | None = None, min_seconds: float = 0.5, pack_tokens: int |
     source, batch_list = tree_checks.benchmark_batches(32, count=batches)
     if pack_tokens:
         sentences = [s for b in tree_checks.benchmark_batches(32)[1] for s in b]
-        batch_list = tree_checks.batches(pack(sentences, pack_tokens), 32)[:batches]
+        batch_list = tree_checks.batches(workloads.pack_sentences(sentences, pack_tokens), 32)[:batches]
         source += f", packed into forests of <= {pack_tokens} tokens"
     tensors = [tree_checks.padded(b) for b in batch_list]
     expected = [tree_checks.scipy_tree_distance(b) for b in batch_list]

@@ -51,7 +51,8 @@ METHODS = ("plain", "bias", "subnetwork", "gat")
 
 def load_sentences(path: pathlib.Path):
     """``[(words, heads 0-based with -1 root, upos)]`` from CoNLL-U (or random trees when absent)."""
-    if path.is_file():
+    if path is not None and pathlib.Path(path).is_file():
+        path = pathlib.Path(path)
         try:
             from syntaxkernels.trees import read_conllu
 
@@ -59,7 +60,7 @@ def load_sentences(path: pathlib.Path):
         except ImportError:
             return _minimal_conllu(path), f"{path.name} (minimal reader)"
     rng = random.Random(0)
-    from syntaxkernels.checks.reference import random_forest
+    from syntaxkernels.workloads import random_forest
 
     sentences = []
     for _ in range(2000):
@@ -218,7 +219,7 @@ def run(method, data, train, held_out, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=pathlib.Path, default=None,
-                        help="a CoNLL-U file (default: $SYNTAXKERNELS_UD, else ../shared/data/ud/en_ewt-ud-dev.conllu)")
+                        help="a CoNLL-U file (default: $SYNTAXKERNELS_UD; generated trees without it)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)

@@ -15,7 +15,7 @@
 //   t_col   int32 [E]               the query token i
 //   t_rel   int32 [E]               the relation r
 //
-// Relations (query i, key j; DESIGN.md section 2), in MaskSpec order, those enabled:
+// Relations (query i, key j; docs/semantics.md, "Syntax-BERT masks"), in MaskSpec order, those enabled:
 //   parent_d  (d = 1..D):   i is an ancestor of j at distance d   (the descendants of i d levels down)
 //   child_d   (d = 1..D):   i is a descendant of j at distance d  (at most one key: i's ancestor d levels up)
 //   sibling_d (d = 2..D+1): same tree, neither an ancestor of the other, distance d

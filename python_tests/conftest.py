@@ -37,10 +37,9 @@ def ud_dev_path():
     """Path of the treebank (``$SYNTAXKERNELS_UD``, see :mod:`syntaxkernels.data`); skips the test when absent."""
     from syntaxkernels import data
 
-    path = data.treebank_path()
-    if not path.is_file():
-        pytest.skip(data.missing_message(path))
-    return path
+    if not data.treebank_available():
+        pytest.skip(data.missing_message())
+    return data.treebank_path()
 
 
 @pytest.fixture(autouse=True)

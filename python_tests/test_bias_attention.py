@@ -15,7 +15,7 @@ import triton.language as tl
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.checks.reference import random_document, random_forest
+from syntaxkernels.workloads import random_document, random_forest
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.block_meta import (block_distance_range, boundary_tiles, build_block_meta, compact_rows,
@@ -437,6 +437,11 @@ def test_unsupported_head_dim_and_dtype():
     q64 = case["q"].double().to(DEVICE)
     with pytest.raises(ValueError, match="float64"):
         sk.syntax_bias_attention(q64, q64, q64, distance, table, buckets=case["buckets"], backend="triton")
+    # Under "auto" the same inputs run the reference (as the sub-network op does).
+    for x in (big, q64):
+        out = sk.syntax_bias_attention(x, x, x, distance, table.to(x.dtype), buckets=case["buckets"])
+        ref = reference.syntax_bias_attention(x, x, x, distance, table.to(x.dtype), buckets=case["buckets"])
+        torch.testing.assert_close(out, ref)
 
 
 def test_lut_attention_full_and_pairwise_masks():

@@ -10,7 +10,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import _ext, reference
-from syntaxkernels.checks.reference import random_document, random_forest
+from syntaxkernels.workloads import random_document, random_forest
 from syntaxkernels.ops import edge_attention as E
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference

@@ -301,14 +301,14 @@ def test_load_syntax_model_is_quiet(tmp_path, caplog):
 def test_load_report_filter_lets_other_reports_through():
     import logging
 
-    from syntaxkernels.integrations.transformers import _SyntaxKeysReportFilter
+    from syntaxkernels.integrations.checkpoint import SyntaxKeysReportFilter
 
     def record(rows):
         table = "Key | Status |  | \n----+----+--+-\n" + "\n".join(f"{k} | {s} |  | " for k, s in rows)
         message = f"\x1b[1mBertModel LOAD REPORT\x1b[0m from: x\n{table}\n\nNotes:\n- UNEXPECTED: ..."
         return logging.LogRecord("transformers.modeling_utils", logging.WARNING, __file__, 1, message, None, None)
 
-    keep = _SyntaxKeysReportFilter().filter
+    keep = SyntaxKeysReportFilter().filter
     syntax = [("encoder.layer.{0, 1}.attention.self.syntax.distance_bias", "UNEXPECTED"),
               ("encoder.syntax_gat.layers.0.weight", "UNEXPECTED"), ("encoder.syntax_probe.proj", "UNEXPECTED")]
     assert not keep(record(syntax))
@@ -375,7 +375,7 @@ def test_unsupported_architecture():
     gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=100))
     with pytest.raises(ValueError, match="not supported"):
         enable_syntax_attention(gpt2, "bias")
-    with pytest.raises(ValueError, match="PreTrainedModel"):
+    with pytest.raises(TypeError, match="PreTrainedModel"):  # not a transformers model at all: a wrong type
         enable_syntax_attention(torch.nn.Linear(2, 2), "bias")
     decoder = transformers.BertModel(_config("bert", is_decoder=True))
     with pytest.raises(ValueError, match="encoders only"):
@@ -402,6 +402,113 @@ def test_argument_errors():
         enable_syntax_attention(model, "bias")
 
 
+def test_argument_error_types_leave_the_model_unchanged():
+    """TypeError for an argument of the wrong kind, ValueError for a wrong value; nothing is half-enabled."""
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cases = [
+        (TypeError, "buckets must be a BucketSpec", dict(method="bias", buckets=[10])),
+        (TypeError, "masks must be a MaskSpec", dict(method="subnetwork", masks="parent")),
+        (TypeError, "gat_config must be a dict", dict(method="gat", gat_config=[("num_layers", 1)])),
+        (TypeError, "syntax_heads must be an int", dict(method="gat", syntax_heads=1.5)),
+        (ValueError, "backend", dict(method="bias", backend="cuda")),
+        (ValueError, "window must be None or an int in 0..254", dict(method="bias", window=255)),
+        (ValueError, "window", dict(method="gat", gat_config=dict(GAT_SMALL, window=-1))),
+        (ValueError, "syntax_heads must be an int in 1..4", dict(method="gat", syntax_heads=0)),
+        (ValueError, "targets must name at least one", dict(method="gat", targets=())),
+        (ValueError, "targets must be distinct names", dict(method="gat", targets=("q", "o"))),
+        (ValueError, "layers", dict(method="bias", layers=[0, 0])),
+    ]
+    for error, match, kwargs in cases:
+        with pytest.raises(error, match=match):
+            enable_syntax_attention(model, **kwargs)
+        assert getattr(model.config, "syntax_attention", None) is None, kwargs
+        assert not syntax_parameters(model) and not hasattr(model.encoder, "syntax_hook_handle"), kwargs
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_syntax_children_are_the_nn_building_blocks():
+    """The per-layer parts are sk.nn's DistanceBias / Subnetworks / SyntaxHeads (with transformers' calling
+    convention); their parameter names in the state dict are the documented ones."""
+    expected = {
+        "bias": (sk.nn.DistanceBias, {"distance_bias", "bias_scale"}),
+        "subnetwork": (sk.nn.Subnetworks, {"topical.query", "topical.key_weight", "topical.value_weight"}),
+        "gat": (sk.nn.SyntaxHeads, {"syntax_proj.q.weight", "syntax_proj.k.weight"}),
+    }
+    for method, (block, names) in expected.items():
+        model = _model("bert", head="tokens")
+        enable_syntax_attention(model, method, **({"gat_config": GAT_SMALL} if method == "gat" else {}))
+        part = model.bert.encoder.layer[1].attention.self.syntax
+        assert isinstance(part, block), method
+        prefix = "bert.encoder.layer.1.attention.self.syntax."
+        assert {prefix + n for n in names} <= set(model.state_dict()), method
+    assert isinstance(model.bert.encoder.syntax_gat, sk.nn.SyntaxGAT)
+
+
+def test_pos_tags_live_in_their_own_module_without_transformers():
+    import subprocess
+    import sys
+
+    from syntaxkernels.integrations import transformers as integration
+    from syntaxkernels.integrations import upos
+
+    assert integration.token_pos_ids is upos.token_pos_ids and integration.UPOS_TAGS is upos.UPOS_TAGS
+    code = ("import sys; from syntaxkernels.integrations.upos import token_pos_ids; "
+            "assert 'transformers' not in sys.modules, 'transformers was imported'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    s = sk.trees.Sentence(words=["Hi"], heads=[-1], upos=["INTJ"])
+    with pytest.raises(ValueError, match="texts has 1 items but word_ids has 2"):
+        token_pos_ids([s], [[0], [0]])
+    with pytest.raises(ValueError, match="batch item 0, token 1: word id 1 out of range"):
+        token_pos_ids([s], [[None, 1]])
+    with pytest.raises(TypeError, match="batch item 0: expected a Sentence"):
+        token_pos_ids([["not a sentence"]], [[0]])
+    assert token_pos_ids([[s, s]], [[None, 0, 1, None]]).tolist() == [[0, 7, 7, 0]]  # two sentences, one text
+
+
+@pytest.mark.parametrize("layout", ["bin", "sharded"])
+def test_load_syntax_model_from_other_checkpoint_layouts(tmp_path, layout):
+    """pytorch_model.bin and sharded safetensors (an index and several files)."""
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "gat", gat_config=dict(GAT_SMALL, probe_rank=3))
+    _randomise(model)
+    if layout == "bin":  # the older format, written by hand: config.json + pytorch_model.bin
+        model.save_pretrained(tmp_path)
+        (tmp_path / "model.safetensors").unlink()
+        torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    else:
+        model.save_pretrained(tmp_path, max_shard_size="20KB")
+        assert (tmp_path / "model.safetensors.index.json").exists()
+        assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    loaded = load_syntax_model(transformers.BertForTokenClassification, tmp_path)
+    before, after = syntax_parameters(model), syntax_parameters(loaded)
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], atol=0, rtol=0)
+
+
+def test_checkpoint_reading_errors(tmp_path):
+    from syntaxkernels.integrations.checkpoint import read_tensors, restore_parameters
+
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        read_tensors(str(tmp_path), ["x"])
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "bias")
+    model.save_pretrained(tmp_path)
+    names = list(syntax_parameters(model))
+    assert set(read_tensors(str(tmp_path), names + ["absent"])) == set(names)
+    other = _model("bert", head="tokens")
+    enable_syntax_attention(other, "bias", per_head=True)  # distance_bias [H, T] instead of [T]
+    with pytest.raises(ValueError, match="has shape .* the model expects"):
+        restore_parameters(other, str(tmp_path), list(syntax_parameters(other)), other.base_model_prefix)
+    gat = _model("bert", head="tokens")
+    enable_syntax_attention(gat, "gat", gat_config=GAT_SMALL)
+    with pytest.raises(ValueError, match="lacks syntax parameters"):
+        restore_parameters(gat, str(tmp_path), list(syntax_parameters(gat)), gat.base_model_prefix)
+
+
 def test_forward_errors():
     model = _model()
     enable_syntax_attention(model, "bias")
@@ -418,6 +525,12 @@ def test_forward_errors():
         model(input_ids=ids, syntax_trees=trees)  # padding in the trees but no attention mask
     with pytest.raises(ValueError, match="method='gat'"):
         model(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=torch.zeros_like(ids))
+    gat = _model()
+    enable_syntax_attention(gat, "gat", gat_config=GAT_SMALL)
+    with pytest.raises(TypeError, match="syntax_pos must be an int64 tensor"):
+        gat(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=ids.tolist())
+    with pytest.raises(ValueError, match=r"syntax_pos must have shape \[B, N\]"):
+        gat(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=ids[:, :3])
     model.set_attn_implementation("eager")
     with pytest.raises(RuntimeError, match="set_attn_implementation"):
         model(input_ids=ids, attention_mask=mask, syntax_trees=trees)

@@ -5,10 +5,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.autograd import gradcheck
 
 import syntaxkernels as sk
 from syntaxkernels import reference as R
-from syntaxkernels.checks.reference import random_forest
+from syntaxkernels.workloads import random_forest
 from syntaxkernels.nn import (StructuralProbeLoss, SyntaxBertSelfAttention, SyntaxBiasedSelfAttention, SyntaxGAT,
                               SyntaxHeadSelfAttention, SyntaxTransformerEncoderLayer, TopicalAttention)
 
@@ -193,6 +194,111 @@ def test_topical_module_init_and_grads():
     assert topical.query.grad.abs().sum() > 0
 
 
+def _topical_case(seed, B=2, M=5, H=3, N=6, D=4, dtype=f64):
+    """Perturbed TopicalAttention parameters and outputs/nonempty with a token whose masks are all empty (b=0,
+    n=1), a token with one non-empty mask (b=1, n=2) and a batch item whose tokens are all empty (b=B-1 when
+    B > 2), where the shape has them."""
+    gen = torch.Generator().manual_seed(seed)
+    module = TopicalAttention(H, D).to(dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=f64).to(dtype))
+    outputs = torch.randn(B, M, H, N, D, generator=gen, dtype=f64).to(dtype)
+    nonempty = torch.rand(B, M, N, generator=gen) > 0.4
+    nonempty[0, :, min(1, N - 1)] = False
+    if B > 1 and N > 2:
+        nonempty[1, :, 2] = False
+        nonempty[1, M - 1, 2] = True
+    if B > 2:
+        nonempty[B - 1] = False
+    return module, outputs, nonempty
+
+
+@pytest.mark.parametrize("seed,shape", [(0, dict()), (1, dict(B=3, M=10, H=4, N=7, D=8)), (2, dict(M=1, N=1)),
+                                        (3, dict(B=1, H=1, D=1))])
+def test_topical_module_matches_the_reference(seed, shape):
+    """The module's formulation (keys and values never formed, hand-written backward) against
+    reference.topical_attention in float64: output and every gradient, with empty masks and empty tokens."""
+    module, outputs, nonempty = _topical_case(seed, **shape)
+    outputs.requires_grad_(True)
+    got = module(outputs, nonempty)
+    want = R.topical_attention(outputs, nonempty, module.query, module.key_weight, module.value_weight)
+    assert got.shape == want.shape and got.dtype == f64
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    upstream = torch.randn_like(got)
+    inputs = [outputs, module.query, module.key_weight, module.value_weight]
+    got_grads = torch.autograd.grad(got, inputs, upstream)
+    want_grads = torch.autograd.grad(want, inputs, upstream)
+    for name, g, w in zip(["outputs", "query", "key_weight", "value_weight"], got_grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-12, msg=name)
+    empty = ~nonempty.any(dim=1)  # [B, N]: tokens with no non-empty mask
+    assert (got.permute(0, 2, 1, 3)[empty] == 0).all()
+    assert (got_grads[0].permute(0, 1, 3, 2, 4)[~nonempty] == 0).all()  # empty (mask, token): no gradient
+
+
+def test_topical_module_gradcheck():
+    module, outputs, nonempty = _topical_case(4, B=2, M=3, H=2, N=3, D=2)
+    names = ["query", "key_weight", "value_weight"]
+
+    def run(outputs, *params):
+        return torch.func.functional_call(module, dict(zip(names, params)), (outputs, nonempty))
+
+    args = [outputs.requires_grad_(True)] + [getattr(module, n).detach().requires_grad_(True) for n in names]
+    assert gradcheck(run, args)
+    # First derivatives only (documented): differentiating the gradient again raises instead of being wrong.
+    (grad,) = torch.autograd.grad(run(*args).square().sum(), args[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|second order|double backward|differentiable"):
+        grad.sum().backward()
+
+
+def test_topical_module_takes_non_contiguous_outputs():
+    module, outputs, nonempty = _topical_case(7)
+    strided = outputs.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(True)  # same values, M outermost
+    assert not strided.is_contiguous()
+    dense = outputs.clone().requires_grad_(True)
+    got, want = module(strided, nonempty), module(dense, nonempty)
+    torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    torch.testing.assert_close(strided.grad, dense.grad, atol=1e-13, rtol=0)
+
+
+def test_fresh_topical_module_averages_and_keeps_the_dtype():
+    _, outputs, nonempty = _topical_case(5, dtype=torch.float32)
+    fresh = TopicalAttention(3, 4)
+    weights = nonempty.float()[:, :, None, :, None]
+    average = (outputs * weights).sum(1) / weights.sum(1).clamp(min=1)
+    torch.testing.assert_close(fresh(outputs, nonempty), average)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
+        module, outputs, nonempty = _topical_case(6)
+        want = R.topical_attention(outputs, nonempty, module.query, module.key_weight, module.value_weight)
+        low = module.to(dtype)(outputs.to(dtype).requires_grad_(True), nonempty)
+        assert low.dtype == dtype
+        torch.testing.assert_close(low.double(), want, atol=tol * want.abs().max().item(), rtol=0)
+
+
+def test_topical_module_empty_sizes_and_bad_inputs():
+    module = TopicalAttention(2, 3)
+    for shape in [(0, 4, 2, 5, 3), (2, 4, 2, 0, 3)]:
+        outputs = torch.randn(shape, requires_grad=True)
+        nonempty = torch.ones(shape[0], shape[1], shape[3], dtype=torch.bool)
+        out = module(outputs, nonempty)
+        assert out.shape == (shape[0], 2, shape[3], 3)
+        out.sum().backward()
+        assert outputs.grad.shape == shape
+    outputs, nonempty = torch.randn(1, 4, 2, 5, 3), torch.ones(1, 4, 5, dtype=torch.bool)
+    with pytest.raises(TypeError, match="outputs must be a tensor"):
+        module(outputs.tolist(), nonempty)
+    with pytest.raises(TypeError, match="nonempty must be a tensor"):
+        module(outputs, None)
+    with pytest.raises(ValueError, match="outputs must have shape"):
+        module(outputs[0], nonempty)
+    with pytest.raises(ValueError, match="nonempty must be bool"):
+        module(outputs, nonempty.float())
+    with pytest.raises(ValueError, match=r"query must have shape \[H, D\] = \[3, 3\]"):
+        module(torch.randn(1, 4, 3, 5, 3), nonempty)
+
+
 def test_subnetwork_needs_a_treebatch():
     module = SyntaxBertSelfAttention(8, 2, backend="reference")
     trees, _ = trees_and_input(E=8)
@@ -248,6 +354,108 @@ def test_structural_probe_module():
     expected = R.structural_probe_loss(g, probe.proj, trees.distance, trees.depth, trees.lengths)
     torch.testing.assert_close(got[0], expected[0])
     torch.testing.assert_close(got[1], expected[1])
+
+
+# ---------------------------------------------------------------- building blocks and errors
+
+
+def test_building_blocks_are_the_self_attention_modules_without_projections():
+    """DistanceBias.attend, Subnetworks.attend and SyntaxHeads.inject on projected heads are what the
+    self-attention modules (their subclasses) run; parameter names are those of the modules."""
+    trees, x = trees_and_input(9)
+    biased = SyntaxBiasedSelfAttention(16, 4, per_head=True, backend="reference").double()
+    bert = SyntaxBertSelfAttention(16, 4, masks=sk.MaskSpec(max_distance=2), backend="reference").double()
+    heads = SyntaxHeadSelfAttention(16, 4, syntax_dim=6, syntax_heads=2, targets=("k", "v")).double()
+    assert isinstance(biased, sk.nn.DistanceBias) and isinstance(bert, sk.nn.Subnetworks)
+    assert isinstance(heads, sk.nn.SyntaxHeads)
+    assert {"distance_bias", "bias_scale", "q_proj.weight", "out_proj.bias"} <= set(biased.state_dict())
+    assert {"topical.query", "topical.key_weight", "topical.value_weight"} <= set(bert.state_dict())
+    assert {"syntax_proj.k.weight", "syntax_proj.v.weight"} <= set(heads.state_dict())
+    for module in (biased, bert, heads):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    q, k, v = (t.view(2, 7, 4, 4).transpose(1, 2) for t in (biased.q_proj(x), biased.k_proj(x), biased.v_proj(x)))
+    want = R.syntax_bias_attention(q, k, v, trees.distance, biased.distance_bias, buckets=biased.buckets,
+                                   bias_scale=biased.bias_scale, lengths=trees.lengths, window=3)
+    torch.testing.assert_close(biased.attend(q, k, v, trees, window=3), want)
+    torch.testing.assert_close(biased.attend(q, k, v, trees.distance, trees.lengths, window=3), want)
+    outputs, nonempty = R.syntax_subnetwork_attention(q, k, v, trees, bert.masks, scale=0.3)
+    torch.testing.assert_close(bert.attend(q, k, v, trees, scale=0.3), bert.topical(outputs, nonempty))
+    g = torch.randn(2, 7, 6, dtype=f64)
+    got = heads.inject(q, k, v, g)
+    want = R.inject_syntax_heads(q, k, v, g, [heads.syntax_proj["k"].weight, heads.syntax_proj["v"].weight],
+                                 heads=2, targets=("k", "v"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    standalone = sk.nn.DistanceBias(4, per_head=True, backend="reference").double()
+    standalone.load_state_dict({"distance_bias": biased.distance_bias, "bias_scale": biased.bias_scale})
+    torch.testing.assert_close(standalone.attend(q, k, v, trees, window=3), biased.attend(q, k, v, trees, window=3))
+
+
+def test_wrong_types_raise_type_error_wrong_values_value_error():
+    """TypeError for an argument of the wrong kind, ValueError for a wrong value or shape: on every module,
+    as in the ops' own checks."""
+    trees, x = trees_and_input(E=8)
+    x = x.float()
+    modules = {
+        "bias": (SyntaxBiasedSelfAttention(8, 2, backend="reference"), lambda m, x: m(x, trees)),
+        "subnetwork": (SyntaxBertSelfAttention(8, 2, backend="reference"), lambda m, x: m(x, trees)),
+        "gat": (SyntaxGAT(8, num_layers=1, num_heads=2, head_dim=4, backend="reference"), lambda m, x: m(x, trees)),
+        "heads": (SyntaxHeadSelfAttention(8, 2, syntax_dim=3), lambda m, x: m(x, torch.zeros(2, 7, 3))),
+        "layer": (SyntaxTransformerEncoderLayer(8, 2, 16, dropout=0.0, backend="reference"),
+                  lambda m, x: m(x, trees)),
+    }
+    for name, (module, call) in modules.items():
+        with pytest.raises(TypeError, match="must be a tensor"):
+            call(module, x.tolist())
+        with pytest.raises(ValueError, match=r"must have shape \[B, N, E\]"):
+            call(module, x[..., :6])
+    q = torch.randn(2, 2, 7, 4)
+    with pytest.raises(TypeError, match="syntax must be a tensor"):
+        modules["heads"][0](x, [[0.0]])
+    with pytest.raises(ValueError, match="syntax must have shape"):
+        modules["heads"][0](x, torch.zeros(2, 7, 4))
+    with pytest.raises(TypeError, match="pos must be"):
+        modules["gat"][0](x, trees, pos=[[0] * 7] * 2)
+    with pytest.raises(ValueError, match="pos must have shape"):
+        modules["gat"][0](x, trees, pos=torch.zeros(2, 6, dtype=torch.int64))
+    with pytest.raises(TypeError, match="trees must be a TreeBatch"):
+        modules["bias"][0].attend(q, q, q, trees.heads.tolist())
+    with pytest.raises(TypeError, match="g must be a tensor"):
+        StructuralProbeLoss(4, 2)(None, trees)
+    with pytest.raises(TypeError, match="trees must be a TreeBatch"):
+        StructuralProbeLoss(4, 2)(torch.zeros(2, 7, 4), trees.distance)
+    with pytest.raises(TypeError, match="buckets"):
+        SyntaxBiasedSelfAttention(8, 2, buckets={"max_distance": 3})
+    with pytest.raises(TypeError, match="masks"):
+        SyntaxBertSelfAttention(8, 2, masks=["parent_1"])
+    with pytest.raises(TypeError, match="embed_dim must be an int"):
+        SyntaxBiasedSelfAttention(8.0, 2)
+    with pytest.raises(TypeError, match="syntax_heads must be an int"):
+        SyntaxHeadSelfAttention(8, 2, syntax_dim=3, syntax_heads=1.0)
+    with pytest.raises(ValueError, match="syntax_heads must be an int in 0..2"):
+        SyntaxHeadSelfAttention(8, 2, syntax_dim=3, syntax_heads=3)
+    with pytest.raises(ValueError, match="targets"):
+        SyntaxHeadSelfAttention(8, 2, syntax_dim=3, targets=("q", "q"))
+    with pytest.raises(TypeError, match="num_layers must be an int"):
+        SyntaxGAT(8, num_layers="2")
+    for make in (lambda: SyntaxBiasedSelfAttention(8, 2, backend="cuda"), lambda: sk.nn.Subnetworks(2, 4, backend=""),
+                 lambda: SyntaxGAT(8, backend="fast")):
+        with pytest.raises(ValueError, match="backend"):
+            make()
+    with pytest.raises(ValueError, match="window must be an int in 0..254 for the GAT, got None"):
+        SyntaxGAT(8, window=None)
+    # The ops' own checks: the same kinds of mistake, the same exception types.
+    table = torch.zeros(sk.BucketSpec().num_buckets)
+    with pytest.raises(TypeError, match="q must be a tensor"):
+        sk.syntax_bias_attention(None, q, q, trees.distance, table, buckets=sk.BucketSpec(), backend="reference")
+    with pytest.raises(TypeError, match="bias_scale"):
+        sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), bias_scale="2",
+                                 backend="reference")
+    with pytest.raises(ValueError, match="bias_scale"):
+        sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), bias_scale=torch.ones(2),
+                                 backend="reference")
 
 
 # ---------------------------------------------------------------- the encoder layer

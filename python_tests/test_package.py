@@ -61,6 +61,12 @@ def test_import_without_triton_falls_back_to_reference():
             assert "triton" in str(exc)
         else:
             raise AssertionError("backend='triton' without triton must raise")
+        try:  # the same validation as with Triton
+            sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), deterministic="yes")
+        except ValueError as exc:
+            assert "deterministic" in str(exc)
+        else:
+            raise AssertionError("deterministic='yes' must raise without triton too")
         print("OK")
         """
     )

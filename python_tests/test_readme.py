@@ -69,6 +69,4 @@ def test_readme_cli_commands_parse():
 def test_readme_documents_the_treebank_setting():
     from syntaxkernels import data
 
-    assert data.ENV_VAR in TEXT
-    assert str(data.default_treebank_path()).endswith(os.path.join("shared", "data", "ud", "en_ewt-ud-dev.conllu"))
-    assert "../shared/data/ud/en_ewt-ud-dev.conllu" in TEXT
+    assert f"export {data.ENV_VAR}=" in TEXT

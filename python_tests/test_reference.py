@@ -9,7 +9,9 @@ from torch.autograd import gradcheck
 
 import syntaxkernels as sk
 from syntaxkernels import reference as R
-from syntaxkernels.checks.reference import brute_force_masks, random_forest
+from syntaxkernels.checks.reference import brute_force_masks
+from syntaxkernels.workloads import random_forest
+from syntaxkernels.specs import UNREACHABLE
 
 f64 = torch.float64
 
@@ -32,7 +34,8 @@ def random_batch(seed, sizes, trees_per_item=None):
 
 
 def explicit_bias_attention(q, k, v, heads_dist, table, buckets, bias_scale, lengths, window, causal):
-    """Loop form of DESIGN §1/§2: per (b, h, i) a softmax over the explicitly listed allowed keys."""
+    """Loop form of the distance-bias attention and padding rules of docs/semantics.md: per (b, h, i) a softmax
+    over the explicitly listed allowed keys."""
     B, H, N, D = q.shape
     lut = buckets.lut()
     c = 1.0 if bias_scale is None else bias_scale
@@ -269,6 +272,12 @@ def test_topical_attention_gradcheck_and_empty_tokens():
 
 def test_topical_attention_bad_shapes():
     outputs, nonempty = rand(1, 3, 2, 4, 2), torch.ones(1, 3, 4, dtype=torch.bool)
+    with pytest.raises(TypeError, match="outputs must be a tensor"):
+        R.topical_attention(outputs.tolist(), nonempty, rand(2, 2), rand(2, 2, 2), rand(2, 2, 2))
+    with pytest.raises(TypeError, match="value_weight must be a tensor"):
+        R.topical_attention(outputs, nonempty, rand(2, 2), rand(2, 2, 2), None)
+    with pytest.raises(ValueError, match="outputs must have shape"):
+        R.topical_attention(outputs[0], nonempty, rand(2, 2), rand(2, 2, 2), rand(2, 2, 2))
     with pytest.raises(ValueError, match="query"):
         R.topical_attention(outputs, nonempty, rand(2, 3), rand(2, 2, 2), rand(2, 2, 2))
     with pytest.raises(ValueError, match="nonempty"):
@@ -285,7 +294,7 @@ def test_gat_attention_matches_sdpa_with_window_mask(window):
     _, trees = random_batch(7, [8, 5], [1, 2])
     q, k, v = (rand(2, 2, 8, 4) for _ in range(3))
     out = R.gat_attention(q, k, v, trees.distance, window=window, lengths=trees.lengths)
-    allowed = trees.distance.long() <= window  # padding and other trees are 255
+    allowed = trees.distance.long() <= window  # padding and other trees are UNREACHABLE (255)
     rows = allowed.any(-1)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=(allowed | ~rows[..., None])[:, None])
     expected = expected * rows[:, None, :, None]
@@ -357,7 +366,7 @@ def explicit_probe(g, proj, distance, depth, lengths):
         for i in range(int(lengths[b])):
             depth_terms.append((depth[b, i].double() ** 2 - (p[b, i] ** 2).sum()).abs())
             for j in range(int(lengths[b])):
-                if i != j and int(distance[b, i, j]) != 255:
+                if i != j and int(distance[b, i, j]) != UNREACHABLE:
                     dist_terms.append((distance[b, i, j].double() ** 2 - ((p[b, i] - p[b, j]) ** 2).sum()).abs())
     return torch.stack(dist_terms).mean(), torch.stack(depth_terms).mean()
 

@@ -11,7 +11,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import _ext, reference
-from syntaxkernels.checks.reference import random_document, random_forest
+from syntaxkernels.workloads import random_document, random_forest
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference

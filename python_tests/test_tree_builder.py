@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import syntaxkernels as sk
 from syntaxkernels import _ext
+from syntaxkernels import workloads
 from syntaxkernels.checks import trees as oracles
 from syntaxkernels.trees import TreeBatch, build_tree_tensors, normalize_heads, python_tree_tensors
 
@@ -200,7 +201,7 @@ def test_random_forests_match_scipy_bfs_and_each_other(case):
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_large_batches_with_threads_match_python(seed):
-    sentences = oracles.generated_sentences(70, seed=seed, max_length=60)
+    sentences = workloads.generated_sentences(70, seed=seed, max_length=60)
     heads, lengths = oracles.padded(sentences)
     want = python_tree_tensors(heads, lengths)
     for threads in (1, 2, 4):
@@ -290,7 +291,7 @@ def test_extension_rejects_bad_tensors_without_crashing():
 
 @requires_cpp
 def test_lowest_bad_item_is_reported_whatever_the_thread_count():
-    sentences = oracles.generated_sentences(400, seed=5, max_length=80)
+    sentences = workloads.generated_sentences(400, seed=5, max_length=80)
     heads, lengths = oracles.padded(sentences)
     heads[300, 0] = 0  # a self-loop (every generated sentence has a token 0)
     heads[120, : lengths[120]] = -1
@@ -425,7 +426,7 @@ def test_lists_skip_the_python_normalization(monkeypatch):
     calls = []
     original = batch_module.normalize_heads
     monkeypatch.setattr(batch_module, "normalize_heads", lambda *a, **k: calls.append(1) or original(*a, **k))
-    sentences = oracles.generated_sentences(20, seed=3, max_length=30)
+    sentences = workloads.generated_sentences(20, seed=3, max_length=30)
     got = build_tree_tensors(sentences)
     assert calls == []
     want = build_tree_tensors(sentences, backend="python")
@@ -440,7 +441,7 @@ def test_lists_skip_the_python_normalization(monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_treebank_matches_scipy(ud_dev_path, backend):
-    sentences = oracles.treebank_sentences(ud_dev_path)
+    sentences = workloads.treebank_heads(ud_dev_path)
     assert len(sentences) == 2001
     for batch in oracles.batches(sentences, 32):
         distance, depth, segment = build(batch, backend=backend)
@@ -468,7 +469,7 @@ def test_tree_batch_to_and_pin_memory():
 def test_cuda_builder_matches_cpp():
     if not _ext.has_cuda_builder():
         pytest.skip("CUDA builder not built")
-    sentences = oracles.generated_sentences(64, seed=9)
+    sentences = workloads.generated_sentences(64, seed=9)
     heads, lengths = oracles.padded(sentences)
     cpu = _ext.load().tree_distance(heads, lengths, 1)
     gpu = TreeBatch.from_heads(heads.cuda(), lengths.cuda())
@@ -484,7 +485,7 @@ def test_concurrent_calls_from_python_threads():
     """The builder releases the GIL; concurrent calls from Python threads give the sequential result."""
     from concurrent.futures import ThreadPoolExecutor
 
-    heads, lengths = oracles.padded(oracles.generated_sentences(64, seed=11, max_length=50))
+    heads, lengths = oracles.padded(workloads.generated_sentences(64, seed=11, max_length=50))
     want = _ext.load().tree_distance(heads, lengths, 1)
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda t: _ext.load().tree_distance(heads, lengths, t), [1, 2, 1, 2, 0, 0]))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import syntaxkernels as sk
+from syntaxkernels.specs import UNREACHABLE
 from syntaxkernels.trees import (
     Sentence,
     StanzaModelsNotFoundError,
@@ -387,7 +388,7 @@ def test_align_text_of_several_sentences(tokenizer):
     assert loose == [-1, 2, 4, 2, -1, 6, 7, -1, 7, 0]
     tb = sk.TreeBatch.from_heads([loose])
     assert len(set(tb.segment[0].tolist())) == 3  # two sentences and the special tokens
-    assert tb.distance[0, 1, 6].item() == 255
+    assert tb.distance[0, 1, 6].item() == UNREACHABLE
 
 
 def test_align_sentence_pair(tokenizer):
@@ -725,7 +726,7 @@ def test_collate_in_dataloader_workers_and_pin_memory(tokenizer):
 
 
 def test_treebank_path_follows_the_environment(tmp_path, monkeypatch):
-    from syntaxkernels import data
+    from syntaxkernels import data, workloads
     from syntaxkernels.checks import trees as tree_checks
 
     small = tmp_path / "tiny.conllu"
@@ -733,12 +734,13 @@ def test_treebank_path_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(data.ENV_VAR, str(small))
     assert data.ENV_VAR == "SYNTAXKERNELS_UD"
     assert data.treebank_path() == small and data.require_treebank() == small
-    assert tree_checks.treebank_sentences() == [list(s.heads) for s in read_conllu(HAND)]
+    assert workloads.treebank_heads() == [list(s.heads) for s in read_conllu(HAND)]
     ok, detail = tree_checks.check_treebank("cpu")
     assert ok and f"{len(read_conllu(HAND))} treebank sentences" in detail
     monkeypatch.delenv(data.ENV_VAR)
-    assert data.treebank_path() == data.default_treebank_path()
-    assert data.default_treebank_path().parts[-4:] == ("shared", "data", "ud", "en_ewt-ud-dev.conllu")
+    assert data.treebank_path() is None and not data.treebank_available()  # never looked for elsewhere
+    with pytest.raises(FileNotFoundError, match="SYNTAXKERNELS_UD is unset"):
+        data.require_treebank()
 
 
 def test_a_missing_treebank_says_how_to_provide_it(tmp_path, monkeypatch):
@@ -755,4 +757,72 @@ def test_a_missing_treebank_says_how_to_provide_it(tmp_path, monkeypatch):
     source, batches = tree_checks.benchmark_batches(32, count=2)
     assert "generated" in source and "SYNTAXKERNELS_UD" in source and len(batches) == 2
     monkeypatch.setenv(data.ENV_VAR, "")  # empty counts as unset
-    assert data.treebank_path() == data.default_treebank_path()
+    assert data.treebank_path() is None
+
+
+# --------------------------------------------------------------------------------------------- import errors
+
+
+_BREAK_A_READER = """
+import importlib.abc, sys
+
+class Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "syntaxkernels.trees.align":
+            raise ImportError("simulated bug inside syntaxkernels.trees.align")
+        return None
+
+sys.meta_path.insert(0, Broken())
+try:
+    import syntaxkernels.trees
+except ImportError as exc:
+    print("raised:", exc)
+else:
+    print("imported; align_to_tokens present:", hasattr(syntaxkernels.trees, "align_to_tokens"))
+"""
+
+
+def test_a_broken_reader_module_fails_the_import_loudly():
+    """An ImportError inside one of the package's own tree modules propagates; it never silently removes names
+    (such as align_to_tokens) from syntaxkernels.trees."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _BREAK_A_READER], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "raised: simulated bug inside syntaxkernels.trees.align" in run.stdout, run.stdout
+
+
+def test_every_tree_name_is_exported():
+    for name in ["TreeBatch", "tree_distance", "Sentence", "read_conllu", "from_conllu_heads", "from_self_root",
+                 "from_stanza", "parse_with_stanza", "StanzaModelsNotFoundError", "align_to_tokens", "align_batch",
+                 "TreeCollator", "collate_trees"]:
+        assert name in sk.trees.__all__ and hasattr(sk.trees, name), name
+
+
+def test_parse_with_stanza_without_stanza_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+
+    for name in ["stanza"] + [m for m in list(sys.modules) if m.startswith("stanza.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing stanza now fails as if it were not installed
+    monkeypatch.delenv("STANZA_RESOURCES_DIR", raising=False)
+    with pytest.raises(ImportError, match="pip install stanza"):
+        parse_with_stanza("Sue likes tea.")  # default model directory: stanza's own
+    (tmp_path / "resources.json").write_text('{"en": {"lang_name": "English"}}')
+    (tmp_path / "en").mkdir()
+    with pytest.raises(ImportError, match="pip install stanza"):
+        parse_with_stanza("Sue likes tea.", model_dir=tmp_path)  # models there, library missing
+
+
+def test_verify_reports_a_listed_check_module_that_does_not_exist(monkeypatch):
+    """A module listed in checks.MODULES that cannot be imported, even because it does not exist, is a failed
+    check (it is never skipped silently)."""
+    from syntaxkernels import checks
+
+    monkeypatch.setattr(checks, "MODULES", ["syntaxkernels.checks.no_such_module"])
+    [(name, module, error)] = list(checks._modules())
+    assert name == "syntaxkernels.checks.no_such_module" and module is None
+    assert isinstance(error, ModuleNotFoundError) and not isinstance(error, checks.Skip)
+    rows = checks.run_checks("cpu", select="something else")
+    assert [(r["check"], r["status"]) for r in rows] == [("syntaxkernels.checks.no_such_module", "FAIL")]
+    assert "no_such_module" in rows[0]["detail"]

@@ -82,7 +82,8 @@ def check_bias_scale(bias_scale, q: torch.Tensor) -> None:
     if not isinstance(bias_scale, torch.Tensor):
         raise TypeError(f"bias_scale must be None, a float or a one-element tensor, got {type(bias_scale).__name__}")
     if bias_scale.numel() != 1:
-        raise ValueError(f"bias_scale must be None, a float or a one-element tensor, got shape {tuple(bias_scale.shape)}")
+        raise ValueError(f"bias_scale must be None, a float or a one-element tensor, got shape "
+                         f"{tuple(bias_scale.shape)}")
     if bias_scale.device != q.device:
         raise ValueError(f"bias_scale is on {bias_scale.device} but q is on {q.device}")
 
@@ -167,13 +168,19 @@ def check_masks(masks) -> None:
         raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
 
 
-def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window) -> None:
-    """Every shape/dtype/device check of ``syntax_bias_attention``'s tensor arguments."""
+def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal=False,
+                                deterministic=False) -> None:
+    """Every shape/dtype/device/type check of ``syntax_bias_attention``'s arguments (the reference, the fused
+    op and the Triton-less fallback all call it, before choosing a backend)."""
     check_qkv(q, k, v)
     check_distance(distance, q)
     check_table(table, buckets, q)
     check_bias_scale(bias_scale, q)
     check_window(window)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
 
 
 def check_subnetwork_inputs(q, k, v, trees, masks) -> None:

@@ -1,9 +1,18 @@
-"""Drop-in ``nn.Module``s for syntax-tree-aware attention (DESIGN.md §2-3).
+"""Drop-in ``nn.Module``s for syntax-tree-aware attention (docs/semantics.md, docs/api.md).
 
 The modules hold parameters and call the public ops (:func:`syntaxkernels.syntax_bias_attention`,
-:func:`syntaxkernels.syntax_subnetwork_attention`) with their ``backend`` passed through: "auto" runs the
-fused Triton kernels on CUDA tensors and the pure-PyTorch reference elsewhere, "reference" always runs the
-reference.
+:func:`syntaxkernels.syntax_subnetwork_attention`, :func:`syntaxkernels.ops.syntax_window_attention`) with their
+``backend`` passed through: "auto" runs the fused kernels where they apply (Triton on CUDA tensors, the C++
+edge kernels on CPU tensors) and the pure-PyTorch reference elsewhere, "reference" always runs the reference.
+
+Building blocks on already projected heads (``q, k, v [B, H, N, D]``), shared by the self-attention modules
+below and by :mod:`syntaxkernels.integrations.transformers`:
+
+- :class:`DistanceBias`: the learnable tree-distance bias table (method 1) and the attention that reads it;
+- :class:`Subnetworks`: Syntax-BERT's masked sub-networks mixed by :class:`TopicalAttention` (method 2);
+- :class:`SyntaxHeads`: the zero-initialised injection of the GAT output into the first heads (method 3).
+
+Self-attention modules (projections + one building block):
 
 - :class:`SyntaxBiasedSelfAttention`: multi-head self-attention plus a learnable tree-distance bias
   (zero-initialised: a fresh layer is plain attention).
@@ -13,7 +22,10 @@ reference.
   mBERT (a windowed graph-attention network, its output added to the first heads' Q/K, and the probe loss).
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
-Shapes: B batch, N tokens, E model width, H heads, D = E / H head width.
+Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-networks.
+
+Errors: a ``TypeError`` when an argument is of the wrong kind (not a tensor, not a TreeBatch, not a
+BucketSpec), a ``ValueError`` when it has the wrong value, shape, dtype or device.
 
 Dropout: the fused ops have no attention-weight dropout, so every attention module here applies its
 ``dropout`` to the attention output (per head, before ``out_proj``), whichever backend runs. This differs
@@ -24,18 +36,23 @@ zero before ``out_proj`` (so after it, it is ``out_proj.bias``). Mask padded pos
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from . import _validation as V
 from . import ops, reference
-from .specs import BucketSpec, MaskSpec
+from .specs import MAX_PATH, BucketSpec, MaskSpec
 from .trees.batch import TreeBatch
 
 __all__ = [
+    "DistanceBias",
+    "Subnetworks",
+    "SyntaxHeads",
     "SyntaxBiasedSelfAttention",
     "TopicalAttention",
     "SyntaxBertSelfAttention",
@@ -56,15 +73,26 @@ def _distance_and_lengths(trees: TreesLike, lengths):
     if isinstance(trees, TreeBatch):
         return trees.distance, trees.lengths if lengths is None else lengths
     if isinstance(trees, torch.Tensor) and trees.dtype == torch.uint8 and trees.dim() == 3:
-        return trees, lengths
+        return trees, lengths  # its size is checked by the op (ValueError)
+    if isinstance(trees, torch.Tensor):
+        what = f"a {trees.dtype} tensor of shape {tuple(trees.shape)}"
+    else:
+        what = type(trees).__name__
     raise TypeError("trees must be a TreeBatch (sk.TreeBatch.from_heads) or a uint8 distance tensor [B, N, N], "
-                    f"got {type(trees).__name__}")
+                    f"got {what}")
 
 
-def _check_input(x: torch.Tensor, embed_dim: int) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != embed_dim:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must have shape [B, N, E] with E = {embed_dim}, got {shape}")
+def _check_input(x, embed_dim: int, name: str = "x") -> None:
+    """``x`` must be a tensor ``[B, N, embed_dim]``: TypeError for a non-tensor, ValueError for a wrong shape."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor [B, N, E] with E = {embed_dim}, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != embed_dim:
+        raise ValueError(f"{name} must have shape [B, N, E] with E = {embed_dim}, got {tuple(x.shape)}")
+
+
+def _check_treebatch(trees, why: str = "") -> None:
+    if not isinstance(trees, TreeBatch):
+        raise TypeError(f"trees must be a TreeBatch{why}, got {type(trees).__name__}")
 
 
 def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -79,25 +107,295 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, N, H * D)
 
 
-def init_distance_bias(module: nn.Module, num_heads: int, buckets: BucketSpec, per_head: bool,
-                       learnable_scale: bool) -> None:
-    """Give ``module`` the bias parameters DESIGN.md fixes: ``distance_bias`` ``[T]`` (or ``[H, T]`` per head),
-    zero-initialised, and ``bias_scale`` ``[1]`` initialised to 1 (None when the scale is not learnable)."""
-    shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
-    module.distance_bias = nn.Parameter(torch.zeros(shape))
-    if learnable_scale:
-        module.bias_scale = nn.Parameter(torch.ones(1))
-    else:
-        module.register_parameter("bias_scale", None)
-
-
 def _check_heads(embed_dim: int, num_heads: int) -> int:
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if num_heads <= 0 or embed_dim % num_heads:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
     return embed_dim // num_heads
 
 
-class SyntaxBiasedSelfAttention(nn.Module):
+def _qkv(module: nn.Module, x: torch.Tensor, num_heads: int):
+    """The module's ``q_proj``, ``k_proj``, ``v_proj`` of ``x [B, N, E]``, each split into ``[B, H, N, D]``."""
+    return (_split_heads(module.q_proj(x), num_heads), _split_heads(module.k_proj(x), num_heads),
+            _split_heads(module.v_proj(x), num_heads))
+
+
+def _projections(module: nn.Module, embed_dim: int, bias: bool) -> None:
+    """Give ``module`` the four ``nn.Linear(E, E)`` of multi-head attention."""
+    module.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+    module.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+    module.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+    module.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks on projected heads
+# ----------------------------------------------------------------------------------------------------------
+
+
+class DistanceBias(nn.Module):
+    """The learnable tree-distance bias of method 1 and the attention that reads it.
+
+    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` (:func:`syntaxkernels.syntax_bias_attention`), with
+    ``table`` = ``distance_bias`` (zeros: a fresh module is plain attention) and ``c`` = ``bias_scale`` (ones).
+
+    Args:
+        num_heads: H.
+        buckets: the :class:`BucketSpec` (table length T = ``buckets.num_buckets``).
+        per_head: one table per head (``distance_bias [H, T]``) instead of one shared ``[T]``.
+        learnable_scale: learn the strength c (``bias_scale [1]``); when False ``bias_scale`` is None (c = 1).
+        backend: "auto", "triton" or "reference".
+
+    Raises ``TypeError`` for a ``buckets`` that is not a BucketSpec, ``ValueError`` for an unknown backend.
+    :meth:`attend` runs the attention; :class:`SyntaxBiasedSelfAttention` adds the projections.
+    """
+
+    def __init__(self, num_heads: int, buckets: BucketSpec = BucketSpec(), per_head: bool = False,
+                 learnable_scale: bool = True, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(buckets, BucketSpec):
+            raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+        V.check_backend(backend)
+        self.num_heads = num_heads
+        self.buckets = buckets
+        self.per_head = per_head
+        self.backend = backend
+        shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
+        self.distance_bias = nn.Parameter(torch.zeros(shape))
+        if learnable_scale:
+            self.bias_scale = nn.Parameter(torch.ones(1))
+        else:
+            self.register_parameter("bias_scale", None)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreesLike, lengths=None, *,
+               scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+        """Distance-bias attention of projected heads.
+
+        Args:
+            q, k, v: ``[B, H, N, D]``.
+            trees: a :class:`TreeBatch` or ``uint8 distance [B, N, N]``.
+            lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to
+                ``trees.lengths`` for a TreeBatch, else no padding.
+            scale: score scale, default ``1/sqrt(D)``.
+            window: allow only pairs with ``d_ij <= window``.
+            causal: allow only keys ``j <= i``.
+        Returns:
+            ``[B, H, N, D]``; query rows past the length are 0.
+        """
+        distance, lengths = _distance_and_lengths(trees, lengths)
+        return ops.syntax_bias_attention(q, k, v, distance, self.distance_bias, buckets=self.buckets, scale=scale,
+                                         bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
+                                         backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"
+
+
+class _TopicalMix(torch.autograd.Function):
+    """The mixing step of :class:`TopicalAttention` before its value weights, forward and backward by hand.
+
+    Inputs ``outputs [B, M, H, N, D]``, ``nonempty bool [B, M, N]``, ``u [H, D]`` (= ``scale * Wk_h q_h``:
+    ``q_h . (H_m Wk_h) * scale = H_m . u_h``). Output ``mixed [H, B, N, D]`` (heads first, so the value weights
+    are one batched matmul) with ``mixed[h, b, n] = sum_m w[b, m, h, n] outputs[b, m, h, n]``,
+    ``w = softmax_m(outputs . u_h)`` over the non-empty m (0 for a token whose masks are all empty).
+
+    No ``[B, M, H, N, D]`` intermediate is allocated besides the gradient of ``outputs``: the mixing and the
+    weight gradients walk the M sub-networks one at a time (each slice stays in cache), the scores are one
+    matmul, the gradient of ``outputs`` two elementwise passes and that of ``u`` one batched matmul. Softmax
+    and accumulation run in float32 (float64 for float64 inputs).
+    """
+
+    @staticmethod
+    def forward(ctx, outputs: torch.Tensor, nonempty: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        B, M, H, N, D = outputs.shape
+        acc = torch.float64 if outputs.dtype == torch.float64 else torch.float32
+        flat = outputs.reshape(B * M * H * N, D)
+        # Scores of every (b, m, h, n) row against every head's u, [B*M*H*N, H]: one matmul; the entries whose
+        # two head indices agree are the scores (H times the needed products, far cheaper than B*M*H GEMVs).
+        scores = (flat @ u.to(outputs.dtype).t()).view(B, M, H, N, H).diagonal(dim1=2, dim2=4)  # [B, M, N, H]
+        scores = scores.permute(0, 1, 3, 2).to(acc, copy=True)  # [B, M, H, N]
+        scores.masked_fill_(~nonempty[:, :, None, :], float("-inf"))
+        top = scores.amax(dim=1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all masks empty: weights stay 0
+        weights = scores.sub_(top).exp_()
+        total = weights.sum(dim=1, keepdim=True)
+        weights.div_(total.masked_fill_(total == 0, 1.0))
+        mixed = torch.zeros(H, B, N, D, dtype=acc, device=outputs.device)
+        mixed_bhnd = mixed.permute(1, 0, 2, 3)
+        for out_m, w_m in zip(outputs.unbind(1), weights[..., None].unbind(1)):
+            mixed_bhnd.addcmul_(out_m, w_m)
+        ctx.save_for_backward(outputs, weights, u)
+        return mixed.to(outputs.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_mixed: torch.Tensor):
+        outputs, weights, u = ctx.saved_tensors
+        B, M, H, N, D = outputs.shape
+        acc = weights.dtype
+        grad = grad_mixed.to(outputs.dtype).permute(1, 0, 2, 3)  # [B, H, N, D]
+        # d mixed / d w_m = outputs_m: one dot product per (b, m, h, n).
+        grad_w = torch.empty(B, M, H, N, dtype=outputs.dtype, device=outputs.device)
+        for out_m, grad_w_m in zip(outputs.unbind(1), grad_w.unbind(1)):
+            torch.linalg.vecdot(out_m, grad, out=grad_w_m)
+        grad_w = grad_w.to(acc)
+        # Softmax backward (masked entries have w = 0, so their score gradient is 0).
+        grad_s = weights * (grad_w - (weights * grad_w).sum(dim=1, keepdim=True))
+        # d outputs_m = w_m * grad + grad_s_m * u_h.
+        w_out, s_out = weights.to(outputs.dtype), grad_s.to(outputs.dtype)
+        grad_outputs = torch.mul(w_out[..., None], grad[:, None], out=torch.empty_like(outputs))
+        grad_outputs.addcmul_(s_out[..., None], u.to(outputs.dtype)[None, None, :, None, :])
+        # d u_h = sum over (b, m, n) of grad_s * outputs: a [1, N] x [N, D] product per (b, m, h), then summed.
+        grad_u = torch.matmul(s_out.view(B * M, H, 1, N), outputs.reshape(B * M, H, N, D)).sum(dim=0)
+        return grad_outputs, None, grad_u.view(H, D).to(u.dtype)
+
+
+class TopicalAttention(nn.Module):
+    """Syntax-BERT topical attention: per head, a learnable task query mixes a token's M sub-network outputs.
+
+    ``w = softmax_m(q_h . (H_m Wk_h) / sqrt(D))`` over the non-empty m, output ``sum_m w_m H_m Wv_h``
+    (the specification is :func:`syntaxkernels.reference.topical_attention`). Parameters ``query [H, D]``
+    (zero init), ``key_weight [H, D, D]`` and ``value_weight [H, D, D]`` (identity init): a fresh module
+    averages the non-empty sub-networks.
+
+    The module computes the same function in fewer operations: ``q_h . (H_m Wk_h) = H_m . (Wk_h q_h)`` (the
+    keys are never formed) and ``sum_m w_m (H_m Wv_h) = (sum_m w_m H_m) Wv_h`` (the values are projected once,
+    after mixing), with a hand-written backward (:class:`_TopicalMix`). Tokens whose M masks are all empty
+    output 0 with zero gradients. First derivatives only: differentiating the backward again raises a
+    ``RuntimeError`` (the reference function supports higher orders).
+    """
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.query = nn.Parameter(torch.zeros(num_heads, head_dim))
+        eye = torch.eye(head_dim).expand(num_heads, head_dim, head_dim)
+        self.key_weight = nn.Parameter(eye.clone())
+        self.value_weight = nn.Parameter(eye.clone())
+
+    def forward(self, outputs: torch.Tensor, nonempty: torch.Tensor) -> torch.Tensor:
+        """``outputs [B, M, H, N, D]``, ``nonempty bool [B, M, N]`` -> ``[B, H, N, D]`` (0 where all empty).
+
+        Raises ``TypeError`` for a non-tensor and ``ValueError`` for a shape or dtype that does not match the
+        module (:func:`syntaxkernels.reference.check_topical_inputs`).
+        """
+        if not V.compiling():
+            reference.check_topical_inputs(outputs, nonempty, self.query, self.key_weight, self.value_weight)
+        B, M, H, N, D = outputs.shape
+        u = torch.matmul(self.key_weight, self.query[:, :, None])[:, :, 0] * (1.0 / math.sqrt(D))  # [H, D]
+        mixed = _TopicalMix.apply(outputs, nonempty, u)  # [H, B, N, D]
+        out = torch.bmm(mixed.view(H, B * N, D), self.value_weight.to(mixed.dtype))
+        return out.view(H, B, N, D).permute(1, 0, 2, 3)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+
+class Subnetworks(nn.Module):
+    """Syntax-BERT's sub-networks on projected heads (method 2): M masked attentions sharing q, k, v
+    (:func:`syntaxkernels.syntax_subnetwork_attention`), mixed per token by :class:`TopicalAttention`.
+
+    Args:
+        num_heads: H.
+        head_dim: D.
+        masks: the :class:`MaskSpec` (M = ``masks.num_masks`` sub-networks).
+        backend: "auto", "triton" or "reference".
+
+    Submodule ``topical`` (:class:`TopicalAttention`; a fresh one averages the non-empty sub-networks).
+    Raises ``TypeError`` for ``masks`` that is not a MaskSpec, ``ValueError`` for an unknown backend.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, masks: MaskSpec = MaskSpec(), backend: str = "auto"):
+        super().__init__()
+        V.check_masks(masks)
+        V.check_backend(backend)
+        self.masks = masks
+        self.backend = backend
+        self.topical = TopicalAttention(num_heads, head_dim)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch, *,
+               scale: Optional[float] = None) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]`` and a :class:`TreeBatch` on their device (its padding, ``segment == -1``, is
+        the padding here) -> ``[B, H, N, D]`` (0 for a token whose masks are all empty, padding included).
+        ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
+        _check_treebatch(trees, " for the sub-network attention (the masks need depth and segment)")
+        outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
+                                                            backend=self.backend)
+        return self.topical(outputs, nonempty)
+
+    def extra_repr(self) -> str:
+        return f"masks={self.masks.names}, backend={self.backend!r}"
+
+
+def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...]:
+    """The checked ``targets`` tuple; ``syntax_heads`` must be an int in 0..num_heads."""
+    if isinstance(targets, str):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list)):
+        raise TypeError(f"targets must be a sequence of names among 'q', 'k', 'v', got {type(targets).__name__}")
+    targets = tuple(targets)
+    if len(set(targets)) != len(targets) or not set(targets) <= {"q", "k", "v"}:
+        raise ValueError(f"targets must be distinct names among 'q', 'k', 'v', got {targets!r}")
+    if isinstance(syntax_heads, bool) or not isinstance(syntax_heads, int):
+        raise TypeError(f"syntax_heads must be an int, got {type(syntax_heads).__name__}")
+    if not 0 <= syntax_heads <= num_heads:
+        raise ValueError(f"syntax_heads must be an int in 0..{num_heads}, got {syntax_heads!r}")
+    return targets
+
+
+class SyntaxHeads(nn.Module):
+    """The syntax-head injection of method 3 on projected heads: ``t_h += G W_t`` for the first ``syntax_heads``
+    heads and every target t in ``targets`` (:func:`syntaxkernels.reference.inject_syntax_heads`).
+
+    Args:
+        syntax_dim: width of G (``SyntaxGAT.output_dim``).
+        num_heads: H.
+        head_dim: D.
+        syntax_heads: n (``0 <= n <= H``).
+        targets: which of "q", "k", "v" receive G (paper: ("q", "k"); the authors' release: ("k", "v")).
+
+    Submodule ``syntax_proj`` (a ``nn.ModuleDict``: per target ``nn.Linear(syntax_dim, n*D, bias=False)``, zero
+    weights, so a fresh module changes nothing). Raises ``ValueError`` for repeated or unknown targets or n out
+    of range, ``TypeError`` for a non-int n.
+    """
+
+    def __init__(self, syntax_dim: int, num_heads: int, head_dim: int, syntax_heads: int = 1,
+                 targets: Sequence[str] = ("q", "k")):
+        super().__init__()
+        self.targets = _check_syntax_heads(syntax_heads, num_heads, targets)
+        self.syntax_dim = syntax_dim
+        self.syntax_heads = syntax_heads
+        self.syntax_proj = nn.ModuleDict(
+            {t: nn.Linear(syntax_dim, syntax_heads * head_dim, bias=False) for t in self.targets}
+        )
+        for proj in self.syntax_proj.values():
+            nn.init.zeros_(proj.weight)
+
+    def inject(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               syntax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v [B, H, N, D]``, ``syntax`` = G ``[B, N, syntax_dim]`` -> the updated ``(q, k, v)``."""
+        if not isinstance(syntax, torch.Tensor):
+            raise TypeError(f"syntax must be a tensor G [B, N, syntax_dim], got {type(syntax).__name__}")
+        B, _, N, _ = q.shape
+        if tuple(syntax.shape) != (B, N, self.syntax_dim):
+            raise ValueError(f"syntax must have shape [B, N, syntax_dim] = [{B}, {N}, {self.syntax_dim}], got "
+                             f"{tuple(syntax.shape)}")
+        return reference.inject_syntax_heads(q, k, v, syntax, [self.syntax_proj[t].weight for t in self.targets],
+                                             heads=self.syntax_heads, targets=self.targets)
+
+    def extra_repr(self) -> str:
+        return f"syntax_dim={self.syntax_dim}, syntax_heads={self.syntax_heads}, targets={self.targets}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Self-attention modules
+# ----------------------------------------------------------------------------------------------------------
+
+
+class SyntaxBiasedSelfAttention(DistanceBias):
     """Multi-head self-attention with a learnable tree-distance bias (method 1).
 
     ``s_ij = q_i . k_j / sqrt(D) + c * table[bucket(d_ij)]``; ``table`` is ``distance_bias`` (zero init) and
@@ -113,25 +411,17 @@ class SyntaxBiasedSelfAttention(nn.Module):
         bias: biases in the four projections.
         backend: "auto", "triton" or "reference".
 
-    Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``nn.Linear(E, E)``).
+    Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``nn.Linear(E, E)``); the bias parameters
+    come from :class:`DistanceBias`.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, buckets: BucketSpec = BucketSpec(), per_head: bool = False,
                  learnable_scale: bool = True, dropout: float = 0.0, bias: bool = True, backend: str = "auto"):
-        super().__init__()
+        head_dim = _check_heads(embed_dim, num_heads)
+        super().__init__(num_heads, buckets, per_head, learnable_scale, backend)
         self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.head_dim = _check_heads(embed_dim, num_heads)
-        if not isinstance(buckets, BucketSpec):
-            raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
-        self.buckets = buckets
-        self.per_head = per_head
-        self.backend = backend
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        init_distance_bias(self, num_heads, buckets, per_head, learnable_scale)
+        self.head_dim = head_dim
+        _projections(self, embed_dim, bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, trees: TreesLike, lengths=None, causal: bool = False,
@@ -148,47 +438,15 @@ class SyntaxBiasedSelfAttention(nn.Module):
             ``[B, N, E]``.
         """
         _check_input(x, self.embed_dim)
-        distance, lengths = _distance_and_lengths(trees, lengths)
-        q = _split_heads(self.q_proj(x), self.num_heads)
-        k = _split_heads(self.k_proj(x), self.num_heads)
-        v = _split_heads(self.v_proj(x), self.num_heads)
-        out = ops.syntax_bias_attention(q, k, v, distance, self.distance_bias, buckets=self.buckets,
-                                        bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
-                                        backend=self.backend)
+        q, k, v = _qkv(self, x, self.num_heads)
+        out = self.attend(q, k, v, trees, lengths, window=window, causal=causal)
         return self.out_proj(self.dropout(_merge_heads(out)))
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, buckets={self.buckets}, "
-                f"per_head={self.per_head}, backend={self.backend!r}")
+        return f"embed_dim={self.embed_dim}, " + super().extra_repr()
 
 
-class TopicalAttention(nn.Module):
-    """Syntax-BERT topical attention: per head, a learnable task query mixes a token's M sub-network outputs.
-
-    ``w = softmax_m(q_h . (H_m Wk_h) / sqrt(D))`` over the non-empty m, output ``sum_m w_m H_m Wv_h``
-    (:func:`syntaxkernels.reference.topical_attention`). Parameters ``query [H, D]`` (zero init),
-    ``key_weight [H, D, D]`` and ``value_weight [H, D, D]`` (identity init): a fresh module averages the
-    non-empty sub-networks.
-    """
-
-    def __init__(self, num_heads: int, head_dim: int):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.query = nn.Parameter(torch.zeros(num_heads, head_dim))
-        eye = torch.eye(head_dim).expand(num_heads, head_dim, head_dim)
-        self.key_weight = nn.Parameter(eye.clone())
-        self.value_weight = nn.Parameter(eye.clone())
-
-    def forward(self, outputs: torch.Tensor, nonempty: torch.Tensor) -> torch.Tensor:
-        """``outputs [B, M, H, N, D]``, ``nonempty bool [B, M, N]`` -> ``[B, H, N, D]`` (0 where all empty)."""
-        return reference.topical_attention(outputs, nonempty, self.query, self.key_weight, self.value_weight)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
-
-
-class SyntaxBertSelfAttention(nn.Module):
+class SyntaxBertSelfAttention(Subnetworks):
     """Syntax-BERT self-attention (method 2): M masked sub-networks sharing Q, K, V, mixed by topical attention.
 
     A fresh layer outputs, per token, the average over its non-empty masks of the masked attention outputs;
@@ -203,24 +461,17 @@ class SyntaxBertSelfAttention(nn.Module):
         backend: "auto", "triton" or "reference".
 
     Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``nn.Linear(E, E)``) and ``topical``
-    (:class:`TopicalAttention`).
+    (:class:`TopicalAttention`, from :class:`Subnetworks`).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, masks: MaskSpec = MaskSpec(), dropout: float = 0.0,
                  bias: bool = True, backend: str = "auto"):
-        super().__init__()
+        head_dim = _check_heads(embed_dim, num_heads)
+        super().__init__(num_heads, head_dim, masks, backend)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
-        self.head_dim = _check_heads(embed_dim, num_heads)
-        if not isinstance(masks, MaskSpec):
-            raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
-        self.masks = masks
-        self.backend = backend
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.topical = TopicalAttention(num_heads, self.head_dim)
+        self.head_dim = head_dim
+        _projections(self, embed_dim, bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, trees: TreeBatch) -> torch.Tensor:
@@ -232,19 +483,11 @@ class SyntaxBertSelfAttention(nn.Module):
             ``[B, N, E]``.
         """
         _check_input(x, self.embed_dim)
-        if not isinstance(trees, TreeBatch):
-            raise TypeError("trees must be a TreeBatch for the sub-network attention (the masks need depth and "
-                            f"segment), got {type(trees).__name__}")
-        q = _split_heads(self.q_proj(x), self.num_heads)
-        k = _split_heads(self.k_proj(x), self.num_heads)
-        v = _split_heads(self.v_proj(x), self.num_heads)
-        outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, backend=self.backend)
-        mixed = self.topical(outputs, nonempty)
-        return self.out_proj(self.dropout(_merge_heads(mixed)))
+        q, k, v = _qkv(self, x, self.num_heads)
+        return self.out_proj(self.dropout(_merge_heads(self.attend(q, k, v, trees))))
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, masks={self.masks.names}, "
-                f"backend={self.backend!r}")
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, " + super().extra_repr()
 
 
 class _GATLayer(nn.Module):
@@ -263,14 +506,15 @@ class SyntaxGAT(nn.Module):
     Input: token embeddings plus POS-tag embeddings. Then ``num_layers`` layers, each k = ``num_heads``
     heads of width d_g = ``head_dim`` attending only where ``d(i, j) <= window``, heads concatenated; no
     feed-forward block, no residual (:func:`syntaxkernels.reference.gat_layer`). The windowed attention runs
-    through :func:`syntaxkernels.syntax_bias_attention` with a zero table and ``window=``.
+    through :func:`syntaxkernels.ops.syntax_window_attention` (edge lists of the window on CPU; on CUDA the
+    edge lists or the fused dense kernel, whichever is cheaper).
 
     Args:
         embed_dim: width E of the token embeddings given to ``forward``.
-        num_layers: L_G.
+        num_layers: L_G (>= 1).
         num_heads: k.
         head_dim: d_g.
-        window: delta.
+        window: delta, an int in 0..254.
         num_pos_tags: size of the POS vocabulary (18 = UPOS with an unknown tag); 0 for no POS embedding.
         backend: "auto", "triton" or "reference".
 
@@ -281,10 +525,14 @@ class SyntaxGAT(nn.Module):
     def __init__(self, embed_dim: int, num_layers: int = 4, num_heads: int = 4, head_dim: int = 64, window: int = 4,
                  num_pos_tags: int = 18, backend: str = "auto"):
         super().__init__()
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+            raise TypeError(f"num_layers must be an int, got {type(num_layers).__name__}")
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
-            raise ValueError(f"window must be an int in 0..254, got {window!r}")
+        if window is None:
+            raise ValueError(f"window must be an int in 0..{MAX_PATH} for the GAT, got None")
+        V.check_window(window)
+        V.check_backend(backend)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -299,15 +547,14 @@ class SyntaxGAT(nn.Module):
         self.layers = nn.ModuleList(
             _GATLayer(embed_dim if layer == 0 else self.output_dim, num_heads, head_dim) for layer in range(num_layers)
         )
-        self._buckets = BucketSpec(max_distance=1)
-        self.register_buffer("_zero_table", torch.zeros(self._buckets.num_buckets), persistent=False)
 
     def forward(self, x: torch.Tensor, trees: TreesLike, pos: Optional[torch.Tensor] = None,
                 lengths=None) -> torch.Tensor:
         """
         Args:
             x: token embeddings ``[B, N, E]``.
-            trees: a :class:`TreeBatch` or ``uint8 distance [B, N, N]``.
+            trees: a :class:`TreeBatch` (its window lists are built once and cached on it) or
+                ``uint8 distance [B, N, N]``.
             pos: ``int64 [B, N]`` POS-tag ids (padding: any valid id), or None.
             lengths: ``int [B]`` or boolean key-padding mask; defaults to ``trees.lengths``.
         Returns:
@@ -318,14 +565,13 @@ class SyntaxGAT(nn.Module):
         if pos is not None:
             if self.pos_embedding is None:
                 raise ValueError("pos was given but this SyntaxGAT has no POS embedding (num_pos_tags=0)")
+            if not isinstance(pos, torch.Tensor):
+                raise TypeError(f"pos must be an int64 tensor [B, N] of POS ids, got {type(pos).__name__}")
             if pos.shape != x.shape[:2]:
                 raise ValueError(f"pos must have shape [B, N] = {list(x.shape[:2])}, got {tuple(pos.shape)}")
             x = x + self.pos_embedding(pos)
-        table = self._zero_table.to(x.dtype)
         for layer in self.layers:
-            q = _split_heads(layer.q_proj(x), self.num_heads)
-            k = _split_heads(layer.k_proj(x), self.num_heads)
-            v = _split_heads(layer.v_proj(x), self.num_heads)
+            q, k, v = _qkv(layer, x, self.num_heads)
             out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
                                               window=self.window, lengths=lengths, backend=self.backend)
             x = _merge_heads(out)
@@ -336,14 +582,14 @@ class SyntaxGAT(nn.Module):
                 f"head_dim={self.head_dim}, window={self.window}, backend={self.backend!r}")
 
 
-class SyntaxHeadSelfAttention(nn.Module):
+class SyntaxHeadSelfAttention(SyntaxHeads):
     """Multi-head self-attention whose first ``syntax_heads`` heads receive the GAT output (method 3).
 
     ``t_h += G W_t`` for the first n heads and every target t in ``targets`` (paper: ("q", "k"); the authors'
-    release: ("k", "v")); see :func:`syntaxkernels.reference.inject_syntax_heads`. The injection weights
-    ``syntax_proj[t]`` (``nn.Linear(syntax_dim, n*D, bias=False)``) start at zero, so a fresh layer is plain
-    multi-head attention. The attention itself is plain softmax attention over the valid keys
-    (``torch.nn.functional.scaled_dot_product_attention``).
+    release: ("k", "v")); see :class:`SyntaxHeads` and :func:`syntaxkernels.reference.inject_syntax_heads`.
+    The injection weights ``syntax_proj[t]`` (``nn.Linear(syntax_dim, n*D, bias=False)``) start at zero, so a
+    fresh layer is plain multi-head attention. The attention itself is plain softmax attention over the valid
+    keys (``torch.nn.functional.scaled_dot_product_attention``).
 
     Args:
         embed_dim: E.
@@ -357,28 +603,12 @@ class SyntaxHeadSelfAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, syntax_dim: int, syntax_heads: int = 1,
                  targets: Sequence[str] = ("q", "k"), dropout: float = 0.0, bias: bool = True):
-        super().__init__()
+        head_dim = _check_heads(embed_dim, num_heads)
+        super().__init__(syntax_dim, num_heads, head_dim, syntax_heads, targets)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
-        self.head_dim = _check_heads(embed_dim, num_heads)
-        if isinstance(targets, str):
-            targets = (targets,)
-        self.targets = tuple(targets)
-        if len(set(self.targets)) != len(self.targets) or not set(self.targets) <= {"q", "k", "v"}:
-            raise ValueError(f"targets must be distinct names among 'q', 'k', 'v', got {self.targets!r}")
-        if isinstance(syntax_heads, bool) or not isinstance(syntax_heads, int) or not 0 <= syntax_heads <= num_heads:
-            raise ValueError(f"syntax_heads must be an int in 0..{num_heads}, got {syntax_heads!r}")
-        self.syntax_dim = syntax_dim
-        self.syntax_heads = syntax_heads
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.syntax_proj = nn.ModuleDict(
-            {t: nn.Linear(syntax_dim, syntax_heads * self.head_dim, bias=False) for t in self.targets}
-        )
-        for proj in self.syntax_proj.values():
-            nn.init.zeros_(proj.weight)
+        self.head_dim = head_dim
+        _projections(self, embed_dim, bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, syntax: torch.Tensor, lengths=None, causal: bool = False) -> torch.Tensor:
@@ -393,14 +623,7 @@ class SyntaxHeadSelfAttention(nn.Module):
         """
         _check_input(x, self.embed_dim)
         B, N, _ = x.shape
-        if not isinstance(syntax, torch.Tensor) or tuple(syntax.shape) != (B, N, self.syntax_dim):
-            shape = tuple(syntax.shape) if isinstance(syntax, torch.Tensor) else type(syntax).__name__
-            raise ValueError(f"syntax must have shape [B, N, syntax_dim] = [{B}, {N}, {self.syntax_dim}], got {shape}")
-        q = _split_heads(self.q_proj(x), self.num_heads)
-        k = _split_heads(self.k_proj(x), self.num_heads)
-        v = _split_heads(self.v_proj(x), self.num_heads)
-        q, k, v = reference.inject_syntax_heads(q, k, v, syntax, [self.syntax_proj[t].weight for t in self.targets],
-                                                heads=self.syntax_heads, targets=self.targets)
+        q, k, v = self.inject(*_qkv(self, x, self.num_heads), syntax)
         counts = V.normalize_lengths(lengths, q)
         allowed = torch.ones(B, 1, N, N, dtype=torch.bool, device=x.device)
         if counts is not None:
@@ -415,8 +638,7 @@ class SyntaxHeadSelfAttention(nn.Module):
         return self.out_proj(self.dropout(_merge_heads(out)))
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, syntax_dim={self.syntax_dim}, "
-                f"syntax_heads={self.syntax_heads}, targets={self.targets}")
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, " + super().extra_repr()
 
 
 class StructuralProbeLoss(nn.Module):
@@ -439,8 +661,8 @@ class StructuralProbeLoss(nn.Module):
 
     def forward(self, g: torch.Tensor, trees: TreeBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         """``g [B, N, input_dim]``, a :class:`TreeBatch` -> ``(distance_loss, depth_loss)`` scalars."""
-        if not isinstance(trees, TreeBatch):
-            raise TypeError(f"trees must be a TreeBatch, got {type(trees).__name__}")
+        _check_input(g, self.input_dim, name="g")
+        _check_treebatch(trees)
         return reference.structural_probe_loss(g, self.proj, trees.distance, trees.depth, trees.lengths)
 
     def extra_repr(self) -> str:

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _validation as V
-from .specs import BucketSpec, MaskSpec
+from .specs import MAX_PATH, UNREACHABLE, BucketSpec, MaskSpec
 
 __all__ = [
     "syntax_bias_attention",
@@ -111,7 +111,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key are 0.
     """
     if not V.compiling():
-        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window)
+        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     lengths = V.normalize_lengths(lengths, q)
     acc = _acc_dtype(q.dtype)
     if scale is None:
@@ -123,7 +123,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
 
 
 def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
-    """bool ``[B, M, N, N]``: ``[b, m, i, j]`` is True when key j is in query i's mask m (DESIGN.md §2).
+    """bool ``[B, M, N, N]``: ``[b, m, i, j]`` is True when key j is in query i's mask m (docs/semantics.md,
+    "Syntax-BERT masks").
 
     Derived from ``trees.distance``, ``trees.depth`` and ``trees.segment``: i is an ancestor of j iff they
     are in the same tree and ``depth[j] - depth[i] == d(i, j)``.
@@ -176,25 +177,17 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return out, allowed.any(dim=-1)
 
 
-def topical_attention(outputs: torch.Tensor, nonempty: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor,
-                      value_weight: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
-    """Syntax-BERT topical attention: mix the M sub-network outputs of every token, per head.
+def check_topical_inputs(outputs: torch.Tensor, nonempty: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor,
+                         value_weight: torch.Tensor) -> None:
+    """The argument checks of :func:`topical_attention` (shared with :class:`syntaxkernels.nn.TopicalAttention`).
 
-    For head h and token i with sub-network outputs ``H_m`` (row vectors of width D):
-    ``k_m = H_m Wk_h``, ``v_m = H_m Wv_h``, ``w = softmax_m(q_h . k_m * scale)`` over the non-empty m only,
-    output ``sum_m w_m v_m``. A token whose M masks are all empty outputs 0 (zero gradients, never NaN).
-    With ``query = 0`` and ``value_weight = I`` it is the average of the non-empty sub-networks.
-
-    Args:
-        outputs: ``[B, M, H, N, D]`` from :func:`syntax_subnetwork_attention`.
-        nonempty: ``bool [B, M, N]``: mask m of token n has at least one key.
-        query: ``[H, D]`` the learnable task query q_h.
-        key_weight: ``[H, D, D]`` Wk (``k = H_m @ key_weight[h]``).
-        value_weight: ``[H, D, D]`` Wv.
-        scale: default ``1/sqrt(D)``.
-    Returns:
-        ``[B, H, N, D]`` in outputs' dtype.
+    ``TypeError`` for an argument that is not a tensor; ``ValueError`` for a shape that does not match
+    ``outputs [B, M, H, N, D]`` or a ``nonempty`` that is not bool.
     """
+    for name, t in (("outputs", outputs), ("nonempty", nonempty), ("query", query), ("key_weight", key_weight),
+                    ("value_weight", value_weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if outputs.dim() != 5:
         raise ValueError(f"outputs must have shape [B, M, H, N, D], got {tuple(outputs.shape)}")
     B, M, H, N, D = outputs.shape
@@ -206,6 +199,34 @@ def topical_attention(outputs: torch.Tensor, nonempty: torch.Tensor, query: torc
     for name, w in (("key_weight", key_weight), ("value_weight", value_weight)):
         if tuple(w.shape) != (H, D, D):
             raise ValueError(f"{name} must have shape [H, D, D] = [{H}, {D}, {D}], got {tuple(w.shape)}")
+
+
+def topical_attention(outputs: torch.Tensor, nonempty: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor,
+                      value_weight: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """Syntax-BERT topical attention: mix the M sub-network outputs of every token, per head.
+
+    For head h and token i with sub-network outputs ``H_m`` (row vectors of width D):
+    ``k_m = H_m Wk_h``, ``v_m = H_m Wv_h``, ``w = softmax_m(q_h . k_m * scale)`` over the non-empty m only,
+    output ``sum_m w_m v_m``. A token whose M masks are all empty outputs 0 (zero gradients, never NaN).
+    With ``query = 0`` and ``value_weight = I`` it is the average of the non-empty sub-networks.
+
+    Written for reading: it forms every key and value (``[B, H, N, M, D]`` each).
+    :class:`syntaxkernels.nn.TopicalAttention` computes the same function without them.
+
+    Args:
+        outputs: ``[B, M, H, N, D]`` from :func:`syntax_subnetwork_attention`.
+        nonempty: ``bool [B, M, N]``: mask m of token n has at least one key.
+        query: ``[H, D]`` the learnable task query q_h.
+        key_weight: ``[H, D, D]`` Wk (``k = H_m @ key_weight[h]``).
+        value_weight: ``[H, D, D]`` Wv.
+        scale: default ``1/sqrt(D)``.
+    Returns:
+        ``[B, H, N, D]`` in outputs' dtype.
+    Raises:
+        ``TypeError``/``ValueError`` as :func:`check_topical_inputs`.
+    """
+    check_topical_inputs(outputs, nonempty, query, key_weight, value_weight)
+    B, M, H, N, D = outputs.shape
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     acc = _acc_dtype(outputs.dtype)
@@ -237,7 +258,7 @@ def gat_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
         V.check_qkv(q, k, v)
         V.check_distance(distance, q)
         if window is None:
-            raise ValueError("window must be an int in 0..254 for gat_attention, got None")
+            raise ValueError(f"window must be an int in 0..{MAX_PATH} for gat_attention, got None")
         V.check_window(window)
     lengths = V.normalize_lengths(lengths, q)
     if scale is None:
@@ -372,7 +393,7 @@ def structural_probe_loss(g: torch.Tensor, proj: torch.Tensor, distance: torch.T
     gram = p @ p.transpose(-1, -2)  # [B, N, N]
     squared = norms[:, :, None] + norms[:, None, :] - 2 * gram
     eye = torch.eye(N, dtype=torch.bool, device=g.device)[None]
-    pairs = valid[:, :, None] & valid[:, None, :] & ~eye & (distance != 255)
+    pairs = valid[:, :, None] & valid[:, None, :] & ~eye & (distance != UNREACHABLE)
     target = distance.to(acc) ** 2
     pair_err = (target - squared).abs() * pairs
     distance_loss = pair_err.sum() / pairs.sum().clamp(min=1)

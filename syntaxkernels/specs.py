@@ -96,7 +96,7 @@ class BucketSpec:
 class MaskSpec:
     """Which Syntax-BERT relation masks a sub-network attention uses, and their order.
 
-    For query token i and key token j (DESIGN.md §2):
+    For query token i and key token j (docs/semantics.md, "Syntax-BERT masks"):
 
     - ``parent_d``  (d = 1..max_distance): i is an ancestor of j at tree distance d;
     - ``child_d``   (d = 1..max_distance): i is a descendant of j at tree distance d;

@@ -56,7 +56,7 @@ int64_t position(const std::vector<int64_t>& values, int64_t x) {
   return it == values.end() ? -1 : it - values.begin();
 }
 
-// Brute-force relation index of the pair (i, j), or -1 (the DESIGN.md definitions, from the head chains).
+// Brute-force relation index of the pair (i, j), or -1 (the definitions of docs/semantics.md, from the head chains).
 int64_t relation_of(const std::vector<int64_t>& heads, int64_t i, int64_t j, const syntaxkernels::ListSpec& spec) {
   const auto ci = chain(heads, i), cj = chain(heads, j);
   if (spec.window >= 0) {

@@ -51,12 +51,15 @@ Progress = Callable[[int, int, str, Optional[dict]], None]
 
 
 def _modules():
+    """``(name, module or None, error or None)`` for every module of ``MODULES``.
+
+    A module that does not import gives its exception (reported as a failed check), a listed module that does
+    not exist included; only a missing ``triton`` gives a ``Skip``.
+    """
     for name in MODULES:
         try:
             yield name, importlib.import_module(name), None
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # not written yet
-                continue
             if exc.name and exc.name.split(".")[0] == "triton":
                 yield name, None, Skip(f"{name}: triton is not installed")
                 continue

@@ -5,7 +5,8 @@ The reference is the specification, so it is checked against independent definit
 the head pointers, the structural-probe loss computed from an explicit ``[B, N, N, rank]`` difference tensor,
 ``gradcheck`` in float64, and ``nn.TransformerEncoderLayer`` for the encoder layer.
 
-The helpers :func:`random_forest` and :func:`brute_force_masks` are shared with the tests.
+:func:`brute_force_masks` (the masks from the head pointers alone) is shared with the tests; the random trees come
+from :mod:`syntaxkernels.workloads`.
 """
 from __future__ import annotations
 
@@ -16,32 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from . import Check
+from ..workloads import random_document, random_forest  # noqa: F401 - the one tree generator
 
-__all__ = ["random_forest", "brute_force_masks", "CHECKS"]
-
-
-def random_forest(rng: random.Random, length: int, num_trees: int = 1) -> List[int]:
-    """Random 0-based heads (-1 = root) of ``length`` tokens in ``min(num_trees, length)`` trees.
-
-    Tokens are visited in a random order; the first ``num_trees`` become roots and every later one attaches
-    to a random already-visited token, so every tree shape and every head direction (left or right) occurs.
-    """
-    order = list(range(length))
-    rng.shuffle(order)
-    heads = [-1] * length
-    for position, token in enumerate(order):
-        if position >= num_trees:
-            heads[token] = order[rng.randrange(position)]
-    return heads
-
-
-def random_document(rng: random.Random, lengths: Sequence[int]) -> List[int]:
-    """Sentences of the given lengths packed one after another into one sequence (one tree each)."""
-    heads: List[int] = []
-    for length in lengths:
-        offset = len(heads)
-        heads += [h + offset if h >= 0 else -1 for h in random_forest(rng, length)]
-    return heads
+__all__ = ["brute_force_masks", "CHECKS"]
 
 
 def _chain(heads: Sequence[int], i: int) -> List[int]:
@@ -53,7 +31,7 @@ def _chain(heads: Sequence[int], i: int) -> List[int]:
 
 
 def brute_force_masks(heads: Sequence[Sequence[int]], n: int, masks) -> torch.Tensor:
-    """bool ``[B, M, n, n]``: the Syntax-BERT masks of DESIGN.md §2, from the head pointers alone.
+    """bool ``[B, M, n, n]``: the Syntax-BERT masks of docs/semantics.md, from the head pointers alone.
 
     ``heads`` is a ragged list (one row per batch item, padded to ``n``). For query i and key j:
     ``parent_d``: walking up d steps from j reaches i; ``child_d``: walking up d steps from i reaches j;

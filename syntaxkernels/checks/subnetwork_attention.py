@@ -14,10 +14,8 @@ import time
 import torch
 
 from . import Bench, Check, Skip
-from .reference import random_document
-
-_UD_DEV = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
-                       "shared", "data", "ud", "en_ewt-ud-dev.conllu")
+from .. import workloads
+from ..workloads import random_document
 
 
 def _usable(device: str, backend: str) -> None:
@@ -68,22 +66,11 @@ def _check(device: str, backend: str, dtype: torch.dtype, n: int, pairwise: bool
 
 
 def _treebank_heads():
-    from syntaxkernels.trees import read_conllu
+    from .. import data
 
-    path = os.environ.get("SYNTAXKERNELS_UD") or _UD_DEV
-    if not os.path.exists(path):
-        raise Skip(f"treebank not present at {path}")
-    return [list(s.heads) for s in read_conllu(path) if s.heads]
-
-
-def _pack(sentences, n):
-    doc = []
-    for heads in sentences:
-        if len(doc) + len(heads) > n:
-            break
-        offset = len(doc)
-        doc += [h + offset if h >= 0 else -1 for h in heads]
-    return doc
+    if not data.treebank_available():
+        raise Skip(data.missing_message())
+    return workloads.treebank_heads()
 
 
 def _bench_edges(device: str, quick: bool):
@@ -94,7 +81,7 @@ def _bench_edges(device: str, quick: bool):
     masks = sk.MaskSpec()
     rows = []
     for n in ([512] if quick else [512, 1024, 4096]):
-        trees = sk.TreeBatch.from_heads([_pack(sentences, n)])
+        trees = sk.TreeBatch.from_heads([workloads.pack_sentences(sentences, n, rows=1)[0]])
         stats = subnetwork_edge_stats(trees, masks)
         rows.append(dict(N=n, tokens=int(trees.lengths.sum()), edges=int(stats["edges"]),
                          edges_per_token=round(stats["edges_per_token"], 2),

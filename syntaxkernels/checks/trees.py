@@ -23,35 +23,7 @@ Heads = Sequence[int]
 
 # ----------------------------------------------------------------------------------------------- data
 
-def random_forest(rng: np.random.Generator, length: int, extra_root_prob: float = 0.05) -> List[int]:
-    """Heads of a random forest of ``length`` tokens: tokens join in a random order, each attaching to an
-    earlier one (so heads point left and right) or, with ``extra_root_prob``, starting a new tree."""
-    order = rng.permutation(length)
-    heads = [-1] * length
-    for k in range(1, length):
-        if rng.random() >= extra_root_prob:
-            heads[int(order[k])] = int(order[int(rng.integers(0, k))])
-    return heads
-
-
-def generated_sentences(count: int, seed: int = 0, max_length: int = 40) -> List[List[int]]:
-    """``count`` random forests with lengths 1..max_length (mostly single trees, like parsed sentences)."""
-    rng = np.random.default_rng(seed)
-    return [random_forest(rng, int(rng.integers(1, max_length + 1))) for _ in range(count)]
-
-
-def treebank_sentences(path: Optional[Path] = None) -> List[List[int]]:
-    """0-based heads of every sentence of the treebank (``path``, default :func:`syntaxkernels.data.treebank_path`,
-    i.e. ``$SYNTAXKERNELS_UD``); raises :class:`syntaxkernels.data.TreebankNotFound` (a ``FileNotFoundError``
-    saying how to provide it) when absent."""
-    from ..data import TreebankNotFound, missing_message, require_treebank
-    from ..trees import read_conllu
-
-    if path is None:
-        path = require_treebank()
-    elif not Path(path).is_file():
-        raise TreebankNotFound(missing_message(Path(path)))
-    return [list(sentence.heads) for sentence in read_conllu(path)]
+from ..workloads import generated_sentences, treebank_heads  # noqa: E402 - the one source of trees
 
 
 def batches(sentences: Sequence[Heads], batch_size: int = 32) -> List[List[List[int]]]:
@@ -61,7 +33,7 @@ def batches(sentences: Sequence[Heads], batch_size: int = 32) -> List[List[List[
 def benchmark_batches(batch_size: int = 32, count: Optional[int] = None) -> Tuple[str, List[List[List[int]]]]:
     """``(source, batches)``: the treebank in batches of ``batch_size`` when present, generated otherwise."""
     try:
-        sentences = treebank_sentences()
+        sentences = treebank_heads()
         source = f"UD English-EWT dev ({len(sentences)} sentences)"
     except FileNotFoundError:
         from ..data import ENV_VAR
@@ -257,7 +229,7 @@ def check_treebank(device: str) -> Tuple[bool, str]:
     from ..trees import tree_distance
 
     try:
-        sentences = treebank_sentences()
+        sentences = treebank_heads()
     except FileNotFoundError as exc:
         raise Skip(str(exc))
     oracle, oracle_name = ((scipy_tree_distance, "scipy shortest_path") if has_scipy()
@@ -314,7 +286,7 @@ def check_cuda(device: str) -> Tuple[bool, str]:
     module = _ext.load()
     sentences = generated_sentences(96, seed=3) + [[], [-1], list(range(-1, 299))]
     try:
-        sentences += treebank_sentences()[:256]
+        sentences += treebank_heads()[:256]
     except FileNotFoundError:
         pass
     heads, lengths = padded(sentences)

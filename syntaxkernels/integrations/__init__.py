@@ -3,18 +3,21 @@
 - :mod:`syntaxkernels.integrations.transformers`: ``enable_syntax_attention(model, method=...)`` turns a
   transformers BERT, RoBERTa or XLM-RoBERTa model into a syntax-aware one in one call, and
   ``load_syntax_model`` reloads what ``save_pretrained`` wrote.
+- :mod:`syntaxkernels.integrations.upos`: ``token_pos_ids``, the GAT's POS input from parsed sentences and a
+  tokenizer's word ids (needs torch only).
+- :mod:`syntaxkernels.integrations.checkpoint`: reading the syntax parameters back from a saved checkpoint.
 
-Each integration is imported on first use, so ``import syntaxkernels`` never imports transformers.
+Each module is imported on first use, so ``import syntaxkernels`` never imports transformers.
 """
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["transformers"]
+__all__ = ["transformers", "upos", "checkpoint"]
 
 
 def __getattr__(name):
-    if name == "transformers":
+    if name in __all__:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module

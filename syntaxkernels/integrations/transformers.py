@@ -16,7 +16,10 @@ How it plugs in (transformers 5.x):
   ``enable_syntax_attention`` switches the model to that implementation.
 - Every patched layer's self-attention module (``...encoder.layer[i].attention.self``) gets a child module
   ``syntax`` holding the new parameters, so they sit in ``model.state_dict()``, reach the optimizer through
-  ``model.parameters()``, and are saved by ``save_pretrained``.
+  ``model.parameters()``, and are saved by ``save_pretrained``. These children are the building blocks of
+  :mod:`syntaxkernels.nn` (:class:`~syntaxkernels.nn.DistanceBias`, :class:`~syntaxkernels.nn.Subnetworks`,
+  :class:`~syntaxkernels.nn.SyntaxHeads`) with transformers' calling convention; the GAT and the probe are
+  :class:`~syntaxkernels.nn.SyntaxGAT` and :class:`~syntaxkernels.nn.StructuralProbeLoss`.
 - ``syntax_trees`` (and ``syntax_pos`` for the GAT) are ordinary forward keyword arguments: the model
   classes pass ``**kwargs`` from ``model(...)`` through the encoder and layers to the attention function.
   A forward pre-hook on the encoder checks the trees against the batch (shape, device, padding), moves
@@ -49,7 +52,13 @@ Other differences from the unpatched model:
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
 to the weights file. :func:`load_syntax_model` reloads both (plain ``from_pretrained`` would drop the syntax
-parameters as unexpected keys).
+parameters as unexpected keys; reading them back is :mod:`syntaxkernels.integrations.checkpoint`).
+
+POS ids for the GAT: :func:`token_pos_ids` and :data:`UPOS_TAGS` (from :mod:`syntaxkernels.integrations.upos`).
+
+Errors: ``TypeError`` for an argument of the wrong kind (a model that is not a transformers model, trees that
+are not a TreeBatch, a ``buckets`` that is neither a BucketSpec nor a dict), ``ValueError`` for a wrong value
+(an unsupported architecture, an unknown method, a window out of range, trees that do not match the batch).
 
 Distributed training: the syntax parameters are ordinary parameters of the model, so
 ``DistributedDataParallel`` and FSDP (``fully_shard`` per ``encoder.layer[i]``, then the model; the GAT and
@@ -58,12 +67,7 @@ the probe live in ``encoder`` and shard with the root) synchronise them like any
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
-import logging
-import os
-import re
 from dataclasses import asdict
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -75,11 +79,12 @@ import transformers
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from .. import ops
-from ..nn import StructuralProbeLoss, SyntaxGAT, TopicalAttention, init_distance_bias
-from ..reference import inject_syntax_heads
+from .. import _validation as V
+from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
+from .checkpoint import quiet_syntax_keys_report, restore_parameters
+from .upos import UPOS_TAGS, token_pos_ids
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -112,87 +117,58 @@ DEFAULT_GAT_CONFIG: Dict[str, Any] = {
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Per-layer parameter holders (child module ``syntax`` of each patched self-attention module)
+# Per-layer parameter holders (child module ``syntax`` of each patched self-attention module): the nn building
+# blocks, called the way syntax_attention_forward calls them
 # ----------------------------------------------------------------------------------------------------------
 
 
-class SyntaxDistanceBias(nn.Module):
-    """Method "bias" in one transformers layer: ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]``.
+class SyntaxDistanceBias(DistanceBias):
+    """Method "bias" in one transformers layer: :class:`syntaxkernels.nn.DistanceBias` with the layer's window.
 
-    Parameters ``distance_bias`` (``[T]`` shared, ``[H, T]`` per head; zeros) and ``bias_scale`` (``[1]``,
-    ones; None when ``learnable_scale=False``). A fresh module is plain attention.
+    ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]``. Parameters ``distance_bias`` (``[T]`` shared,
+    ``[H, T]`` per head; zeros) and ``bias_scale`` (``[1]``, ones; None when ``learnable_scale=False``): a fresh
+    module is plain attention. ``window``: None or an int in 0..254 (``ValueError`` otherwise).
     """
 
     def __init__(self, num_heads: int, buckets: BucketSpec, per_head: bool = False, learnable_scale: bool = True,
                  window: Optional[int] = None, backend: str = "auto"):
-        super().__init__()
-        self.num_heads = num_heads
-        self.buckets = buckets
-        self.per_head = per_head
+        V.check_window(window)
+        super().__init__(num_heads, buckets, per_head, learnable_scale, backend)
         self.window = window
-        self.backend = backend
-        init_distance_bias(self, num_heads, buckets, per_head, learnable_scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
-                scale: Optional[float]) -> torch.Tensor:
-        """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (padding query rows 0)."""
-        return ops.syntax_bias_attention(q, k, v, trees.distance, self.distance_bias, buckets=self.buckets,
-                                         scale=scale, bias_scale=self.bias_scale, lengths=trees.lengths,
-                                         window=self.window, backend=self.backend)
+                scale: Optional[float] = None) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]``, the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0)."""
+        return self.attend(q, k, v, trees, scale=scale, window=self.window)
 
     def extra_repr(self) -> str:
-        return f"buckets={self.buckets}, per_head={self.per_head}, window={self.window}, backend={self.backend!r}"
+        return super().extra_repr() + f", window={self.window}"
 
 
-class SyntaxSubnetworks(nn.Module):
-    """Method "subnetwork" in one transformers layer: M masked sub-networks sharing the layer's Q, K, V,
-    mixed per token by :class:`syntaxkernels.nn.TopicalAttention` (child ``topical``; query zeros,
-    ``key_weight``/``value_weight`` identity, so a fresh module averages the non-empty sub-networks)."""
-
-    def __init__(self, num_heads: int, head_dim: int, masks: MaskSpec, backend: str = "auto"):
-        super().__init__()
-        self.masks = masks
-        self.backend = backend
-        self.topical = TopicalAttention(num_heads, head_dim)
+class SyntaxSubnetworks(Subnetworks):
+    """Method "subnetwork" in one transformers layer: :class:`syntaxkernels.nn.Subnetworks`, M masked
+    sub-networks sharing the layer's Q, K, V, mixed per token by the child ``topical``
+    (:class:`syntaxkernels.nn.TopicalAttention`; query zeros, ``key_weight``/``value_weight`` identity, so a
+    fresh module averages the non-empty sub-networks)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
-                scale: Optional[float]) -> torch.Tensor:
+                scale: Optional[float] = None) -> torch.Tensor:
         """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (0 where every mask of a token is empty)."""
-        outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
-                                                            backend=self.backend)
-        return self.topical(outputs, nonempty)
-
-    def extra_repr(self) -> str:
-        return f"masks={self.masks.names}, backend={self.backend!r}"
+        return self.attend(q, k, v, trees, scale=scale)
 
 
-class SyntaxHeadInjection(nn.Module):
-    """Method "gat" in one transformers layer: ``t_h += G W_t`` for the first ``syntax_heads`` heads and each
-    target t of ``targets`` (:func:`syntaxkernels.reference.inject_syntax_heads`).
+class SyntaxHeadInjection(SyntaxHeads):
+    """Method "gat" in one transformers layer: :class:`syntaxkernels.nn.SyntaxHeads`, ``t_h += G W_t`` for the
+    first ``syntax_heads`` heads and each target t of ``targets``.
 
     ``syntax_proj[t]`` is ``nn.Linear(syntax_dim, syntax_heads * D, bias=False)`` with zero weights, so a
     fresh layer is plain attention; the attention itself stays ordinary softmax attention.
     """
 
-    def __init__(self, syntax_dim: int, num_heads: int, head_dim: int, syntax_heads: int,
-                 targets: Sequence[str]):
-        super().__init__()
-        self.syntax_heads = syntax_heads
-        self.targets = tuple(targets)
-        self.syntax_proj = nn.ModuleDict(
-            {t: nn.Linear(syntax_dim, syntax_heads * head_dim, bias=False) for t in self.targets}
-        )
-        for proj in self.syntax_proj.values():
-            nn.init.zeros_(proj.weight)
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``q, k, v [B, H, N, D]``, ``G [B, N, syntax_dim]`` -> updated ``(q, k, v)``."""
-        return inject_syntax_heads(q, k, v, g, [self.syntax_proj[t].weight for t in self.targets],
-                                   heads=self.syntax_heads, targets=self.targets)
-
-    def extra_repr(self) -> str:
-        return f"syntax_heads={self.syntax_heads}, targets={self.targets}"
+        return self.inject(q, k, v, g)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -230,7 +206,7 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)):
         if syntax_trees is None:
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
-        out = part(query, key, value, syntax_trees, scaling)
+        out = part(query, key, value, syntax_trees, scale=scaling)
         if dropout > 0.0:
             out = F.dropout(out, p=dropout, training=True)
     elif isinstance(part, SyntaxHeadInjection):
@@ -291,7 +267,7 @@ def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.
 
 def _on_host(*tensors: Optional[torch.Tensor]) -> bool:
     """True when every given tensor is in CPU memory, so reading it costs no device synchronisation."""
-    return all(t is None or t.device.type == "cpu" for t in tensors)
+    return all(t is None or V._on_host(t) for t in tensors)
 
 
 def _assert_lengths_on_device(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> None:
@@ -359,10 +335,11 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     encoder.syntax_aux_losses = None
     if gat is not None:
         if pos is not None:
-            if not isinstance(pos, torch.Tensor) or tuple(pos.shape) != tuple(hidden.shape[:2]):
-                shape = tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__
-                raise ValueError(f"syntax_pos must be an int64 tensor [B, N] = {list(hidden.shape[:2])} of POS "
-                                 f"ids, got {shape}")
+            if not isinstance(pos, torch.Tensor):
+                raise TypeError(f"syntax_pos must be an int64 tensor [B, N] of POS ids, got {type(pos).__name__}")
+            if tuple(pos.shape) != tuple(hidden.shape[:2]):
+                raise ValueError(f"syntax_pos must have shape [B, N] = {list(hidden.shape[:2])}, got "
+                                 f"{tuple(pos.shape)}")
             pos = pos.to(hidden.device, non_blocking=True)
         elif gat.pos_embedding is not None:
             # No tags given: every token gets tag 0 ("unknown"), which keeps the POS table in the graph (DDP
@@ -389,8 +366,8 @@ def _supported_base_classes():
 
 def _base_model(model) -> nn.Module:
     if not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"model must be a transformers PreTrainedModel (BERT, RoBERTa or XLM-RoBERTa), got "
-                         f"{type(model).__name__}")
+        raise TypeError(f"model must be a transformers PreTrainedModel (BERT, RoBERTa or XLM-RoBERTa), got "
+                        f"{type(model).__name__}")
     base = model.base_model
     if not isinstance(base, _supported_base_classes()):
         raise ValueError(
@@ -410,7 +387,7 @@ def _as_buckets(buckets) -> BucketSpec:
         return buckets
     if isinstance(buckets, dict):
         return BucketSpec(**buckets)
-    raise ValueError(f"buckets must be a BucketSpec, a dict of its fields or None, got {type(buckets).__name__}")
+    raise TypeError(f"buckets must be a BucketSpec, a dict of its fields or None, got {type(buckets).__name__}")
 
 
 def _as_masks(masks) -> MaskSpec:
@@ -420,14 +397,14 @@ def _as_masks(masks) -> MaskSpec:
         return masks
     if isinstance(masks, dict):
         return MaskSpec(**masks)
-    raise ValueError(f"masks must be a MaskSpec, a dict of its fields or None, got {type(masks).__name__}")
+    raise TypeError(f"masks must be a MaskSpec, a dict of its fields or None, got {type(masks).__name__}")
 
 
 def _as_gat_config(gat_config) -> Dict[str, Any]:
     if gat_config is None:
         gat_config = {}
     if not isinstance(gat_config, dict):
-        raise ValueError(f"gat_config must be a dict, got {type(gat_config).__name__}")
+        raise TypeError(f"gat_config must be a dict, got {type(gat_config).__name__}")
     unknown = set(gat_config) - set(DEFAULT_GAT_CONFIG)
     if unknown:
         raise ValueError(f"gat_config has unknown keys {sorted(unknown)}; known: {sorted(DEFAULT_GAT_CONFIG)}")
@@ -501,9 +478,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
         ``"syntaxkernels"``). The model gets its own copy of its config first (``model.config`` is then a new
-        object), so other models built from the same config object are not changed. Forward then needs ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` =
-        POS ids ``int64 [B, N]`` for "gat", e.g. from :func:`token_pos_ids`; without it every token gets
-        tag 0, "unknown").
+        object), so other models built from the same config object are not changed. Forward then needs
+        ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` = POS ids ``int64 [B, N]`` for "gat", e.g. from
+        :func:`token_pos_ids`; without it every token gets tag 0, "unknown").
 
     For "gat" the GAT reads the embedding layer's output (word + position + type embeddings after their
     LayerNorm) plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
@@ -513,6 +490,13 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``. They take the dtype and device of the model's parameters.
+
+    Raises:
+        ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
+        kind; ``ValueError`` for an unsupported architecture or decoder, a second call, an unknown method or
+        backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
+        ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets. The model is unchanged when it
+        raises.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -521,26 +505,20 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if getattr(config, "syntax_attention", None) is not None or hasattr(base.encoder, "syntax_hook_handle"):
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    V.check_backend(backend)
     if method != "bias" and (buckets is not None or window is not None or per_head):
         raise ValueError("buckets, per_head and window apply to method='bias' only")
     if method != "subnetwork" and masks is not None:
         raise ValueError("masks applies to method='subnetwork' only")
     if method != "gat" and gat_config is not None:
         raise ValueError("gat_config applies to method='gat' only")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
-        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
 
     num_heads = config.num_attention_heads
     head_dim = config.hidden_size // num_heads
     chosen = _as_layers(layers, config.num_hidden_layers)
-    _use_own_config(model)  # everything below writes to this model's own copy
-    config = base.config
-    reference_param = next(model.parameters())
-    factory = {"device": reference_param.device, "dtype": reference_param.dtype}
-
     spec: Dict[str, Any] = {"method": method, "layers": None if layers is None else chosen, "backend": backend}
+    encoder_parts: Dict[str, nn.Module] = {}
+    # Every part is built (and every argument checked by its constructor) before the model changes.
     if method == "bias":
         bucket_spec = _as_buckets(buckets)
         spec.update(buckets=asdict(bucket_spec), per_head=per_head, learnable_scale=learnable_scale, window=window)
@@ -555,31 +533,36 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             return SyntaxSubnetworks(num_heads, head_dim, mask_spec, backend)
     else:
         gcfg = _as_gat_config(gat_config)
-        if isinstance(targets, str):
-            targets = (targets,)
-        targets = tuple(targets)
-        if len(set(targets)) != len(targets) or not set(targets) <= {"q", "k", "v"} or not targets:
-            raise ValueError(f"targets must be distinct names among 'q', 'k', 'v', got {targets!r}")
-        if isinstance(syntax_heads, bool) or not isinstance(syntax_heads, int) or not 1 <= syntax_heads <= num_heads:
-            raise ValueError(f"syntax_heads must be an int in 1..{num_heads}, got {syntax_heads!r}")
-        spec.update(gat_config=gcfg, syntax_heads=syntax_heads, targets=list(targets))
+        targets = (targets,) if isinstance(targets, str) else targets
+        if isinstance(targets, (tuple, list)) and not targets:
+            raise ValueError("targets must name at least one of 'q', 'k', 'v'")
+        if syntax_heads == 0 and not isinstance(syntax_heads, bool):
+            raise ValueError(f"syntax_heads must be an int in 1..{num_heads} (with 0 the GAT would be unused)")
         gat = SyntaxGAT(config.hidden_size, num_layers=gcfg["num_layers"], num_heads=gcfg["num_heads"],
                         head_dim=gcfg["head_dim"], window=gcfg["window"], num_pos_tags=gcfg["num_pos_tags"],
                         backend=backend)
-        probe = None
-        if gcfg["probe_rank"] is not None:
-            probe = StructuralProbeLoss(gat.output_dim, int(gcfg["probe_rank"]))
 
         def make():
             return SyntaxHeadInjection(gat.output_dim, num_heads, head_dim, syntax_heads, targets)
 
-    attention_modules = _self_attention_modules(base)
-    for i in chosen:
-        attention_modules[i].syntax = make().to(**factory)
+        encoder_parts["syntax_gat"] = gat
+        if gcfg["probe_rank"] is not None:
+            encoder_parts["syntax_probe"] = StructuralProbeLoss(gat.output_dim, int(gcfg["probe_rank"]))
+
+    prototype = make()  # checks the arguments even when no layer is chosen
+    parts = [prototype] + [make() for _ in chosen[1:]] if chosen else []
     if method == "gat":
-        base.encoder.syntax_gat = gat.to(**factory)
-        if probe is not None:
-            base.encoder.syntax_probe = probe.to(**factory)
+        spec.update(gat_config=gcfg, syntax_heads=syntax_heads, targets=list(prototype.targets))
+
+    _use_own_config(model)  # everything below writes to this model's own copy
+    config = base.config
+    reference_param = next(model.parameters())
+    factory = {"device": reference_param.device, "dtype": reference_param.dtype}
+    attention_modules = _self_attention_modules(base)
+    for i, part in zip(chosen, parts):
+        attention_modules[i].syntax = part.to(**factory)
+    for name, part in encoder_parts.items():
+        setattr(base.encoder, name, part.to(**factory))
     base.encoder.syntax_aux_losses = None
     base.encoder.syntax_hook_handle = base.encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
 
@@ -591,42 +574,6 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise RuntimeError(f"could not switch {type(model).__name__} to attn_implementation="
                            f"{ATTN_IMPLEMENTATION!r} (it is {config._attn_implementation!r})")
     return model
-
-
-#: Universal POS tags in their UD order; ``token_pos_ids`` maps them to 1..17 and anything else to 0.
-UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
-             "SCONJ", "SYM", "VERB", "X")
-_UPOS_INDEX = {tag: i + 1 for i, tag in enumerate(UPOS_TAGS)}
-
-
-def token_pos_ids(texts: Sequence, word_ids: Sequence[Sequence[Optional[int]]],
-                  width: Optional[int] = None) -> torch.Tensor:
-    """Token-level UPOS ids for ``syntax_pos`` (the GAT's POS input; ``num_pos_tags=18``).
-
-    Every piece of a word gets the word's tag id (1..17, :data:`UPOS_TAGS` order); special tokens, padding
-    and unknown tags get 0.
-
-    Args:
-        texts: B items, each a :class:`~syntaxkernels.trees.Sentence` (anything with ``upos``) or a list of
-            them (their words concatenated, as in ``align_to_tokens``).
-        word_ids: B lists from ``encoding.word_ids(b)`` (None for special tokens).
-        width: N (default: the longest word-id list).
-    Returns:
-        ``int64 [B, N]``.
-    """
-    if len(texts) != len(word_ids):
-        raise ValueError(f"texts has {len(texts)} items but word_ids has {len(word_ids)}")
-    width = max((len(w) for w in word_ids), default=0) if width is None else width
-    out = torch.zeros(len(texts), width, dtype=torch.int64)
-    for b, (text, ids) in enumerate(zip(texts, word_ids)):
-        sentences = [text] if hasattr(text, "upos") else list(text)
-        tags = [t for s in sentences for t in s.upos]
-        for p, w in enumerate(ids):
-            if w is not None and p < width:
-                if not 0 <= w < len(tags):
-                    raise ValueError(f"batch item {b}, token {p}: word id {w} out of range ({len(tags)} tags)")
-                out[b, p] = _UPOS_INDEX.get(tags[w], 0)
-    return out
 
 
 def syntax_parameters(model) -> Dict[str, nn.Parameter]:
@@ -657,92 +604,13 @@ def syntax_aux_loss(model, *, parts: bool = False):
     return losses if parts else losses[0] + losses[1]
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_SYNTAX_KEY = re.compile(r"(^|\.)(syntax|syntax_gat|syntax_probe)(\.|$)")
-
-
-class _SyntaxKeysReportFilter(logging.Filter):
-    """Drops transformers' weight-loading report when all it reports is syntax parameters as UNEXPECTED.
-
-    ``from_pretrained`` of the plain class does not know the syntax parameters and lists them as unexpected
-    keys; :func:`load_syntax_model` restores every one of them right after (and raises if one is missing), so
-    that report says nothing useful. A report that lists anything else (missing or mismatched weights,
-    other unexpected keys) is let through unchanged.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
-            return True
-        if "LOAD REPORT" not in message:
-            return True
-        rows = []
-        for line in _ANSI.sub("", message).splitlines():
-            cells = [c.strip() for c in line.split("|")]
-            if len(cells) < 2 or not cells[0] or set(cells[0]) <= {"-", "+"} or cells[0] == "Key":
-                continue
-            rows.append((cells[0], cells[1]))
-        only_syntax = bool(rows) and all(status == "UNEXPECTED" and _SYNTAX_KEY.search(key) for key, status in rows)
-        return not only_syntax
-
-
-@contextlib.contextmanager
-def _quiet_syntax_keys_report():
-    """While loading, hide the weight-loading report about syntax parameters (:class:`_SyntaxKeysReportFilter`).
-
-    A filter rather than a higher log level: transformers runs (and logs) an extra tensor-parallel plan check
-    ("The following layers were not sharded: ...") whenever its loading logger's level is WARNING or above.
-    """
-    logger = logging.getLogger("transformers.modeling_utils")
-    report_filter = _SyntaxKeysReportFilter()
-    logger.addFilter(report_filter)
-    try:
-        yield
-    finally:
-        logger.removeFilter(report_filter)
-
-
-def _checkpoint_tensors(path: str, wanted: Sequence[str]) -> Dict[str, torch.Tensor]:
-    """Read the tensors named ``wanted`` from a saved checkpoint directory (safetensors, sharded or not, or
-    ``pytorch_model.bin``)."""
-    from safetensors import safe_open
-
-    if not os.path.isdir(path):
-        from huggingface_hub import snapshot_download
-
-        path = snapshot_download(path, allow_patterns=["*.safetensors", "*.json", "*.bin"])
-    index = os.path.join(path, "model.safetensors.index.json")
-    single = os.path.join(path, "model.safetensors")
-    found: Dict[str, torch.Tensor] = {}
-    wanted_set = set(wanted)
-    if os.path.exists(index) or os.path.exists(single):
-        if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-            files = sorted({os.path.join(path, fn) for key, fn in weight_map.items() if key in wanted_set})
-        else:
-            files = [single]
-        for fn in files:
-            with safe_open(fn, framework="pt") as f:
-                for key in f.keys():
-                    if key in wanted_set:
-                        found[key] = f.get_tensor(key)
-        return found
-    binary = os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(binary):
-        state = torch.load(binary, map_location="cpu", weights_only=True)
-        return {k: v for k, v in state.items() if k in wanted_set}
-    raise ValueError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {path}")
-
-
 def load_syntax_model(model_class, path: str, **kwargs):
     """Load a model saved with ``save_pretrained`` after :func:`enable_syntax_attention`.
 
     ``model_class.from_pretrained(path, **kwargs)`` loads the pre-trained weights, then syntax attention is
-    re-enabled from ``config.syntax_attention`` and the syntax parameters are read from the checkpoint.
-    Loading under another head class (e.g. ``BertModel`` from a ``BertForTokenClassification`` save) works;
-    a syntax parameter missing from the checkpoint raises ``ValueError``.
+    re-enabled from ``config.syntax_attention`` and the syntax parameters are read from the checkpoint
+    (:func:`syntaxkernels.integrations.checkpoint.restore_parameters`). Loading under another head class (e.g.
+    ``BertModel`` from a ``BertForTokenClassification`` save) works.
 
     Args:
         model_class: e.g. ``BertForTokenClassification`` or ``AutoModel``.
@@ -750,8 +618,11 @@ def load_syntax_model(model_class, path: str, **kwargs):
         kwargs: passed to ``from_pretrained`` (``torch_dtype``, ``device_map`` ...).
     Returns:
         the model, syntax attention enabled, every syntax parameter restored.
+    Raises:
+        ``ValueError`` when the checkpoint has no ``config.syntax_attention`` (not saved from a syntax model) or
+        lacks a syntax parameter.
     """
-    with _quiet_syntax_keys_report():  # the syntax keys are "unexpected" to the plain class
+    with quiet_syntax_keys_report():  # the syntax keys are "unexpected" to the plain class
         model = model_class.from_pretrained(path, **kwargs)
     spec = getattr(model.config, "syntax_attention", None)
     if spec is None:
@@ -761,31 +632,5 @@ def load_syntax_model(model_class, path: str, **kwargs):
     model.config.syntax_attention = None
     model.base_model.config.syntax_attention = None
     enable_syntax_attention(model, **spec)
-    names = list(syntax_parameters(model))
-    prefix = model.base_model_prefix
-    candidates = {}
-    for name in names:
-        options = [name]
-        if name.startswith(prefix + "."):
-            options.append(name[len(prefix) + 1:])
-        else:
-            options.append(f"{prefix}.{name}")
-        candidates[name] = options
-    found = _checkpoint_tensors(path, [o for opts in candidates.values() for o in opts])
-    params = dict(model.named_parameters())
-    missing = []
-    with torch.no_grad():
-        for name, options in candidates.items():
-            key = next((o for o in options if o in found), None)
-            if key is None:
-                missing.append(name)
-                continue
-            value = found[key]
-            if value.shape != params[name].shape:
-                raise ValueError(f"checkpoint tensor {key} has shape {tuple(value.shape)}, the model expects "
-                                 f"{tuple(params[name].shape)}")
-            params[name].copy_(value)
-    if missing:
-        raise ValueError(f"the checkpoint at {path} lacks syntax parameters: {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
+    restore_parameters(model, path, list(syntax_parameters(model)), model.base_model_prefix)
     return model

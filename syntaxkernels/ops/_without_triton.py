@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from .. import _validation as V
 from .. import reference
 from ._dispatch import resolve_backend
 
@@ -11,6 +12,7 @@ from ._dispatch import resolve_backend
 def syntax_bias_attention(q, k, v, distance, table, *, buckets, scale=None, bias_scale=None, lengths=None,
                           window=None, causal=False, deterministic=False, backend="auto"):
     """See :func:`syntaxkernels.reference.syntax_bias_attention`."""
+    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     resolve_backend(backend, q.device)
     return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                            bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
@@ -18,5 +20,6 @@ def syntax_bias_attention(q, k, v, distance, table, *, buckets, scale=None, bias
 
 def syntax_subnetwork_attention(q, k, v, trees, masks, *, scale=None, backend="auto"):
     """See :func:`syntaxkernels.reference.syntax_subnetwork_attention`."""
+    V.check_subnetwork_inputs(q, k, v, trees, masks)
     resolve_backend(backend, q.device)
     return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale)

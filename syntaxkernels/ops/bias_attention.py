@@ -602,10 +602,12 @@ for _kind in ("fwd", "dkdv", "dq"):
     for _arch in ("sm90", "sm80"):
         CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
         CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    for _cls in ("half", "fp32"):
-        for _dim in (64, 128):
-            CONFIGS[(_kind, "small", _cls, _dim)] = _C(BLOCK_M=64 if _cls == "half" else 16, BLOCK_N=32,
-                                                       num_warps=4, num_stages=2 if _cls == "half" else 1)
+# GPUs with about 100 KB of shared memory a block (sm_86, sm_89) take A100's tiles, but for dQ at D = 128, whose
+# 128x32 tiles need 100 KB with two stages (128x16 is spill-free there).
+for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
+    if _arch == "sm80":
+        CONFIGS[(_kind, "small", _cls, _dim)] = dict(_config)
+CONFIGS[("dq", "small", "half", 128)] = _C(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2)
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
@@ -894,11 +896,21 @@ class _LutAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
+def _triton_unsupported(q: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the Triton kernels cannot take these inputs (None when they can)."""
+    if q.dtype == torch.float64:
+        return "q has dtype float64; the Triton kernels take float16, bfloat16 or float32"
     for name, dim in (("q", q.shape[-1]), ("v", v.shape[-1])):
         if dim > MAX_HEAD_DIM or dim < 1:
-            raise ValueError(f"{name} head dim {dim} is not supported by the Triton kernel (1..{MAX_HEAD_DIM}; "
-                             "32, 64 and 128 run without padding); use backend='reference' for larger heads")
+            return (f"{name} head dim {dim} is not supported by the Triton kernels (1..{MAX_HEAD_DIM}; 32, 64 and "
+                    "128 run without padding)")
+    return None
+
+
+def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
+    why = _triton_unsupported(q, v)
+    if why is not None:
+        raise ValueError(why)
 
 
 def _int32_lengths(lengths, q: torch.Tensor) -> torch.Tensor:
@@ -956,7 +968,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
-        backend: "auto" (Triton on CUDA tensors), "triton" or "reference".
+        backend: "auto" (Triton on CUDA tensors; inputs the kernels do not take, float64 or head dims above 128,
+            run the reference), "triton" (raises ValueError for such inputs) or "reference".
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; query rows past the length and rows with no allowed key are 0.
 
@@ -968,23 +981,18 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
     if not V.compiling():
-        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window)
-        if not isinstance(deterministic, bool):
-            raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
-        if not isinstance(causal, bool):
-            raise ValueError(f"causal must be a bool, got {causal!r}")
+        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     chosen = resolve_backend(backend, q.device)
-    if chosen == "triton" and q.dtype == torch.float64:
-        if backend == "triton":
-            raise ValueError("q has dtype float64, which the Triton kernel does not support "
-                             "(float16, bfloat16, float32); use backend='reference' or 'auto'")
-        chosen = "reference"
+    if chosen == "triton":
+        why = _triton_unsupported(q, v)
+        if why is not None:
+            if backend == "triton":
+                raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
+            chosen = "reference"  # "auto": inputs the kernels do not take run the reference
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,
                                                causal=causal)
-    if not V.compiling():
-        _check_head_dim(q, v)
     lengths = _int32_lengths(lengths, q)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

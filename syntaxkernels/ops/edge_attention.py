@@ -61,14 +61,15 @@ def edge_config(dtype: torch.dtype, head_dim: int) -> dict:
     """Launch config of the Triton kernels for the larger of the q/k and v head dims.
 
     ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows per program = edge slots per
-    main-loop iteration, chosen so that a ``[BLOCK_E, BLOCK_D]`` fp32 tile holds 16 elements per thread (4 warps
-    up to ``BLOCK_D = 64``, 8 warps at 128, where 4 warps over 16-row tiles compile to a divergent slow path).
-    Measured by compiling for sm_80/sm_90 (:mod:`syntaxkernels.inspection`): no spills for bf16, fp16, fp32 and
-    D = 32, 64, 128; more rows per thread saves under 5% of the instructions per edge and needs up to 255
-    registers. ``dtype`` is accepted for future per-dtype tuning (the same config serves all three today).
+    main-loop iteration, chosen so that a ``[BLOCK_E, BLOCK_D]`` fp32 tile holds 16 elements per thread: 4 warps
+    at ``BLOCK_D = 32`` and for fp32 at 64; 8 warps at 128 (4 warps over 16-row tiles compile to a divergent slow
+    path) and for half types at 64 (4 warps over 32 rows spill 8 bytes on sm_90, while fp32 spills with 8).
+    Measured by compiling for sm_80/sm_90 as launched (:mod:`syntaxkernels.inspection`): no spills for bf16,
+    fp16, fp32 and D = 32, 64, 128.
     """
     block_d = max(16, _next_power_of_2(head_dim))
-    num_warps = 8 if block_d >= 128 else 4
+    half = dtype in (torch.float16, torch.bfloat16)
+    num_warps = 8 if block_d >= 128 or (block_d >= 64 and half) else 4
     return dict(BLOCK_D=block_d, BLOCK_E=max(16, min(64, 16 * 32 * num_warps // block_d)), num_warps=num_warps)
 
 

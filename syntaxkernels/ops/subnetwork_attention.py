@@ -1,4 +1,4 @@
-"""Syntax-BERT sub-network attention: M masked attentions sharing q, k, v (DESIGN.md section 2).
+"""Syntax-BERT sub-network attention: M masked attentions sharing q, k, v (docs/semantics.md, docs/edges.md).
 
 One implementation per mask kind:
 

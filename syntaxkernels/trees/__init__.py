@@ -1,29 +1,30 @@
-"""Tree inputs: batches and distances, CoNLL-U and stanza readers, subword alignment, DataLoader collation."""
+"""Tree inputs: batches and distances, CoNLL-U and stanza readers, subword alignment, DataLoader collation.
+
+Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
+never turned into a missing name). Optional third-party libraries are imported where they are used: the
+stanza helpers need ``stanza`` only when called, and say how to install it when it is missing.
+"""
+from .align import align_batch, align_to_tokens
 from .batch import TreeBatch, build_tree_tensors, normalize_heads, python_tree_tensors, tree_distance
+from .collate import TreeCollator, collate_trees
+from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
 
-__all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors"]
-
-try:  # the readers are added module by module; each is optional until it lands
-    from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu  # noqa: F401
-
-    __all__ += ["Sentence", "read_conllu", "from_conllu_heads", "from_self_root"]
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza  # noqa: F401
-
-    __all__ += ["from_stanza", "parse_with_stanza", "StanzaModelsNotFoundError"]
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .align import align_batch, align_to_tokens  # noqa: F401
-
-    __all__ += ["align_to_tokens", "align_batch"]
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .collate import TreeCollator, collate_trees  # noqa: F401
-
-    __all__ += ["TreeCollator", "collate_trees"]
-except ImportError:  # pragma: no cover
-    pass
+__all__ = [
+    "TreeBatch",
+    "tree_distance",
+    "build_tree_tensors",
+    "normalize_heads",
+    "python_tree_tensors",
+    "Sentence",
+    "read_conllu",
+    "from_conllu_heads",
+    "from_self_root",
+    "from_stanza",
+    "parse_with_stanza",
+    "StanzaModelsNotFoundError",
+    "align_to_tokens",
+    "align_batch",
+    "TreeCollator",
+    "collate_trees",
+]

@@ -1,4 +1,4 @@
-"""Word-level dependency trees to subword-token trees (DESIGN.md §2, "Words to subword tokens").
+"""Word-level dependency trees to subword-token trees (docs/semantics.md, "Words to subword tokens").
 
 Given word-level heads and a fast tokenizer's ``word_ids()`` (``None`` for special and padding tokens):
 

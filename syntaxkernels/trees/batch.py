@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .. import _ext
-from ..specs import MaskSpec
+from ..specs import MAX_PATH, UNREACHABLE, MaskSpec
 
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
@@ -210,7 +210,7 @@ def _sentence_tensors(b: int, h: np.ndarray):
     unreached = depth < 0
     if unreached.any():
         raise _cycle_error(b, h, unreached)
-    out = np.where(dist >= big, 255, np.minimum(dist, 254)).astype(np.uint8)
+    out = np.where(dist >= big, UNREACHABLE, np.minimum(dist, MAX_PATH)).astype(np.uint8)
     return out, depth, segment
 
 
@@ -223,7 +223,7 @@ def python_tree_tensors(heads: torch.Tensor, lengths: torch.Tensor):
     heads_np = heads.cpu().numpy()
     lengths_np = lengths.cpu().numpy()
     B, N = heads_np.shape
-    distance = np.full((B, N, N), 255, dtype=np.uint8)
+    distance = np.full((B, N, N), UNREACHABLE, dtype=np.uint8)
     depth = np.full((B, N), -1, dtype=np.int32)
     segment = np.full((B, N), -1, dtype=np.int32)
     for b in range(B):
@@ -300,9 +300,13 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
         heads: ``int [B, N]`` tensor of 0-based heads (-1 = root) or a ragged list of lists.
         lengths: ``int [B]`` valid lengths (default: N, or the list lengths).
         backend: "auto", "cpp", "cuda" or "python" (see :func:`build_tree_tensors`).
+    Returns:
+        ``uint8 [B, N, N]`` on the heads' device; rows and columns of padding tokens are 255 (their diagonal
+        too). Raises ``ValueError`` for bad heads or lengths, naming the batch item and token.
 
-    Equivalent PyTorch: ``scipy.sparse.csgraph.shortest_path`` on the undirected head graph of each item,
-    with infinities as 255 and values clipped at 254.
+    The same result as ``scipy.sparse.csgraph.shortest_path(directed=False, unweighted=True)`` on the head
+    graph of each item (edges child -- head), with infinities written as 255 and values clipped at 254
+    (the tests compare the two).
     """
     return build_tree_tensors(heads, lengths, backend=backend)[2]
 
@@ -400,8 +404,8 @@ def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool)
 
 def _check_list_spec(max_distance: int, parent: bool, child: bool, sibling: bool, window: Optional[int]) -> None:
     if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
-            raise ValueError(f"window must be an int in 0..254, got {window!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= MAX_PATH:
+            raise ValueError(f"window must be an int in 0..{MAX_PATH}, got {window!r}")
         return
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or not 1 <= max_distance <= 64:
         raise ValueError(f"max_distance must be an int in 1..64, got {max_distance!r}")
@@ -420,7 +424,7 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
     """The edge lists from the distance, depth and segment tensors with PyTorch ops (any device).
 
     The fallback of :func:`build_edge_lists` (no C++ extension) and the way to get window lists from a bare
-    distance tensor: relation r of pair (i, j) follows DESIGN.md section 2 (i is an ancestor of j iff same
+    distance tensor: relation r of pair (i, j) follows docs/semantics.md (i is an ancestor of j iff same
     segment and ``depth[j] - depth[i] == d(i, j)``); a window keeps ``d(i, j) <= window``. One ``[B, N, N]``
     boolean mask exists at a time (the size of the distance tensor itself). ``lengths`` (int ``[B]``, windows
     only) additionally drops tokens at ``>= lengths[b]``. On CUDA it synchronises (``nonzero``).
@@ -600,8 +604,3 @@ class TreeBatch:
     def __repr__(self) -> str:
         return (f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, "
                 f"lengths={self.lengths.tolist()}, device={self.device})")
-
-
-def sentences_to_heads(sentences) -> List[List[int]]:
-    """Ragged head lists of a list of objects with a ``heads`` attribute (e.g. ``trees.Sentence``)."""
-    return [list(s.heads) for s in sentences]

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..specs import MaskSpec
+from ..specs import MAX_PATH, MaskSpec
 from .align import align_batch
 from .batch import TreeBatch
 
@@ -102,8 +102,8 @@ class TreeCollator:
             raise TypeError(f"TreeCollator: masks must be a MaskSpec or None, got {type(masks).__name__}")
         windows = tuple(windows)
         for window in windows:
-            if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254:
-                raise ValueError(f"TreeCollator: windows must be ints in 0..254, got {window!r}")
+            if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= MAX_PATH:
+                raise ValueError(f"TreeCollator: windows must be ints in 0..{MAX_PATH}, got {window!r}")
         self.pad_token_id = pad_token_id
         self.pad_values: Dict[str, Any] = {"labels": -100}
         self.pad_values.update(pad_values or {})

@@ -5,8 +5,9 @@
 with ``download_method=None``; when the models are not there it raises :class:`StanzaModelsNotFoundError`
 saying which directory was searched and how to download the models explicitly.
 
-The library is imported inside the functions (absolute imports), so importing ``syntaxkernels.trees``
-does not need stanza, and this module's name does not shadow the library.
+The library is imported inside the functions (by its absolute name), so importing ``syntaxkernels.trees``
+does not need stanza, and this module's name does not shadow the library; calling ``parse_with_stanza``
+without stanza installed raises an ``ImportError`` that says how to install it.
 """
 from __future__ import annotations
 
@@ -74,13 +75,24 @@ def from_stanza(doc) -> List[Sentence]:
     return out
 
 
+def _import_stanza(module: str = "stanza"):
+    """Import ``module`` of the optional stanza library, or raise an ``ImportError`` saying how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "stanza":
+            raise  # stanza is there but something it needs is not: its own message is the useful one
+        raise ImportError("parse_with_stanza needs the optional stanza library, which is not installed: "
+                          "pip install stanza (from_stanza needs nothing: it reads a parsed Document)") from exc
+
+
 def _default_model_dir() -> str:
     env = os.environ.get("STANZA_RESOURCES_DIR")
     if env:
         return env
-    from stanza.resources.common import DEFAULT_MODEL_DIR
-
-    return DEFAULT_MODEL_DIR
+    return _import_stanza("stanza.resources.common").DEFAULT_MODEL_DIR
 
 
 def _missing(model_dir: str, lang: str, processors: str, why: str) -> StanzaModelsNotFoundError:
@@ -118,7 +130,7 @@ def _pipeline(lang: str, model_dir: str, processors: str, package: str, pretoken
         raise _missing(model_dir, lang, processors, f"resources.json has no entry for {lang!r}")
     if not os.path.isdir(os.path.join(model_dir, lang)):
         raise _missing(model_dir, lang, processors, f"no {lang}/ subdirectory")
-    import stanza
+    stanza = _import_stanza()
 
     try:
         pipeline = stanza.Pipeline(
