@@ -54,6 +54,38 @@ def test_bias_module_reads_nothing(device_checks):
     assert reads == [], reads
 
 
+def _trees_with_lists(masks, window):
+    """Trees whose relation and window lists were built on the CPU first, as ``TreeCollator`` does in workers."""
+    trees = sk.TreeBatch.from_heads([[1, -1, 1, 2, 2, -1, 5], [-1, 0, 0, 1]])
+    trees.relation_lists(masks)
+    trees.window_lists(window)
+    return trees.to(DEVICE)
+
+
+def test_subnetwork_and_window_attention_read_nothing(device_checks):
+    masks, window = sk.MaskSpec(), 2
+    trees = _trees_with_lists(masks, window)
+    B, N = trees.distance.shape[:2]
+    q, k, v = (torch.randn(B, 2, N, 32, device=DEVICE, requires_grad=True) for _ in range(3))
+    with count_host_reads() as reads:
+        outputs = sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")
+        outputs[0].sum().backward()
+    assert reads == [], reads
+    with count_host_reads() as reads:
+        sk.ops.syntax_window_attention(q, k, v, trees, window=window, backend="triton").sum().backward()
+    assert reads == [], reads
+
+
+def test_subnetwork_module_reads_nothing(device_checks):
+    masks = sk.MaskSpec()
+    trees = _trees_with_lists(masks, 2)
+    module = sk.nn.SyntaxBertSelfAttention(64, 2, masks=masks, backend="triton").to(DEVICE)
+    x = torch.randn(2, trees.distance.shape[1], 64, device=DEVICE, requires_grad=True)
+    with count_host_reads() as reads:
+        module(x, trees).sum().backward()
+    assert reads == [], reads
+
+
 def test_counter_records_the_package_reads():
     """The counter itself: a read made by the package is recorded, one made here is not."""
     with count_host_reads() as reads:
