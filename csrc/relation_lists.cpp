@@ -1,13 +1,11 @@
 // Per-row key lists of the tree relations and of tree windows (see relation_lists.h for the contract).
 #include "relation_lists.h"
 
+#include "batch_items.h"
+
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <functional>
 #include <limits>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 
 namespace syntaxkernels {
@@ -154,61 +152,6 @@ std::string build_item_lists(int64_t b, const int64_t* heads, int64_t length, co
   return "";
 }
 
-// Runs item(b, workspace, lists[b]) for every b on up to `threads` threads. Items are claimed in increasing
-// order and a worker stops at its first bad item, so every item below the lowest bad one is built and the
-// reported error is the lowest bad item's, whatever the interleaving (as build_batch).
-void run_items(int64_t B, int64_t threads, std::vector<ItemLists>& lists,
-               const std::function<std::string(int64_t, ItemWorkspace&, ItemLists&)>& item) {
-  if (threads <= 1) {
-    ItemWorkspace workspace;
-    for (int64_t b = 0; b < B; ++b) {
-      std::string message = item(b, workspace, lists[static_cast<size_t>(b)]);
-      if (!message.empty()) throw std::invalid_argument(message);
-    }
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> first_bad{B};
-  struct Outcome {
-    int64_t b = -1;
-    std::string message;
-    std::exception_ptr exception;
-  };
-  std::vector<Outcome> outcomes(static_cast<size_t>(threads));
-  auto worker = [&](Outcome& outcome) {
-    try {
-      ItemWorkspace workspace;
-      for (;;) {
-        const int64_t b = next.fetch_add(1);
-        if (b >= B || b > first_bad.load()) return;
-        std::string message = item(b, workspace, lists[static_cast<size_t>(b)]);
-        if (!message.empty()) {
-          outcome.b = b;
-          outcome.message = std::move(message);
-          int64_t seen = first_bad.load();
-          while (b < seen && !first_bad.compare_exchange_weak(seen, b)) {
-          }
-          return;
-        }
-      }
-    } catch (...) {
-      outcome.exception = std::current_exception();
-      first_bad.store(-1);
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker, std::ref(outcomes[static_cast<size_t>(t)]));
-  worker(outcomes[0]);
-  for (auto& thread : pool) thread.join();
-  const Outcome* lowest = nullptr;
-  for (const Outcome& outcome : outcomes) {
-    if (outcome.exception) std::rethrow_exception(outcome.exception);
-    if (outcome.b >= 0 && (lowest == nullptr || outcome.b < lowest->b)) lowest = &outcome;
-  }
-  if (lowest != nullptr) throw std::invalid_argument(lowest->message);
-}
-
 // One CSR over the rows (b, i, r) from the items' per-row counts (padding rows empty).
 void assemble(const std::vector<ItemLists>& items, const int64_t* lengths, int64_t N, int64_t R, bool transposed,
               std::vector<int32_t>& ptr, std::vector<int32_t>& index, std::vector<int32_t>& relation) {
@@ -272,8 +215,8 @@ EdgeLists build_edge_lists(const int64_t* heads, const int64_t* lengths, int64_t
   for (int64_t b = 0; b < B; ++b) tokens += lengths[b];
   int64_t threads = std::max<int64_t>(1, num_threads);
   threads = std::min<int64_t>({threads, B, std::max<int64_t>(1, tokens * R / 16384)});
-  run_items(B, threads, items, [&](int64_t b, ItemWorkspace& ws, ItemLists& out) {
-    return build_item_lists(b, heads + b * N, lengths[b], spec, ws, out);
+  for_each_item<ItemWorkspace>(B, threads, [&](int64_t b, ItemWorkspace& ws) {
+    return build_item_lists(b, heads + b * N, lengths[b], spec, ws, items[static_cast<size_t>(b)]);
   });
 
   int64_t edges = 0;

@@ -1,12 +1,11 @@
 // All-pairs tree distance: the torch-free core (see tree_distance.h for the contract).
 #include "tree_distance.h"
 
+#include "batch_items.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <exception>
 #include <stdexcept>
-#include <thread>
 
 namespace syntaxkernels {
 namespace {
@@ -231,63 +230,10 @@ void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_
   int64_t threads = std::max<int64_t>(1, num_threads);
   threads = std::min<int64_t>({threads, B, std::max<int64_t>(1, work / 65536)});
 
-  auto item = [&](int64_t b, TreeWorkspace& workspace) {
+  for_each_item<TreeWorkspace>(B, threads, [&](int64_t b, TreeWorkspace& workspace) {
     return build_item(b, heads + b * N, lengths[b], N, distance + b * N * N, depth + b * N, segment + b * N,
                       workspace);
-  };
-  if (threads <= 1) {
-    TreeWorkspace workspace;
-    for (int64_t b = 0; b < B; ++b) {
-      std::string message = item(b, workspace);
-      if (!message.empty()) throw std::invalid_argument(message);
-    }
-    return;
-  }
-
-  // Items are claimed in increasing order; a worker stops at its first bad item or once it claims an
-  // item past the lowest bad one found so far. Every item below the lowest bad item is therefore
-  // built, and the reported error is the lowest bad item's, whatever the interleaving.
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> first_bad{B};
-  struct Outcome {
-    int64_t b = -1;
-    std::string message;
-    std::exception_ptr exception;
-  };
-  std::vector<Outcome> outcomes(static_cast<size_t>(threads));
-  auto worker = [&](Outcome& outcome) {
-    try {
-      TreeWorkspace workspace;
-      for (;;) {
-        const int64_t b = next.fetch_add(1);
-        if (b >= B || b > first_bad.load()) return;
-        std::string message = item(b, workspace);
-        if (!message.empty()) {
-          outcome.b = b;
-          outcome.message = std::move(message);
-          int64_t seen = first_bad.load();
-          while (b < seen && !first_bad.compare_exchange_weak(seen, b)) {
-          }
-          return;
-        }
-      }
-    } catch (...) {
-      outcome.exception = std::current_exception();
-      first_bad.store(-1);  // stop everyone
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(worker, std::ref(outcomes[static_cast<size_t>(t)]));
-  worker(outcomes[0]);
-  for (auto& thread : pool) thread.join();
-
-  const Outcome* lowest = nullptr;
-  for (const Outcome& outcome : outcomes) {
-    if (outcome.exception) std::rethrow_exception(outcome.exception);
-    if (outcome.b >= 0 && (lowest == nullptr || outcome.b < lowest->b)) lowest = &outcome;
-  }
-  if (lowest != nullptr) throw std::invalid_argument(lowest->message);
+  });
 }
 
 }  // namespace syntaxkernels
