@@ -61,7 +61,7 @@ def build_ext_class():
 
 EXTRAS = {
     "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
-             "tokenizers", "stanza"],
+             "tokenizers", "stanza", "pyflakes"],
     "bench": ["scipy", "networkx", "pytest", "pytest-benchmark", "transformers"],  # benchmarks/*.py
 }
 

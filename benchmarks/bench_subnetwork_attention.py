@@ -42,7 +42,6 @@ import torch.nn.functional as F  # noqa: E402
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import reference, workloads  # noqa: E402
-from syntaxkernels.ops import subnetwork_attention as subnet  # noqa: E402
 from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
 from syntaxkernels.testing import compare_to_reference  # noqa: E402
 from _bench_utils import base_parser, conditions, write_results  # noqa: E402

@@ -9,6 +9,7 @@ The real treebank comes from :mod:`syntaxkernels.data` (``SYNTAXKERNELS_UD``); t
 """
 import os
 import pathlib
+import random
 
 import pytest
 import torch
@@ -24,6 +25,50 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 # (set above). Tests import it (``from conftest import KERNEL_DEVICE``) and never build CPU tensors for the
 # Triton path on a GPU host.
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# The two backends of the edge-list ops, as (backend argument, device) parameters: the C++ kernels always take
+# CPU tensors; the Triton kernels run on KERNEL_DEVICE.
+from syntaxkernels import _ext  # noqa: E402  (after TRITON_INTERPRET is set)
+from syntaxkernels.ops._dispatch import interpreting  # noqa: E402
+
+HAS_EDGE_CPP = _ext.available() and hasattr(_ext.load(), "edge_attention_forward")
+needs_cpp = pytest.mark.skipif(not HAS_EDGE_CPP, reason="C++ extension not built")
+needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
+                                  reason="needs CUDA or TRITON_INTERPRET=1")
+CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
+TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
+
+
+def sentence_lengths(rng: random.Random, total: int, longest: int):
+    """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(1, longest), total - sum(lengths)))
+    return lengths
+
+
+def trees_of_kind(kind: str, n: int, seed: int = 0):
+    """A small CPU TreeBatch of at most ``n`` tokens per item, of one kind of tree; ragged, with an empty item
+    for most kinds."""
+    import syntaxkernels as sk
+    from syntaxkernels.workloads import random_document, random_forest
+
+    rng = random.Random(seed)
+    if kind == "random":  # one random tree per item, ragged, one empty item
+        rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
+    elif kind == "forest":  # interleaved trees (random_forest), a sentence pair (random_document), one token
+        rows = [random_forest(rng, n, 3), random_document(rng, [n // 3, n - n // 3]), [-1]]
+    elif kind == "star":  # quadratic sibling lists: every leaf is every other leaf's sibling
+        rows = [[-1] + [0] * (n - 1), [n // 2] * (n // 2) + [-1] + [n // 2] * (n - n // 2 - 1)]
+    elif kind == "chain":  # the deepest tree: every parent_d / child_d row holds one key
+        rows = [[-1] + list(range(n - 1)), list(range(1, n // 2)) + [-1], []]
+    elif kind == "packed":  # documents of short sentences
+        rows = [random_document(rng, sentence_lengths(rng, n, 9)) for _ in range(2)]
+    elif kind == "single":  # one-token sentences only: every relation mask empty, pairwise full of keys
+        rows = [[-1] * n, [-1] * (n - 3)]
+    else:
+        raise ValueError(kind)
+    return sk.TreeBatch.from_heads(rows)
 
 
 def pytest_collection_modifyitems(config, items):

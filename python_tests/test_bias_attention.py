@@ -18,8 +18,7 @@ from syntaxkernels import reference
 from syntaxkernels.workloads import random_document, random_forest
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
-from syntaxkernels.ops.block_meta import (block_distance_range, boundary_tiles, build_block_meta, compact_rows,
-                                          split_lists)
+from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
 from syntaxkernels.testing import assert_close_to_reference
 
 from conftest import KERNEL_DEVICE as DEVICE
@@ -348,7 +347,7 @@ def test_boundary_tiles_are_exactly_the_tiles_with_a_masked_pair(causal, by_key)
     """A tile is interior only if every pair the kernel computes in it is allowed by length and causality
     (along the dimension its programs walk), so the unmasked loop never needs a mask."""
     lengths = torch.tensor([37, 64, 5])
-    bm, bn, N = 16, 8, 64
+    bm, bn = 16, 8
     boundary = boundary_tiles(lengths, 4, 8, bm, bn, causal, by_key=by_key)
     for b, L in enumerate(lengths.tolist()):
         for qi in range(4):

@@ -3,54 +3,16 @@ under TRITON_INTERPRET=1), forward and every gradient, on relation and window li
 stars, chains, packed documents, ragged batches with empty items; exact zeros for empty rows; determinism; the
 torch.library ops; the GAT's windowed attention (``syntax_window_attention``, ``SyntaxGAT``); bad inputs.
 """
-import random
-
 import pytest
 import torch
 
 import syntaxkernels as sk
-from syntaxkernels import _ext, reference
-from syntaxkernels.workloads import random_document, random_forest
+from syntaxkernels import reference
 from syntaxkernels.ops import edge_attention as E
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference
 
-# The Triton kernels run on the GPU when there is one, else under the interpreter (conftest sets
-# TRITON_INTERPRET=1); the C++ kernels always take CPU tensors.
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-HAS_CPP = _ext.available() and hasattr(_ext.load(), "edge_attention_forward")
-needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built")
-needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
-                                  reason="needs CUDA or TRITON_INTERPRET=1")
-# (backend argument, device)
-CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
-TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
-
-
-def sentence_lengths(rng: random.Random, total: int, longest: int):
-    """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
-    lengths = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(1, longest), total - sum(lengths)))
-    return lengths
-
-
-def tree_batch(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
-    """A small batch of one kind of tree (CPU); ragged, with an empty item for most kinds."""
-    rng = random.Random(seed)
-    if kind == "random":  # one random tree per item, ragged, one empty item
-        rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
-    elif kind == "forest":  # several trees per item, interleaved (random_forest) or packed (random_document)
-        rows = [random_forest(rng, n, 3), random_document(rng, [n // 3, n - n // 3]), [-1]]
-    elif kind == "star":  # quadratic sibling lists: every leaf is every other leaf's sibling
-        rows = [[-1] + [0] * (n - 1), [n // 2] * (n // 2) + [-1] + [n // 2] * (n - n // 2 - 1)]
-    elif kind == "chain":  # the deepest tree: every parent_d / child_d row holds one key
-        rows = [[-1] + list(range(n - 1)), list(range(1, n // 2)) + [-1], []]
-    elif kind == "packed":  # a document of short sentences
-        rows = [random_document(rng, sentence_lengths(rng, n, 9)) for _ in range(2)]
-    else:
-        raise ValueError(kind)
-    return sk.TreeBatch.from_heads(rows)
+from conftest import CPP, HAS_EDGE_CPP, KERNEL_DEVICE, TRITON, needs_cpp, needs_triton, trees_of_kind
 
 
 def lists_of(trees: sk.TreeBatch, which):
@@ -123,7 +85,7 @@ def cases(kinds, triton_kinds):
 @pytest.mark.parametrize("backend_device,kind", cases(KINDS, TRITON_KINDS))
 def test_relation_lists_match_reference_fp32(backend_device, kind):
     backend, device = backend_device
-    check_against_reference(tree_batch(kind, 19), MASKS, backend, device, torch.float32)
+    check_against_reference(trees_of_kind(kind, 19), MASKS, backend, device, torch.float32)
 
 
 WINDOW_CASES = [("random", 2), ("packed", 4), ("star", 0), ("chain", 254)]
@@ -133,27 +95,27 @@ WINDOW_CASES = [("random", 2), ("packed", 4), ("star", 0), ("chain", 254)]
 def test_window_lists_match_reference_fp32(backend_device, case):
     backend, device = backend_device
     kind, window = case
-    check_against_reference(tree_batch(kind, 17), window, backend, device, torch.float32)
+    check_against_reference(trees_of_kind(kind, 17), window, backend, device, torch.float32)
 
 
 @pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device
     n = 15 if backend == "triton" else 23
-    check_against_reference(tree_batch(kind, n, seed=2), MASKS, backend, device, torch.bfloat16, D=32)
+    check_against_reference(trees_of_kind(kind, n, seed=2), MASKS, backend, device, torch.bfloat16, D=32)
 
 
 @needs_cpp
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["fp64", "fp16"])
 def test_cpp_float64_and_float16(dtype):
-    check_against_reference(tree_batch("forest", 21, seed=3), sk.MaskSpec(max_distance=2, pairwise=True), "auto",
+    check_against_reference(trees_of_kind("forest", 21, seed=3), sk.MaskSpec(max_distance=2, pairwise=True), "auto",
                             "cpu", dtype)
 
 
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
     backend, device = backend_device
-    check_against_reference(tree_batch("random", 20, seed=4), sk.MaskSpec(max_distance=2), backend, device,
+    check_against_reference(trees_of_kind("random", 20, seed=4), sk.MaskSpec(max_distance=2), backend, device,
                             torch.float32, D=20, DV=24)
 
 
@@ -161,7 +123,7 @@ def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
 def test_strided_inputs_and_gradient(backend_device):
     """q, k, v as head-split views of a [B, N, H, 3D] projection; the output gradient a slice of a larger one."""
     backend, device = backend_device
-    trees = tree_batch("packed", 18, seed=5)
+    trees = trees_of_kind("packed", 18, seed=5)
     lists = trees.relation_lists(MASKS).to(device)
     B, N, H, D = trees.batch_size, trees.max_len, 2, 16
     x = torch.randn(B, N, H, 3 * D, dtype=torch.float64, device=device)
@@ -185,7 +147,7 @@ def test_strided_inputs_and_gradient(backend_device):
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_scale_argument(backend_device):
     backend, device = backend_device
-    trees = tree_batch("forest", 15, seed=6)
+    trees = trees_of_kind("forest", 15, seed=6)
     lists = trees.relation_lists(MASKS).to(device)
     q, k, v = (torch.randn(3, 1, 15, 16, device=device) for _ in range(3))
     out, _ = E.edge_list_attention(q, k, v, lists, scale=0.7, backend=backend)
@@ -197,7 +159,7 @@ def test_scale_argument(backend_device):
 
 @needs_cpp
 def test_cpp_is_deterministic_across_thread_counts():
-    trees = tree_batch("star", 40, seed=7)
+    trees = trees_of_kind("star", 40, seed=7)
     lists = trees.relation_lists(MASKS)
     q, k, v = (torch.randn(2, 3, 40, 32, requires_grad=True) for _ in range(3))
     grad = torch.randn(2, lists.num_relations, 3, 40, 32)
@@ -215,11 +177,11 @@ def test_cpp_is_deterministic_across_thread_counts():
 
 
 def test_auto_backend_on_cpu_runs_the_cpp_kernels(monkeypatch):
-    trees = tree_batch("random", 12)
+    trees = trees_of_kind("random", 12)
     lists = trees.relation_lists(MASKS)
     q, k, v = (torch.randn(3, 1, 12, 8) for _ in range(3))
-    assert E.resolve_edge_backend("auto", q, v) == ("cpp" if HAS_CPP else "reference")
-    if HAS_CPP:
+    assert E.resolve_edge_backend("auto", q, v) == ("cpp" if HAS_EDGE_CPP else "reference")
+    if HAS_EDGE_CPP:
         monkeypatch.setattr(E, "_reference_edge_attention", lambda *a: pytest.fail("the reference ran"))
         E.edge_list_attention(q, k, v, lists)
 
@@ -229,7 +191,7 @@ def test_auto_backend_on_cpu_runs_the_cpp_kernels(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 
 def _op_args(device):
-    trees = tree_batch("forest", 7)
+    trees = trees_of_kind("forest", 7)
     lists = trees.relation_lists(sk.MaskSpec(max_distance=2)).to(device)
     q, k, v = (torch.randn(3, 2, 7, 16, device=device) for _ in range(3))
     return lists, q, k, v
@@ -278,7 +240,7 @@ def test_cpp_kernel_rejects_inconsistent_lists():
 # ---------------------------------------------------------------------------------------------------------
 
 def test_bad_inputs():
-    trees = tree_batch("random", 12)
+    trees = trees_of_kind("random", 12)
     lists = trees.relation_lists(MASKS)
     q, k, v = (torch.randn(3, 1, 12, 8) for _ in range(3))
     with pytest.raises(TypeError, match="EdgeLists"):
@@ -299,7 +261,7 @@ def test_bad_inputs():
 
 @needs_triton
 def test_triton_refuses_float64_and_wide_heads():
-    trees = tree_batch("random", 12)
+    trees = trees_of_kind("random", 12)
     lists = trees.relation_lists(MASKS).to(KERNEL_DEVICE)
     q = torch.randn(3, 1, 12, 8, dtype=torch.float64, device=KERNEL_DEVICE)
     with pytest.raises(ValueError, match="float64"):
@@ -316,7 +278,7 @@ def test_triton_refuses_float64_and_wide_heads():
 @pytest.mark.parametrize("backend_device,window", cases([0, 1, 3], [1]))
 def test_window_attention_matches_gat_reference(backend_device, window):
     backend, device = backend_device
-    trees = tree_batch("packed", 21, seed=8).to(device)
+    trees = trees_of_kind("packed", 21, seed=8).to(device)
     q, k, v = (torch.randn(2, 2, 21, 16, dtype=torch.float64, device=device) for _ in range(3))
     grad = torch.randn(2, 2, 21, 16, dtype=torch.float64, device=device)
     out, grads = run(lambda q, k, v: E.syntax_window_attention(q, k, v, trees, window=window, backend=backend),
@@ -336,7 +298,7 @@ def test_window_attention_matches_gat_reference(backend_device, window):
 def test_window_attention_from_distance_and_custom_lengths():
     """A bare distance tensor, and lengths shorter than the trees' (int or key-padding mask): lists from the
     distance, padding keys never weighted, padding rows zero."""
-    trees = tree_batch("random", 16, seed=9)
+    trees = trees_of_kind("random", 16, seed=9)
     q, k, v = (torch.randn(3, 2, 16, 8, dtype=torch.float64) for _ in range(3))
     for lengths in (None, torch.tensor([10, 5, 0]), torch.arange(16)[None, :] >= torch.tensor([[12], [8], [0]])):
         want = reference.gat_attention(q, k, v, trees.distance, window=2,
@@ -348,7 +310,7 @@ def test_window_attention_from_distance_and_custom_lengths():
 
 @needs_cpp
 def test_syntax_gat_runs_the_window_on_edge_lists():
-    trees = tree_batch("packed", 20, seed=10)
+    trees = trees_of_kind("packed", 20, seed=10)
     torch.manual_seed(0)
     fast = sk.nn.SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=8, window=2, num_pos_tags=0).double()
     slow = sk.nn.SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=8, window=2, num_pos_tags=0,
@@ -366,7 +328,7 @@ def test_syntax_gat_runs_the_window_on_edge_lists():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_window_uses_cached_lists_only():
-    trees = tree_batch("packed", 64, seed=11)
+    trees = trees_of_kind("packed", 64, seed=11)
     q, k, v = (torch.randn(2, 2, 64, 32, device="cuda") for _ in range(3))
     on_gpu = trees.to("cuda")
     dense = E.syntax_window_attention(q, k, v, on_gpu, window=1)  # no cached lists: the dense kernel

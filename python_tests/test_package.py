@@ -254,6 +254,74 @@ def test_bias_scale_gradient_is_checked():
         assert not ok and "dscale" in detail and "FAIL" in detail, detail
 
 
+def test_no_undefined_names_in_code_that_runs_only_on_a_gpu():
+    """Static check of every Python file of the package, its benchmarks and tests: no undefined name. Code that
+    runs only with CUDA (timing benches, GPU branches) never executes on a CPU machine, so a name left behind by
+    a refactor would otherwise surface first on a GPU host."""
+    from pyflakes import api, messages, reporter
+
+    class Collect(reporter.Reporter):
+        def __init__(self):
+            super().__init__(None, None)
+            self.found = []
+
+        def flake(self, message):
+            if isinstance(message, (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)):
+                self.found.append(str(message))
+
+        def syntaxError(self, filename, msg, lineno, offset, text):
+            self.found.append(f"{filename}:{lineno}: {msg}")
+
+        def unexpectedError(self, filename, msg):
+            self.found.append(f"{filename}: {msg}")
+
+    collect = Collect()
+    for folder in ("syntaxkernels", "benchmarks", "python_tests"):
+        api.checkRecursive([os.path.join(ROOT, folder)], collect)
+    assert not collect.found, "\n".join(collect.found)
+
+
+def _once_ms(fn):
+    import time
+
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="needs CUDA or TRITON_INTERPRET=1")
+def test_timing_benches_check_each_size_before_timing_it(monkeypatch):
+    """The GPU timing benches run (here at toy sizes, on the kernel device) and time only what agrees with the
+    reference: a wrong kernel raises instead of giving a row."""
+    import syntaxkernels as sk
+    from conftest import KERNEL_DEVICE
+    from syntaxkernels import workloads
+    from syntaxkernels.checks import bias_attention as bias_check
+    from syntaxkernels.checks import subnetwork_attention as subnet_check
+
+    rows = bias_check.time_rows(KERNEL_DEVICE, [24], _once_ms, heads=1, dim=16, tokens=48)
+    assert [r["backend"] for r in rows] == ["triton", "reference"] and all(r["fwd_bwd_ms"] > 0 for r in rows)
+    sentences = workloads.generated_sentences(20, max_length=9)
+    rows = subnet_check.time_rows(KERNEL_DEVICE, sentences, [32], _once_ms, heads=1, dim=16, tokens=64)
+    assert [r["provider"] for r in rows] == ["syntaxkernels", "reference"] and rows[0]["batch"] == 2
+
+    real_grads = bias_check._grads
+
+    def off_by_a_lot(inp, dtype, backend, grad_out, **kw):
+        out = real_grads(inp, dtype, backend, grad_out, **kw)
+        return [out[0] * 1.1, *out[1:]] if backend == "triton" else out
+
+    monkeypatch.setattr(bias_check, "_grads", off_by_a_lot)
+    with pytest.raises(RuntimeError, match="not timed"):
+        bias_check.time_rows(KERNEL_DEVICE, [24], _once_ms, heads=1, dim=16, tokens=48)
+    real_op = sk.syntax_subnetwork_attention
+    monkeypatch.setattr(sk, "syntax_subnetwork_attention",
+                        lambda *a, **kw: (lambda out, flags: (out * 1.1, flags))(*real_op(*a, **kw)))
+    with pytest.raises(RuntimeError, match="not timed"):
+        subnet_check.time_rows(KERNEL_DEVICE, sentences, [32], _once_ms, heads=1, dim=16, tokens=64)
+
+
 triton_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                         reason="program order matters only under TRITON_INTERPRET=1")
 

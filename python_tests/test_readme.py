@@ -5,7 +5,6 @@ Every fenced ``python`` block of README.md runs in a fresh namespace, in a tempo
 ``python -m syntaxkernels ...`` command the README shows must parse with the real command line, and the
 settings it documents must be the ones the code reads.
 """
-import os
 import re
 import shlex
 from pathlib import Path

@@ -10,50 +10,15 @@ import pytest
 import torch
 
 import syntaxkernels as sk
-from syntaxkernels import _ext, reference
-from syntaxkernels.workloads import random_document, random_forest
+from syntaxkernels import reference
+from syntaxkernels.workloads import random_document
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference
 from syntaxkernels.trees import batch as tree_batch_module
 
-# The Triton kernels run on the GPU when there is one, else under the interpreter (conftest sets
-# TRITON_INTERPRET=1); the C++ kernels always take CPU tensors.
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-HAS_CPP = _ext.available() and hasattr(_ext.load(), "edge_attention_forward")
-needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built")
-needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
-                                  reason="needs CUDA or TRITON_INTERPRET=1")
-CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
-TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
+from conftest import CPP, KERNEL_DEVICE, TRITON, needs_cpp, needs_triton, trees_of_kind
 
-
-def sentence_lengths(rng: random.Random, total: int, longest: int):
-    """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
-    lengths = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(1, longest), total - sum(lengths)))
-    return lengths
-
-
-def make_trees(kind: str, n: int, seed: int = 0) -> sk.TreeBatch:
-    """A batch (CPU) of at most ``n`` tokens per item of one kind of tree."""
-    rng = random.Random(seed)
-    if kind == "random":  # one random tree per item; ragged, with an empty item
-        rows = [random_forest(rng, n), random_forest(rng, max(1, n // 2)), []]
-    elif kind == "forest":  # interleaved trees, a sentence pair, a one-token item
-        rows = [random_forest(rng, n, 3), random_document(rng, [n // 3, n - n // 3]), [-1]]
-    elif kind == "star":  # every leaf is every other leaf's sibling
-        rows = [[-1] + [0] * (n - 1), [n // 2] * (n // 2) + [-1] + [n // 2] * (n - n // 2 - 1)]
-    elif kind == "chain":
-        rows = [[-1] + list(range(n - 1)), list(range(1, n // 2)) + [-1]]
-    elif kind == "packed":  # documents of short sentences
-        rows = [random_document(rng, sentence_lengths(rng, n, 9)) for _ in range(2)]
-    elif kind == "single":  # one-token sentences only: every relation mask empty, pairwise full of keys
-        rows = [[-1] * n, [-1] * (n - 3)]
-    else:
-        raise ValueError(kind)
-    return sk.TreeBatch.from_heads(rows)
 
 
 DEFAULT = sk.MaskSpec()  # parent/child/sibling 1..3 and full: M = 10
@@ -120,7 +85,7 @@ def cases(values, triton_values, ids=None):
                                                       ["random", "star"]))
 def test_default_masks_fp32(backend_device, kind):
     backend, device = backend_device
-    check(make_trees(kind, 19), DEFAULT, backend, device, torch.float32)
+    check(trees_of_kind(kind, 19), DEFAULT, backend, device, torch.float32)
 
 
 MASK_IDS = {ALL: "all", PARENT: "parent", CHILD: "child", SIBLING: "sibling", PAIRWISE: "pairwise", FULL: "full"}
@@ -129,19 +94,19 @@ MASK_IDS = {ALL: "all", PARENT: "parent", CHILD: "child", SIBLING: "sibling", PA
 @pytest.mark.parametrize("backend_device,masks", cases(list(MASK_IDS), [ALL, CHILD], MASK_IDS))
 def test_every_mask_kind_fp32(backend_device, masks):
     backend, device = backend_device
-    check(make_trees("forest", 17, seed=1), masks, backend, device, torch.float32)
+    check(trees_of_kind("forest", 17, seed=1), masks, backend, device, torch.float32)
 
 
 @pytest.mark.parametrize("backend_device,kind", cases(["packed", "star"], ["packed"]))
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device
-    check(make_trees(kind, 24, seed=2), ALL, backend, device, torch.bfloat16, D=32)
+    check(trees_of_kind(kind, 24, seed=2), ALL, backend, device, torch.bfloat16, D=32)
 
 
 @needs_cpp
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["fp64", "fp16"])
 def test_cpp_float64_and_float16(dtype):
-    check(make_trees("random", 18, seed=3), ALL, "auto", "cpu", dtype)
+    check(trees_of_kind("random", 18, seed=3), ALL, "auto", "cpu", dtype)
 
 
 @needs_cpp
@@ -164,7 +129,7 @@ def test_through_topical_attention(backend_device):
     """Sub-networks mixed by a (perturbed) TopicalAttention: output and the gradients of q, k, v and of the
     topical parameters against the float64 reference pipeline."""
     backend, device = backend_device
-    trees = make_trees("forest", 16, seed=4).to(device)
+    trees = trees_of_kind("forest", 16, seed=4).to(device)
     B, H, N, D = trees.batch_size, 1 if backend == "triton" and interpreting() else 2, trees.max_len, 8
     torch.manual_seed(4)
     topical = sk.nn.TopicalAttention(H, D).double().to(device)
@@ -197,7 +162,7 @@ def test_through_topical_attention(backend_device):
 def test_strided_inputs(backend_device):
     """q, k, v as transposed views of a [B, N, H, 3D] projection (no copies in the op)."""
     backend, device = backend_device
-    trees = make_trees("forest", 17).to(device)
+    trees = trees_of_kind("forest", 17).to(device)
     x = torch.randn(3, 17, 2, 3 * 16, device=device)
     q, k, v = (t.transpose(1, 2) for t in x.split(16, dim=-1))
     assert not q.is_contiguous()
@@ -209,7 +174,7 @@ def test_strided_inputs(backend_device):
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_scale(backend_device):
     backend, device = backend_device
-    trees = make_trees("random", 15).to(device)
+    trees = trees_of_kind("random", 15).to(device)
     q, k, v = (torch.randn(3, 1, 15, 16, device=device) for _ in range(3))
     out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, ALL, scale=0.3, backend=backend)
     ref, _ = reference.syntax_subnetwork_attention(q, k, v, trees, ALL, scale=0.3)
@@ -219,7 +184,7 @@ def test_scale(backend_device):
 def test_pairwise_flags_without_a_pair_matrix():
     """The CUDA path's pairwise flags come from per-tree token counts: equal to the reference's."""
     for kind in ("random", "forest", "packed", "single", "star"):
-        trees = make_trees(kind, 21, seed=5)
+        trees = trees_of_kind(kind, 21, seed=5)
         want = reference.syntax_masks(trees, PAIRWISE)[:, 0].any(dim=-1)
         assert torch.equal(subnet._pairwise_nonempty(trees), want), kind
 
@@ -230,7 +195,7 @@ def test_pairwise_flags_without_a_pair_matrix():
 
 @needs_cpp
 def test_auto_on_cpu_is_the_edge_path(monkeypatch):
-    trees = make_trees("random", 15)
+    trees = trees_of_kind("random", 15)
     q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
     want, want_flags = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
     monkeypatch.setattr(reference, "syntax_subnetwork_attention", lambda *a, **k: pytest.fail("the reference ran"))
@@ -241,7 +206,7 @@ def test_auto_on_cpu_is_the_edge_path(monkeypatch):
 
 @needs_cpp
 def test_lists_are_built_once_per_batch_and_masks(monkeypatch):
-    trees = make_trees("packed", 20)
+    trees = trees_of_kind("packed", 20)
     calls = []
     original = tree_batch_module.build_edge_lists
     monkeypatch.setattr(tree_batch_module, "build_edge_lists", lambda *a, **k: calls.append(k) or original(*a, **k))
@@ -255,7 +220,7 @@ def test_lists_are_built_once_per_batch_and_masks(monkeypatch):
 
 
 def test_reference_backend_and_float64_triton():
-    trees = make_trees("random", 15)
+    trees = trees_of_kind("random", 15)
     q, k, v = (torch.randn(3, 1, 15, 16, dtype=torch.float64) for _ in range(3))
     out, flags = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT, backend="reference")
     want, want_flags = reference.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
@@ -270,7 +235,7 @@ def test_reference_backend_and_float64_triton():
 
 
 def test_validation_comes_before_backend_resolution():
-    trees = make_trees("random", 15)
+    trees = trees_of_kind("random", 15)
     q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
     # A bad tensor is reported as such even with a backend that could not run here.
     with pytest.raises(ValueError, match="q, k, v"):
@@ -284,7 +249,7 @@ def test_validation_comes_before_backend_resolution():
 
 
 def test_bad_inputs():
-    trees = make_trees("random", 15)
+    trees = trees_of_kind("random", 15)
     q, k, v = (torch.randn(3, 1, 15, 16) for _ in range(3))
     with pytest.raises(ValueError, match="distance"):
         sk.syntax_subnetwork_attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], trees, DEFAULT)
@@ -295,7 +260,7 @@ def test_bad_inputs():
 
 
 def test_edge_stats():
-    trees = make_trees("packed", 30, seed=6)
+    trees = trees_of_kind("packed", 30, seed=6)
     stats = subnet.subnetwork_edge_stats(trees, DEFAULT)
     lists = trees.relation_lists(DEFAULT)
     assert stats["edges"] == lists.num_edges == sum(stats[name] for name in lists.names)

@@ -12,7 +12,7 @@ import syntaxkernels as sk
 from syntaxkernels import _ext
 from syntaxkernels import workloads
 from syntaxkernels.checks import trees as oracles
-from syntaxkernels.trees import TreeBatch, build_tree_tensors, normalize_heads, python_tree_tensors
+from syntaxkernels.trees import TreeBatch, build_tree_tensors, python_tree_tensors
 
 HAS_CPP = _ext.available()
 BACKENDS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(not HAS_CPP, reason="C++ extension not built"))]

@@ -39,7 +39,7 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["KernelReport", "LaunchCase", "launch_cases", "inspect_case", "inspect_kernels", "format_reports",

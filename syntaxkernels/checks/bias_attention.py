@@ -5,7 +5,8 @@ gradients) on the current device: CUDA at real sizes, or CPU under ``TRITON_INTE
 (skipped otherwise); and ``deterministic=True``: close to the reference, and bit-identical over repeated runs
 (on CPU the interpreter runs the programs in shuffled orders, see
 :func:`syntaxkernels.checks.shuffled_program_order`, since in index order every run is trivially the same).
-BENCHES: forward and forward+backward times of the kernel and the reference on CUDA (skipped on CPU).
+BENCHES: forward and forward+backward times of the kernel and the reference on CUDA, each size checked against
+the reference before it is timed (skipped on CPU, where the cost model of the compiled kernels is reported).
 """
 from __future__ import annotations
 
@@ -191,19 +192,24 @@ CHECKS = [
 ]
 
 
-def bench_times(device, quick):
-    if device != "cuda":
-        raise Skip("GPU timings need CUDA")
-    import triton
-
+def time_rows(device, sizes, timer, heads=8, dim=64, tokens=8192):
+    """Forward and forward+backward times (``timer(fn) -> ms``) of the kernel and the reference in bf16 on
+    random trees, B = ``tokens // N`` items of N tokens. Each size is first checked against the fp64 reference
+    (forward and every gradient, as the checks do); a size that fails raises instead of being timed."""
     import syntaxkernels as sk
 
     rows = []
-    for N in ([1024] if quick else [512, 2048, 4096]):
-        B, H, D = max(1, 8192 // N), 8, 64
-        inp = _inputs("cuda", B, H, N, D, torch.bfloat16)
-        q, k, v = (inp[n].cuda().bfloat16().requires_grad_() for n in ("q", "k", "v"))
-        table = inp["table"].cuda().requires_grad_()
+    for N in sizes:
+        B = max(1, tokens // N)
+        shape = (B, heads, N, dim)
+        inp = _inputs(device, *shape, torch.bfloat16)
+        grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        ok, detail = _against_reference(inp, torch.bfloat16, grad_out,
+                                        _grads(inp, torch.bfloat16, "triton", grad_out))
+        if not ok:
+            raise RuntimeError(f"N={N}: the kernel disagrees with the reference, so it is not timed: {detail}")
+        q, k, v = (inp[n].to(device, torch.bfloat16).requires_grad_() for n in ("q", "k", "v"))
+        table = inp["table"].to(device).requires_grad_()
         for backend in ("triton", "reference"):
             def fwd():
                 return sk.syntax_bias_attention(q, k, v, inp["distance"], table, buckets=inp["buckets"],
@@ -211,9 +217,17 @@ def bench_times(device, quick):
 
             def fwd_bwd():
                 fwd().sum().backward()
-            rows.append(dict(N=N, B=B, H=H, D=D, backend=backend, fwd_ms=triton.testing.do_bench(fwd),
-                             fwd_bwd_ms=triton.testing.do_bench(fwd_bwd)))
+            rows.append(dict(N=N, B=B, H=heads, D=dim, backend=backend, fwd_ms=timer(fwd),
+                             fwd_bwd_ms=timer(fwd_bwd), checked="out, dq, dk, dv, dtable, dscale vs fp64"))
     return rows
+
+
+def bench_times(device, quick):
+    if device != "cuda":
+        raise Skip("GPU timings need CUDA")
+    import triton
+
+    return time_rows("cuda", [1024] if quick else [512, 2048, 4096], triton.testing.do_bench)
 
 
 def bench_inspect(device, quick):

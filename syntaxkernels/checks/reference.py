@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import Check
-from ..workloads import random_document, random_forest  # noqa: F401 - the one tree generator
+from ..workloads import random_forest  # the one tree generator
 
 __all__ = ["brute_force_masks", "CHECKS"]
 

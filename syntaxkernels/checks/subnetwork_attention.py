@@ -3,13 +3,12 @@
 CHECKS: the op against the fp64 reference (forward, non-empty flags, dq, dk, dv): the Triton path on the current
 device (CUDA, or CPU under ``TRITON_INTERPRET=1``; skipped otherwise) and the C++ path (CPU).
 BENCHES: the edge counts of the relation masks on packed treebank documents (any device: a property of the trees),
-and forward times on CUDA.
+and forward times on CUDA, each size checked against the reference before it is timed.
 """
 from __future__ import annotations
 
 import os
 import random
-import time
 
 import torch
 
@@ -89,35 +88,52 @@ def _bench_edges(device: str, quick: bool):
     return rows
 
 
-def _bench_cuda(device: str, quick: bool):
+def time_rows(device: str, sentences, sizes, timer, heads: int = 12, dim: int = 64, tokens: int = 8192):
+    """Forward times (``timer(fn) -> ms``) of the Triton path and the reference in bf16 on documents packed from
+    ``sentences``, B = ``tokens // N`` rows of N tokens, default masks. Each size is first checked against the
+    fp64 reference on its first row (outputs and non-empty flags); a size that fails raises instead of being
+    timed."""
     import syntaxkernels as sk
     from syntaxkernels import reference
+    from syntaxkernels.testing import compare_to_reference
 
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        raise Skip("timings need a CUDA device")
-    sentences = _treebank_heads()
     masks = sk.MaskSpec()
     rows = []
-    for n in ([512] if quick else [512, 2048]):
-        batch = max(1, 8192 // n)
-        trees = sk.TreeBatch.from_heads([_pack(sentences[i * 40:], n) for i in range(batch)])
+    for n in sizes:
+        batch = max(1, tokens // n)
+        heads_rows = workloads.pack_sentences(sentences, n, rows=batch)
+        trees = sk.TreeBatch.from_heads(heads_rows)
         trees.relation_lists(masks)
         trees = trees.to(device)
         n = trees.max_len
-        q, k, v = (torch.randn(batch, 12, n, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(batch, heads, n, dim, generator=gen).to(device, torch.bfloat16) for _ in range(3))
+
+        first = sk.TreeBatch.from_heads(heads_rows[:1]).to(device)
+        m = first.max_len
+        q1, k1, v1 = (t[:1, :, :m] for t in (q, k, v))
+        out, nonempty = sk.syntax_subnetwork_attention(q1, k1, v1, first, masks, backend="triton")
+        ref64, ref_nonempty = reference.syntax_subnetwork_attention(q1.double(), k1.double(), v1.double(), first,
+                                                                    masks)
+        reflow, _ = reference.syntax_subnetwork_attention(q1, k1, v1, first, masks)
+        ok, err, bound = compare_to_reference(out, ref64, reflow)
+        if not ok or not torch.equal(nonempty, ref_nonempty):
+            raise RuntimeError(f"N={n}: the Triton path disagrees with the reference (out {err:.1e}/{bound:.1e}, "
+                               f"flags equal: {torch.equal(nonempty, ref_nonempty)}), so it is not timed")
         for name, fn in (("syntaxkernels", lambda: sk.syntax_subnetwork_attention(q, k, v, trees, masks,
                                                                                    backend="triton")),
                          ("reference", lambda: reference.syntax_subnetwork_attention(q, k, v, trees, masks))):
-            fn()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            reps = 3 if quick else 10
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-            elapsed_ms = (time.perf_counter() - start) / reps * 1e3
-            rows.append(dict(provider=name, N=n, batch=batch, fwd_ms=round(elapsed_ms, 3)))
+            rows.append(dict(provider=name, N=n, batch=batch, fwd_ms=round(timer(fn), 3),
+                             checked=f"out {err:.1e}/{bound:.1e} vs fp64 (first row)"))
     return rows
+
+
+def _bench_cuda(device: str, quick: bool):
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        raise Skip("timings need a CUDA device")
+    import triton
+
+    return time_rows(device, _treebank_heads(), [512] if quick else [512, 2048], triton.testing.do_bench)
 
 
 CHECKS = [

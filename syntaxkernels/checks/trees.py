@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np

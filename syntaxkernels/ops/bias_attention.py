@@ -40,8 +40,7 @@ on the device and the kernels walk compacted lists of live tiles (interior first
 from __future__ import annotations
 
 import math
-import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
@@ -49,7 +48,7 @@ import triton.language as tl
 
 from .. import _validation as V
 from .. import reference
-from ..specs import UNREACHABLE, BucketSpec
+from ..specs import BucketSpec
 from ._dispatch import resolve_backend
 from ._primitives import (LOG2E, arch_family, bucket_from_distance, distance_tile, dot_precision, head_block,
                           in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,

@@ -37,7 +37,7 @@ from .. import _ext
 from .. import _validation as V
 from .. import reference
 from ..trees.batch import EdgeLists, TreeBatch, python_edge_lists
-from ._dispatch import interpreting, resolve_backend, triton_status
+from ._dispatch import resolve_backend, triton_status
 
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
