@@ -73,7 +73,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["syntaxkernels", "syntaxkernels.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy", "triton>=3.2; platform_system == 'Linux'"],
+    install_requires=["torch>=2.6", "numpy", "triton>=3.2; platform_system == 'Linux'"],
     extras_require=EXTRAS,
     ext_modules=extensions(),
     cmdclass={"build_ext": build_ext_class()},

@@ -78,8 +78,19 @@ def attention_tflops(B: int, H: int, N: int, D: int, mode: str, ms: float, densi
     return flops / (ms * 1e-3) / 1e12
 
 
+def save_rows(rows: List[dict], path: Optional[str], title: str, complete: bool = False) -> None:
+    """Write ``{"title", "conditions", "rows", "complete"}`` as JSON to ``path`` (nothing when ``path`` is None).
+
+    Benchmarks call it after every row with ``complete=False``, so a run cut short (the GPU suite's deadlines)
+    keeps what it measured; :func:`write_results` writes the final file with ``complete=True``.
+    """
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(title=title, conditions=conditions(), rows=rows, complete=complete), f, indent=1)
+
+
 def write_results(rows: List[dict], path: Optional[str], title: str, columns: Iterable[str]) -> None:
-    """Print the conditions and a table of ``rows``; write ``{"conditions", "rows"}`` as JSON to ``path``."""
+    """Print the conditions and a table of ``rows``; write them as JSON to ``path`` (:func:`save_rows`)."""
     info = conditions()
     print(f"# {title}")
     print("  ".join(f"{k}={v}" for k, v in info.items()))
@@ -90,6 +101,5 @@ def write_results(rows: List[dict], path: Optional[str], title: str, columns: It
     for s in shown:
         print("  ".join(s[c].ljust(w) for c, w in zip(columns, widths)))
     if path:
-        with open(path, "w") as f:
-            json.dump(dict(title=title, conditions=info, rows=rows), f, indent=1)
+        save_rows(rows, path, title, complete=True)
         print(f"wrote {path}", file=sys.stderr)

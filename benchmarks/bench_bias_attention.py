@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from _bench_utils import attention_tflops, base_parser, peak_memory_mib, require_cuda, time_ms, write_results  # noqa: E402
+from _bench_utils import (attention_tflops, base_parser, peak_memory_mib, require_cuda, save_rows, time_ms,  # noqa: E402
+                          write_results)
 
 PROVIDERS = ("syntaxkernels", "reference", "sdpa_dense_bias", "flex", "sdpa_flash")
 MODES = ("fwd", "bwd", "fwd+bwd")
@@ -148,7 +149,14 @@ def main(argv=None) -> int:
     tokens = 16384
     sizes = [1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
     head_dims = [64] if args.quick else [64, 128]
+    title = "bias attention, bf16, B*N = 16384"
     rows = []
+
+    def add(row):
+        rows.append(row)
+        print(row, flush=True)
+        save_rows(rows, args.json, title)  # kept if the run is cut short
+
     for D in head_dims:
         H = 2048 // D // 2  # 16 heads of 64, 8 of 128
         for N in sizes:
@@ -156,33 +164,33 @@ def main(argv=None) -> int:
             inputs = make_inputs(B, H, N, D)
             for name in args.providers:
                 if name == "reference" and N > 4096:
-                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="skipped: O(B H N^2) memory"))
+                    add(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="skipped: O(B H N^2) memory"))
                     continue
                 try:
                     fn = provider_fn(name, inputs)
                     if fn is None:
-                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="unavailable"))
+                        add(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note="unavailable"))
                         continue
                     ok, detail = check_provider(name, fn, inputs)
                 except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the grid
-                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"error: {exc!r}"[:200]))
+                    add(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"error: {exc!r}"[:200]))
                     torch.cuda.empty_cache()
                     continue
                 if not ok:
-                    rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"WRONG RESULT, not timed: {detail}"))
+                    add(dict(provider=name, N=N, B=B, H=H, D=D, mode="-", note=f"WRONG RESULT, not timed: {detail}"))
                     continue
                 for mode in args.modes:
                     try:
                         step = run_mode(fn, inputs, mode)
                         timing = time_ms(step)
                         memory = peak_memory_mib(step)
-                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, **timing,
-                                         tflops=attention_tflops(B, H, N, D, mode, timing["ms"]), peak_mib=memory,
-                                         note=detail))
+                        add(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, **timing,
+                                 tflops=attention_tflops(B, H, N, D, mode, timing["ms"]), peak_mib=memory,
+                                 note=detail))
                     except Exception as exc:  # noqa: BLE001
-                        rows.append(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, note=f"error: {exc!r}"[:200]))
+                        add(dict(provider=name, N=N, B=B, H=H, D=D, mode=mode, note=f"error: {exc!r}"[:200]))
                     torch.cuda.empty_cache()
-    write_results(rows, args.json, "bias attention, bf16, B*N = 16384",
+    write_results(rows, args.json, title,
                   ["provider", "D", "N", "B", "H", "mode", "ms", "tflops", "peak_mib", "note"])
     return 0
 

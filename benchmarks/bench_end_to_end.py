@@ -293,18 +293,25 @@ def run(args) -> Dict:
     )
     pipeline = pipeline_cost(items, batch_size, args.workers, args.batches)
     if args.pipeline_only:
-        return dict(conditions=conditions, equivalence=[], training=[], pipeline=pipeline)
+        return dict(conditions=conditions, equivalence=[], training=[], pipeline=pipeline, complete=True)
     equivalence = check_equivalence(size, device, batches[0])
     rows = []
+
+    def save_partial():  # a run cut short (the GPU suite's deadlines) keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(conditions=conditions, equivalence=equivalence,
+                                                       training=rows, pipeline=pipeline, complete=False), indent=1))
+    save_partial()
     for method in args.methods:
         rows.append(time_training(method, size, device, batches, args.warmup, args.steps, autocast_dtype))
         if device.type == "cuda":
             torch.cuda.empty_cache()
         print(f"  {method}: {rows[-1]['step_ms']:.1f} ms/step", file=sys.stderr, flush=True)
+        save_partial()
     plain = next((r for r in rows if r["method"] == "plain"), None)
     for r in rows:
         r["vs_plain"] = plain["step_ms"] / r["step_ms"] if plain else None
-    return dict(conditions=conditions, equivalence=equivalence, training=rows, pipeline=pipeline)
+    return dict(conditions=conditions, equivalence=equivalence, training=rows, pipeline=pipeline, complete=True)
 
 
 def print_result(result: Dict) -> None:

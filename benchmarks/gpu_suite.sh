@@ -535,7 +535,7 @@ step cuda-tests 150 30 pytest "${GPU_TESTS[@]}" "${PYTEST_OPTS[@]}"
 step verify 90 20 module syntaxkernels verify --device cuda --json @JSON@
 step sync-free 60 15 program sync_free.py --json @JSON@
 step bench_bias_attention 90 30 script benchmarks/bench_bias_attention.py --quick --json @JSON@
-step bench_subnetwork_attention 60 20 script benchmarks/bench_subnetwork_attention.py --quick --json @JSON@
+step bench_subnetwork_attention 60 20 script benchmarks/bench_subnetwork_attention.py --quick --skip-cpu --json @JSON@
 step bench_end_to_end 60 20 script benchmarks/bench_end_to_end.py --device cuda --steps 5 --batches 4 --json @JSON@
 step bench_tree_distance 30 10 script benchmarks/bench_tree_distance.py --batches 8 --min-seconds 0.2 --json @JSON@
 step other-tests 600 30 pytest python_tests "${PYTEST_OPTS[@]}" "${IGNORE_GPU_TESTS[@]}" \

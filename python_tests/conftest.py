@@ -1,8 +1,8 @@
 """Test configuration: on a machine without CUDA, Triton kernels run under the interpreter.
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection start.
-Tests that compile kernels for real GPUs (sm_80/sm_90) run in a subprocess without it; every test in a
-``test_compile_*.py`` file is marked ``slow`` here (minutes of compilation: the GPU suite runs ``-m 'not slow'``).
+Tests that compile kernels for real GPUs (sm_80/sm_90) run in a subprocess without it and are marked ``slow``
+(a minute or more of compilation: the GPU suite runs ``-m 'not slow'``; CI runs everything).
 
 The real treebank comes from :mod:`syntaxkernels.data` (``SYNTAXKERNELS_UD``); tests that need it take the
 ``ud_dev_path`` fixture and skip, saying how to provide it, when it is absent.
@@ -69,12 +69,6 @@ def trees_of_kind(kind: str, n: int, seed: int = 0):
     else:
         raise ValueError(kind)
     return sk.TreeBatch.from_heads(rows)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name.startswith("test_compile_"):
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -361,6 +361,42 @@ def test_boundary_tiles_are_exactly_the_tiles_with_a_masked_pair(causal, by_key)
                 assert bool(boundary[b, qi, ki]) == (not bool(ok.all())), (b, qi, ki)
 
 
+def test_launch_on_a_gpu_other_than_the_current_one_runs_under_that_device(monkeypatch):
+    """Triton launches on the current CUDA device; a launch whose tensors live on another GPU must switch to it
+    (here with fake cuda:1 tensors and the CUDA calls recorded, as no GPU is needed to see the decision)."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on_1, on_0 = torch.empty(4, device="cuda:1"), torch.empty(4, device="cuda:0")
+    events = []
+
+    @contextlib.contextmanager
+    def device(d):
+        events.append(("enter", str(d)))
+        yield
+        events.append(("exit", str(d)))
+
+    class Launcher:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: events.append(("launch", self.kernel, grid))
+
+    monkeypatch.setattr(P, "interpreting", lambda: False)
+    monkeypatch.setattr(P, "_LAUNCH_HOOK", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.library, "wrap_triton", Launcher)
+    P.launch("k", (3,), on_1, 7, BLOCK=16)
+    assert events == [("enter", "cuda:1"), ("launch", "k", (3,)), ("exit", "cuda:1")]
+    events.clear()
+    P.launch("k", (3,), 7, on_0)
+    assert events == [("launch", "k", (3,))]
+
+
 def test_grid_is_one_axis_for_any_batch_and_heads():
     """Every launch is a 1-D grid of blocks x B x H programs, decoded in-kernel: 2048 sentences x 32 heads
     (beyond CUDA's 65535 limit of the second axis) launch; past 2^31 programs the launcher says why."""

@@ -61,3 +61,17 @@ def test_real_run_without_a_gpu_stops_at_once(tmp_path):
     assert "no CUDA GPU is visible" in result.stdout + (tmp_path / "suite.log").read_text()
     steps = json.loads((tmp_path / "results.json").read_text())["steps"]
     assert [s["name"] for s in steps] == ["preflight"] and steps[0]["status"] == "FAIL"
+
+
+def test_the_suites_selection_leaves_out_the_compile_matrix():
+    """The GPU suite runs pytest with -m "not slow": the sm_80/sm_90 compilation (minutes, no GPU needed) must
+    be marked slow so it does not eat the suite's time, and the quick tests of the same file must stay in."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", "-p",
+                           "no:cacheprovider", "python_tests/test_inspection.py"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    selected = {line.split("::")[1] for line in proc.stdout.splitlines() if "::" in line}
+    source = (ROOT / "python_tests" / "test_inspection.py").read_text()
+    compiling = {line[4:line.index("(")] for line in source.splitlines()
+                 if line.startswith("def test_") and "(reports" in line}
+    assert compiling and selected and not compiling & selected, (compiling, selected)

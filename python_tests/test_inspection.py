@@ -43,6 +43,7 @@ def reports(tmp_path_factory):
     return [I.KernelReport(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.loads(proc.stdout)]
 
 
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
 def test_every_launched_kernel_meets_the_rules(reports):
     """No compile error, no spill, no loop above the limit; the target cases meet their main-loop targets
     (instructions and ex2 per element, async copies, no nested loop)."""
@@ -50,6 +51,7 @@ def test_every_launched_kernel_meets_the_rules(reports):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
 def test_every_case_launches_every_kernel_for_both_archs(reports):
     cases = [c for c in I.launch_cases(ci=True) if c.op == "bias_attention"]
     assert {(r.case, r.arch) for r in reports if r.op == "bias_attention"} == {(c.name, a) for c in cases
@@ -63,6 +65,7 @@ def test_every_case_launches_every_kernel_for_both_archs(reports):
                     "_bias_bwd_dkdv_kernel:boundary", "_bias_bwd_preprocess_kernel"} <= kernels, (case.name, kernels)
 
 
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
 def test_target_cases_report_plain_twins_and_tensor_cores(reports):
     """The target cases carry the SYNTAX=False twin (the syntax work's overhead as a ratio); half-precision
     main loops run on tensor cores (wgmma on sm_90) fed by asynchronous copies."""

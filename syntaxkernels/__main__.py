@@ -186,7 +186,9 @@ def _backends(torch, cuda: bool) -> List[tuple]:
     from . import _ext, ops
     from .ops._dispatch import resolve_backend, triton_status
 
-    names = {"triton": "Triton kernels", "reference": "PyTorch reference"}
+    from .ops.edge_attention import resolve_edge_backend
+
+    names = {"triton": "Triton kernels", "reference": "PyTorch reference", "cpp": "C++ kernels"}
     status = triton_status()
     no_cuda = "n/a (no CUDA here)"
     rows = []
@@ -202,8 +204,13 @@ def _backends(torch, cuda: bool) -> List[tuple]:
         gpu_builder = "C++ builder after a copy (no CUDA builder)"
     rows.append(("tree_distance / TreeBatch", cpu_builder, gpu_builder))
     for name in ops.__all__:
-        on_cpu = names[resolve_backend("auto", torch.device("cpu"))]
-        on_gpu = names[resolve_backend("auto", torch.device("cuda"))] if cuda else no_cuda
+        if name == "syntax_bias_attention":
+            on_cpu = names[resolve_backend("auto", torch.device("cpu"))]
+            on_gpu = names[resolve_backend("auto", torch.device("cuda"))] if cuda else no_cuda
+        else:  # the edge-list ops: C++ kernels on CPU tensors (bf16, D = 64 stands for a typical input)
+            q = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16)
+            on_cpu = names[resolve_edge_backend("auto", q, q)]
+            on_gpu = names[resolve_edge_backend("auto", q.cuda(), q.cuda())] if cuda else no_cuda
         if cuda and status != "ok":
             on_gpu += " (no Triton)"
         rows.append((name, on_cpu, on_gpu))

@@ -223,17 +223,17 @@ def time_rows(device, sizes, timer, heads=8, dim=64, tokens=8192):
 
 
 def bench_times(device, quick):
-    if device != "cuda":
+    if torch.device(device).type != "cuda":
         raise Skip("GPU timings need CUDA")
     import triton
 
-    return time_rows("cuda", [1024] if quick else [512, 2048, 4096], triton.testing.do_bench)
+    return time_rows(device, [1024] if quick else [512, 2048, 4096], triton.testing.do_bench)
 
 
 def bench_inspect(device, quick):
     """Without a GPU: the cost model of the bias kernels as a real sm_90 launch compiles them (bf16, D = 64,
     N = 1024; ``python -m syntaxkernels inspect`` reports every kernel and config for sm_80 and sm_90)."""
-    if device == "cuda":
+    if torch.device(device).type == "cuda":
         raise Skip("a GPU is here: bias_attention.times measures instead")
     import json
     import subprocess

@@ -301,7 +301,8 @@ def check_cuda(device: str) -> Tuple[bool, str]:
         if lengths_list is not None:
             l = torch.tensor(lengths_list)
         messages = []
-        for build in (lambda: module.tree_distance(t, l, 1), lambda: module.tree_distance_cuda(t.cuda(), l.cuda())):
+        for build in (lambda: module.tree_distance(t, l, 1),
+                      lambda: module.tree_distance_cuda(t.to(device), l.to(device))):
             try:
                 build()
                 messages.append(None)

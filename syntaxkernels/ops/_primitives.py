@@ -228,7 +228,8 @@ def launch(kernel, grid, *args, **kwargs):
     Goes through ``torch.library.wrap_triton`` so ``torch.compile`` sees the kernel. Under
     ``TRITON_INTERPRET=1`` the kernel is a Python function that cannot run on FakeTensors; when the op is
     being traced for shapes only (fake tensors among the arguments) the launch is skipped, which is what the
-    fake implementation needs (outputs are allocated by the caller).
+    fake implementation needs (outputs are allocated by the caller). On a GPU other than the current one the
+    launch runs under that device (Triton itself launches on the current device).
     """
     import torch
     from torch._subclasses.fake_tensor import is_fake
@@ -240,6 +241,11 @@ def launch(kernel, grid, *args, **kwargs):
         if any(isinstance(a, torch.Tensor) and is_fake(a) for a in list(args) + list(kwargs.values())):
             return
         kernel[grid](*args, **kwargs)
+        return
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if device is not None and device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(device):  # Triton launches on the current device, not the tensors' one
+            torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
         return
     torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
