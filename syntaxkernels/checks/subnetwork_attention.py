@@ -2,7 +2,8 @@
 
 CHECKS: the op against the fp64 reference (forward, non-empty flags, dq, dk, dv): the Triton path on the current
 device (CUDA, or CPU under ``TRITON_INTERPRET=1``; skipped otherwise) and the C++ path (CPU).
-BENCHES: the edge counts of the relation masks on packed treebank documents (any device: a property of the trees),
+BENCHES: the edge counts of the relation masks on packed documents (any device: a property of the trees; treebank
+sentences, or generated ones without the treebank),
 and forward times on CUDA, each size checked against the reference before it is timed.
 """
 from __future__ import annotations
@@ -64,19 +65,21 @@ def _check(device: str, backend: str, dtype: torch.dtype, n: int, pairwise: bool
     return ok_all, ", ".join(details)
 
 
-def _treebank_heads():
+def _sentences():
+    """``(heads of every sentence, what they are)``: the treebank's sentences, or generated forests of 1-40 tokens
+    (mostly one tree, like parsed sentences) when ``SYNTAXKERNELS_UD`` names no file."""
     from .. import data
 
-    if not data.treebank_available():
-        raise Skip(data.missing_message())
-    return workloads.treebank_heads()
+    if data.treebank_available():
+        return workloads.treebank_heads(), "treebank sentences"
+    return workloads.generated_sentences(4000, seed=0), "generated (no treebank)"
 
 
 def _bench_edges(device: str, quick: bool):
     import syntaxkernels as sk
     from syntaxkernels.ops.subnetwork_attention import subnetwork_edge_stats
 
-    sentences = _treebank_heads()
+    sentences, source = _sentences()
     masks = sk.MaskSpec()
     rows = []
     for n in ([512] if quick else [512, 1024, 4096]):
@@ -84,7 +87,7 @@ def _bench_edges(device: str, quick: bool):
         stats = subnetwork_edge_stats(trees, masks)
         rows.append(dict(N=n, tokens=int(trees.lengths.sum()), edges=int(stats["edges"]),
                          edges_per_token=round(stats["edges_per_token"], 2),
-                         relation_density=round(stats["relation_density"], 5)))
+                         relation_density=round(stats["relation_density"], 5), data=source))
     return rows
 
 
@@ -133,7 +136,9 @@ def _bench_cuda(device: str, quick: bool):
         raise Skip("timings need a CUDA device")
     import triton
 
-    return time_rows(device, _treebank_heads(), [512] if quick else [512, 2048], triton.testing.do_bench)
+    sentences, source = _sentences()
+    rows = time_rows(device, sentences, [512] if quick else [512, 2048], triton.testing.do_bench)
+    return [dict(row, data=source) for row in rows]
 
 
 CHECKS = [
@@ -146,6 +151,6 @@ CHECKS = [
 ]
 
 BENCHES = [
-    Bench("subnetwork_attention relation edges (treebank documents)", _bench_edges),
+    Bench("subnetwork_attention relation edges (packed documents)", _bench_edges),
     Bench("subnetwork_attention forward time (bf16, H=12, D=64)", _bench_cuda),
 ]
