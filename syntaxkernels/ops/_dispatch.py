@@ -10,6 +10,12 @@ from .. import _validation as V
 
 _triton_status: Optional[str] = None
 
+#: Largest head dim (q/k and v) of every Triton kernel (32, 64 and 128 run without padding); the C++ kernels and
+#: the reference take any.
+MAX_HEAD_DIM = 128
+#: Dtypes the Triton kernels take (float64 runs the reference or the C++ kernels).
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
 
 def triton_status() -> str:
     """'ok', or why Triton cannot be used here (probed once, then remembered).
@@ -52,3 +58,26 @@ def resolve_backend(backend: str, device: torch.device) -> str:
                    "(or CPU tensors with TRITON_INTERPRET=1 set before triton is imported)")
         raise RuntimeError(f"backend='triton' is not available: {why}")
     return "triton"
+
+
+def triton_unsupported(q: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the Triton kernels cannot take these q and v (None when they can)."""
+    if q.dtype not in TRITON_DTYPES:
+        return f"q has dtype {q.dtype}; the Triton kernels take float16, bfloat16 or float32"
+    for name, dim in (("q", q.shape[-1]), ("v", v.shape[-1])):
+        if not 1 <= dim <= MAX_HEAD_DIM:
+            return (f"{name} head dim {dim} is not supported by the Triton kernels (head dims 1..{MAX_HEAD_DIM}; "
+                    "32, 64 and 128 run without padding)")
+    return None
+
+
+def kernels_or_reference(backend: str, chosen: str, q: torch.Tensor, v: torch.Tensor) -> str:
+    """``chosen`` (from :func:`resolve_backend`), unless it is "triton" and the kernels cannot take q and v: then
+    "reference" under backend="auto", and a ValueError saying why under backend="triton"."""
+    if chosen == "triton":
+        why = triton_unsupported(q, v)
+        if why is not None:
+            if backend == "triton":
+                raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
+            return "reference"
+    return chosen

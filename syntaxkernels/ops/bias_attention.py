@@ -49,7 +49,7 @@ import triton.language as tl
 from .. import _validation as V
 from .. import reference
 from ..specs import BucketSpec
-from ._dispatch import resolve_backend
+from ._dispatch import kernels_or_reference, resolve_backend, triton_unsupported
 from ._primitives import (LOG2E, arch_family, bucket_from_distance, distance_tile, dot_precision, head_block,
                           in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
                           program_ids)
@@ -58,7 +58,6 @@ from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles
 __all__ = ["syntax_bias_attention", "lut_attention", "bias_attention_forward", "bias_attention_backward",
            "select_config", "bias_lut", "bucket_args"]
 
-MAX_HEAD_DIM = 128
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -895,19 +894,8 @@ class _LutAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _triton_unsupported(q: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the Triton kernels cannot take these inputs (None when they can)."""
-    if q.dtype == torch.float64:
-        return "q has dtype float64; the Triton kernels take float16, bfloat16 or float32"
-    for name, dim in (("q", q.shape[-1]), ("v", v.shape[-1])):
-        if dim > MAX_HEAD_DIM or dim < 1:
-            return (f"{name} head dim {dim} is not supported by the Triton kernels (1..{MAX_HEAD_DIM}; 32, 64 and "
-                    "128 run without padding)")
-    return None
-
-
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
-    why = _triton_unsupported(q, v)
+    why = triton_unsupported(q, v)
     if why is not None:
         raise ValueError(why)
 
@@ -981,13 +969,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     """
     if not V.compiling():
         V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
-    chosen = resolve_backend(backend, q.device)
-    if chosen == "triton":
-        why = _triton_unsupported(q, v)
-        if why is not None:
-            if backend == "triton":
-                raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
-            chosen = "reference"  # "auto": inputs the kernels do not take run the reference
+    chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,

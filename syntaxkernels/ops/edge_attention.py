@@ -37,14 +37,12 @@ from .. import _ext
 from .. import _validation as V
 from .. import reference
 from ..trees.batch import EdgeLists, TreeBatch, python_edge_lists
-from ._dispatch import resolve_backend, triton_status
+from ._dispatch import kernels_or_reference, resolve_backend, triton_status
 
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
-           "edge_attention_cpu_backward", "resolve_edge_backend", "MAX_HEAD_DIM", "EDGE_DENSITY_LIMIT"]
+           "edge_attention_cpu_backward", "resolve_edge_backend", "EDGE_DENSITY_LIMIT"]
 
-# Largest head dim (q/k and v) of the Triton kernels; the C++ kernels take any.
-MAX_HEAD_DIM = 128
 # On CUDA, the GAT's window attention runs on the edge lists when they are already built and hold at most this
 # fraction of the B * N * N pairs; denser windows take the fused dense kernel (tensor cores, block skipping).
 # An estimate (an edge costs ~10x a score element of a dense tensor-core tile), to be measured on a GPU.
@@ -442,31 +440,19 @@ class _EdgeAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
-_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def resolve_edge_backend(backend: str, q: torch.Tensor, v: torch.Tensor) -> str:
     """'cpp', 'triton' or 'reference' for an edge-list op on q's device and dtype.
 
     "auto": the C++ kernels on CPU tensors (when the extension is built), Triton on CUDA tensors (float16,
-    bfloat16, float32, head dims up to MAX_HEAD_DIM), the reference otherwise. "triton": the Triton kernels (CPU
+    bfloat16, float32, head dims up to _dispatch.MAX_HEAD_DIM), the reference otherwise. "triton": the Triton kernels (CPU
     tensors only under ``TRITON_INTERPRET=1``); raises ValueError for inputs they do not take.
     """
     chosen = resolve_backend(backend, q.device)
     if backend == "auto" and q.device.type == "cpu":
         return "cpp" if _ext.available() and hasattr(_ext.load(), "edge_attention_forward") else "reference"
-    if chosen == "triton":
-        why = None
-        if q.dtype not in _TRITON_DTYPES:
-            why = f"q has dtype {q.dtype}; the Triton kernels take float16, bfloat16 or float32"
-        elif max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
-            why = (f"head dims q {q.shape[-1]}, v {v.shape[-1]}; the Triton kernels take head dims up to "
-                   f"{MAX_HEAD_DIM}")
-        if why is not None:
-            if backend == "triton":
-                raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
-            return "reference"
-    return chosen
+    return kernels_or_reference(backend, chosen, q, v)
 
 
 def _check_lists(lists: EdgeLists, q: torch.Tensor) -> None:
