@@ -104,6 +104,39 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
 
 
 @triton.jit
+def _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks, num_k_blocks,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key blocks one query block visits, ``(list_base, interior, total)``: the i-th is
+    ``_key_block(list_base, i, USE_LISTS)``; blocks ``[0, interior)`` need no mask, ``[interior, total)`` hold the
+    sequence end or the causal diagonal. With USE_LISTS they are the device-built live blocks (interior first),
+    else every block up to the length (and the diagonal)."""
+    if USE_LISTS:
+        row = b * num_q_blocks + q_block
+        list_base = KV_LIST + row * num_k_blocks
+        interior = tl.load(KV_COUNT + 2 * row)
+        total = tl.load(KV_COUNT + 2 * row + 1)
+    else:
+        list_base = KV_LIST
+        total = tl.cdiv(length, BLOCK_N)
+        interior = length // BLOCK_N
+        if CAUSAL:
+            total = tl.minimum(total, tl.cdiv((q_block + 1) * BLOCK_M, BLOCK_N))
+            interior = tl.minimum(interior, (q_block * BLOCK_M + 1) // BLOCK_N)
+        total = tl.where(q_block * BLOCK_M < length, total, 0)
+        interior = tl.minimum(interior, total)
+    return list_base, interior, total
+
+
+@triton.jit
+def _key_block(list_base, i, USE_LISTS: tl.constexpr):
+    """The i-th key block of :func:`_key_block_range`."""
+    k_block = i
+    if USE_LISTS:
+        k_block = tl.load(list_base + i)
+    return k_block
+
+
+@triton.jit
 def _bias_fwd_kernel(
     Q, K, V, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, OUT, LSE,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -145,40 +178,18 @@ def _bias_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    if USE_LISTS:
-        row = b * num_q_blocks + q_block
-        list_base = KV_LIST + row * num_k_blocks
-        interior = tl.load(KV_COUNT + 2 * row)
-        total = tl.load(KV_COUNT + 2 * row + 1)
-        for i in range(0, interior):
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, tl.load(list_base + i),
-                                      offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                      False, CAUSAL, SYNTAX, DOT_PRECISION)
-        for i in range(interior, total):
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, tl.load(list_base + i),
-                                      offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                      True, CAUSAL, SYNTAX, DOT_PRECISION)
-    else:
-        # Key blocks [0, interior) need no mask; [interior, total) hold the sequence end or the diagonal.
-        total = tl.cdiv(length, BLOCK_N)
-        interior = length // BLOCK_N
-        if CAUSAL:
-            total = tl.minimum(total, tl.cdiv((q_block + 1) * BLOCK_M, BLOCK_N))
-            interior = tl.minimum(interior, (q_block * BLOCK_M + 1) // BLOCK_N)
-        total = tl.where(q_block * BLOCK_M < length, total, 0)
-        interior = tl.minimum(interior, total)
-        for k_block in range(0, interior):
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block,
-                                      offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                      False, CAUSAL, SYNTAX, DOT_PRECISION)
-        for k_block in range(interior, total):
-            acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block,
-                                      offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                      True, CAUSAL, SYNTAX, DOT_PRECISION)
+    list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
+                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(0, interior):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
+                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION)
+    for i in range(interior, total):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
+                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION)
 
     # Epilogue: normalise; rows past the length or without an allowed key are 0 with lse = +inf.
     valid = (offs_m < length) & (l_i > 0.0)
@@ -522,39 +533,18 @@ def _bias_bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if USE_LISTS:
-        row = b * num_q_blocks + q_block
-        list_base = KV_LIST + row * num_k_blocks
-        interior = tl.load(KV_COUNT + 2 * row)
-        total = tl.load(KV_COUNT + 2 * row + 1)
-        for i in range(0, interior):
-            dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
-                                tl.load(list_base + i), offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn,
-                                stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D,
-                                EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
-        for i in range(interior, total):
-            dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
-                                tl.load(list_base + i), offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn,
-                                stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D,
-                                EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
-    else:
-        total = tl.cdiv(length, BLOCK_N)
-        interior = length // BLOCK_N
-        if CAUSAL:
-            total = tl.minimum(total, tl.cdiv((q_block + 1) * BLOCK_M, BLOCK_N))
-            interior = tl.minimum(interior, (q_block * BLOCK_M + 1) // BLOCK_N)
-        total = tl.where(q_block * BLOCK_M < length, total, 0)
-        interior = tl.minimum(interior, total)
-        for k_block in range(0, interior):
-            dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
-                                k_block, offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
-        for k_block in range(interior, total):
-            dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
-                                k_block, offs_m, offs_d, offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn,
-                                stride_vd, stride_di, stride_dj, qk_scale2, BLOCK_N, EVEN_D, EVEN_DV, EVEN_N,
-                                True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
+    list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
+                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(0, interior):
+        dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
+                                 _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
+    for i in range(interior, total):
+        dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
+                                 _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
 
     # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
     row_ok = offs_m < length
