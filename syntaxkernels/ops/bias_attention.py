@@ -75,12 +75,11 @@ def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, offs_m, offs_d, offs_dv, length, N,
-              D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
-              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key tile of the forward's online softmax (log2 domain)."""
-    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+def _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn, stride_kd,
+                 stride_di, stride_dj, qk_scale2, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr, MASK: tl.constexpr,
+                 SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``(scores, k)`` of one query-row tile: the log2-domain ``q k^T * scale * log2(e) + lut[d]`` (the distance
+    tile and its bias are read first, the key tile after) and the key tile, for the forward and the dQ kernel."""
     if SYNTAX:
         dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
         bias = tl.load(lut_row + dist.to(tl.int32))
@@ -88,6 +87,18 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
         scores += bias
+    return scores, k
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, offs_m, offs_d, offs_dv, length, N,
+              D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key tile of the forward's online softmax (log2 domain)."""
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
+                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION)
     if MASK:
         scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -468,13 +479,8 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
              DOT_PRECISION: tl.constexpr):
     """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    if SYNTAX:
-        dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
-        bias = tl.load(lut_row + dist.to(tl.int32))
-    k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D, MASK, EVEN_D)
-    scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
-    if SYNTAX:
-        scores += bias
+    scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
+                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION)
     exponent = scores - lse[:, None]
     if MASK:  # masked before exp2: an excluded pair's exponent may be large
         exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), exponent, float("-inf"))
