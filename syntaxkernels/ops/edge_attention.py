@@ -96,6 +96,16 @@ if _HAS_TRITON:
         return tile.to(tl.float32)
 
     @triton.jit
+    def _token_edges(PTR, b, tokens, N, R):
+        """The edges of every relation of ``tokens`` (consecutive in the CSR ``PTR``: ``[B * N * R + 1]``):
+        ``(ok, first, count, longest)``, ``ok`` = token < N, the span ``[first, first + count)`` per token, and the
+        longest count of the block."""
+        ok = tokens < N
+        first = tl.load(PTR + (b * N + tokens) * R, mask=ok, other=0)
+        count = tl.load(PTR + (b * N + tokens) * R + R, mask=ok, other=0) - first
+        return ok, first, count, tl.max(count, axis=0)
+
+    @triton.jit
     def _edge_fwd_kernel(
         Q, K, V, ROW_PTR, COL, OUT, LSE,
         stride_qb, stride_qh, stride_qn,
@@ -195,10 +205,7 @@ if _HAS_TRITON:
         """
         block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
         rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
-        row_ok = rows < N
-        first = tl.load(ROW_PTR + (b * N + rows) * R, mask=row_ok, other=0)
-        count = tl.load(ROW_PTR + (b * N + rows) * R + R, mask=row_ok, other=0) - first
-        longest = tl.max(count, axis=0)
+        row_ok, first, count, longest = _token_edges(ROW_PTR, b, rows, N, R)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q = _gather_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, D, count > 0, EVEN_D)
@@ -244,10 +251,7 @@ if _HAS_TRITON:
         """
         block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
         keys = block * BLOCK_E + tl.arange(0, BLOCK_E)
-        key_ok = keys < N
-        first = tl.load(T_PTR + (b * N + keys) * R, mask=key_ok, other=0)
-        count = tl.load(T_PTR + (b * N + keys) * R + R, mask=key_ok, other=0) - first
-        longest = tl.max(count, axis=0)
+        key_ok, first, count, longest = _token_edges(T_PTR, b, keys, N, R)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         k = _gather_rows(K + b * stride_kb + h * stride_kh, keys, stride_kn, offs_d, D, count > 0, EVEN_D)
