@@ -9,36 +9,17 @@
 #include <vector>
 
 #include "relation_lists.h"
+#include "test_support.h"
 
 int run_relation_list_tests();
 
 namespace {
 
-int failures = 0;
+using syntaxkernels_test::failures;
+using syntaxkernels_test::Rows;
 
-#define CHECK(condition)                                                      \
-  do {                                                                        \
-    if (!(condition)) {                                                       \
-      std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-using Rows = std::vector<std::vector<int64_t>>;
-
-struct Padded {
-  int64_t B = 0, N = 0;
-  std::vector<int64_t> heads, lengths;
-  Padded(const Rows& rows, int64_t pad_to) {
-    B = static_cast<int64_t>(rows.size());
-    N = pad_to;
-    for (const auto& row : rows) N = std::max<int64_t>(N, static_cast<int64_t>(row.size()));
-    heads.assign(static_cast<size_t>(B * N), 3);  // padding content must not matter
-    for (int64_t b = 0; b < B; ++b) {
-      lengths.push_back(static_cast<int64_t>(rows[b].size()));
-      std::copy(rows[b].begin(), rows[b].end(), heads.begin() + b * N);
-    }
-  }
+struct Padded : syntaxkernels_test::PaddedHeads {
+  Padded(const Rows& rows, int64_t pad_to) : PaddedHeads(rows, pad_to, 3) {}
   syntaxkernels::EdgeLists build(const syntaxkernels::ListSpec& spec, int threads = 1) const {
     return syntaxkernels::build_edge_lists(heads.data(), lengths.data(), B, N, spec, threads);
   }
@@ -95,8 +76,8 @@ int64_t relation_of(const std::vector<int64_t>& heads, int64_t i, int64_t j, con
 void expect_matches_brute_force(const Rows& rows, const Padded& batch, const syntaxkernels::EdgeLists& lists,
                                 const syntaxkernels::ListSpec& spec) {
   const int64_t R = spec.num_relations(), N = batch.N;
-  CHECK(lists.R == R && lists.row_ptr.size() == static_cast<size_t>(batch.B * N * R + 1));
-  CHECK(lists.col.size() == lists.t_col.size() && lists.rel.size() == lists.col.size());
+  EXPECT(lists.R == R && lists.row_ptr.size() == static_cast<size_t>(batch.B * N * R + 1));
+  EXPECT(lists.col.size() == lists.t_col.size() && lists.rel.size() == lists.col.size());
   for (int64_t b = 0; b < batch.B; ++b) {
     const int64_t length = batch.lengths[b];
     for (int64_t i = 0; i < N; ++i) {
@@ -109,11 +90,11 @@ void expect_matches_brute_force(const Rows& rows, const Padded& batch, const syn
         const int64_t row = (b * N + i) * R + r;
         for (int32_t e = lists.row_ptr[row]; e < lists.row_ptr[row + 1]; ++e) {
           got.push_back(lists.col[e]);
-          CHECK(lists.rel[e] == r);
+          EXPECT(lists.rel[e] == r);
         }
         for (int32_t e = lists.t_ptr[row]; e < lists.t_ptr[row + 1]; ++e) {
           got_t.push_back(lists.t_col[e]);
-          CHECK(lists.t_rel[e] == r);
+          EXPECT(lists.t_rel[e] == r);
         }
         if (got != want || got_t != want_t) {
           std::fprintf(stderr, "item %ld row %ld relation %ld: %zu keys (want %zu), %zu queries (want %zu)\n",
@@ -163,19 +144,19 @@ void test_hand_made() {
     for (int32_t e = lists.row_ptr[row]; e < lists.row_ptr[row + 1]; ++e) out.push_back(lists.col[e]);
     return out;
   };
-  CHECK((keys(1, 0) == std::vector<int32_t>{0, 2, 4}));  // parent_1 of the root
-  CHECK((keys(1, 1) == std::vector<int32_t>{3}));        // parent_2
-  CHECK((keys(3, 2) == std::vector<int32_t>{2}));        // child_1
-  CHECK((keys(3, 3) == std::vector<int32_t>{1}));        // child_2
-  CHECK((keys(0, 4) == std::vector<int32_t>{2, 4}));     // sibling_2
-  CHECK((keys(0, 5) == std::vector<int32_t>{3}));        // sibling_3
-  CHECK(keys(5, 0).empty() && keys(5, 4).empty() && keys(6, 0).empty());
-  CHECK(lists.row_ptr[N * R] == static_cast<int32_t>(lists.col.size()));
+  EXPECT((keys(1, 0) == std::vector<int32_t>{0, 2, 4}));  // parent_1 of the root
+  EXPECT((keys(1, 1) == std::vector<int32_t>{3}));        // parent_2
+  EXPECT((keys(3, 2) == std::vector<int32_t>{2}));        // child_1
+  EXPECT((keys(3, 3) == std::vector<int32_t>{1}));        // child_2
+  EXPECT((keys(0, 4) == std::vector<int32_t>{2, 4}));     // sibling_2
+  EXPECT((keys(0, 5) == std::vector<int32_t>{3}));        // sibling_3
+  EXPECT(keys(5, 0).empty() && keys(5, 4).empty() && keys(6, 0).empty());
+  EXPECT(lists.row_ptr[N * R] == static_cast<int32_t>(lists.col.size()));
   expect_matches_brute_force(rows, batch, lists, relations(2));
   const auto w = batch.build(window(1));
   std::vector<int32_t> near;
   for (int32_t e = w.row_ptr[1]; e < w.row_ptr[2]; ++e) near.push_back(w.col[e]);
-  CHECK((near == std::vector<int32_t>{0, 1, 2, 4}));  // the root, itself included
+  EXPECT((near == std::vector<int32_t>{0, 1, 2, 4}));  // the root, itself included
 }
 
 void test_random_against_brute_force() {
@@ -211,27 +192,27 @@ void test_long_chain_window_saturates() {
   for (int i = 0; i < 300; ++i) line[i] = i - 1;
   const Padded batch({line}, 0);
   const auto all = batch.build(window(254));
-  CHECK(all.col.size() == 300u * 300u);
+  EXPECT(all.col.size() == 300u * 300u);
   const auto most = batch.build(window(253));
-  CHECK(most.row_ptr[1] - most.row_ptr[0] == 254);
+  EXPECT(most.row_ptr[1] - most.row_ptr[0] == 254);
 }
 
 void test_errors() {
   const Padded cycle({{-1, 0}, {-1, 2, 3, 1}}, 0);
   const std::string cycle_error = "batch item 1, token 1: on a cycle (1 -> 2 -> 3 -> 1) that never reaches a root";
-  CHECK(error_of(cycle, relations(3)) == cycle_error);
-  CHECK(error_of(cycle, window(2), 2) == cycle_error);
+  EXPECT(error_of(cycle, relations(3)) == cycle_error);
+  EXPECT(error_of(cycle, window(2), 2) == cycle_error);
   const Padded out_of_range({{-1, 0, 3}}, 0);
-  CHECK(error_of(out_of_range, relations(1)) ==
+  EXPECT(error_of(out_of_range, relations(1)) ==
         "batch item 0, token 2: head 3 out of range (length 3; expected -1 for a root or 0..2)");
   Padded bad_length({{-1}, {-1}}, 0);
   bad_length.lengths[1] = 2;
-  CHECK(error_of(bad_length, relations(1)) == "batch item 1: lengths[1] = 2 is larger than N = 1");
+  EXPECT(error_of(bad_length, relations(1)) == "batch item 1: lengths[1] = 2 is larger than N = 1");
   const Padded fine({{-1, 0}}, 0);
-  CHECK(error_of(fine, relations(0)) == "max_distance must be in 1..64, got 0");
-  CHECK(error_of(fine, relations(2, false, false, false)) ==
+  EXPECT(error_of(fine, relations(0)) == "max_distance must be in 1..64, got 0");
+  EXPECT(error_of(fine, relations(2, false, false, false)) ==
         "no relation enabled (parent, child and sibling are all off)");
-  CHECK(error_of(fine, window(255)) == "window must be in 0..254 (or -1 for the relation lists), got 255");
+  EXPECT(error_of(fine, window(255)) == "window must be in 0..254 (or -1 for the relation lists), got 255");
   // The lowest bad item is reported whatever the thread count.
   Rows many(100, std::vector<int64_t>(50, 0));
   for (auto& row : many) row[0] = -1;
@@ -239,7 +220,7 @@ void test_errors() {
   many[20][9] = 90;
   const Padded batch(many, 0);
   for (int threads : {1, 2, 5}) {
-    CHECK(error_of(batch, relations(3), threads) ==
+    EXPECT(error_of(batch, relations(3), threads) ==
           "batch item 20, token 9: head 90 out of range (length 50; expected -1 for a root or 0..49)");
   }
 }
@@ -247,20 +228,21 @@ void test_errors() {
 void test_empty() {
   const Padded none(Rows{}, 0);
   const auto lists = none.build(relations(3), 4);
-  CHECK(lists.row_ptr.size() == 1 && lists.row_ptr[0] == 0 && lists.col.empty());
+  EXPECT(lists.row_ptr.size() == 1 && lists.row_ptr[0] == 0 && lists.col.empty());
   const Padded padding(Rows(2), 3);
   const auto padded = padding.build(window(3));
-  CHECK(padded.row_ptr.size() == 7 && padded.col.empty());
+  EXPECT(padded.row_ptr.size() == 7 && padded.col.empty());
 }
 
 }  // namespace
 
 int run_relation_list_tests() {
+  const int before = failures;
   test_hand_made();
   test_random_against_brute_force();
   test_long_chain_window_saturates();
   test_errors();
   test_empty();
-  if (failures == 0) std::printf("all relation-list tests passed\n");
-  return failures;
+  if (failures == before) std::printf("all relation-list tests passed\n");
+  return failures - before;
 }

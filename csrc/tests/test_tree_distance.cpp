@@ -10,36 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
 #include "tree_distance.h"
 
 namespace {
 
-int failures = 0;
+using syntaxkernels_test::failures;
 
-#define EXPECT(condition)                                                     \
-  do {                                                                        \
-    if (!(condition)) {                                                       \
-      std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-struct Batch {
-  int64_t B, N;
-  std::vector<int64_t> heads, lengths;
+struct Batch : syntaxkernels_test::PaddedHeads {
   std::vector<uint8_t> distance;
   std::vector<int32_t> depth, segment;
 
-  Batch(std::vector<std::vector<int64_t>> rows, int64_t pad_to) {
-    B = static_cast<int64_t>(rows.size());
-    N = pad_to;
-    for (const auto& row : rows) N = std::max<int64_t>(N, static_cast<int64_t>(row.size()));
-    heads.assign(static_cast<size_t>(B * N), 7);  // padding content must not matter
-    for (int64_t b = 0; b < B; ++b) {
-      lengths.push_back(static_cast<int64_t>(rows[b].size()));
-      for (size_t i = 0; i < rows[b].size(); ++i) heads[b * N + i] = rows[b][i];
-    }
-  }
+  Batch(const syntaxkernels_test::Rows& rows, int64_t pad_to) : PaddedHeads(rows, pad_to, 7) {}
 
   void build(int threads = 1) {
     distance.assign(static_cast<size_t>(B * N * N), 42);
@@ -203,7 +185,7 @@ int main() {
   test_errors();
   test_lowest_bad_item_with_threads();
   test_empty();
-  failures += run_relation_list_tests();
+  run_relation_list_tests();  // counts into the same failures
   if (failures) {
     std::fprintf(stderr, "%d failure(s)\n", failures);
     return 1;
