@@ -36,6 +36,21 @@ __all__ = ["BlockMeta", "block_distance_range", "block_bucket_masks", "block_buc
 
 
 @triton.jit
+def _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile of this program (grid ``(nQ, nK, B)``): ``(b, q_block, k_block, offs_m, offs_n, distance, valid)``,
+    the uint8 distance tile and the pairs inside the item's length."""
+    q_block = tl.program_id(0)
+    k_block = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
+    valid = (offs_m[:, None] < length) & (offs_n[None, :] < length)
+    return b, q_block, k_block, offs_m, offs_n, distance, valid
+
+
+@triton.jit
 def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
                                  stride_db, stride_di, stride_dj,
                                  N, num_q_blocks, num_k_blocks,
@@ -47,14 +62,8 @@ def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
         MIN_OUT, MAX_OUT: uint8 ``[B, nQ, nK]`` contiguous.
     Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
     """
-    q_block = tl.program_id(0)
-    k_block = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    length = tl.minimum(tl.load(LENGTHS + b), N)
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
-    valid = (offs_m[:, None] < length) & (offs_n[None, :] < length)
+    b, q_block, k_block, offs_m, offs_n, distance, valid = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N,
+                                                                 BLOCK_M, BLOCK_N)
     smallest = tl.min(tl.min(tl.where(valid, distance, 255), axis=1), axis=0)
     largest = tl.max(tl.max(tl.where(valid, distance, 0), axis=1), axis=0)
     out = (b * num_q_blocks + q_block) * num_k_blocks + k_block
@@ -104,14 +113,8 @@ def _block_bucket_mask_kernel(DIST, LENGTHS, BUCKET_LUT, MASK_OUT,
             (``BucketSpec.lut()``); MASK_OUT: int32 ``[B, nQ, nK]`` contiguous.
     Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
     """
-    q_block = tl.program_id(0)
-    k_block = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    length = tl.minimum(tl.load(LENGTHS + b), N)
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
-    allowed = (offs_m[:, None] < length) & (offs_n[None, :] < length)
+    b, q_block, k_block, offs_m, offs_n, distance, allowed = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj,
+                                                                   N, BLOCK_M, BLOCK_N)
     if HAS_WINDOW:
         allowed = allowed & (distance <= window)
     if CAUSAL:
