@@ -1,7 +1,8 @@
 """Input checks shared by the reference and the fused ops: every message names the offending argument.
 
-Skipped while tracing with ``torch.compile`` (``torch.compiler.is_compiling()``) since they read shapes
-only, except the per-value checks, which never run under compilation.
+The shape, dtype and device checks also run while ``torch.compile`` traces (they read metadata only, which
+costs nothing at trace time, and a distance smaller than q's N must fail there too); the per-value checks
+(lengths, key-padding masks) never run under compilation.
 """
 from __future__ import annotations
 

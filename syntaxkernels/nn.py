@@ -185,9 +185,11 @@ class DistanceBias(nn.Module):
             ``[B, H, N, D]``; query rows past the length are 0.
         """
         distance, lengths = _distance_and_lengths(trees, lengths)
+        # A TreeBatch's distance is a tree distance, symmetric (also while torch.compile traces, where the
+        # tensor is not the one the batch registered).
         return ops.syntax_bias_attention(q, k, v, distance, self.distance_bias, buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
-                                         backend=self.backend)
+                                         backend=self.backend, symmetric=True if isinstance(trees, TreeBatch) else None)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"
@@ -282,8 +284,7 @@ class TopicalAttention(nn.Module):
         Raises ``TypeError`` for a non-tensor and ``ValueError`` for a shape or dtype that does not match the
         module (:func:`syntaxkernels.reference.check_topical_inputs`).
         """
-        if not V.compiling():
-            reference.check_topical_inputs(outputs, nonempty, self.query, self.key_weight, self.value_weight)
+        reference.check_topical_inputs(outputs, nonempty, self.query, self.key_weight, self.value_weight)
         B, M, H, N, D = outputs.shape
         u = torch.matmul(self.key_weight, self.query[:, :, None])[:, :, 0] * (1.0 / math.sqrt(D))  # [H, D]
         mixed = _TopicalMix.apply(outputs, nonempty, u)  # [H, B, N, D]

@@ -110,8 +110,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key are 0.
     """
-    if not V.compiling():
-        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     lengths = V.normalize_lengths(lengths, q)
     acc = _acc_dtype(q.dtype)
     if scale is None:
@@ -167,8 +166,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     Returns:
         ``out [B, M, H, N, D]`` (zero where a token's mask is empty) and ``nonempty bool [B, M, N]``.
     """
-    if not V.compiling():
-        V.check_subnetwork_inputs(q, k, v, trees, masks)
+    V.check_subnetwork_inputs(q, k, v, trees, masks)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     allowed = syntax_masks(trees, masks)
@@ -254,12 +252,11 @@ def gat_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
     Returns:
         ``[B, H, N, Dv]``; padding rows are 0.
     """
-    if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_distance(distance, q)
-        if window is None:
-            raise ValueError(f"window must be an int in 0..{MAX_PATH} for gat_attention, got None")
-        V.check_window(window)
+    V.check_qkv(q, k, v)
+    V.check_distance(distance, q)
+    if window is None:
+        raise ValueError(f"window must be an int in 0..{MAX_PATH} for gat_attention, got None")
+    V.check_window(window)
     lengths = V.normalize_lengths(lengths, q)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -47,13 +47,14 @@ def program_ids(num_blocks, H):
 @triton.jit
 def program_ids_r(num_blocks, H, R):
     """:func:`program_ids` with a relation axis: ``(block, batch * H + head, relation, batch, head)`` for a grid
-    of ``num_blocks * B * H * R`` programs (relations of one head adjacent)."""
+    of ``num_blocks * B * H * R`` programs (relations of one head adjacent; relation, batch and head as int64:
+    ``r * stride`` passes 2^31 at ``R * H * N * Dv >= 2^31``)."""
     pid = tl.program_id(0)
     block = pid % num_blocks
     rest = pid // num_blocks
     r = rest % R
     bh = rest // R
-    return block, bh, r, (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    return block, bh, r.to(tl.int64), (bh // H).to(tl.int64), (bh % H).to(tl.int64)
 
 
 @triton.jit

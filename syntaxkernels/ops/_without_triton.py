@@ -10,8 +10,8 @@ from ._dispatch import resolve_backend
 
 
 def syntax_bias_attention(q, k, v, distance, table, *, buckets, scale=None, bias_scale=None, lengths=None,
-                          window=None, causal=False, deterministic=False, backend="auto"):
-    """See :func:`syntaxkernels.reference.syntax_bias_attention`."""
+                          window=None, causal=False, deterministic=False, backend="auto", symmetric=None):
+    """See :func:`syntaxkernels.reference.syntax_bias_attention` (``symmetric`` only matters to the kernels)."""
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     resolve_backend(backend, q.device)
     return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,

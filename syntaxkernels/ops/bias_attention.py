@@ -3,8 +3,10 @@
 Limits: CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``); fp16, bf16, fp32 inputs (fp32
 accumulation; fp64 goes to the reference); head dims up to 128 (32, 64, 128 run unpadded; other sizes are
 masked to the next power of two >= 32 inside the kernel); any N; q, k, v, the output gradient and the distance
-are read through their strides (no copies). The distance must be symmetric (tree distances are): the dK/dV
-kernel reads the pair (i, j) at ``distance[b, j, i]`` so that its transposed tile is contiguous.
+are read through their strides (no copies; a distance whose rows are not 16-byte aligned is copied into padded
+rows, :func:`syntaxkernels.trees.aligned_distance`). The dK/dV kernel reads the pair (i, j) at
+``distance[b, j, i]`` so that its transposed tile is contiguous: the distance itself when it is known to be
+symmetric (tree distances are), else a transposed copy.
 
 How the bias reaches a score (one gather per element). Once per call, a 256-entry table per head is built
 on the device: ``lut[h, d] = c * table[h, bucket(d)] * log2(e)`` for every uint8 distance d, and ``-inf`` for
@@ -54,6 +56,7 @@ from ._primitives import (LOG2E, arch_family, bucket_from_distance, distance_til
                           in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
                           program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
+from ..trees.batch import aligned_distance, known_symmetric
 
 __all__ = ["syntax_bias_attention", "lut_attention", "bias_attention_forward", "bias_attention_backward",
            "select_config", "bias_lut", "bucket_args"]
@@ -154,7 +157,7 @@ def _bias_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
-    stride_db, stride_di, stride_dj, stride_lh,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
     H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -164,12 +167,14 @@ def _bias_fwd_kernel(
 
     Args:
         Q, K: ``[B, H, N, D]``; V, OUT: ``[B, H, N, DV]`` (strided, one dtype).
-        DIST: uint8 ``[B, N, N]``. LUT: fp32 ``[H or 1, 256]`` (row stride ``stride_lh``, 0 when shared):
+        DIST: uint8 ``[B, N, N]`` (strides multiples of 16 for vector loads: :func:`aligned_distance`).
+        LUT: fp32 ``[H or 1, 256]`` (row stride ``stride_lh``, 0 when shared):
             the log2-domain bias of every distance value, ``-inf`` for pairs outside the window.
         LENGTHS: int32 ``[B]``.
         KV_LIST, KV_COUNT: int32 ``[B, nQ, nK]`` live key blocks (interior first) and ``[B, nQ, 2]``
             (interior count, live count); read when USE_LISTS.
-        LSE: fp32 ``[B, H, N]``, log2 domain; ``+inf`` for rows past the length or with no allowed key.
+        LSE: fp32 ``[B, H, N]`` with rows ``stride_row`` apart (N rounded up to 16: aligned row loads), log2
+            domain; ``+inf`` for rows past the length or with no allowed key.
         qk_scale2: ``scale * log2(e)``.
         SYNTAX: False compiles out the distance tile and the bias (a plain flash kernel with the same tiles,
             for the inspection report only).
@@ -209,21 +214,21 @@ def _bias_fwd_kernel(
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
     o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N) & (offs_dv[None, :] < DV))
-    tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
+    tl.store(LSE + bh.to(tl.int64) * stride_row + offs_m, lse, mask=offs_m < N)
 
 
 @triton.jit
 def _bias_bwd_preprocess_kernel(
     OUT, DOUT, DELTA,
     stride_ob, stride_oh, stride_on, stride_od,
-    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_gb, stride_gh, stride_gn, stride_gd, stride_row,
     H, N, DV,
     BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``delta[b, h, i] = sum_d out * dout`` in fp32.
 
     Args:
-        OUT, DOUT: ``[B, H, N, DV]`` (strided); DELTA: fp32 ``[B, H, N]`` contiguous.
+        OUT, DOUT: ``[B, H, N, DV]`` (strided); DELTA: fp32 ``[B, H, N]``, rows ``stride_row`` apart.
     Grid: ``(nM * B * H,)`` with ``nM = cdiv(N, BLOCK_M)``.
     """
     block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_M), H)
@@ -232,7 +237,7 @@ def _bias_bwd_preprocess_kernel(
     out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, N, DV, True, False)
     dout = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, N, DV, True, False)
     delta = tl.sum(out.to(tl.float32) * dout.to(tl.float32), axis=1)
-    tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
+    tl.store(DELTA + bh.to(tl.int64) * stride_row + offs_m, delta, mask=offs_m < N)
 
 
 @triton.jit
@@ -331,7 +336,7 @@ def _bias_bwd_dkdv_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_gb, stride_gh, stride_gn, stride_gd,
-    stride_db, stride_di, stride_dj, stride_lh,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     H, N, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
@@ -360,7 +365,7 @@ def _bias_bwd_dkdv_kernel(
         TILE_BUCKETS: int32 ``[B, nK, nQ]``: per tile the bit set of its allowed pairs' buckets, or with more
             than 31 buckets ``lowest + 256 * highest`` (read when TABLE_GRAD; see :func:`_bucket_sums`).
         COMMON_BUCKET: int32 ``[B, nK]``: the bucket most of each key block's one-bucket tiles are in (-1: none).
-        LSE: fp32 ``[B, H, N]``. DELTA: fp32 ``[B, H, N]``, the dQ kernel's corrected delta when TABLE_GRAD
+        LSE: fp32 ``[B, H, N]``. DELTA: fp32 ``[B, H, N]`` (both rows ``stride_row`` apart), the dQ kernel's corrected delta when TABLE_GRAD
             (then every row of dS sums to zero and the bucket sums are exact up to fp32 rounding).
         BUCKET_PARTIALS: fp32 ``[B * H * nK, NUM_BUCKETS]``: this program's sums of dS per bucket, written
             once per pass and reduced in a fixed order by the launcher.
@@ -378,8 +383,8 @@ def _bias_bwd_dkdv_kernel(
                   EVEN_DV)
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DOUT + b * stride_gb + h * stride_gh
-    lse_base = LSE + bh.to(tl.int64) * N
-    delta_base = DELTA + bh.to(tl.int64) * N
+    lse_base = LSE + bh.to(tl.int64) * stride_row
+    delta_base = DELTA + bh.to(tl.int64) * stride_row
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
     range_row = TILE_BUCKETS + (b * num_k_blocks + k_block) * num_q_blocks
@@ -501,7 +506,7 @@ def _bias_bwd_dq_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_gb, stride_gh, stride_gn, stride_gd,
-    stride_db, stride_di, stride_dj, stride_lh,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
     stride_xb, stride_xh, stride_xn, stride_xd,
     H, N, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -529,7 +534,7 @@ def _bias_bwd_dq_kernel(
     q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
     do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, length, DV, True,
                    EVEN_DV)
-    row_base = bh.to(tl.int64) * N
+    row_base = bh.to(tl.int64) * stride_row
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < length, other=0.0)
     k_base = K + b * stride_kb + h * stride_kh
@@ -676,6 +681,12 @@ def _lists(distance, lengths, block_m, block_n, window, causal, by_key):
     return split_lists(live, boundary)
 
 
+def _row_buffer(B: int, H: int, N: int, device) -> torch.Tensor:
+    """fp32 ``[B, H, N]`` for per-row statistics (log-sum-exp, delta) whose rows start 64-byte aligned (a view
+    of ``[B, H, roundup(N, 16)]``): the kernels load a block of rows as one aligned vector whatever N is."""
+    return torch.empty((B, H, -(-N // 16) * 16), dtype=torch.float32, device=device)[..., :N]
+
+
 def _even(N: int, config: dict) -> bool:
     return N % config["BLOCK_M"] == 0 and N % config["BLOCK_N"] == 0
 
@@ -695,10 +706,11 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     B, H, N, D = q.shape
     DV = v.shape[-1]
     out = torch.empty((B, H, N, DV), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    lse = _row_buffer(B, H, N, q.device)
     if out.numel() == 0:
         lse.fill_(float("inf"))
         return out, lse
+    distance = aligned_distance(distance)
     config = select_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
@@ -708,7 +720,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     launch(_bias_fwd_kernel, launch_grid(num_q, B, H),
            q, k, v, distance, lut, lengths, kv_list if use_lists else lengths, kv_count if use_lists else lengths,
            out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *distance.stride(),
-           lut.stride(0) if lut.shape[0] > 1 else 0, H, N, D, DV, num_q, num_k, scale * LOG2E,
+           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(1), H, N, D, DV, num_q, num_k, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(N, config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
@@ -762,13 +774,14 @@ def _tile_buckets(distance, lengths, block_m, block_n, window, causal,
 def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
                             lengths: torch.Tensor, scale: float, window: int, causal: bool, max_distance: int,
-                            log_distance: int, unreachable_bucket: bool,
-                            table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                            log_distance: int, unreachable_bucket: bool, table_grad: bool,
+                            symmetric: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward launcher: ``(dq, dk, dv, G)``; ``G`` fp32 ``[H or 1, T]`` (like the LUT's rows) holds the
     per-bucket sums of dS, so ``d table = c * G`` and ``d c = sum(table * G)`` (zeros unless ``table_grad``).
 
     Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the
-    BucketSpec (:func:`bucket_args`) and ``table_grad`` (compute G).
+    BucketSpec (:func:`bucket_args`), ``table_grad`` (compute G) and ``symmetric``: the distance is symmetric
+    (a tree distance), so the dK/dV kernel reads its transposed tiles from it; else from a transposed copy.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -782,23 +795,31 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         return dq.zero_(), dk.zero_(), dv.zero_(), torch.zeros((rows, T), dtype=torch.float32, device=q.device)
     lut = lut.contiguous()
     stride_lh = lut.stride(0) if rows > 1 else 0
+    distance = aligned_distance(distance)
+    # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
+    distance_t = distance if symmetric else aligned_distance(distance.transpose(1, 2))
     family = arch_family()
     dkdv_config = select_config("dkdv", q.dtype, max(D, DV), family)
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
 
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    delta = _row_buffer(B, H, N, q.device)
+    if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
+        lse = _row_buffer(B, H, N, q.device).copy_(lse)
     launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, 64), B, H),
-           out, dout, delta, *out.stride(), *dout.stride(), H, N, DV, BLOCK_M=64, BLOCK_DV=block_dv)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh)
+           out, dout, delta, *out.stride(), *dout.stride(), delta.stride(1), H, N, DV, BLOCK_M=64,
+           BLOCK_DV=block_dv)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
+    strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,
+                 delta.stride(1))
 
     # dQ first: programs own query blocks; with the table gradient it also corrects delta (see the kernel).
     block_m, block_n = dq_config["BLOCK_M"], dq_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
     use_lists = kv_list is not None
-    corrected = torch.empty_like(delta) if table_grad else delta
+    corrected = _row_buffer(B, H, N, q.device) if table_grad else delta
     launch(_bias_bwd_dq_kernel, launch_grid(num_q, B, H),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
            kv_count if use_lists else lengths, lse, delta, dq, corrected, *strides, *dq.stride(),
@@ -818,8 +839,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         tile_buckets, common = _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec)
     else:
         tile_buckets = common = lengths
-    args = (q, k, v, dout, distance, lut, lengths, q_list if use_lists else lengths, q_count if use_lists else lengths,
-            tile_buckets, common, lse, corrected, dk, dv)
+    args = (q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
+            q_count if use_lists else lengths, tile_buckets, common, lse, corrected, dk, dv)
     meta = dict(NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
                 STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance,
                 UNREACHABLE_BUCKET=unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
@@ -827,7 +848,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 EVEN_DV=block_dv == DV, EVEN_N=_even(N, dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
                 TABLE_GRAD=table_grad, INTERPRETED=interpreting(), DOT_PRECISION=precision,
                 num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
-    sizes = (*strides, *dk.stride(), *dv.stride(), H, N, D, DV, num_q, num_k, scale, scale * LOG2E)
+    sizes = (*strides_t, *dk.stride(), *dv.stride(), H, N, D, DV, num_q, num_k, scale, scale * LOG2E)
     launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[0], *sizes, BOUNDARY_PASS=False, **meta)
     if table_grad:
         meta["num_warps"] = dkdv_config.get("boundary_warps", dkdv_config["num_warps"])
@@ -849,11 +870,12 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     """Autograd over the two Triton ops; gradients for q, k, v, the table and a tensor ``bias_scale``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec):
+    def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec, symmetric):
         lut = bias_lut(table, bias_scale, _spec(*bucket_spec), window)
         out, lse = torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, lut, lengths, scale, window, causal)
         ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, lengths, lut)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
+        ctx.symmetric = symmetric
         return out
 
     @staticmethod
@@ -862,32 +884,34 @@ class _SyntaxBiasAttention(torch.autograd.Function):
         table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
         dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, ctx.scale, ctx.window, ctx.causal, *ctx.bucket_spec,
-            table_grad)
+            table_grad, ctx.symmetric)
         bucket_grad = bucket_grad.reshape(table.shape)
         c = bias_scale.to(torch.float32).reshape(())
         dtable = (c * bucket_grad).to(table.dtype) if ctx.needs_input_grad[4] else None
         dscale = None
         if ctx.needs_input_grad[5]:
             dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
-        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
+        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None
 
 
 class _LutAttention(torch.autograd.Function):
     """Attention with a fixed per-distance bias (no table gradient): gradients for q, k, v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, lut2, lengths, scale):
+    def forward(ctx, q, k, v, distance, lut2, lengths, scale, symmetric):
         out, lse = torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, lut2, lengths, scale, -1, False)
         ctx.save_for_backward(q, k, v, out, lse, distance, lut2, lengths)
-        ctx.scale = scale
+        ctx.scale, ctx.symmetric = scale, symmetric
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, lut2, lengths = ctx.saved_tensors
+        # No table gradient: the BucketSpec arguments are unused (any valid spec would do).
         dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_bwd(
-            dout, q, k, v, out, lse, distance, lut2, lengths, ctx.scale, -1, False, 10, 0, True, False)
-        return dq, dk, dv, None, None, None, None
+            dout, q, k, v, out, lse, distance, lut2, lengths, ctx.scale, -1, False, *bucket_args(BucketSpec()),
+            False, ctx.symmetric)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -904,8 +928,16 @@ def _int32_lengths(lengths, q: torch.Tensor) -> torch.Tensor:
     return lengths.to(torch.int32)
 
 
+def _symmetric(symmetric: Optional[bool], distance: torch.Tensor) -> bool:
+    if symmetric is None:
+        return known_symmetric(distance)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"symmetric must be None or a bool, got {symmetric!r}")
+    return symmetric
+
+
 def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
-                  lengths=None, scale: Optional[float] = None) -> torch.Tensor:
+                  lengths=None, scale: Optional[float] = None, *, symmetric: Optional[bool] = None) -> torch.Tensor:
     """Fused attention with a fixed bias per distance value: ``softmax(q k^T * scale + lut[d_ij]) v``.
 
     For masks expressible by distance (the sub-network op's ``full`` and ``pairwise`` masks, windows): no
@@ -916,33 +948,37 @@ def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
         lut: float ``[256]`` or ``[H, 256]``: the natural-log bias of each distance value; ``-inf`` = pair not
             allowed.
         lengths: ``int [B]`` or a boolean key-padding mask; scale: default ``1 / sqrt(D)``.
+        symmetric: as in :func:`syntax_bias_attention`.
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key (and rows past the length) are 0.
     """
-    if not V.compiling():
-        V.check_qkv(q, k, v)
-        V.check_distance(distance, q)
-        _check_head_dim(q, v)
-        if lut.shape[-1] != 256 or lut.dim() not in (1, 2) or (lut.dim() == 2 and lut.shape[0] != q.shape[1]):
-            raise ValueError(f"lut must have shape [256] or [H, 256], got {tuple(lut.shape)}")
+    V.check_qkv(q, k, v)
+    V.check_distance(distance, q)
+    _check_head_dim(q, v)
+    if lut.shape[-1] != 256 or lut.dim() not in (1, 2) or (lut.dim() == 2 and lut.shape[0] != q.shape[1]):
+        raise ValueError(f"lut must have shape [256] or [H, 256], got {tuple(lut.shape)}")
+    symmetric = _symmetric(symmetric, distance)
     lengths = _int32_lengths(lengths, q)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     lut2 = (lut.to(torch.float32).reshape(-1, 256) * LOG2E).contiguous()
-    return _LutAttention.apply(q, k, v, distance, lut2, lengths, float(scale))
+    return _LutAttention.apply(q, k, v, aligned_distance(distance), lut2, lengths, float(scale), symmetric)
 
 
 def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                           table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
-                          deterministic: bool = False, backend: str = "auto") -> torch.Tensor:
+                          deterministic: bool = False, backend: str = "auto",
+                          symmetric: Optional[bool] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
 
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device.
-        distance: ``uint8 [B, N, N]`` (255 = unreachable), symmetric (as tree distances are).
+        distance: ``uint8 [B, N, N]`` (255 = unreachable); any uint8 distance, symmetric or not (see
+            ``symmetric``). Rows whose start and stride are multiples of 16 bytes (a :class:`TreeBatch`'s) are read
+            in place; others are copied into such rows first (B x N x roundup(N, 16) bytes per call).
         table: ``[T]`` shared or ``[H, T]`` per head, ``T = buckets.num_buckets``; gets a gradient.
         buckets: :class:`syntaxkernels.BucketSpec`.
         scale: default ``1 / sqrt(D)``.
@@ -951,6 +987,11 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
+        symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): known for a
+            :class:`TreeBatch`'s distance and :func:`tree_distance`'s result, else taken as not symmetric. The
+            backward reads the transposed distance; when it is not known to be symmetric, from a transposed copy
+            (one more B x N x N bytes), so a directed distance gets exact gradients. Passing True for a
+            distance that is not symmetric gives wrong dK, dV and table gradients.
         backend: "auto" (Triton on CUDA tensors; inputs the kernels do not take, float64 or head dims above 128,
             run the reference), "triton" (raises ValueError for such inputs) or "reference".
     Returns:
@@ -963,8 +1004,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
-    if not V.compiling():
-        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    symmetric = _symmetric(symmetric, distance)
     chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
@@ -976,5 +1017,6 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
         value = 1.0 if bias_scale is None else float(bias_scale)
         bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
-    return _SyntaxBiasAttention.apply(q, k, v, distance, table, bias_scale, lengths, float(scale),
-                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
+    return _SyntaxBiasAttention.apply(q, k, v, aligned_distance(distance), table, bias_scale, lengths, float(scale),
+                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets),
+                                      symmetric)

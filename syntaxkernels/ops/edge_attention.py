@@ -415,7 +415,8 @@ def edge_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Te
 
 @edge_attention_cpu_backward.register_fake
 def _(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Contiguous like the real op's outputs, whatever q, k, v's strides (the modules pass transposed views).
+    return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -499,9 +500,8 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
         s = (q @ k.transpose(-1, -2)).float() * scale
         out = torch.stack([masked_attention(s, allowed[:, r, None], v) for r in range(R)], dim=1)
     """
-    if not V.compiling():
-        V.check_qkv(q, k, v)
-        _check_lists(lists, q)
+    V.check_qkv(q, k, v)
+    _check_lists(lists, q)
     chosen = resolve_edge_backend(backend, q, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -558,15 +558,14 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows past the length are 0.
     """
-    if not V.compiling():
-        V.check_qkv(q, k, v)
-        if isinstance(trees, TreeBatch):
-            V.check_trees(trees, q)
-        else:
-            V.check_distance(trees, q)
-        if window is None:
-            raise ValueError("window must be an int in 0..254, got None")
-        V.check_window(window)
+    V.check_qkv(q, k, v)
+    if isinstance(trees, TreeBatch):
+        V.check_trees(trees, q)
+    else:
+        V.check_distance(trees, q)
+    if window is None:
+        raise ValueError("window must be an int in 0..254, got None")
+    V.check_window(window)
     distance = trees.distance if isinstance(trees, TreeBatch) else trees
     chosen = resolve_edge_backend(backend, q, v)
     if chosen == "reference":
@@ -586,6 +585,7 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
         if key not in _ZERO_TABLES:
             _ZERO_TABLES[key] = torch.zeros(BucketSpec(max_distance=1).num_buckets, dtype=q.dtype, device=q.device)
         return syntax_bias_attention(q, k, v, distance, _ZERO_TABLES[key], buckets=BucketSpec(max_distance=1),
-                                     scale=scale, lengths=lengths, window=window, backend="triton")
+                                     scale=scale, lengths=lengths, window=window, backend="triton",
+                                     symmetric=True if isinstance(trees, TreeBatch) else None)
     out, _ = edge_list_attention(q, k, v, lists, scale=scale, backend="triton" if chosen == "triton" else "auto")
     return out[:, 0]

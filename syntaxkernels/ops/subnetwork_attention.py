@@ -105,7 +105,7 @@ def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[to
     nonempty [B, N])``."""
     from .bias_attention import lut_attention
 
-    out = lut_attention(q, k, v, trees.distance, _lut(kind, q.device), trees.lengths, scale)
+    out = lut_attention(q, k, v, trees.distance, _lut(kind, q.device), trees.lengths, scale, symmetric=True)
     nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
     return out, nonempty
 
@@ -199,8 +199,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(M)], dim=1)
         nonempty = allowed.any(-1)
     """
-    if not V.compiling():
-        V.check_subnetwork_inputs(q, k, v, trees, masks)
+    V.check_subnetwork_inputs(q, k, v, trees, masks)
     chosen = resolve_edge_backend(backend, q, v)
     if chosen == "reference" or q.numel() == 0 or v.numel() == 0:
         return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale)

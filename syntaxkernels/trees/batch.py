@@ -19,9 +19,16 @@ form, int32, with the transposed lists a backward gathers from. Built by the C++
 O(E) (no N x N matrix), with a PyTorch fallback from the distance, depth and segment tensors.
 ``TreeBatch.relation_lists(masks)`` and ``TreeBatch.window_lists(window)`` build them once per batch and
 cache them; ``.to()`` and ``.pin_memory()`` carry the cache.
+
+Layout. A ``TreeBatch``'s distance rows are padded to a multiple of 16 bytes (:func:`aligned_distance`: a
+``[B, N, N]`` view of a ``[B, N, roundup(N, 16)]`` buffer, at most 15 bytes a row), so that the fused kernels
+read distance tiles with vector loads whatever N is; ``.to()`` and ``.pin_memory()`` move the padded buffer.
+A ``TreeBatch``'s distance is known to be symmetric (:func:`known_symmetric`), which lets the bias op's
+backward read it transposed without a copy.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -35,9 +42,63 @@ from ..specs import MAX_PATH, UNREACHABLE, MaskSpec
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
 __all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors", "EdgeLists",
-           "build_edge_lists", "python_edge_lists"]
+           "build_edge_lists", "python_edge_lists", "aligned_distance", "known_symmetric", "mark_symmetric"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+#: Byte alignment of a distance's start and its batch and row strides (what 16-byte vector loads need).
+DISTANCE_ALIGNMENT = 16
+
+
+def _aligned(distance: torch.Tensor) -> bool:
+    return (distance.stride(-1) == 1 and all(s % DISTANCE_ALIGNMENT == 0 for s in distance.stride()[:-1])
+            and distance.storage_offset() % DISTANCE_ALIGNMENT == 0)
+
+
+def aligned_distance(distance: torch.Tensor) -> torch.Tensor:
+    """``distance`` (uint8 ``[B, N, M]``) whose start and batch and row strides are multiples of 16 bytes.
+
+    Itself when it already is; else a copy into rows padded to a multiple of 16 (a ``[B, N, M]`` view of a
+    ``[B, N, roundup(M, 16)]`` buffer on the same device; the padding bytes are 255, unreachable). The fused
+    kernels read distance tiles through these strides: 16-byte aligned rows give vector loads and
+    asynchronous copies, unaligned ones single bytes (and, at N not a multiple of 16, spills).
+    """
+    if _aligned(distance):
+        return distance
+    B, N, M = distance.shape
+    width = -(-M // DISTANCE_ALIGNMENT) * DISTANCE_ALIGNMENT
+    padded = torch.full((B, N, width), UNREACHABLE, dtype=distance.dtype, device=distance.device)
+    view = padded[:, :, :M]
+    view.copy_(distance)
+    return view
+
+
+def _map_distance(fn, distance: torch.Tensor) -> torch.Tensor:
+    """``fn`` (``.to()``, ``.pin_memory()``) applied to the padded buffer behind an :func:`aligned_distance` view,
+    so the result keeps its padded rows (``fn`` on the view itself would return a contiguous, unaligned copy)."""
+    B, N, M = distance.shape
+    width = distance.stride(1) if N > 1 else M
+    if (distance.is_contiguous() or distance.stride(-1) != 1 or distance.storage_offset() != 0 or width < M
+            or distance.stride(0) != N * width or distance.untyped_storage().nbytes() < B * N * width):
+        return fn(distance)
+    return fn(distance.as_strided((B, N, width), (N * width, width, 1)))[:, :, :M]
+
+
+_SYMMETRIC: Dict[int, "weakref.ref"] = {}
+
+
+def mark_symmetric(distance: torch.Tensor) -> None:
+    """Remember that ``distance`` (this tensor object) is symmetric, as every tree distance is."""
+    key = id(distance)
+    _SYMMETRIC[key] = weakref.ref(distance, lambda _ref, key=key: _SYMMETRIC.pop(key, None))
+
+
+def known_symmetric(distance: torch.Tensor) -> bool:
+    """Whether ``distance`` is a distance the package built (a :class:`TreeBatch`'s, or
+    :func:`tree_distance`'s result), hence symmetric; False for any other tensor (its symmetry is unknown)."""
+    ref = _SYMMETRIC.get(id(distance))
+    return ref is not None and ref() is distance
 
 
 def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -308,7 +369,9 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     graph of each item (edges child -- head), with infinities written as 255 and values clipped at 254
     (the tests compare the two).
     """
-    return build_tree_tensors(heads, lengths, backend=backend)[2]
+    distance = build_tree_tensors(heads, lengths, backend=backend)[2]
+    mark_symmetric(distance)
+    return distance
 
 
 @dataclass
@@ -522,7 +585,8 @@ class TreeBatch:
     Attributes:
         heads: ``int64 [B, N]`` 0-based heads, -1 for roots (padding entries as given).
         lengths: ``int64 [B]``.
-        distance: ``uint8 [B, N, N]``.
+        distance: ``uint8 [B, N, N]``, symmetric, rows padded to 16 bytes (:func:`aligned_distance`; a view, not
+            contiguous unless N is a multiple of 16).
         depth: ``int32 [B, N]`` (-1 for padding).
         segment: ``int32 [B, N]`` (-1 for padding).
 
@@ -535,6 +599,14 @@ class TreeBatch:
     depth: torch.Tensor
     segment: torch.Tensor
     _edge_lists: Dict[tuple, EdgeLists] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.distance = aligned_distance(self.distance)
+        mark_symmetric(self.distance)
+
+    def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
+        self.__dict__.update(state)
+        mark_symmetric(self.distance)
 
     @classmethod
     def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto") -> "TreeBatch":
@@ -554,7 +626,8 @@ class TreeBatch:
         return self.distance.device
 
     def _map(self, fn, lists_fn) -> "TreeBatch":
-        mapped = TreeBatch(*(fn(t) for t in (self.heads, self.lengths, self.distance, self.depth, self.segment)))
+        mapped = TreeBatch(fn(self.heads), fn(self.lengths), _map_distance(fn, self.distance), fn(self.depth),
+                           fn(self.segment))
         mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()}
         return mapped
 

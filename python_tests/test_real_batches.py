@@ -1,0 +1,164 @@
+"""The bias op on the inputs real batches bring: odd N (padded distance rows), directed (non-symmetric)
+distances, shape checks while torch.compile traces, and every GPU family's tiles under the interpreter."""
+import pickle
+
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.ops import bias_attention as ba
+from syntaxkernels.trees import batch as tb
+
+from conftest import KERNEL_DEVICE as DEVICE
+from conftest import needs_triton
+from test_bias_attention import assert_close_to_reference, check_against_reference, make_case
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Distance layout: rows padded to 16 bytes
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("N", [1, 5, 16, 17, 77])
+def test_tree_batch_distance_rows_are_16_byte_aligned(N):
+    heads = [[-1] + list(range(N - 1)), [-1] * (N // 2)]
+    trees = sk.TreeBatch.from_heads(heads)
+    d = trees.distance
+    assert d.shape == (2, N, N) and d.stride(-1) == 1
+    assert d.stride(0) % 16 == 0 and d.stride(1) % 16 == 0 and d.storage_offset() % 16 == 0
+    # The values are those of the plain builder, padding included.
+    assert torch.equal(d, sk.tree_distance(heads))
+    assert tb.known_symmetric(d)
+    # .to() and pickling (DataLoader workers) keep the padded rows and what is known of them.
+    for moved in (trees.to("cpu", non_blocking=True), trees.to(torch.device("meta")),
+                  pickle.loads(pickle.dumps(trees))):
+        assert moved.distance.stride() == d.stride() and tb.known_symmetric(moved.distance)
+        if moved.distance.device.type != "meta":
+            assert torch.equal(moved.distance, d)
+
+
+def test_aligned_distance_copies_only_unaligned_tensors():
+    aligned = torch.zeros(2, 32, 32, dtype=torch.uint8)
+    assert tb.aligned_distance(aligned) is aligned
+    odd = torch.randint(0, 256, (3, 21, 21), dtype=torch.uint8)
+    copy = tb.aligned_distance(odd)
+    assert copy.data_ptr() != odd.data_ptr() and torch.equal(copy, odd)
+    assert copy.stride() == (21 * 32, 32, 1)
+    shifted = torch.zeros(16 * 16 + 1, dtype=torch.uint8)[1:].view(1, 16, 16)  # start not 16-byte aligned
+    assert tb.aligned_distance(shifted).storage_offset() % 16 == 0
+    # A plain tensor is not known to be symmetric, whatever its values.
+    assert not tb.known_symmetric(aligned)
+
+
+@needs_triton
+def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
+    """The launchers get the TreeBatch's padded rows themselves (no per-call copy) and per-row buffers whose
+    rows are 16 floats apart, whatever N."""
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2], [-1, 0, 1]])
+    N = trees.max_len
+    q = torch.randn(2, 2, N, 32, device=DEVICE, requires_grad=True)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    d = trees.to(DEVICE).distance
+    seen = []
+    real_launch = P.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        name = kernel.fn.__name__
+        if name in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
+            distance = args[3] if name == "_bias_fwd_kernel" else args[4]  # after q, k, v (and dout)
+            seen.append((name, distance.data_ptr(), distance.stride()))
+        real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(ba, "launch", spy)
+    out = sk.syntax_bias_attention(q, k, v, d, torch.randn(sk.BucketSpec().num_buckets, device=DEVICE),
+                                   buckets=sk.BucketSpec(), lengths=trees.lengths.to(DEVICE), backend="triton")
+    out.sum().backward()
+    assert {name for name, _, _ in seen} == {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"}
+    for name, ptr, stride in seen:
+        assert ptr == d.data_ptr() and stride == d.stride(), name
+    _, lse = ba.bias_attention_forward(q.detach(), k, v, d, ba.bias_lut(torch.zeros(12, device=DEVICE),
+                                       torch.ones(1, device=DEVICE), sk.BucketSpec(), -1),
+                                       trees.lengths.to(DEVICE, torch.int32), 0.1, -1, False)
+    assert lse.shape == (2, 2, N) and lse.stride(1) % 16 == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Directed distances: exact gradients
+# ----------------------------------------------------------------------------------------------------------
+
+def _directed_case(B=2, N=40, dtype=torch.float32, seed=0):
+    case = make_case(B, 2, N, 32, dtype, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    case["distance"] = torch.randint(0, 256, (B, N, N), dtype=torch.uint8, generator=gen)
+    assert not torch.equal(case["distance"], case["distance"].transpose(1, 2))
+    return case
+
+
+@needs_triton
+@pytest.mark.parametrize("opts", [dict(), dict(window=6), dict(causal=True)], ids=["plain", "window", "causal"])
+def test_directed_distance_gets_exact_gradients(opts):
+    check_against_reference(_directed_case(N=40 if not opts else 33), **opts)
+
+
+@needs_triton
+def test_symmetric_flag_is_what_the_backward_trusts():
+    """symmetric=True on a directed distance reads it transposed as it is: the dK/dV gradients differ from the
+    reference's, which shows the default path's transposed copy is what makes them exact."""
+    case = _directed_case()
+    q, k, v = (case[n].to(DEVICE).requires_grad_() for n in ("q", "k", "v"))
+    table = case["table"].to(DEVICE).requires_grad_()
+    d = case["distance"].to(DEVICE)
+
+    def grads(**kw):
+        out = sk.syntax_bias_attention(q, k, v, d, table, buckets=case["buckets"], backend="triton", **kw)
+        return torch.autograd.grad(out.square().sum(), (q, k, table))
+
+    exact = grads()
+    trusted = grads(symmetric=True)
+    torch.testing.assert_close(trusted[0], exact[0])  # dQ reads the distance as it is either way
+    assert (trusted[1] - exact[1]).abs().max() > 1e-2 * exact[1].abs().max()
+    with pytest.raises(ValueError, match="symmetric"):
+        sk.syntax_bias_attention(q, k, v, d, table, buckets=case["buckets"], backend="triton", symmetric="yes")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shape checks while torch.compile traces
+# ----------------------------------------------------------------------------------------------------------
+
+@needs_triton
+def test_shape_checks_run_while_compiling():
+    case = make_case(1, 2, 24, 32, torch.float32)
+    q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
+    small = case["distance"][:, :16, :16].contiguous().to(DEVICE)
+
+    def f(q, k, v, distance, table):
+        return sk.syntax_bias_attention(q, k, v, distance, table, buckets=sk.BucketSpec(), backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"distance must have shape \[B, N, N\]"):
+        compiled(q, k, v, small, case["table"].to(DEVICE))
+
+
+def test_cpu_edge_backward_fake_has_the_real_strides():
+    """The fake of the C++ edge backward returns contiguous gradients, as the real op does, also for the
+    transposed q, k, v the modules pass."""
+    from conftest import HAS_EDGE_CPP
+
+    if not HAS_EDGE_CPP:
+        pytest.skip("C++ extension not built")
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1], [-1, 0, 1]])
+    lists = trees.relation_lists(sk.MaskSpec())
+    x = torch.randn(2, 5, 2, 16)
+    q, k, v = (x.transpose(1, 2) for _ in range(3))  # [B, H, N, D], not contiguous
+    R = lists.num_relations
+    out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, lists.row_ptr, lists.col, R, 0.25)
+    args = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr,
+            lists.t_col, lists.t_rel, 0.25)
+    real = torch.ops.syntaxkernels.edge_attention_cpu_bwd(*args)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.ops.syntaxkernels.edge_attention_cpu_bwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                                                                 else a for a in args))
+    for r, f in zip(real, fake):
+        assert r.shape == f.shape and r.stride() == f.stride()
