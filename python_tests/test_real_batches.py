@@ -43,7 +43,7 @@ def test_aligned_distance_copies_only_unaligned_tensors():
     odd = torch.randint(0, 256, (3, 21, 21), dtype=torch.uint8)
     copy = tb.aligned_distance(odd)
     assert copy.data_ptr() != odd.data_ptr() and torch.equal(copy, odd)
-    assert copy.stride() == (21 * 32, 32, 1)
+    assert copy.stride() == (32 * 32, 32, 1)  # a [3, 32, 32] buffer: rows and columns padded to 16
     shifted = torch.zeros(16 * 16 + 1, dtype=torch.uint8)[1:].view(1, 16, 16)  # start not 16-byte aligned
     assert tb.aligned_distance(shifted).storage_offset() % 16 == 0
     # A plain tensor is not known to be symmetric, whatever its values.

@@ -158,7 +158,7 @@ def _bias_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
-    H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2,
+    H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True,
@@ -166,8 +166,11 @@ def _bias_fwd_kernel(
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
     Args:
-        Q, K: ``[B, H, N, D]``; V, OUT: ``[B, H, N, DV]`` (strided, one dtype).
-        DIST: uint8 ``[B, N, N]`` (strides multiples of 16 for vector loads: :func:`aligned_distance`).
+        Q, K: ``[B, H, N_OUT, D]``; V, OUT: ``[B, H, N_OUT, DV]`` (strided, one dtype).
+        N, N_OUT: the padded extent (``roundup(N_OUT, 16)``: the rows and columns of DIST's buffer and of the
+            LSE rows, which reads are bounded by, so that masks and addresses stay 16-aligned) and the sequence
+            extent (the rows of q, k, v and the outputs, which stores are bounded by).
+        DIST: uint8 ``[B, N_OUT, N_OUT]`` in an ``[B, N, N]`` buffer (:func:`aligned_distance`).
         LUT: fp32 ``[H or 1, 256]`` (row stride ``stride_lh``, 0 when shared):
             the log2-domain bias of every distance value, ``-inf`` for pairs outside the window.
         LENGTHS: int32 ``[B]``.
@@ -213,7 +216,7 @@ def _bias_fwd_kernel(
     out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
     o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N) & (offs_dv[None, :] < DV))
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_dv[None, :] < DV))
     tl.store(LSE + bh.to(tl.int64) * stride_row + offs_m, lse, mask=offs_m < N)
 
 
@@ -237,7 +240,7 @@ def _bias_bwd_preprocess_kernel(
     out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, N, DV, True, False)
     dout = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, N, DV, True, False)
     delta = tl.sum(out.to(tl.float32) * dout.to(tl.float32), axis=1)
-    tl.store(DELTA + bh.to(tl.int64) * stride_row + offs_m, delta, mask=offs_m < N)
+    tl.store(DELTA + bh.to(tl.int64) * stride_row + offs_m, delta, mask=offs_m < stride_row)  # 0 past N
 
 
 @triton.jit
@@ -339,7 +342,7 @@ def _bias_bwd_dkdv_kernel(
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
-    H, N, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
+    H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr,
@@ -370,7 +373,7 @@ def _bias_bwd_dkdv_kernel(
         BUCKET_PARTIALS: fp32 ``[B * H * nK, NUM_BUCKETS]``: this program's sums of dS per bucket, written
             once per pass and reduced in a fixed order by the launcher.
         NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET: the BucketSpec.
-        Others as in the forward.
+        N, N_OUT and the others as in the forward.
     Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
     """
     k_block, bh, b, h = program_ids(num_k_blocks, H)
@@ -462,8 +465,8 @@ def _bias_bwd_dkdv_kernel(
         dv = tl.where(key_ok[:, None], dv, 0.0)
         dk_ptrs = DK + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
         dv_ptrs = DV_OUT + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_d[None, :] < D))
-        tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N) & (offs_dv[None, :] < DV))
+        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_d[None, :] < D))
+        tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_dv[None, :] < DV))
     if TABLE_GRAD:
         bucket_ids = tl.arange(0, BUCKETS_PAD)
         if STATIC_BUCKETS:
@@ -508,7 +511,7 @@ def _bias_bwd_dq_kernel(
     stride_gb, stride_gh, stride_gn, stride_gd,
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
     stride_xb, stride_xh, stride_xn, stride_xd,
-    H, N, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
+    H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -561,7 +564,7 @@ def _bias_bwd_dq_kernel(
     row_ok = offs_m < length
     dq = tl.where(row_ok[:, None], dq * scale, 0.0)
     dq_ptrs = DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn + offs_d[None, :] * stride_xd
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N) & (offs_d[None, :] < D))
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_d[None, :] < D))
     if TABLE_GRAD:
         tl.store(DELTA_CORRECTED + row_base + offs_m, delta + row_error, mask=offs_m < N)
 
@@ -681,10 +684,19 @@ def _lists(distance, lengths, block_m, block_n, window, causal, by_key):
     return split_lists(live, boundary)
 
 
-def _row_buffer(B: int, H: int, N: int, device) -> torch.Tensor:
-    """fp32 ``[B, H, N]`` for per-row statistics (log-sum-exp, delta) whose rows start 64-byte aligned (a view
-    of ``[B, H, roundup(N, 16)]``): the kernels load a block of rows as one aligned vector whatever N is."""
-    return torch.empty((B, H, -(-N // 16) * 16), dtype=torch.float32, device=device)[..., :N]
+def _padded(N: int) -> int:
+    """The kernels' padded extent: N rounded up to 16 (see the forward kernel's ``N, N_OUT``)."""
+    return -(-N // 16) * 16
+
+
+def _row_buffer(B: int, H: int, N: int, device, fill: Optional[float] = None) -> torch.Tensor:
+    """fp32 ``[B, H, N]`` for per-row statistics (log-sum-exp, delta): a view of ``[B, H, roundup(N, 16)]``, whose
+    rows the kernels read and write up to the padded extent with aligned vectors whatever N is (``fill``: the
+    padding's value, for a buffer no kernel writes)."""
+    shape = (B, H, _padded(N))
+    rows = torch.empty(shape, dtype=torch.float32, device=device) if fill is None else torch.full(
+        shape, fill, dtype=torch.float32, device=device)
+    return rows[..., :N]
 
 
 def _even(N: int, config: dict) -> bool:
@@ -720,9 +732,10 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     launch(_bias_fwd_kernel, launch_grid(num_q, B, H),
            q, k, v, distance, lut, lengths, kv_list if use_lists else lengths, kv_count if use_lists else lengths,
            out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *distance.stride(),
-           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(1), H, N, D, DV, num_q, num_k, scale * LOG2E,
+           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(1), H, _padded(N), N, D, DV, num_q, num_k,
+           scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(N, config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse
 
@@ -806,7 +819,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
     delta = _row_buffer(B, H, N, q.device)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
-        lse = _row_buffer(B, H, N, q.device).copy_(lse)
+        lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
     launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, 64), B, H),
            out, dout, delta, *out.stride(), *dout.stride(), delta.stride(1), H, N, DV, BLOCK_M=64,
            BLOCK_DV=block_dv)
@@ -823,9 +836,9 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     launch(_bias_bwd_dq_kernel, launch_grid(num_q, B, H),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
            kv_count if use_lists else lengths, lse, delta, dq, corrected, *strides, *dq.stride(),
-           H, N, D, DV, num_q, num_k, scale, scale * LOG2E,
+           H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-           EVEN_DV=block_dv == DV, EVEN_N=_even(N, dq_config), USE_LISTS=use_lists, CAUSAL=causal,
+           EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"])
 
@@ -845,10 +858,10 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance,
                 UNREACHABLE_BUCKET=unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                EVEN_DV=block_dv == DV, EVEN_N=_even(N, dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
+                EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
                 TABLE_GRAD=table_grad, INTERPRETED=interpreting(), DOT_PRECISION=precision,
                 num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
-    sizes = (*strides_t, *dk.stride(), *dv.stride(), H, N, D, DV, num_q, num_k, scale, scale * LOG2E)
+    sizes = (*strides_t, *dk.stride(), *dv.stride(), H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E)
     launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[0], *sizes, BOUNDARY_PASS=False, **meta)
     if table_grad:
         meta["num_warps"] = dkdv_config.get("boundary_warps", dkdv_config["num_warps"])

@@ -20,9 +20,9 @@ O(E) (no N x N matrix), with a PyTorch fallback from the distance, depth and seg
 ``TreeBatch.relation_lists(masks)`` and ``TreeBatch.window_lists(window)`` build them once per batch and
 cache them; ``.to()`` and ``.pin_memory()`` carry the cache.
 
-Layout. A ``TreeBatch``'s distance rows are padded to a multiple of 16 bytes (:func:`aligned_distance`: a
-``[B, N, N]`` view of a ``[B, N, roundup(N, 16)]`` buffer, at most 15 bytes a row), so that the fused kernels
-read distance tiles with vector loads whatever N is; ``.to()`` and ``.pin_memory()`` move the padded buffer.
+Layout. A ``TreeBatch``'s distance is a ``[B, N, N]`` view of a ``[B, roundup(N, 16), roundup(N, 16)]`` buffer
+(:func:`aligned_distance`), so that the fused kernels read distance tiles with vector loads whatever N is;
+``.to()`` and ``.pin_memory()`` move the padded buffer.
 A ``TreeBatch``'s distance is known to be symmetric (:func:`known_symmetric`), which lets the bias op's
 backward read it transposed without a copy.
 """
@@ -51,38 +51,50 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 DISTANCE_ALIGNMENT = 16
 
 
+def _round_up(n: int) -> int:
+    return -(-n // DISTANCE_ALIGNMENT) * DISTANCE_ALIGNMENT
+
+
 def _aligned(distance: torch.Tensor) -> bool:
-    return (distance.stride(-1) == 1 and all(s % DISTANCE_ALIGNMENT == 0 for s in distance.stride()[:-1])
-            and distance.storage_offset() % DISTANCE_ALIGNMENT == 0)
+    B, N, M = distance.shape
+    stride_b, stride_i, stride_j = distance.stride()
+    if stride_j != 1 or stride_i % DISTANCE_ALIGNMENT or stride_b % DISTANCE_ALIGNMENT:
+        return False
+    if distance.storage_offset() % DISTANCE_ALIGNMENT or stride_i < _round_up(M) or stride_b < _round_up(N) * stride_i:
+        return False
+    return distance.untyped_storage().nbytes() >= distance.storage_offset() + B * stride_b
 
 
 def aligned_distance(distance: torch.Tensor) -> torch.Tensor:
-    """``distance`` (uint8 ``[B, N, M]``) whose start and batch and row strides are multiples of 16 bytes.
+    """``distance`` (uint8 ``[B, N, M]``) laid out for the fused kernels: start, batch and row strides multiples
+    of 16 bytes, and room for ``roundup(N, 16)`` rows of ``roundup(M, 16)`` bytes per item.
 
-    Itself when it already is; else a copy into rows padded to a multiple of 16 (a ``[B, N, M]`` view of a
-    ``[B, N, roundup(M, 16)]`` buffer on the same device; the padding bytes are 255, unreachable). The fused
-    kernels read distance tiles through these strides: 16-byte aligned rows give vector loads and
-    asynchronous copies, unaligned ones single bytes (and, at N not a multiple of 16, spills).
+    Itself when it already is (a contiguous distance with N a multiple of 16, or a :class:`TreeBatch`'s); else
+    a copy: a ``[B, N, M]`` view of a ``[B, roundup(N, 16), roundup(M, 16)]`` buffer on the same device, whose
+    padding bytes are 255 (unreachable). Aligned rows give the kernels vector loads and asynchronous copies of
+    the distance tiles, and the padded extent lets them bound their reads by a multiple of 16 (at N not a
+    multiple of 16 they would otherwise load single bytes and spill).
     """
     if _aligned(distance):
         return distance
     B, N, M = distance.shape
-    width = -(-M // DISTANCE_ALIGNMENT) * DISTANCE_ALIGNMENT
-    padded = torch.full((B, N, width), UNREACHABLE, dtype=distance.dtype, device=distance.device)
-    view = padded[:, :, :M]
+    padded = torch.full((B, _round_up(N), _round_up(M)), UNREACHABLE, dtype=distance.dtype, device=distance.device)
+    view = padded[:, :N, :M]
     view.copy_(distance)
     return view
 
 
 def _map_distance(fn, distance: torch.Tensor) -> torch.Tensor:
     """``fn`` (``.to()``, ``.pin_memory()``) applied to the padded buffer behind an :func:`aligned_distance` view,
-    so the result keeps its padded rows (``fn`` on the view itself would return a contiguous, unaligned copy)."""
+    so the result keeps its layout (``fn`` on the view itself would return a contiguous, unaligned copy)."""
     B, N, M = distance.shape
-    width = distance.stride(1) if N > 1 else M
-    if (distance.is_contiguous() or distance.stride(-1) != 1 or distance.storage_offset() != 0 or width < M
-            or distance.stride(0) != N * width or distance.untyped_storage().nbytes() < B * N * width):
+    if distance.is_contiguous() or not _aligned(distance) or distance.storage_offset() != 0:
         return fn(distance)
-    return fn(distance.as_strided((B, N, width), (N * width, width, 1)))[:, :, :M]
+    stride_b, width = distance.stride(0), distance.stride(1)
+    rows = stride_b // width
+    if rows * width != stride_b:
+        return fn(distance)
+    return fn(distance.as_strided((B, rows, width), (stride_b, width, 1)))[:, :N, :M]
 
 
 _SYMMETRIC: Dict[int, "weakref.ref"] = {}
@@ -585,8 +597,8 @@ class TreeBatch:
     Attributes:
         heads: ``int64 [B, N]`` 0-based heads, -1 for roots (padding entries as given).
         lengths: ``int64 [B]``.
-        distance: ``uint8 [B, N, N]``, symmetric, rows padded to 16 bytes (:func:`aligned_distance`; a view, not
-            contiguous unless N is a multiple of 16).
+        distance: ``uint8 [B, N, N]``, symmetric, rows and columns padded to multiples of 16
+            (:func:`aligned_distance`; a view, not contiguous unless N is a multiple of 16).
         depth: ``int32 [B, N]`` (-1 for padding).
         segment: ``int32 [B, N]`` (-1 for padding).
 
