@@ -162,3 +162,113 @@ def test_cpu_edge_backward_fake_has_the_real_strides():
                                                                  else a for a in args))
     for r, f in zip(real, fake):
         assert r.shape == f.shape and r.stride() == f.stride()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Padded batches: the work follows the valid pairs
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's tensor-core products")
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_backward_tensor_core_work_follows_the_length(monkeypatch, table_grad):
+    """At L = N / 4 the backward's products (every ``tl.dot``, weighted by its size) are at most twice the
+    ideal (L / N)^2 of the full-length work: key blocks past the length walk no query block."""
+    work = {}
+    kernel = ["?"]
+
+    def counting(f):
+        def product(a, b, *rest):
+            work[kernel[0]] = work.get(kernel[0], 0) + a.shape[0] * a.shape[1] * b.shape[1]
+            return f(a, b, *rest)
+        return product
+
+    real_launch = ba.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        kernel[0] = fn.fn.__name__
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(ba, "mma", counting(ba.mma))
+    monkeypatch.setattr(ba, "mma_acc", counting(ba.mma_acc))
+    monkeypatch.setattr(ba, "launch", spy)
+
+    def backward_work(N, L):
+        work.clear()
+        trees = sk.TreeBatch.from_heads([[-1] + list(range(L - 1)) + [-1] * (N - L)], torch.tensor([L]))
+        q = torch.randn(1, 1, N, 32, requires_grad=True)
+        table = torch.zeros(sk.BucketSpec().num_buckets, requires_grad=table_grad)
+        out = sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(),
+                                       lengths=trees.lengths, backend="triton")
+        out.sum().backward()
+        return sum(count for name, count in work.items() if "bwd" in name)
+
+    N = 256
+    ratio = backward_work(N, N // 4) / backward_work(N, N)
+    assert ratio <= 2 * (1 / 4) ** 2, ratio
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Every family's tiles execute (interpreter)
+# ----------------------------------------------------------------------------------------------------------
+
+# A compute capability per config family other than sm_90's (which every other test runs): A100 (sm80) and
+# the ~100 KB GPUs (small: RTX 30/40/50, L4, L40S).
+FAMILY_ARCHS = [pytest.param(80, id="sm80"), pytest.param(86, id="small")]
+FAMILY_CASES = [
+    ("N100-bf16-D64-ragged-empty-perhead", (3, 2, 100, 64), torch.bfloat16, dict(lengths=[100, 0, 37], per_head=True),
+     dict()),
+    ("N77-fp16-D128-causal", (2, 1, 77, 128), torch.float16, dict(lengths=[77, 30]), dict(causal=True)),
+    ("N129-bf16-D32-window2", (2, 2, 129, 32), torch.bfloat16, dict(roots=3), dict(window=2)),
+    ("N33-fp32-D64-directed", None, torch.float32, None, dict()),
+]
+
+
+@needs_triton
+@pytest.mark.skipif(DEVICE != "cpu", reason="a real GPU runs its own family's configs")
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+@pytest.mark.parametrize("name,shape,dtype,make,opts", FAMILY_CASES, ids=[c[0] for c in FAMILY_CASES])
+def test_every_family_configs_match_the_reference(arch, name, shape, dtype, make, opts):
+    previous = P.interpret_as(arch)
+    try:
+        assert ba.select_config("dkdv", dtype, 64) == ba.select_config("dkdv", dtype, 64, P.arch_family(arch))
+        case = _directed_case(N=33) if shape is None else make_case(*shape, dtype, **make)
+        check_against_reference(case, **opts)
+    finally:
+        P.interpret_as(previous)
+
+
+def test_families_and_shared_memory_limits():
+    """Every GPU family users own maps to configs (or to none, for sm_75), each with its shared-memory limit."""
+    assert P.arch_family(90) == P.arch_family(100) == "sm90"
+    assert P.arch_family(80) == "sm80"
+    assert P.arch_family(86) == P.arch_family(89) == P.arch_family(120) == "small"  # ~99 KB of shared memory
+    assert P.arch_family(75) == "unsupported"
+    for arch in (75, 80, 86, 89, 90, 100, 120):
+        assert arch in P.SHARED_LIMIT
+    assert P.SHARED_LIMIT[120] == P.SHARED_LIMIT[86] == 101376
+    with pytest.raises(ValueError, match="sm_80 or newer"):
+        previous = P.interpret_as(75)
+        try:
+            ba.select_config("fwd", torch.bfloat16, 64)
+        finally:
+            P.interpret_as(previous)
+
+
+def test_t4_class_gpus_run_the_reference(monkeypatch):
+    """On a GPU older than sm_80 (T4: sm_75) the Triton kernels are not used: backend='auto' runs the reference
+    and backend='triton' says why (checked on a stand-in for a CUDA tensor: this machine may have no GPU)."""
+    from syntaxkernels.ops import _dispatch
+
+    class CudaTensor:
+        device = torch.device("cuda", 0)
+        dtype = torch.float16
+        shape = (1, 1, 8, 64)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    why = _dispatch.triton_unsupported(CudaTensor(), CudaTensor())
+    assert why is not None and "sm_75" in why
+    assert _dispatch.kernels_or_reference("auto", "triton", CudaTensor(), CudaTensor()) == "reference"
+    with pytest.raises(ValueError, match="sm_75"):
+        _dispatch.kernels_or_reference("triton", "triton", CudaTensor(), CudaTensor())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert _dispatch.triton_unsupported(CudaTensor(), CudaTensor()) is None

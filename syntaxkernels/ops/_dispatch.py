@@ -60,8 +60,20 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "triton"
 
 
+#: The oldest GPU the Triton kernels run on (compute capability): bf16 tensor cores and 99 KB or more of shared
+#: memory a block (``ops._primitives.ARCH_FAMILY`` has the configs of each family).
+MIN_CAPABILITY = (8, 0)
+
+
 def triton_unsupported(q: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why the Triton kernels cannot take these q and v (None when they can)."""
+    if q.device.type == "cuda":
+        capability = torch.cuda.get_device_capability(q.device)  # cached by torch: no device round trip
+        if tuple(capability) < MIN_CAPABILITY:
+            major, minor = capability
+            return (f"the GPU is sm_{major}{minor}; the Triton kernels need compute capability "
+                    f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (bf16 tensor cores, 99 KB or more of shared "
+                    "memory a block: T4-class GPUs run the reference)")
     if q.dtype not in TRITON_DTYPES:
         return f"q has dtype {q.dtype}; the Triton kernels take float16, bfloat16 or float32"
     for name, dim in (("q", q.shape[-1]), ("v", v.shape[-1])):

@@ -12,7 +12,8 @@ Device helpers (``@triton.jit``):
 
 Host helpers: :func:`launch` (through ``torch.library.wrap_triton``; :func:`set_launch_hook` lets the inspection
 report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
-:func:`arch_family`, ``LOG2E``.
+:func:`arch_family` / :func:`current_arch` (the GPU families, :data:`ARCH_FAMILY`, and their shared-memory
+limits, :data:`SHARED_LIMIT`), ``LOG2E``.
 
 Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``), so softmaxes use
 ``exp2``; distance tiles are uint8, 255 = unreachable (and out of range).
@@ -26,7 +27,8 @@ LOG2E = 1.4426950408889634
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "set_launch_hook",
-           "launch_grid", "head_block", "dot_precision", "arch_family", "interpreting"]
+           "launch_grid", "head_block", "dot_precision", "arch_family", "current_arch", "interpret_as", "SHARED_LIMIT",
+           "ARCH_FAMILY", "interpreting"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -279,15 +281,49 @@ def dot_precision(dtype) -> str:
     return "tf32"
 
 
-def arch_family() -> str:
-    """"sm90" (Hopper and newer), "sm80" (A100) or "small" (GPUs with about 100 KB of shared memory a block)
-    for the GPU Triton compiles for; the interpreter counts as "sm90"."""
+#: Dynamic shared memory one block may use, in bytes, per compute capability (``sm_XY`` = XY): the limit every
+#: config of a family must fit (checked by the inspection report, compiled as launched).
+SHARED_LIMIT = {75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
+                110: 232448, 120: 101376, 121: 101376}
+
+#: The config family of each compute capability: "sm90" (~227 KB of shared memory a block: Hopper, datacenter
+#: Blackwell), "sm80" (~163 KB: A100, Orin), "small" (~99 KB: RTX 30/40/50, L4, L40S, RTX PRO Blackwell);
+#: compute capabilities not listed (sm_75 and older: 64 KB, no bf16 tensor cores) have no Triton configs.
+ARCH_FAMILY = {80: "sm80", 87: "sm80", 86: "small", 89: "small", 120: "small", 121: "small", 90: "sm90",
+               100: "sm90", 103: "sm90", 110: "sm90"}
+
+
+#: Under ``TRITON_INTERPRET=1``: the compute capability whose configs (tiles, warps, stages) the kernels run
+#: with (tests set it to run every family's tiles on the CPU; :func:`interpret_as`). 90 by default.
+_INTERPRETED_ARCH = 90
+
+
+def interpret_as(arch: int) -> int:
+    """Run the interpreted kernels with the configs of ``sm_<arch>`` from now on; returns the previous arch.
+    Only meaningful under ``TRITON_INTERPRET=1`` (a real GPU always takes its own configs)."""
+    global _INTERPRETED_ARCH
+    previous, _INTERPRETED_ARCH = _INTERPRETED_ARCH, int(arch)
+    return previous
+
+
+def current_arch() -> int:
+    """The compute capability Triton compiles for (``major * 10 + minor``); under the interpreter the one of
+    :func:`interpret_as` (90 unless a test chose another)."""
     if interpreting():
-        return "sm90"
+        return _INTERPRETED_ARCH
     target = triton.runtime.driver.active.get_current_target()
-    arch = target.arch if isinstance(target.arch, int) else 0
-    if arch >= 90:
-        return "sm90"
-    if arch == 80:
-        return "sm80"
-    return "small"
+    return target.arch if isinstance(target.arch, int) else 0
+
+
+def arch_family(arch: int = None) -> str:
+    """The config family of ``arch`` (default: the GPU Triton compiles for, :func:`current_arch`):
+    see :data:`ARCH_FAMILY`. An unlisted newer GPU takes the family of the listed one below it with the same
+    major version, else "small" (the configs that fit any GPU of 99 KB or more); an older one than sm_80 has
+    none ("unsupported": ``ops._dispatch.triton_unsupported`` says why, and the ops run the reference)."""
+    arch = current_arch() if arch is None else arch
+    if arch in ARCH_FAMILY:
+        return ARCH_FAMILY[arch]
+    same_major = [a for a in ARCH_FAMILY if a // 10 == arch // 10 and a < arch]
+    if same_major:
+        return ARCH_FAMILY[max(same_major)]
+    return "small" if arch >= 80 else "unsupported"

@@ -52,7 +52,7 @@ from .. import _validation as V
 from .. import reference
 from ..specs import BucketSpec
 from ._dispatch import kernels_or_reference, resolve_backend, triton_unsupported
-from ._primitives import (LOG2E, arch_family, bucket_from_distance, distance_tile, dot_precision, head_block,
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, current_arch, distance_tile, dot_precision, head_block,
                           in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
                           program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
@@ -436,7 +436,7 @@ def _bias_bwd_dkdv_kernel(
             diagonal_end = tl.cdiv((k_block + 1) * BLOCK_N - 1, BLOCK_M)
         total = tl.where(k_block * BLOCK_N < length, tl.cdiv(length, BLOCK_M), 0)
         diagonal_end = tl.minimum(diagonal_end, total)
-        full = length // BLOCK_M
+        full = tl.minimum(length // BLOCK_M, total)  # a key block wholly past the length walks nothing
         tail = tl.maximum(diagonal_end, full)
         if not BOUNDARY_PASS:
             for q_block in range(diagonal_end, full):
@@ -618,6 +618,9 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
     """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq"; "table" shares "dq") kernel."""
     family = family or arch_family()
+    if family == "unsupported":
+        raise ValueError(f"no Triton configs for this GPU (compute capability {current_arch()}): the kernels need "
+                         "sm_80 or newer, and the ops run the reference there (backend='auto')")
     cls = "fp32" if dtype == torch.float32 else "half"
     config = dict(CONFIGS[("dq" if kind == "table" else kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
     if _BLOCK_OVERRIDE is not None:
