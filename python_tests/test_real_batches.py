@@ -272,3 +272,44 @@ def test_t4_class_gpus_run_the_reference(monkeypatch):
         _dispatch.kernels_or_reference("triton", "triton", CudaTensor(), CudaTensor())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
     assert _dispatch.triton_unsupported(CudaTensor(), CudaTensor()) is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Block metadata: computed once per batch, shared by the layers
+# ----------------------------------------------------------------------------------------------------------
+
+@needs_triton
+def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
+    """Layers of one step share the trees: the live-tile lists and tile bucket sets of a windowed call with the
+    table gradient are built by the first call and reused by the next (same TreeBatch tensors), rebuilt after
+    an in-place change, and dropped when the trees are freed."""
+    import gc
+
+    built = []
+    real_lists, real_buckets = ba._build_lists, ba._tile_buckets
+    monkeypatch.setattr(ba, "_build_lists", lambda *a, **k: built.append("lists") or real_lists(*a, **k))
+    monkeypatch.setattr(ba, "_tile_buckets", lambda *a, **k: built.append("buckets") or real_buckets(*a, **k))
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2, 3, 4], [-1, 0, 1, 2]]).to(DEVICE)
+    buckets = sk.BucketSpec()
+
+    def layer():
+        q = torch.randn(2, 2, trees.max_len, 32, device=DEVICE, requires_grad=True)
+        table = torch.zeros(buckets.num_buckets, device=DEVICE, requires_grad=True)
+        out = sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=buckets, lengths=trees.lengths,
+                                       window=3, backend="triton")
+        out.sum().backward()
+        return out
+
+    first = layer()
+    once = list(built)
+    assert once.count("buckets") == 1 and once.count("lists") >= 2  # forward/dQ and dK/dV tilings
+    second = layer()
+    assert built == once, "the second layer rebuilt block metadata"
+    assert torch.equal(first != 0, second != 0)
+    trees.lengths[1] = 3  # an in-place change: the metadata is derived again
+    layer()
+    assert len(built) == 2 * len(once)
+    entries = len(P._BATCH_CACHE)
+    del trees
+    gc.collect()
+    assert len(P._BATCH_CACHE) < entries

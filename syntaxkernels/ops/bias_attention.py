@@ -52,9 +52,9 @@ from .. import _validation as V
 from .. import reference
 from ..specs import BucketSpec
 from ._dispatch import kernels_or_reference, resolve_backend, triton_unsupported
-from ._primitives import (LOG2E, arch_family, bucket_from_distance, current_arch, distance_tile, dot_precision, head_block,
-                          in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
-                          program_ids)
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, current_arch, distance_tile, dot_precision,
+                          head_block, in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc,
+                          opaque_int32, per_batch, program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ..trees.batch import aligned_distance, known_symmetric
 
@@ -676,9 +676,15 @@ def bias_lut(table: torch.Tensor, bias_scale: torch.Tensor, buckets: BucketSpec,
 
 
 def _lists(distance, lengths, block_m, block_n, window, causal, by_key):
-    """Live-tile lists (interior first) for a windowed call, or None (the kernels then walk ranges)."""
+    """Live-tile lists (interior first) for a windowed call, or None (the kernels then walk ranges); computed
+    once per batch (:func:`per_batch`: every layer shares them)."""
     if window < 0:
         return None, None
+    return per_batch((distance, lengths), ("lists", block_m, block_n, window, causal, by_key),
+                     lambda: _build_lists(distance, lengths, block_m, block_n, window, causal, by_key))
+
+
+def _build_lists(distance, lengths, block_m, block_n, window, causal, by_key):
     smallest, _ = block_distance_range(distance, lengths, block_m, block_n)
     live = live_blocks(smallest, lengths, block_m, block_n, window=window, causal=causal)
     boundary = boundary_tiles(lengths, live.shape[1], live.shape[2], block_m, block_n, causal, by_key=by_key)
@@ -813,7 +819,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     stride_lh = lut.stride(0) if rows > 1 else 0
     distance = aligned_distance(distance)
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
-    distance_t = distance if symmetric else aligned_distance(distance.transpose(1, 2))
+    distance_t = distance if symmetric else per_batch((distance,), "transposed",
+                                                      lambda: aligned_distance(distance.transpose(1, 2)))
     family = arch_family()
     dkdv_config = select_config("dkdv", q.dtype, max(D, DV), family)
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
@@ -852,7 +859,9 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     use_lists = q_list is not None
     partials = torch.zeros((2, B * H * num_k, T), dtype=torch.float32, device=q.device)
     if table_grad:
-        tile_buckets, common = _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec)
+        tile_buckets, common = per_batch(
+            (distance, lengths), ("tile buckets", block_m, block_n, window, causal, spec),
+            lambda: _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec))
     else:
         tile_buckets = common = lengths
     args = (q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
@@ -937,11 +946,24 @@ def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _int32_lengths(lengths, q: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B]`` lengths on q's device (validated); one tensor per batch (:func:`per_batch`), so the block
+    metadata computed from it is shared by every layer."""
     B, _, N, _ = q.shape
-    lengths = V.normalize_lengths(lengths, q)
     if lengths is None:
         return torch.full((B,), N, dtype=torch.int32, device=q.device)
-    return lengths.to(torch.int32)
+
+    def normalize():
+        normalized = V.normalize_lengths(lengths, q)
+        return normalized.to(torch.int32)
+
+    if not isinstance(lengths, torch.Tensor):
+        return normalize()
+    return per_batch((lengths,), ("int32 lengths", B, N, str(q.device)), normalize)
+
+
+def _aligned(distance: torch.Tensor) -> torch.Tensor:
+    """:func:`aligned_distance`, copied once per batch when it copies (a distance not from a TreeBatch)."""
+    return per_batch((distance,), "aligned", lambda: aligned_distance(distance))
 
 
 def _symmetric(symmetric: Optional[bool], distance: torch.Tensor) -> bool:
@@ -978,7 +1000,7 @@ def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     lut2 = (lut.to(torch.float32).reshape(-1, 256) * LOG2E).contiguous()
-    return _LutAttention.apply(q, k, v, aligned_distance(distance), lut2, lengths, float(scale), symmetric)
+    return _LutAttention.apply(q, k, v, _aligned(distance), lut2, lengths, float(scale), symmetric)
 
 
 def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
@@ -1033,6 +1055,6 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
         value = 1.0 if bias_scale is None else float(bias_scale)
         bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
-    return _SyntaxBiasAttention.apply(q, k, v, aligned_distance(distance), table, bias_scale, lengths, float(scale),
+    return _SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths, float(scale),
                                       -1 if window is None else int(window), bool(causal), bucket_args(buckets),
                                       symmetric)
