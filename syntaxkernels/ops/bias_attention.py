@@ -610,6 +610,13 @@ for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
     if _arch == "sm80":
         CONFIGS[(_kind, "small", _cls, _dim)] = dict(_config)
 CONFIGS[("dq", "small", "half", 128)] = _C(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2)
+# sm_120 (RTX 50xx, RTX PRO Blackwell: compiled by the Blackwell ptxas) spills 8-16 B with A100's dK/dV tiles;
+# these are spill-free on sm_86, sm_89 and sm_120 (a 1-stage main pass at D = 64, a 4-warp 1-stage boundary
+# pass at D = 128), with fewer instructions per element there too.
+CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1, boundary_warps=4,
+                                            boundary_stages=1)
+CONFIGS[("dkdv", "small", "half", 128)] = _C(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2, boundary_warps=4,
+                                             boundary_stages=1)
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
@@ -830,8 +837,9 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     delta = _row_buffer(B, H, N, q.device)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
-    launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, 64), B, H),
-           out, dout, delta, *out.stride(), *dout.stride(), delta.stride(1), H, N, DV, BLOCK_M=64,
+    preprocess_m = 64 if block_dv <= 64 else 32  # 64 x 128 spills 8 B on sm_100
+    launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, preprocess_m), B, H),
+           out, dout, delta, *out.stride(), *dout.stride(), delta.stride(1), H, N, DV, BLOCK_M=preprocess_m,
            BLOCK_DV=block_dv)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
     strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,

@@ -5,7 +5,8 @@ never turned into a missing name). Optional third-party libraries are imported w
 stanza helpers need ``stanza`` only when called, and say how to install it when it is missing.
 """
 from .align import align_batch, align_to_tokens
-from .batch import TreeBatch, build_tree_tensors, normalize_heads, python_tree_tensors, tree_distance
+from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symmetric, normalize_heads,
+                    python_tree_tensors, tree_distance)
 from .collate import TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
@@ -16,6 +17,8 @@ __all__ = [
     "build_tree_tensors",
     "normalize_heads",
     "python_tree_tensors",
+    "aligned_distance",
+    "known_symmetric",
     "Sentence",
     "read_conllu",
     "from_conllu_heads",
