@@ -276,6 +276,53 @@ def test_plain_from_pretrained_refuses_to_reenable(tmp_path):
         enable_syntax_attention(plain, "bias")
 
 
+@pytest.mark.parametrize("method", ["bias", "gat"])
+def test_plain_from_pretrained_never_gives_a_model_that_ignores_its_trees(tmp_path, method):
+    """With the integration imported, a plain from_pretrained of a syntax checkpoint (head class or Auto class)
+    loads, but its first forward, with or without trees, raises and says to use load_syntax_model; saving the
+    model load_syntax_model gave keeps that protection."""
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, method, **({"gat_config": GAT_SMALL} if method == "gat" else {}))
+    _randomise(model)
+    model.save_pretrained(tmp_path)
+    ids, mask, trees = _batch()
+    for cls in (transformers.BertForTokenClassification, transformers.AutoModelForTokenClassification,
+                transformers.AutoModel):
+        plain = cls.from_pretrained(tmp_path)
+        for inputs in (dict(syntax_trees=trees), {}):
+            with pytest.raises(ValueError, match="load_syntax_model"):
+                plain(input_ids=ids, attention_mask=mask, **inputs)
+    loaded = load_syntax_model(transformers.BertForTokenClassification, tmp_path)
+    again = tmp_path / "again"
+    loaded.save_pretrained(again)
+    with pytest.raises(ValueError, match="load_syntax_model"):
+        transformers.BertForTokenClassification.from_pretrained(again)(input_ids=ids, attention_mask=mask,
+                                                                        syntax_trees=trees)
+    reloaded = load_syntax_model(transformers.BertForTokenClassification, again).eval()
+    torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits,
+                               model.eval()(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits)
+
+
+def test_plain_from_pretrained_without_the_integration_refuses_to_load(tmp_path):
+    """A process that never imports syntaxkernels: transformers itself refuses the checkpoint, and its message
+    names load_syntax_model."""
+    import subprocess
+    import sys
+
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "bias")
+    model.save_pretrained(tmp_path)
+    code = ("import sys, transformers\n"
+            "try:\n"
+            f"    transformers.BertForTokenClassification.from_pretrained({str(tmp_path)!r})\n"
+            "except ValueError as e:\n"
+            "    print(e); sys.exit(3)\n"
+            "assert 'syntaxkernels' not in sys.modules\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "load_syntax_model" in run.stdout, run.stdout
+
+
 def test_load_syntax_model_needs_a_syntax_checkpoint(tmp_path):
     _model("bert", head="tokens").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="syntax_attention"):

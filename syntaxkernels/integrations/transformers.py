@@ -51,8 +51,12 @@ Other differences from the unpatched model:
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
-to the weights file. :func:`load_syntax_model` reloads both (plain ``from_pretrained`` would drop the syntax
-parameters as unexpected keys; reading them back is :mod:`syntaxkernels.integrations.checkpoint`).
+to the weights file. :func:`load_syntax_model` reloads both (reading the syntax parameters back is
+:mod:`syntaxkernels.integrations.checkpoint`). A plain ``from_pretrained`` would drop the syntax parameters as
+unexpected keys, so the saved ``config.json`` names the attention implementation
+:data:`SAVED_ATTN_IMPLEMENTATION`: without this module imported, transformers refuses to load it (its error
+quotes that name, which says to use ``load_syntax_model``); with this module imported the model loads but its
+first forward raises a ``ValueError`` saying the same. Never a model that silently ignores its trees.
 
 POS ids for the GAT: :func:`token_pos_ids` and :data:`UPOS_TAGS` (from :mod:`syntaxkernels.integrations.upos`).
 
@@ -88,6 +92,7 @@ from .upos import UPOS_TAGS, token_pos_ids
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "SAVED_ATTN_IMPLEMENTATION",
     "METHODS",
     "DEFAULT_GAT_CONFIG",
     "enable_syntax_attention",
@@ -103,6 +108,15 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "syntaxkernels"
+
+#: The attention implementation that the ``config.json`` of a saved syntax model names (``enable_syntax_attention``
+#: records it as ``config.attn_implementation``). A plain ``from_pretrained`` of such a checkpoint would drop the
+#: syntax parameters, so it must not give a working model: without this module imported transformers rejects the
+#: name, and its error quotes the name, which says how to load the model; with this module imported the name is
+#: registered to :func:`_dropped_syntax_guard`, which raises at the first forward. :func:`load_syntax_model`
+#: switches the loaded model to :data:`ATTN_IMPLEMENTATION`.
+SAVED_ATTN_IMPLEMENTATION = ("syntaxkernels - this checkpoint was saved with syntax attention, load it with "
+                             "syntaxkernels.integrations.transformers.load_syntax_model")
 METHODS = ("bias", "subnetwork", "gat")
 
 #: Defaults of ``gat_config`` (the paper's GAT shape; ``probe_rank=None`` leaves the structural probe off).
@@ -237,8 +251,22 @@ def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_off
     return attention_mask
 
 
+def _dropped_syntax_guard(*args, **kwargs):
+    """Attention and mask function of :data:`SAVED_ATTN_IMPLEMENTATION`: the model came from a plain
+    ``from_pretrained`` of a syntax checkpoint, which dropped the syntax parameters; it refuses to run."""
+    raise ValueError(
+        "this model was loaded with a plain from_pretrained from a checkpoint saved with syntax attention "
+        "(its config.json has syntax_attention): that drops the syntax parameters, and the model would ignore "
+        "syntax_trees. Load it with syntaxkernels.integrations.transformers.load_syntax_model(<model class>, "
+        "path), which restores them; or, to use it as a plain model on purpose, call "
+        "model.set_attn_implementation('sdpa')"
+    )
+
+
 AttentionInterface.register(ATTN_IMPLEMENTATION, syntax_attention_forward)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask_function)
+AttentionInterface.register(SAVED_ATTN_IMPLEMENTATION, _dropped_syntax_guard)
+AttentionMaskInterface.register(SAVED_ATTN_IMPLEMENTATION, _dropped_syntax_guard)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -566,9 +594,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     base.encoder.syntax_aux_losses = None
     base.encoder.syntax_hook_handle = base.encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
 
-    config.syntax_attention = spec
-    if model.config is not config:
-        model.config.syntax_attention = spec
+    # config.json then names SAVED_ATTN_IMPLEMENTATION: a plain from_pretrained of the saved model fails loudly
+    # instead of silently dropping the syntax parameters (see SAVED_ATTN_IMPLEMENTATION).
+    for each in {id(config): config, id(model.config): model.config}.values():
+        each.syntax_attention = spec
+        each.attn_implementation = SAVED_ATTN_IMPLEMENTATION
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise RuntimeError(f"could not switch {type(model).__name__} to attn_implementation="
