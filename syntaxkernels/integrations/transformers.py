@@ -84,7 +84,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _validation as V
-from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads
+from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
 from .checkpoint import quiet_syntax_keys_report, restore_parameters
@@ -288,9 +288,32 @@ def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.
     if not bool(bad.any()):
         return None
     b = int(bad.nonzero()[0, 0])
+    attended = int(expected[b].sum())
+    if not bool((expected[b] == (positions < attended)).all()):
+        kept = expected[b].nonzero()[:, 0].tolist()
+        how = "pads on the left" if kept and kept == list(range(kept[0], n)) else "does not pad on the right"
+        return (f"batch item {b}: the attention mask {how} (it attends positions {_ranges(kept)} of N = {n}); "
+                "syntax attention needs right padding, valid tokens first (tokenizer.padding_side = 'right'), with "
+                f"syntax_trees' lengths equal to the attended count (here {attended}; the trees have "
+                f"{int(tree_lengths[b])})")
     return (f"batch item {b}: syntax_trees has {int(tree_lengths[b])} tokens but the attention mask attends "
-            f"{int(expected[b].sum())} (of N = {n}); the trees' lengths must equal the attention mask, which must "
-            "pad on the right (valid tokens first)")
+            f"{attended} (of N = {n}); the trees' lengths must equal the attention mask's count of valid tokens, "
+            "padded on the right (valid tokens first)")
+
+
+def _ranges(positions) -> str:
+    """``[2, 3, 4, 7]`` -> ``"2..4, 7"``."""
+    if not positions:
+        return "none"
+    parts, start, prev = [], positions[0], positions[0]
+    for p in positions[1:] + [None]:
+        if p is not None and p == prev + 1:
+            prev = p
+            continue
+        parts.append(str(start) if start == prev else f"{start}..{prev}")
+        if p is not None:
+            start = prev = p
+    return ", ".join(parts)
 
 
 def _on_host(*tensors: Optional[torch.Tensor]) -> bool:
@@ -368,6 +391,8 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
             if tuple(pos.shape) != tuple(hidden.shape[:2]):
                 raise ValueError(f"syntax_pos must have shape [B, N] = {list(hidden.shape[:2])}, got "
                                  f"{tuple(pos.shape)}")
+            if gat.pos_embedding is not None:
+                _check_pos_ids(pos, gat.pos_embedding.num_embeddings, "syntax_pos")  # on the host where it is
             pos = pos.to(hidden.device, non_blocking=True)
         elif gat.pos_embedding is not None:
             # No tags given: every token gets tag 0 ("unknown"), which keeps the POS table in the graph (DDP

@@ -22,6 +22,7 @@ cache them; ``.to()`` and ``.pin_memory()`` carry the cache.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -293,6 +294,33 @@ def _build_from_lists(rows, lengths, num_threads: int):
     return module.tree_distance_lists(rows, lengths, int(num_threads))
 
 
+_ITEM = re.compile(r"^batch item (\d+), token \d+: ")
+
+ROOTLESS_HINT = ("; batch item {b} has no root (no head is -1): CoNLL-U heads (1-based, 0 = root) convert with "
+                 "sk.trees.from_conllu_heads, 'a root is its own head' with sk.trees.from_self_root")
+
+
+def _rootless_hint(error: ValueError, heads, lengths) -> ValueError:
+    """``error`` with a pointer to the head converters when the batch item it names has no root (-1): heads in
+    another convention (CoNLL-U's 1-based heads, 0 for the root) then show up as a self-loop, a head out of range
+    or a cycle. Runs only after a builder has raised, so valid batches never pay for it."""
+    match = _ITEM.match(str(error))
+    if match is None:
+        return error
+    b = int(match.group(1))
+    try:
+        row = heads[b]
+        row = row.tolist() if hasattr(row, "tolist") else list(row)
+        if lengths is not None:
+            row = row[: int(lengths[b])]
+        rootless = bool(row) and all(int(h) >= 0 for h in row)
+    except Exception:  # noqa: BLE001 - the hint is optional; the builder's error stands as it is
+        return error
+    if not rootless:
+        return error
+    return ValueError(str(error) + ROOTLESS_HINT.format(b=b))
+
+
 def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> torch.Tensor:
     """All-pairs tree distance ``uint8 [B, N, N]`` (0 diagonal, saturating at 254, 255 = unreachable).
 
@@ -308,7 +336,10 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     graph of each item (edges child -- head), with infinities written as 255 and values clipped at 254
     (the tests compare the two).
     """
-    return build_tree_tensors(heads, lengths, backend=backend)[2]
+    try:
+        return build_tree_tensors(heads, lengths, backend=backend)[2]
+    except ValueError as error:
+        raise _rootless_hint(error, heads, lengths) from None
 
 
 @dataclass
@@ -538,8 +569,14 @@ class TreeBatch:
 
     @classmethod
     def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto") -> "TreeBatch":
-        """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`)."""
-        return cls(*build_tree_tensors(heads, lengths, backend=backend))
+        """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`).
+
+        A ``ValueError`` about an item without a root (no -1) adds a pointer to the head converters
+        (:func:`~syntaxkernels.trees.from_conllu_heads`, :func:`~syntaxkernels.trees.from_self_root`)."""
+        try:
+            return cls(*build_tree_tensors(heads, lengths, backend=backend))
+        except ValueError as error:
+            raise _rootless_hint(error, heads, lengths) from None
 
     @property
     def batch_size(self) -> int:
