@@ -433,3 +433,34 @@ def test_torch_compile_sees_no_lru_cache_in_dispatch():
         warnings.simplefilter("always")
         torch.compile(attention, fullgraph=True, backend="eager")(q)
     assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]
+
+
+# ------------------------------------------------------------------------------------------------ packaging
+
+
+def test_license_version_changelog_and_extras():
+    """Apache-2.0 in LICENSE and in the installed metadata; one version (syntaxkernels.__version__, which setup.py
+    reads and `info` prints); a CHANGELOG; the [transformers] extra, which the README's transformers section names."""
+    import re
+    from importlib import metadata
+
+    import syntaxkernels
+
+    license_text = open(os.path.join(ROOT, "LICENSE")).read()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    meta = metadata.metadata("syntaxkernels")
+    assert meta["License-Expression"] == "Apache-2.0", "reinstall (pip install --no-build-isolation -e .)"
+    assert any(f.endswith("LICENSE") for f in meta.get_all("License-File") or []), meta.get_all("License-File")
+    assert metadata.version("syntaxkernels") == syntaxkernels.__version__
+    setup_text = open(os.path.join(ROOT, "setup.py")).read()
+    assert "version=read_version()" in setup_text and not re.search(r"version=['\"]", setup_text)
+    assert f"## {syntaxkernels.__version__}" in open(os.path.join(ROOT, "CHANGELOG.md")).read()
+    info = _run("import sys; from syntaxkernels.__main__ import main; sys.exit(main(['info']))")
+    assert info.returncode == 0 and re.search(rf"^syntaxkernels\s+{re.escape(syntaxkernels.__version__)} ",
+                                              info.stdout, re.M), info.stdout
+    assert "transformers" in (meta.get_all("Provides-Extra") or [])
+    requires = meta.get_all("Requires-Dist") or []
+    assert any(r.startswith("transformers>=5") and 'extra == "transformers"' in r for r in requires), requires
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("### Plug into a transformers model", 1)[1].split("```python", 1)[0]
+    assert '".[transformers]"' in section, section
