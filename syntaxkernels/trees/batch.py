@@ -639,5 +639,13 @@ class TreeBatch:
         return self.batch_size
 
     def __repr__(self) -> str:
-        return (f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, "
-                f"lengths={self.lengths.tolist()}, device={self.device})")
+        """A summary: the lengths themselves for up to 8 items, else their min, mean and max (a treebank's 2,001
+        lengths would bury everything else), and the edge lists cached on the batch."""
+        lengths = self.lengths.tolist()
+        if len(lengths) <= 8:
+            shown = f"lengths={lengths}"
+        else:
+            shown = (f"lengths min/mean/max={min(lengths)}/{sum(lengths) / len(lengths):.1f}/{max(lengths)}, "
+                     f"tokens={sum(lengths)}")
+        cached = f", cached_lists={len(self._edge_lists)}" if self._edge_lists else ""
+        return f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, {shown}{cached}, device={self.device})"
