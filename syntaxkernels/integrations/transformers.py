@@ -72,7 +72,7 @@ the probe live in ``encoder`` and shard with the root) synchronise them like any
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
@@ -92,6 +92,10 @@ from .upos import UPOS_TAGS, token_pos_ids
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "FAMILIES",
+    "REFUSED_FAMILIES",
+    "ModelFamily",
+    "encoder_layers",
     "SAVED_ATTN_IMPLEMENTATION",
     "METHODS",
     "DEFAULT_GAT_CONFIG",
@@ -413,24 +417,110 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _supported_base_classes():
-    return (transformers.BertModel, transformers.RobertaModel, transformers.XLMRobertaModel)
+@dataclass(frozen=True)
+class ModelFamily:
+    """Where one transformers model family keeps what :func:`enable_syntax_attention` patches.
+
+    Every supported family computes q, k, v in its self-attention module, splits them into ``[B, H, N, D]``
+    (H = ``config.num_attention_heads``, D = ``config.hidden_size / H``; the configs' ``attribute_map`` gives those
+    names to DistilBERT's ``n_heads``/``dim``), adds its positions before the attention function (absolute
+    embeddings before the encoder), and calls transformers' attention interface with them; the padding mask
+    comes from ``create_bidirectional_mask``. That is what the integration replaces. The fields say where the
+    pieces are:
+
+    - ``base_class``: the transformers class of the base model (``model.base_model``);
+    - ``encoder``: the attribute of the base model whose forward runs the layers (its input is what the GAT
+      reads; the trees are checked and moved by a forward pre-hook on it);
+    - ``layers``: the attribute of the encoder holding the layers (``nn.ModuleList``; FSDP shards each);
+    - ``self_attention``: the dotted path inside a layer to the module that calls the attention function (its
+      child ``syntax`` holds a layer's syntax parameters);
+    - ``projections``: the q, k, v projections of that module;
+    - ``positions``: how the family encodes positions (the syntax ops add the tree on top of it).
+    """
+
+    name: str
+    model_type: str
+    base_class: str
+    encoder: str
+    layers: str
+    self_attention: str
+    projections: Tuple[str, str, str]
+    positions: str
+
+
+_ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
+
+#: The supported families, one row each (see :class:`ModelFamily`).
+FAMILIES: Tuple[ModelFamily, ...] = (
+    ModelFamily("BERT (incl. multilingual BERT)", "bert", "BertModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE),
+    ModelFamily("RoBERTa", "roberta", "RobertaModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("XLM-RoBERTa", "xlm-roberta", "XLMRobertaModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("CamemBERT", "camembert", "CamembertModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("ELECTRA", "electra", "ElectraModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + "; embeddings_project maps embedding_size to hidden_size "
+                "first, so the GAT reads hidden_size-wide inputs"),
+    ModelFamily("DistilBERT", "distilbert", "DistilBertModel", "transformer", "layer", "attention",
+                ("q_lin", "k_lin", "v_lin"), "learned or sinusoidal (config.sinusoidal_pos_embds) absolute position "
+                "embeddings, added before the encoder"),
+)
+
+#: Families that are refused, with why (a model of another family is refused as not supported).
+REFUSED_FAMILIES: Dict[str, str] = {
+    "modernbert": (
+        "ModernBERT is not supported yet: every third layer is global but the others attend within a sliding "
+        "window of config.local_attention tokens, which the fused syntax ops cannot combine with the tree (they "
+        "take padding lengths, not a positional window), and its layers run directly in ModernBertModel.forward "
+        "(no encoder module whose input the GAT could read)"
+    ),
+}
+
+
+def _supported_names() -> str:
+    return ", ".join(f.name for f in FAMILIES)
+
+
+def _family(base: nn.Module) -> Optional[ModelFamily]:
+    for family in FAMILIES:
+        cls = getattr(transformers, family.base_class, None)
+        if cls is not None and isinstance(base, cls):
+            return family
+    return None
 
 
 def _base_model(model) -> nn.Module:
     if not isinstance(model, transformers.PreTrainedModel):
-        raise TypeError(f"model must be a transformers PreTrainedModel (BERT, RoBERTa or XLM-RoBERTa), got "
+        raise TypeError(f"model must be a transformers PreTrainedModel ({_supported_names()}), got "
                         f"{type(model).__name__}")
     base = model.base_model
-    if not isinstance(base, _supported_base_classes()):
+    if _family(base) is None:
+        model_type = getattr(model.config, "model_type", None)
+        why = REFUSED_FAMILIES.get(model_type)
+        if why is not None:
+            raise ValueError(f"enable_syntax_attention: {type(model).__name__} (model_type {model_type!r}) is refused. "
+                             f"{why}. Supported: {_supported_names()}")
         raise ValueError(
-            f"enable_syntax_attention supports BERT (incl. multilingual BERT), RoBERTa and XLM-RoBERTa models; "
-            f"{type(model).__name__} (model_type {model.config.model_type!r}) is not supported"
+            f"enable_syntax_attention supports {_supported_names()}; {type(model).__name__} (model_type "
+            f"{model_type!r}) is not supported"
         )
-    if base.config.is_decoder or getattr(base.config, "add_cross_attention", False):
+    if getattr(base.config, "is_decoder", False) or getattr(base.config, "add_cross_attention", False):
         raise ValueError("enable_syntax_attention supports encoders only: this model has is_decoder=True or "
                          "add_cross_attention=True")
     return base
+
+
+def _encoder(base: nn.Module) -> nn.Module:
+    return getattr(base, _family(base).encoder)
+
+
+def encoder_layers(model) -> nn.ModuleList:
+    """The layers of a supported model (``model.bert.encoder.layer``, ``model.distilbert.transformer.layer``, ...),
+    e.g. to ``fully_shard`` each of them under FSDP. Accepts a ``DistributedDataParallel`` wrapper."""
+    base = _base_model(getattr(model, "module", model))
+    return getattr(_encoder(base), _family(base).layers)
 
 
 def _as_buckets(buckets) -> BucketSpec:
@@ -480,7 +570,19 @@ def _as_layers(layers, num_layers: int):
 
 
 def _self_attention_modules(base: nn.Module):
-    return [layer.attention.self for layer in base.encoder.layer]
+    family = _family(base)
+    modules = []
+    for layer in getattr(_encoder(base), family.layers):
+        module = layer
+        for name in family.self_attention.split("."):
+            module = getattr(module, name)
+        missing = [p for p in family.projections if not isinstance(getattr(module, p, None), nn.Linear)]
+        if missing:  # another transformers version moved them: refuse rather than patch the wrong module
+            raise ValueError(f"enable_syntax_attention: {family.name} layer {family.self_attention} "
+                             f"({type(module).__name__}) has no projections {missing}; this transformers "
+                             f"{transformers.__version__} does not lay the family out as expected")
+        modules.append(module)
+    return modules
 
 
 def _use_own_config(model: nn.Module) -> None:
@@ -555,7 +657,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     base = _base_model(model)
     config = base.config
-    if getattr(config, "syntax_attention", None) is not None or hasattr(base.encoder, "syntax_hook_handle"):
+    encoder = _encoder(base)
+    attention_modules = _self_attention_modules(base)  # checks the family's layout before anything changes
+    if getattr(config, "syntax_attention", None) is not None or hasattr(encoder, "syntax_hook_handle"):
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
     V.check_backend(backend)
@@ -611,13 +715,14 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     config = base.config
     reference_param = next(model.parameters())
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
-    attention_modules = _self_attention_modules(base)
     for i, part in zip(chosen, parts):
         attention_modules[i].syntax = part.to(**factory)
     for name, part in encoder_parts.items():
-        setattr(base.encoder, name, part.to(**factory))
-    base.encoder.syntax_aux_losses = None
-    base.encoder.syntax_hook_handle = base.encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
+        setattr(encoder, name, part.to(**factory))
+    if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
+        encoder.config = config  # the hook reads it (DistilBERT's encoder keeps none of its own)
+    encoder.syntax_aux_losses = None
+    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
 
     # config.json then names SAVED_ATTN_IMPLEMENTATION: a plain from_pretrained of the saved model fails loudly
     # instead of silently dropping the syntax parameters (see SAVED_ATTN_IMPLEMENTATION).
@@ -651,9 +756,10 @@ def syntax_aux_loss(model, *, parts: bool = False):
     """
     model = getattr(model, "module", model)
     base = _base_model(model)
-    if getattr(base.encoder, "syntax_probe", None) is None:
+    encoder = _encoder(base)
+    if getattr(encoder, "syntax_probe", None) is None:
         return None
-    losses = base.encoder.syntax_aux_losses
+    losses = encoder.syntax_aux_losses
     if losses is None:
         raise RuntimeError("no forward has run since syntax attention was enabled")
     return losses if parts else losses[0] + losses[1]
