@@ -1,4 +1,4 @@
-"""Syntax-aware attention for transformers BERT, RoBERTa and XLM-RoBERTa models, in one call.
+"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT), in one call.
 
 ::
 
@@ -14,7 +14,9 @@ How it plugs in (transformers 5.x):
   ``AttentionInterface``, together with a mask function in ``AttentionMaskInterface`` that hands the 2-D
   padding mask (``bool [B, N]``, True = attend) down unchanged instead of expanding it to ``[B, 1, N, N]``.
   ``enable_syntax_attention`` switches the model to that implementation.
-- Every patched layer's self-attention module (``...encoder.layer[i].attention.self``) gets a child module
+- Model families are rows of :data:`FAMILIES` (:class:`ModelFamily`: where the encoder, the layers, the
+  self-attention module and its projections live, and how positions are encoded).
+- Every patched layer's self-attention module (``...encoder.layer[i].attention.self`` for BERT) gets a child module
   ``syntax`` holding the new parameters, so they sit in ``model.state_dict()``, reach the optimizer through
   ``model.parameters()``, and are saved by ``save_pretrained``. These children are the building blocks of
   :mod:`syntaxkernels.nn` (:class:`~syntaxkernels.nn.DistanceBias`, :class:`~syntaxkernels.nn.Subnetworks`,
@@ -609,11 +611,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
                             syntax_heads: int = 1, targets: Sequence[str] = ("q", "k"),
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto"):
-    """Make a transformers BERT / RoBERTa / XLM-RoBERTa model syntax-aware, in place.
+    """Make a transformers encoder of a family in :data:`FAMILIES` syntax-aware, in place.
 
     Args:
-        model: any model whose ``base_model`` is a ``BertModel``, ``RobertaModel`` or ``XLMRobertaModel``
-            (e.g. ``BertForTokenClassification``), configured as an encoder.
+        model: any model whose ``base_model`` is the base class of a row of :data:`FAMILIES` (``BertModel``,
+            ``RobertaModel``, ``XLMRobertaModel``, ``CamembertModel``, ``ElectraModel``, ``DistilBertModel``; e.g.
+            ``BertForTokenClassification``), configured as an encoder.
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
