@@ -316,6 +316,8 @@ def test_plain_from_pretrained_never_gives_a_model_that_ignores_its_trees(tmp_pa
         for inputs in (dict(syntax_trees=trees), {}):
             with pytest.raises(ValueError, match="load_syntax_model"):
                 plain(input_ids=ids, attention_mask=mask, **inputs)
+    plain.set_attn_implementation("sdpa")  # what the message offers for using it as a plain model on purpose
+    assert _hidden(plain, input_ids=ids, attention_mask=mask).shape[:2] == ids.shape
     loaded = load_syntax_model(transformers.BertForTokenClassification, tmp_path)
     again = tmp_path / "again"
     loaded.save_pretrained(again)
