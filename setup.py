@@ -24,6 +24,16 @@ def read_sources(variable):
     return [line.split("#")[0].strip() for line in match.group(1).splitlines() if line.split("#")[0].strip()]
 
 
+def read_version():
+    """``__version__`` of syntaxkernels/__init__.py: the one place the version is written (``info`` prints it,
+    the package metadata carries it)."""
+    text = (ROOT / "syntaxkernels" / "__init__.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"$', text, re.M)
+    if match is None:
+        raise RuntimeError('syntaxkernels/__init__.py has no line __version__ = "..."')
+    return match.group(1)
+
+
 def extensions():
     from torch.utils.cpp_extension import CUDA_HOME, CppExtension, CUDAExtension
     import torch
@@ -63,12 +73,16 @@ EXTRAS = {
     "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
              "tokenizers", "stanza", "pyflakes"],
     "bench": ["scipy", "networkx", "pytest", "pytest-benchmark", "transformers"],  # benchmarks/*.py
+    # syntaxkernels.integrations.transformers (transformers 5: its attention and mask interfaces)
+    "transformers": ["transformers>=5"],
 }
 
 setup(
     name="syntaxkernels",
-    version="0.1.0",
+    version=read_version(),
     description="Fast syntax-tree-aware attention for PyTorch: Triton kernels and a C++ tree-distance builder",
+    license_expression="Apache-2.0",
+    license_files=["LICENSE"],
     long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["syntaxkernels", "syntaxkernels.*"]),

@@ -8,7 +8,8 @@ BERT token classifier on its own shard of the data for a few steps. Checked on e
 - after the optimizer steps, every parameter of the two replicas is identical and the syntax parameters
   have moved;
 - for "gat" (GAT and probe on the root, syntax heads in the layers), FSDP2 (``fully_shard`` per encoder
-  layer and on the model) trains from the same start on the same data to the same parameters as DDP.
+  layer and on the model) trains from the same start on the same data to the same parameters as DDP;
+- "gat" on DistilBERT too (layers at ``distilbert.transformer.layer``, found through ``encoder_layers``).
 """
 import os
 import signal
@@ -27,10 +28,12 @@ pytest.importorskip("transformers")
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
-METHODS = [
-    ("bias", {"per_head": True}),
-    ("subnetwork", {"masks": {"max_distance": 2}}),
-    ("gat", {"gat_config": {"num_layers": 2, "num_heads": 2, "head_dim": 8, "window": 2, "probe_rank": 4}}),
+GAT = {"gat_config": {"num_layers": 2, "num_heads": 2, "head_dim": 8, "window": 2, "probe_rank": 4}}
+METHODS = [  # (method, kwargs, family): BERT for every method, DistilBERT (its own layout) for "gat"
+    ("bias", {"per_head": True}, "bert"),
+    ("subnetwork", {"masks": {"max_distance": 2}}, "bert"),
+    ("gat", GAT, "bert"),
+    ("gat", GAT, "distilbert"),
 ]
 STEPS = 3
 WORLD = 2
@@ -75,13 +78,18 @@ def _loss(model, method, batch):
     return loss
 
 
-def _fresh_model(method, kwargs):
+def _fresh_model(method, kwargs, family="bert"):
     import transformers
 
     from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_parameters
 
     torch.manual_seed(0)
-    model = transformers.BertForTokenClassification(transformers.BertConfig(**SMALL))
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=100,
+                                               dropout=0.0, attention_dropout=0.0, num_labels=SMALL["num_labels"])
+        model = transformers.DistilBertForTokenClassification(config)
+    else:
+        model = transformers.BertForTokenClassification(transformers.BertConfig(**SMALL))
     enable_syntax_attention(model, method, **kwargs)
     with torch.no_grad():  # non-zero syntax parameters, so every one of them gets a gradient
         for p in syntax_parameters(model).values():
@@ -89,13 +97,13 @@ def _fresh_model(method, kwargs):
     return model
 
 
-def _train_ddp(rank, method, kwargs):
+def _train_ddp(rank, method, kwargs, family):
     """DDP steps with the gradient checks; returns the final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from syntaxkernels.integrations.transformers import syntax_parameters
 
-    model = _fresh_model(method, kwargs)
+    model = _fresh_model(method, kwargs, family)
     ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     names = sorted(syntax_parameters(model))
@@ -126,12 +134,14 @@ def _train_ddp(rank, method, kwargs):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _train_fsdp(rank, method, kwargs):
+def _train_fsdp(rank, method, kwargs, family):
     """FSDP2 (``fully_shard`` per encoder layer, then the whole model) steps; returns the full parameters."""
     from torch.distributed.fsdp import fully_shard
 
-    model = _fresh_model(method, kwargs)
-    for layer in model.bert.encoder.layer:
+    from syntaxkernels.integrations.transformers import encoder_layers
+
+    model = _fresh_model(method, kwargs, family)
+    for layer in encoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -152,14 +162,14 @@ def _worker(rank: int, port: int, log_dir: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        for method, kwargs in METHODS:
-            ddp_params = _train_ddp(rank, method, kwargs)
+        for method, kwargs, family in METHODS:
+            ddp_params = _train_ddp(rank, method, kwargs, family)
             if method != "gat":
                 continue
             # FSDP2 from the same start on the same data reaches the same parameters, on both ranks.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # FSDP2's note about the model returning a view
-                fsdp_params = _train_fsdp(rank, method, kwargs)
+                fsdp_params = _train_fsdp(rank, method, kwargs, family)
             assert fsdp_params.keys() == ddp_params.keys()
             for n, p in fsdp_params.items():
                 replicas = _gather(p)

@@ -17,7 +17,10 @@ from syntaxkernels import reference  # noqa: E402
 from syntaxkernels.integrations.transformers import (  # noqa: E402
     ATTN_IMPLEMENTATION,
     SyntaxSubnetworks,
+    FAMILIES,
+    REFUSED_FAMILIES,
     enable_syntax_attention,
+    encoder_layers,
     load_syntax_model,
     syntax_aux_loss,
     syntax_parameters,
@@ -29,11 +32,22 @@ HEADS = [[-1, 0, 1, 1, 0, 4, 5, 4, 0], [-1, 0, 0, 2, 2, 0]]  # [CLS]-rooted toke
 GAT_SMALL = dict(num_layers=2, num_heads=2, head_dim=8, window=2)
 
 
+ARCHS = ["bert", "roberta", "xlmr", "camembert", "electra", "distilbert"]  # one per row of FAMILIES
+
+
 def _config(arch: str, **overrides):
     if arch == "bert":
         return transformers.BertConfig(**SMALL, **overrides)
     if arch == "roberta":
         return transformers.RobertaConfig(**SMALL, pad_token_id=1, **overrides)
+    if arch == "camembert":
+        return transformers.CamembertConfig(**SMALL, pad_token_id=1, **overrides)
+    if arch == "electra":  # embeddings narrower than the encoder: embeddings_project maps 16 -> 32
+        return transformers.ElectraConfig(**SMALL, embedding_size=16, **overrides)
+    if arch == "distilbert":
+        names = {"hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout"}
+        return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=100,
+                                             **{names.get(k, k): v for k, v in overrides.items()})
     return transformers.XLMRobertaConfig(**SMALL, pad_token_id=1, **overrides)
 
 
@@ -42,6 +56,9 @@ def _model(arch: str = "bert", head: str = "base", attn_implementation: str = "s
         "bert": (transformers.BertModel, transformers.BertForTokenClassification),
         "roberta": (transformers.RobertaModel, transformers.RobertaForTokenClassification),
         "xlmr": (transformers.XLMRobertaModel, transformers.XLMRobertaForTokenClassification),
+        "camembert": (transformers.CamembertModel, transformers.CamembertForTokenClassification),
+        "electra": (transformers.ElectraModel, transformers.ElectraForTokenClassification),
+        "distilbert": (transformers.DistilBertModel, transformers.DistilBertForTokenClassification),
     }[arch]
     cls = classes[0] if head == "base" else classes[1]
     model = cls(_config(arch, **overrides))
@@ -52,7 +69,7 @@ def _model(arch: str = "bert", head: str = "base", attn_implementation: str = "s
 def _batch(arch: str = "bert"):
     trees = sk.TreeBatch.from_heads(HEADS)
     N = trees.max_len
-    low = 3 if arch == "bert" else 4  # RoBERTa's padding_idx is 1
+    low = 4  # RoBERTa's padding_idx is 1
     ids = torch.randint(low, SMALL["vocab_size"], (2, N))
     mask = (torch.arange(N)[None, :] < trees.lengths[:, None]).long()
     return ids, mask, trees
@@ -80,7 +97,7 @@ def _fresh_pair(arch, method, attn_implementation="sdpa", **kwargs):
 # ---------------------------------------------------------------------------------------------- promises at init
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "xlmr"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("per_head", [False, True])
 def test_fresh_bias_is_plain_attention(arch, attn_implementation, per_head):
@@ -91,12 +108,12 @@ def test_fresh_bias_is_plain_attention(arch, attn_implementation, per_head):
     valid = mask.bool()
     torch.testing.assert_close(out[valid], ref[valid], atol=1e-5, rtol=1e-5)
     assert patched.config._attn_implementation == ATTN_IMPLEMENTATION
-    table = patched.base_model.encoder.layer[0].attention.self.syntax.distance_bias
+    table = syntax_parameters(patched)[next(n for n in syntax_parameters(patched) if n.endswith("distance_bias"))]
     assert table.shape == ((4, sk.BucketSpec().num_buckets) if per_head else (sk.BucketSpec().num_buckets,))
     assert torch.count_nonzero(table) == 0
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "xlmr"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fresh_gat_is_plain_attention_everywhere(arch):
     plain, patched = _fresh_pair(arch, "gat", gat_config=dict(GAT_SMALL, probe_rank=4), syntax_heads=2,
                                  targets=("k", "v"))
@@ -205,14 +222,17 @@ def test_fresh_bias_table_gets_a_gradient():
     assert table.grad.abs().sum() > 0
 
 
-def test_layers_subset_and_gradient_checkpointing():
-    plain = _model("bert", head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+@pytest.mark.parametrize("arch", ["bert", "camembert", "electra", "distilbert"])
+def test_layers_subset_and_gradient_checkpointing(arch):
+    plain = _model(arch, head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = copy.deepcopy(plain)
     enable_syntax_attention(model, "gat", gat_config=GAT_SMALL, layers=[1])
-    layers = model.bert.encoder.layer
-    assert not hasattr(layers[0].attention.self, "syntax") and hasattr(layers[1].attention.self, "syntax")
+    layers = encoder_layers(model)
+    attention = "attention" if arch == "distilbert" else "attention.self"
+    in_layers = [n for n in syntax_parameters(model) if ".layer." in n]
+    assert in_layers and all(f".layer.1.{attention}.syntax." in n for n in in_layers), in_layers
     _randomise(model)
-    ids, mask, trees = _batch()
+    ids, mask, trees = _batch(arch)
     model.train()
     out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
     out.sum().backward()
@@ -222,7 +242,7 @@ def test_layers_subset_and_gradient_checkpointing():
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert model.bert.encoder.layer[1].gradient_checkpointing
+    assert layers[1].gradient_checkpointing
     out_ckpt = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
     out_ckpt.sum().backward()
     torch.testing.assert_close(out_ckpt, out)
@@ -237,6 +257,10 @@ def test_layers_subset_and_gradient_checkpointing():
     ("bert", "bias", dict(per_head=True, buckets=sk.BucketSpec(max_distance=6, log_distance=3), window=5)),
     ("roberta", "subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True), layers=[0])),
     ("xlmr", "gat", dict(gat_config=dict(GAT_SMALL, probe_rank=3), syntax_heads=2, targets=("q", "k", "v"))),
+    ("camembert", "bias", dict(per_head=True)),
+    ("electra", "gat", dict(gat_config=dict(GAT_SMALL, probe_rank=3))),
+    ("distilbert", "subnetwork", dict(masks=sk.MaskSpec(max_distance=2))),
+    ("distilbert", "gat", dict(gat_config=dict(GAT_SMALL, probe_rank=3), layers=[1])),
 ])
 def test_save_pretrained_round_trip(tmp_path, arch, method, kwargs):
     model = _model(arch, head="tokens")
@@ -274,6 +298,55 @@ def test_plain_from_pretrained_refuses_to_reenable(tmp_path):
     plain = transformers.BertForTokenClassification.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="load_syntax_model"):
         enable_syntax_attention(plain, "bias")
+
+
+@pytest.mark.parametrize("method", ["bias", "gat"])
+def test_plain_from_pretrained_never_gives_a_model_that_ignores_its_trees(tmp_path, method):
+    """With the integration imported, a plain from_pretrained of a syntax checkpoint (head class or Auto class)
+    loads, but its first forward, with or without trees, raises and says to use load_syntax_model; saving the
+    model load_syntax_model gave keeps that protection."""
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, method, **({"gat_config": GAT_SMALL} if method == "gat" else {}))
+    _randomise(model)
+    model.save_pretrained(tmp_path)
+    ids, mask, trees = _batch()
+    for cls in (transformers.BertForTokenClassification, transformers.AutoModelForTokenClassification,
+                transformers.AutoModel):
+        plain = cls.from_pretrained(tmp_path)
+        for inputs in (dict(syntax_trees=trees), {}):
+            with pytest.raises(ValueError, match="load_syntax_model"):
+                plain(input_ids=ids, attention_mask=mask, **inputs)
+    plain.set_attn_implementation("sdpa")  # what the message offers for using it as a plain model on purpose
+    assert _hidden(plain, input_ids=ids, attention_mask=mask).shape[:2] == ids.shape
+    loaded = load_syntax_model(transformers.BertForTokenClassification, tmp_path)
+    again = tmp_path / "again"
+    loaded.save_pretrained(again)
+    with pytest.raises(ValueError, match="load_syntax_model"):
+        transformers.BertForTokenClassification.from_pretrained(again)(input_ids=ids, attention_mask=mask,
+                                                                        syntax_trees=trees)
+    reloaded = load_syntax_model(transformers.BertForTokenClassification, again).eval()
+    torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits,
+                               model.eval()(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits)
+
+
+def test_plain_from_pretrained_without_the_integration_refuses_to_load(tmp_path):
+    """A process that never imports syntaxkernels: transformers itself refuses the checkpoint, and its message
+    names load_syntax_model."""
+    import subprocess
+    import sys
+
+    model = _model("bert", head="tokens")
+    enable_syntax_attention(model, "bias")
+    model.save_pretrained(tmp_path)
+    code = ("import sys, transformers\n"
+            "try:\n"
+            f"    transformers.BertForTokenClassification.from_pretrained({str(tmp_path)!r})\n"
+            "except ValueError as e:\n"
+            "    print(e); sys.exit(3)\n"
+            "assert 'syntaxkernels' not in sys.modules\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "load_syntax_model" in run.stdout, run.stdout
 
 
 def test_load_syntax_model_needs_a_syntax_checkpoint(tmp_path):
@@ -369,6 +442,84 @@ def test_tree_check_reads_nothing_back_when_the_data_is_on_the_device(monkeypatc
 
 
 # ---------------------------------------------------------------------------------------------- errors
+
+
+def test_family_table_names_real_classes_and_layouts():
+    """Every row of FAMILIES is a transformers class of that model_type, laid out as the row says; the README
+    and docs/api.md name every supported family."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readme, api = (root / "README.md").read_text(), (root / "docs" / "api.md").read_text()
+    assert len({f.model_type for f in FAMILIES}) == len(FAMILIES) == len(ARCHS)
+    for family, arch in zip(FAMILIES, ARCHS):
+        model = _model(arch)
+        assert type(model).__name__ == family.base_class and model.config.model_type == family.model_type
+        layers = encoder_layers(model)
+        assert len(layers) == 2
+        module = layers[0]
+        for name in family.self_attention.split("."):
+            module = getattr(module, name)
+        assert all(isinstance(getattr(module, p), torch.nn.Linear) for p in family.projections), family
+        short = family.name.split(" (")[0]
+        assert short in readme and short in api, short
+
+
+def test_modernbert_is_refused_with_the_reason():
+    config = transformers.ModernBertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                           intermediate_size=64, vocab_size=100, pad_token_id=0, bos_token_id=1,
+                                           eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    model = transformers.ModernBertForTokenClassification(config)
+    with pytest.raises(ValueError, match="ModernBERT is not supported yet: .*sliding window") as error:
+        enable_syntax_attention(model, "bias")
+    assert "Supported: BERT" in str(error.value) and "modernbert" in REFUSED_FAMILIES
+    assert getattr(model.config, "syntax_attention", None) is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", ["bias", "gat"])
+def test_autocast_bf16_stays_close_to_fp32(arch, method):
+    """Under CPU autocast (bf16) the syntax model runs and stays near its fp32 outputs on the valid tokens."""
+    model = _model(arch)
+    enable_syntax_attention(model, method, **({"gat_config": GAT_SMALL} if method == "gat" else {}))
+    _randomise(model)
+    model.eval()
+    ids, mask, trees = _batch(arch)
+    ref = _hidden(model, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _hidden(model, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    valid = mask.bool()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float()[valid], ref[valid], atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_torch_compile_matches_eager(arch):
+    """torch.compile (aot_eager: traced through dynamo and AOT autograd, no code generation) of a "bias" model:
+    forward and syntax gradients equal eager; a "gat" model's compiled forward equals eager."""
+    torch._dynamo.reset()
+    model = _model(arch, head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    enable_syntax_attention(model, "bias", per_head=True)
+    _randomise(model)
+    ids, mask, trees = _batch(arch)
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in syntax_parameters(model).items()}
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager")
+    got = compiled(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
+    torch.testing.assert_close(got, out, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    for name, p in syntax_parameters(model).items():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4)
+    torch._dynamo.reset()
+    gat = _model(arch)
+    enable_syntax_attention(gat, "gat", gat_config=GAT_SMALL)
+    _randomise(gat)
+    with torch.no_grad():
+        ref = _hidden(gat, input_ids=ids, attention_mask=mask, syntax_trees=trees)
+        got = _hidden(torch.compile(gat, backend="aot_eager"), input_ids=ids, attention_mask=mask, syntax_trees=trees)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_unsupported_architecture():

@@ -2,6 +2,7 @@
 checks; verify's checks can fail."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -97,7 +98,8 @@ def test_cli_info_and_verify(tmp_path):
     # progress on stderr, one line per check; the table and the legend fit 100 columns
     assert sum(line.startswith("[") for line in result.stderr.splitlines()) == len(rows), result.stderr
     assert all(len(line) <= 100 for line in result.stdout.splitlines()), result.stdout
-    assert "err/bound" in result.stdout and "passed" in result.stdout
+    assert "passed" in result.stdout
+    assert "err/bound" not in result.stdout  # no bias check ran: no legend of the bias checks' figures
 
 
 def test_cli_verify_fails_on_mismatch(monkeypatch):
@@ -130,6 +132,25 @@ def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, cap
     assert all(len(line) <= 100 for line in out.splitlines())
     for i in range(12):  # every figure whole, on some line
         assert f"d{i} {i}.123456e-02/{i}.654321e-01" in out
+
+
+def test_cli_verify_prints_the_bias_legend_only_when_a_bias_check_ran(monkeypatch, capsys):
+    from syntaxkernels import checks
+    from syntaxkernels.checks import Check
+
+    def fake(names):
+        class Fake:
+            CHECKS = [Check(name, lambda device: (True, "out 1.0e-03/2.0e-03")) for name in names]
+        monkeypatch.setattr(checks, "_modules", lambda: iter([("fake", Fake, None)]))
+
+    from syntaxkernels.__main__ import main
+
+    fake(["trees: something"])
+    assert main(["verify", "--device", "cpu", "--no-interpret"]) == 0
+    assert "err/bound" not in capsys.readouterr().out
+    fake(["trees: something", "bias_attention.fake"])
+    assert main(["verify", "--device", "cpu", "--no-interpret"]) == 0
+    assert "err/bound" in capsys.readouterr().out
 
 
 def test_cli_select_matching_nothing_says_so(capsys):
@@ -212,6 +233,12 @@ def test_cli_bench_runs(block_scipy, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     timed = [r for r in rows if "batch_ms" in r]
     assert timed and all(r["pairs_per_s"] > 0 for r in timed)
+    # it says how big the batches it times are
+    assert all(re.match(r"\d+ batches of 32 sentences \(padded to N = \d+-\d+ tokens", r["timed"]) for r in timed)
+    assert "timed: " in result.stdout and " batches of 32 sentences" in result.stdout
+    for note in (r for r in rows if "note" in r):  # a multi-threaded row slower than 1 thread says why
+        assert note["provider"].startswith("C++, ") and "starts its threads on every call" in note["note"]
+        assert f"{note['provider']}: note: not faster than 1 thread" in result.stdout
     scipy_row = next(r for r in rows if r.get("provider") == "scipy shortest_path")
     if block_scipy:
         assert "scipy is not installed" in scipy_row["skipped"] and "skipped: scipy is not installed" in result.stdout
@@ -433,3 +460,67 @@ def test_torch_compile_sees_no_lru_cache_in_dispatch():
         warnings.simplefilter("always")
         torch.compile(attention, fullgraph=True, backend="eager")(q)
     assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]
+
+
+# ------------------------------------------------------------------------------------------------ packaging
+
+
+def test_license_version_changelog_and_extras():
+    """Apache-2.0 in LICENSE and in the installed metadata; one version (syntaxkernels.__version__, which setup.py
+    reads and `info` prints); a CHANGELOG; the [transformers] extra, which the README's transformers section names."""
+    import re
+    from importlib import metadata
+
+    import syntaxkernels
+
+    license_text = open(os.path.join(ROOT, "LICENSE")).read()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    meta = metadata.metadata("syntaxkernels")
+    assert meta["License-Expression"] == "Apache-2.0", "reinstall (pip install --no-build-isolation -e .)"
+    assert any(f.endswith("LICENSE") for f in meta.get_all("License-File") or []), meta.get_all("License-File")
+    assert metadata.version("syntaxkernels") == syntaxkernels.__version__
+    setup_text = open(os.path.join(ROOT, "setup.py")).read()
+    assert "version=read_version()" in setup_text and not re.search(r"version=['\"]", setup_text)
+    assert f"## {syntaxkernels.__version__}" in open(os.path.join(ROOT, "CHANGELOG.md")).read()
+    info = _run("import sys; from syntaxkernels.__main__ import main; sys.exit(main(['info']))")
+    assert info.returncode == 0 and re.search(rf"^syntaxkernels\s+{re.escape(syntaxkernels.__version__)} ",
+                                              info.stdout, re.M), info.stdout
+    assert "transformers" in (meta.get_all("Provides-Extra") or [])
+    requires = meta.get_all("Requires-Dist") or []
+    assert any(r.startswith("transformers>=5") and 'extra == "transformers"' in r for r in requires), requires
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("### Plug into a transformers model", 1)[1].split("```python", 1)[0]
+    assert '".[transformers]"' in section, section
+
+
+@pytest.mark.parametrize("slower", [True, False])
+def test_bench_says_why_more_threads_are_slower(monkeypatch, slower):
+    from syntaxkernels import _ext
+    from syntaxkernels.checks import trees as tree_checks
+
+    if not _ext.available():
+        pytest.skip("needs the C++ extension")
+    monkeypatch.setattr(tree_checks, "has_scipy", lambda: False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    times = iter([1e-4, 2e-4 if slower else 0.5e-4, 1e-2])  # C++ 1 thread, C++ 2 threads, Python (in that order)
+    monkeypatch.setattr(tree_checks, "time_per_batch", lambda *args, **kwargs: next(times))
+    rows = tree_checks.bench_tree_distance("cpu", quick=True)
+    notes = [r for r in rows if "note" in r]
+    if slower:
+        assert len(notes) == 1 and notes[0]["provider"] == "C++, 2 threads", rows
+        assert notes[0]["note"].startswith("not faster than 1 thread here (200 vs 100 us a batch): the builder "
+                                           "starts its threads on every call")
+    else:
+        assert not notes, notes
+
+
+def test_treebatch_repr_is_a_summary():
+    import syntaxkernels as sk
+
+    small = sk.TreeBatch.from_heads([[-1, 0], [-1]])
+    assert repr(small) == "TreeBatch(batch_size=2, max_len=2, lengths=[2, 1], device=cpu)"
+    big = sk.TreeBatch.from_heads([[-1, 0, 1][: 1 + i % 3] for i in range(2001)])
+    big.window_lists(2)
+    text = repr(big)
+    assert text == ("TreeBatch(batch_size=2001, max_len=3, lengths min/mean/max=1/2.0/3, tokens=4002, "
+                    "cached_lists=1, device=cpu)"), text

@@ -688,6 +688,27 @@ def test_collate_errors(tokenizer):
         collate_trees([items[0], {k: v for k, v in items[1].items() if k != "label"}])
 
 
+def test_collate_labels_are_checked_and_padded_with_minus_100(tokenizer):
+    items = _dict_items(tokenizer)[:2]
+    n = [len(it["heads"]) for it in items]
+    tagged = [dict(it, labels=list(range(len(it["heads"])))) for it in items]
+    batch = collate_trees(tagged)
+    assert isinstance(batch["labels"], torch.Tensor) and batch["labels"].shape == (2, max(n))
+    for b, length in enumerate(n):
+        assert batch["labels"][b, :length].tolist() == list(range(length))
+        assert batch["labels"][b, length:].eq(-100).all()
+    assert collate_trees(tagged, pad_values={"labels": -1})["labels"][n.index(min(n)), -1] == -1
+    # one label per sequence (sequence classification): stacked
+    assert collate_trees([dict(it, labels=b) for b, it in enumerate(items)])["labels"].tolist() == [0, 1]
+    short = dict(tagged[1], labels=tagged[1]["labels"][:-1])
+    with pytest.raises(ValueError, match=rf"batch item 1: 'labels' has {n[1] - 1} entries but 'heads' has {n[1]}"):
+        collate_trees([tagged[0], short])
+    with pytest.raises(ValueError, match=rf"batch item 1: 'labels' has no entries \(it is the int 3\) but 'heads' has {n[1]}"):
+        collate_trees([tagged[0], dict(tagged[1], labels=3)])  # per-token labels mixed with a scalar
+    with pytest.raises(ValueError, match="batch item 0: 'labels' must be a 1-D sequence of numbers"):
+        collate_trees([dict(tagged[0], labels=["NOUN"] * n[0]), tagged[1]])
+
+
 class _ListDataset(torch.utils.data.Dataset):
     def __init__(self, items):
         self.items = items

@@ -15,6 +15,7 @@ the reference).
 """
 import importlib
 
+# The one place the version is written: setup.py reads this line, `python -m syntaxkernels info` prints it.
 __version__ = "0.1.0"
 
 # public name -> (module, attribute or None for the module itself)

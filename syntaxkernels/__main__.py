@@ -341,9 +341,10 @@ def _run_verify(args) -> int:
     failed = [r for r in rows if r["status"] == "FAIL"]
     passed = sum(r["status"] == "pass" for r in rows)
     skipped = sum(r["status"] == "skip" for r in rows)
-    print()
-    for line in textwrap.wrap(LEGEND, WIDTH):
-        print(line)
+    if any(r["check"].startswith("bias_attention") and r["status"] != "skip" for r in rows):
+        print()  # the legend explains the bias checks' figures: only when one of them ran
+        for line in textwrap.wrap(LEGEND, WIDTH):
+            print(line)
     for r in failed:
         print(f"\nFAIL {r['check']}:\n{r['detail']}", file=sys.stderr)
     print(f"\n{passed} passed, {len(failed)} failed, {skipped} skipped on {device}{mode} in "
@@ -373,7 +374,7 @@ def _print_bench(rows: List[dict]) -> None:
         groups.setdefault(r["bench"], []).append(r)
     for name, group in groups.items():
         print(f"\n{name}")
-        notes = [r for r in group if "skipped" in r or "error" in r]
+        notes = [r for r in group if "skipped" in r or "error" in r or "note" in r]
         table = [r for r in group if r not in notes]
         columns: List[str] = []
         for r in table:
@@ -386,7 +387,8 @@ def _print_bench(rows: List[dict]) -> None:
                 print(line)
         for r in notes:
             label = f"{r['provider']}: " if r.get("provider") else ""
-            what = f"skipped: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"
+            what = (f"skipped: {r['skipped']}" if "skipped" in r else f"note: {r['note']}" if "note" in r
+                    else f"ERROR: {r['error']}")
             for line in textwrap.wrap(label + what, WIDTH - 2):
                 print(f"  {line}")
 
@@ -408,7 +410,8 @@ def _run_bench(args) -> int:
     _print_bench(rows)
     errors = [r for r in rows if "error" in r]
     skipped = [r for r in rows if "skipped" in r]
-    print(f"\n{len(rows) - len(errors) - len(skipped)} rows, {len(skipped)} skipped, {len(errors)} errors")
+    notes = [r for r in rows if "note" in r]
+    print(f"\n{len(rows) - len(errors) - len(skipped) - len(notes)} rows, {len(skipped)} skipped, {len(errors)} errors")
     if args.json:
         import json
 

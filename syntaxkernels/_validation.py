@@ -47,7 +47,16 @@ def check_distance(distance: torch.Tensor, q: torch.Tensor) -> None:
     if distance.dtype != torch.uint8:
         raise ValueError(f"distance must be uint8 (from sk.tree_distance), got {distance.dtype}")
     if tuple(distance.shape) != (B, N, N):
-        raise ValueError(f"distance must have shape [B, N, N] = [{B}, {N}, {N}], got {tuple(distance.shape)}")
+        H = q.shape[1]
+        if distance.dim() == 3 and distance.shape[0] == B and distance.shape[1] == distance.shape[2] == H != N:
+            # q's dim 1 (heads) holds the trees' token count: the heads were not moved in front of the tokens.
+            raise ValueError(
+                f"q, k, v must be [B, H, N, D] (heads before tokens) with N = {H} tokens as in distance "
+                f"{tuple(distance.shape)}; got q of shape {tuple(q.shape)}, which looks like [B, N, H, D]: "
+                f"pass q.transpose(1, 2) (and k, v likewise)"
+            )
+        raise ValueError(f"distance must have shape [B, N, N] = [{B}, {N}, {N}] for q of shape [B, H, N, D] = "
+                         f"{list(q.shape)}, got {tuple(distance.shape)}")
     if distance.device != q.device:
         raise ValueError(f"distance is on {distance.device} but q is on {q.device}")
 

@@ -82,12 +82,38 @@ def _distance_and_lengths(trees: TreesLike, lengths):
                     f"got {what}")
 
 
-def _check_input(x, embed_dim: int, name: str = "x") -> None:
-    """``x`` must be a tensor ``[B, N, embed_dim]``: TypeError for a non-tensor, ValueError for a wrong shape."""
+def _tree_shape(trees) -> Optional[Tuple[int, int]]:
+    """``(B, N)`` of a TreeBatch or a ``[B, N, N]`` distance tensor; None for anything else (checked later)."""
+    if isinstance(trees, TreeBatch):
+        return tuple(trees.distance.shape[:2])
+    if isinstance(trees, torch.Tensor) and trees.dim() == 3:
+        return tuple(trees.shape[:2])
+    return None
+
+
+def _check_input(x, embed_dim: int, name: str = "x", trees=None, batch_first: bool = True) -> None:
+    """``x`` must be a tensor ``[B, N, embed_dim]`` (``[N, B, embed_dim]`` with ``batch_first=False``) whose B and
+    N are the trees' when ``trees`` is given: TypeError for a non-tensor, ValueError for a wrong shape (saying
+    when ``x`` looks transposed, which would otherwise surface as a distance shape error inside the op)."""
+    layout = "[B, N, E]" if batch_first else "[N, B, E]"
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor [B, N, E] with E = {embed_dim}, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a tensor {layout} with E = {embed_dim}, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != embed_dim:
-        raise ValueError(f"{name} must have shape [B, N, E] with E = {embed_dim}, got {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape {layout} with E = {embed_dim}, got {tuple(x.shape)}")
+    shape = _tree_shape(trees)
+    if shape is None:
+        return
+    B, N = shape
+    got = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+    if got == (B, N):
+        return
+    expected = [B, N, embed_dim] if batch_first else [N, B, embed_dim]
+    hint = ""
+    if got == (N, B):
+        hint = (f"; it looks sequence-first [N, B, E]: pass {name}.transpose(0, 1)" if batch_first else
+                "; it looks batch-major [B, N, E]: pass it transposed, or build the layer with batch_first=True")
+    raise ValueError(f"{name} must have shape {layout} = {expected} to match the trees (B = {B} sequences of "
+                     f"N = {N} tokens), got {tuple(x.shape)}{hint}")
 
 
 def _check_treebatch(trees, why: str = "") -> None:
@@ -438,7 +464,7 @@ class SyntaxBiasedSelfAttention(DistanceBias):
         Returns:
             ``[B, N, E]``.
         """
-        _check_input(x, self.embed_dim)
+        _check_input(x, self.embed_dim, trees=trees)
         q, k, v = _qkv(self, x, self.num_heads)
         out = self.attend(q, k, v, trees, lengths, window=window, causal=causal)
         return self.out_proj(self.dropout(_merge_heads(out)))
@@ -483,7 +509,7 @@ class SyntaxBertSelfAttention(Subnetworks):
         Returns:
             ``[B, N, E]``.
         """
-        _check_input(x, self.embed_dim)
+        _check_input(x, self.embed_dim, trees=trees)
         q, k, v = _qkv(self, x, self.num_heads)
         return self.out_proj(self.dropout(_merge_heads(self.attend(q, k, v, trees))))
 
@@ -561,7 +587,7 @@ class SyntaxGAT(nn.Module):
         Returns:
             ``G [B, N, num_heads * head_dim]``; padding rows are 0.
         """
-        _check_input(x, self.embed_dim)
+        _check_input(x, self.embed_dim, trees=trees)
         distance, lengths = _distance_and_lengths(trees, lengths)
         if pos is not None:
             if self.pos_embedding is None:
@@ -570,6 +596,7 @@ class SyntaxGAT(nn.Module):
                 raise TypeError(f"pos must be an int64 tensor [B, N] of POS ids, got {type(pos).__name__}")
             if pos.shape != x.shape[:2]:
                 raise ValueError(f"pos must have shape [B, N] = {list(x.shape[:2])}, got {tuple(pos.shape)}")
+            _check_pos_ids(pos, self.pos_embedding.num_embeddings)
             x = x + self.pos_embedding(pos)
         for layer in self.layers:
             q, k, v = _qkv(layer, x, self.num_heads)
@@ -581,6 +608,24 @@ class SyntaxGAT(nn.Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_layers={len(self.layers)}, num_heads={self.num_heads}, "
                 f"head_dim={self.head_dim}, window={self.window}, backend={self.backend!r}")
+
+
+def _check_pos_ids(pos: torch.Tensor, num_tags: int, name: str = "pos") -> None:
+    """POS ids must be integers in ``0..num_tags-1``: read on the host for a CPU tensor (``ValueError`` naming the
+    batch item and token), a device-side assertion for a GPU tensor (no host synchronisation); skipped while
+    compiling."""
+    if pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.is_complex():
+        raise ValueError(f"{name} must hold integer POS ids (int64), got {pos.dtype}")
+    if V.compiling():
+        return
+    bad = (pos < 0) | (pos >= num_tags)
+    if V._on_host(pos):
+        if bool(bad.any()):
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"{name}: batch item {b}, token {i}: POS id {int(pos[b, i])} is outside 0..{num_tags - 1} "
+                             f"(this SyntaxGAT has num_pos_tags = {num_tags}; token_pos_ids gives UPOS ids 0..17)")
+    else:
+        torch._assert_async(~bad.any(), f"{name}: POS ids must be in 0..{num_tags - 1} (num_pos_tags = {num_tags})")
 
 
 class SyntaxHeadSelfAttention(SyntaxHeads):
@@ -758,6 +803,7 @@ class SyntaxTransformerEncoderLayer(nn.Module):
         if src_key_padding_mask is not None and lengths is not None:
             raise ValueError("give src_key_padding_mask or lengths, not both")
         padding = src_key_padding_mask if src_key_padding_mask is not None else lengths
+        _check_input(src, self.self_attn.embed_dim, "src", trees=trees, batch_first=self.batch_first)
         x = src if self.batch_first else src.transpose(0, 1)
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), trees, padding, is_causal, syntax)

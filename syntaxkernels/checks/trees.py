@@ -7,6 +7,7 @@ saturating at 254), plus generated forests and the shared treebank in batches of
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -374,16 +375,29 @@ def bench_tree_distance(device: str, quick: bool) -> List[dict]:
                 raise AssertionError(f"{name} differs from {oracle.__name__} on batch {k}")
     min_seconds = 0.1 if quick else 0.5
     scipy_s = time_per_batch(scipy_tree_distance, batch_list, min_seconds=min_seconds) if scipy_ok else None
+    widths = [int(h.shape[1]) for h, _ in tensors]
+    timed = (f"{len(batch_list)} batches of {len(batch_list[0])} sentences (padded to N = {min(widths)}-"
+             f"{max(widths)} tokens, {pairs:,.0f} valid pairs a batch on average)")
     rows = []
     for name, fn, inputs, sync in providers:
         seconds = time_per_batch(fn, inputs, min_seconds=min_seconds, sync=sync)
-        row = dict(provider=name, batch_ms=seconds * 1e3, pairs_per_s=pairs / seconds, data=source)
+        row = dict(provider=name, batch_ms=seconds * 1e3, pairs_per_s=pairs / seconds, data=source, timed=timed)
         if scipy_s:
             row["vs_scipy"] = scipy_s / seconds
         rows.append(row)
     if scipy_ok:
         rows.append(dict(provider="scipy shortest_path", batch_ms=scipy_s * 1e3, vs_scipy=1.0,
-                         pairs_per_s=pairs / scipy_s, data=source))
+                         pairs_per_s=pairs / scipy_s, data=source, timed=timed))
+    by_name = {r["provider"]: r for r in rows}
+    one, many = by_name.get("C++, 1 thread"), by_name.get(f"C++, {torch.get_num_threads()} threads")
+    if one is not None and many is not None and many is not one and many["batch_ms"] >= one["batch_ms"]:
+        load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores now" if hasattr(os, "getloadavg") \
+            else ""
+        rows.append(dict(provider=many["provider"], note=(
+            f"not faster than 1 thread here ({many['batch_ms'] * 1e3:.0f} vs {one['batch_ms'] * 1e3:.0f} us a "
+            "batch): the builder starts its threads on every call (tens of microseconds each) and gives each "
+            "thread at least 65,536 padded pairs, so on batches this small at most a thread or two run and "
+            "starting them costs about what they save; busy cores make it worse" + load)))
     else:
         rows.append(dict(provider="scipy shortest_path",
                          skipped="scipy is not installed (pip install scipy, or the [bench] extra)"))

@@ -1,4 +1,4 @@
-"""Syntax-aware attention for transformers BERT, RoBERTa and XLM-RoBERTa models, in one call.
+"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT), in one call.
 
 ::
 
@@ -14,7 +14,9 @@ How it plugs in (transformers 5.x):
   ``AttentionInterface``, together with a mask function in ``AttentionMaskInterface`` that hands the 2-D
   padding mask (``bool [B, N]``, True = attend) down unchanged instead of expanding it to ``[B, 1, N, N]``.
   ``enable_syntax_attention`` switches the model to that implementation.
-- Every patched layer's self-attention module (``...encoder.layer[i].attention.self``) gets a child module
+- Model families are rows of :data:`FAMILIES` (:class:`ModelFamily`: where the encoder, the layers, the
+  self-attention module and its projections live, and how positions are encoded).
+- Every patched layer's self-attention module (``...encoder.layer[i].attention.self`` for BERT) gets a child module
   ``syntax`` holding the new parameters, so they sit in ``model.state_dict()``, reach the optimizer through
   ``model.parameters()``, and are saved by ``save_pretrained``. These children are the building blocks of
   :mod:`syntaxkernels.nn` (:class:`~syntaxkernels.nn.DistanceBias`, :class:`~syntaxkernels.nn.Subnetworks`,
@@ -51,8 +53,12 @@ Other differences from the unpatched model:
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
-to the weights file. :func:`load_syntax_model` reloads both (plain ``from_pretrained`` would drop the syntax
-parameters as unexpected keys; reading them back is :mod:`syntaxkernels.integrations.checkpoint`).
+to the weights file. :func:`load_syntax_model` reloads both (reading the syntax parameters back is
+:mod:`syntaxkernels.integrations.checkpoint`). A plain ``from_pretrained`` would drop the syntax parameters as
+unexpected keys, so the saved ``config.json`` names the attention implementation
+:data:`SAVED_ATTN_IMPLEMENTATION`: without this module imported, transformers refuses to load it (its error
+quotes that name, which says to use ``load_syntax_model``); with this module imported the model loads but its
+first forward raises a ``ValueError`` saying the same. Never a model that silently ignores its trees.
 
 POS ids for the GAT: :func:`token_pos_ids` and :data:`UPOS_TAGS` (from :mod:`syntaxkernels.integrations.upos`).
 
@@ -68,7 +74,7 @@ the probe live in ``encoder`` and shard with the root) synchronise them like any
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
@@ -80,7 +86,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _validation as V
-from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads
+from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
 from .checkpoint import quiet_syntax_keys_report, restore_parameters
@@ -88,6 +94,11 @@ from .upos import UPOS_TAGS, token_pos_ids
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "FAMILIES",
+    "REFUSED_FAMILIES",
+    "ModelFamily",
+    "encoder_layers",
+    "SAVED_ATTN_IMPLEMENTATION",
     "METHODS",
     "DEFAULT_GAT_CONFIG",
     "enable_syntax_attention",
@@ -103,6 +114,15 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "syntaxkernels"
+
+#: The attention implementation that the ``config.json`` of a saved syntax model names (``enable_syntax_attention``
+#: records it as ``config.attn_implementation``). A plain ``from_pretrained`` of such a checkpoint would drop the
+#: syntax parameters, so it must not give a working model: without this module imported transformers rejects the
+#: name, and its error quotes the name, which says how to load the model; with this module imported the name is
+#: registered to :func:`_dropped_syntax_guard`, which raises at the first forward. :func:`load_syntax_model`
+#: switches the loaded model to :data:`ATTN_IMPLEMENTATION`.
+SAVED_ATTN_IMPLEMENTATION = ("syntaxkernels - this checkpoint was saved with syntax attention, load it with "
+                             "syntaxkernels.integrations.transformers.load_syntax_model")
 METHODS = ("bias", "subnetwork", "gat")
 
 #: Defaults of ``gat_config`` (the paper's GAT shape; ``probe_rank=None`` leaves the structural probe off).
@@ -237,8 +257,22 @@ def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_off
     return attention_mask
 
 
+def _dropped_syntax_guard(*args, **kwargs):
+    """Attention and mask function of :data:`SAVED_ATTN_IMPLEMENTATION`: the model came from a plain
+    ``from_pretrained`` of a syntax checkpoint, which dropped the syntax parameters; it refuses to run."""
+    raise ValueError(
+        "this model was loaded with a plain from_pretrained from a checkpoint saved with syntax attention "
+        "(its config.json has syntax_attention): that drops the syntax parameters, and the model would ignore "
+        "syntax_trees. Load it with syntaxkernels.integrations.transformers.load_syntax_model(<model class>, "
+        "path), which restores them; or, to use it as a plain model on purpose, call "
+        "model.set_attn_implementation('sdpa')"
+    )
+
+
 AttentionInterface.register(ATTN_IMPLEMENTATION, syntax_attention_forward)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask_function)
+AttentionInterface.register(SAVED_ATTN_IMPLEMENTATION, _dropped_syntax_guard)
+AttentionMaskInterface.register(SAVED_ATTN_IMPLEMENTATION, _dropped_syntax_guard)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -260,9 +294,32 @@ def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.
     if not bool(bad.any()):
         return None
     b = int(bad.nonzero()[0, 0])
+    attended = int(expected[b].sum())
+    if not bool((expected[b] == (positions < attended)).all()):
+        kept = expected[b].nonzero()[:, 0].tolist()
+        how = "pads on the left" if kept and kept == list(range(kept[0], n)) else "does not pad on the right"
+        return (f"batch item {b}: the attention mask {how} (it attends positions {_ranges(kept)} of N = {n}); "
+                "syntax attention needs right padding, valid tokens first (tokenizer.padding_side = 'right'), with "
+                f"syntax_trees' lengths equal to the attended count (here {attended}; the trees have "
+                f"{int(tree_lengths[b])})")
     return (f"batch item {b}: syntax_trees has {int(tree_lengths[b])} tokens but the attention mask attends "
-            f"{int(expected[b].sum())} (of N = {n}); the trees' lengths must equal the attention mask, which must "
-            "pad on the right (valid tokens first)")
+            f"{attended} (of N = {n}); the trees' lengths must equal the attention mask's count of valid tokens, "
+            "padded on the right (valid tokens first)")
+
+
+def _ranges(positions) -> str:
+    """``[2, 3, 4, 7]`` -> ``"2..4, 7"``."""
+    if not positions:
+        return "none"
+    parts, start, prev = [], positions[0], positions[0]
+    for p in positions[1:] + [None]:
+        if p is not None and p == prev + 1:
+            prev = p
+            continue
+        parts.append(str(start) if start == prev else f"{start}..{prev}")
+        if p is not None:
+            start = prev = p
+    return ", ".join(parts)
 
 
 def _on_host(*tensors: Optional[torch.Tensor]) -> bool:
@@ -340,6 +397,8 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
             if tuple(pos.shape) != tuple(hidden.shape[:2]):
                 raise ValueError(f"syntax_pos must have shape [B, N] = {list(hidden.shape[:2])}, got "
                                  f"{tuple(pos.shape)}")
+            if gat.pos_embedding is not None:
+                _check_pos_ids(pos, gat.pos_embedding.num_embeddings, "syntax_pos")  # on the host where it is
             pos = pos.to(hidden.device, non_blocking=True)
         elif gat.pos_embedding is not None:
             # No tags given: every token gets tag 0 ("unknown"), which keeps the POS table in the graph (DDP
@@ -360,24 +419,110 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _supported_base_classes():
-    return (transformers.BertModel, transformers.RobertaModel, transformers.XLMRobertaModel)
+@dataclass(frozen=True)
+class ModelFamily:
+    """Where one transformers model family keeps what :func:`enable_syntax_attention` patches.
+
+    Every supported family computes q, k, v in its self-attention module, splits them into ``[B, H, N, D]``
+    (H = ``config.num_attention_heads``, D = ``config.hidden_size / H``; the configs' ``attribute_map`` gives those
+    names to DistilBERT's ``n_heads``/``dim``), adds its positions before the attention function (absolute
+    embeddings before the encoder), and calls transformers' attention interface with them; the padding mask
+    comes from ``create_bidirectional_mask``. That is what the integration replaces. The fields say where the
+    pieces are:
+
+    - ``base_class``: the transformers class of the base model (``model.base_model``);
+    - ``encoder``: the attribute of the base model whose forward runs the layers (its input is what the GAT
+      reads; the trees are checked and moved by a forward pre-hook on it);
+    - ``layers``: the attribute of the encoder holding the layers (``nn.ModuleList``; FSDP shards each);
+    - ``self_attention``: the dotted path inside a layer to the module that calls the attention function (its
+      child ``syntax`` holds a layer's syntax parameters);
+    - ``projections``: the q, k, v projections of that module;
+    - ``positions``: how the family encodes positions (the syntax ops add the tree on top of it).
+    """
+
+    name: str
+    model_type: str
+    base_class: str
+    encoder: str
+    layers: str
+    self_attention: str
+    projections: Tuple[str, str, str]
+    positions: str
+
+
+_ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
+
+#: The supported families, one row each (see :class:`ModelFamily`).
+FAMILIES: Tuple[ModelFamily, ...] = (
+    ModelFamily("BERT (incl. multilingual BERT)", "bert", "BertModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE),
+    ModelFamily("RoBERTa", "roberta", "RobertaModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("XLM-RoBERTa", "xlm-roberta", "XLMRobertaModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("CamemBERT", "camembert", "CamembertModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + " (offset by padding_idx + 1)"),
+    ModelFamily("ELECTRA", "electra", "ElectraModel", "encoder", "layer", "attention.self",
+                ("query", "key", "value"), _ABSOLUTE + "; embeddings_project maps embedding_size to hidden_size "
+                "first, so the GAT reads hidden_size-wide inputs"),
+    ModelFamily("DistilBERT", "distilbert", "DistilBertModel", "transformer", "layer", "attention",
+                ("q_lin", "k_lin", "v_lin"), "learned or sinusoidal (config.sinusoidal_pos_embds) absolute position "
+                "embeddings, added before the encoder"),
+)
+
+#: Families that are refused, with why (a model of another family is refused as not supported).
+REFUSED_FAMILIES: Dict[str, str] = {
+    "modernbert": (
+        "ModernBERT is not supported yet: every third layer is global but the others attend within a sliding "
+        "window of config.local_attention tokens, which the fused syntax ops cannot combine with the tree (they "
+        "take padding lengths, not a positional window), and its layers run directly in ModernBertModel.forward "
+        "(no encoder module whose input the GAT could read)"
+    ),
+}
+
+
+def _supported_names() -> str:
+    return ", ".join(f.name for f in FAMILIES)
+
+
+def _family(base: nn.Module) -> Optional[ModelFamily]:
+    for family in FAMILIES:
+        cls = getattr(transformers, family.base_class, None)
+        if cls is not None and isinstance(base, cls):
+            return family
+    return None
 
 
 def _base_model(model) -> nn.Module:
     if not isinstance(model, transformers.PreTrainedModel):
-        raise TypeError(f"model must be a transformers PreTrainedModel (BERT, RoBERTa or XLM-RoBERTa), got "
+        raise TypeError(f"model must be a transformers PreTrainedModel ({_supported_names()}), got "
                         f"{type(model).__name__}")
     base = model.base_model
-    if not isinstance(base, _supported_base_classes()):
+    if _family(base) is None:
+        model_type = getattr(model.config, "model_type", None)
+        why = REFUSED_FAMILIES.get(model_type)
+        if why is not None:
+            raise ValueError(f"enable_syntax_attention: {type(model).__name__} (model_type {model_type!r}) is refused. "
+                             f"{why}. Supported: {_supported_names()}")
         raise ValueError(
-            f"enable_syntax_attention supports BERT (incl. multilingual BERT), RoBERTa and XLM-RoBERTa models; "
-            f"{type(model).__name__} (model_type {model.config.model_type!r}) is not supported"
+            f"enable_syntax_attention supports {_supported_names()}; {type(model).__name__} (model_type "
+            f"{model_type!r}) is not supported"
         )
-    if base.config.is_decoder or getattr(base.config, "add_cross_attention", False):
+    if getattr(base.config, "is_decoder", False) or getattr(base.config, "add_cross_attention", False):
         raise ValueError("enable_syntax_attention supports encoders only: this model has is_decoder=True or "
                          "add_cross_attention=True")
     return base
+
+
+def _encoder(base: nn.Module) -> nn.Module:
+    return getattr(base, _family(base).encoder)
+
+
+def encoder_layers(model) -> nn.ModuleList:
+    """The layers of a supported model (``model.bert.encoder.layer``, ``model.distilbert.transformer.layer``, ...),
+    e.g. to ``fully_shard`` each of them under FSDP. Accepts a ``DistributedDataParallel`` wrapper."""
+    base = _base_model(getattr(model, "module", model))
+    return getattr(_encoder(base), _family(base).layers)
 
 
 def _as_buckets(buckets) -> BucketSpec:
@@ -427,7 +572,19 @@ def _as_layers(layers, num_layers: int):
 
 
 def _self_attention_modules(base: nn.Module):
-    return [layer.attention.self for layer in base.encoder.layer]
+    family = _family(base)
+    modules = []
+    for layer in getattr(_encoder(base), family.layers):
+        module = layer
+        for name in family.self_attention.split("."):
+            module = getattr(module, name)
+        missing = [p for p in family.projections if not isinstance(getattr(module, p, None), nn.Linear)]
+        if missing:  # another transformers version moved them: refuse rather than patch the wrong module
+            raise ValueError(f"enable_syntax_attention: {family.name} layer {family.self_attention} "
+                             f"({type(module).__name__}) has no projections {missing}; this transformers "
+                             f"{transformers.__version__} does not lay the family out as expected")
+        modules.append(module)
+    return modules
 
 
 def _use_own_config(model: nn.Module) -> None:
@@ -454,11 +611,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
                             syntax_heads: int = 1, targets: Sequence[str] = ("q", "k"),
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto"):
-    """Make a transformers BERT / RoBERTa / XLM-RoBERTa model syntax-aware, in place.
+    """Make a transformers encoder of a family in :data:`FAMILIES` syntax-aware, in place.
 
     Args:
-        model: any model whose ``base_model`` is a ``BertModel``, ``RobertaModel`` or ``XLMRobertaModel``
-            (e.g. ``BertForTokenClassification``), configured as an encoder.
+        model: any model whose ``base_model`` is the base class of a row of :data:`FAMILIES` (``BertModel``,
+            ``RobertaModel``, ``XLMRobertaModel``, ``CamembertModel``, ``ElectraModel``, ``DistilBertModel``; e.g.
+            ``BertForTokenClassification``), configured as an encoder.
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -502,7 +660,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     base = _base_model(model)
     config = base.config
-    if getattr(config, "syntax_attention", None) is not None or hasattr(base.encoder, "syntax_hook_handle"):
+    encoder = _encoder(base)
+    attention_modules = _self_attention_modules(base)  # checks the family's layout before anything changes
+    if getattr(config, "syntax_attention", None) is not None or hasattr(encoder, "syntax_hook_handle"):
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
     V.check_backend(backend)
@@ -558,17 +718,20 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     config = base.config
     reference_param = next(model.parameters())
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
-    attention_modules = _self_attention_modules(base)
     for i, part in zip(chosen, parts):
         attention_modules[i].syntax = part.to(**factory)
     for name, part in encoder_parts.items():
-        setattr(base.encoder, name, part.to(**factory))
-    base.encoder.syntax_aux_losses = None
-    base.encoder.syntax_hook_handle = base.encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
+        setattr(encoder, name, part.to(**factory))
+    if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
+        encoder.config = config  # the hook reads it (DistilBERT's encoder keeps none of its own)
+    encoder.syntax_aux_losses = None
+    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
 
-    config.syntax_attention = spec
-    if model.config is not config:
-        model.config.syntax_attention = spec
+    # config.json then names SAVED_ATTN_IMPLEMENTATION: a plain from_pretrained of the saved model fails loudly
+    # instead of silently dropping the syntax parameters (see SAVED_ATTN_IMPLEMENTATION).
+    for each in {id(config): config, id(model.config): model.config}.values():
+        each.syntax_attention = spec
+        each.attn_implementation = SAVED_ATTN_IMPLEMENTATION
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise RuntimeError(f"could not switch {type(model).__name__} to attn_implementation="
@@ -596,9 +759,10 @@ def syntax_aux_loss(model, *, parts: bool = False):
     """
     model = getattr(model, "module", model)
     base = _base_model(model)
-    if getattr(base.encoder, "syntax_probe", None) is None:
+    encoder = _encoder(base)
+    if getattr(encoder, "syntax_probe", None) is None:
         return None
-    losses = base.encoder.syntax_aux_losses
+    losses = encoder.syntax_aux_losses
     if losses is None:
         raise RuntimeError("no forward has run since syntax attention was enabled")
     return losses if parts else losses[0] + losses[1]

@@ -90,12 +90,16 @@ def _word_heads(t: int, text: List[List[int]]) -> List[int]:
     for k, sentence in enumerate(text):
         offset = len(heads)
         length = len(sentence)
+        hint = ("" if -1 in sentence else
+                "; the sentence has no root (no head is -1): CoNLL-U heads (1-based, 0 = root) convert with "
+                "sk.trees.from_conllu_heads")
         for i, h in enumerate(sentence):
             if not -1 <= h < length:
                 raise ValueError(f"sentences: text {t}, sentence {k}, word {i}: head {h} out of range "
-                                 f"(length {length}; expected -1 for a root or 0..{length - 1})")
+                                 f"(length {length}; expected -1 for a root or 0..{length - 1}){hint}")
             if h == i:
-                raise ValueError(f"sentences: text {t}, sentence {k}, word {i}: self-loop (use -1 for a root)")
+                raise ValueError(f"sentences: text {t}, sentence {k}, word {i}: self-loop (use -1 for a root)"
+                                 f"{hint}")
             heads.append(-1 if h == -1 else h + offset)
     return heads
 

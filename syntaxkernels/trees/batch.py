@@ -28,6 +28,7 @@ backward read it transposed without a copy.
 """
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass, field
 from itertools import chain
@@ -366,6 +367,33 @@ def _build_from_lists(rows, lengths, num_threads: int):
     return module.tree_distance_lists(rows, lengths, int(num_threads))
 
 
+_ITEM = re.compile(r"^batch item (\d+), token \d+: ")
+
+ROOTLESS_HINT = ("; batch item {b} has no root (no head is -1): CoNLL-U heads (1-based, 0 = root) convert with "
+                 "sk.trees.from_conllu_heads, 'a root is its own head' with sk.trees.from_self_root")
+
+
+def _rootless_hint(error: ValueError, heads, lengths) -> ValueError:
+    """``error`` with a pointer to the head converters when the batch item it names has no root (-1): heads in
+    another convention (CoNLL-U's 1-based heads, 0 for the root) then show up as a self-loop, a head out of range
+    or a cycle. Runs only after a builder has raised, so valid batches never pay for it."""
+    match = _ITEM.match(str(error))
+    if match is None:
+        return error
+    b = int(match.group(1))
+    try:
+        row = heads[b]
+        row = row.tolist() if hasattr(row, "tolist") else list(row)
+        if lengths is not None:
+            row = row[: int(lengths[b])]
+        rootless = bool(row) and all(int(h) >= 0 for h in row)
+    except Exception:  # noqa: BLE001 - the hint is optional; the builder's error stands as it is
+        return error
+    if not rootless:
+        return error
+    return ValueError(str(error) + ROOTLESS_HINT.format(b=b))
+
+
 def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> torch.Tensor:
     """All-pairs tree distance ``uint8 [B, N, N]`` (0 diagonal, saturating at 254, 255 = unreachable).
 
@@ -381,7 +409,10 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     graph of each item (edges child -- head), with infinities written as 255 and values clipped at 254
     (the tests compare the two).
     """
-    distance = build_tree_tensors(heads, lengths, backend=backend)[2]
+    try:
+        distance = build_tree_tensors(heads, lengths, backend=backend)[2]
+    except ValueError as error:
+        raise _rootless_hint(error, heads, lengths) from None
     mark_symmetric(distance)
     return distance
 
@@ -622,8 +653,14 @@ class TreeBatch:
 
     @classmethod
     def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto") -> "TreeBatch":
-        """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`)."""
-        return cls(*build_tree_tensors(heads, lengths, backend=backend))
+        """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`).
+
+        A ``ValueError`` about an item without a root (no -1) adds a pointer to the head converters
+        (:func:`~syntaxkernels.trees.from_conllu_heads`, :func:`~syntaxkernels.trees.from_self_root`)."""
+        try:
+            return cls(*build_tree_tensors(heads, lengths, backend=backend))
+        except ValueError as error:
+            raise _rootless_hint(error, heads, lengths) from None
 
     @property
     def batch_size(self) -> int:
@@ -687,5 +724,13 @@ class TreeBatch:
         return self.batch_size
 
     def __repr__(self) -> str:
-        return (f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, "
-                f"lengths={self.lengths.tolist()}, device={self.device})")
+        """A summary: the lengths themselves for up to 8 items, else their min, mean and max (a treebank's 2,001
+        lengths would bury everything else), and the edge lists cached on the batch."""
+        lengths = self.lengths.tolist()
+        if len(lengths) <= 8:
+            shown = f"lengths={lengths}"
+        else:
+            shown = (f"lengths min/mean/max={min(lengths)}/{sum(lengths) / len(lengths):.1f}/{max(lengths)}, "
+                     f"tokens={sum(lengths)}")
+        cached = f", cached_lists={len(self._edge_lists)}" if self._edge_lists else ""
+        return f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, {shown}{cached}, device={self.device})"

@@ -76,8 +76,11 @@ class TreeCollator:
     Returns (``__call__``) a dict:
 
     - dict items: every per-token key (a 1-D sequence of numbers as long as the heads, e.g. ``input_ids``,
-      ``token_type_ids``, ``labels``) padded to ``[B, N]``; numeric scalars stacked to ``[B]``; anything
-      else as a list; plus ``"attention_mask" [B, N]`` (if not given), ``"lengths" int64 [B]`` and
+      ``token_type_ids``, ``labels``) padded to ``[B, N]`` (``labels`` with -100); numeric scalars stacked to
+      ``[B]`` (``labels`` of sequence classification too); anything else as a list. ``input_ids``,
+      ``attention_mask``, ``token_type_ids``, ``special_tokens_mask`` and non-scalar ``labels`` must have one
+      entry per token (``ValueError`` naming the batch item otherwise); plus ``"attention_mask" [B, N]`` (if
+      not given), ``"lengths" int64 [B]`` and
       ``"trees"`` (``TreeBatch`` of ``[B, N]``).
     - Sentence items without a tokenizer: ``"trees"`` (word-level), ``"lengths"``, ``"words"`` (lists)
       and ``"sentences"``.
@@ -152,12 +155,19 @@ class TreeCollator:
         for key in keys:
             values = [item[key] for item in items]
             per_token = all(_is_number_sequence(v) and len(v) == n for v, n in zip(values, lengths))
-            if key in _TOKEN_KEYS and not per_token:
+            # Token keys are always per token; "labels" are per token (token classification) unless every item
+            # has a single number (sequence classification), and then they are stacked.
+            must_be_per_token = key in _TOKEN_KEYS or (key == "labels" and not all(_is_scalar(v) for v in values))
+            if must_be_per_token and not per_token:
                 for b, (v, n) in enumerate(zip(values, lengths)):
                     if not (_is_number_sequence(v) and len(v) == n):
-                        size = len(v) if hasattr(v, "__len__") else "no"
-                        raise ValueError(f"TreeCollator: batch item {b}: {key!r} has {size} entries but "
-                                         f"{self.heads_key!r} has {n}")
+                        if hasattr(v, "__len__") and len(v) == n:
+                            raise ValueError(f"TreeCollator: batch item {b}: {key!r} must be a 1-D sequence of "
+                                             f"numbers (ids, not names), got {type(v).__name__} {v!r:.60}")
+                        size = (f"{len(v)} entries" if hasattr(v, "__len__")
+                                else f"no entries (it is the {type(v).__name__} {v!r})")
+                        raise ValueError(f"TreeCollator: batch item {b}: {key!r} has {size} but "
+                                         f"{self.heads_key!r} has {n} (expected one entry per token)")
             if per_token:
                 pad = self.pad_token_id if key == "input_ids" else self.pad_values.get(key, 0)
                 out[key] = _pad(values, width, pad)

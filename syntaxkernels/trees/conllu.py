@@ -108,10 +108,20 @@ def _open_source(path_or_text) -> Tuple[Iterable[str], str]:
     """
     if isinstance(path_or_text, str) and ("\n" in path_or_text or "\t" in path_or_text):
         return io.StringIO(path_or_text), "<text>"
+    if isinstance(path_or_text, str) and not path_or_text.strip():
+        raise ValueError(f"read_conllu: path_or_text is {path_or_text!r}, neither a file name nor CoNLL-U text "
+                         "(expected a path to a CoNLL-U file, CoNLL-U text with at least one newline or tab, or a "
+                         "text stream); an unset path variable?")
     if isinstance(path_or_text, (str, os.PathLike)):
         path = Path(path_or_text)
+        if path.is_dir():
+            inside = sorted(p.name for p in path.glob("*.conllu"))
+            held = f" (it holds {', '.join(inside[:3])}{' ...' if len(inside) > 3 else ''})" if inside else ""
+            raise IsADirectoryError(f"read_conllu: {str(path_or_text)!r} is a directory, expected the path of a "
+                                    f"CoNLL-U file{held}")
         if not path.is_file():
-            raise FileNotFoundError(f"read_conllu: no such file {str(path)!r}")
+            what = "no such file" if not path.exists() else "not a regular file"
+            raise FileNotFoundError(f"read_conllu: {what} {str(path_or_text)!r}")
         return path.read_text(encoding="utf-8").splitlines(), str(path)
     if hasattr(path_or_text, "read"):
         return io.StringIO(path_or_text.read()), getattr(path_or_text, "name", "<stream>")
@@ -250,8 +260,8 @@ def read_conllu(path_or_text: Union[str, os.PathLike, io.TextIOBase]) -> List[Se
             a newline or a tab), or an open text stream.
 
     Multiword-token range lines and empty nodes are skipped (ranges are kept in
-    ``Sentence.multiword_tokens``). Raises ``ValueError`` with the line number for a malformed line and
-    ``FileNotFoundError`` for a missing file.
+    ``Sentence.multiword_tokens``). Raises ``ValueError`` with the line number for a malformed line or for an
+    empty (or blank) string, ``FileNotFoundError`` for a missing file and ``IsADirectoryError`` for a directory.
     """
     lines, source = _open_source(path_or_text)
     builder = _Builder(source)
