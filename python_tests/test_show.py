@@ -126,10 +126,16 @@ def test_topical_mixing_weights_per_relation():
     assert torch.allclose(fresh.sharpness, torch.zeros(2))  # query zeros: a plain average
     # a fresh module averages the non-empty sub-networks: the weights follow from the masks alone
     nonempty = sk.reference.syntax_masks(trees, masks).any(-1)  # [B, M, N]
-    tokens = nonempty.any(1)
-    expected = (nonempty.float() / nonempty.sum(1, keepdim=True).clamp(min=1)).sum(dim=(0, 2)) / tokens.sum()
+    share = nonempty.float() / nonempty.sum(1, keepdim=True).clamp(min=1)  # 1/K where present
+    expected = share.sum(dim=(0, 2)) / nonempty.sum(dim=(0, 2))
+    present = nonempty.any(2).any(0)  # relations some token has (parent_2 needs a grandchild: item 0 has one)
+    assert present.all()
     assert torch.allclose(fresh.weights, expected.expand(2, -1), atol=1e-6)
-    assert torch.allclose(fresh.weights.sum(1), torch.ones(2), atol=1e-6)
+    assert torch.allclose(fresh.relative, torch.ones(2, masks.num_masks), atol=1e-5)
+    # a relation no token has is NaN, not 0
+    (lonely,) = learned_syntax(module, batch={"x": x[1:, :2], "trees": sk.TreeBatch.from_heads([[-1, 0]])}).topical
+    assert torch.isnan(lonely.relative[:, masks.names.index("parent_2")]).all()
+    assert not torch.isnan(lonely.relative[:, masks.names.index("full")]).any()
 
     _randomised(module)
     (trained,) = learned_syntax(module).topical
@@ -229,8 +235,8 @@ def test_directory_with_a_batch_and_other_methods(tmp_path):
     assert [t.layer for t in learned.topical] == [0, 1]
     for t in learned.topical:
         assert t.relations == sk.MaskSpec(max_distance=2).names
-        assert t.weights.shape == (4, len(t.relations))
-        assert torch.allclose(t.weights.sum(1), torch.ones(4), atol=1e-5)
+        assert t.weights.shape == t.relative.shape == (4, len(t.relations))
+        assert not torch.allclose(t.relative, torch.ones_like(t.relative))  # it trained: not a plain average
     queries = _syntax_tensors(model, "topical.query")
     assert torch.allclose(learned.topical[0].sharpness,
                           learned_syntax(model).topical[0].sharpness)
@@ -278,3 +284,28 @@ def test_show_errors_say_what_is_wrong(tmp_path, capsys, monkeypatch):
         plot_learned({"a.distance_bias": torch.zeros(12)})
     assert main(["show", str(tmp_path / "missing")]) == 2
     assert "needs matplotlib" in capsys.readouterr().err
+
+
+@needs_matplotlib
+def test_plot_subnetwork_and_gat_panels(tmp_path):
+    import matplotlib.pyplot as plt
+
+    model, batch = _trained_bert("subnetwork", masks={"max_distance": 2})
+    learned, figure = plot_learned(model, tmp_path / "sub.png", batch=batch)
+    _assert_png(tmp_path / "sub.png")
+    panels = {ax.get_title(): ax for ax in figure.axes if ax.get_title()}
+    heat = panels["layer 1: topical mixing weights"]
+    assert torch.allclose(torch.as_tensor(heat.images[0].get_array().data), learned.topical[1].relative)
+    assert [t.get_text() for t in heat.get_xticklabels()] == sk.MaskSpec(max_distance=2).names
+    sharp = panels["topical query sharpness (0 = plain average)"]
+    assert torch.allclose(torch.as_tensor(sharp.images[0].get_array().data),
+                          torch.stack([t.sharpness for t in learned.topical]))
+    plt.close(figure)
+
+    gat, _ = _trained_bert("gat", gat_config={"num_layers": 1, "num_heads": 2, "head_dim": 8, "num_pos_tags": 0})
+    learned, figure = plot_learned(gat, tmp_path / "gat.png")
+    _assert_png(tmp_path / "gat.png")
+    (ax,) = [ax for ax in figure.axes if ax.get_title() == "syntax-head injection strength"]
+    heights = [p.get_height() for p in ax.patches]
+    assert heights == pytest.approx([g.norms[t] for t in ("k", "q") for g in learned.injection])
+    plt.close(figure)

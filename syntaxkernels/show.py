@@ -8,9 +8,11 @@ the model uses the trees; :func:`plot_learned` draws them, one panel per layer:
   learned strength ``c`` (``bias_scale``) in the panel title; per-head tables are a heads x buckets heat map.
   One more panel shows ``c`` per layer.
 - **Sub-networks** (method "subnetwork"): the topical attention's mixing weights depend on each token's
-  sub-network outputs, so they are measured on a batch: for every layer, the mean weight each head gives each
-  relation (``MaskSpec.names``). Without a batch, one panel shows per layer and head how sharp the mixing can be,
-  ``|Wk_h q_h| / sqrt(D)`` (0: the plain average of the sub-networks, the fresh model).
+  sub-network outputs, so they are measured on a batch: for every layer, per head and relation
+  (``MaskSpec.names``), the weight a token gives that relation's sub-network relative to a plain average of its
+  non-empty sub-networks (1 = what a fresh model does; mean over the tokens that have the relation). Without a
+  batch, one panel shows per layer and head how sharp the mixing can be, ``|Wk_h q_h| / sqrt(D)`` (0: the plain
+  average, the fresh model).
 - **Syntax heads** (method "gat"): the norm of each layer's injection weights ``syntax_proj[t]`` per target.
 - **On a batch** (``batch=``), for the distance-bias layers: the share of attention each distance bucket
   receives, next to the same layer's attention without the bias (same queries and keys: "plain attention").
@@ -81,7 +83,11 @@ class TopicalLayer:
     layer: Optional[int]
     sharpness: torch.Tensor  # [H]: |Wk_h q_h| / sqrt(D), from the parameters
     relations: Optional[List[str]]  # MaskSpec.names when known
-    weights: Optional[torch.Tensor] = None  # [H, M] mean mixing weight per head and relation, on a batch
+    # On a batch, per head and relation, over the tokens whose mask of that relation is non-empty (NaN for a
+    # relation no token has): the mean mixing weight, and the mean of weight x (the token's number of non-empty
+    # masks), i.e. the weight relative to a plain average (a fresh model: 1 everywhere).
+    weights: Optional[torch.Tensor] = None  # [H, M]
+    relative: Optional[torch.Tensor] = None  # [H, M]
 
 
 @dataclass
@@ -134,8 +140,9 @@ class LearnedSyntax:
                          + ", ".join(f"{v:.3f}" for v in t.sharpness.tolist()))
             if t.weights is not None:
                 names = t.relations or [str(m) for m in range(t.weights.shape[1])]
-                mean = t.weights.mean(0)
-                lines.append("    mean mixing weight: " + ", ".join(f"{n} {v:.3f}" for n, v in zip(names, mean.tolist())))
+                lines.append("    mixing weight (mean over heads; relative to a plain average): " + ", ".join(
+                    f"{n} {w:.3f} ({r:.2f}x)" for n, w, r in zip(names, t.weights.mean(0).tolist(),
+                                                                  t.relative.mean(0).tolist())))
         for g in self.injection:
             lines.append(f"  {_label(g.name, g.layer)}: injection |W| " + ", ".join(f"{k} {v:.4g}" for k, v in g.norms.items()))
         for m in self.mass:
@@ -394,8 +401,7 @@ def learned_syntax(source, *, buckets: Optional[BucketSpec] = None, masks: Optio
         for t in result.topical:
             found = by_name.get(t.name) or (by_layer.get(t.layer) if len(by_layer) == len(measured.topical) else None)
             if found is not None:
-                t.weights = found.weights
-                t.relations = found.relations
+                t.weights, t.relative, t.relations = found.weights, found.relative, found.relations
         result.notes += measured.notes
     return result
 
@@ -474,7 +480,7 @@ def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> Learned
             module.attend = recorder  # an instance attribute: found before the class's method
             recorders[name] = recorder
         elif isinstance(module, Subnetworks):
-            sums = [None, 0]
+            sums: list = [None, None, None]  # weight sums [H, M], relative sums [H, M], token counts [M]
             topical[name] = [module, sums]
 
             def hook(mod, inputs, output, sums=sums):
@@ -484,10 +490,13 @@ def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> Learned
                 s = torch.einsum("bmhnd,hd->bmhn", outputs, u)
                 s = s.masked_fill(~nonempty[:, :, None, :], float("-inf"))
                 w = torch.nan_to_num(torch.softmax(s, dim=1), nan=0.0)  # [B, M, H, N]
-                tokens = nonempty.any(1)  # [B, N]
-                total = (w * tokens[:, None, None, :]).sum(dim=(0, 3)).t().double().cpu()  # [H, M]
-                sums[0] = total if sums[0] is None else sums[0] + total
-                sums[1] += int(tokens.sum())
+                present = nonempty[:, :, None, :].float()  # [B, M, 1, N]
+                count = nonempty.sum(1, keepdim=True)[:, :, None, :].float()  # [B, 1, 1, N] non-empty masks
+                parts = [(w * present).sum(dim=(0, 3)).t(), (w * count * present).sum(dim=(0, 3)).t(),
+                         nonempty.sum(dim=(0, 2)).float()]
+                for k, part in enumerate(parts):
+                    part = part.double().cpu()
+                    sums[k] = part if sums[k] is None else sums[k] + part
 
             handles.append(module.topical.register_forward_hook(hook))
     was_training = model.training
@@ -509,13 +518,15 @@ def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> Learned
         names = r.module.buckets.bucket_names()
         out.mass.append(DistanceMass(name, _layer_index(name), names, (r.learned / r.rows).float(),
                                      (r.plain / r.rows).float(), (r.pairs / r.query_rows).float()))
-    for name, (module, (total, count)) in topical.items():
-        if total is None or count == 0:
+    for name, (module, (total, relative, count)) in topical.items():
+        if total is None:
             out.notes.append(f"{name}: not called in the forward (no mixing weights measured)")
             continue
+        count = torch.where(count > 0, count, torch.full_like(count, float("nan")))
         out.topical.append(TopicalLayer(name, _layer_index(name),
                                         _sharpness(module.topical.query, module.topical.key_weight),
-                                        list(module.masks.names), (total / count).float()))
+                                        list(module.masks.names), (total / count).float(),
+                                        (relative / count).float()))
     out.mass.sort(key=lambda m: (m.layer is None, m.layer or 0, m.name))
     return out
 
@@ -598,15 +609,17 @@ def _draw_mass(ax, m: DistanceMass) -> None:
 
 
 def _draw_topical(ax, fig, t: TopicalLayer) -> None:
-    weights = t.weights.numpy()
-    image = ax.imshow(weights, cmap="viridis", vmin=0.0, aspect="auto")
-    names = t.relations or [str(m) for m in range(weights.shape[1])]
+    relative = t.relative.numpy()
+    finite = relative[relative == relative]  # NaN: a relation no token of the batch has
+    spread = max(float(abs(finite - 1.0).max()) if finite.size else 0.0, 0.05)
+    image = ax.imshow(relative, cmap="PuOr_r", vmin=1.0 - spread, vmax=1.0 + spread, aspect="auto")
+    names = t.relations or [str(m) for m in range(relative.shape[1])]
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(weights.shape[0]))
+    ax.set_yticks(range(relative.shape[0]))
     ax.set_xlabel("relation (sub-network)")
     ax.set_ylabel("head")
-    fig.colorbar(image, ax=ax, label="mean mixing weight")
+    fig.colorbar(image, ax=ax, label="weight / plain average (1 = fresh)")
     ax.set_title(f"{_label(t.name, t.layer)}: topical mixing weights", fontsize=10)
 
 
