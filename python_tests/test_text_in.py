@@ -278,3 +278,59 @@ def test_parse_with_a_pretrained_parser_when_installed(tmp_path):
                         split_sentences=True)
         assert len(text) == 1 and text[0].words[:2] == ["The", "quick"]
         assert text[0].heads[text[0].words.index("fox")] == text[0].words.index("jumps")
+
+
+@needs_stanza
+def test_parse_with_a_stanza_pipeline_object(tmp_path):
+    """A real stanza Pipeline subclass (no models to load): kind detection, identity from its config and model
+    files, the cache."""
+    import stanza
+    from stanza.utils.conll import CoNLL
+
+    model_file = tmp_path / "depparse.pt"
+    model_file.write_bytes(b"weights v1")
+
+    class LocalPipeline(stanza.Pipeline):
+        def __init__(self):  # what a loaded Pipeline holds, without loading models
+            self.lang = "en"
+            self.config = {"lang": "en", "processors": "tokenize,depparse", "depparse_model_path": str(model_file)}
+            self.processors = {"tokenize": None, "depparse": None}
+            self.calls = 0
+
+        def __call__(self, text):
+            self.calls += 1
+            return CoNLL.conll2doc(input_str=CONLLU)
+
+    nlp = LocalPipeline()
+    identity = parser_identity(nlp)
+    assert identity.startswith(f"stanza-{stanza.__version__}/en/tokenize+depparse/")
+    (text,) = parse(["I saw her. She ran home"], parser=nlp, cache_dir=tmp_path)
+    assert text.heads == [1, -1, 1, 1, 5, -1, 5] and nlp.calls == 1
+    parse(["I saw her. She ran home"], parser=nlp, cache_dir=tmp_path)
+    assert nlp.calls == 1  # cached
+    model_file.write_bytes(b"weights v2, retrained")  # another model file: another identity, parsed again
+    assert parser_identity(nlp) != identity
+    parse(["I saw her. She ran home"], parser=nlp, cache_dir=tmp_path)
+    assert nlp.calls == 2
+
+
+@needs_spacy
+def test_spacy_identity_follows_the_pipeline():
+    import spacy
+
+    blank = spacy.blank("en")
+    with_sentencizer = spacy.blank("en")
+    with_sentencizer.add_pipe("sentencizer")
+    assert parser_identity(blank) == parser_identity(spacy.blank("en"))
+    assert parser_identity(blank) != parser_identity(with_sentencizer)
+    assert parser_identity(spacy.blank("de")) != parser_identity(blank)
+
+
+def test_parse_takes_an_iterable_of_texts():
+    def fake(text):
+        return [Sentence(words=text.split(), heads=[-1] + [0] * (len(text.split()) - 1))]
+
+    out = parse((t for t in ["a b", "c"]), parser=fake, cache_dir=False)
+    assert [s.words for s in out] == [["a", "b"], ["c"]]
+    with pytest.raises(TypeError, match="got dict"):
+        parse({"a": 1}, parser=fake, cache_dir=False)

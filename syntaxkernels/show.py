@@ -364,9 +364,12 @@ def learned_syntax(source, *, buckets: Optional[BucketSpec] = None, masks: Optio
         model, name = source, type(source).__name__
         result = _from_module(source, name)
     elif isinstance(source, Mapping):
-        if batch is not None:
+        if batch is not None and not any(isinstance(v, nn.Module) for v in source.values()):
             raise ValueError("batch= needs a model (an nn.Module or a save_pretrained directory), not a state dict")
-        result = _from_state_dict(_unwrap_checkpoint(source, "the state dict"), "state dict", buckets, masks, [])
+        inner = _unwrap_checkpoint(source, "the state dict")
+        if isinstance(inner, nn.Module):
+            return learned_syntax(inner, batch=batch)
+        result = _from_state_dict(inner, "state dict", buckets, masks, [])
     elif isinstance(source, (str, os.PathLike)):
         path = Path(os.fspath(source))
         if path.is_dir():

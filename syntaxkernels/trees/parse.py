@@ -23,7 +23,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .conllu import Sentence
 from .spacy import _is_spacy, from_spacy
@@ -226,8 +226,8 @@ class _Cache:
 def _check_texts(texts) -> List[str]:
     if isinstance(texts, str):
         texts = [texts]
-    elif isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence):
-        raise TypeError(f"parse: texts must be a str or a sequence of str, got {type(texts).__name__}")
+    elif isinstance(texts, (bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
+        raise TypeError(f"parse: texts must be a str or a sequence (or iterable) of str, got {type(texts).__name__}")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
@@ -264,7 +264,7 @@ def parse(
     ``align_to_tokens``, caching every parse on disk.
 
     Args:
-        texts: a sequence of str (or one str, taken as one text).
+        texts: a sequence or iterable of str (or one str, taken as one text).
         parser: a spaCy ``Language`` (``spacy.load(...)``; texts go through ``nlp.pipe``), a stanza ``Pipeline``
             with ``depparse``, or any callable that takes one text and returns a parsed spaCy ``Doc``, a stanza
             ``Document`` or a list of :class:`Sentence`.
