@@ -539,15 +539,13 @@ def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> Learned
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib.pyplot as plt
     except ModuleNotFoundError as exc:
         if exc.name is not None and exc.name.split(".")[0] != "matplotlib":
-            raise
+            raise  # matplotlib is there but something it needs is not: its own message is the useful one
         raise ImportError("plot_learned needs matplotlib, which is not installed: pip install matplotlib "
                           "(or pip install 'syntaxkernels[plot]'); learned_syntax() returns the same figures "
                           "without it") from exc
-    import matplotlib.pyplot as plt
-
     return plt
 
 
