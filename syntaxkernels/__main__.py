@@ -569,7 +569,7 @@ def _run_show(args) -> int:
         import matplotlib
     except ModuleNotFoundError:
         print("syntaxkernels show: needs matplotlib, which is not installed: pip install matplotlib "
-              "(or pip install 'syntaxkernels[plot]')", file=sys.stderr)
+              "(or install syntaxkernels with its [plot] extra)", file=sys.stderr)
         return 2
     matplotlib.use("Agg")
     from .show import plot_learned

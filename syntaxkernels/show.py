@@ -544,7 +544,7 @@ def _pyplot():
         if exc.name is not None and exc.name.split(".")[0] != "matplotlib":
             raise  # matplotlib is there but something it needs is not: its own message is the useful one
         raise ImportError("plot_learned needs matplotlib, which is not installed: pip install matplotlib "
-                          "(or pip install 'syntaxkernels[plot]'); learned_syntax() returns the same figures "
+                          "(or install syntaxkernels with its [plot] extra); learned_syntax() returns the same figures "
                           "without it") from exc
     return plt
 
