@@ -309,3 +309,69 @@ def test_plot_subnetwork_and_gat_panels(tmp_path):
     heights = [p.get_height() for p in ax.patches]
     assert heights == pytest.approx([g.norms[t] for t in ("k", "q") for g in learned.injection])
     plt.close(figure)
+
+
+CONLLU = """1\tThe\t_\tDET\t_\t_\t2\tdet\t_\t_
+2\tcat\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_
+3\tsat\t_\tVERB\t_\t_\t0\troot\t_\t_
+4\tdown\t_\tADV\t_\t_\t3\tadvmod\t_\t_
+
+1\tDogs\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_
+2\tbark\t_\tVERB\t_\t_\t0\troot\t_\t_
+
+"""
+
+
+@needs_matplotlib
+def test_cli_show_runs_the_saved_model_on_conllu_sentences(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    from syntaxkernels.__main__ import main
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+
+    conllu = tmp_path / "small.conllu"
+    conllu.write_text(CONLLU)
+    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(["the cat sat down", "dogs bark"], vocab_size=60, min_frequency=1)
+    wordpiece.save(str(tmp_path / "tok.json"))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
+                                                     sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    torch.manual_seed(0)
+    model = transformers.BertForTokenClassification(transformers.BertConfig(**dict(SMALL, vocab_size=len(tokenizer))))
+    enable_syntax_attention(model, "bias")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("distance_bias"):
+                p[1] = 5.0  # lean on tree neighbours
+    model.save_pretrained(tmp_path / "model")
+    args = ["show", str(tmp_path / "model"), "--out", str(tmp_path / "b.png"), "--conllu", str(conllu)]
+    assert main(args) == 2  # no tokenizer in the directory: says how to give one
+    assert "holds no tokenizer: pass --tokenizer" in capsys.readouterr().err
+    tokenizer.save_pretrained(tmp_path / "model")
+    assert main(args + ["--json", str(tmp_path / "v.json")]) == 0
+    _assert_png(tmp_path / "b.png")
+    mass = json.loads((tmp_path / "v.json").read_text())["mass"]
+    assert [m["layer"] for m in mass] == [0, 1]
+    for m in mass:
+        learned, plain = m["learned"], m["plain"]
+        assert sum(learned) == pytest.approx(1.0, abs=1e-4)
+        assert learned[1] > plain[1] + 0.2  # the bias at distance 1 pulls attention to the neighbours
+    assert "attention share by distance" in capsys.readouterr().out
+
+
+@needs_matplotlib
+def test_cli_show_on_a_state_dict_file_with_its_buckets(tmp_path, capsys):
+    from syntaxkernels.__main__ import main
+
+    model, _ = _trained_bert("bias", buckets={"max_distance": 6, "log_distance": 3})
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    base = ["show", str(tmp_path / "state.pt"), "--out", str(tmp_path / "s.png"), "--json", str(tmp_path / "v.json")]
+    assert main(base + ["--max-distance", "6", "--log-distance", "3"]) == 0
+    data = json.loads((tmp_path / "v.json").read_text())
+    assert data["bias"][0]["bucket_names"] == sk.BucketSpec(max_distance=6, log_distance=3).bucket_names()
+    assert data["notes"] == []
+    capsys.readouterr()
+    assert main(base + ["--max-distance", "9"]) == 2  # 12 buckets, not this table's 6
+    assert "pass the BucketSpec it was trained with" in capsys.readouterr().err
+    assert main(base) == 0  # inferred from the table length, and the figure says so
+    assert "buckets assumed" in capsys.readouterr().out
