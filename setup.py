@@ -71,10 +71,12 @@ def build_ext_class():
 
 EXTRAS = {
     "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
-             "tokenizers", "stanza", "pyflakes"],
+             "tokenizers", "stanza", "pyflakes", "matplotlib", "spacy"],
     "bench": ["scipy", "networkx", "pytest", "pytest-benchmark", "transformers"],  # benchmarks/*.py
     # syntaxkernels.integrations.transformers (transformers 5: its attention and mask interfaces)
     "transformers": ["transformers>=5"],
+    "plot": ["matplotlib"],  # python -m syntaxkernels show, syntaxkernels.show
+    "spacy": ["spacy"],  # sk.trees.from_spacy / sk.trees.parse with a spaCy pipeline
 }
 
 setup(

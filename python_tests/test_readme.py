@@ -1,7 +1,7 @@
 """The README's examples run as written, so the quickstart cannot go stale.
 
 Every fenced ``python`` block of README.md runs in a fresh namespace, in a temporary working directory
-(a block that uses transformers is skipped when transformers is not installed). Every
+(a block that uses transformers, spaCy or matplotlib is skipped when that package is not installed). Every
 ``python -m syntaxkernels ...`` command the README shows must parse with the real command line, and the
 settings it documents must be the ones the code reads.
 """
@@ -32,8 +32,10 @@ def test_readme_has_python_examples():
 
 @pytest.mark.parametrize("line, code", PYTHON_BLOCKS, ids=[f"line{line}" for line, _ in PYTHON_BLOCKS])
 def test_python_block_runs(line, code, tmp_path, monkeypatch, one_thread):
-    if re.search(r"^\s*(from|import) transformers\b", code, re.M):
-        pytest.importorskip("transformers")
+    for module in ("transformers", "spacy", "matplotlib"):  # optional packages a block may need
+        if re.search(rf"^\s*(from|import) {module}\b", code, re.M) or (module == "matplotlib"
+                                                                       and "plot_learned(" in code):
+            pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"readme_line{line}"}
     exec(compile(code, f"README.md (block at line {line})", "exec"), namespace)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m syntaxkernels {info,verify,bench,inspect}``.
+"""Command line: ``python -m syntaxkernels {info,verify,bench,inspect,show}``.
 
 Each command is one entry of ``COMMANDS`` (a subparser with its own arguments and a ``run(args) -> exit code``
 function); :func:`add_command` adds another. torch and Triton are imported inside the commands, never at the
@@ -528,6 +528,111 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 add_command("inspect", "compile every fused kernel as launched for sm_80/sm_90 (no GPU) and report its cost model",
             _inspect_arguments, _run_inspect)
+
+
+# ------------------------------------------------------------------------------------------------ show
+
+
+def _show_batch(args, source: str):
+    """Keyword arguments of one forward on the first ``--sentences`` sentences of ``--conllu``."""
+    from pathlib import Path
+
+    if not Path(source).is_dir():
+        raise ValueError("--conllu needs a save_pretrained directory as the source (its model is run on the "
+                         "sentences); for other models call syntaxkernels.show.plot_learned(model, batch=...)")
+    import json
+
+    from transformers import AutoTokenizer
+
+    from .trees import TreeCollator, read_conllu
+
+    tokenizer_dir = args.tokenizer or source
+    if args.tokenizer is None and not any((Path(source) / f).is_file()
+                                          for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"{source} holds no tokenizer: pass --tokenizer DIR (a local fast tokenizer, e.g. saved "
+                         "with tokenizer.save_pretrained next to the model)")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    sentences = read_conllu(args.conllu)[: args.sentences]
+    if not sentences:
+        raise ValueError(f"{args.conllu} holds no sentence")
+    collated = TreeCollator(tokenizer=tokenizer, max_length=args.max_length)(sentences)
+    batch = {k: collated[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in collated}
+    batch["syntax_trees"] = collated["trees"]
+    with open(Path(source) / "config.json", encoding="utf-8") as f:
+        method = (json.load(f).get("syntax_attention") or {}).get("method")
+    if method == "gat":
+        from .integrations.upos import token_pos_ids
+
+        batch["syntax_pos"] = token_pos_ids(sentences, collated["word_ids"], width=collated["input_ids"].shape[1])
+    return batch
+
+
+def _run_show(args) -> int:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        print("syntaxkernels show: needs matplotlib, which is not installed: pip install matplotlib "
+              "(or install syntaxkernels with its [plot] extra)", file=sys.stderr)
+        return 2
+    matplotlib.use("Agg")
+    from .show import plot_learned
+    from .specs import BucketSpec
+
+    try:
+        buckets = None
+        if args.max_distance is not None or args.log_distance is not None or args.no_unreachable_bucket:
+            buckets = BucketSpec(max_distance=args.max_distance if args.max_distance is not None else 10,
+                                 log_distance=args.log_distance, unreachable_bucket=not args.no_unreachable_bucket)
+        batch = _show_batch(args, args.source) if args.conllu else None
+        learned, figure = plot_learned(args.source, args.out, buckets=buckets, batch=batch,
+                                       trusted=args.trust_pickle, columns=args.columns)
+    except (ValueError, TypeError, ImportError, OSError) as exc:
+        print(f"syntaxkernels show: {exc}", file=sys.stderr)
+        return 2
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    print(learned.summary())
+    print(f"wrote {args.out}")
+    if args.json:
+        import json
+
+        def plain(value):
+            if hasattr(value, "tolist"):
+                return value.tolist()
+            if hasattr(value, "__dataclass_fields__"):
+                return {k: plain(getattr(value, k)) for k in value.__dataclass_fields__}
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return value if isinstance(value, (int, float, str, type(None))) else str(value)
+
+        with open(args.json, "w") as f:
+            json.dump(plain(learned), f, indent=1)
+    return 0
+
+
+def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a directory saved by save_pretrained after enable_syntax_attention, a "
+                                       "*.safetensors file, or a torch.save'd state dict / checkpoint dict")
+    parser.add_argument("--out", default="learned_syntax.png", help="image to write (default: learned_syntax.png)")
+    parser.add_argument("--conllu", default=None, help="also run the model (a directory) on these sentences: "
+                                                        "attention by tree distance, topical mixing weights")
+    parser.add_argument("--tokenizer", default=None, help="local tokenizer for --conllu (default: the source directory)")
+    parser.add_argument("--sentences", type=int, default=32, help="sentences of --conllu to use (default: 32)")
+    parser.add_argument("--max-length", type=int, default=128, help="truncate --conllu sentences to this many tokens")
+    parser.add_argument("--max-distance", type=int, default=None, help="BucketSpec of a state dict (default: inferred)")
+    parser.add_argument("--log-distance", type=int, default=None, help="BucketSpec.log_distance of a state dict")
+    parser.add_argument("--no-unreachable-bucket", action="store_true", help="BucketSpec(unreachable_bucket=False)")
+    parser.add_argument("--trust-pickle", action="store_true",
+                        help="allow a file that holds a pickled module (unpickling runs code: trusted files only)")
+    parser.add_argument("--columns", type=int, default=3, help="panels per row (default: 3)")
+    parser.add_argument("--json", default=None, help="also write the plotted values as JSON to this file")
+
+
+add_command("show", "plot what a syntax model learned (bias per tree distance per layer, bias scale, topical mixing)",
+            _show_arguments, _run_show)
 
 
 # ------------------------------------------------------------------------------------------------ main

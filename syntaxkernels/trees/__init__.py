@@ -1,14 +1,18 @@
-"""Tree inputs: batches and distances, CoNLL-U and stanza readers, subword alignment, DataLoader collation.
+"""Tree inputs: batches and distances, CoNLL-U, stanza and spaCy readers, a cached parsing front (``parse``),
+subword alignment, DataLoader collation.
 
 Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
 never turned into a missing name). Optional third-party libraries are imported where they are used: the
-stanza helpers need ``stanza`` only when called, and say how to install it when it is missing.
+stanza helpers need ``stanza`` only when called, and say how to install it when it is missing; ``from_spacy``
+and ``parse`` never import spaCy or stanza themselves (they read the objects they are given).
 """
 from .align import align_batch, align_to_tokens
 from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symmetric, normalize_heads,
                     python_tree_tensors, tree_distance)
 from .collate import TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .parse import join_sentences, parse, parser_identity
+from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
 
 __all__ = [
@@ -26,6 +30,10 @@ __all__ = [
     "from_stanza",
     "parse_with_stanza",
     "StanzaModelsNotFoundError",
+    "from_spacy",
+    "parse",
+    "parser_identity",
+    "join_sentences",
     "align_to_tokens",
     "align_batch",
     "TreeCollator",
