@@ -388,6 +388,9 @@ def bench_tree_distance(device: str, quick: bool) -> List[dict]:
     if scipy_ok:
         rows.append(dict(provider="scipy shortest_path", batch_ms=scipy_s * 1e3, vs_scipy=1.0,
                          pairs_per_s=pairs / scipy_s, data=source, timed=timed))
+    else:
+        rows.append(dict(provider="scipy shortest_path",
+                         skipped="scipy is not installed (pip install scipy, or the [bench] extra)"))
     by_name = {r["provider"]: r for r in rows}
     one, many = by_name.get("C++, 1 thread"), by_name.get(f"C++, {torch.get_num_threads()} threads")
     if one is not None and many is not None and many is not one and many["batch_ms"] >= one["batch_ms"]:
@@ -398,9 +401,6 @@ def bench_tree_distance(device: str, quick: bool) -> List[dict]:
             "batch): the builder starts its threads on every call (tens of microseconds each) and gives each "
             "thread at least 65,536 padded pairs, so on batches this small at most a thread or two run and "
             "starting them costs about what they save; busy cores make it worse" + load)))
-    else:
-        rows.append(dict(provider="scipy shortest_path",
-                         skipped="scipy is not installed (pip install scipy, or the [bench] extra)"))
     return rows
 
 
