@@ -313,3 +313,25 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     del trees
     gc.collect()
     assert len(P._BATCH_CACHE) < entries
+
+
+@needs_triton
+def test_a_launch_that_does_not_fit_falls_back_or_says_why(monkeypatch):
+    """Triton's OutOfResources at a launch becomes KernelDoesNotFit, naming the GPU and what to do; under
+    backend='auto' the op runs the reference instead (with a warning), under 'triton' it raises."""
+    from triton.runtime.errors import OutOfResources
+
+    def too_big(kernel, grid, args, kwargs):
+        raise OutOfResources(122880, 101376, "shared memory")
+
+    monkeypatch.setattr(P, "_launch", too_big)
+    case = make_case(1, 2, 24, 32, torch.float32)
+    args = [case[n].to(DEVICE) for n in ("q", "k", "v", "distance", "table")]
+    with pytest.raises(P.KernelDoesNotFit, match="does not fit this GPU.*shared memory.*backend='reference'"):
+        sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="triton")
+    # "auto" picks the kernels only for CUDA tensors: emulate that choice here.
+    monkeypatch.setattr(ba, "resolve_backend", lambda backend, device: "triton")
+    with pytest.warns(RuntimeWarning, match="runs the reference on this GPU"):
+        out = sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="auto")
+    ref = sk.reference.syntax_bias_attention(*args, buckets=case["buckets"])
+    torch.testing.assert_close(out, ref)

@@ -23,13 +23,14 @@ import weakref
 
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ._dispatch import interpreting
 
 LOG2E = 1.4426950408889634
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
-           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "set_launch_hook",
+           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit", "set_launch_hook",
            "launch_grid", "head_block", "dot_precision", "arch_family", "current_arch", "interpret_as", "SHARED_LIMIT",
            "ARCH_FAMILY", "interpreting"]
 
@@ -228,6 +229,11 @@ def set_launch_hook(hook):
     return previous
 
 
+class KernelDoesNotFit(RuntimeError):
+    """A kernel's config asks for more shared memory (or registers) than this GPU has: Triton's
+    ``OutOfResources`` at the first launch, with what to do about it. ``backend="auto"`` then runs the reference."""
+
+
 def launch(kernel, grid, *args, **kwargs):
     """Launch a ``@triton.jit`` kernel from inside a ``torch.library.triton_op``.
 
@@ -235,8 +241,20 @@ def launch(kernel, grid, *args, **kwargs):
     ``TRITON_INTERPRET=1`` the kernel is a Python function that cannot run on FakeTensors; when the op is
     being traced for shapes only (fake tensors among the arguments) the launch is skipped, which is what the
     fake implementation needs (outputs are allocated by the caller). On a GPU other than the current one the
-    launch runs under that device (Triton itself launches on the current device).
+    launch runs under that device (Triton itself launches on the current device). A config that does not fit
+    the GPU raises :class:`KernelDoesNotFit` (never Triton's bare error).
     """
+    try:
+        _launch(kernel, grid, args, kwargs)
+    except OutOfResources as error:
+        raise KernelDoesNotFit(
+            f"{getattr(getattr(kernel, 'fn', kernel), '__name__', kernel)} does not fit this GPU "
+            f"(sm_{current_arch()}, config family '{arch_family()}'): {error}. Every family's configs are compiled "
+            "against its limits (python -m syntaxkernels inspect): please report this GPU; backend='reference' "
+            "runs meanwhile") from error
+
+
+def _launch(kernel, grid, args, kwargs):
     import torch
     from torch._subclasses.fake_tensor import is_fake
 

@@ -42,6 +42,7 @@ on the device and the kernels walk compacted lists of live tiles (interior first
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -53,8 +54,8 @@ from .. import reference
 from ..specs import BucketSpec
 from ._dispatch import kernels_or_reference, resolve_backend, triton_unsupported
 from ._primitives import (LOG2E, arch_family, bucket_from_distance, current_arch, distance_tile, dot_precision,
-                          head_block, in_bucket, interpreting, launch, launch_grid, load_rows, mma, mma_acc,
-                          opaque_int32, per_batch, program_ids)
+                          head_block, in_bucket, interpreting, KernelDoesNotFit, launch, launch_grid, load_rows,
+                          mma, mma_acc, opaque_int32, per_batch, program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ..trees.batch import aligned_distance, known_symmetric
 
@@ -1063,6 +1064,22 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
         value = 1.0 if bias_scale is None else float(bias_scale)
         bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
-    return _SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths, float(scale),
-                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets),
-                                      symmetric)
+    try:
+        return _SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths, float(scale),
+                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets),
+                                          symmetric)
+    except KernelDoesNotFit as error:
+        if backend != "auto":
+            raise
+        _warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
+        return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
+                                               bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+
+
+_WARNED = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
