@@ -292,22 +292,22 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2, 3, 4], [-1, 0, 1, 2]]).to(DEVICE)
     buckets = sk.BucketSpec()
 
-    def layer():
-        q = torch.randn(2, 2, trees.max_len, 32, device=DEVICE, requires_grad=True)
+    def layer(batch):
+        q = torch.randn(2, 2, batch.max_len, 32, device=DEVICE, requires_grad=True)
         table = torch.zeros(buckets.num_buckets, device=DEVICE, requires_grad=True)
-        out = sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=buckets, lengths=trees.lengths,
+        out = sk.syntax_bias_attention(q, q, q, batch.distance, table, buckets=buckets, lengths=batch.lengths,
                                        window=3, backend="triton")
         out.sum().backward()
         return out
 
-    first = layer()
+    first = layer(trees)
     once = list(built)
     assert once.count("buckets") == 1 and once.count("lists") >= 2  # forward/dQ and dK/dV tilings
-    second = layer()
+    second = layer(trees)
     assert built == once, "the second layer rebuilt block metadata"
     assert torch.equal(first != 0, second != 0)
     trees.lengths[1] = 3  # an in-place change: the metadata is derived again
-    layer()
+    layer(trees)
     assert len(built) == 2 * len(once)
     entries = len(P._BATCH_CACHE)
     del trees
