@@ -402,5 +402,5 @@ def test_bench_workloads_summary_without_a_gpu(monkeypatch):
     rows = checks.bench_workloads("cpu", True)
     assert [r["workload"] for r in rows] == list(workloads.WORKLOADS)
     for r in rows:
-        assert 0 < r["valid"] <= 1 and r["fwd_area"] >= 1 and r["dkdv_area"] >= 1
+        assert 0 < r["valid"] <= 1 and r["f_area"] >= 1 and r["b_area"] >= 1
         assert r["source"] == source and "inspect --workload" in r["note"]

@@ -380,7 +380,9 @@ def _print_bench(rows: List[dict]) -> None:
             columns += [k for k in r if k != "bench" and k not in columns]
         constant = [c for c in columns if len(table) > 1 and len({_fmt(r.get(c)) for r in table}) == 1]
         for c in constant:
-            print(f"  {c}: {_fmt(table[0].get(c))}")
+            for line in textwrap.wrap(f"{c}: {_fmt(table[0].get(c))}", WIDTH - 2, subsequent_indent="    ",
+                                      break_long_words=False, break_on_hyphens=False):
+                print(f"  {line}")
         if table:
             for line in _table(table, [c for c in columns if c not in constant], indent="  "):
                 print(line)

@@ -1,5 +1,10 @@
 """Kernel inspection: compile every fused kernel the way a real launch compiles it, for GPUs this machine lacks.
 
+Two reports: the launch cases (N = 1024, every dtype and variant, sm_80 and sm_90, with targets), below; and
+the named workloads (:func:`inspect_workloads`, ``inspect --workload``): the batches users have, for every GPU
+family of :data:`ALL_ARCHS`, with the tile classes each kernel walks on the whole batch and a weighted cost
+per valid pair (see docs/checking.md).
+
 ``python -m syntaxkernels inspect`` (and :func:`inspect_kernels`) runs each op's launchers on small CPU tensors
 with the real shapes of a call (N = 1024, D = 64/128, ...), while Triton's driver is replaced by one that
 reports an sm_80 or sm_90 device and every launch is turned into ``JITFunction.run(..., warmup=True)``. The
@@ -863,6 +868,8 @@ _QUERY_PROGRAMS = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel")
 _KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
 #: Kernels with one program per tile of the whole grid (no loop), shared by every head of a call.
 _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
+#: Kernels with one program per BLOCK_M rows of every (batch, head) (no loop).
+_ROW_PROGRAMS = ("_bias_bwd_preprocess_kernel",)
 
 
 @contextlib.contextmanager
@@ -983,10 +990,14 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     from .ops import bias_attention as op
     from .specs import BucketSpec
 
-    if not block_m or not block_n:
-        return None
     lengths = torch.tensor(workload.lengths, dtype=torch.int64)
     N = workload.N
+    if kernel in _ROW_PROGRAMS and block_m:
+        grid = workload.batch_size * -(-N // block_m)
+        return dict(grid=grid, skipped=0, interior=grid, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
+                    buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=0)
+    if not block_m or not block_n:
+        return None
     num_q, num_k = -(-N // block_m), -(-N // block_n)
     grid = workload.batch_size * num_q * num_k
     out = dict(grid=grid, skipped=0, interior=0, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
@@ -1048,9 +1059,10 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     valid = tiles["valid_pairs"]
     walked = tiles["interior"] + tiles["boundary"]
     area = walked * tiles["area"] / valid
-    if report.kernel in _TILE_PROGRAMS:
+    if report.kernel in _TILE_PROGRAMS + _ROW_PROGRAMS:
         threads = 32 * report.num_warps
-        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
+        shared_by = heads if report.kernel in _TILE_PROGRAMS else 1
+        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / shared_by / valid)
     if not report.loop_other:
         return dict(area=area, instr=None)
     T = BucketSpec().num_buckets
@@ -1088,6 +1100,8 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
                                       error=" ".join(f"{type(exc).__name__}: {exc}".split())[:500])
                 return [report]
             launches.append(Launch(None, (), (), {}, error=" ".join(f"{type(exc).__name__}: {exc}".split())[:500]))
+        if not launches:
+            launches.append(Launch(None, (), (), {}, error="the call launched no kernel (did it run the reference?)"))
         for launch in launches:
             if launch.kernel is None:
                 reports.append(KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1193,14 +1207,18 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
     lines += ["", "tiles of the whole batch (fractions of the B x nQ x nK grid) and weighted cost per valid pair",
               head, "-" * len(head)]
     for r in rows:
-        if r.error or not r.tiles:
+        if r.error or not (r.tiles or (r.block_m and r.block_n)):
+            continue
+        if not r.tiles:
+            lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} {r.tile:>7} "
+                         "no model of how this kernel walks its tiles: not counted")
             continue
         t, c = r.tiles, r.cost or {}
         grid = max(t["grid"], 1)
         mean_buckets = t["buckets_mixed"] / t["mixed"] if t["mixed"] else (
             t["buckets_boundary"] / t["boundary"] if t["buckets_boundary"] and t["boundary"] else None)
-        lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} {r.tile:>7} "
-                     f"{t['grid']:>6} {t['skipped'] / grid:>4.2f} {t['interior'] / grid:>4.2f} "
+        lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} "
+                     f"{r.tile or '-':>7} {t['grid']:>6} {t['skipped'] / grid:>4.2f} {t['interior'] / grid:>4.2f} "
                      f"{t['boundary'] / grid:>4.2f} {t['one_bucket'] / grid:>4.2f} {t['mixed'] / grid:>4.2f} "
                      f"{_fmt(mean_buckets):>4} {_fmt(c.get('area'), 2):>5} {_fmt(c.get('instr')):>6}")
     lines += textwrap.wrap(WORKLOAD_LEGEND, WIDTH)
@@ -1213,7 +1231,8 @@ WORKLOAD_LEGEND = (
     "compare-select-add per bucket held; bkts: mean buckets summed per mixed tile (the boundary pass: per "
     "boundary tile); area: score elements computed per valid (query, key) pair (1 = no padding or empty tile "
     "area); instr: non-tensor-core thread-instructions per valid pair, summed over the tiles walked at each "
-    "class's loop cost (block metadata: per head of a 12-head call). A model read from the SASS, not a "
+    "class's loop cost (straight-line kernels: all their instructions per program; block metadata per head of "
+    "a 12-head call). A model read from the SASS, not a "
     "measurement.")
 
 
@@ -1230,8 +1249,11 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
             values = [v for v in values if v is not None]
             return sum(values) if values else None
 
-        backward = ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary") + _TILE_PROGRAMS
+        backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
+                    + _TILE_PROGRAMS + _ROW_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
+                         unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
+                                        and not r.tiles),
                          spills=sum(1 for r in group if not r.error and r.spills),
                          spill_bytes=max([r.spill_bytes for r in group if not r.error] or [0]),
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
@@ -1255,6 +1277,13 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
         lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>6} {_fmt(r['bwd_instr']):>6} "
                      f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {r['spills']:>6} "
                      f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
+    unmodelled = sum(r["unmodelled"] for r in rows)
+    lines += textwrap.wrap(
+        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, its boundary pass, block metadata) "
+        "instructions per valid pair; area f, area b: score elements the forward and the dK/dV kernel compute "
+        "per valid pair; spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
+        "shared memory; errors: launches that did not compile (their figures are missing from fwd/bwd)."
+        + (f" {unmodelled} tiled kernels have no walk model and are not in fwd/bwd." if unmodelled else ""), WIDTH)
     return "\n".join(lines)
 
 
@@ -1263,7 +1292,10 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
     fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling
     ``select_config`` gives ``family`` (score elements computed per valid pair; the dK/dV kernel's interior
-    tiles on the table gradient's one-bucket and mixed paths). Cheap: ``bench`` prints it on machines without
+    tiles on the table gradient's one-bucket and mixed paths). Columns: ``valid`` (valid pairs / B N^2),
+    ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV kernel's walked
+    tiles that are boundary tiles), ``one``/``mixed`` (its interior tiles on each table-gradient path), ``bkts``
+    (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
     from .ops import bias_attention as op
 
@@ -1281,11 +1313,11 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                              lengths=f"{min(lengths)}..{max(lengths)}",
                              valid=round(workload.valid_pairs() / (workload.batch_size * workload.N ** 2), 3),
                              fwd_tile=f"{fwd['BLOCK_M']}x{fwd['BLOCK_N']}",
-                             fwd_area=round((f["interior"] + f["boundary"]) * f["area"] / f["valid_pairs"], 2),
+                             f_area=round((f["interior"] + f["boundary"]) * f["area"] / f["valid_pairs"], 2),
                              dkdv_tile=f"{dkdv['BLOCK_M']}x{dkdv['BLOCK_N']}",
-                             dkdv_area=round((b["interior"] + b["boundary"]) * b["area"] / b["valid_pairs"], 2),
-                             boundary=round(b["boundary"] / max(b["interior"] + b["boundary"], 1), 2),
-                             one_bucket=round(b["one_bucket"] / interior, 2), mixed=round(b["mixed"] / interior, 2),
-                             buckets=round(b["buckets_mixed"] / b["mixed"], 1) if b["mixed"] else 0.0,
+                             b_area=round((b["interior"] + b["boundary"]) * b["area"] / b["valid_pairs"], 2),
+                             bnd=round(b["boundary"] / max(b["interior"] + b["boundary"], 1), 2),
+                             one=round(b["one_bucket"] / interior, 2), mixed=round(b["mixed"] / interior, 2),
+                             bkts=round(b["buckets_mixed"] / b["mixed"], 1) if b["mixed"] else 0.0,
                              family=family, source=workload.source))
     return rows

@@ -272,7 +272,11 @@ def bench_workloads(device, quick):
 
     rows = inspection.workload_overview(workloads.WORKLOADS, "sm90", (64,) if quick else (64, 128))
     for row in rows:
-        row["note"] = ("no compile; per-kernel costs by family: python -m syntaxkernels inspect --workload all")
+        row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
+                       "kernel compute per valid pair; bnd: the dK/dV kernel's walked tiles that are boundary "
+                       "tiles; one, mixed: its interior tiles on the table gradient's one-bucket and per-bucket "
+                       "paths; bkts: buckets per mixed tile. No compile: the cost per kernel and GPU family "
+                       "comes from python -m syntaxkernels inspect --workload all")
     return rows
 
 
