@@ -502,8 +502,8 @@ def _run_inspect_workloads(args, I) -> int:
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {_package_version()}, triton "
                   f"{_version('triton')}, torch {_version('torch')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                   f"{len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} x "
-                  f"sm_{', sm_'.join(map(str, archs))}, one layer (H = {I.WORKLOAD_HEADS}, BucketSpec() table with "
-                  "its gradient, no window) compiled as launched, no GPU; a cost model read from the SASS")
+                  f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
+                  f"{I.WORKLOAD_HEADS}, BucketSpec() table and strength with their gradients, no window) compiled as launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)
     print()

@@ -875,7 +875,8 @@ _ROW_PROGRAMS = ("_bias_bwd_preprocess_kernel",)
 @contextlib.contextmanager
 def _kernels_on_cpu_tensors():
     """Let ``syntax_bias_attention(backend="triton")`` take CPU tensors, so the inspection drives the public
-    call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching."""
+    call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching. The
+    call's own resources stay as a GPU call would make them (nothing runs: the outputs are never read)."""
     from .ops import bias_attention as op
 
     previous = op.resolve_backend
@@ -887,27 +888,25 @@ def _kernels_on_cpu_tensors():
 
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
-    """Forward and backward of one bias-attention layer as :class:`syntaxkernels.nn` calls it: q, k, v
-    ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]``, the TreeBatch's own distance and lengths, a
-    shared ``BucketSpec()`` table that takes a gradient, no window, not causal."""
+    """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
+    shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
+    with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
+    not causal; the output merged back to ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
     import torch
 
-    from .ops import bias_attention as op
-    from .specs import BucketSpec
+    from .nn import DistanceBias
 
     dt = _torch_dtype(dtype)
-    B, N = batch.distance.shape[0], batch.distance.shape[-1]
+    B, N = batch.distance.shape[0], batch.distance.shape[1]
     E = heads * head_dim
 
     def projection():
         return torch.zeros(B, N, E, dtype=dt).view(B, N, heads, head_dim).transpose(1, 2).requires_grad_()
 
     q, k, v = projection(), projection(), projection()
-    buckets = BucketSpec()
-    table = torch.zeros(buckets.num_buckets, requires_grad=True)
+    layer = DistanceBias(heads, backend="triton")
     with _kernels_on_cpu_tensors():
-        out = op.syntax_bias_attention(q, k, v, batch.distance, table, buckets=buckets, lengths=batch.lengths,
-                                       backend="triton")
+        out = layer.attend(q, k, v, batch)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
 
