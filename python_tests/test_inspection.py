@@ -4,7 +4,11 @@ within the instruction targets of its main loop (:mod:`syntaxkernels.inspection`
 The compilation runs once per module, in a subprocess without TRITON_INTERPRET (the interpreter replaces
 ``@triton.jit``), on the launch cases flagged ``ci``: the bf16 target cases (D64/D128, dense, N = 1024), the
 heaviest variants (window lists, causal), fp32 D64 and the edge kernels (bf16 D64). ``python -m syntaxkernels
-inspect`` runs every case (fp16 compiles the same code as bf16). The SASS readers are unit-tested on hand-written listings.
+inspect`` runs every case (fp16 compiles the same code as bf16). A second compilation (``workload_reports``)
+compiles one layer's forward and backward on named workloads (sentences padded to the batch's longest, N = 1000)
+for sm_80 and sm_90 and fails on any spill or shared memory over the family's limit (``inspect --workload all``
+covers every workload and GPU family). The SASS readers, the workloads, the tile classes, the cost per valid
+pair and the report's wording are unit-tested without compiling.
 """
 import json
 import os
