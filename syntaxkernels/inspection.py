@@ -404,8 +404,8 @@ def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
     return 0, "element"
 
 
-def _loop_figures(compiled, kwargs: dict, kernel_name: str):
-    _, loops = analyse_sass(_sass(compiled.asm["cubin"]))
+def _loop_figures(compiled, kwargs: dict, kernel_name: str, analysed=None):
+    _, loops = analysed if analysed is not None else analyse_sass(_sass(compiled.asm["cubin"]))
     units, unit = _work_per_iteration(kernel_name, kwargs)
     threads = 32 * int(compiled.metadata.num_warps)
     with_tc = [l for l in loops if l.tensor_core]
@@ -440,11 +440,12 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         report.local_bytes = resources["LOCAL"]
         report.stack_bytes = resources["STACK"]
         sass = _sass(compiled.asm["cubin"])
-        report.instructions = sum(1 for _, op in analyse_sass(sass)[0] if op != "NOP")
+        analysed = analyse_sass(sass)
+        report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
         report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
         report.shared_limit = SHARED_LIMIT.get(arch, 0)
         report.spill_instructions = len(re.findall(r"\*/\s+(?:@!?P\w+\s+)?(?:STL|LDL)\b", sass))
-        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name)
+        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name, analysed)
         report.unit, report.units_per_iteration, report.loops = unit, units, len(loops)
         if main is not None:
             report.main_tensor_core = main.tensor_core
