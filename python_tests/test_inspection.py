@@ -384,7 +384,9 @@ def test_workload_report_lists_every_problem_it_flags():
     problems = I.workload_problems([spill, big, broken])
     assert len(problems) == 3 and "360 B" in problems[0] and "101376" in problems[1] and "boom" in problems[2]
     text = I.format_workload_reports([spill, big, broken])
-    assert "SPILLS" in text and "OVER SHARED LIMIT" in text and "ERROR boom" in text
+    assert "ERROR boom" in text and all(len(line) <= 100 for line in text.splitlines())
+    spill_line, big_line = [l for l in text.splitlines() if l.startswith("sentences bf16 D64")][:2]
+    assert " 360 " in spill_line and "120!99" in big_line  # spill bytes; shared KiB over the limit
 
 
 def test_inspect_rejects_an_unknown_workload_without_compiling():

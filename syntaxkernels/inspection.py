@@ -1187,7 +1187,8 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
     head = (f"{'case':<{case_width}} {'sm':>3} {'kernel':<{kernel_width}} {'tile':>7} {'w/s':>4} {'reg':>3} "
             f"{'spill':>5} {'smem/lim':>8} {'other':>5} {'all':>5} {'ex2':>4}")
     lines = textwrap.wrap("compiled as launched (other, all, ex2: main loop, per score element; smem/lim: shared "
-                          "memory and the family's limit, KiB, '!' when over; spill: bytes)", WIDTH)
+                          "memory and the family's limit, KiB, '!' when over; spill: bytes; fma: a half-precision "
+                          "kernel without tensor-core instructions)", WIDTH)
     lines += [head, "-" * len(head)]
     for r in rows:
         lead = f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}}"
@@ -1195,10 +1196,9 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
             lines.extend(textwrap.wrap(f"{lead} ERROR {r.error}", WIDTH, subsequent_indent="    "))
             continue
         over = "!" if r.over_shared_limit else "/"
-        flag = " SPILLS" if r.spills else ""
-        flag += " OVER SHARED LIMIT" if r.over_shared_limit else ""
+        flag = ""
         if r.loop_other and not r.main_tensor_core and r.dtype in ("bf16", "fp16"):
-            flag += " NO TENSOR CORES"  # the dot compiled to FMA (Triton 3.6: bf16 on sm_75)
+            flag = " fma"  # no tensor-core instruction: the dot compiled to FMA (Triton 3.6: bf16 on sm_75)
         lines.append(f"{lead} {r.tile or '-':>7} {r.num_warps}/{r.num_stages:<2} {r.registers:>3} "
                      f"{r.spill_bytes:>5} {_kib(r.shared_bytes) + over + _kib(r.shared_limit):>8} "
                      f"{_fmt(r.other_per_unit):>5} {_fmt(r.all_per_unit):>5} {_fmt(r.ex2_per_unit, 2):>4}{flag}")
