@@ -1269,12 +1269,12 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
     for w in workloads_used:
         lines.extend(textwrap.wrap(w.summary(), WIDTH, initial_indent="  ", subsequent_indent="    "))
     case_width = max([len("case")] + [len(r["case"]) for r in rows])
-    head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>6} {'bwd':>6} {'area f':>6} {'area b':>6} {'spills':>6} "
+    head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>7} {'bwd':>7} {'area f':>6} {'area b':>6} {'spills':>6} "
             f"{'max B':>5} {'>smem':>5} {'errors':>6}")
     lines += ["", "per valid pair (instructions: non-tensor-core thread-instructions; area: score elements "
               "computed)", head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>6} {_fmt(r['bwd_instr']):>6} "
+        lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>7} {_fmt(r['bwd_instr']):>7} "
                      f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {r['spills']:>6} "
                      f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
     unmodelled = sum(r["unmodelled"] for r in rows)
