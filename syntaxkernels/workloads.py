@@ -215,7 +215,7 @@ class Workload:
     def summary(self) -> str:
         lengths = self.lengths
         return (f"{self.name}: B = {self.batch_size}, N = {self.N}, lengths {min(lengths)}..{max(lengths)} "
-                f"(mean {sum(lengths) / len(lengths):.1f}), valid pairs {self.valid_pairs() / (len(lengths) * self.N ** 2):.2f} "
+                f"(mean {sum(lengths) / len(lengths):.1f}), valid pairs {self.valid_pairs() / (len(lengths) * self.N ** 2):.3f} "
                 f"of B*N^2; {self.source}")
 
 
