@@ -4,7 +4,11 @@ within the instruction targets of its main loop (:mod:`syntaxkernels.inspection`
 The compilation runs once per module, in a subprocess without TRITON_INTERPRET (the interpreter replaces
 ``@triton.jit``), on the launch cases flagged ``ci``: the bf16 target cases (D64/D128, dense, N = 1024), the
 heaviest variants (window lists, causal), fp32 D64 and the edge kernels (bf16 D64). ``python -m syntaxkernels
-inspect`` runs every case (fp16 compiles the same code as bf16). The SASS readers are unit-tested on hand-written listings.
+inspect`` runs every case (fp16 compiles the same code as bf16). A second compilation (``workload_reports``)
+compiles one layer's forward and backward on named workloads (sentences padded to the batch's longest, N = 1000)
+for sm_80 and sm_90 and fails on any spill or shared memory over the family's limit (``inspect --workload all``
+covers every workload and GPU family). The SASS readers, the workloads, the tile classes, the cost per valid
+pair and the report's wording are unit-tested without compiling.
 """
 import json
 import os
@@ -29,11 +33,32 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+# The workloads CI compiles: the treebank's (or, without it, generated) sentences under a [CLS] root padded to
+# the batch's longest (N rarely a multiple of 16) at D = 64 and 128, and N = 1000 (N % 16 = 8) at D = 64, for
+# sm_80 and sm_90. ``python -m syntaxkernels inspect --workload all`` covers every workload and family.
+CI_WORKLOADS = [("sentences", 64), ("sentences", 128), ("odd-1000", 64)]
+CI_WORKLOAD_ARCHS = (80, 90)
+
+WORKLOAD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from syntaxkernels import inspection as I
+    if __name__ == "__main__":
+        reports = []
+        jobs = [(name, "bf16", d, a) for name, d in %r for a in %r]
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(2) as pool:
+            for job, batch in zip(jobs, pool.imap(I._workload_job, jobs)):
+                print(job, len(batch), "kernels", file=sys.stderr, flush=True)
+                reports += batch
+        print(I.format_workload_reports(reports), file=sys.stderr)
+        json.dump([r.as_dict() for r in reports], sys.stdout)
+""" % (CI_WORKLOADS, CI_WORKLOAD_ARCHS))
+
+
+def _compile_in_subprocess(tmp_path_factory, name, text):
     pytest.importorskip("triton")
-    script = tmp_path_factory.mktemp("inspect") / "inspect_ci.py"
-    script.write_text(SCRIPT)
+    script = tmp_path_factory.mktemp("inspect") / name
+    script.write_text(text)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -41,6 +66,45 @@ def reports(tmp_path_factory):
     sys.stderr.write(proc.stderr[-30000:])
     assert proc.returncode == 0, proc.stderr[-5000:]
     return [I.KernelReport(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.loads(proc.stdout)]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return _compile_in_subprocess(tmp_path_factory, "inspect_ci.py", SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def workload_reports(tmp_path_factory):
+    return _compile_in_subprocess(tmp_path_factory, "inspect_workloads_ci.py", WORKLOAD_SCRIPT)
+
+
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
+def test_workload_kernels_compile_without_spills_and_fit_shared_memory(workload_reports):
+    """On the batches users have (sentences padded to the batch's longest, N = 1000), every kernel of a layer's
+    forward and backward compiles for sm_80 and sm_90, none spills, and each fits its family's shared memory."""
+    problems = I.workload_problems(workload_reports)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
+def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports):
+    expected = {"_bias_fwd_kernel", "_bias_bwd_preprocess_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
+                "_bias_bwd_dkdv_kernel:boundary", "_block_bucket_mask_kernel"}
+    cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
+    assert {(r.case, r.arch) for r in workload_reports} == cases
+    for case, arch in cases:
+        group = [r for r in workload_reports if (r.case, r.arch) == (case, arch)]
+        assert expected <= {r.kernel for r in group}, (case, arch, {r.kernel for r in group})
+        for r in group:
+            assert r.shared_limit == I.SHARED_LIMIT[arch]
+            assert all(x >= 0 for x in r.loop_other + r.loop_all), r
+            if r.kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
+                t = r.tiles
+                assert t["skipped"] + t["interior"] + t["boundary"] == t["grid"], r
+                assert t["one_bucket"] + t["mixed"] <= t["interior"]
+                # The kernels compute at least every valid pair; their cost is positive.
+                assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
+                assert r.main_tensor_core > 0, r
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
@@ -149,3 +213,200 @@ def test_check_targets_flags_every_rule():
         assert len(I.check_targets([report], [case])) == 1, report
     # sm_80 is allowed 25% more.
     assert I.check_targets([I.KernelReport(**dict(good.__dict__, arch=80, other_per_unit=24.0))], [case]) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workloads, tile classes, the cost per valid pair and the report's wording (no compilation)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _generated():
+    from syntaxkernels import workloads
+
+    return workloads.generated_sentences(400, seed=3, max_length=40), "generated trees (test)"
+
+
+@pytest.mark.parametrize("name", ["sentences", "pairs", "finetune-128", "finetune-512", "packed", "long-4096",
+                                  "odd-77", "odd-1000"])
+def test_named_workloads_are_the_batches_they_say(name):
+    from syntaxkernels import workloads
+
+    sentences, source = _generated()
+    w = workloads.named_workload(name, sentences, source)
+    assert w.source == source and w.N >= max(w.lengths)
+    roots = [sum(1 for h in row if h < 0) for row in w.heads]
+    if name in ("sentences", "pairs") or name.startswith("finetune"):
+        assert w.batch_size == 32
+        for row in w.heads:  # [CLS] roots the row; every sentence root and [SEP] hangs under it
+            assert row[0] == -1 and row[-1] == 0 and sum(1 for h in row if h < 0) == 1
+        if name == "pairs":
+            assert all(sum(1 for i, h in enumerate(row) if h == 0 and i > 0) >= 3 for row in w.heads)
+    if name in ("sentences", "pairs"):
+        assert w.N == max(w.lengths)  # padded to the batch's longest
+    if name.startswith(("finetune", "odd", "long")) or name == "packed":
+        assert w.N == int(name.split("-")[-1]) if "-" in name else w.N == 1024
+    if name == "packed":
+        assert all(r > 1 for r in roots)  # forests: several sentences a row
+    if name.startswith(("long", "odd")):
+        assert all(r == 1 for r in roots)
+    batch = w.tree_batch()
+    assert tuple(batch.distance.shape) == (w.batch_size, w.N, w.N)
+    assert batch.lengths.tolist() == w.lengths
+    rows = w.compile_rows()
+    assert max(w.lengths[b] for b in rows) == max(w.lengths)  # the compile batch keeps the batch's N
+
+
+def test_workload_names_and_groups():
+    from syntaxkernels import workloads
+
+    assert workloads.workload_names("long,odd-77") == ["long-4096", "long-8192", "odd-77"]
+    assert workloads.workload_names("all") == list(workloads.WORKLOADS)
+    with pytest.raises(ValueError, match="sentences"):
+        workloads.workload_names("sentence")
+
+
+def test_tile_presence_matches_the_block_metadata():
+    import torch
+
+    from syntaxkernels import workloads
+    from syntaxkernels.ops.block_meta import block_bucket_masks_torch
+    from syntaxkernels.specs import BucketSpec
+
+    sentences, source = _generated()
+    batch = workloads.named_workload("odd-77", sentences, source).tree_batch()
+    lut = BucketSpec().lut()
+    for bm, bn in ((16, 32), (64, 128)):
+        got = I.tile_presence(batch.distance, batch.lengths, bm, bn, lut)
+        want = block_bucket_masks_torch(batch.distance, batch.lengths, lut, bm, bn)
+        assert torch.equal(got.to(torch.int32), want)
+
+
+def test_workload_tiles_follow_padding_and_lengths():
+    from syntaxkernels import workloads
+
+    sentences, source = _generated()
+    padded = workloads.named_workload("finetune-128", sentences, source)
+    tight = workloads.named_workload("sentences", sentences, source)
+    for w in (padded, tight):
+        for kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
+                       "_bias_bwd_dkdv_kernel:boundary"):
+            t = I.workload_tiles(kernel, w, 16, 32)
+            assert t["skipped"] + t["interior"] + t["boundary"] == t["grid"]
+            assert t["one_bucket"] + t["mixed"] <= t["interior"]
+            walked = (t["interior"] + t["boundary"]) * t["area"]
+            assert walked >= w.valid_pairs() or kernel.endswith("boundary")
+    # The same sentences padded to 128 instead of their longest: more tiles skipped, the same tiles walked.
+    a = I.workload_tiles("_bias_fwd_kernel", padded, 16, 32)
+    b = I.workload_tiles("_bias_fwd_kernel", tight, 16, 32)
+    assert a["grid"] > b["grid"] and a["skipped"] > b["skipped"]
+    assert (a["interior"], a["boundary"]) == (b["interior"], b["boundary"])
+    # Full-length rows whose N is a multiple of the tile: every tile interior, one element per valid pair.
+    full = workloads.Workload("full", [workloads.chain(64)] * 2, 64, "chains", "")
+    t = I.workload_tiles("_bias_fwd_kernel", full, 16, 32)
+    assert t["interior"] == t["grid"] and t["boundary"] == t["skipped"] == 0
+    assert (t["interior"] * t["area"]) == full.valid_pairs()
+
+
+def test_workload_cost_weights_each_class_by_its_loop():
+    from syntaxkernels.specs import BucketSpec
+
+    T = BucketSpec().num_buckets
+    tiles = dict(grid=10, skipped=2, interior=5, boundary=3, one_bucket=2, mixed=3, buckets_mixed=12,
+                 buckets_boundary=6, valid_pairs=1000, area=256)
+    report = I.KernelReport("bias_attention", "c", "_bias_bwd_dkdv_kernel", 90, loop_other=[10.0, 20.0],
+                            loop_all=[10.0 + 2 * T, 20.0 + T])
+    cost = I.workload_cost(report, tiles)
+    per_element = 5 * 10.0 + 3 * 20.0 + (2 + 12) * 2.0 + 6 * 1.0
+    assert cost["instr"] == pytest.approx(per_element * 256 / 1000)
+    assert cost["area"] == pytest.approx(8 * 256 / 1000)
+    assert I.workload_cost(I.KernelReport("bias_attention", "c", "_bias_fwd_kernel", 90, error="x"), tiles) is None
+
+
+# sm_100-style code: the tile loop (0x30..0x90) waits on a barrier in a block placed after the code (0xb0),
+# which branches back into the loop; the tensor-core instruction sits on a branch (one elected thread).
+SASS_OUT_OF_LINE = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_CTAID.X ;
+        /*0020*/                   ISETP.GE.AND P0, PT, R0, 0x1, PT ;
+        /*0030*/               @P1 BRA 0x50 ;
+        /*0040*/                   UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR11], UPT ;
+        /*0050*/               @!P2 BRA 0xb0 ;
+        /*0060*/                   FADD R5, R5, R6 ;
+        /*0070*/                   MUFU.EX2 R7, R7 ;
+        /*0080*/                   IADD3 R8, R8, 0x1, RZ ;
+        /*0090*/               @P0 BRA 0x30 ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [UR4], R3 ;
+        /*00c0*/               @!P2 BRA 0xb0 ;
+        /*00d0*/                   BRA 0x60 ;
+"""
+
+
+def test_out_of_line_waits_close_no_loop_and_figures_are_never_negative():
+    _, loops = I.analyse_sass(SASS_OUT_OF_LINE)
+    with_tc = [l for l in loops if l.tensor_core]
+    assert [(l.start, l.end) for l in with_tc] == [(3, 9)]  # 0xd0 -> 0x60 returns from the wait, no loop
+    loop = with_tc[0]
+    # Cheapest path: BRA (taken, skipping the elected MMA), BRA, FADD, MUFU, IADD3, BRA = 6, none tensor-core.
+    assert loop.shortest == 6 and loop.shortest_other == 6 and loop.tensor_core == 1
+    assert loop.instructions - loop.tensor_core >= 0
+
+
+def _report(case, kernel="_bias_fwd_kernel", **kw):
+    base = dict(registers=100, local_bytes=0, stack_bytes=0, other_per_unit=10.0, all_per_unit=12.0,
+                ex2_per_unit=1.0, tile="128x64", num_warps=8, num_stages=3)
+    base.update(kw)
+    return I.KernelReport("bias_attention", case, kernel, 90, **base)
+
+
+def test_report_never_contradicts_itself_cuts_no_case_and_names_its_units():
+    long_case = "bf16 D128 N1024 log-buckets per-head"
+    spilling = _report(long_case, stack_bytes=248)
+    edge = I.KernelReport("edge_attention", "bf16 D64 N1024 MaskSpec()", "_edge_fwd_kernel", 90, unit="edge",
+                          registers=80, local_bytes=0, stack_bytes=0, other_per_unit=30.0, tile="E64")
+    text = I.format_reports([spilling, edge])
+    assert long_case in text and "bf16 D64 N1024 MaskSpec()" in text
+    edge_line = [l for l in text.splitlines() if "MaskSpec()" in l][0]
+    assert " edge " in edge_line and " elem " not in edge_line
+    assert " 248 " in [l for l in text.splitlines() if long_case in l][0]  # the spill, in bytes
+    known = [f"sm_90 {long_case}: spills 248 B"]
+    for problems, known_list in (([], known), (["x"], known), (["x"], [])):
+        line = I.verdict([spilling, edge], problems, known_list)
+        assert not line.startswith(("every", "all")), line
+    assert I.verdict([edge], [], []).startswith("all 1 launched kernels compile without spills")
+
+
+def test_workload_report_lists_every_problem_it_flags():
+    spill = _report("sentences bf16 D64", "_bias_bwd_dkdv_kernel", stack_bytes=360, shared_bytes=1000,
+                    shared_limit=232448)
+    big = _report("sentences bf16 D64", shared_bytes=122880, shared_limit=101376)
+    broken = I.KernelReport("bias_attention", "sentences bf16 D64", "_bias_fwd_kernel", 75, error="boom")
+    problems = I.workload_problems([spill, big, broken])
+    assert len(problems) == 3 and "360 B" in problems[0] and "101376" in problems[1] and "boom" in problems[2]
+    text = I.format_workload_reports([spill, big, broken])
+    assert "ERROR boom" in text and all(len(line) <= 100 for line in text.splitlines())
+    spill_line, big_line = [l for l in text.splitlines() if l.startswith("sentences bf16 D64")][:2]
+    assert " 360 " in spill_line and "120!99" in big_line  # spill bytes; shared KiB over the limit
+
+
+def test_inspect_rejects_an_unknown_workload_without_compiling():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--workload", "sentence"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "sentences" in proc.stderr, proc.stderr
+
+
+def test_bench_workloads_summary_without_a_gpu(monkeypatch):
+    """``bench`` on a CPU machine: every workload with its valid-pair fraction and tile coverage, no compile."""
+    from syntaxkernels import workloads
+    from syntaxkernels.checks import bias_attention as checks
+
+    sentences, source = _generated()
+    monkeypatch.setattr(workloads, "sentence_source", lambda: (sentences, source))
+    monkeypatch.setattr(I, "_WORKLOAD_CACHE", {})
+    monkeypatch.setattr(I, "_PRESENCE_CACHE", {})
+    rows = checks.bench_workloads("cpu", True)
+    assert [r["workload"] for r in rows] == list(workloads.WORKLOADS)
+    for r in rows:
+        assert 0 < r["valid"] <= 1 and r["f_area"] >= 1 and r["b_area"] >= 1
+        assert r["source"] == source and "inspect --workload" in r["note"]

@@ -381,7 +381,9 @@ def _print_bench(rows: List[dict]) -> None:
             columns += [k for k in r if k != "bench" and k not in columns]
         constant = [c for c in columns if len(table) > 1 and len({_fmt(r.get(c)) for r in table}) == 1]
         for c in constant:
-            print(f"  {c}: {_fmt(table[0].get(c))}")
+            for line in textwrap.wrap(f"{c}: {_fmt(table[0].get(c))}", WIDTH - 2, subsequent_indent="    ",
+                                      break_long_words=False, break_on_hyphens=False):
+                print(f"  {line}")
         if table:
             for line in _table(table, [c for c in columns if c not in constant], indent="  "):
                 print(line)
@@ -458,17 +460,89 @@ def _reexec_without_interpreter(args) -> Optional[int]:
     return subprocess.call([sys.executable, "-m", "syntaxkernels", *args.argv], env=env)
 
 
+def _numbers(option: str, value: str, all_values: Sequence[int]) -> Optional[tuple]:
+    if value == "all":
+        return tuple(all_values)
+    try:
+        return tuple(int(a) for a in value.split(",") if a.strip())
+    except ValueError:
+        print(f"syntaxkernels inspect: {option} takes comma-separated numbers or 'all', got {value!r}",
+              file=sys.stderr)
+        return None
+
+
+def _package_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _run_inspect_workloads(args, I) -> int:
+    from . import workloads as W
+
+    try:
+        names = W.workload_names(args.workload)
+    except ValueError as exc:
+        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
+        return 2
+    archs = _numbers("--arch", args.arch or "all", I.ALL_ARCHS)
+    head_dims = _numbers("--head-dim", args.head_dim, (32, 64, 128))
+    dtypes = tuple(d for d in args.dtype.split(",") if d)
+    if archs is None or head_dims is None:
+        return 2
+    if not set(dtypes) <= {"bf16", "fp16", "fp32"}:
+        print(f"syntaxkernels inspect: --dtype takes bf16, fp16, fp32 (comma-separated), got {args.dtype!r}",
+              file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    used = [W.named_workload(n) for n in names]
+    print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
+          f"x sm_{', sm_'.join(map(str, archs))}, one layer's forward and backward compiled as launched (no GPU "
+          f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
+    reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
+                                  progress=lambda line: print("  " + line, file=sys.stderr, flush=True))
+    summary = I.workload_summary(reports)
+    conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {_package_version()}, triton "
+                  f"{_version('triton')}, torch {_version('torch')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+                  f"{len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} x "
+                  f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
+                  f"{I.WORKLOAD_HEADS}, BucketSpec() table and strength with their gradients, no window) compiled as launched, no GPU; a cost model read from the SASS")
+    for line in textwrap.wrap(conditions, WIDTH):
+        print(line)
+    print()
+    print(I.format_workload_summary(summary, used))
+    print()
+    print(I.format_workload_reports(reports))
+    problems = I.workload_problems(reports)
+    print()
+    if problems:
+        print(f"{len(problems)} problems (every one is listed; figures above are for the kernels that compiled):")
+        for p in problems:
+            for line in textwrap.wrap(p, WIDTH - 2, subsequent_indent="    "):
+                print(f"  {line}")
+    else:
+        print(f"all {len(reports)} kernels compiled, none spills, and each fits its family's shared memory")
+    print(f"{len(reports)} kernels in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(dict(workloads=[dict(name=w.name, N=w.N, lengths=w.lengths, source=w.source,
+                                           description=w.description) for w in used],
+                           summary=summary, reports=[r.as_dict() for r in reports], problems=problems), f, indent=1)
+    return 1 if problems else 0
+
+
 def _run_inspect(args) -> int:
     code = _reexec_without_interpreter(args)
     if code is not None:  # the interpreter replaces @triton.jit: compile in a fresh process without it
         return code
     from . import inspection as I
 
-    try:
-        archs = tuple(int(a) for a in args.arch.split(","))
-    except ValueError:
-        print(f"syntaxkernels inspect: --arch takes comma-separated numbers (80,90), got {args.arch!r}",
-              file=sys.stderr)
+    if args.workload:
+        return _run_inspect_workloads(args, I)
+    archs = _numbers("--arch", args.arch or "80,90", I.ALL_ARCHS)
+    if archs is None:
         return 2
     cases = I.launch_cases(args.select)
     if not cases:
@@ -503,8 +577,7 @@ def _run_inspect(args) -> int:
         print(f"{len(problems)} problems:")
         for p in problems:
             print(f"  {p}")
-    else:
-        print("every launched kernel compiles without spills and within its targets")
+    print(I.verdict(reports, problems, known))
     print(f"{len(reports)} kernels in {time.perf_counter() - start:.0f} s")
     if args.json:
         import json
@@ -516,7 +589,16 @@ def _run_inspect(args) -> int:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default="80,90", help="GPU architectures to compile for (default: 80,90)")
+    parser.add_argument("--arch", default=None,
+                        help="GPU architectures to compile for, comma-separated or 'all' (75,80,86,89,90,100,120); "
+                             "default: 80,90 for the launch cases, all with --workload")
+    parser.add_argument("--workload", default="",
+                        help="inspect these named workloads instead of the N = 1024 launch cases (comma-separated: "
+                             "sentences, pairs, finetune-128, finetune-512, packed, long-4096, long-8192, odd-77, "
+                             "odd-1000; groups long, odd, finetune, all); built from the treebank "
+                             "($SYNTAXKERNELS_UD) or, without it, generated trees")
+    parser.add_argument("--dtype", default="bf16", help="with --workload: dtypes, comma-separated (default bf16)")
+    parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")
     parser.add_argument("--select", default="", help="only launch cases whose 'op name' contains this")
     parser.add_argument("--processes", type=int, default=2, help="compiler processes (default: 2)")
     parser.add_argument("--no-plain", action="store_true", help="skip the SYNTAX=False twins (faster)")
@@ -526,7 +608,8 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write every report as JSON to this file")
 
 
-add_command("inspect", "compile every fused kernel as launched for sm_80/sm_90 (no GPU) and report its cost model",
+add_command("inspect", "compile every fused kernel as launched for GPUs this machine lacks (sm_80/sm_90, or every "
+                       "family on named workloads) and report its cost model",
             _inspect_arguments, _run_inspect)
 
 

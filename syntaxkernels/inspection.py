@@ -1,5 +1,10 @@
 """Kernel inspection: compile every fused kernel the way a real launch compiles it, for GPUs this machine lacks.
 
+Two reports: the launch cases (N = 1024, every dtype and variant, sm_80 and sm_90, with targets), below; and
+the named workloads (:func:`inspect_workloads`, ``inspect --workload``): the batches users have, for every GPU
+family of :data:`ALL_ARCHS`, with the tile classes each kernel walks on the whole batch and a weighted cost
+per valid pair (see docs/checking.md).
+
 ``python -m syntaxkernels inspect`` (and :func:`inspect_kernels`) runs each op's launchers on small CPU tensors
 with the real shapes of a call (N = 1024, D = 64/128, ...), while Triton's driver is replaced by one that
 reports an sm_80 or sm_90 device and every launch is turned into ``JITFunction.run(..., warmup=True)``. The
@@ -39,13 +44,23 @@ import os
 import re
 import subprocess
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["KernelReport", "LaunchCase", "launch_cases", "inspect_case", "inspect_kernels", "format_reports",
-           "check_targets", "TARGETS", "tool_path", "analyse_sass", "fake_gpu", "capture_launches"]
+           "check_targets", "TARGETS", "tool_path", "analyse_sass", "fake_gpu", "capture_launches", "verdict",
+           "ALL_ARCHS", "SHARED_LIMIT", "inspect_workload", "inspect_workloads", "workload_tiles", "workload_cost",
+           "workload_problems", "workload_summary", "format_workload_reports", "format_workload_summary",
+           "tile_presence"]
 
 ARCHS = (80, 90)
+WIDTH = 100  # the report tables fit this many columns
+#: Every GPU family users own, for the workload inspection: T4, A100, RTX 30 / A10, RTX 40 / L4 / L40S, H100 /
+#: H200, B200, RTX 50 / RTX PRO Blackwell. Triton 3.6 compiles sm_100 and newer with the ``ptxas-blackwell``
+#: shipped next to ``ptxas`` in its package (``get_ptxas`` picks it for arch >= 100; ``TRITON_PTXAS_BLACKWELL_PATH``
+#: overrides it), so no setting is needed here.
+ALL_ARCHS = (75, 80, 86, 89, 90, 100, 120)
 
 # Targets on sm_90 (bf16/fp16, D = 64 and 128, N = 1024): main-loop non-tensor-core instructions per score
 # element and ex2 per element, per kernel; sm_80 may be up to 25% higher. Every loop of every kernel stays
@@ -60,8 +75,9 @@ SM80_SLACK = 1.25
 # (op, dtype, head dim) whose spills are a known, documented limitation rather than a failure: exact fp32
 # products at D = 128 (see the CONFIGS comment in ops/bias_attention.py).
 KNOWN_SPILLS = {("bias_attention", "fp32", 128)}
-# Dynamic shared memory one block may use (bytes): A100, H100/H200, and the ~100 KB GPUs (sm_86/sm_89).
-SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+# Dynamic shared memory one block may use (bytes, opt-in maximum): T4, A100, the ~100 KB GPUs (sm_86/sm_89/sm_120),
+# H100/H200 and B200.
+SHARED_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -111,18 +127,28 @@ class Launch:
     args: tuple
     kwargs: dict
     compiled: object = None
+    error: Optional[str] = None  # the compiler's error, when this launch did not compile
 
 
 @contextlib.contextmanager
-def capture_launches():
-    """Inside, :func:`syntaxkernels.ops._primitives.launch` compiles instead of launching and records each launch."""
+def capture_launches(keep_going: bool = False):
+    """Inside, :func:`syntaxkernels.ops._primitives.launch` compiles instead of launching and records each launch.
+
+    With ``keep_going`` a launch that does not compile is recorded with its error and the op goes on (its
+    outputs are allocated before the launch), so the other kernels of the call are still compiled.
+    """
     from .ops import _primitives
 
     launches: List[Launch] = []
 
     def hook(kernel, grid, args, kwargs):
         record = Launch(kernel, tuple(grid), tuple(args), dict(kwargs))
-        record.compiled = kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        try:
+            record.compiled = kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported with the kernel
+            if not keep_going:
+                raise
+            record.error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
         launches.append(record)
 
     previous = _primitives.set_launch_hook(hook)
@@ -149,8 +175,18 @@ def tool_path(name: str) -> str:
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"(0x[0-9a-f]+)")
-_TENSOR_CORE = ("HMMA", "HGMMA", "IMMA", "DMMA", "QMMA", "UTCHMMA")
+# Tensor-core instructions: mma.sync (HMMA/IMMA/DMMA/QMMA, sm_75..sm_120), wgmma (HGMMA, sm_90) and tcgen05
+# (sm_100: UTC*MMA issue the MMAs of a tile from one thread; the other UTC* instructions manage tensor memory).
+_TENSOR_CORE = ("HMMA", "HGMMA", "IMMA", "DMMA", "QMMA", "UTCHMMA", "UTCQMMA", "UTCIMMA", "UTCOMMA", "UTCMMA")
 _ASYNC = ("LDGSTS", "UTMALDG", "UBLKCP")
+
+
+def _count_all(opcode: str) -> int:
+    return 0 if opcode == "NOP" else 1
+
+
+def _count_other(opcode: str) -> int:
+    return 0 if opcode == "NOP" or opcode.startswith(_TENSOR_CORE) else 1
 
 
 @dataclass
@@ -160,6 +196,7 @@ class Loop:
     tensor_core: int = 0
     instructions: int = 0  # every instruction of the body, every branch counted
     shortest: int = 0  # instructions on the cheapest path through one iteration (what every iteration executes)
+    shortest_other: int = 0  # non-tensor-core instructions on the path with the fewest of them (never negative)
     ex2: int = 0
     asynchronous: bool = False
     wgmma: bool = False
@@ -188,12 +225,15 @@ def _resources(cubin: bytes) -> Dict[str, int]:
     return found
 
 
-def _shortest_path(instructions, start: int, end: int) -> int:
-    """Fewest non-NOP instructions executed from ``start`` to the back edge at ``end`` (inclusive).
+def _shortest_path(instructions, start: int, end: int, weight=None) -> int:
+    """Fewest instructions executed from ``start`` to the back edge at ``end`` (inclusive); each instruction
+    counts ``weight(opcode)`` (default: 1, ``NOP`` 0).
 
     Dijkstra over single instructions: each steps to the next one unless it is an unconditional branch, and a
     branch (conditional or not) also steps to its target when that lies inside the body.
     """
+    if weight is None:
+        weight = _count_all
     import heapq
 
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
@@ -204,7 +244,7 @@ def _shortest_path(instructions, start: int, end: int) -> int:
         if cost > best.get(i, math.inf):
             continue
         address, opcode, operands, predicated = instructions[i]
-        cost_here = cost + (0 if opcode == "NOP" else 1)
+        cost_here = cost + weight(opcode)
         if i == end:
             return cost_here
         successors = []
@@ -223,6 +263,20 @@ def _shortest_path(instructions, start: int, end: int) -> int:
                 best[j] = cost_here
                 heapq.heappush(queue, (cost_here, j))
     return 0
+
+
+def _returns_from_out_of_line_block(instructions, target: int, address: int) -> bool:
+    """A backward branch to ``target`` that closes no loop: it returns from a block placed out of line after
+    the code (sm_100's waits on tensor-core barriers: ``@!P BRA wait; ...`` where ``wait`` spins and
+    branches back to the instruction after the ``@!P BRA``). Recognised by the instruction before ``target``
+    being a branch forward to a block that lies between ``target`` and this branch."""
+    if target == 0:
+        return False
+    _, opcode, operands, _ = instructions[target - 1]
+    if not opcode.startswith("BRA"):
+        return False
+    found = _BRANCH_TARGET.search(operands)
+    return bool(found) and instructions[target][0] < int(found.group(1), 16) <= address
 
 
 def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
@@ -245,6 +299,8 @@ def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
         to = int(target.group(1), 16)
         if to >= address or to not in index_of:
             continue
+        if _returns_from_out_of_line_block(instructions, index_of[to], address):
+            continue
         loop = Loop(index_of[to], i)
         for _, op, _, _ in instructions[loop.start:loop.end + 1]:
             if op == "NOP":
@@ -259,6 +315,7 @@ def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
             if op.startswith(_ASYNC):
                 loop.asynchronous = True
         loop.shortest = _shortest_path(instructions, loop.start, loop.end)
+        loop.shortest_other = _shortest_path(instructions, loop.start, loop.end, _count_other)
         loops.append(loop)
     loops.sort(key=lambda l: (l.start, -l.end))
     return [(a, op) for a, op, _, _ in instructions], loops
@@ -302,6 +359,17 @@ class KernelReport:
     head_dim: int = 0
     dtype: str = ""
     error: Optional[str] = None
+    # Per top-level tensor-core loop, in address order (program order: the interior loop before the masked
+    # one): non-tensor-core instructions per unit on its cheapest path, and counting every branch.
+    loop_other: List[float] = dataclasses.field(default_factory=list)
+    loop_all: List[float] = dataclasses.field(default_factory=list)
+    instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
+    block_m: int = 0
+    block_n: int = 0
+    workload: str = ""  # the named workload of a workload case ("" for the N = 1024 launch cases)
+    shared_limit: int = 0  # the family's shared memory per block (bytes), 0 = unknown
+    tiles: Optional[dict] = None  # a workload case: how the kernel walks the batch's tiles (workload_tiles)
+    cost: Optional[dict] = None  # a workload case: its weighted cost per valid pair (workload_cost)
 
     @property
     def ratio(self) -> Optional[float]:
@@ -312,6 +380,14 @@ class KernelReport:
     @property
     def spills(self) -> bool:
         return self.local_bytes > 0 or self.stack_bytes > 0 or self.spill_instructions > 0
+
+    @property
+    def spill_bytes(self) -> int:
+        return max(self.local_bytes, 0) + max(self.stack_bytes, 0)
+
+    @property
+    def over_shared_limit(self) -> bool:
+        return bool(self.shared_limit) and self.shared_bytes > self.shared_limit
 
     def as_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -328,8 +404,8 @@ def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
     return 0, "element"
 
 
-def _loop_figures(compiled, kwargs: dict, kernel_name: str):
-    _, loops = analyse_sass(_sass(compiled.asm["cubin"]))
+def _loop_figures(compiled, kwargs: dict, kernel_name: str, analysed=None):
+    _, loops = analysed if analysed is not None else analyse_sass(_sass(compiled.asm["cubin"]))
     units, unit = _work_per_iteration(kernel_name, kwargs)
     threads = 32 * int(compiled.metadata.num_warps)
     with_tc = [l for l in loops if l.tensor_core]
@@ -346,6 +422,10 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         name += ":boundary"
     compiled = launch.compiled
     report = KernelReport(op, case, name, arch)
+    report.shared_limit = SHARED_LIMIT.get(arch, 0)
+    if launch.error:
+        report.error = launch.error
+        return report
     try:
         metadata = compiled.metadata
         report.num_warps = int(metadata.num_warps)
@@ -360,8 +440,12 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         report.local_bytes = resources["LOCAL"]
         report.stack_bytes = resources["STACK"]
         sass = _sass(compiled.asm["cubin"])
+        analysed = analyse_sass(sass)
+        report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
+        report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
+        report.shared_limit = SHARED_LIMIT.get(arch, 0)
         report.spill_instructions = len(re.findall(r"\*/\s+(?:@!?P\w+\s+)?(?:STL|LDL)\b", sass))
-        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name)
+        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name, analysed)
         report.unit, report.units_per_iteration, report.loops = unit, units, len(loops)
         if main is not None:
             report.main_tensor_core = main.tensor_core
@@ -369,16 +453,24 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             report.main_async = main.asynchronous
             report.main_wgmma = main.wgmma
             report.nested_loops = sum(1 for l in loops if l is not main and main.start <= l.start and l.end < main.end)
-            report.other_per_unit = per(main.shortest - main.tensor_core)
+            report.other_per_unit = per(main.shortest_other)
             report.all_per_unit = per(main.instructions - main.tensor_core)
             report.ex2_per_unit = per(main.ex2)
+            # The tile loops: the outermost loops holding tensor-core instructions; without tensor cores
+            # (a dot lowered to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a
+            # quarter of the largest one's size.
+            pool = with_tc or [l for l in loops if l.instructions * 4 >= max(o.instructions for o in loops)]
+            top = [l for l in pool if not any(o is not l and o.start <= l.start and l.end <= o.end for o in loops
+                                              if (o.tensor_core or not with_tc))]
+            report.loop_other = [per(l.shortest_other) for l in top]
+            report.loop_all = [per(l.instructions - l.tensor_core) for l in top]
             candidates = with_tc or [main]
             worst = [per(l.instructions - l.tensor_core) for l in candidates]
             report.worst_per_unit = max(w for w in worst if w is not None) if any(w is not None for w in worst) else None
         if plain is not None:
             _, plain_main, _, plain_per, _, _ = _loop_figures(plain, kwargs, name)
             if plain_main is not None:
-                report.plain_other_per_unit = plain_per(plain_main.shortest - plain_main.tensor_core)
+                report.plain_other_per_unit = plain_per(plain_main.shortest_other)
                 report.plain_ex2_per_unit = plain_per(plain_main.ex2)
     except Exception as exc:  # noqa: BLE001 - reported with the kernel
         report.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -683,27 +775,48 @@ def _short(kernel: str) -> str:
 
 
 def format_reports(reports: Sequence[KernelReport]) -> str:
-    """A table that fits 100 columns: one line per kernel and arch."""
-    header = (f"{'kernel':<20} {'case':<22} {'sm':>2} {'tile':>7} {'w/s':>4} {'reg':>3} {'spl':>3} "
-              f"{'other':>5} {'all':>5} {'ex2':>4} {'plain':>5} {'x':>4} {'worst':>5} {'a/w/n':>5}")
+    """A table, one line per kernel and arch; case names are never cut (the case column is as wide as the
+    longest), and the per-unit columns say their unit (a score element, or an edge of an edge-list kernel)."""
+    case_width = max([len("case")] + [len(r.case) for r in reports])
+    kernel_width = min(20, max([len("kernel")] + [len(_short(r.kernel)) for r in reports]))
+    header = (f"{'kernel':<{kernel_width}} {'case':<{case_width}} {'sm':>3} {'tile':>7} {'w/s':>4} {'reg':>3} "
+              f"{'spl':>4} {'per':>4} {'other':>5} {'all':>5} {'ex2':>4} {'plain':>5} {'x':>4} {'worst':>5} "
+              f"{'a/w/n':>5}")
     lines = [header, "-" * len(header)]
     for r in reports:
+        name = _short(r.kernel)
+        if len(name) > kernel_width:
+            name = name[:kernel_width - 1] + "~"
+        lead = f"{name:<{kernel_width}} {r.case:<{case_width}} {r.arch:>3}"
         if r.error:
-            lines.append(f"{r.kernel[:20]:<20} {r.case[:22]:<22} {r.arch:>2}  ERROR {r.error[:50]}")
+            lines.extend(textwrap.wrap(f"{lead} ERROR {r.error}", WIDTH, subsequent_indent="    "))
             continue
         flags = ("a" if r.main_async else "-") + ("w" if r.main_wgmma else "-") + str(r.nested_loops)
+        unit = {"element": "elem", "edge": "edge"}.get(r.unit, r.unit[:4])
         lines.append(
-            f"{_short(r.kernel)[:20]:<20} {r.case[:22]:<22} {r.arch:>2} {r.tile:>7} "
-            f"{r.num_warps}/{r.num_stages:<2} {r.registers:>3} {('yes' if r.spills else 'no'):>3} "
-            f"{_fmt(r.other_per_unit):>5} {_fmt(r.all_per_unit):>5} {_fmt(r.ex2_per_unit, 2):>4} "
+            f"{lead} {r.tile:>7} "
+            f"{r.num_warps}/{r.num_stages:<2} {r.registers:>3} {(str(r.spill_bytes) if r.spills else 'no'):>4} "
+            f"{unit:>4} {_fmt(r.other_per_unit):>5} {_fmt(r.all_per_unit):>5} {_fmt(r.ex2_per_unit, 2):>4} "
             f"{_fmt(r.plain_other_per_unit):>5} "
             f"{_fmt(r.ratio, 2):>4} {_fmt(r.worst_per_unit):>5} {flags:>5}")
     return "\n".join(lines)
 
 
+def verdict(reports: Sequence[KernelReport], problems: Sequence[str], known: Sequence[str]) -> str:
+    """The closing line of ``inspect``: what the lists above say, never more (a kernel listed as spilling,
+    known or not, is never called spill-free)."""
+    if problems:
+        return (f"{len(problems)} of the rules fail (listed above)"
+                + (f"; {len(known)} known limitations besides" if known else ""))
+    if known:
+        return (f"no problem beyond the {len(known)} known limitations above (which spill): every other "
+                "launched kernel compiles without spills and within its targets")
+    return f"all {len(reports)} launched kernels compile without spills and within their targets"
+
+
 def known_limitations(reports: Iterable[KernelReport]) -> List[str]:
     """The spills of :data:`KNOWN_SPILLS` (reported by ``inspect``, not counted as problems)."""
-    return [f"sm_{r.arch} {r.op} {r.case} {r.kernel}: spills {r.stack_bytes + max(r.local_bytes, 0)} B"
+    return [f"sm_{r.arch} {r.op} {r.case} {r.kernel}: spills {r.spill_bytes} B"
             for r in reports if r.spills and (r.op, r.dtype, r.head_dim) in KNOWN_SPILLS]
 
 
@@ -743,3 +856,468 @@ def check_targets(reports: Iterable[KernelReport], cases: Optional[Sequence[Laun
             if r.nested_loops:
                 problems.append(f"{where}: {r.nested_loops} loop(s) nested in the main loop")
     return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workloads: the batches users have, compiled as launched, with the tiles each kernel walks
+# ---------------------------------------------------------------------------------------------------------
+
+#: The head count of the workload calls (BERT-base); the JIT specialises on H only through its divisibility.
+WORKLOAD_HEADS = 12
+#: Kernels whose programs own query blocks and walk key blocks, and the dK/dV kernel (programs own key blocks).
+_QUERY_PROGRAMS = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel")
+_KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
+#: Kernels with one program per tile of the whole grid (no loop), shared by every head of a call.
+_TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
+#: Kernels with one program per BLOCK_M rows of every (batch, head) (no loop).
+_ROW_PROGRAMS = ("_bias_bwd_preprocess_kernel",)
+
+
+@contextlib.contextmanager
+def _kernels_on_cpu_tensors():
+    """Let ``syntax_bias_attention(backend="triton")`` take CPU tensors, so the inspection drives the public
+    call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching. The
+    call's own resources stay as a GPU call would make them (nothing runs: the outputs are never read)."""
+    from .ops import bias_attention as op
+
+    previous = op.resolve_backend
+    op.resolve_backend = lambda backend, device: "triton"
+    try:
+        yield
+    finally:
+        op.resolve_backend = previous
+
+
+def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
+    """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
+    shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
+    with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
+    not causal; the output merged back to ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
+    import torch
+
+    from .nn import DistanceBias
+
+    dt = _torch_dtype(dtype)
+    B, N = batch.distance.shape[0], batch.distance.shape[1]
+    E = heads * head_dim
+
+    def projection():
+        return torch.zeros(B, N, E, dtype=dt).view(B, N, heads, head_dim).transpose(1, 2).requires_grad_()
+
+    q, k, v = projection(), projection(), projection()
+    layer = DistanceBias(heads, backend="triton")
+    with _kernels_on_cpu_tensors():
+        out = layer.attend(q, k, v, batch)
+    out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
+
+
+_WORKLOAD_CACHE: Dict[str, object] = {}
+
+
+def _workload(name: str):
+    from . import workloads
+
+    if name not in _WORKLOAD_CACHE:
+        _WORKLOAD_CACHE[name] = workloads.named_workload(name)
+    return _WORKLOAD_CACHE[name]
+
+
+_PRESENCE_CACHE: Dict[tuple, object] = {}
+
+
+def tile_presence(distance, lengths, block_m: int, block_n: int, bucket_lut):
+    """int64 ``[B, nQ, nK]``: the bit set of the buckets of each ``block_m x block_n`` tile's valid pairs (no
+    window, not causal; 0 = no valid pair), computed one query stripe at a time (long trees need no
+    ``B x N x N`` int64 temporary). Equal to the launcher's ``block_bucket_masks`` for such calls."""
+    import torch
+
+    B, N, _ = distance.shape
+    num_q, num_k = -(-N // block_m), -(-N // block_n)
+    lut = bucket_lut.to(torch.int64)
+    T = int(lut.max()) + 1
+    present = torch.zeros(B, num_q, num_k, dtype=torch.int64)
+    key_block = (torch.arange(N) // block_n)[None, :]
+    for b in range(B):
+        L = min(int(lengths[b]), N)
+        for qb in range(-(-L // block_m)):
+            rows = distance[b, qb * block_m:min((qb + 1) * block_m, L), :L].long()
+            keys = (key_block[:, :L] * T + lut[rows]).flatten()
+            seen = torch.bincount(keys, minlength=num_k * T).view(num_k, T) > 0
+            present[b, qb] = (seen.to(torch.int64) << torch.arange(T)).sum(dim=1)
+    return present
+
+
+def _presence(workload, block_m: int, block_n: int):
+    import torch
+
+    from .specs import BucketSpec
+
+    key = (workload.name, block_m, block_n)
+    if key not in _PRESENCE_CACHE:
+        batch = _WORKLOAD_CACHE.get(("batch", workload.name))
+        if batch is None:
+            batch = _WORKLOAD_CACHE[("batch", workload.name)] = workload.tree_batch()
+        _PRESENCE_CACHE[key] = tile_presence(batch.distance, batch.lengths, block_m, block_n,
+                                             BucketSpec().lut().to(torch.int64))
+    return _PRESENCE_CACHE[key]
+
+
+def _popcount(x):
+    count = x * 0
+    for t in range(62):
+        count = count + ((x >> t) & 1)
+    return count
+
+
+def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optional[dict]:
+    """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
+
+    A model of the kernels' loop bounds (``ops/bias_attention.py``, no window, not causal; keep it in step with
+    them): the forward and dQ walk, for every query block that starts inside the length, the key blocks up to
+    the length, the one holding the length's end masked (*boundary*), the others unmasked (*interior*); the
+    dK/dV kernel walks, for every key block inside the length, the query blocks the same way, and sums the
+    table gradient on its interior tiles: one row sum for a tile wholly in its key block's commonest
+    one-bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*); its boundary pass
+    walks only the boundary tiles and sums their buckets. Every other tile of the ``B x nQ x nK`` grid is
+    *skipped*. The block-metadata kernels run one program per tile of the grid.
+
+    Returns counts ``grid, skipped, interior, boundary, one_bucket, mixed``, ``buckets_mixed`` (buckets walked
+    by the mixed tiles, summed), ``buckets_boundary`` (by the boundary pass), ``valid_pairs`` (sum of
+    length^2) and ``area`` (``block_m * block_n``), or None for a kernel without a tiling.
+    """
+    import torch
+
+    from .ops import bias_attention as op
+    from .specs import BucketSpec
+
+    lengths = torch.tensor(workload.lengths, dtype=torch.int64)
+    N = workload.N
+    if kernel in _ROW_PROGRAMS and block_m:
+        grid = workload.batch_size * -(-N // block_m)
+        return dict(grid=grid, skipped=0, interior=grid, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
+                    buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=0)
+    if not block_m or not block_n:
+        return None
+    num_q, num_k = -(-N // block_m), -(-N // block_n)
+    grid = workload.batch_size * num_q * num_k
+    out = dict(grid=grid, skipped=0, interior=0, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
+               buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=block_m * block_n)
+    if kernel in _TILE_PROGRAMS:
+        out["interior"] = grid
+        return out
+    if kernel in _QUERY_PROGRAMS:
+        rows = -(-lengths // block_m)  # query blocks that start inside the length
+        out["interior"] = int((rows * (lengths // block_n)).sum())
+        out["boundary"] = int((rows * (-(-lengths // block_n) - lengths // block_n)).sum())
+    elif kernel in _KEY_PROGRAMS:
+        keys = -(-lengths // block_n)
+        interior_q = lengths // block_m
+        boundary_q = -(-lengths // block_m) - interior_q
+        out["interior"] = int((keys * interior_q).sum()) if kernel == _KEY_PROGRAMS[0] else 0
+        out["boundary"] = int((keys * boundary_q).sum())
+        # Bucket sets per tile, as [B, nK, nQ] (the dK/dV programs' order; tree distances are symmetric).
+        masks = _presence(workload, block_m, block_n).transpose(1, 2)
+        position_q = torch.arange(num_q)[None, None, :]
+        position_k = torch.arange(num_k)[None, :, None]
+        inside = (position_k < keys[:, None, None]) & (position_q < -(-lengths // block_m)[:, None, None])
+        boundary = inside & (position_q >= interior_q[:, None, None])
+        interior = inside & ~boundary
+        counts = _popcount(masks)
+        if kernel == _KEY_PROGRAMS[0]:
+            common = op.common_buckets(masks.to(torch.int32), BucketSpec().num_buckets).to(torch.int64)
+            common_bit = torch.where(common >= 0, 1 << common.clamp(min=0), torch.zeros_like(common))[..., None]
+            fast = interior & (masks == common_bit) & (masks != 0)
+            mixed = interior & ~fast & (masks != 0)
+            out["one_bucket"], out["mixed"] = int(fast.sum()), int(mixed.sum())
+            out["buckets_mixed"] = int(counts[mixed].sum())
+        else:
+            out["buckets_boundary"] = int(counts[boundary].sum())
+    else:
+        return None
+    out["skipped"] = grid - out["interior"] - out["boundary"]
+    return out
+
+
+def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORKLOAD_HEADS) -> Optional[dict]:
+    """The weighted cost of ``report``'s kernel over the tiles it walks (:func:`workload_tiles`), per valid
+    (query, key) pair of the batch: a model from the SASS, not a measurement.
+
+    - ``area``: score elements the kernel computes (walked tiles x tile area) per valid pair (1 = no waste;
+      the tensor-core work follows it);
+    - ``instr``: non-tensor-core thread-instructions per valid pair: interior tiles at the first (unmasked)
+      loop's cheapest path, boundary tiles at the last (masked) loop's; a one-bucket tile adds one bucket's
+      worth and a mixed tile one per bucket it holds, a bucket's worth being the loop's instructions off its
+      cheapest path divided by the table's buckets (all branch overhead charged to the buckets: an upper
+      bound); the boundary pass charges its tiles the same way. Straight-line kernels (the block metadata)
+      count all their instructions per program; they run once per call for every head, so their figure is
+      divided by the head count (``heads``) to be per head like the others.
+    """
+    from .specs import BucketSpec
+
+    if tiles is None or report.error or not tiles["valid_pairs"]:
+        return None
+    valid = tiles["valid_pairs"]
+    walked = tiles["interior"] + tiles["boundary"]
+    area = walked * tiles["area"] / valid
+    if report.kernel in _TILE_PROGRAMS + _ROW_PROGRAMS:
+        threads = 32 * report.num_warps
+        shared_by = heads if report.kernel in _TILE_PROGRAMS else 1
+        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / shared_by / valid)
+    if not report.loop_other:
+        return dict(area=area, instr=None)
+    T = BucketSpec().num_buckets
+    first_other, last_other = report.loop_other[0], report.loop_other[-1]
+    per_bucket_first = (report.loop_all[0] - first_other) / T
+    per_bucket_last = (report.loop_all[-1] - last_other) / T
+    per_element = (tiles["interior"] * first_other + tiles["boundary"] * last_other
+                   + tiles["one_bucket"] * per_bucket_first + tiles["buckets_mixed"] * per_bucket_first
+                   + tiles["buckets_boundary"] * per_bucket_last)
+    return dict(area=area, instr=per_element * tiles["area"] / valid)
+
+
+def _workload_job(job):
+    name, dtype, head_dim, arch = job
+    return inspect_workload(name, dtype, head_dim, arch)
+
+
+def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[KernelReport]:
+    """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
+    (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
+    and attach the whole batch's tile classes and weighted cost per valid pair to each report
+    (``report.tiles``, ``report.cost``)."""
+    _require_compiler()
+    workload = _workload(name)
+    case = f"{name} {dtype} D{head_dim}"
+    reports: List[KernelReport] = []
+    seen = set()
+    with fake_gpu(arch), capture_launches(keep_going=True) as launches:
+        try:
+            _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim)
+        except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
+            if not launches:
+                report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
+                                      workload=name, shared_limit=SHARED_LIMIT.get(arch, 0),
+                                      error=" ".join(f"{type(exc).__name__}: {exc}".split())[:500])
+                return [report]
+            launches.append(Launch(None, (), (), {}, error=" ".join(f"{type(exc).__name__}: {exc}".split())[:500]))
+        if not launches:
+            launches.append(Launch(None, (), (), {}, error="the call launched no kernel (did it run the reference?)"))
+        for launch in launches:
+            if launch.kernel is None:
+                reports.append(KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
+                                            workload=name, shared_limit=SHARED_LIMIT.get(arch, 0),
+                                            error=launch.error))
+                continue
+            kernel_name = getattr(launch.kernel, "fn", launch.kernel).__name__
+            key = (kernel_name, tuple(sorted((k, str(v)) for k, v in launch.kwargs.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            report = _report_for("bias_attention", case, launch, arch)
+            report.head_dim, report.dtype, report.workload = head_dim, dtype, name
+            if not report.block_m:
+                report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
+                report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
+            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n)
+            report.tiles = tiles
+            report.cost = workload_cost(report, tiles)
+            reports.append(report)
+    return reports
+
+
+def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dtypes: Sequence[str] = ("bf16",),
+                      head_dims: Sequence[int] = (64, 128), processes: int = 2,
+                      progress: Optional[Callable[[str], None]] = None) -> List[KernelReport]:
+    """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool."""
+    _require_compiler()
+    jobs = [(n, dt, d, a) for n in names for dt in dtypes for d in head_dims for a in archs]
+    reports: List[KernelReport] = []
+    if processes <= 1:
+        results = map(_workload_job, jobs)
+    else:
+        import multiprocessing as mp
+
+        pool = mp.get_context("spawn").Pool(processes)
+        results = pool.imap(_workload_job, jobs)
+    try:
+        for done, (job, batch) in enumerate(zip(jobs, results), 1):
+            reports.extend(batch)
+            if progress:
+                errors = sum(1 for r in batch if r.error)
+                progress(f"[{done}/{len(jobs)}] sm_{job[3]} {job[0]} {job[1]} D{job[2]}: {len(batch)} kernels"
+                         + (f", {errors} not compiled" if errors else ""))
+    finally:
+        if processes > 1:
+            pool.close()
+            pool.join()
+    return reports
+
+
+def _kib(value: int) -> str:
+    return "-" if value is None or value < 0 else f"{value / 1024:.0f}"
+
+
+def workload_problems(reports: Iterable[KernelReport]) -> List[str]:
+    """What a workload inspection found wrong: launches that do not compile, spills, shared memory over the
+    family's limit. Every report counts (the workload cases have no known exceptions)."""
+    problems = []
+    for r in reports:
+        where = f"sm_{r.arch} {r.case} {r.kernel}"
+        if r.error:
+            problems.append(f"{where}: does not compile: {r.error}")
+            continue
+        if r.spills:
+            problems.append(f"{where}: spills {r.spill_bytes} B ({r.local_bytes} B local, {r.stack_bytes} B stack, "
+                            f"{r.spill_instructions} STL/LDL)")
+        if r.over_shared_limit:
+            problems.append(f"{where}: {r.shared_bytes} B of shared memory, sm_{r.arch} allows {r.shared_limit} B")
+    return problems
+
+
+def _kernel_label(kernel: str) -> str:
+    return _short(kernel).replace("bias_bwd_", "").replace("bias_", "").replace("block_", "")
+
+
+def format_workload_reports(reports: Sequence[KernelReport]) -> str:
+    """Two tables, one line per kernel of each workload case: what it compiled to, and how it walks the
+    batch's tiles with its weighted cost per valid pair."""
+    rows = [r for r in reports]
+    case_width = max([len("case")] + [len(r.case) for r in rows])
+    kernel_width = max([len("kernel")] + [len(_kernel_label(r.kernel)) for r in rows])
+    head = (f"{'case':<{case_width}} {'sm':>3} {'kernel':<{kernel_width}} {'tile':>7} {'w/s':>4} {'reg':>3} "
+            f"{'spill':>5} {'smem/lim':>8} {'other':>5} {'all':>5} {'ex2':>4}")
+    lines = textwrap.wrap("compiled as launched (other, all, ex2: main loop, per score element; smem/lim: shared "
+                          "memory and the family's limit, KiB, '!' when over; spill: bytes; fma: a half-precision "
+                          "kernel without tensor-core instructions)", WIDTH)
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        lead = f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}}"
+        if r.error:
+            lines.extend(textwrap.wrap(f"{lead} ERROR {r.error}", WIDTH, subsequent_indent="    "))
+            continue
+        over = "!" if r.over_shared_limit else "/"
+        flag = ""
+        if r.loop_other and not r.main_tensor_core and r.dtype in ("bf16", "fp16"):
+            flag = " fma"  # no tensor-core instruction: the dot compiled to FMA (Triton 3.6: bf16 on sm_75)
+        lines.append(f"{lead} {r.tile or '-':>7} {r.num_warps}/{r.num_stages:<2} {r.registers:>3} "
+                     f"{r.spill_bytes:>5} {_kib(r.shared_bytes) + over + _kib(r.shared_limit):>8} "
+                     f"{_fmt(r.other_per_unit):>5} {_fmt(r.all_per_unit):>5} {_fmt(r.ex2_per_unit, 2):>4}{flag}")
+    head = (f"{'case':<{case_width}} {'sm':>3} {'kernel':<{kernel_width}} {'tile':>7} {'tiles':>6} {'skip':>4} "
+            f"{'int':>4} {'bnd':>4} {'1bkt':>4} {'mix':>4} {'bkts':>4} {'area':>5} {'instr':>6}")
+    lines += ["", "tiles of the whole batch (fractions of the B x nQ x nK grid) and weighted cost per valid pair",
+              head, "-" * len(head)]
+    for r in rows:
+        if r.error or not (r.tiles or (r.block_m and r.block_n)):
+            continue
+        if not r.tiles:
+            lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} {r.tile:>7} "
+                         "no model of how this kernel walks its tiles: not counted")
+            continue
+        t, c = r.tiles, r.cost or {}
+        grid = max(t["grid"], 1)
+        mean_buckets = t["buckets_mixed"] / t["mixed"] if t["mixed"] else (
+            t["buckets_boundary"] / t["boundary"] if t["buckets_boundary"] and t["boundary"] else None)
+        lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} "
+                     f"{r.tile or '-':>7} {t['grid']:>6} {t['skipped'] / grid:>4.2f} {t['interior'] / grid:>4.2f} "
+                     f"{t['boundary'] / grid:>4.2f} {t['one_bucket'] / grid:>4.2f} {t['mixed'] / grid:>4.2f} "
+                     f"{_fmt(mean_buckets):>4} {_fmt(c.get('area'), 2):>5} {_fmt(c.get('instr')):>6}")
+    lines += textwrap.wrap(WORKLOAD_LEGEND, WIDTH)
+    return "\n".join(lines)
+
+
+WORKLOAD_LEGEND = (
+    "skip/int/bnd: tiles the kernel does not walk, walks unmasked, walks masked (the sequence end); 1bkt/mix: "
+    "interior tiles whose table gradient is one row sum (the key block's commonest bucket) or a "
+    "compare-select-add per bucket held; bkts: mean buckets summed per mixed tile (the boundary pass: per "
+    "boundary tile); area: score elements computed per valid (query, key) pair (1 = no padding or empty tile "
+    "area); instr: non-tensor-core thread-instructions per valid pair, summed over the tiles walked at each "
+    "class's loop cost (straight-line kernels: all their instructions per program; block metadata per head of "
+    "a 12-head call). A model read from the SASS, not a "
+    "measurement.")
+
+
+def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
+    """One row per workload case and arch: the forward's and the backward's (dQ, dK/dV, its boundary pass, the
+    block metadata) instructions and score elements per valid pair, and what spills or does not fit."""
+    groups: Dict[tuple, List[KernelReport]] = {}
+    for r in reports:
+        groups.setdefault((r.case, r.arch), []).append(r)
+    rows = []
+    for (case, arch), group in groups.items():
+        def total(kernels, key):
+            values = [(r.cost or {}).get(key) for r in group if r.kernel in kernels and not r.error]
+            values = [v for v in values if v is not None]
+            return sum(values) if values else None
+
+        backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
+                    + _TILE_PROGRAMS + _ROW_PROGRAMS)
+        rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
+                         unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
+                                        and not r.tiles),
+                         spills=sum(1 for r in group if not r.error and r.spills),
+                         spill_bytes=max([r.spill_bytes for r in group if not r.error] or [0]),
+                         over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
+                         fwd_instr=total(("_bias_fwd_kernel",), "instr"), bwd_instr=total(backward, "instr"),
+                         fwd_area=total(("_bias_fwd_kernel",), "area"),
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",), "area")))
+    return rows
+
+
+def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ()) -> str:
+    """The workload summary table (:func:`workload_summary`), with each workload's batch described first."""
+    lines = ["workloads (token trees as TreeBatch.from_heads builds them; one token per word):"]
+    for w in workloads_used:
+        lines.extend(textwrap.wrap(w.summary(), WIDTH, initial_indent="  ", subsequent_indent="    "))
+    case_width = max([len("case")] + [len(r["case"]) for r in rows])
+    head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>7} {'bwd':>7} {'area f':>6} {'area b':>6} {'spills':>6} "
+            f"{'max B':>5} {'>smem':>5} {'errors':>6}")
+    lines += ["", "per valid pair (instructions: non-tensor-core thread-instructions; area: score elements "
+              "computed)", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>7} {_fmt(r['bwd_instr']):>7} "
+                     f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {r['spills']:>6} "
+                     f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
+    unmodelled = sum(r["unmodelled"] for r in rows)
+    lines += textwrap.wrap(
+        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, its boundary pass, block metadata) "
+        "instructions per valid pair; area f, area b: score elements the forward and the dK/dV kernel compute "
+        "per valid pair; spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
+        "shared memory; errors: launches that did not compile (their figures are missing from fwd/bwd)."
+        + (f" {unmodelled} tiled kernels have no walk model and are not in fwd/bwd." if unmodelled else ""), WIDTH)
+    return "\n".join(lines)
+
+
+def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Sequence[int] = (64,),
+                      dtype: str = "bf16") -> List[dict]:
+    """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
+    fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling
+    ``select_config`` gives ``family`` (score elements computed per valid pair; the dK/dV kernel's interior
+    tiles on the table gradient's one-bucket and mixed paths). Columns: ``valid`` (valid pairs / B N^2),
+    ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV kernel's walked
+    tiles that are boundary tiles), ``one``/``mixed`` (its interior tiles on each table-gradient path), ``bkts``
+    (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
+    a GPU; ``inspect --workload`` adds what each kernel compiles to."""
+    from .ops import bias_attention as op
+
+    rows = []
+    for name in names:
+        workload = _workload(name)
+        for head_dim in head_dims:
+            fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
+            dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
+            f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
+            b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
+            interior = max(b["interior"], 1)
+            lengths = workload.lengths
+            rows.append(dict(workload=name, D=head_dim, B=workload.batch_size, N=workload.N,
+                             lengths=f"{min(lengths)}..{max(lengths)}",
+                             valid=round(workload.valid_pairs() / (workload.batch_size * workload.N ** 2), 3),
+                             fwd_tile=f"{fwd['BLOCK_M']}x{fwd['BLOCK_N']}",
+                             f_area=round((f["interior"] + f["boundary"]) * f["area"] / f["valid_pairs"], 2),
+                             dkdv_tile=f"{dkdv['BLOCK_M']}x{dkdv['BLOCK_N']}",
+                             b_area=round((b["interior"] + b["boundary"]) * b["area"] / b["valid_pairs"], 2),
+                             bnd=round(b["boundary"] / max(b["interior"] + b["boundary"], 1), 2),
+                             one=round(b["one_bucket"] / interior, 2), mixed=round(b["mixed"] / interior, 2),
+                             bkts=round(b["buckets_mixed"] / b["mixed"], 1) if b["mixed"] else 0.0,
+                             family=family, source=workload.source))
+    return rows

@@ -261,4 +261,24 @@ def bench_inspect(device, quick):
     return rows
 
 
-BENCHES = [Bench("bias_attention.times", bench_times), Bench("bias_attention.inspect", bench_inspect)]
+def bench_workloads(device, quick):
+    """Without a GPU: the named workloads (``python -m syntaxkernels inspect --workload all`` compiles their
+    launches for every GPU family) and how the sm_90 tiles cover them, computed without compiling: valid pairs
+    as a fraction of B x N^2, score elements computed per valid pair by the forward and the dK/dV kernel, and
+    the dK/dV kernel's boundary, one-bucket and mixed tiles."""
+    if torch.device(device).type == "cuda":
+        raise Skip("a GPU is here: bias_attention.times measures instead")
+    from .. import inspection, workloads
+
+    rows = inspection.workload_overview(workloads.WORKLOADS, "sm90", (64,) if quick else (64, 128))
+    for row in rows:
+        row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
+                       "kernel compute per valid pair; bnd: the dK/dV kernel's walked tiles that are boundary "
+                       "tiles; one, mixed: its interior tiles on the table gradient's one-bucket and per-bucket "
+                       "paths; bkts: buckets per mixed tile. No compile: the cost per kernel and GPU family "
+                       "comes from python -m syntaxkernels inspect --workload all")
+    return rows
+
+
+BENCHES = [Bench("bias_attention.times", bench_times), Bench("bias_attention.inspect", bench_inspect),
+           Bench("bias_attention.workloads", bench_workloads)]
