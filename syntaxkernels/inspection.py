@@ -75,9 +75,9 @@ SM80_SLACK = 1.25
 # (op, dtype, head dim) whose spills are a known, documented limitation rather than a failure: exact fp32
 # products at D = 128 (see the CONFIGS comment in ops/bias_attention.py).
 KNOWN_SPILLS = {("bias_attention", "fp32", 128)}
-# Dynamic shared memory one block may use (bytes, opt-in maximum): T4, A100, the ~100 KB GPUs (sm_86/sm_89/sm_120),
-# H100/H200 and B200.
-SHARED_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+# Dynamic shared memory one block may use (bytes, opt-in maximum), per compute capability: the table the configs
+# are chosen against (T4, A100, the ~100 KB GPUs sm_86/sm_89/sm_120, H100/H200 and B200, ...).
+from .ops._primitives import SHARED_LIMIT  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------
