@@ -741,20 +741,31 @@ def inspect_kernels(archs: Sequence[int] = ARCHS, select: str = "", processes: i
     _require_compiler()
     cases = launch_cases(select, ci)
     jobs = [(i, arch, select, plain, ci) for i in range(len(cases)) for arch in archs]
+
+    def describe(job, batch):
+        case = cases[job[0]]
+        return f"sm_{job[1]} {case.op} {case.name}: {len(batch)} kernels"
+
+    return _run_jobs(_job, jobs, processes, progress, describe)
+
+
+def _run_jobs(fn, jobs, processes: int, progress, describe) -> List[KernelReport]:
+    """``fn`` over ``jobs`` (each returns a list of reports), in a ``spawn`` process pool when ``processes > 1``
+    (each worker imports the package afresh, with ``TRITON_INTERPRET`` unset); ``progress`` receives
+    ``[done/total] describe(job, reports)`` as each job finishes."""
     reports: List[KernelReport] = []
     if processes <= 1:
-        results = map(_job, jobs)
+        results = map(fn, jobs)
     else:
         import multiprocessing as mp
 
         pool = mp.get_context("spawn").Pool(processes)
-        results = pool.imap(_job, jobs)
+        results = pool.imap(fn, jobs)
     try:
         for done, (job, batch) in enumerate(zip(jobs, results), 1):
             reports.extend(batch)
             if progress:
-                case = cases[job[0]]
-                progress(f"[{done}/{len(jobs)}] sm_{job[1]} {case.op} {case.name}: {len(batch)} kernels")
+                progress(f"[{done}/{len(jobs)}] {describe(job, batch)}")
     finally:
         if processes > 1:
             pool.close()
@@ -1131,26 +1142,13 @@ def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dt
     """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool."""
     _require_compiler()
     jobs = [(n, dt, d, a) for n in names for dt in dtypes for d in head_dims for a in archs]
-    reports: List[KernelReport] = []
-    if processes <= 1:
-        results = map(_workload_job, jobs)
-    else:
-        import multiprocessing as mp
 
-        pool = mp.get_context("spawn").Pool(processes)
-        results = pool.imap(_workload_job, jobs)
-    try:
-        for done, (job, batch) in enumerate(zip(jobs, results), 1):
-            reports.extend(batch)
-            if progress:
-                errors = sum(1 for r in batch if r.error)
-                progress(f"[{done}/{len(jobs)}] sm_{job[3]} {job[0]} {job[1]} D{job[2]}: {len(batch)} kernels"
-                         + (f", {errors} not compiled" if errors else ""))
-    finally:
-        if processes > 1:
-            pool.close()
-            pool.join()
-    return reports
+    def describe(job, batch):
+        errors = sum(1 for r in batch if r.error)
+        return (f"sm_{job[3]} {job[0]} {job[1]} D{job[2]}: {len(batch)} kernels"
+                + (f", {errors} not compiled" if errors else ""))
+
+    return _run_jobs(_workload_job, jobs, processes, progress, describe)
 
 
 def _kib(value: int) -> str:
