@@ -951,8 +951,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
-        backend: "auto" (Triton on CUDA tensors; inputs the kernels do not take, float64 or head dims above 128,
-            run the reference), "triton" (raises ValueError for such inputs) or "reference".
+        backend: "auto" (Triton on CUDA tensors, the C++ kernels of :mod:`.bias_attention_cpu` on CPU tensors;
+            inputs the kernels do not take, float64 or head dims above 128 on CUDA, run the reference), "triton"
+            (raises ValueError for such inputs) or "reference".
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; query rows past the length and rows with no allowed key are 0.
 
@@ -966,6 +967,12 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if not V.compiling():
         V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if backend == "auto" and q.device.type == "cpu":  # the fused C++ kernels (float64: the reference)
+        from .bias_attention_cpu import cpu_bias_attention, cpu_kernels_take
+
+        if cpu_kernels_take(q, v):
+            return cpu_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
+                                      lengths=lengths, window=window, causal=causal)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,
