@@ -3,23 +3,25 @@
 // Log2 domain throughout: t_ij = s_ij * log2(e) = q_i . k_j * scale * log2(e) + lut[h, d_ij], p_ij = exp2(t_ij -
 // lse_i) with lse_i the log2 of the row's denominator.
 //
-// Forward, one task per (b, h, query block of kBlockM rows): for each span of up to kSpan live keys,
+// Forward, one task per (b, h, query block of 128 rows): for each span of up to 512 live keys,
 //   S = Q_blk K_span^T (sgemm), then per row t = S * scale2 + lut[d] (causal: -inf past the diagonal), the online
 //   softmax update (running max and sum, the accumulator rescaled by exp2(old max - new max)), P stored over S;
 //   acc += P V_span (sgemm). Epilogue: out = acc / sum, lse = max + log2(sum).
 // Backward, one task per (b, h) (it owns dK and dV of that head, so they are summed without atomics), query
-// blocks in order. For a block: pass A over its spans: S = Q_blk K^T, dP = dO_blk V^T (sgemm), P = exp2(S *
-// scale2 + lut[d] - lse) and delta_i = sum_j P_ij dP_ij (exact: formed from the tile, not from the rounded
-// output); pass B: dS = P (dP - delta) in place, the per-distance sums of dS (table gradient), then
+// blocks of 64 rows in order, spans of up to 256 keys. For a block: pass A over its spans: S = Q_blk K^T,
+// dP = dO_blk V^T (sgemm), P = exp2(S * scale2 + lut[d] - lse) and delta_i = sum_j P_ij dP_ij (exact: formed from
+// the tile, not from the rounded output); pass B: dS = P (dP - delta) in place, the per-distance sums of dS (table
+// gradient), then
 //   dV_span += P^T dO_blk,  dK_span += scale dS^T Q_blk,  dQ_blk += scale dS K_span   (sgemm).
-// P and dP of the block's live keys stay in a [kBlockM, N] band per task (O(N), not O(N^2), per head).
+// P and dP of the block's live keys stay in a [64, N] band per task (O(N), not O(N^2), per head).
 //
 // Table gradient: per task eight interleaved float histograms over the 256 distance values (no store-to-load
 // chain when neighbouring keys share a distance), folded into double per query block; after the parallel loop the
 // tasks' histograms are folded into buckets in (b, h) order. Same bits for any thread count.
 //
-// Window: a [B, nQ, nK] table of each 64 x 64 tile's smallest distance (one pass over the distance, shared by the
-// heads); tiles whose smallest distance is beyond the window are skipped, live ones merged into spans.
+// Window: a [B, nQ, nK] table of each (query block x 64 keys) tile's smallest distance (one pass over the
+// distance, shared by the heads); tiles whose smallest distance is beyond the window are skipped, live ones merged
+// into spans.
 #include "bias_attention.h"
 
 #include "cpu_support.h"
@@ -49,9 +51,11 @@ namespace {
 using cpu::advise_huge_pages;
 using cpu::last_dim_contiguous;
 
-constexpr int64_t kBlockM = 64;  // query rows per tile (and the tile height of the window metadata)
-constexpr int64_t kTileN = 64;   // key columns per tile of the window metadata
-constexpr int64_t kSpan = 256;   // most keys per matrix product (a span of consecutive live tiles)
+// Query rows per block (also the tile height of the window metadata) and most keys per matrix product (a span of
+// consecutive live tiles), forward and backward; key columns per tile of the window metadata.
+constexpr int64_t kForwardBlockM = 128, kForwardSpan = 512;
+constexpr int64_t kBackwardBlockM = 64, kBackwardSpan = 256;
+constexpr int64_t kTileN = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -234,6 +238,7 @@ SK_INLINE void score_gradients(const float* p, float* dp, float delta, int64_t n
 
 struct Problem {
   int64_t B, H, N, D, Dv, nQ, nK;
+  int64_t block_m, span;  // query rows per block, most keys per span
   const float *q, *k, *v;
   int64_t q_b, q_h, q_n, k_b, k_h, k_n, v_b, v_h, v_n;
   const uint8_t* dist;
@@ -258,22 +263,22 @@ struct Problem {
 };
 
 // The spans [start, stop) of live keys of query block qb (rows [i0, i0 + rows)) of item b: keys below the length
-// (and up to the block's last row when causal), without the tiles the window rules out, cut at kSpan keys.
+// (and up to the block's last row when causal), without the tiles the window rules out, cut at P.span keys.
 void key_spans(const Problem& P, int64_t b, int64_t qb, int64_t i0, int64_t rows, std::vector<int64_t>& spans) {
   spans.clear();
   const int64_t L = P.length(b);
   const int64_t stop = P.causal ? std::min(L, i0 + rows) : L;
   auto add = [&](int64_t from, int64_t to) {
-    for (int64_t j = from; j < to; j += kSpan) {
+    for (int64_t j = from; j < to; j += P.span) {
       spans.push_back(j);
-      spans.push_back(std::min(to, j + kSpan));
+      spans.push_back(std::min(to, j + P.span));
     }
   };
   if (P.tile_min == nullptr) {
     add(0, stop);
     return;
   }
-  // Merge consecutive live tiles (query tiles and query blocks coincide: kBlockM rows).
+  // Merge consecutive live tiles (query tiles and query blocks coincide: P.block_m rows).
   const uint8_t* row = P.tile_min + (b * P.nQ + qb) * P.nK;
   int64_t run = -1;
   for (int64_t kb = 0; kb * kTileN < stop; ++kb) {
@@ -295,20 +300,20 @@ SK_INLINE int64_t causal_stop(const Problem& P, int64_t i, int64_t j1) {
 // ------------------------------------------------------------------------------------------------ forward
 
 // Tasks [begin, end) of the flattened (b, h, query block).
-void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
+SK_INLINE void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
   SequentialBlas sequential;
   // Scratch from torch's allocator (counted by its memory statistics and profiler like any tensor).
-  at::Tensor scratch = at::empty({kBlockM * (kSpan + P.Dv + 2)}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor scratch = at::empty({P.block_m * (P.span + P.Dv + 2)}, at::TensorOptions().dtype(at::kFloat));
   float* const scores = scratch.data_ptr<float>();
-  float* const acc = scores + kBlockM * kSpan;
-  float* const row_max = acc + kBlockM * P.Dv;
-  float* const row_sum = row_max + kBlockM;
+  float* const acc = scores + P.block_m * P.span;
+  float* const row_max = acc + P.block_m * P.Dv;
+  float* const row_sum = row_max + P.block_m;
   std::vector<int64_t> spans;
   for (int64_t task = begin; task < end; ++task) {
     const int64_t qb = task % P.nQ, bh = task / P.nQ, h = bh % P.H, b = bh / P.H;
-    const int64_t L = P.length(b), i0 = qb * kBlockM;
-    const int64_t rows = std::max<int64_t>(0, std::min(i0 + kBlockM, L) - i0);
-    const int64_t block_rows = std::min(kBlockM, P.N - i0);
+    const int64_t L = P.length(b), i0 = qb * P.block_m;
+    const int64_t rows = std::max<int64_t>(0, std::min(i0 + P.block_m, L) - i0);
+    const int64_t block_rows = std::min(P.block_m, P.N - i0);
     float* out = P.out + (bh * P.N + i0) * P.Dv;
     float* lse = P.lse + bh * P.N + i0;
     std::fill(out, out + block_rows * P.Dv, 0.f);
@@ -318,16 +323,16 @@ void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
     const float* k = P.k + b * P.k_b + h * P.k_h;
     const float* v = P.v + b * P.v_b + h * P.v_h;
     const float* lut = P.lut + h * P.lut_h;
-    std::fill(row_max, row_max + kBlockM, -kInf);
-    std::fill(row_sum, row_sum + kBlockM, 0.f);
+    std::fill(row_max, row_max + P.block_m, -kInf);
+    std::fill(row_sum, row_sum + P.block_m, 0.f);
     std::fill(acc, acc + rows * P.Dv, 0.f);
     key_spans(P, b, qb, i0, rows, spans);
     for (size_t s = 0; s < spans.size(); s += 2) {
       const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
-      gemm(false, true, rows, width, P.D, 1.f, q, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, scores, kSpan);
+      gemm(false, true, rows, width, P.D, 1.f, q, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, scores, P.span);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
-        float* t = scores + r * kSpan;
+        float* t = scores + r * P.span;
         const int64_t n = causal_stop(P, i, j1) - j0;
         if (n < width) std::fill(t + std::max<int64_t>(n, 0), t + width, 0.f);
         if (n <= 0) continue;
@@ -343,7 +348,7 @@ void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
           for (int64_t c = 0; c < P.Dv; ++c) a[c] *= alpha;
         }
       }
-      gemm(false, false, rows, P.Dv, width, 1.f, scores, kSpan, v + j0 * P.v_n, P.v_n, 1.f, acc, P.Dv);
+      gemm(false, false, rows, P.Dv, width, 1.f, scores, P.span, v + j0 * P.v_n, P.v_n, 1.f, acc, P.Dv);
     }
     // Epilogue: normalise; a row without an allowed key stays 0 with lse = +inf.
     for (int64_t r = 0; r < rows; ++r) {
@@ -360,16 +365,16 @@ void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
 // ------------------------------------------------------------------------------------------------ backward
 
 // Tasks [begin, end) of the flattened (b, h); see the top of the file.
-void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
+SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
   SequentialBlas sequential;
   const int64_t band = std::max<int64_t>(P.N, 1);
   // Scratch from torch's allocator: P and dP/dS of a query block's keys, its dQ, delta, the distance stripes.
-  at::Tensor scratch = at::empty({kBlockM * (2 * band + P.D + 1) + 8 * 256}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor scratch = at::empty({P.block_m * (2 * band + P.D + 1) + 8 * 256}, at::TensorOptions().dtype(at::kFloat));
   float* const probs = scratch.data_ptr<float>();
-  float* const grads = probs + kBlockM * band;
-  float* const dq_block = grads + kBlockM * band;
-  float* const delta = dq_block + kBlockM * P.D;
-  float* const stripes = delta + kBlockM;
+  float* const grads = probs + P.block_m * band;
+  float* const dq_block = grads + P.block_m * band;
+  float* const delta = dq_block + P.block_m * P.D;
+  float* const stripes = delta + P.block_m;
   std::vector<int64_t> spans;
   for (int64_t bh = begin; bh < end; ++bh) {
     const int64_t h = bh % P.H, b = bh / P.H, L = P.length(b);
@@ -383,14 +388,14 @@ void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
     float* dk = P.dk + bh * P.N * P.D;
     float* dv = P.dv + bh * P.N * P.Dv;
     double* hist = P.hist != nullptr ? P.hist + bh * 256 : nullptr;
-    for (int64_t qb = 0; qb * kBlockM < L; ++qb) {
-      const int64_t i0 = qb * kBlockM, rows = std::min(i0 + kBlockM, L) - i0;
+    for (int64_t qb = 0; qb * P.block_m < L; ++qb) {
+      const int64_t i0 = qb * P.block_m, rows = std::min(i0 + P.block_m, L) - i0;
       const float* q_blk = q + i0 * P.q_n;
       const float* do_blk = dout + i0 * P.g_n;
       key_spans(P, b, qb, i0, rows, spans);
       if (spans.empty()) continue;
       // Pass A: P and dP of every live key, and delta = rowsum(P * dP).
-      std::fill(delta, delta + kBlockM, 0.f);
+      std::fill(delta, delta + P.block_m, 0.f);
       for (size_t s = 0; s < spans.size(); s += 2) {
         const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
         gemm(false, true, rows, width, P.D, 1.f, q_blk, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, probs + j0, band);
@@ -445,8 +450,8 @@ SK_DEFINE_PASS(backward_tasks)
 
 // ------------------------------------------------------------------------------------------------ window tiles
 
-// The smallest distance of every kBlockM x kTileN tile: uint8 [B, nQ, nK].
-at::Tensor tile_minima(const at::Tensor& distance, int64_t nQ, int64_t nK) {
+// The smallest distance of every block_m x kTileN tile: uint8 [B, nQ, nK].
+at::Tensor tile_minima(const at::Tensor& distance, int64_t block_m, int64_t nQ, int64_t nK) {
   const int64_t B = distance.size(0), N = distance.size(1);
   at::Tensor minima = at::empty({B, nQ, nK}, at::TensorOptions().dtype(at::kByte));
   const uint8_t* dist = distance.data_ptr<uint8_t>();
@@ -457,7 +462,7 @@ at::Tensor tile_minima(const at::Tensor& distance, int64_t nQ, int64_t nK) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nQ, qb = task % nQ;
       std::fill(row.begin(), row.end(), uint8_t(255));
-      for (int64_t i = qb * kBlockM; i < std::min(N, (qb + 1) * kBlockM); ++i) {
+      for (int64_t i = qb * block_m; i < std::min(N, (qb + 1) * block_m); ++i) {
         const uint8_t* d = dist + b * d_b + i * d_i;
         for (int64_t j = 0; j < N; ++j) row[j] = std::min(row[j], d[j]);
       }
@@ -504,10 +509,12 @@ at::Tensor as_rows(const at::Tensor& t) {
 }
 
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& distance,
-                     const at::Tensor& lut, const at::Tensor& lengths, double scale, int64_t window, bool causal) {
+                     const at::Tensor& lut, const at::Tensor& lengths, double scale, int64_t window, bool causal,
+                     int64_t block_m, int64_t span) {
   Problem P{};
+  P.block_m = block_m, P.span = span;
   P.B = q.size(0), P.H = q.size(1), P.N = q.size(2), P.D = q.size(3), P.Dv = v.size(3);
-  P.nQ = (P.N + kBlockM - 1) / kBlockM;
+  P.nQ = (P.N + P.block_m - 1) / P.block_m;
   P.nK = (P.N + kTileN - 1) / kTileN;
   P.q = q.data_ptr<float>(), P.k = k.data_ptr<float>(), P.v = v.data_ptr<float>();
   P.q_b = q.stride(0), P.q_h = q.stride(1), P.q_n = q.stride(2);
@@ -542,10 +549,10 @@ void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in);
   const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
   const at::Tensor lengths = lengths_in.contiguous();
-  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal);
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kForwardBlockM, kForwardSpan);
   at::Tensor minima;
   if (window >= 0) {
-    minima = tile_minima(distance, P.nQ, P.nK);
+    minima = tile_minima(distance, P.block_m, P.nQ, P.nK);
     P.tile_min = minima.data_ptr<uint8_t>();
   }
   at::Tensor out32 = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
@@ -599,10 +606,10 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in), dout = as_rows(dout_in);
   const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
   const at::Tensor lengths = lengths_in.contiguous();
-  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal);
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kBackwardBlockM, kBackwardSpan);
   at::Tensor minima;
   if (window >= 0) {
-    minima = tile_minima(distance, P.nQ, P.nK);
+    minima = tile_minima(distance, P.block_m, P.nQ, P.nK);
     P.tile_min = minima.data_ptr<uint8_t>();
   }
   P.lse = const_cast<float*>(lse.data_ptr<float>());

@@ -5,10 +5,10 @@
 // i, j < lengths[b], j <= i when causal, finite LUT entry. Rows past the length and rows without an allowed key
 // output 0 with zero gradients.
 //
-// Tiles of 64 queries x up to 256 keys, an online softmax in the log2 domain (one exp2 per score), the bias
-// gathered from the LUT per score: no [N, N] buffer per head. Matrix products through the BLAS torch links (MKL's
-// sgemm_ when torch exports it, else at::addmm), one thread each; the rest vectorised (AVX2+FMA chosen at run
-// time). With a window, key tiles without a pair inside it are skipped (one pass over the distance per call).
+// Tiles of 128 queries x up to 512 keys (backward: 64 x 256), an online softmax in the log2 domain (one exp2 per
+// score), the bias gathered from the LUT per score: no [N, N] buffer per head. Matrix products through the BLAS
+// torch links (MKL's sgemm_ when torch exports it, else at::addmm), one thread each; the rest vectorised (AVX2+FMA
+// chosen at run time). With a window, key tiles without a pair inside it are skipped (one pass over the distance per call).
 // fp32 kernels; bf16 and fp16 inputs are converted to fp32 once per call (fp32 accumulation), outputs back.
 // Deterministic: every output element has one writer and every sum a fixed order, whatever the thread count.
 #pragma once

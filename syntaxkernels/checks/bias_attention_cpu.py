@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -120,18 +120,81 @@ def treebank_rows(N: int, B: int):
     return pack_sentences(sentences, N, rows=B), source
 
 
-def peak_bytes(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated through torch's CPU allocator during ``fn()``, above the start (profiler events)."""
-    from torch.profiler import ProfilerActivity, profile
+_PEAK_SCRIPT = """
+import gc, sys, torch
+torch.set_num_threads(1)
+from syntaxkernels.checks.bias_attention_cpu import _step_for
+step = _step_for(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+step()
+gc.collect()
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.time_range.start, e.cpu_memory_usage) for e in prof.events() if e.name == "[memory]")
-    current = peak = 0
-    for _, change in events:
-        current += change
-        peak = max(peak, current)
-    return peak
+def field(name):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(name)) * 1024
+
+before = field("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak resident size starts again from the current one
+step()
+print(field("VmHWM:") - before)
+"""
+
+
+def peak_bytes(provider: str, N: int, B: int) -> Optional[int]:
+    """Peak resident memory added by one forward + backward of ``provider`` ("cpp", "sdpa", "reference") on the
+    bench inputs, in a fresh process whose allocator returns large blocks to the system on free
+    (``MALLOC_MMAP_THRESHOLD_``), measured from the kernel's own counters (VmHWM reset by ``clear_refs``);
+    None where /proc does not offer them."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/proc/self/clear_refs"):
+        return None
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, provider, str(N), str(B)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"peak memory of {provider} at N={N}: {done.stderr[-1000:]}")
+    return int(done.stdout.split()[-1])
+
+
+def _bench_inputs(N: int, B: int, heads: int = 8, dim: int = 64):
+    heads_rows, source = treebank_rows(N, B)
+    inp = _inputs(len(heads_rows), heads, N, dim, heads=heads_rows)
+    grad_out = torch.randn(len(heads_rows), heads, N, dim, generator=torch.Generator().manual_seed(1))
+    return inp, grad_out, source
+
+
+def _providers(inp, grad_out, with_reference=True):
+    """``{name: (forward, forward + backward)}`` on the same q, k, v: the C++ op, plain SDPA, the reference."""
+    import torch.nn.functional as F
+
+    import syntaxkernels as sk
+
+    q, k, v = (inp[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    table = inp["table"].clone().requires_grad_()
+    kw = dict(buckets=inp["buckets"], lengths=inp["lengths"])
+
+    def op(backend):
+        return lambda: sk.syntax_bias_attention(q, k, v, inp["distance"], table, backend=backend, **kw)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def step(fn, wrt):
+        return lambda: torch.autograd.grad(fn(), wrt, grad_out)
+
+    providers = {"cpp": (op("auto"), step(op("auto"), (q, k, v, table))),
+                 "sdpa": (sdpa, step(sdpa, (q, k, v)))}
+    if with_reference:
+        providers["reference"] = (op("reference"), step(op("reference"), (q, k, v, table)))
+    return providers
+
+
+def _step_for(provider: str, N: int, B: int):
+    inp, grad_out, _ = _bench_inputs(N, B)
+    return _providers(inp, grad_out)[provider][1]
 
 
 def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, float]:
@@ -147,61 +210,39 @@ def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[st
     return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
 
 
-def cpu_rows(sizes, threads=(1,), rounds=5, heads=8, dim=64, check=True, reference_max_n=2048):
-    """Rows of the CPU comparison: per N and thread count, fwd and fwd+bwd medians (ms) of the C++ op, plain SDPA
-    and the reference, their ratios, and peak memory of one fwd+bwd. Each N is checked against the fp64 reference
-    first (forward and every gradient); a size that fails raises instead of being timed."""
-    import torch.nn.functional as F
-
-    import syntaxkernels as sk
-
+def cpu_rows(sizes, threads=(1,), rounds=5, check=True, memory=True, reference_max_n=2048):
+    """Rows of the CPU comparison: per (N, B) and thread count, the forward and forward + backward medians of the
+    C++ op over plain SDPA on the same q, k, v (fp32, H = 8, D = 64), the reference's over the C++ op's, and the
+    peak memory of one forward + backward over SDPA's. Each size is checked against the fp64 reference first
+    (forward and every gradient); a size that fails raises instead of being timed."""
     rows = []
     for N, B in sizes:
-        heads_rows, source = treebank_rows(N, B)
-        B = len(heads_rows)
-        inp = _inputs(B, heads, N, dim, heads=heads_rows)
-        shape = (B, heads, N, dim)
-        grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        inp, grad_out, source = _bench_inputs(N, B)
         if check:
             ok, detail = _against_reference(inp, torch.float32, grad_out, _cpp(inp, torch.float32, grad_out))
             if not ok:
                 raise RuntimeError(f"N={N}: the C++ kernels disagree with the reference, so they are not timed: "
                                    f"{detail}")
-        q, k, v = (inp[n].clone().requires_grad_() for n in ("q", "k", "v"))
-        table = inp["table"].clone().requires_grad_()
-        kw = dict(buckets=inp["buckets"], lengths=inp["lengths"])
-
-        def op(backend):
-            return lambda: sk.syntax_bias_attention(q, k, v, inp["distance"], table, backend=backend, **kw)
-
-        def sdpa():
-            return F.scaled_dot_product_attention(q, k, v)
-
-        def step(fn):
-            def run():
-                out = fn()
-                torch.autograd.grad(out, (q, k, v, table) if fn is not sdpa else (q, k, v), grad_out)
-            return run
-
-        providers = {"cpp": op("auto"), "sdpa": sdpa}
-        if N <= reference_max_n:
-            providers["reference"] = op("reference")
-        memory = {name: peak_bytes(step(fn)) for name, fn in providers.items()}
+        providers = _providers(inp, grad_out, with_reference=N <= reference_max_n)
+        peaks = {name: peak_bytes(name, N, B) for name in ("cpp", "sdpa")} if memory else {}
         for count in threads:
             previous = torch.get_num_threads()
             torch.set_num_threads(count)
             try:
                 with torch.no_grad():
-                    fwd = interleaved_ms(providers, rounds)
-                both = interleaved_ms({name: step(fn) for name, fn in providers.items()}, rounds)
+                    fwd = interleaved_ms({name: pair[0] for name, pair in providers.items()}, rounds)
+                both = interleaved_ms({name: pair[1] for name, pair in providers.items()}, rounds)
             finally:
                 torch.set_num_threads(previous)
-            row = dict(N=N, B=B, H=heads, D=dim, threads=count, tokens=int(inp["lengths"].sum()),
-                       fwd_vs_sdpa=fwd["cpp"] / fwd["sdpa"], fwd_bwd_vs_sdpa=both["cpp"] / both["sdpa"])
+            row = dict(N=N, B=inp["q"].shape[0], H=inp["q"].shape[1], D=inp["q"].shape[3], threads=count,
+                       tokens=int(inp["lengths"].sum()), fwd_vs_sdpa=fwd["cpp"] / fwd["sdpa"],
+                       fwd_bwd_vs_sdpa=both["cpp"] / both["sdpa"])
             if "reference" in providers:
                 row["reference_vs_cpp"] = both["reference"] / both["cpp"]
-            row["peak_mem_vs_sdpa"] = memory["cpp"] / max(memory["sdpa"], 1)
-            row["cpp_ms"] = both["cpp"]
+            if peaks.get("cpp") and peaks.get("sdpa"):
+                row["peak_mem_vs_sdpa"] = peaks["cpp"] / peaks["sdpa"]
+                row["peak_mem_MiB"] = peaks["cpp"] / 2**20
+            row["checked"] = "out, dq, dk, dv, dtable, dscale vs fp64" if check else "no"
             row["trees"] = source
             rows.append(row)
     return rows

@@ -1,9 +1,10 @@
 """Distance-bias attention on the CPU: the fused C++ kernels (``csrc/bias_attention.cpp``), forward and backward.
 
 ``softmax(q k^T * scale + c * table[bucket(d)]) v`` over the allowed pairs, as
-:func:`syntaxkernels.reference.syntax_bias_attention`, without an ``[N, N]`` tensor per head: tiles of 64 queries x
-up to 256 keys with an online softmax, the bias gathered per score from the Triton kernels' per-head 256-entry LUT
-(:func:`syntaxkernels.ops.bias_attention.bias_lut`: log2 domain, ``-inf`` past the window); matrix products through
+:func:`syntaxkernels.reference.syntax_bias_attention`, without an ``[N, N]`` tensor per head: tiles of 128 queries x
+up to 512 keys (backward 64 x 256) with an online softmax, the bias gathered per score from the Triton kernels'
+per-head 256-entry LUT (:func:`syntaxkernels.ops.bias_attention.bias_lut`: log2 domain, ``-inf`` past the window);
+matrix products through
 the BLAS torch links, the rest vectorised (AVX2+FMA chosen at run time); key tiles with no pair inside the window
 skipped. The backward gives dq, dk, dv and the per-bucket sums of dS, from which the table and bias-scale gradients
 follow (``d table = c * G``, ``d c = sum(table * G)``). Deterministic: the same bits run to run and for any thread
