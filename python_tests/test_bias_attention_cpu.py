@@ -305,3 +305,17 @@ def test_treebank_batch_matches_the_reference(ud_dev_path):
     lengths = [len(r) for r in rows]
     case = make_case(2, 2, 256, 64, torch.float32, heads=rows, lengths=lengths)
     check_against_reference(case, torch.float32)
+
+
+def test_cpu_bench_checks_each_size_before_timing_it(monkeypatch):
+    """The CPU bench rows (``python -m syntaxkernels bench``) at a toy size: each size is checked against the fp64
+    reference first, and a wrong kernel raises instead of giving a row."""
+    from syntaxkernels.checks import bias_attention_cpu as bench
+
+    rows = bench.cpu_rows([(64, 2)], rounds=1, memory=False)
+    assert len(rows) == 1 and rows[0]["fwd_bwd_vs_sdpa"] > 0 and rows[0]["reference_vs_cpp"] > 0
+    assert rows[0]["checked"].startswith("out, dq")
+    real = bench._cpp
+    monkeypatch.setattr(bench, "_cpp", lambda *a, **kw: (lambda got: [got[0] * 1.1, *got[1:]])(real(*a, **kw)))
+    with pytest.raises(RuntimeError, match="not timed"):
+        bench.cpu_rows([(64, 2)], rounds=1, memory=False)
