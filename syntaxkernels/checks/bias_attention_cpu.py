@@ -224,7 +224,7 @@ def cpu_rows(sizes, threads=(1,), rounds=5, check=True, memory=True, reference_m
                 raise RuntimeError(f"N={N}: the C++ kernels disagree with the reference, so they are not timed: "
                                    f"{detail}")
         providers = _providers(inp, grad_out, with_reference=N <= reference_max_n)
-        peaks = {name: peak_bytes(name, N, B) for name in ("cpp", "sdpa")} if memory else {}
+        peaks = {name: peak_bytes(name, N, B) for name in providers} if memory else {}
         for count in threads:
             previous = torch.get_num_threads()
             torch.set_num_threads(count)
@@ -241,7 +241,8 @@ def cpu_rows(sizes, threads=(1,), rounds=5, check=True, memory=True, reference_m
                 row["reference_vs_cpp"] = both["reference"] / both["cpp"]
             if peaks.get("cpp") and peaks.get("sdpa"):
                 row["peak_mem_vs_sdpa"] = peaks["cpp"] / peaks["sdpa"]
-                row["peak_mem_MiB"] = peaks["cpp"] / 2**20
+                for name, peak in peaks.items():
+                    row[f"{name}_peak_MiB"] = peak / 2**20
             row["checked"] = "out, dq, dk, dv, dtable, dscale vs fp64" if check else "no"
             row["trees"] = source
             rows.append(row)
