@@ -15,7 +15,8 @@ ratios are meaningful); peak memory is the resident-size peak of one forward + b
 
 ``--run PROVIDER`` instead builds the inputs once and runs ``--steps`` forward + backward steps of one provider
 (``cpp``, ``sdpa`` or ``reference``) and nothing else, so that a whole-process timer (``/usr/bin/time -v``, or paired
-A/B runs) can compare providers; ``--steps 0`` measures the set-up alone.
+A/B runs) can compare providers; ``--steps 0`` measures the set-up alone (inputs, imports and one
+step at N = 16), so that (time(steps) - time(0)) / steps is the provider's step.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     threads = tuple(int(t) for t in args.threads.split(","))
     if args.run is not None:
         torch.set_num_threads(threads[0])
+        bench._step_for(args.run, 16, 1)()  # imports and first-call costs, so that --steps 0 holds them too
         step = bench._step_for(args.run, args.n, args.batch)
         for _ in range(args.steps):
             step()
