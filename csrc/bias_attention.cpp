@@ -448,6 +448,10 @@ SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end)
 SK_DEFINE_PASS(forward_tasks)
 SK_DEFINE_PASS(backward_tasks)
 
+// Tasks per chunk of the thread pool: at least ~1M multiply-adds, so that a small call runs on the calling thread
+// instead of waking (and leaving spinning) the pool's threads. `work` is one task's multiply-adds.
+int64_t grain(int64_t work) { return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(work, 1)); }
+
 // ------------------------------------------------------------------------------------------------ window tiles
 
 // The smallest distance of every block_m x kTileN tile: uint8 [B, nQ, nK].
@@ -561,7 +565,7 @@ void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   P.lse = lse.data_ptr<float>();
   {
     pybind11::gil_scoped_release release;
-    at::parallel_for(0, B * H * P.nQ, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, B * H * P.nQ, grain(P.block_m * N * (P.D + Dv)), [&](int64_t begin, int64_t end) {
       SK_RUN_PASS(forward_tasks, P, begin, end);
     });
   }
@@ -630,7 +634,9 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   }
   {
     pybind11::gil_scoped_release release;
-    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { SK_RUN_PASS(backward_tasks, P, begin, end); });
+    at::parallel_for(0, B * H, grain(2 * N * N * (D + Dv)), [&](int64_t begin, int64_t end) {
+      SK_RUN_PASS(backward_tasks, P, begin, end);
+    });
   }
   if (!dq32.is_same(dq)) dq.copy_(dq32);
   if (!dk32.is_same(dk)) dk.copy_(dk32);
