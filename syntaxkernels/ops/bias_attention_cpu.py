@@ -12,7 +12,9 @@ count (every output has one writer, every sum a fixed order).
 
 Limits: CPU tensors; float32, bfloat16 and float16 (computed in float32; bf16/fp16 inputs are converted once per
 call); float64 runs the reference; any head dim >= 1, any N. Parallel over batch, heads and query blocks in the
-forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool.
+forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool. The LUT
+builder lives in :mod:`.bias_attention`, which imports triton: without triton the package's fallback runs the
+reference on the CPU too.
 
 Layers: ``torch.library`` ops ``syntaxkernels::bias_attention_cpu_fwd`` / ``_cpu_bwd`` (with fake implementations),
 the autograd Function :class:`_SyntaxBiasAttentionCPU`, and :func:`cpu_bias_attention`, which
