@@ -8,10 +8,11 @@ set(SYNTAXKERNELS_CORE_SOURCES
     csrc/relation_lists.cpp
 )
 
-# Python bindings of syntaxkernels._C and the CPU edge-list attention (need torch).
+# Python bindings of syntaxkernels._C, the CPU edge-list attention and the CPU distance-bias attention (need torch).
 set(SYNTAXKERNELS_BINDING_SOURCES
     csrc/bindings.cpp
     csrc/edge_attention.cpp
+    csrc/bias_attention.cpp
 )
 
 # CUDA builder: kernels (plain CUDA C++) and their torch launcher; only in a CUDA build.

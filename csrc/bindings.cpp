@@ -13,6 +13,10 @@
 // edge_attention_forward(q, k, v, row_ptr, col, scale, out, lse) and
 // edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv):
 //     CPU edge-list attention writing into the given tensors; see edge_attention.h.
+// bias_attention_forward(q, k, v, distance, lut, lengths, scale, window, causal, out, lse) and
+// bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, scale, window, causal,
+//     table_grad, dq, dk, dv, bucket_grad): CPU distance-bias attention writing into the given tensors; see
+//     bias_attention.h.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -26,6 +30,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bias_attention.h"
 #include "edge_attention.h"
 #include "relation_lists.h"
 #include "tensor_checks.h"
@@ -225,7 +230,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }  // namespace syntaxkernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "syntaxkernels C++ extension: tree-distance builders, tree relation lists, CPU edge-list attention";
+  m.doc() = "syntaxkernels C++ extension: tree-distance builders, tree relation lists, CPU edge-list and distance-bias "
+          "attention";
   m.def("tree_distance", &syntaxkernels::tree_distance_cpu, pybind11::arg("heads"), pybind11::arg("lengths"),
         pybind11::arg("num_threads") = 0,
         "(distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N]) for heads int64 [B, N] and "
@@ -252,6 +258,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("t_col"), pybind11::arg("t_rel"), pybind11::arg("scale"), pybind11::arg("dq"),
         pybind11::arg("dk"), pybind11::arg("dv"),
         "CPU edge-list attention backward: writes dq, dk [B, H, N, D] and dv [B, H, N, Dv]. Releases the GIL.");
+  m.def("bias_attention_forward", &syntaxkernels::bias_attention_forward_cpu, pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("distance"), pybind11::arg("lut"),
+        pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window"), pybind11::arg("causal"),
+        pybind11::arg("out"), pybind11::arg("lse"),
+        "CPU distance-bias attention forward: writes out [B, H, N, Dv] and lse [B, H, N] (log2, +inf for an empty "
+        "row). Releases the GIL.");
+  m.def("bias_attention_backward", &syntaxkernels::bias_attention_backward_cpu, pybind11::arg("dout"),
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("lse"), pybind11::arg("distance"),
+        pybind11::arg("lut"), pybind11::arg("lengths"), pybind11::arg("bucket_index"), pybind11::arg("scale"),
+        pybind11::arg("window"), pybind11::arg("causal"), pybind11::arg("table_grad"), pybind11::arg("dq"),
+        pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("bucket_grad"),
+        "CPU distance-bias attention backward: writes dq, dk, dv and the per-bucket sums of dS bucket_grad "
+        "[1 or H, T]. Releases the GIL.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

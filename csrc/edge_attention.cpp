@@ -11,12 +11,10 @@
 // gather: out = v_j, and its ds is 0 (only dv receives dO). Scores and softmax in float (double for double).
 #include "edge_attention.h"
 
+#include "cpu_support.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -26,54 +24,18 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define SK_X86_DISPATCH 1
-#endif
-
-#if defined(__GNUC__)
-#define SK_INLINE inline __attribute__((always_inline))
-#else
-#define SK_INLINE inline
-#endif
-
 namespace syntaxkernels {
 namespace {
 
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
+using cpu::AccOf;
+using cpu::advise_huge_pages;
+using cpu::last_dim_contiguous;
+#if defined(__GNUC__)
+using cpu::Lanes;
+using cpu::load_vec;
+#endif
 
 // ------------------------------------------------------------------------------------------------ vector helpers
-
-#if defined(__GNUC__)
-// The 32-byte vectors below live only inside always_inline helpers (no ABI boundary): silence GCC's note that
-// returning one by value from code compiled without AVX would change the calling convention.
-#pragma GCC diagnostic ignored "-Wpsabi"
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  typedef float Vec __attribute__((vector_size(32)));
-  static constexpr int64_t kWidth = 8;
-};
-template <>
-struct Lanes<double> {
-  typedef double Vec __attribute__((vector_size(32)));
-  static constexpr int64_t kWidth = 4;
-};
-
-template <typename V, typename T>
-SK_INLINE V load_vec(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-#endif
 
 // a . b over n entries; a fixed summation order (two vector accumulators, then the lanes in order).
 template <typename T>
@@ -299,45 +261,9 @@ SK_INLINE void dkdv_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t
   }
 }
 
-// Each pass is compiled twice: for the baseline ISA and, on x86 with GCC/Clang, for AVX2+FMA (chosen at run
-// time). The helpers above are always_inline, so the whole loop nest takes the caller's ISA.
-#define SK_DEFINE_PASS(name)                                                                            \
-  template <typename scalar_t>                                                                          \
-  void name##_baseline(const Problem<scalar_t>& P, int64_t begin, int64_t end) {                        \
-    name##_impl(P, begin, end);                                                                         \
-  }                                                                                                     \
-  SK_DEFINE_PASS_AVX2(name)
-
-#ifdef SK_X86_DISPATCH
-#define SK_DEFINE_PASS_AVX2(name)                                                                       \
-  template <typename scalar_t>                                                                          \
-  __attribute__((target("avx2,fma"))) void name##_avx2(const Problem<scalar_t>& P, int64_t begin,      \
-                                                        int64_t end) {                                  \
-    name##_impl(P, begin, end);                                                                         \
-  }
-#else
-#define SK_DEFINE_PASS_AVX2(name)
-#endif
-
 SK_DEFINE_PASS(forward_rows)
 SK_DEFINE_PASS(dq_rows)
 SK_DEFINE_PASS(dkdv_rows)
-
-bool use_avx2() {
-#ifdef SK_X86_DISPATCH
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-#else
-  return false;
-#endif
-}
-
-#ifdef SK_X86_DISPATCH
-#define SK_RUN_PASS(name, P, begin, end) \
-  (use_avx2() ? name##_avx2(P, begin, end) : name##_baseline(P, begin, end))
-#else
-#define SK_RUN_PASS(name, P, begin, end) name##_baseline(P, begin, end)
-#endif
 
 // Rows per task: enough work to amortise a task (~32k multiply-adds), at least one row.
 int64_t grain(int64_t rows, int64_t edges, int64_t H, int64_t D) {
@@ -388,8 +314,6 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
 }
 
-at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
-
 template <typename scalar_t>
 Problem<scalar_t> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t R,
                                double scale) {
@@ -408,23 +332,6 @@ Problem<scalar_t> make_problem(const at::Tensor& q, const at::Tensor& k, const a
   P.v_b = v.stride(0), P.v_h = v.stride(1), P.v_n = v.stride(2);
   P.scale = static_cast<typename AccOf<scalar_t>::type>(scale);
   return P;
-}
-
-// A large output is usually fresh memory straight from mmap, and the first write to each 4 KiB page faults.
-// Asking for transparent huge pages before that first write (honoured when THP is in "always" or "madvise" mode,
-// as torch does for its own allocations under THP_MEM_ALLOC_ENABLE=1) leaves one fault per 2 MiB: measured 1.25x
-// faster at N = 4096 (a 151 MB output). Advisory: memory already touched, or no THP, changes nothing.
-void advise_huge_pages(const at::Tensor& t) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  if (!t.has_storage() || t.storage().nbytes() < 4 * kHuge) return;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.storage().data());
-  const uintptr_t start = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t stop = (begin + t.storage().nbytes()) & ~(kHuge - 1);
-  if (stop > start) (void)madvise(reinterpret_cast<void*>(start), stop - start, MADV_HUGEPAGE);
-#else
-  (void)t;
-#endif
 }
 
 }  // namespace

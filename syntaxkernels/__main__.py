@@ -206,6 +206,12 @@ def _backends(torch, cuda: bool) -> List[tuple]:
     for name in ops.__all__:
         if name == "syntax_bias_attention":
             on_cpu = names[resolve_backend("auto", torch.device("cpu"))]
+            if status == "ok":  # the fused C++ kernels (ops/bias_attention_cpu.py) for fp32, bf16 and fp16
+                from .ops.bias_attention_cpu import cpu_kernels_take
+
+                probe = torch.empty(1, 1, 1, 64)
+                if cpu_kernels_take(probe, probe):
+                    on_cpu = "C++ kernels (float64: reference)"
             on_gpu = names[resolve_backend("auto", torch.device("cuda"))] if cuda else no_cuda
         else:  # the edge-list ops: C++ kernels on CPU tensors (bf16, D = 64 stands for a typical input)
             q = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16)

@@ -3,7 +3,7 @@
 The modules hold parameters and call the public ops (:func:`syntaxkernels.syntax_bias_attention`,
 :func:`syntaxkernels.syntax_subnetwork_attention`, :func:`syntaxkernels.ops.syntax_window_attention`) with their
 ``backend`` passed through: "auto" runs the fused kernels where they apply (Triton on CUDA tensors, the C++
-edge kernels on CPU tensors) and the pure-PyTorch reference elsewhere, "reference" always runs the reference.
+kernels on CPU tensors) and the pure-PyTorch reference elsewhere (float64), "reference" always runs the reference.
 
 Building blocks on already projected heads (``q, k, v [B, H, N, D]``), shared by the self-attention modules
 below and by :mod:`syntaxkernels.integrations.transformers`:

@@ -26,6 +26,7 @@ MODULES = [
     "syntaxkernels.checks.trees",
     "syntaxkernels.checks.reference",
     "syntaxkernels.checks.bias_attention",
+    "syntaxkernels.checks.bias_attention_cpu",
     "syntaxkernels.checks.subnetwork_attention",
 ]
 

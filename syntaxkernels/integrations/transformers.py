@@ -631,7 +631,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         syntax_heads: "gat": the first n heads of each chosen layer receive G.
         targets: "gat": which of "q", "k", "v" receive G (paper ("q", "k"); authors' release ("k", "v")).
         layers: indices of the encoder layers to patch (None: all). Other layers stay plain attention.
-        backend: "auto" (fused Triton kernels on CUDA, reference elsewhere), "triton" or "reference".
+        backend: "auto" (fused Triton kernels on CUDA, C++ kernels on CPU, the reference for float64), "triton"
+            or "reference".
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to

@@ -1036,11 +1036,12 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): known for a
             :class:`TreeBatch`'s distance and :func:`tree_distance`'s result, else taken as not symmetric. The
-            backward reads the transposed distance; when it is not known to be symmetric, from a transposed copy
-            (one more B x N x N bytes), so a directed distance gets exact gradients. Passing True for a
-            distance that is not symmetric gives wrong dK, dV and table gradients.
-        backend: "auto" (Triton on CUDA tensors; inputs the kernels do not take, float64 or head dims above 128,
-            run the reference), "triton" (raises ValueError for such inputs) or "reference".
+            Triton backward reads the transposed distance; when it is not known to be symmetric, from a transposed
+            copy (one more B x N x N bytes), so a directed distance gets exact gradients. Passing True for a
+            distance that is not symmetric gives wrong dK, dV and table gradients there.
+        backend: "auto" (Triton on CUDA tensors, the C++ kernels of :mod:`.bias_attention_cpu` on CPU tensors;
+            inputs the kernels do not take, float64 or head dims above 128 on CUDA, run the reference), "triton"
+            (raises ValueError for such inputs) or "reference".
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; query rows past the length and rows with no allowed key are 0.
 
@@ -1054,6 +1055,12 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     symmetric = _symmetric(symmetric, distance)
     chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if backend == "auto" and q.device.type == "cpu":  # the fused C++ kernels (float64: the reference)
+        from .bias_attention_cpu import cpu_bias_attention, cpu_kernels_take
+
+        if cpu_kernels_take(q, v):
+            return cpu_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
+                                      lengths=lengths, window=window, causal=causal)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,

@@ -1,0 +1,657 @@
+// CPU distance-bias attention (see bias_attention.h for the contract).
+//
+// Log2 domain throughout: t_ij = s_ij * log2(e) = q_i . k_j * scale * log2(e) + lut[h, d_ij], p_ij = exp2(t_ij -
+// lse_i) with lse_i the log2 of the row's denominator.
+//
+// Forward, one task per (b, h, query block of 128 rows): for each span of up to 512 live keys,
+//   S = Q_blk K_span^T (sgemm), then per row t = S * scale2 + lut[d] (causal: -inf past the diagonal), the online
+//   softmax update (running max and sum, the accumulator rescaled by exp2(old max - new max)), P stored over S;
+//   acc += P V_span (sgemm). Epilogue: out = acc / sum, lse = max + log2(sum).
+// Backward, one task per (b, h) (it owns dK and dV of that head, so they are summed without atomics), query
+// blocks of 64 rows in order, spans of up to 256 keys. For a block: pass A over its spans: S = Q_blk K^T,
+// dP = dO_blk V^T (sgemm), P = exp2(S * scale2 + lut[d] - lse) and delta_i = sum_j P_ij dP_ij (exact: formed from
+// the tile, not from the rounded output); pass B: dS = P (dP - delta) in place, the per-distance sums of dS (table
+// gradient), then
+//   dV_span += P^T dO_blk,  dK_span += scale dS^T Q_blk,  dQ_blk += scale dS K_span   (sgemm).
+// P and dP of the block's live keys stay in a [64, N] band per task (O(N), not O(N^2), per head).
+//
+// Table gradient: per task eight interleaved float histograms over the 256 distance values (no store-to-load
+// chain when neighbouring keys share a distance), folded into double per query block; after the parallel loop the
+// tasks' histograms are folded into buckets in (b, h) order. Same bits for any thread count.
+//
+// Window: a [B, nQ, nK] table of each (query block x 64 keys) tile's smallest distance (one pass over the
+// distance, shared by the heads); tiles whose smallest distance is beyond the window are skipped, live ones merged
+// into spans.
+#include "bias_attention.h"
+
+#include "cpu_support.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+// The BLAS torch links. MKL builds of torch export the Fortran sgemm_ (and MKL's per-thread thread count); weak
+// references resolve to them at load time and stay null elsewhere, where at::addmm is used instead.
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+            const int* ldc) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));  // the C interface (by value)
+}
+
+namespace syntaxkernels {
+namespace {
+
+using cpu::advise_huge_pages;
+using cpu::last_dim_contiguous;
+
+// Query rows per block (also the tile height of the window metadata) and most keys per matrix product (a span of
+// consecutive live tiles), forward and backward; key columns per tile of the window metadata.
+constexpr int64_t kForwardBlockM = 128, kForwardSpan = 512;
+constexpr int64_t kBackwardBlockM = 64, kBackwardSpan = 256;
+constexpr int64_t kTileN = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ------------------------------------------------------------------------------------------------ matrix products
+
+// Row-major C[m, n] = alpha * op(A) op(B) + beta * C, op(A) [m, k], op(B) [k, n]; A, B, C row-major with row
+// strides lda, ldb, ldc (op = transpose when trans_*). BLAS is column-major: a row-major X is the column-major
+// X^T, so this is C^T = alpha * op(B)^T op(A)^T + beta * C^T.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = C + r * ldc;
+      for (int64_t c = 0; c < n; ++c) row[c] = beta == 0.f ? 0.f : beta * row[c];
+    }
+    return;
+  }
+  if (sgemm_ != nullptr) {
+    const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+    const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+    const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
+    sgemm_(&ta, &tb, &mi, &ni, &ki, &alpha, B, &la, A, &lb, &beta, C, &lc);
+    return;
+  }
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor a = trans_a ? at::from_blob(const_cast<float*>(A), {k, m}, {lda, 1}, options).t()
+                               : at::from_blob(const_cast<float*>(A), {m, k}, {lda, 1}, options);
+  const at::Tensor b = trans_b ? at::from_blob(const_cast<float*>(B), {n, k}, {ldb, 1}, options).t()
+                               : at::from_blob(const_cast<float*>(B), {k, n}, {ldb, 1}, options);
+  at::Tensor c = at::from_blob(C, {m, n}, {ldc, 1}, options);
+  if (beta == 0.f) {
+    at::mm_out(c, a, b);
+    if (alpha != 1.f) c.mul_(alpha);
+  } else {
+    c.addmm_(a, b, beta, alpha);
+  }
+}
+
+// Keeps the BLAS single-threaded inside a task (the tasks are the parallelism), restoring its setting after.
+struct SequentialBlas {
+  int previous = 0;
+  SequentialBlas() {
+    if (MKL_Set_Num_Threads_Local != nullptr) previous = MKL_Set_Num_Threads_Local(1);
+  }
+  ~SequentialBlas() {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ vector helpers
+
+#if defined(__GNUC__)
+using Vec = cpu::Lanes<float>::Vec;
+using IVec = cpu::Lanes<float>::Int;
+constexpr int64_t kW = cpu::Lanes<float>::kWidth;
+using cpu::load_vec;
+using cpu::store_vec;
+
+SK_INLINE Vec splat(float x) { return Vec{x, x, x, x, x, x, x, x}; }
+
+// 2^x per lane: x = n + f with n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error
+// below 1e-8 before rounding), 2^n by the exponent bits. 0 below -126 (and for -inf).
+SK_INLINE Vec exp2_vec(Vec x) {
+  const Vec lo = splat(-126.f), hi = splat(126.f);
+  Vec c = x < lo ? lo : x;
+  c = c > hi ? hi : c;
+  const Vec magic = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Vec n = (c + magic) - magic;
+  const Vec f = c - n;
+  Vec p = splat(1.5252733804059840e-05f);
+  p = p * f + splat(1.5403530393381606e-04f);
+  p = p * f + splat(1.3333558146428443e-03f);
+  p = p * f + splat(9.6181291076284772e-03f);
+  p = p * f + splat(5.5504108664821580e-02f);
+  p = p * f + splat(2.4022650695910071e-01f);
+  p = p * f + splat(6.9314718055994531e-01f);
+  p = p * f + splat(1.f);
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(Vec));
+  const Vec y = p * scale;
+  return x < lo ? splat(0.f) : y;
+}
+
+SK_INLINE Vec gather(const float* lut, const uint8_t* d) {
+  return Vec{lut[d[0]], lut[d[1]], lut[d[2]], lut[d[3]], lut[d[4]], lut[d[5]], lut[d[6]], lut[d[7]]};
+}
+
+SK_INLINE float lanes_max(Vec v) {
+  float m = v[0];
+  for (int64_t l = 1; l < kW; ++l) m = std::max(m, v[l]);
+  return m;
+}
+
+SK_INLINE float lanes_sum(Vec v) {
+  float s = 0.f;
+  for (int64_t l = 0; l < kW; ++l) s += v[l];
+  return s;
+}
+#endif
+
+SK_INLINE float exp2_scalar(float x) { return x < -126.f ? 0.f : std::exp2(x); }
+
+// t[j] = s[j] * scale2 + lut[d[j]] for j < n, stored over s; returns the largest t.
+SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, float scale2, int64_t n) {
+  int64_t j = 0;
+  float best = -kInf;
+#if defined(__GNUC__)
+  Vec vbest = splat(-kInf);
+  const Vec vscale = splat(scale2);
+  for (; j + kW <= n; j += kW) {
+    const Vec t = load_vec<Vec>(s + j) * vscale + gather(lut, d + j);
+    store_vec(s + j, t);
+    vbest = t > vbest ? t : vbest;
+  }
+  best = lanes_max(vbest);
+#endif
+  for (; j < n; ++j) {
+    s[j] = s[j] * scale2 + lut[d[j]];
+    best = std::max(best, s[j]);
+  }
+  return best;
+}
+
+// p[j] = exp2(t[j] - shift) stored over t; returns the sum (a fixed order: lanes, then the tail).
+SK_INLINE float exp2_shifted(float* t, float shift, int64_t n) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__GNUC__)
+  Vec vsum = splat(0.f);
+  const Vec vshift = splat(shift);
+  for (; j + kW <= n; j += kW) {
+    const Vec p = exp2_vec(load_vec<Vec>(t + j) - vshift);
+    store_vec(t + j, p);
+    vsum += p;
+  }
+  sum = lanes_sum(vsum);
+#endif
+  for (; j < n; ++j) {
+    t[j] = exp2_scalar(t[j] - shift);
+    sum += t[j];
+  }
+  return sum;
+}
+
+// Backward pass A on one row segment: p = exp2(s * scale2 + lut[d] - lse) over s; returns sum p * dp.
+SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const float* lut, float scale2, float lse,
+                              int64_t n) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__GNUC__)
+  Vec vsum = splat(0.f);
+  const Vec vscale = splat(scale2), vlse = splat(lse);
+  for (; j + kW <= n; j += kW) {
+    const Vec p = exp2_vec(load_vec<Vec>(s + j) * vscale + gather(lut, d + j) - vlse);
+    store_vec(s + j, p);
+    vsum += p * load_vec<Vec>(dp + j);
+  }
+  sum = lanes_sum(vsum);
+#endif
+  for (; j < n; ++j) {
+    s[j] = exp2_scalar(s[j] * scale2 + lut[d[j]] - lse);
+    sum += s[j] * dp[j];
+  }
+  return sum;
+}
+
+// Backward pass B on one row segment: ds = p * (dp - delta) over dp.
+SK_INLINE void score_gradients(const float* p, float* dp, float delta, int64_t n) {
+  int64_t j = 0;
+#if defined(__GNUC__)
+  const Vec vdelta = splat(delta);
+  for (; j + kW <= n; j += kW) store_vec(dp + j, load_vec<Vec>(p + j) * (load_vec<Vec>(dp + j) - vdelta));
+#endif
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta);
+}
+
+// ------------------------------------------------------------------------------------------------ the problem
+
+struct Problem {
+  int64_t B, H, N, D, Dv, nQ, nK;
+  int64_t block_m, span;  // query rows per block, most keys per span
+  const float *q, *k, *v;
+  int64_t q_b, q_h, q_n, k_b, k_h, k_n, v_b, v_h, v_n;
+  const uint8_t* dist;
+  int64_t d_b, d_i;
+  const float* lut;
+  int64_t lut_h;  // 0 for a shared table
+  const int32_t* lengths;
+  const uint8_t* tile_min;  // [B, nQ, nK] smallest distance of each tile (window only), else null
+  int64_t window;
+  bool causal;
+  float scale, scale2;
+  // forward outputs
+  float* out;  // [B, H, N, Dv] contiguous
+  float* lse;  // [B, H, N] contiguous (read by the backward)
+  // backward
+  const float* dout;
+  int64_t g_b, g_h, g_n;
+  float *dq, *dk, *dv;  // contiguous, zero-filled
+  double* hist;         // [B * H, 256] per-task sums of dS by distance value, or null
+
+  int64_t length(int64_t b) const { return std::clamp<int64_t>(lengths[b], 0, N); }
+};
+
+// The spans [start, stop) of live keys of query block qb (rows [i0, i0 + rows)) of item b: keys below the length
+// (and up to the block's last row when causal), without the tiles the window rules out, cut at P.span keys.
+void key_spans(const Problem& P, int64_t b, int64_t qb, int64_t i0, int64_t rows, std::vector<int64_t>& spans) {
+  spans.clear();
+  const int64_t L = P.length(b);
+  const int64_t stop = P.causal ? std::min(L, i0 + rows) : L;
+  auto add = [&](int64_t from, int64_t to) {
+    for (int64_t j = from; j < to; j += P.span) {
+      spans.push_back(j);
+      spans.push_back(std::min(to, j + P.span));
+    }
+  };
+  if (P.tile_min == nullptr) {
+    add(0, stop);
+    return;
+  }
+  // Merge consecutive live tiles (query tiles and query blocks coincide: P.block_m rows).
+  const uint8_t* row = P.tile_min + (b * P.nQ + qb) * P.nK;
+  int64_t run = -1;
+  for (int64_t kb = 0; kb * kTileN < stop; ++kb) {
+    const bool live = row[kb] <= P.window;
+    if (live && run < 0) run = kb * kTileN;
+    if (!live && run >= 0) {
+      add(run, kb * kTileN);
+      run = -1;
+    }
+  }
+  if (run >= 0) add(run, stop);
+}
+
+// The columns of row i of a span [j0, j1) that causality allows: [j0, min(j1, i + 1)).
+SK_INLINE int64_t causal_stop(const Problem& P, int64_t i, int64_t j1) {
+  return P.causal ? std::min(j1, i + 1) : j1;
+}
+
+// ------------------------------------------------------------------------------------------------ forward
+
+// Tasks [begin, end) of the flattened (b, h, query block).
+SK_INLINE void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
+  SequentialBlas sequential;
+  // Scratch from torch's allocator (counted by its memory statistics and profiler like any tensor).
+  at::Tensor scratch = at::empty({P.block_m * (P.span + P.Dv + 2)}, at::TensorOptions().dtype(at::kFloat));
+  float* const scores = scratch.data_ptr<float>();
+  float* const acc = scores + P.block_m * P.span;
+  float* const row_max = acc + P.block_m * P.Dv;
+  float* const row_sum = row_max + P.block_m;
+  std::vector<int64_t> spans;
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t qb = task % P.nQ, bh = task / P.nQ, h = bh % P.H, b = bh / P.H;
+    const int64_t L = P.length(b), i0 = qb * P.block_m;
+    const int64_t rows = std::max<int64_t>(0, std::min(i0 + P.block_m, L) - i0);
+    const int64_t block_rows = std::min(P.block_m, P.N - i0);
+    float* out = P.out + (bh * P.N + i0) * P.Dv;
+    float* lse = P.lse + bh * P.N + i0;
+    std::fill(out, out + block_rows * P.Dv, 0.f);
+    std::fill(lse, lse + block_rows, kInf);
+    if (rows == 0) continue;
+    const float* q = P.q + b * P.q_b + h * P.q_h + i0 * P.q_n;
+    const float* k = P.k + b * P.k_b + h * P.k_h;
+    const float* v = P.v + b * P.v_b + h * P.v_h;
+    const float* lut = P.lut + h * P.lut_h;
+    std::fill(row_max, row_max + P.block_m, -kInf);
+    std::fill(row_sum, row_sum + P.block_m, 0.f);
+    std::fill(acc, acc + rows * P.Dv, 0.f);
+    key_spans(P, b, qb, i0, rows, spans);
+    for (size_t s = 0; s < spans.size(); s += 2) {
+      const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
+      gemm(false, true, rows, width, P.D, 1.f, q, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, scores, P.span);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* t = scores + r * P.span;
+        const int64_t n = causal_stop(P, i, j1) - j0;
+        if (n < width) std::fill(t + std::max<int64_t>(n, 0), t + width, 0.f);
+        if (n <= 0) continue;
+        const float block_max = biased_scores(t, P.dist + b * P.d_b + i * P.d_i + j0, lut, P.scale2, n);
+        const float new_max = std::max(row_max[r], block_max);
+        const float shift = new_max == -kInf ? 0.f : new_max;
+        const float alpha = exp2_scalar(row_max[r] - shift);
+        const float sum = exp2_shifted(t, shift, n);
+        row_sum[r] = row_sum[r] * alpha + sum;
+        row_max[r] = new_max;
+        if (alpha != 1.f) {
+          float* a = acc + r * P.Dv;
+          for (int64_t c = 0; c < P.Dv; ++c) a[c] *= alpha;
+        }
+      }
+      gemm(false, false, rows, P.Dv, width, 1.f, scores, P.span, v + j0 * P.v_n, P.v_n, 1.f, acc, P.Dv);
+    }
+    // Epilogue: normalise; a row without an allowed key stays 0 with lse = +inf.
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!(row_sum[r] > 0.f)) continue;
+      const float inv = 1.f / row_sum[r];
+      const float* a = acc + r * P.Dv;
+      float* o = out + r * P.Dv;
+      for (int64_t c = 0; c < P.Dv; ++c) o[c] = a[c] * inv;
+      lse[r] = row_max[r] + std::log2(row_sum[r]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ backward
+
+// Tasks [begin, end) of the flattened (b, h); see the top of the file.
+SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end) {
+  SequentialBlas sequential;
+  const int64_t band = std::max<int64_t>(P.N, 1);
+  // Scratch from torch's allocator: P and dP/dS of a query block's keys, its dQ, delta, the distance stripes.
+  at::Tensor scratch = at::empty({P.block_m * (2 * band + P.D + 1) + 8 * 256}, at::TensorOptions().dtype(at::kFloat));
+  float* const probs = scratch.data_ptr<float>();
+  float* const grads = probs + P.block_m * band;
+  float* const dq_block = grads + P.block_m * band;
+  float* const delta = dq_block + P.block_m * P.D;
+  float* const stripes = delta + P.block_m;
+  std::vector<int64_t> spans;
+  for (int64_t bh = begin; bh < end; ++bh) {
+    const int64_t h = bh % P.H, b = bh / P.H, L = P.length(b);
+    const float* q = P.q + b * P.q_b + h * P.q_h;
+    const float* k = P.k + b * P.k_b + h * P.k_h;
+    const float* v = P.v + b * P.v_b + h * P.v_h;
+    const float* dout = P.dout + b * P.g_b + h * P.g_h;
+    const float* lut = P.lut + h * P.lut_h;
+    const float* lse = P.lse + bh * P.N;
+    float* dq = P.dq + bh * P.N * P.D;
+    float* dk = P.dk + bh * P.N * P.D;
+    float* dv = P.dv + bh * P.N * P.Dv;
+    double* hist = P.hist != nullptr ? P.hist + bh * 256 : nullptr;
+    for (int64_t qb = 0; qb * P.block_m < L; ++qb) {
+      const int64_t i0 = qb * P.block_m, rows = std::min(i0 + P.block_m, L) - i0;
+      const float* q_blk = q + i0 * P.q_n;
+      const float* do_blk = dout + i0 * P.g_n;
+      key_spans(P, b, qb, i0, rows, spans);
+      if (spans.empty()) continue;
+      // Pass A: P and dP of every live key, and delta = rowsum(P * dP).
+      std::fill(delta, delta + P.block_m, 0.f);
+      for (size_t s = 0; s < spans.size(); s += 2) {
+        const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
+        gemm(false, true, rows, width, P.D, 1.f, q_blk, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, probs + j0, band);
+        gemm(false, true, rows, width, P.Dv, 1.f, do_blk, P.g_n, v + j0 * P.v_n, P.v_n, 0.f, grads + j0,
+             band);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          float* p = probs + r * band + j0;
+          const int64_t n = causal_stop(P, i, j1) - j0;
+          if (n < width) std::fill(p + std::max<int64_t>(n, 0), p + width, 0.f);
+          if (n > 0) delta[r] += probabilities(p, grads + r * band + j0, P.dist + b * P.d_b + i * P.d_i + j0,
+                                               lut, P.scale2, lse[i], n);
+        }
+      }
+      // Pass B: dS over dP, its sums by distance, and the gradient products.
+      if (hist != nullptr) std::fill(stripes, stripes + 8 * 256, 0.f);
+      for (size_t s = 0; s < spans.size(); s += 2) {
+        const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          float* ds = grads + r * band + j0;
+          score_gradients(probs + r * band + j0, ds, delta[r], width);
+          if (hist == nullptr) continue;
+          const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0;
+          const int64_t n = causal_stop(P, i, j1) - j0;
+          int64_t j = 0;
+          for (; j + 8 <= n; j += 8) {
+            for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += ds[j + l];
+          }
+          for (; j < n; ++j) stripes[(j & 7) * 256 + d[j]] += ds[j];
+        }
+        gemm(true, false, width, P.Dv, rows, 1.f, probs + j0, band, do_blk, P.g_n, 1.f, dv + j0 * P.Dv, P.Dv);
+        gemm(true, false, width, P.D, rows, P.scale, grads + j0, band, q_blk, P.q_n, 1.f, dk + j0 * P.D,
+             P.D);
+        gemm(false, false, rows, P.D, width, P.scale, grads + j0, band, k + j0 * P.k_n, P.k_n,
+             s == 0 ? 0.f : 1.f, dq_block, P.D);
+      }
+      std::copy(dq_block, dq_block + rows * P.D, dq + i0 * P.D);
+      if (hist != nullptr) {
+        for (int64_t d = 0; d < 256; ++d) {
+          float sum = 0.f;
+          for (int64_t l = 0; l < 8; ++l) sum += stripes[l * 256 + d];
+          hist[d] += sum;
+        }
+      }
+    }
+  }
+}
+
+SK_DEFINE_PASS(forward_tasks)
+SK_DEFINE_PASS(backward_tasks)
+
+// Tasks per chunk of the thread pool: at least ~1M multiply-adds, so that a small call runs on the calling thread
+// instead of waking (and leaving spinning) the pool's threads. `work` is one task's multiply-adds.
+int64_t grain(int64_t work) { return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(work, 1)); }
+
+// ------------------------------------------------------------------------------------------------ window tiles
+
+// The smallest distance of every block_m x kTileN tile: uint8 [B, nQ, nK].
+at::Tensor tile_minima(const at::Tensor& distance, int64_t block_m, int64_t nQ, int64_t nK) {
+  const int64_t B = distance.size(0), N = distance.size(1);
+  at::Tensor minima = at::empty({B, nQ, nK}, at::TensorOptions().dtype(at::kByte));
+  const uint8_t* dist = distance.data_ptr<uint8_t>();
+  uint8_t* out = minima.data_ptr<uint8_t>();
+  const int64_t d_b = distance.stride(0), d_i = distance.stride(1);
+  at::parallel_for(0, B * nQ, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> row(static_cast<size_t>(std::max<int64_t>(N, 1)));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / nQ, qb = task % nQ;
+      std::fill(row.begin(), row.end(), uint8_t(255));
+      for (int64_t i = qb * block_m; i < std::min(N, (qb + 1) * block_m); ++i) {
+        const uint8_t* d = dist + b * d_b + i * d_i;
+        for (int64_t j = 0; j < N; ++j) row[j] = std::min(row[j], d[j]);
+      }
+      for (int64_t kb = 0; kb < nK; ++kb) {
+        const auto first = row.begin() + kb * kTileN;
+        out[task * nK + kb] = *std::min_element(first, row.begin() + std::min(N, (kb + 1) * kTileN));
+      }
+    }
+  });
+  return minima;
+}
+
+// ------------------------------------------------------------------------------------------------ checks
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& distance,
+                  const at::Tensor& lut, const at::Tensor& lengths) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.size(0) == q.size(0) &&
+                  v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "q, k must be [B, H, N, D] and v [B, H, N, Dv]");
+  for (const at::Tensor* t : {&q, &k, &v, &distance, &lut, &lengths}) {
+    TORCH_CHECK(t->device().is_cpu(), "the CPU bias-attention kernels take CPU tensors");
+  }
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "the CPU bias-attention kernels take float32, bfloat16 or float16");
+  TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype, "q, k, v must share a dtype");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  TORCH_CHECK(distance.scalar_type() == at::kByte && distance.dim() == 3 && distance.size(0) == B &&
+                  distance.size(1) == N && distance.size(2) == N,
+              "distance must be uint8 [B, N, N]");
+  TORCH_CHECK(lut.scalar_type() == at::kFloat && lut.dim() == 2 && lut.size(1) == 256 &&
+                  (lut.size(0) == 1 || lut.size(0) == H),
+              "lut must be float32 [1 or H, 256]");
+  TORCH_CHECK(lengths.scalar_type() == at::kInt && lengths.dim() == 1 && lengths.size(0) == B,
+              "lengths must be int32 [B]");
+}
+
+// fp32 with a contiguous last dim and rows at least a row apart (what the matrix products read).
+at::Tensor as_rows(const at::Tensor& t) {
+  at::Tensor f = t.scalar_type() == at::kFloat ? last_dim_contiguous(t) : t.to(at::kFloat).contiguous();
+  // A size-1 dim may carry any stride (contiguous() keeps it): the BLAS needs row strides of at least a row.
+  if (f.stride(2) < f.size(3)) f = at::empty(f.sizes(), f.options()).copy_(f);
+  return f;
+}
+
+Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& distance,
+                     const at::Tensor& lut, const at::Tensor& lengths, double scale, int64_t window, bool causal,
+                     int64_t block_m, int64_t span) {
+  Problem P{};
+  P.block_m = block_m, P.span = span;
+  P.B = q.size(0), P.H = q.size(1), P.N = q.size(2), P.D = q.size(3), P.Dv = v.size(3);
+  P.nQ = (P.N + P.block_m - 1) / P.block_m;
+  P.nK = (P.N + kTileN - 1) / kTileN;
+  P.q = q.data_ptr<float>(), P.k = k.data_ptr<float>(), P.v = v.data_ptr<float>();
+  P.q_b = q.stride(0), P.q_h = q.stride(1), P.q_n = q.stride(2);
+  P.k_b = k.stride(0), P.k_h = k.stride(1), P.k_n = k.stride(2);
+  P.v_b = v.stride(0), P.v_h = v.stride(1), P.v_n = v.stride(2);
+  P.dist = distance.data_ptr<uint8_t>();
+  P.d_b = distance.stride(0), P.d_i = distance.stride(1);
+  P.lut = lut.data_ptr<float>();
+  P.lut_h = lut.size(0) > 1 ? lut.stride(0) : 0;
+  P.lengths = lengths.data_ptr<int32_t>();
+  P.window = window;
+  P.causal = causal;
+  P.scale = static_cast<float>(scale);
+  P.scale2 = static_cast<float>(scale) * kLog2e;
+  return P;
+}
+
+}  // namespace
+
+void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& distance_in, const at::Tensor& lut_in, const at::Tensor& lengths_in,
+                                double scale, int64_t window, bool causal, at::Tensor& out, at::Tensor& lse) {
+  check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
+  const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), Dv = v_in.size(3);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == q_in.scalar_type() && out.dim() == 4 && out.size(0) == B &&
+                  out.size(1) == H && out.size(2) == N && out.size(3) == Dv,
+              "out must be a contiguous [B, H, N, Dv] tensor in q's dtype");
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == at::kFloat && lse.numel() == B * H * N,
+              "lse must be a contiguous float32 [B, H, N] tensor");
+  if (B * H * N == 0) return;
+  TORCH_CHECK(q_in.size(3) > 0 && Dv > 0, "the CPU bias-attention kernels need head dims of at least 1");
+  const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in);
+  const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
+  const at::Tensor lengths = lengths_in.contiguous();
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kForwardBlockM, kForwardSpan);
+  at::Tensor minima;
+  if (window >= 0) {
+    minima = tile_minima(distance, P.block_m, P.nQ, P.nK);
+    P.tile_min = minima.data_ptr<uint8_t>();
+  }
+  at::Tensor out32 = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  advise_huge_pages(out32);
+  P.out = out32.data_ptr<float>();
+  P.lse = lse.data_ptr<float>();
+  {
+    pybind11::gil_scoped_release release;
+    at::parallel_for(0, B * H * P.nQ, grain(P.block_m * N * (P.D + Dv)), [&](int64_t begin, int64_t end) {
+      SK_RUN_PASS(forward_tasks, P, begin, end);
+    });
+  }
+  if (!out32.is_same(out)) out.copy_(out32);
+}
+
+void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                                 const at::Tensor& v_in, const at::Tensor& lse, const at::Tensor& distance_in,
+                                 const at::Tensor& lut_in, const at::Tensor& lengths_in,
+                                 const at::Tensor& bucket_index_in, double scale, int64_t window, bool causal,
+                                 bool table_grad, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                                 at::Tensor& bucket_grad) {
+  check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
+  const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), D = q_in.size(3), Dv = v_in.size(3);
+  TORCH_CHECK(dout_in.sizes() == v_in.sizes() && dout_in.scalar_type() == q_in.scalar_type(),
+              "dout must be [B, H, N, Dv] in q's dtype");
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == at::kFloat && lse.numel() == B * H * N,
+              "lse must be the forward's contiguous float32 [B, H, N] tensor");
+  for (const at::Tensor* g : {&dq, &dk}) {
+    TORCH_CHECK(g->is_contiguous() && g->scalar_type() == q_in.scalar_type() && g->sizes() == q_in.sizes(),
+                "dq and dk must be contiguous [B, H, N, D] tensors in q's dtype");
+  }
+  TORCH_CHECK(dv.is_contiguous() && dv.scalar_type() == q_in.scalar_type() && dv.sizes() == v_in.sizes(),
+              "dv must be a contiguous [B, H, N, Dv] tensor in q's dtype");
+  const at::Tensor bucket_index = bucket_index_in.to(at::kLong).contiguous();
+  TORCH_CHECK(bucket_index.numel() == 256, "bucket_index must hold 256 entries");
+  const int64_t rows = lut_in.size(0), T = bucket_grad.dim() == 2 ? bucket_grad.size(1) : -1;
+  TORCH_CHECK(bucket_grad.is_contiguous() && bucket_grad.scalar_type() == at::kFloat && bucket_grad.dim() == 2 &&
+                  bucket_grad.size(0) == rows,
+              "bucket_grad must be a contiguous float32 [1 or H, T] tensor");
+  const int64_t* bucket_of = bucket_index.data_ptr<int64_t>();
+  for (int64_t d = 0; d < 256; ++d) {
+    TORCH_CHECK(bucket_of[d] >= 0 && bucket_of[d] < T, "bucket_index[", d, "] = ", bucket_of[d], " is outside 0..",
+                T - 1);
+  }
+  bucket_grad.zero_();
+  if (B * H * N == 0) {
+    dq.zero_(), dk.zero_(), dv.zero_();
+    return;
+  }
+  TORCH_CHECK(D > 0 && Dv > 0, "the CPU bias-attention kernels need head dims of at least 1");
+  const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in), dout = as_rows(dout_in);
+  const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
+  const at::Tensor lengths = lengths_in.contiguous();
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kBackwardBlockM, kBackwardSpan);
+  at::Tensor minima;
+  if (window >= 0) {
+    minima = tile_minima(distance, P.block_m, P.nQ, P.nK);
+    P.tile_min = minima.data_ptr<uint8_t>();
+  }
+  P.lse = const_cast<float*>(lse.data_ptr<float>());
+  P.dout = dout.data_ptr<float>();
+  P.g_b = dout.stride(0), P.g_h = dout.stride(1), P.g_n = dout.stride(2);
+  auto accumulator = [](at::Tensor& g) {
+    at::Tensor acc = g.scalar_type() == at::kFloat ? g : at::empty(g.sizes(), g.options().dtype(at::kFloat));
+    advise_huge_pages(acc);
+    acc.zero_();
+    return acc;
+  };
+  at::Tensor dq32 = accumulator(dq), dk32 = accumulator(dk), dv32 = accumulator(dv);
+  P.dq = dq32.data_ptr<float>(), P.dk = dk32.data_ptr<float>(), P.dv = dv32.data_ptr<float>();
+  at::Tensor hist;
+  if (table_grad) {
+    hist = at::zeros({B * H, 256}, at::TensorOptions().dtype(at::kDouble));
+    P.hist = hist.data_ptr<double>();
+  }
+  {
+    pybind11::gil_scoped_release release;
+    at::parallel_for(0, B * H, grain(2 * N * N * (D + Dv)), [&](int64_t begin, int64_t end) {
+      SK_RUN_PASS(backward_tasks, P, begin, end);
+    });
+  }
+  if (!dq32.is_same(dq)) dq.copy_(dq32);
+  if (!dk32.is_same(dk)) dk.copy_(dk32);
+  if (!dv32.is_same(dv)) dv.copy_(dv32);
+  if (table_grad) {
+    // Fold the tasks' distance sums into buckets, (b, h) in order: the same bits for any thread count.
+    std::vector<double> sums(static_cast<size_t>(rows * T), 0.0);
+    const double* h_sums = hist.data_ptr<double>();
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      double* row = sums.data() + (rows > 1 ? bh % H : 0) * T;
+      for (int64_t d = 0; d < 256; ++d) row[bucket_of[d]] += h_sums[bh * 256 + d];
+    }
+    float* g = bucket_grad.data_ptr<float>();
+    for (int64_t e = 0; e < rows * T; ++e) g[e] = static_cast<float>(sums[static_cast<size_t>(e)]);
+  }
+}
+
+}  // namespace syntaxkernels

@@ -1,0 +1,39 @@
+// CPU distance-bias attention (ATen): for every (batch b, head h, query i) a softmax over the allowed keys j of
+//     s_ij = scale * q[b, h, i] . k[b, h, j] + lut[h, distance[b, i, j]] / log2(e),
+// out[b, h, i] = sum_j p_ij v[b, h, j]. The LUT is the Triton kernels' (ops/bias_attention.py, bias_lut): fp32
+// [H or 1, 256], log2 domain, c * table[bucket(d)] * log2(e), -inf for distances past the window. Allowed pairs:
+// i, j < lengths[b], j <= i when causal, finite LUT entry. Rows past the length and rows without an allowed key
+// output 0 with zero gradients.
+//
+// Tiles of 128 queries x up to 512 keys (backward: 64 x 256), an online softmax in the log2 domain (one exp2 per
+// score), the bias gathered from the LUT per score: no [N, N] buffer per head. Matrix products through the BLAS
+// torch links (MKL's sgemm_ when torch exports it, else at::addmm), one thread each; the rest vectorised (AVX2+FMA
+// chosen at run time). With a window, key tiles without a pair inside it are skipped (one pass over the distance per call).
+// fp32 kernels; bf16 and fp16 inputs are converted to fp32 once per call (fp32 accumulation), outputs back.
+// Deterministic: every output element has one writer and every sum a fixed order, whatever the thread count.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace syntaxkernels {
+
+// q, k [B, H, N, D]; v [B, H, N, Dv] (float32, bfloat16 or float16, one dtype; last dim contiguous, other strides
+// free); distance uint8 [B, N, N]; lut float32 [1 or H, 256]; lengths int32 [B]. window < 0: none (the LUT holds it;
+// here it only enables tile skipping). Writes out [B, H, N, Dv] (q's dtype, contiguous) and lse [B, H, N] (float32,
+// contiguous; log2 of the row's softmax denominator at the log2-domain scores, +inf for an empty row).
+void bias_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& distance, const at::Tensor& lut, const at::Tensor& lengths,
+                                double scale, int64_t window, bool causal, at::Tensor& out, at::Tensor& lse);
+
+// Gradients of the forward from dout [B, H, N, Dv] (last dim contiguous) and the forward's lse: dq, dk [B, H, N, D],
+// dv [B, H, N, Dv] (q's dtype, contiguous) and, when table_grad, bucket_grad float32 [1 or H, T] (like the LUT's
+// rows): the sums of dS (the gradient of the natural-log scores) over the pairs whose distance d has
+// bucket_index[d] == t (bucket_index int64 [256]); d table = c * bucket_grad, d c = sum(table * bucket_grad).
+// The row term delta_i = sum_j p_ij dp_ij is formed from the recomputed tile (the output is not read back).
+void bias_attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& lse, const at::Tensor& distance,
+                                 const at::Tensor& lut, const at::Tensor& lengths, const at::Tensor& bucket_index,
+                                 double scale, int64_t window, bool causal, bool table_grad, at::Tensor& dq,
+                                 at::Tensor& dk, at::Tensor& dv, at::Tensor& bucket_grad);
+
+}  // namespace syntaxkernels

@@ -1,0 +1,145 @@
+"""Distance-bias attention on the CPU: the fused C++ kernels (``csrc/bias_attention.cpp``), forward and backward.
+
+``softmax(q k^T * scale + c * table[bucket(d)]) v`` over the allowed pairs, as
+:func:`syntaxkernels.reference.syntax_bias_attention`, without an ``[N, N]`` tensor per head: tiles of 128 queries x
+up to 512 keys (backward 64 x 256) with an online softmax, the bias gathered per score from the Triton kernels'
+per-head 256-entry LUT (:func:`syntaxkernels.ops.bias_attention.bias_lut`: log2 domain, ``-inf`` past the window);
+matrix products through
+the BLAS torch links, the rest vectorised (AVX2+FMA chosen at run time); key tiles with no pair inside the window
+skipped. The backward gives dq, dk, dv and the per-bucket sums of dS, from which the table and bias-scale gradients
+follow (``d table = c * G``, ``d c = sum(table * G)``). Deterministic: the same bits run to run and for any thread
+count (every output has one writer, every sum a fixed order).
+
+Limits: CPU tensors; float32, bfloat16 and float16 (computed in float32; bf16/fp16 inputs are converted once per
+call); float64 runs the reference; any head dim >= 1, any N. Parallel over batch, heads and query blocks in the
+forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool. The LUT
+builder lives in :mod:`.bias_attention`, which imports triton: without triton the package's fallback runs the
+reference on the CPU too.
+
+Layers: ``torch.library`` ops ``syntaxkernels::bias_attention_cpu_fwd`` / ``_cpu_bwd`` (with fake implementations),
+the autograd Function :class:`_SyntaxBiasAttentionCPU`, and :func:`cpu_bias_attention`, which
+:func:`syntaxkernels.syntax_bias_attention` calls for CPU tensors under ``backend="auto"``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .. import _ext
+from ..specs import BucketSpec
+from .bias_attention import _bucket_lut, _int32_lengths, _spec, bias_lut, bucket_args
+
+__all__ = ["cpu_bias_attention", "cpu_kernels_take", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
+
+#: Dtypes the C++ kernels take (float64 runs the reference).
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def cpu_kernels_take(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the C++ kernels run these inputs: CPU tensors of a :data:`CPU_DTYPES` dtype, head dims >= 1, and
+    an extension built with them."""
+    return (q.device.type == "cpu" and q.dtype in CPU_DTYPES and q.shape[-1] > 0 and v.shape[-1] > 0
+            and _ext.available() and hasattr(_ext.load(), "bias_attention_forward"))
+
+
+@torch.library.custom_op("syntaxkernels::bias_attention_cpu_fwd", mutates_args=(), device_types="cpu")
+def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                               lut: torch.Tensor, lengths: torch.Tensor, scale: float, window: int,
+                               causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """C++ forward: ``(out [B, H, N, Dv] in q's dtype, lse2 float32 [B, H, N])`` (log2, +inf for empty rows).
+
+    Args: q, k ``[B, H, N, D]``, v ``[B, H, N, Dv]`` (last dim contiguous, other strides free); distance uint8
+    ``[B, N, N]``; lut float32 ``[1 or H, 256]`` (:func:`bias_lut`); lengths int32 ``[B]``; window -1 for none
+    (the LUT holds it; here it enables tile skipping); causal: only ``j <= i``.
+    """
+    B, H, N, _ = q.shape
+    out = torch.empty((B, H, N, v.shape[-1]), dtype=q.dtype)
+    lse = torch.empty((B, H, N), dtype=torch.float32)
+    _ext.load().bias_attention_forward(q, k, v, distance, lut, lengths, float(scale), int(window), bool(causal),
+                                       out, lse)
+    return out, lse
+
+
+@bias_attention_cpu_forward.register_fake
+def _(q, k, v, distance, lut, lengths, scale, window, causal):
+    B, H, N, _ = q.shape
+    return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("syntaxkernels::bias_attention_cpu_bwd", mutates_args=(), device_types="cpu")
+def bias_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, lengths: torch.Tensor,
+                                bucket_index: torch.Tensor, num_buckets: int, scale: float, window: int, causal: bool,
+                                table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """C++ backward: ``(dq, dk, dv, G)``, G float32 ``[1 or H, num_buckets]`` the per-bucket sums of dS (zeros
+    unless ``table_grad``); ``bucket_index`` int64 ``[256]`` is ``BucketSpec.lut()``. Other arguments as the
+    forward's, plus ``dout`` (like out, any strides) and the forward's ``lse``."""
+    dq = torch.empty(q.shape, dtype=q.dtype)
+    dk = torch.empty(k.shape, dtype=q.dtype)
+    dv = torch.empty(v.shape, dtype=q.dtype)
+    bucket_grad = torch.empty((lut.shape[0], num_buckets), dtype=torch.float32)
+    _ext.load().bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, float(scale),
+                                        int(window), bool(causal), bool(table_grad), dq, dk, dv, bucket_grad)
+    return dq, dk, dv, bucket_grad
+
+
+@bias_attention_cpu_backward.register_fake
+def _(dout, q, k, v, lse, distance, lut, lengths, bucket_index, num_buckets, scale, window, causal, table_grad):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((lut.shape[0], num_buckets), dtype=torch.float32))
+
+
+class _SyntaxBiasAttentionCPU(torch.autograd.Function):
+    """Autograd over the two C++ ops; gradients for q, k, v, the table and a tensor ``bias_scale`` (the table and
+    bias-scale gradients from the per-bucket sums, as ``_SyntaxBiasAttention`` does on the Triton path)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec):
+        spec = _spec(*bucket_spec)
+        lut = bias_lut(table, bias_scale, spec, window)
+        out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(q, k, v, distance, lut, lengths, scale, window,
+                                                                  causal)
+        ctx.save_for_backward(q, k, v, lse, distance, table, bias_scale, lengths, lut)
+        ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lse, distance, table, bias_scale, lengths, lut = ctx.saved_tensors
+        table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
+        spec = _spec(*ctx.bucket_spec)
+        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
+            dout, q, k, v, lse, distance, lut, lengths, _bucket_lut(spec, distance), spec.num_buckets, ctx.scale,
+            ctx.window, ctx.causal, table_grad)
+        bucket_grad = bucket_grad.reshape(table.shape)
+        c = bias_scale.to(torch.float32).reshape(())
+        dtable = (c * bucket_grad).to(table.dtype) if ctx.needs_input_grad[4] else None
+        dscale = None
+        if ctx.needs_input_grad[5]:
+            dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
+        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
+
+
+def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                       table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None,
+                       lengths=None, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+    """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
+    :func:`cpu_kernels_take` true). Same arguments and result; see that function.
+
+    Equivalent PyTorch::
+
+        bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
+        s = (q @ k.transpose(-1, -2)) * scale + bias
+        s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
+        out = torch.nan_to_num(s.softmax(-1)) @ v
+    """
+    lengths = _int32_lengths(lengths, q)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
+        value = 1.0 if bias_scale is None else float(bias_scale)
+        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
+    return _SyntaxBiasAttentionCPU.apply(q, k, v, distance, table, bias_scale, lengths, float(scale),
+                                         -1 if window is None else int(window), bool(causal), bucket_args(buckets))
