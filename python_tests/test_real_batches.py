@@ -335,3 +335,27 @@ def test_a_launch_that_does_not_fit_falls_back_or_says_why(monkeypatch):
         out = sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="auto")
     ref = sk.reference.syntax_bias_attention(*args, buckets=case["buckets"])
     torch.testing.assert_close(out, ref)
+
+
+def test_cpu_kernels_take_padded_rows_and_directed_distances():
+    """backend='auto' on CPU tensors (the fused C++ kernels) reads a TreeBatch's padded distance rows and a
+    directed distance exactly: every gradient against the float64 reference."""
+    from conftest import HAS_EDGE_CPP
+
+    if not HAS_EDGE_CPP:
+        pytest.skip("C++ extension not built")
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2, 3, 4, 4, 5], [-1, 0, 1, 2, 2]])
+    directed = torch.randint(0, 256, (2, 11, 11), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    for distance in (trees.distance, directed):
+        assert distance is not directed or not torch.equal(distance, distance.transpose(1, 2))
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(2, 2, 11, 32, generator=gen, dtype=torch.float64) for _ in range(3))
+        table = torch.randn(sk.BucketSpec().num_buckets, generator=gen, dtype=torch.float64)
+        grads = {}
+        for name, dtype, backend in (("cpp", torch.float32, "auto"), ("ref", torch.float64, "reference")):
+            leaves = [t.to(dtype).requires_grad_() for t in (q, k, v, table)]
+            out = sk.syntax_bias_attention(*leaves[:3], distance, leaves[3], buckets=sk.BucketSpec(),
+                                           lengths=trees.lengths, backend=backend)
+            grads[name] = [out] + list(torch.autograd.grad(out.square().sum(), leaves))
+        for got, want in zip(grads["cpp"], grads["ref"]):
+            torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)

@@ -184,7 +184,7 @@ def _version(module: str) -> str:
 def _backends(torch, cuda: bool) -> List[tuple]:
     """(what, on CPU tensors, on CUDA tensors) for the tree builder and every public fused op, backend="auto"."""
     from . import _ext, ops
-    from .ops._dispatch import resolve_backend, triton_status
+    from .ops._dispatch import kernels_or_reference, resolve_backend, triton_status, triton_unsupported
 
     from .ops.edge_attention import resolve_edge_backend
 
@@ -212,13 +212,23 @@ def _backends(torch, cuda: bool) -> List[tuple]:
                 probe = torch.empty(1, 1, 1, 64)
                 if cpu_kernels_take(probe, probe):
                     on_cpu = "C++ kernels (float64: reference)"
-            on_gpu = names[resolve_backend("auto", torch.device("cuda"))] if cuda else no_cuda
+            on_gpu = no_cuda
+            if cuda:  # what the op itself decides for a typical input (bf16, D = 64) on this GPU
+                probe = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
+                chosen = kernels_or_reference("auto", resolve_backend("auto", probe.device), probe, probe)
+                on_gpu = names[chosen]
         else:  # the edge-list ops: C++ kernels on CPU tensors (bf16, D = 64 stands for a typical input)
             q = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16)
             on_cpu = names[resolve_edge_backend("auto", q, q)]
             on_gpu = names[resolve_edge_backend("auto", q.cuda(), q.cuda())] if cuda else no_cuda
         if cuda and status != "ok":
             on_gpu += " (no Triton)"
+        elif cuda and on_gpu == names["reference"]:  # e.g. a T4 (sm_75): say why
+            probe = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
+            why = triton_unsupported(probe, probe)
+            if why:
+                major, minor = torch.cuda.get_device_capability()
+                on_gpu += f" (sm_{major}{minor}: the kernels need sm_80+)"
         rows.append((name, on_cpu, on_gpu))
     return rows
 
