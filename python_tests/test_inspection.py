@@ -380,9 +380,12 @@ def test_workload_report_lists_every_problem_it_flags():
     spill = _report("sentences bf16 D64", "_bias_bwd_dkdv_kernel", stack_bytes=360, shared_bytes=1000,
                     shared_limit=232448)
     big = _report("sentences bf16 D64", shared_bytes=122880, shared_limit=101376)
-    broken = I.KernelReport("bias_attention", "sentences bf16 D64", "_bias_fwd_kernel", 75, error="boom")
+    broken = I.KernelReport("bias_attention", "sentences bf16 D64", "_bias_fwd_kernel", 86, error="boom")
     problems = I.workload_problems([spill, big, broken])
     assert len(problems) == 3 and "360 B" in problems[0] and "101376" in problems[1] and "boom" in problems[2]
+    # A GPU without Triton configs (sm_75: the ops run the reference) is reported as such, not as a problem.
+    t4 = I.KernelReport("bias_attention", "sentences bf16 D64", "(call)", 75, error="no Triton configs")
+    assert I.workload_problems([t4]) == [] and I.workload_unsupported([t4, spill]) == [75]
     text = I.format_workload_reports([spill, big, broken])
     assert "ERROR boom" in text and all(len(line) <= 100 for line in text.splitlines())
     spill_line, big_line = [l for l in text.splitlines() if l.startswith("sentences bf16 D64")][:2]

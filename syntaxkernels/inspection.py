@@ -1158,9 +1158,13 @@ def _kib(value: int) -> str:
 def workload_problems(reports: Iterable[KernelReport]) -> List[str]:
     """What a workload inspection found wrong: launches that do not compile, spills, shared memory over the
     family's limit. Every report counts (the workload cases have no known exceptions)."""
+    from .ops._primitives import arch_family
+
     problems = []
     for r in reports:
         where = f"sm_{r.arch} {r.case} {r.kernel}"
+        if r.error and arch_family(r.arch) == "unsupported":
+            continue  # no Triton configs by design: the ops run the reference there (see workload_unsupported)
         if r.error:
             problems.append(f"{where}: does not compile: {r.error}")
             continue
@@ -1170,6 +1174,14 @@ def workload_problems(reports: Iterable[KernelReport]) -> List[str]:
         if r.over_shared_limit:
             problems.append(f"{where}: {r.shared_bytes} B of shared memory, sm_{r.arch} allows {r.shared_limit} B")
     return problems
+
+
+def workload_unsupported(reports: Iterable[KernelReport]) -> List[int]:
+    """The inspected GPUs that have no Triton configs (``arch_family(arch) == "unsupported"``: sm_75 and older),
+    where ``backend="auto"`` runs the reference and ``"triton"`` raises a ValueError."""
+    from .ops._primitives import arch_family
+
+    return sorted({r.arch for r in reports if arch_family(r.arch) == "unsupported"})
 
 
 def _kernel_label(kernel: str) -> str:
