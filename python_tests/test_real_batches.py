@@ -329,8 +329,11 @@ def test_a_launch_that_does_not_fit_falls_back_or_says_why(monkeypatch):
     args = [case[n].to(DEVICE) for n in ("q", "k", "v", "distance", "table")]
     with pytest.raises(P.KernelDoesNotFit, match="does not fit this GPU.*shared memory.*backend='reference'"):
         sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="triton")
-    # "auto" picks the kernels only for CUDA tensors: emulate that choice here.
+    # "auto" picks the Triton kernels only for CUDA tensors (the C++ ones on CPU): emulate that choice here.
+    from syntaxkernels.ops import bias_attention_cpu
+
     monkeypatch.setattr(ba, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(bias_attention_cpu, "cpu_kernels_take", lambda q, v: False)
     with pytest.warns(RuntimeWarning, match="runs the reference on this GPU"):
         out = sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="auto")
     ref = sk.reference.syntax_bias_attention(*args, buckets=case["buckets"])
@@ -359,3 +362,28 @@ def test_cpu_kernels_take_padded_rows_and_directed_distances():
             grads[name] = [out] + list(torch.autograd.grad(out.square().sum(), leaves))
         for got, want in zip(grads["cpp"], grads["ref"]):
             torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
+
+
+def test_cpu_bias_backward_fake_has_the_real_strides():
+    """The fake of the C++ bias backward returns what the real op returns (contiguous gradients), also for the
+    transposed q, k, v the modules pass: torch.compile's backward graph relies on it."""
+    from conftest import HAS_EDGE_CPP
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not HAS_EDGE_CPP:
+        pytest.skip("C++ extension not built")
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2], [-1, 0, 1]])
+    x = torch.randn(2, 7, 2, 16)
+    q, k, v = (x.transpose(1, 2) for _ in range(3))
+    buckets = sk.BucketSpec()
+    lut = ba.bias_lut(torch.zeros(buckets.num_buckets), torch.ones(1), buckets, -1)
+    lengths = trees.lengths.to(torch.int32)
+    out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(q, k, v, trees.distance, lut, lengths, 0.25, -1, False)
+    args = (torch.randn_like(out), q, k, v, lse, trees.distance, lut, lengths, buckets.lut(), buckets.num_buckets,
+            0.25, -1, False, True)
+    real = torch.ops.syntaxkernels.bias_attention_cpu_bwd(*args)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.syntaxkernels.bias_attention_cpu_bwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                                                                 else a for a in args))
+    for r, f in zip(real, fake):
+        assert r.shape == f.shape and r.stride() == f.stride()

@@ -87,7 +87,8 @@ def bias_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Te
 
 @bias_attention_cpu_backward.register_fake
 def _(dout, q, k, v, lse, distance, lut, lengths, bucket_index, num_buckets, scale, window, causal, table_grad):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+    # Contiguous like the real op's outputs, whatever q, k, v's strides (the modules pass transposed views).
+    return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
             q.new_empty((lut.shape[0], num_buckets), dtype=torch.float32))
 
 
