@@ -370,6 +370,8 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     from conftest import HAS_EDGE_CPP
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from syntaxkernels.ops import bias_attention_cpu  # noqa: F401  (registers the ops)
+
     if not HAS_EDGE_CPP:
         pytest.skip("C++ extension not built")
     trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2], [-1, 0, 1]])
