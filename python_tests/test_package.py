@@ -523,3 +523,17 @@ def test_treebatch_repr_is_a_summary():
     text = repr(big)
     assert text == ("TreeBatch(batch_size=2001, max_len=3, lengths min/mean/max=1/2.0/3, tokens=4002, "
                     "cached_lists=1, device=cpu)"), text
+
+
+def test_bench_prints_the_data_of_rows_that_carry_a_note(capsys):
+    """A bench row with figures and a note shows its figures in the table and its note once, under it; a row that
+    is only a note is a note (and is not counted as a row)."""
+    from syntaxkernels.__main__ import _print_bench
+
+    rows = [dict(bench="b", kernel="fwd", instr=14.6, note="model, not a measurement"),
+            dict(bench="b", kernel="dq", instr=14.4, note="model, not a measurement"),
+            dict(bench="b", provider="C++", note="only a note")]
+    _print_bench(rows)
+    out = capsys.readouterr().out
+    assert "14.6" in out and "14.4" in out
+    assert out.count("model, not a measurement") == 1 and "C++: note: only a note" in out

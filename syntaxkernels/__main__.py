@@ -390,11 +390,13 @@ def _print_bench(rows: List[dict]) -> None:
         groups.setdefault(r["bench"], []).append(r)
     for name, group in groups.items():
         print(f"\n{name}")
-        notes = [r for r in group if "skipped" in r or "error" in r or "note" in r]
-        table = [r for r in group if r not in notes]
+        # A row is a note when it has nothing else to show; a data row's own note is printed once, under the table.
+        notes = [r for r in group if "skipped" in r or "error" in r
+                 or ("note" in r and not set(r) - {"bench", "provider", "note"})]
+        table = [r for r in group if not any(r is n for n in notes)]
         columns: List[str] = []
         for r in table:
-            columns += [k for k in r if k != "bench" and k not in columns]
+            columns += [k for k in r if k not in ("bench", "note") and k not in columns]
         constant = [c for c in columns if len(table) > 1 and len({_fmt(r.get(c)) for r in table}) == 1]
         for c in constant:
             for line in textwrap.wrap(f"{c}: {_fmt(table[0].get(c))}", WIDTH - 2, subsequent_indent="    ",
@@ -403,6 +405,10 @@ def _print_bench(rows: List[dict]) -> None:
         if table:
             for line in _table(table, [c for c in columns if c not in constant], indent="  "):
                 print(line)
+        table_notes = list(dict.fromkeys(r["note"] for r in table if "note" in r))
+        for note in table_notes:
+            for line in textwrap.wrap(f"note: {note}", WIDTH - 2):
+                print(f"  {line}")
         for r in notes:
             label = f"{r['provider']}: " if r.get("provider") else ""
             what = (f"skipped: {r['skipped']}" if "skipped" in r else f"note: {r['note']}" if "note" in r
@@ -428,7 +434,7 @@ def _run_bench(args) -> int:
     _print_bench(rows)
     errors = [r for r in rows if "error" in r]
     skipped = [r for r in rows if "skipped" in r]
-    notes = [r for r in rows if "note" in r]
+    notes = [r for r in rows if "note" in r and not set(r) - {"bench", "provider", "note"}]  # as _print_bench
     print(f"\n{len(rows) - len(errors) - len(skipped) - len(notes)} rows, {len(skipped)} skipped, {len(errors)} errors")
     if args.json:
         import json
