@@ -919,13 +919,21 @@ class _SyntaxBiasAttention(torch.autograd.Function):
         dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, ctx.scale, ctx.window, ctx.causal, *ctx.bucket_spec,
             table_grad, ctx.symmetric)
-        bucket_grad = bucket_grad.reshape(table.shape)
-        c = bias_scale.to(torch.float32).reshape(())
-        dtable = (c * bucket_grad).to(table.dtype) if ctx.needs_input_grad[4] else None
-        dscale = None
-        if ctx.needs_input_grad[5]:
-            dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
+        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None
+
+
+def table_gradients(bucket_grad: torch.Tensor, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
+                    want_scale: bool):
+    """``(d table, d bias_scale)`` (None where not wanted) from the per-bucket sums of dS ``G`` (``[H or 1, T]``,
+    what the backward kernels return): ``d table = c * G`` and ``d c = sum_t table[t] * G[t]``."""
+    bucket_grad = bucket_grad.reshape(table.shape)
+    c = bias_scale.to(torch.float32).reshape(())
+    dtable = (c * bucket_grad).to(table.dtype) if want_table else None
+    dscale = None
+    if want_scale:
+        dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
+    return dtable, dscale
 
 
 class _LutAttention(torch.autograd.Function):

@@ -29,7 +29,7 @@ import torch
 
 from .. import _ext
 from ..specs import BucketSpec
-from .bias_attention import _bucket_lut, _int32_lengths, _spec, bias_lut, bucket_args
+from .bias_attention import _bucket_lut, _int32_lengths, _spec, bias_lut, bucket_args, table_gradients
 
 __all__ = ["cpu_bias_attention", "cpu_kernels_take", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
 
@@ -114,12 +114,7 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
             dout, q, k, v, lse, distance, lut, lengths, _bucket_lut(spec, distance), spec.num_buckets, ctx.scale,
             ctx.window, ctx.causal, table_grad)
-        bucket_grad = bucket_grad.reshape(table.shape)
-        c = bias_scale.to(torch.float32).reshape(())
-        dtable = (c * bucket_grad).to(table.dtype) if ctx.needs_input_grad[4] else None
-        dscale = None
-        if ctx.needs_input_grad[5]:
-            dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
+        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
 
 
