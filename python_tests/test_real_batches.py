@@ -12,7 +12,7 @@ from syntaxkernels.trees import batch as tb
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import needs_triton
-from test_bias_attention import assert_close_to_reference, check_against_reference, make_case
+from test_bias_attention import check_against_reference, make_case
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -154,12 +154,16 @@ def test_cpu_edge_backward_fake_has_the_real_strides():
     out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, lists.row_ptr, lists.col, R, 0.25)
     args = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr,
             lists.t_col, lists.t_rel, 0.25)
-    real = torch.ops.syntaxkernels.edge_attention_cpu_bwd(*args)
+    _assert_fake_matches_real(torch.ops.syntaxkernels.edge_attention_cpu_bwd, args)
+
+
+def _assert_fake_matches_real(op, args):
+    """``op``'s fake implementation gives its real outputs' shapes and strides for ``args``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    real = op(*args)
     with FakeTensorMode() as mode:
-        fake = torch.ops.syntaxkernels.edge_attention_cpu_bwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
-                                                                 else a for a in args))
+        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     for r, f in zip(real, fake):
         assert r.shape == f.shape and r.stride() == f.stride()
 
@@ -368,7 +372,6 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     """The fake of the C++ bias backward returns what the real op returns (contiguous gradients), also for the
     transposed q, k, v the modules pass: torch.compile's backward graph relies on it."""
     from conftest import HAS_EDGE_CPP
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from syntaxkernels.ops import bias_attention_cpu  # noqa: F401  (registers the ops)
 
@@ -383,9 +386,4 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(q, k, v, trees.distance, lut, lengths, 0.25, -1, False)
     args = (torch.randn_like(out), q, k, v, lse, trees.distance, lut, lengths, buckets.lut(), buckets.num_buckets,
             0.25, -1, False, True)
-    real = torch.ops.syntaxkernels.bias_attention_cpu_bwd(*args)
-    with FakeTensorMode() as mode:
-        fake = torch.ops.syntaxkernels.bias_attention_cpu_bwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
-                                                                 else a for a in args))
-    for r, f in zip(real, fake):
-        assert r.shape == f.shape and r.stride() == f.stride()
+    _assert_fake_matches_real(torch.ops.syntaxkernels.bias_attention_cpu_bwd, args)

@@ -923,6 +923,18 @@ class _SyntaxBiasAttention(torch.autograd.Function):
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None
 
 
+def kernel_arguments(q: torch.Tensor, lengths, scale: Optional[float], bias_scale):
+    """What the fused kernels (Triton and C++) take for the public arguments: int32 lengths on q's device (one
+    tensor per batch, :func:`_int32_lengths`), the float score scale (default ``1 / sqrt(D)``) and the bias
+    strength as a one-element tensor (a number or None becomes a constant one)."""
+    lengths = _int32_lengths(lengths, q)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
+        value = 1.0 if bias_scale is None else float(bias_scale)
+        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
+    return lengths, scale, bias_scale
+
+
 def table_gradients(bucket_grad: torch.Tensor, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
                     want_scale: bool):
     """``(d table, d bias_scale)`` (None where not wanted) from the per-bucket sums of dS ``G`` (``[H or 1, T]``,
@@ -1073,12 +1085,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,
                                                causal=causal)
-    lengths = _int32_lengths(lengths, q)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
-        value = 1.0 if bias_scale is None else float(bias_scale)
-        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
+    lengths, scale, bias_scale = kernel_arguments(q, lengths, scale, bias_scale)
     try:
         return _SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths, float(scale),
                                           -1 if window is None else int(window), bool(causal), bucket_args(buckets),

@@ -22,14 +22,13 @@ the autograd Function :class:`_SyntaxBiasAttentionCPU`, and :func:`cpu_bias_atte
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 
 from .. import _ext
 from ..specs import BucketSpec
-from .bias_attention import _bucket_lut, _int32_lengths, _spec, bias_lut, bucket_args, table_gradients
+from .bias_attention import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
 
 __all__ = ["cpu_bias_attention", "cpu_kernels_take", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
 
@@ -131,11 +130,6 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
         s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
-    lengths = _int32_lengths(lengths, q)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
-        value = 1.0 if bias_scale is None else float(bias_scale)
-        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
+    lengths, scale, bias_scale = kernel_arguments(q, lengths, scale, bias_scale)
     return _SyntaxBiasAttentionCPU.apply(q, k, v, distance, table, bias_scale, lengths, float(scale),
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets))
