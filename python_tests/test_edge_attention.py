@@ -98,6 +98,51 @@ def test_window_lists_match_reference_fp32(backend_device, case):
     check_against_reference(trees_of_kind(kind, 17), window, backend, device, torch.float32)
 
 
+# Small work items split every long row across items (partial segments merged by log-sum-exp, partial dq / dk /
+# dv summed): the paths that on real batches only hub rows ([CLS], long windows) take.
+@needs_triton
+@pytest.mark.parametrize("chunk,kind,which", [(3, "star", MASKS), (2, "packed", MASKS), (1, "forest", MASKS),
+                                              (4, "star", 3), (3, "packed", 254)],
+                         ids=["3-star-relations", "2-packed-relations", "1-forest-relations", "4-star-window3",
+                              "3-packed-window254"])
+def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
+    monkeypatch.setattr(E, "SCHEDULE_CHUNK", chunk)
+    trees = trees_of_kind(kind, 17, seed=12)
+    lists = lists_of(trees, which)
+    schedule = lists.schedule(chunk)
+    assert schedule.dq_slots > 0 and schedule.dk_slots > 0  # some token is split on both sides
+    if which is MASKS or kind == "star":
+        assert schedule.pieces > 0  # some row is split across items
+    check_against_reference(trees, which, "triton", KERNEL_DEVICE, torch.float32)
+
+
+def test_schedule_items_cover_every_edge_once_longest_first():
+    """The work items partition each token's edges (query and key side) into chunks, sorted longest first; the
+    split rows' partial slots are consecutive, in edge order."""
+    from syntaxkernels.trees.batch import build_edge_schedule
+
+    trees = trees_of_kind("star", 23, seed=13)
+    for lists in (trees.relation_lists(MASKS), trees.window_lists(2)):
+        B, R, N = lists.nonempty.shape
+        for chunk in (1, 3, 32):
+            s = build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+            for items, ptr in ((s.q_items, lists.row_ptr), (s.k_items, lists.t_ptr)):
+                token, first, count = items[0].long(), items[1].long(), items[2].long()
+                assert bool((count[:-1] >= count[1:]).all()) and bool((count >= 1).all()) and bool((count <= chunk).all())
+                covered = torch.zeros(lists.num_edges, dtype=torch.int64)
+                for t, f, c in zip(token.tolist(), first.tolist(), count.tolist()):
+                    assert ptr[t * R] <= f and f + c <= ptr[(t + 1) * R]
+                    covered[f:f + c] += 1
+                assert bool((covered == 1).all())
+            # Every piece slot is used by exactly one item end (first or last segment), and the merge lists
+            # hold them all.
+            slots = torch.cat([s.q_items[3], s.q_items[4]])
+            used = torch.unique(slots[slots >= 0])
+            assert used.tolist() == list(range(s.pieces))
+            assert int(s.merge_ptr[-1]) == s.pieces and bool((s.merge_ptr[1:] - s.merge_ptr[:-1] >= 2).all())
+            assert int(s.dq_ptr[-1]) == s.dq_slots and int(s.dk_ptr[-1]) == s.dk_slots
+
+
 @pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device
@@ -211,15 +256,18 @@ def test_cpp_ops_pass_opcheck():
 
 
 @needs_triton
-def test_triton_ops_pass_opcheck():
+@pytest.mark.parametrize("chunk", [32, 2])
+def test_triton_ops_pass_opcheck(chunk):
     lists, q, k, v = _op_args(KERNEL_DEVICE)
+    schedule = lists.schedule(chunk)
     utils = ("test_schema", "test_faketensor")
-    args = (q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.25)
+    args = (q, k, v, lists.col, lists.rel, schedule.tensors(), schedule.sizes(), lists.num_relations, 0.25)
     torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_fwd, args, test_utils=utils)
     out, lse = torch.ops.syntaxkernels.edge_attention_fwd(*args)
     assert out.shape == (3, lists.num_relations, 2, 7, 16) and lse.shape == (3, lists.num_relations, 2, 7)
-    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
-           lists.t_rel, 0.25)
+    assert torch.isinf(lse[~lists.nonempty[:, :, None, :].expand_as(lse)]).all()
+    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.col, lists.rel, lists.t_col, lists.t_rel,
+           schedule.tensors(), schedule.sizes(), 0.25)
     torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_bwd, bwd, test_utils=utils)
 
 

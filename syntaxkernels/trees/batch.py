@@ -43,7 +43,7 @@ from ..specs import MAX_PATH, UNREACHABLE, MaskSpec
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
 __all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors", "EdgeLists",
-           "build_edge_lists", "python_edge_lists", "aligned_distance", "known_symmetric", "mark_symmetric"]
+           "build_edge_lists", "python_edge_lists", "EdgeSchedule", "build_edge_schedule", "EDGE_CHUNK", "aligned_distance", "known_symmetric", "mark_symmetric"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -417,6 +417,10 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     return distance
 
 
+#: Edges per work item of the GPU edge kernels (:class:`EdgeSchedule`): longer rows are split into chunks.
+EDGE_CHUNK = 32
+
+
 @dataclass
 class EdgeLists:
     """Per-row key lists of ``R`` relations over ``B`` sequences of ``N`` tokens (CSR, int32, one device).
@@ -443,6 +447,26 @@ class EdgeLists:
     t_rel: torch.Tensor
     nonempty: torch.Tensor
     names: Tuple[str, ...]
+    _schedules: Dict[int, "EdgeSchedule"] = field(default_factory=dict, repr=False, compare=False)
+    #: Live 64 x 64 tiles of the pairs (host int, counted on the CPU; None until :meth:`tile_count`).
+    live_tiles: Optional[int] = field(default=None, repr=False, compare=False)
+
+    def tile_count(self, tile: int = 64) -> int:
+        """Tiles of ``tile x tile`` (query block, key block) of the ``B`` sequences that hold at least one listed
+        pair (any relation): what a block-sparse dense kernel walks. Counted once on the CPU (``tile = 64``
+        cached in :attr:`live_tiles`; lists on a GPU are copied back for it)."""
+        if tile == 64 and self.live_tiles is not None:
+            return self.live_tiles
+        host = self if self.device.type == "cpu" else self.to("cpu")
+        B, R, N = host.nonempty.shape
+        counts = (host.row_ptr[1:] - host.row_ptr[:-1]).long().view(B, N, R).sum(dim=2)
+        tokens = torch.repeat_interleave(torch.arange(B * N), counts.view(-1))
+        nt = -(-N // tile)
+        ids = ((tokens // N) * nt + (tokens % N) // tile) * nt + host.col.long() // tile
+        found = int(torch.unique(ids).numel())
+        if tile == 64:
+            self.live_tiles = found
+        return found
 
     @property
     def batch_size(self) -> int:
@@ -467,7 +491,26 @@ class EdgeLists:
 
     def _map(self, fn) -> "EdgeLists":
         tensors = (self.row_ptr, self.col, self.rel, self.t_ptr, self.t_col, self.t_rel, self.nonempty)
-        return EdgeLists(*(fn(t) for t in tensors), names=self.names)
+        mapped = EdgeLists(*(fn(t) for t in tensors), names=self.names)
+        mapped._schedules = {key: schedule._map(fn) for key, schedule in self._schedules.items()}
+        mapped.live_tiles = self.live_tiles
+        return mapped
+
+    def schedule(self, chunk: int = EDGE_CHUNK) -> "EdgeSchedule":
+        """The balanced work lists of the GPU kernels (:class:`EdgeSchedule`), built once per chunk size and
+        cached. Built on the CPU; lists on a GPU without a cached schedule are copied back for it (one
+        synchronisation: :meth:`to` builds the default schedule before moving CPU lists to a GPU, so lists
+        from ``TreeCollator`` or ``TreeBatch.to`` never pay it)."""
+        if chunk not in self._schedules:
+            host = self if self.device.type == "cpu" else self.to("cpu")
+            built = build_edge_schedule(host.row_ptr, host.t_ptr, self.batch_size, self.max_len,
+                                        self.num_relations, chunk)
+            self._schedules[chunk] = built if self.device.type == "cpu" else built._map(
+                lambda t: t.to(self.device, non_blocking=True))
+        return self._schedules[chunk]
+
+    def cached_schedule(self, chunk: int = EDGE_CHUNK) -> Optional["EdgeSchedule"]:
+        return self._schedules.get(chunk)
 
     def to(self, *args, **kwargs) -> "EdgeLists":
         """Move every tensor to a device (``lists.to('cuda', non_blocking=True)``); a dtype argument is
@@ -482,6 +525,9 @@ class EdgeLists:
                 non_blocking = arg
         if device is None:
             return self
+        if torch.device(device).type != "cpu" and self.device.type == "cpu":
+            self.schedule()  # on the host, before the move: a GPU call then reads nothing back
+            self.tile_count()
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "EdgeLists":
@@ -500,6 +546,122 @@ class EdgeLists:
     def __repr__(self) -> str:
         return (f"EdgeLists(batch_size={self.batch_size}, max_len={self.max_len}, relations={list(self.names)}, "
                 f"edges={self.num_edges}, device={self.device})")
+
+
+@dataclass
+class EdgeSchedule:
+    """Balanced work lists for the GPU edge kernels over an :class:`EdgeLists` (int32, on the lists' device).
+
+    A *work item* is up to ``chunk`` consecutive edges of one token: on the query side (forward and dQ) the
+    token's edges over every relation (``row_ptr``), on the key side (dK/dV) its transposed edges
+    (``t_ptr``). Tokens with more edges (a ``[CLS]`` root's sibling lists, long windows) are split into chunks
+    of exactly ``chunk`` edges and a shorter last one. The items are ordered by edge count, longest first
+    (stable: ties keep token order), so the ``BLOCK_E`` items a program walks in lockstep have nearly equal
+    lengths: the slots a kernel walks stay close to the real edges.
+
+    Attributes:
+        q_items: ``[6, I]``: per item its token ``b * N + i``, first edge, edge count, the forward's partial
+            slots of its first and last relation segment (-1: that segment is a whole row, written directly)
+            and its dq partial slot (-1: the token is not split).
+        merge_rows, merge_ptr: the rows ``(b * N + i) * R + r`` split across items and, per row, its
+            partial slots ``merge_ptr[k] .. merge_ptr[k + 1]`` (in edge order): the forward merges them by
+            log-sum-exp.
+        dq_tokens, dq_ptr: the split query tokens and their dq partial slots (summed in order).
+        k_items: ``[4, I_k]``: token, first transposed edge, count, dk/dv partial slot.
+        dk_tokens, dk_ptr: the split key tokens and their partial slots.
+        pieces, dq_slots, dk_slots: host ints, the partial buffers' lengths; chunk: the chunk size.
+    """
+
+    q_items: torch.Tensor
+    merge_rows: torch.Tensor
+    merge_ptr: torch.Tensor
+    dq_tokens: torch.Tensor
+    dq_ptr: torch.Tensor
+    k_items: torch.Tensor
+    dk_tokens: torch.Tensor
+    dk_ptr: torch.Tensor
+    pieces: int
+    dq_slots: int
+    dk_slots: int
+    chunk: int
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.q_items, self.merge_rows, self.merge_ptr, self.dq_tokens, self.dq_ptr, self.k_items,
+                self.dk_tokens, self.dk_ptr]
+
+    def sizes(self) -> List[int]:
+        return [self.pieces, self.dq_slots, self.dk_slots]
+
+    def _map(self, fn) -> "EdgeSchedule":
+        return EdgeSchedule(*(fn(t) for t in self.tensors()), self.pieces, self.dq_slots, self.dk_slots,
+                            self.chunk)
+
+
+def _token_chunks(token_ptr: torch.Tensor, chunk: int):
+    """Items of up to ``chunk`` edges per token from per-token edge offsets ``token_ptr`` (int64 [T + 1]):
+    ``(token, first, count, slot, split_tokens, split_ptr, slots)`` in token order; ``slot`` numbers the items
+    of tokens with more than one item (-1 otherwise), consecutively per token."""
+    degree = token_ptr[1:] - token_ptr[:-1]
+    pieces = (degree + chunk - 1) // chunk
+    tokens = torch.arange(degree.numel(), dtype=torch.int64)
+    token = torch.repeat_interleave(tokens, pieces)
+    item_start = torch.cumsum(pieces, 0) - pieces
+    within = torch.arange(token.numel(), dtype=torch.int64) - torch.repeat_interleave(item_start, pieces)
+    first = token_ptr[:-1][token] + within * chunk
+    count = torch.minimum(degree[token] - within * chunk, torch.full_like(first, chunk))
+    split = pieces[token] > 1
+    slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(token, -1))
+    split_tokens = tokens[pieces > 1]
+    split_ptr = torch.zeros(split_tokens.numel() + 1, dtype=torch.int64)
+    split_ptr[1:] = torch.cumsum(pieces[pieces > 1], 0)
+    return token, first, count, slot, split_tokens, split_ptr, int(split.sum())
+
+
+def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
+                        chunk: int = EDGE_CHUNK) -> EdgeSchedule:
+    """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in O(E + B N R)
+    vectorised PyTorch on the CPU."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    i32 = torch.int32
+    row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
+    token_ptr = row_ptr[::R] if R > 1 else row_ptr  # [B * N + 1]: every relation of a token is consecutive
+    token, first, count, dq_slot, dq_tokens, dq_ptr, dq_slots = _token_chunks(token_ptr, chunk)
+    # Forward pieces: the (row, item) runs of the edges; rows spread over several items get partial slots.
+    E = int(row_ptr[-1])
+    rows = B * N * R
+    p_first = torch.full_like(token, -1)
+    p_last = torch.full_like(token, -1)
+    merge_rows = torch.zeros(0, dtype=torch.int64)
+    merge_ptr = torch.zeros(1, dtype=torch.int64)
+    pieces = 0
+    split_items = dq_slot >= 0
+    if E and bool(split_items.any()):
+        edge_row = torch.repeat_interleave(torch.arange(rows, dtype=torch.int64), row_ptr[1:] - row_ptr[:-1])
+        edge_item = torch.repeat_interleave(torch.arange(token.numel(), dtype=torch.int64), count)
+        boundary = torch.ones(E, dtype=torch.bool)
+        boundary[1:] = (edge_row[1:] != edge_row[:-1]) | (edge_item[1:] != edge_item[:-1])
+        piece = torch.cumsum(boundary.long(), 0) - 1
+        piece_row = edge_row[boundary]
+        per_row = torch.bincount(piece_row, minlength=rows)
+        split_piece = per_row[piece_row] > 1
+        piece_slot = torch.where(split_piece, torch.cumsum(split_piece.long(), 0) - 1,
+                                 torch.full_like(piece_row, -1))
+        pieces = int(split_piece.sum())
+        p_first = piece_slot[piece[first]]
+        p_last = piece_slot[piece[first + count - 1]]
+        split_rows = per_row > 1
+        merge_rows = torch.arange(rows, dtype=torch.int64)[split_rows]
+        merge_ptr = torch.zeros(merge_rows.numel() + 1, dtype=torch.int64)
+        merge_ptr[1:] = torch.cumsum(per_row[split_rows], 0)
+    order = torch.argsort(-count, stable=True)
+    q_items = torch.stack([token, first, count, p_first, p_last, dq_slot])[:, order].to(i32).contiguous()
+    k_token, k_first, k_count, k_slot, dk_tokens, dk_ptr, dk_slots = _token_chunks(
+        t_ptr[::R] if R > 1 else t_ptr, chunk)
+    k_order = torch.argsort(-k_count, stable=True)
+    k_items = torch.stack([k_token, k_first, k_count, k_slot])[:, k_order].to(i32).contiguous()
+    return EdgeSchedule(q_items, merge_rows.to(i32), merge_ptr.to(i32), dq_tokens.to(i32), dq_ptr.to(i32),
+                        k_items, dk_tokens.to(i32), dk_ptr.to(i32), pieces, dq_slots, dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
