@@ -111,9 +111,16 @@ def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
     lists = lists_of(trees, which)
     schedule = lists.schedule(chunk)
     assert schedule.dq_slots > 0 and schedule.dk_slots > 0  # some token is split on both sides
-    if which is MASKS or kind == "star":
-        assert schedule.pieces > 0  # some row is split across items
+    assert schedule.pieces > 0  # some row is split across items
     check_against_reference(trees, which, "triton", KERNEL_DEVICE, torch.float32)
+
+
+@needs_triton
+def test_int64_row_offsets_match_reference(monkeypatch):
+    """Row offsets past int32 (huge N x stride) take the int64 path: forced here by lowering the limit."""
+    monkeypatch.setattr(E, "_ROW32_LIMIT", 0)
+    monkeypatch.setattr(E, "SCHEDULE_CHUNK", 3)
+    check_against_reference(trees_of_kind("packed", 15, seed=14), MASKS, "triton", KERNEL_DEVICE, torch.float32)
 
 
 def test_schedule_items_cover_every_edge_once_longest_first():
@@ -126,21 +133,24 @@ def test_schedule_items_cover_every_edge_once_longest_first():
         B, R, N = lists.nonempty.shape
         for chunk in (1, 3, 32):
             s = build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
-            for items, ptr in ((s.q_items, lists.row_ptr), (s.k_items, lists.t_ptr)):
-                token, first, count = items[0].long(), items[1].long(), items[2].long()
+            for items, ptr, per, splits in ((s.f_items, lists.row_ptr, 1, (s.merge_rows, s.merge_ptr, s.pieces)),
+                                            (s.q_items, lists.row_ptr, R, (s.dq_tokens, s.dq_ptr, s.dq_slots)),
+                                            (s.k_items, lists.t_ptr, R, (s.dk_tokens, s.dk_ptr, s.dk_slots))):
+                unit, first, count, slot = (row.long() for row in items)
                 assert bool((count[:-1] >= count[1:]).all()) and bool((count >= 1).all()) and bool((count <= chunk).all())
                 covered = torch.zeros(lists.num_edges, dtype=torch.int64)
-                for t, f, c in zip(token.tolist(), first.tolist(), count.tolist()):
-                    assert ptr[t * R] <= f and f + c <= ptr[(t + 1) * R]
+                for u, f, c in zip(unit.tolist(), first.tolist(), count.tolist()):
+                    assert ptr[u * per] <= f and f + c <= ptr[(u + 1) * per]
                     covered[f:f + c] += 1
                 assert bool((covered == 1).all())
-            # Every piece slot is used by exactly one item end (first or last segment), and the merge lists
-            # hold them all.
-            slots = torch.cat([s.q_items[3], s.q_items[4]])
-            used = torch.unique(slots[slots >= 0])
-            assert used.tolist() == list(range(s.pieces))
-            assert int(s.merge_ptr[-1]) == s.pieces and bool((s.merge_ptr[1:] - s.merge_ptr[:-1] >= 2).all())
-            assert int(s.dq_ptr[-1]) == s.dq_slots and int(s.dk_ptr[-1]) == s.dk_slots
+                # The split units' slots: each used by one item of that unit, in edge order.
+                units, offsets, slots = splits
+                assert int(offsets[-1]) == slots and sorted(slot[slot >= 0].tolist()) == list(range(slots))
+                for k, u in enumerate(units.tolist()):
+                    mine = (unit == u).nonzero().flatten()
+                    by_edge = mine[torch.argsort(first[mine])]
+                    assert slot[by_edge].tolist() == list(range(int(offsets[k]), int(offsets[k + 1])))
+                assert bool((slot[~torch.isin(unit, units.long())] == -1).all())
 
 
 @pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))

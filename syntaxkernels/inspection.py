@@ -548,11 +548,19 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
         lists = TreeBatch.from_heads([workloads.random_document(rng, lengths)]).relation_lists(MaskSpec())
         q = torch.zeros(1, H, N, head_dim, dtype=dt)
         k, v = torch.zeros_like(q), torch.zeros_like(q)
-        out, lse = op.edge_attention_forward(q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.125)
-        op.edge_attention_backward(torch.zeros_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel,
-                                   lists.t_ptr, lists.t_col, lists.t_rel, 0.125)
+        _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
 
     return run
+
+
+def _edge_launches(op, q, k, v, lists, schedule):
+    """The Triton edge launchers' forward and backward on these lists, as ``edge_list_attention`` calls them."""
+    import torch
+
+    tensors, sizes = schedule.tensors(), schedule.sizes()
+    out, lse = op.edge_attention_forward(q, k, v, lists.col, lists.rel, tensors, sizes, lists.num_relations, 0.125)
+    op.edge_attention_backward(torch.zeros_like(out), q, k, v, out, lse, lists.col, lists.rel, lists.t_col,
+                               lists.t_rel, tensors, sizes, 0.125)
 
 
 # The subset the test suite compiles: the target cases, the heaviest variants and fp32 (spills).

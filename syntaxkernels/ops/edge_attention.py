@@ -99,6 +99,25 @@ if _HAS_TRITON:
         return tile.to(tl.float32)
 
     @triton.jit
+    def _row_gather(base, row_base, row_off, offs, n_cols, EVEN: tl.constexpr):
+        """fp32 ``[E, C]`` rows ``base[row_base[e] + row_off[e] + offs]`` without a row mask: dead slots read a
+        valid row (token 0 of their sequence) whose weight is exactly 0."""
+        ptrs = base + (row_base + row_off)[:, None] + offs[None, :]
+        if EVEN:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs[None, :] < n_cols, other=0.0)
+        return tile.to(tl.float32)
+
+    @triton.jit
+    def _offset(index, stride, ROW32: tl.constexpr):
+        """``index * stride`` (int32 when ``ROW32``: the launcher checked that every such product fits)."""
+        if ROW32:
+            return index * stride
+        else:
+            return index.to(tl.int64) * stride
+
+    @triton.jit
     def _items(ITEMS, I, block, BLOCK_E: tl.constexpr):
         """The ``BLOCK_E`` work items of ``block`` (rows of the ``[F, I]`` item table, sorted longest first):
         ``(index, ok, token, first edge, count, longest)``; ``longest`` is the block's first item's count."""
@@ -111,101 +130,78 @@ if _HAS_TRITON:
         return index, ok, token, first, count, longest
 
     @triton.jit
-    def _flush(OUT, LSE, PART_O, PART_L, acc, m, l, done, slot, b, i, r, h, offs_dv,
-               stride_ob, stride_or, stride_oh, stride_on, H, N, R, DV, EVEN_DV: tl.constexpr):
-        """Write the finished segments (``done`` rows): ``acc`` (already normalised) and the base-2 logsumexp to
-        the output row (b, r, h, i), or to partial slot ``slot`` (>= 0: the row continues in another item)."""
-        lse = m + tl.log2(tl.where(done, l, 1.0))
-        to_out = done & (slot < 0)
-        to_part = done & (slot >= 0)
-        col_ok = offs_dv[None, :] < DV
-        out_off = b * stride_ob + r * stride_or + h * stride_oh + i.to(tl.int64) * stride_on
-        o = acc.to(OUT.dtype.element_ty)
-        if EVEN_DV:
-            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o, mask=to_out[:, None])
-        else:
-            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o, mask=to_out[:, None] & col_ok)
-        tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=to_out)
-        part = slot.to(tl.int64) * H + h
-        tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], acc, mask=to_part[:, None] & col_ok)
-        tl.store(PART_L + part, lse, mask=to_part)
-
-    @triton.jit
     def _edge_fwd_kernel(
-        Q, K, V, COL, REL, ITEMS, OUT, LSE, PART_O, PART_L,
+        Q, K, V, COL, ITEMS, OUT, LSE, PART_O, PART_L,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_ob, stride_or, stride_oh, stride_on,
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, MULTI: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
     ):
-        """Forward of ``BLOCK_E`` work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
+        """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
         Args:
             Q, K: ``[B, H, N, D]``; V: ``[B, H, N, DV]`` (last dim contiguous, other strides free).
-            COL, REL: int32 ``[E]`` (the lists' edges in row order); ITEMS: int32 ``[6, I]`` (the query-side
-                items: token, first edge, count, first and last segment's partial slot, -).
-            OUT: ``[B, R, H, N, DV]`` (strided, last dim contiguous, zero-filled); LSE: fp32 ``[B, R, H, N]``
-                contiguous, +inf-filled: the base-2 logsumexp of the row's scores (``qk_scale2 = scale *
-                log2(e)``). PART_O fp32 ``[P, H, DV]``, PART_L fp32 ``[P, H]``: the partial segments.
-        Grid: ``(cdiv(I, BLOCK_E) * H,)``, the heads of one block adjacent. An item walks its token's edges over
-        every relation in one loop (q read once); the accumulator is kept normalised (``acc = sum p v / sum p``),
-        so a segment ends (``MULTI``: the relation changes) with one store and a reset of two scalars.
+            COL: int32 ``[E]`` (the lists' keys in row order); ITEMS: int32 ``[4, I]`` (row, first edge, count,
+                partial slot).
+            OUT: ``[B, R, H, N, DV]`` (strided, last dim contiguous, zero-filled: empty rows stay 0); LSE: fp32
+                ``[B, R, H, N]`` contiguous, +inf-filled: the base-2 logsumexp of the row's scores
+                (``qk_scale2 = scale * log2(e)``). PART_O fp32 ``[P, H, DV]``, PART_L fp32 ``[P, H]``: the pieces
+                of split rows (merged by ``_edge_merge_kernel``).
+        Grid: ``(cdiv(I, BLOCK_E) * H,)``, the heads of one block adjacent. Each iteration takes edge t of every
+        item of the block (gather k and v rows, one dot, an online-softmax step); the items are sorted longest
+        first, so the block's first item bounds the loop and few slots are empty.
         """
         pid = tl.program_id(0)
         h = (pid % H).to(tl.int64)
         block = pid // H
-        index, ok, token, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
-        slot_first = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
-        slot_last = tl.load(ITEMS + 4 * I + index, mask=ok, other=-1)
+        index, ok, row, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
+        slot = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
+        r = (row % R).to(tl.int64)
+        token = row // R
         b = (token // N).to(tl.int64)
-        i = token % N
-        has = count > 0
+        i = (token % N).to(tl.int64)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = _gather(Q + h * stride_qh, b * stride_qb + i.to(tl.int64) * stride_qn, offs_d, D, has, EVEN_D)
+        q = _gather(Q + h * stride_qh, b * stride_qb + i * stride_qn, offs_d, D, ok, EVEN_D)
         q = q * qk_scale2
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
         k_row = b * stride_kb
         v_row = b * stride_vb
-        cur = tl.load(REL + first, mask=has, other=0)
         m = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_E], dtype=tl.float32)
         acc = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
-        slot = slot_first
         for t in range(0, longest):
             live = t < count
-            e = first + t
-            j = tl.load(COL + e, mask=live, other=0).to(tl.int64)
-            if MULTI:
-                r = tl.load(REL + e, mask=live, other=0)
-                done = live & (r != cur)
-                _flush(OUT, LSE, PART_O, PART_L, acc, m, l, done, slot, b, i, cur.to(tl.int64), h, offs_dv,
-                       stride_ob, stride_or, stride_oh, stride_on, H, N, R, DV, EVEN_DV)
-                m = tl.where(done, float("-inf"), m)
-                l = tl.where(done, 0.0, l)
-                slot = tl.where(done, -1, slot)
-                cur = tl.where(live, r, cur)
-            k = _gather(k_base, k_row + j * stride_kn, offs_d, D, live, EVEN_D)
-            v = _gather(v_base, v_row + j * stride_vn, offs_dv, DV, live, EVEN_DV)
+            j = tl.load(COL + first + t, mask=live, other=0)
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, ROW32), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, ROW32), offs_dv, DV, EVEN_DV)
             s = tl.where(live, tl.sum(q * k, axis=1), float("-inf"))
             new_m = tl.maximum(m, s)
             safe = tl.where(new_m == float("-inf"), 0.0, new_m)
             alpha = tl.exp2(m - safe)
             p = tl.exp2(s - safe)
-            kept = l * alpha
-            new_l = kept + p
-            inv = 1.0 / tl.where(live, new_l, 1.0)
-            acc = acc * tl.where(live, kept * inv, 1.0)[:, None] + (p * inv)[:, None] * v
-            l = tl.where(live, new_l, l)
+            acc = acc * alpha[:, None] + p[:, None] * v
+            l = l * alpha + p
             m = new_m
-        # The last segment of every item: a split row's last piece (its slot; when the item holds one segment,
-        # that is also its first piece's slot) or a whole row (the output).
-        _flush(OUT, LSE, PART_O, PART_L, acc, m, l, has, slot_last, b, i, cur.to(tl.int64), h, offs_dv,
-               stride_ob, stride_or, stride_oh, stride_on, H, N, R, DV, EVEN_DV)
+        lse = m + tl.log2(tl.where(ok, l, 1.0))
+        o = acc / tl.where(ok, l, 1.0)[:, None]
+        direct = ok & (slot < 0)
+        col_ok = offs_dv[None, :] < DV
+        out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
+        if EVEN_DV:
+            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=direct[:, None])
+        else:
+            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
+                     mask=direct[:, None] & col_ok)
+        tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=direct)
+        part = slot.to(tl.int64) * H + h
+        split = ok & (slot >= 0)
+        tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=split[:, None] & col_ok)
+        tl.store(PART_L + part, lse, mask=split)
 
     @triton.jit
     def _edge_merge_kernel(
@@ -305,7 +301,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
     ):
         """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
@@ -318,7 +314,7 @@ if _HAS_TRITON:
         h = (pid % H).to(tl.int64)
         block = pid // H
         index, ok, token, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
-        slot = tl.load(ITEMS + 5 * I + index, mask=ok, other=-1)
+        slot = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
         b = (token // N).to(tl.int64)
         i = token % N
         i64 = i.to(tl.int64)
@@ -338,14 +334,14 @@ if _HAS_TRITON:
         for t in range(0, longest):
             live = t < count
             e = first + t
-            j = tl.load(COL + e, mask=live, other=0).to(tl.int64)
-            rel = tl.load(REL + e, mask=live, other=0).to(tl.int64)
+            j = tl.load(COL + e, mask=live, other=0)
+            rel = tl.load(REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N)
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            k = _gather(k_base, k_row + j * stride_kn, offs_d, D, live, EVEN_D)
-            v = _gather(v_base, v_row + j * stride_vn, offs_dv, DV, live, EVEN_DV)
-            do = _gather(do_base, do_row + rel * stride_gr, offs_dv, DV, live, EVEN_DV)
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, ROW32), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, ROW32), offs_dv, DV, EVEN_DV)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, ROW32), offs_dv, DV, EVEN_DV)
             p = tl.exp2(tl.sum(q * k, axis=1) - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dq += ds[:, None] * k
@@ -366,7 +362,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
     ):
         """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
@@ -398,13 +394,14 @@ if _HAS_TRITON:
         for t in range(0, longest):
             live = t < count
             e = first + t
-            i = tl.load(T_COL + e, mask=live, other=0).to(tl.int64)
-            rel = tl.load(T_REL + e, mask=live, other=0).to(tl.int64)
+            i = tl.load(T_COL + e, mask=live, other=0)
+            rel = tl.load(T_REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N) + i
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            q = _gather(q_base, q_row + i * stride_qn, offs_d, D, live, EVEN_D)
-            do = _gather(do_base, do_row + rel * stride_gr + i * stride_gn, offs_dv, DV, live, EVEN_DV)
+            q = _row_gather(q_base, q_row, _offset(i, stride_qn, ROW32), offs_d, D, EVEN_D)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, ROW32) + _offset(i, stride_gn, ROW32), offs_dv,
+                             DV, EVEN_DV)
             p = tl.exp2(tl.sum(q * k, axis=1) - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dk += ds[:, None] * q
@@ -424,14 +421,20 @@ if _HAS_TRITON:
     # Launchers (torch.library Triton ops)
     # ----------------------------------------------------------------------------------------------------
 
-    def _tiles(q: torch.Tensor, v: torch.Tensor) -> dict:
+    def _tiles(q: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor, R: int = 1) -> dict:
         D, DV = q.shape[-1], v.shape[-1]
         cfg = edge_config(q.dtype, max(D, DV))
         block_d, block_dv = max(16, _next_power_of_2(D)), max(16, _next_power_of_2(DV))
+        # Row offsets inside one (batch, head) in int32 when every token's (and, for dO, every relation's)
+        # offset fits.
+        N = q.shape[2]
+        extent = max(N * abs(t.stride(2)) if t.dim() == 4 else R * abs(t.stride(1)) + N * abs(t.stride(3))
+                     for t in (q, v) + rest)
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                    EVEN_DV=block_dv == DV, num_warps=cfg["num_warps"])
+                    EVEN_DV=block_dv == DV, ROW32=extent + max(D, DV) < _ROW32_LIMIT, num_warps=cfg["num_warps"])
 
     _MERGE_BLOCK = 32
+    _ROW32_LIMIT = 2 ** 31  # row offsets within one (batch, head) below this are int32 (tests lower it)
 
     def _sum_partials(part, tokens, ptr, out, H, N):
         S, width = tokens.shape[0], out.shape[-1]
@@ -454,22 +457,22 @@ if _HAS_TRITON:
         B, H, N, D = q.shape
         DV = v.shape[-1]
         R = num_relations
-        q_items, merge_rows, merge_ptr = schedule[0], schedule[1], schedule[2]
+        f_items, merge_rows, merge_ptr = schedule[0], schedule[1], schedule[2]
         pieces = sizes[0]
-        I = q_items.shape[1]
+        I = f_items.shape[1]
         out = torch.zeros((B, R, H, N, DV), dtype=q.dtype, device=q.device)
         lse = torch.full((B, R, H, N), float("inf"), dtype=torch.float32, device=q.device)
         if out.numel() == 0 or I == 0:
             return out, lse
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        tiles = _tiles(q, v)
+        tiles = _tiles(q, v, k)
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
         launch(_edge_fwd_kernel, (triton.cdiv(I, tiles["BLOCK_E"]) * H,),
-               q, k, v, col, rel, q_items, out, lse, part_o, part_l,
+               q, k, v, col, f_items, out, lse, part_o, part_l,
                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               H, N, R, D, DV, I, scale * LOG2E, MULTI=R > 1, **tiles)
+               H, N, R, D, DV, I, scale * LOG2E, **tiles)
         S = merge_rows.shape[0]
         if S:
             launch(_edge_merge_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part_o, part_l, merge_rows, merge_ptr,
@@ -490,8 +493,7 @@ if _HAS_TRITON:
         B, H, N, D = q.shape
         DV = v.shape[-1]
         R = out.shape[1]
-        q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr = (schedule[0], schedule[3], schedule[4],
-                                                                  schedule[5], schedule[6], schedule[7])
+        q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr = schedule[3:9]
         dq_slots, dk_slots = sizes[1], sizes[2]
         dq = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
         dk = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
@@ -500,7 +502,7 @@ if _HAS_TRITON:
         if B * H * N == 0 or R == 0 or D == 0 or DV == 0 or I == 0:
             return dq, dk, dv
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
-        tiles = _tiles(q, v)
+        tiles = _tiles(q, v, k, dout, R=R)
         delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)
         launch(_edge_bwd_delta_kernel, launch_grid(triton.cdiv(N, 64), B, H, R),
                out, dout, delta, out.stride(0), out.stride(1), out.stride(2), out.stride(3),

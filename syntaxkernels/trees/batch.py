@@ -552,29 +552,30 @@ class EdgeLists:
 class EdgeSchedule:
     """Balanced work lists for the GPU edge kernels over an :class:`EdgeLists` (int32, on the lists' device).
 
-    A *work item* is up to ``chunk`` consecutive edges of one token: on the query side (forward and dQ) the
-    token's edges over every relation (``row_ptr``), on the key side (dK/dV) its transposed edges
-    (``t_ptr``). Tokens with more edges (a ``[CLS]`` root's sibling lists, long windows) are split into chunks
-    of exactly ``chunk`` edges and a shorter last one. The items are ordered by edge count, longest first
-    (stable: ties keep token order), so the ``BLOCK_E`` items a program walks in lockstep have nearly equal
-    lengths: the slots a kernel walks stay close to the real edges.
+    A *work item* is up to ``chunk`` consecutive edges: in the forward, of one row ``(b, i, r)``; in dQ, of one
+    query token over every relation (``row_ptr``); in dK/dV, of one key token's transposed edges (``t_ptr``).
+    Longer rows and tokens (a ``[CLS]`` root's sibling lists, long windows) are split into chunks of exactly
+    ``chunk`` edges and a shorter last one. Each side's items are ordered by edge count, longest first (stable:
+    ties keep row order), so the ``BLOCK_E`` items a program walks in lockstep have nearly equal lengths and
+    the edge slots a kernel walks stay close to the real edges.
 
     Attributes:
-        q_items: ``[6, I]``: per item its token ``b * N + i``, first edge, edge count, the forward's partial
-            slots of its first and last relation segment (-1: that segment is a whole row, written directly)
-            and its dq partial slot (-1: the token is not split).
-        merge_rows, merge_ptr: the rows ``(b * N + i) * R + r`` split across items and, per row, its
-            partial slots ``merge_ptr[k] .. merge_ptr[k + 1]`` (in edge order): the forward merges them by
-            log-sum-exp.
+        f_items: ``[4, I_f]``: per forward item its row ``(b * N + i) * R + r``, first edge, edge count and
+            partial slot (-1: the row is whole, written directly).
+        merge_rows, merge_ptr: the split rows and, per row, its partial slots ``merge_ptr[k] .. merge_ptr[k + 1]``
+            (in edge order): the forward merges them by log-sum-exp.
+        q_items: ``[4, I_q]``: per dQ item its token ``b * N + i``, first edge, count and dq partial slot (-1: the
+            token is not split).
         dq_tokens, dq_ptr: the split query tokens and their dq partial slots (summed in order).
         k_items: ``[4, I_k]``: token, first transposed edge, count, dk/dv partial slot.
         dk_tokens, dk_ptr: the split key tokens and their partial slots.
         pieces, dq_slots, dk_slots: host ints, the partial buffers' lengths; chunk: the chunk size.
     """
 
-    q_items: torch.Tensor
+    f_items: torch.Tensor
     merge_rows: torch.Tensor
     merge_ptr: torch.Tensor
+    q_items: torch.Tensor
     dq_tokens: torch.Tensor
     dq_ptr: torch.Tensor
     k_items: torch.Tensor
@@ -586,8 +587,8 @@ class EdgeSchedule:
     chunk: int
 
     def tensors(self) -> List[torch.Tensor]:
-        return [self.q_items, self.merge_rows, self.merge_ptr, self.dq_tokens, self.dq_ptr, self.k_items,
-                self.dk_tokens, self.dk_ptr]
+        return [self.f_items, self.merge_rows, self.merge_ptr, self.q_items, self.dq_tokens, self.dq_ptr,
+                self.k_items, self.dk_tokens, self.dk_ptr]
 
     def sizes(self) -> List[int]:
         return [self.pieces, self.dq_slots, self.dk_slots]
@@ -597,71 +598,42 @@ class EdgeSchedule:
                             self.chunk)
 
 
-def _token_chunks(token_ptr: torch.Tensor, chunk: int):
-    """Items of up to ``chunk`` edges per token from per-token edge offsets ``token_ptr`` (int64 [T + 1]):
-    ``(token, first, count, slot, split_tokens, split_ptr, slots)`` in token order; ``slot`` numbers the items
-    of tokens with more than one item (-1 otherwise), consecutively per token."""
-    degree = token_ptr[1:] - token_ptr[:-1]
+def _chunked_items(ptr: torch.Tensor, chunk: int):
+    """Items of up to ``chunk`` edges per unit (a row or a token) from per-unit edge offsets ``ptr`` (int64
+    ``[U + 1]``), sorted longest first: ``(items int32 [4, I], split_units, split_ptr, slots)``. ``items``
+    rows: unit, first edge, count, slot (the items of units with more than one item are numbered
+    consecutively per unit, in edge order; -1 otherwise)."""
+    degree = ptr[1:] - ptr[:-1]
     pieces = (degree + chunk - 1) // chunk
-    tokens = torch.arange(degree.numel(), dtype=torch.int64)
-    token = torch.repeat_interleave(tokens, pieces)
+    units = torch.arange(degree.numel(), dtype=torch.int64)
+    unit = torch.repeat_interleave(units, pieces)
     item_start = torch.cumsum(pieces, 0) - pieces
-    within = torch.arange(token.numel(), dtype=torch.int64) - torch.repeat_interleave(item_start, pieces)
-    first = token_ptr[:-1][token] + within * chunk
-    count = torch.minimum(degree[token] - within * chunk, torch.full_like(first, chunk))
-    split = pieces[token] > 1
-    slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(token, -1))
-    split_tokens = tokens[pieces > 1]
-    split_ptr = torch.zeros(split_tokens.numel() + 1, dtype=torch.int64)
+    within = torch.arange(unit.numel(), dtype=torch.int64) - torch.repeat_interleave(item_start, pieces)
+    first = ptr[:-1][unit] + within * chunk
+    count = torch.minimum(degree[unit] - within * chunk, torch.full_like(first, chunk))
+    split = pieces[unit] > 1
+    slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(unit, -1))
+    split_units = units[pieces > 1]
+    split_ptr = torch.zeros(split_units.numel() + 1, dtype=torch.int64)
     split_ptr[1:] = torch.cumsum(pieces[pieces > 1], 0)
-    return token, first, count, slot, split_tokens, split_ptr, int(split.sum())
+    order = torch.argsort(-count, stable=True)
+    items = torch.stack([unit, first, count, slot])[:, order].to(torch.int32).contiguous()
+    return items, split_units.to(torch.int32), split_ptr.to(torch.int32), int(split.sum())
 
 
 def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
                         chunk: int = EDGE_CHUNK) -> EdgeSchedule:
-    """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in O(E + B N R)
-    vectorised PyTorch on the CPU."""
+    """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in
+    O(E / chunk + B N R) vectorised PyTorch on the CPU."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    i32 = torch.int32
     row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
-    token_ptr = row_ptr[::R] if R > 1 else row_ptr  # [B * N + 1]: every relation of a token is consecutive
-    token, first, count, dq_slot, dq_tokens, dq_ptr, dq_slots = _token_chunks(token_ptr, chunk)
-    # Forward pieces: the (row, item) runs of the edges; rows spread over several items get partial slots.
-    E = int(row_ptr[-1])
-    rows = B * N * R
-    p_first = torch.full_like(token, -1)
-    p_last = torch.full_like(token, -1)
-    merge_rows = torch.zeros(0, dtype=torch.int64)
-    merge_ptr = torch.zeros(1, dtype=torch.int64)
-    pieces = 0
-    split_items = dq_slot >= 0
-    if E and bool(split_items.any()):
-        edge_row = torch.repeat_interleave(torch.arange(rows, dtype=torch.int64), row_ptr[1:] - row_ptr[:-1])
-        edge_item = torch.repeat_interleave(torch.arange(token.numel(), dtype=torch.int64), count)
-        boundary = torch.ones(E, dtype=torch.bool)
-        boundary[1:] = (edge_row[1:] != edge_row[:-1]) | (edge_item[1:] != edge_item[:-1])
-        piece = torch.cumsum(boundary.long(), 0) - 1
-        piece_row = edge_row[boundary]
-        per_row = torch.bincount(piece_row, minlength=rows)
-        split_piece = per_row[piece_row] > 1
-        piece_slot = torch.where(split_piece, torch.cumsum(split_piece.long(), 0) - 1,
-                                 torch.full_like(piece_row, -1))
-        pieces = int(split_piece.sum())
-        p_first = piece_slot[piece[first]]
-        p_last = piece_slot[piece[first + count - 1]]
-        split_rows = per_row > 1
-        merge_rows = torch.arange(rows, dtype=torch.int64)[split_rows]
-        merge_ptr = torch.zeros(merge_rows.numel() + 1, dtype=torch.int64)
-        merge_ptr[1:] = torch.cumsum(per_row[split_rows], 0)
-    order = torch.argsort(-count, stable=True)
-    q_items = torch.stack([token, first, count, p_first, p_last, dq_slot])[:, order].to(i32).contiguous()
-    k_token, k_first, k_count, k_slot, dk_tokens, dk_ptr, dk_slots = _token_chunks(
-        t_ptr[::R] if R > 1 else t_ptr, chunk)
-    k_order = torch.argsort(-k_count, stable=True)
-    k_items = torch.stack([k_token, k_first, k_count, k_slot])[:, k_order].to(i32).contiguous()
-    return EdgeSchedule(q_items, merge_rows.to(i32), merge_ptr.to(i32), dq_tokens.to(i32), dq_ptr.to(i32),
-                        k_items, dk_tokens.to(i32), dk_ptr.to(i32), pieces, dq_slots, dk_slots, chunk)
+    f_items, merge_rows, merge_ptr, pieces = _chunked_items(row_ptr, chunk)
+    # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
+    q_items, dq_tokens, dq_ptr, dq_slots = _chunked_items(row_ptr[::R] if R > 1 else row_ptr, chunk)
+    k_items, dk_tokens, dk_ptr, dk_slots = _chunked_items(t_ptr[::R] if R > 1 else t_ptr, chunk)
+    return EdgeSchedule(f_items, merge_rows, merge_ptr, q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr,
+                        pieces, dq_slots, dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
