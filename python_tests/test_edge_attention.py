@@ -384,6 +384,47 @@ def test_syntax_gat_runs_the_window_on_edge_lists():
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+def _heads(rows, N):
+    heads = torch.full((len(rows), N), -1, dtype=torch.int64)
+    for b, row in enumerate(rows):
+        heads[b, :len(row)] = torch.tensor(row)
+    return sk.TreeBatch.from_heads(heads, torch.tensor([len(r) for r in rows]))
+
+
+def test_window_path_model_decides_on_live_tiles_not_global_density():
+    """The window's path on a GPU (``window_takes_edges``): the edge kernels where the live 64 x 64 tiles hold
+    few pairs, the LUT kernel where they are dense. On one long tree (2048 tokens) window 1 leaves ~63 score
+    elements of live tiles per edge (edges), window 4 ~11 (the LUT kernel), though window 4 keeps only 1.3% of the
+    B N^2 pairs: the old global-density rule (E <= B N^2 / 16) put both on the edges."""
+    from syntaxkernels.workloads import chain_sentences, connect_sentences, generated_sentences
+
+    sentences = generated_sentences(400, seed=0, max_length=40)
+    tree = _heads(chain_sentences(sentences, 2048, rows=1), 2048)
+    sparse, dense = tree.window_lists(1), tree.window_lists(4)
+    for lists, edges in ((sparse, True), (dense, False)):
+        B, _, N = lists.nonempty.shape
+        assert E.window_takes_edges(lists, 64) is edges and lists.num_edges <= B * N * N / 16
+        edge, dense_cost = E.window_costs(lists, 64)
+        assert edge == E.EDGE_SLOT_COST[64] * lists.num_edges
+        assert dense_cost == E.DENSE_ELEMENT_COST[64] * 64 * 64 * lists.tile_count()
+    # The live tiles, counted against a direct enumeration of the pairs.
+    dense = _heads(connect_sentences(sentences, 256, rows=2), 256).window_lists(4)
+    dense_pairs = dense.to_dense()[:, 0].nonzero()
+    assert dense.tile_count() == len({(int(b), int(i) // 64, int(j) // 64) for b, i, j in dense_pairs})
+    assert dense.tile_count(16) == len({(int(b), int(i) // 16, int(j) // 16) for b, i, j in dense_pairs})
+
+
+def test_lists_moved_to_another_device_carry_schedule_and_tiles(monkeypatch):
+    """``EdgeLists.to`` (to a GPU) builds the schedule and the window's live tiles on the host first, so a GPU
+    call reads nothing back; the moved lists carry them. Checked with the move itself stubbed (no GPU here)."""
+    lists = trees_of_kind("packed", 20).window_lists(2)
+    assert not lists._schedules and lists.live_tiles is None
+    moved = lists.to("meta")
+    assert lists.cached_schedule() is not None and lists.live_tiles == lists.tile_count()
+    assert moved.cached_schedule() is not None and moved.live_tiles == lists.live_tiles
+    assert moved.cached_schedule().q_items.device.type == "meta"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_window_uses_cached_lists_only():
     trees = trees_of_kind("packed", 64, seed=11)

@@ -204,6 +204,22 @@ def test_auto_on_cpu_is_the_edge_path(monkeypatch):
     assert torch.equal(flags, want_flags)
 
 
+@needs_triton
+def test_full_mask_is_plain_attention_without_the_distance(monkeypatch):
+    """On the Triton path ``full`` runs SDPA over the valid keys: the LUT kernel (which reads the distance) is not
+    called for it, and the result still matches the float64 reference (ragged lengths, an empty item)."""
+    from syntaxkernels.ops import bias_attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the LUT kernel ran for the full mask")
+
+    monkeypatch.setattr(bias_attention, "lut_attention", refuse)
+    check(trees_of_kind("random", 14, seed=3), FULL, "triton", KERNEL_DEVICE, torch.float32)
+    check(trees_of_kind("forest", 13, seed=4), sk.MaskSpec(max_distance=1), "triton", KERNEL_DEVICE, torch.float32)
+    with pytest.raises(AssertionError, match="LUT kernel"):  # pairwise still needs the distance: it does call it
+        check(trees_of_kind("forest", 13, seed=4), PAIRWISE, "triton", KERNEL_DEVICE, torch.float32)
+
+
 @needs_cpp
 def test_lists_are_built_once_per_batch_and_masks(monkeypatch):
     trees = trees_of_kind("packed", 20)

@@ -41,12 +41,19 @@ from ._dispatch import kernels_or_reference, resolve_backend, triton_status
 
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
-           "edge_attention_cpu_backward", "resolve_edge_backend", "EDGE_DENSITY_LIMIT"]
+           "edge_attention_cpu_backward", "resolve_edge_backend", "window_costs", "window_takes_edges",
+           "EDGE_SLOT_COST", "DENSE_ELEMENT_COST"]
 
-# On CUDA, the GAT's window attention runs on the edge lists when they are already built and hold at most this
-# fraction of the B * N * N pairs; denser windows take the fused dense kernel (tensor cores, block skipping).
-# An estimate (an edge costs ~10x a score element of a dense tensor-core tile), to be measured on a GPU.
-EDGE_DENSITY_LIMIT = 1.0 / 16.0
+# The window's path on CUDA (:func:`window_costs`): the issue-slot model of the inspection (sm_90, bf16, forward +
+# dQ + dK/dV, non-tensor-core instructions on each main loop's cheapest path). Per edge slot of the edge kernels
+# (python -m syntaxkernels inspect --select "edge_attention bf16" --arch 90, 2026-12-01) and per score element of
+# the fused LUT kernel on its live tiles (the bias kernels' window figures, benchmarks/RESULTS.md, 2026-11-30:
+# 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at D = 128; both issue-bound, not tensor-core-bound), by the
+# padded head dim. A model, not a measurement.
+EDGE_SLOT_COST = {32: 1216.0, 64: 2516.0, 128: 5088.0}
+DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
+#: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
+DENSE_TILE = 64
 
 _HAS_TRITON = triton_status() == "ok"
 
@@ -691,6 +698,25 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
 _ZERO_TABLES = {}
 
 
+def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
+    """``(edge, dense)``: the model's instructions per head for one forward + backward of the window on these lists
+    by the edge kernels (``EDGE_SLOT_COST`` per edge: the balanced schedule walks close to one slot per edge)
+    and by the fused LUT kernel on its live tiles (``DENSE_ELEMENT_COST`` per score element of every live
+    ``DENSE_TILE`` x ``DENSE_TILE`` tile). Host ints only (the live tiles are counted on the CPU when the lists
+    move to the GPU): no synchronisation."""
+    dim = min(128, max(32, _next_power_of_2(head_dim)))
+    edge = EDGE_SLOT_COST[dim] * lists.num_edges
+    dense = DENSE_ELEMENT_COST[dim] * DENSE_TILE * DENSE_TILE * lists.tile_count(DENSE_TILE)
+    return edge, dense
+
+
+def window_takes_edges(lists: EdgeLists, head_dim: int) -> bool:
+    """Whether the model (:func:`window_costs`) puts the window on the edge kernels rather than the LUT kernel:
+    the live-tile density (edges per live tile), not the global density, decides."""
+    edge, dense = window_costs(lists, head_dim)
+    return edge <= dense
+
+
 def _window_lists(trees, window: int, lengths, q: torch.Tensor, build: bool) -> Optional[EdgeLists]:
     """The window lists for these inputs, or None where getting them would synchronise a GPU (``build``
     False: only cached lists of a TreeBatch whose own lengths apply)."""
@@ -720,8 +746,9 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     Same result as :func:`syntaxkernels.reference.gat_attention`. On CPU it always runs on the window's edge
     lists (C++, or Triton under ``backend="triton"`` with the interpreter): O(E) work for E pairs within the
     window. On CUDA it runs on the edge lists when they are already built (``trees.window_lists(window)``, e.g.
-    by ``TreeCollator(windows=...)``) and hold at most ``EDGE_DENSITY_LIMIT`` of the pairs, else on the fused
-    dense kernel with block skipping (:func:`syntaxkernels.syntax_bias_attention` with a zero table).
+    by ``TreeCollator(windows=...)``) and the cost model puts them there (:func:`window_takes_edges`: the
+    edges against the live 64 x 64 tiles), else on the fused dense kernel with block skipping
+    (:func:`syntaxkernels.syntax_bias_attention` with a zero table).
 
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``.
@@ -750,8 +777,7 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
         return reference.gat_attention(q, k, v, distance, window=window, lengths=lengths, scale=scale)
     on_gpu = q.device.type == "cuda"
     lists = _window_lists(trees, window, lengths, q, build=not on_gpu)
-    B, _, N, _ = q.shape
-    if lists is None or (on_gpu and lists.num_edges > EDGE_DENSITY_LIMIT * B * N * N):
+    if lists is None or (on_gpu and not window_takes_edges(lists, q.shape[-1])):
         from .bias_attention import syntax_bias_attention
         from ..specs import BucketSpec
 

@@ -459,11 +459,15 @@ class EdgeLists:
             return self.live_tiles
         host = self if self.device.type == "cpu" else self.to("cpu")
         B, R, N = host.nonempty.shape
-        counts = (host.row_ptr[1:] - host.row_ptr[:-1]).long().view(B, N, R).sum(dim=2)
-        tokens = torch.repeat_interleave(torch.arange(B * N), counts.view(-1))
         nt = -(-N // tile)
-        ids = ((tokens // N) * nt + (tokens % N) // tile) * nt + host.col.long() // tile
-        found = int(torch.unique(ids).numel())
+        # Per query block (b, i // tile), the edges it holds are one contiguous span of the CSR.
+        bounds = torch.arange(0, B * nt + 1, dtype=torch.int64)
+        token_ends = torch.clamp((bounds % nt) * tile, max=N) + (bounds // nt) * N
+        token_ends[-1] = B * N
+        span = host.row_ptr.long()[token_ends * R]
+        block = torch.repeat_interleave(torch.arange(B * nt, dtype=torch.int64), span[1:] - span[:-1])
+        ids = block * nt + host.col.long() // tile
+        found = int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
         if tile == 64:
             self.live_tiles = found
         return found
@@ -527,7 +531,8 @@ class EdgeLists:
             return self
         if torch.device(device).type != "cpu" and self.device.type == "cpu":
             self.schedule()  # on the host, before the move: a GPU call then reads nothing back
-            self.tile_count()
+            if self.num_relations == 1 and self.names[0].startswith("window"):
+                self.tile_count()  # the window's path model (ops.edge_attention.window_takes_edges)
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "EdgeLists":
