@@ -117,8 +117,8 @@ def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
 
 @needs_triton
 def test_int64_row_offsets_match_reference(monkeypatch):
-    """Row offsets past int32 (huge N x stride) take the int64 path: forced here by lowering the limit."""
-    monkeypatch.setattr(E, "_ROW32_LIMIT", 0)
+    """Tensors spanning 2^31 elements or more take the int64 offsets: forced here by lowering the limit."""
+    monkeypatch.setattr(E, "_INT32_LIMIT", 0)
     monkeypatch.setattr(E, "SCHEDULE_CHUNK", 3)
     check_against_reference(trees_of_kind("packed", 15, seed=14), MASKS, "triton", KERNEL_DEVICE, torch.float32)
 
@@ -136,7 +136,11 @@ def test_schedule_items_cover_every_edge_once_longest_first():
             for items, ptr, per, splits in ((s.f_items, lists.row_ptr, 1, (s.merge_rows, s.merge_ptr, s.pieces)),
                                             (s.q_items, lists.row_ptr, R, (s.dq_tokens, s.dq_ptr, s.dq_slots)),
                                             (s.k_items, lists.t_ptr, R, (s.dk_tokens, s.dk_ptr, s.dk_slots))):
-                unit, first, count, slot = (row.long() for row in items)
+                coordinates = items[:-3].long()
+                unit = coordinates[0] * N + coordinates[1]
+                if coordinates.shape[0] == 3:  # forward items: rows (b, i, r)
+                    unit = unit * R + coordinates[2]
+                first, count, slot = (row.long() for row in items[-3:])
                 assert bool((count[:-1] >= count[1:]).all()) and bool((count >= 1).all()) and bool((count <= chunk).all())
                 covered = torch.zeros(lists.num_edges, dtype=torch.int64)
                 for u, f, c in zip(unit.tolist(), first.tolist(), count.tolist()):

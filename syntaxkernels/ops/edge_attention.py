@@ -93,7 +93,7 @@ if _HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._primitives import LOG2E, launch, launch_grid, program_ids_r
+    from ._primitives import LOG2E, launch
 
     @triton.jit
     def _gather(base, row_off, offs, n_cols, live, EVEN: tl.constexpr):
@@ -117,24 +117,33 @@ if _HAS_TRITON:
         return tile.to(tl.float32)
 
     @triton.jit
-    def _offset(index, stride, ROW32: tl.constexpr):
-        """``index * stride`` (int32 when ``ROW32``: the launcher checked that every such product fits)."""
-        if ROW32:
-            return index * stride
+    def _idx(index, SMALL: tl.constexpr):
+        """``index`` as the offsets' integer type: int32 when ``SMALL`` (the launcher checked that every offset
+        into every tensor of the call fits), else int64."""
+        if SMALL:
+            return index
         else:
-            return index.to(tl.int64) * stride
+            return index.to(tl.int64)
 
     @triton.jit
-    def _items(ITEMS, I, block, BLOCK_E: tl.constexpr):
-        """The ``BLOCK_E`` work items of ``block`` (rows of the ``[F, I]`` item table, sorted longest first):
-        ``(index, ok, token, first edge, count, longest)``; ``longest`` is the block's first item's count."""
+    def _offset(index, stride, SMALL: tl.constexpr):
+        """``index * stride`` in the offsets' integer type (see :func:`_idx`)."""
+        return _idx(index, SMALL) * stride
+
+    @triton.jit
+    def _items(ITEMS, I, block, BLOCK_E: tl.constexpr, F: tl.constexpr, SMALL: tl.constexpr):
+        """The ``BLOCK_E`` work items of ``block`` (columns of the int32 ``[F + 3, I]`` item table, sorted longest
+        first; rows ``b, i, (r,) first, count, slot``, ``F`` = 2 or 3 coordinates): ``(ok, b (int64), i (int64),
+        rows F.. as first, count, slot, longest)``; ``longest`` is the block's first item's count."""
         index = block * BLOCK_E + tl.arange(0, BLOCK_E)
         ok = index < I
-        token = tl.load(ITEMS + index, mask=ok, other=0)
-        first = tl.load(ITEMS + I + index, mask=ok, other=0)
-        count = tl.load(ITEMS + 2 * I + index, mask=ok, other=0)
-        longest = tl.load(ITEMS + 2 * I + block * BLOCK_E)
-        return index, ok, token, first, count, longest
+        b = _idx(tl.load(ITEMS + index, mask=ok, other=0), SMALL)
+        i = _idx(tl.load(ITEMS + I + index, mask=ok, other=0), SMALL)
+        first = tl.load(ITEMS + F * I + index, mask=ok, other=0)
+        count = tl.load(ITEMS + (F + 1) * I + index, mask=ok, other=0)
+        slot = tl.load(ITEMS + (F + 2) * I + index, mask=ok, other=-1)
+        longest = tl.load(ITEMS + (F + 1) * I + block * BLOCK_E)
+        return index, ok, b, i, first, count, slot, longest
 
     @triton.jit
     def _edge_fwd_kernel(
@@ -145,7 +154,7 @@ if _HAS_TRITON:
         stride_ob, stride_or, stride_oh, stride_on,
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
     ):
         """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -162,18 +171,13 @@ if _HAS_TRITON:
         first, so the block's first item bounds the loop and few slots are empty.
         """
         pid = tl.program_id(0)
-        h = (pid % H).to(tl.int64)
+        h = _idx(pid % H, SMALL)
         block = pid // H
-        index, ok, row, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
-        slot = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
-        r = (row % R).to(tl.int64)
-        token = row // R
-        b = (token // N).to(tl.int64)
-        i = (token % N).to(tl.int64)
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q = _gather(Q + h * stride_qh, b * stride_qb + i * stride_qn, offs_d, D, ok, EVEN_D)
-        q = q * qk_scale2
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
         k_row = b * stride_kb
@@ -184,9 +188,9 @@ if _HAS_TRITON:
         for t in range(0, longest):
             live = t < count
             j = tl.load(COL + first + t, mask=live, other=0)
-            k = _row_gather(k_base, k_row, _offset(j, stride_kn, ROW32), offs_d, D, EVEN_D)
-            v = _row_gather(v_base, v_row, _offset(j, stride_vn, ROW32), offs_dv, DV, EVEN_DV)
-            s = tl.where(live, tl.sum(q * k, axis=1), float("-inf"))
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            s = tl.where(live, tl.sum(q * k, axis=1) * qk_scale2, float("-inf"))
             new_m = tl.maximum(m, s)
             safe = tl.where(new_m == float("-inf"), 0.0, new_m)
             alpha = tl.exp2(m - safe)
@@ -194,8 +198,12 @@ if _HAS_TRITON:
             acc = acc * alpha[:, None] + p[:, None] * v
             l = l * alpha + p
             m = new_m
-        lse = m + tl.log2(tl.where(ok, l, 1.0))
-        o = acc / tl.where(ok, l, 1.0)[:, None]
+        denom = tl.where(ok, l, 1.0)
+        lse = m + tl.log2(denom)
+        o = acc * (1.0 / denom)[:, None]
+        # The item's coordinates again (loaded, not kept live across the loop: fp32 spilled 8 B keeping them).
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
         direct = ok & (slot < 0)
         col_ok = offs_dv[None, :] < DV
         out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
@@ -205,7 +213,7 @@ if _HAS_TRITON:
             tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
                      mask=direct[:, None] & col_ok)
         tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=direct)
-        part = slot.to(tl.int64) * H + h
+        part = _idx(slot, SMALL) * H + h
         split = ok & (slot >= 0)
         tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=split[:, None] & col_ok)
         tl.store(PART_L + part, lse, mask=split)
@@ -281,23 +289,27 @@ if _HAS_TRITON:
 
     @triton.jit
     def _edge_bwd_delta_kernel(
-        OUT, DOUT, DELTA,
+        OUT, DOUT, DELTA, ITEMS,
         stride_ob, stride_or, stride_oh, stride_on,
         stride_gb, stride_gr, stride_gh, stride_gn,
-        H, N, R, DV,
-        BLOCK_E: tl.constexpr, BLOCK_DV: tl.constexpr,
+        H, N, R, DV, I,
+        BLOCK_E: tl.constexpr, BLOCK_DV: tl.constexpr, SMALL: tl.constexpr,
     ):
-        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous). Grid ``launch_grid(cdiv(N, BLOCK_E),
-        B, H, R)`` (1-D)."""
-        block, bh, r, b, h = program_ids_r(tl.cdiv(N, BLOCK_E), H, R)
-        rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
+        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous) for the rows of the forward work
+        items (the rows with edges: only those are read; a split row's items write the same value). Grid
+        ``(cdiv(I, BLOCK_E) * H,)``."""
+        pid = tl.program_id(0)
+        h = _idx(pid % H, SMALL)
+        block = pid // H
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
         offs = tl.arange(0, BLOCK_DV)
-        mask = (rows[:, None] < N) & (offs[None, :] < DV)
-        o = tl.load(OUT + b * stride_ob + r * stride_or + h * stride_oh + rows[:, None] * stride_on + offs[None, :],
+        mask = ok[:, None] & (offs[None, :] < DV)
+        o = tl.load(OUT + (b * stride_ob + r * stride_or + h * stride_oh + i * stride_on)[:, None] + offs[None, :],
                     mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(DOUT + b * stride_gb + r * stride_gr + h * stride_gh + rows[:, None] * stride_gn
-                     + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(DELTA + ((b * R + r) * H + h) * N + rows, tl.sum(o * do, axis=1), mask=rows < N)
+        do = tl.load(DOUT + (b * stride_gb + r * stride_gr + h * stride_gh + i * stride_gn)[:, None] + offs[None, :],
+                     mask=mask, other=0.0).to(tl.float32)
+        tl.store(DELTA + ((b * R + r) * H + h) * N + i, tl.sum(o * do, axis=1), mask=ok)
 
     @triton.jit
     def _edge_bwd_dq_kernel(
@@ -308,7 +320,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
     ):
         """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
@@ -318,18 +330,13 @@ if _HAS_TRITON:
         ``_edge_sum_kernel``). Grid ``(cdiv(I, BLOCK_E) * H,)``.
         """
         pid = tl.program_id(0)
-        h = (pid % H).to(tl.int64)
+        h = _idx(pid % H, SMALL)
         block = pid // H
-        index, ok, token, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
-        slot = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
-        b = (token // N).to(tl.int64)
-        i = token % N
-        i64 = i.to(tl.int64)
+        index, ok, b, i64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q = _gather(Q + h * stride_qh, b * stride_qb + i64 * stride_qn, offs_d, D, has, EVEN_D)
-        q = q * qk_scale2
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
         do_base = DOUT + h * stride_gh
@@ -346,10 +353,10 @@ if _HAS_TRITON:
             stat = stat_base + rel * (H * N)
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            k = _row_gather(k_base, k_row, _offset(j, stride_kn, ROW32), offs_d, D, EVEN_D)
-            v = _row_gather(v_base, v_row, _offset(j, stride_vn, ROW32), offs_dv, DV, EVEN_DV)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, ROW32), offs_dv, DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) - lse)
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
+            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dq += ds[:, None] * k
         dq = dq * sm_scale
@@ -357,7 +364,7 @@ if _HAS_TRITON:
         direct = ok & (slot < 0)
         tl.store(DQ + ((b * H + h) * N + i64)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
                  mask=direct[:, None] & col_ok)
-        part = slot.to(tl.int64) * H + h
+        part = _idx(slot, SMALL) * H + h
         tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=(ok & (slot >= 0))[:, None] & col_ok)
 
     @triton.jit
@@ -369,7 +376,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW32: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
     ):
         """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
@@ -379,17 +386,13 @@ if _HAS_TRITON:
         ``DV_PART[slot, h]``. Grid ``(cdiv(I, BLOCK_E) * H,)``.
         """
         pid = tl.program_id(0)
-        h = (pid % H).to(tl.int64)
+        h = _idx(pid % H, SMALL)
         block = pid // H
-        index, ok, token, first, count, longest = _items(ITEMS, I, block, BLOCK_E)
-        slot = tl.load(ITEMS + 3 * I + index, mask=ok, other=-1)
-        b = (token // N).to(tl.int64)
-        j64 = (token % N).to(tl.int64)
+        index, ok, b, j64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         k = _gather(K + h * stride_kh, b * stride_kb + j64 * stride_kn, offs_d, D, has, EVEN_D)
-        k = k * qk_scale2
         v = _gather(V + h * stride_vh, b * stride_vb + j64 * stride_vn, offs_dv, DV, has, EVEN_DV)
         q_base = Q + h * stride_qh
         do_base = DOUT + h * stride_gh
@@ -406,18 +409,20 @@ if _HAS_TRITON:
             stat = stat_base + rel * (H * N) + i
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            q = _row_gather(q_base, q_row, _offset(i, stride_qn, ROW32), offs_d, D, EVEN_D)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, ROW32) + _offset(i, stride_gn, ROW32), offs_dv,
+            q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
                              DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) - lse)
+            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dk += ds[:, None] * q
             dv += p[:, None] * do
         dk = dk * sm_scale
+        # The item's coordinates again (loaded, not kept live across the loop: keeping them spilled 8 B).
+        index, ok, b, j64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         out_rows = ((b * H + h) * N + j64)[:, None]
         direct = (ok & (slot < 0))[:, None]
         split = (ok & (slot >= 0))[:, None]
-        part = (slot.to(tl.int64) * H + h)[:, None]
+        part = (_idx(slot, SMALL) * H + h)[:, None]
         tl.store(DK + out_rows * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=direct & (offs_d[None, :] < D))
         tl.store(DV_OUT + out_rows * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
                  mask=direct & (offs_dv[None, :] < DV))
@@ -428,20 +433,19 @@ if _HAS_TRITON:
     # Launchers (torch.library Triton ops)
     # ----------------------------------------------------------------------------------------------------
 
-    def _tiles(q: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor, R: int = 1) -> dict:
+    def _tiles(q: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor) -> dict:
         D, DV = q.shape[-1], v.shape[-1]
         cfg = edge_config(q.dtype, max(D, DV))
         block_d, block_dv = max(16, _next_power_of_2(D)), max(16, _next_power_of_2(DV))
-        # Row offsets inside one (batch, head) in int32 when every token's (and, for dO, every relation's)
-        # offset fits.
-        N = q.shape[2]
-        extent = max(N * abs(t.stride(2)) if t.dim() == 4 else R * abs(t.stride(1)) + N * abs(t.stride(3))
+        # Offsets in int32 when every tensor the kernels index (inputs, outputs, statistics, partials) spans
+        # fewer than 2^31 elements.
+        extent = max(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
                      for t in (q, v) + rest)
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                    EVEN_DV=block_dv == DV, ROW32=extent + max(D, DV) < _ROW32_LIMIT, num_warps=cfg["num_warps"])
+                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, num_warps=cfg["num_warps"])
 
     _MERGE_BLOCK = 32
-    _ROW32_LIMIT = 2 ** 31  # row offsets within one (batch, head) below this are int32 (tests lower it)
+    _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
 
     def _sum_partials(part, tokens, ptr, out, H, N):
         S, width = tokens.shape[0], out.shape[-1]
@@ -472,9 +476,9 @@ if _HAS_TRITON:
         if out.numel() == 0 or I == 0:
             return out, lse
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        tiles = _tiles(q, v, k)
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
+        tiles = _tiles(q, v, k, out, lse, part_o, part_l)
         launch(_edge_fwd_kernel, (triton.cdiv(I, tiles["BLOCK_E"]) * H,),
                q, k, v, col, f_items, out, lse, part_o, part_l,
                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -509,22 +513,24 @@ if _HAS_TRITON:
         if B * H * N == 0 or R == 0 or D == 0 or DV == 0 or I == 0:
             return dq, dk, dv
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
-        tiles = _tiles(q, v, k, dout, R=R)
-        delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)
-        launch(_edge_bwd_delta_kernel, launch_grid(triton.cdiv(N, 64), B, H, R),
-               out, dout, delta, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV,
-               BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], num_warps=4)
+        f_items = schedule[0]
+        IF = f_items.shape[1]
+        delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)  # read only where rows have edges
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dq_part = torch.empty((max(dq_slots, 1), H, D), **f32)
+        dk_part = torch.empty((max(dk_slots, 1), H, D), **f32)
+        dv_part = torch.empty((max(dk_slots, 1), H, DV), **f32)
+        tiles = _tiles(q, v, k, out, dout, lse, delta, dq, dv, dq_part, dv_part)
+        launch(_edge_bwd_delta_kernel, (triton.cdiv(IF, 64) * H,),
+               out, dout, delta, f_items, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+               dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV, IF,
+               BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], SMALL=tiles["SMALL"], num_warps=4)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    dout.stride(3))
-        f32 = dict(dtype=torch.float32, device=q.device)
-        dq_part = torch.empty((max(dq_slots, 1), H, D), **f32)
         launch(_edge_bwd_dq_kernel, (triton.cdiv(I, tiles["BLOCK_E"]) * H,), q, k, v, dout, lse, delta, col, rel,
                q_items, dq, dq_part, *strides, H, N, R, D, DV, I, scale * LOG2E, scale, **tiles)
         _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
-        dk_part = torch.empty((max(dk_slots, 1), H, D), **f32)
-        dv_part = torch.empty((max(dk_slots, 1), H, DV), **f32)
         launch(_edge_bwd_dkdv_kernel, (triton.cdiv(IK, tiles["BLOCK_E"]) * H,), q, k, v, dout, lse, delta, t_col,
                t_rel, k_items, dk, dv, dk_part, dv_part, *strides, H, N, R, D, DV, IK, scale * LOG2E, scale,
                **tiles)

@@ -565,14 +565,14 @@ class EdgeSchedule:
     the edge slots a kernel walks stay close to the real edges.
 
     Attributes:
-        f_items: ``[4, I_f]``: per forward item its row ``(b * N + i) * R + r``, first edge, edge count and
-            partial slot (-1: the row is whole, written directly).
+        f_items: ``[6, I_f]``: per forward item its row's b, i and r, first edge, edge count and partial slot
+            (-1: the row is whole, written directly).
         merge_rows, merge_ptr: the split rows and, per row, its partial slots ``merge_ptr[k] .. merge_ptr[k + 1]``
             (in edge order): the forward merges them by log-sum-exp.
-        q_items: ``[4, I_q]``: per dQ item its token ``b * N + i``, first edge, count and dq partial slot (-1: the
+        q_items: ``[5, I_q]``: per dQ item its token's b and i, first edge, count and dq partial slot (-1: the
             token is not split).
         dq_tokens, dq_ptr: the split query tokens and their dq partial slots (summed in order).
-        k_items: ``[4, I_k]``: token, first transposed edge, count, dk/dv partial slot.
+        k_items: ``[5, I_k]``: the key token's b and i, first transposed edge, count, dk/dv partial slot.
         dk_tokens, dk_ptr: the split key tokens and their partial slots.
         pieces, dq_slots, dk_slots: host ints, the partial buffers' lengths; chunk: the chunk size.
     """
@@ -622,8 +622,17 @@ def _chunked_items(ptr: torch.Tensor, chunk: int):
     split_ptr = torch.zeros(split_units.numel() + 1, dtype=torch.int64)
     split_ptr[1:] = torch.cumsum(pieces[pieces > 1], 0)
     order = torch.argsort(-count, stable=True)
-    items = torch.stack([unit, first, count, slot])[:, order].to(torch.int32).contiguous()
+    items = torch.stack([unit, first, count, slot])[:, order]
     return items, split_units.to(torch.int32), split_ptr.to(torch.int32), int(split.sum())
+
+
+def _with_coordinates(items: torch.Tensor, N: int, R: int) -> torch.Tensor:
+    """``[4, I]`` items of rows (``R > 0``: unit ``(b * N + i) * R + r``) or tokens (``R == 0``: ``b * N + i``) as the
+    kernels read them, int32: ``[b, i, (r,) first, count, slot]`` (no integer division in a kernel)."""
+    unit = items[0]
+    token = unit // R if R else unit
+    coordinates = [token // N, token % N] + ([unit % R] if R else [])
+    return torch.stack(coordinates + [items[1], items[2], items[3]]).to(torch.int32).contiguous()
 
 
 def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
@@ -637,8 +646,9 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
     # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
     q_items, dq_tokens, dq_ptr, dq_slots = _chunked_items(row_ptr[::R] if R > 1 else row_ptr, chunk)
     k_items, dk_tokens, dk_ptr, dk_slots = _chunked_items(t_ptr[::R] if R > 1 else t_ptr, chunk)
-    return EdgeSchedule(f_items, merge_rows, merge_ptr, q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr,
-                        pieces, dq_slots, dk_slots, chunk)
+    return EdgeSchedule(_with_coordinates(f_items, N, R), merge_rows, merge_ptr, _with_coordinates(q_items, N, 0),
+                        dq_tokens, dq_ptr, _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, pieces, dq_slots,
+                        dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
