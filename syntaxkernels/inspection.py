@@ -527,8 +527,10 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
 
 
 def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
-    """The edge-list attention launchers (``syntaxkernels::edge_attention_fwd`` / ``_bwd``) on one packed document
-    of N tokens (sentences of 5..40 tokens, one tree each) with ``MaskSpec()`` (9 relation masks)."""
+    """The edge-list attention launchers (``syntaxkernels::edge_attention_fwd`` / ``_bwd``) on one document of N
+    tokens (generated sentences of 5..40 tokens) under one root token, as a ``[CLS]`` root makes it, with
+    ``MaskSpec()`` (9 relation masks): its sibling rows are longer than a work item, so every kernel launches
+    (the merge of split rows and the sums of split tokens too)."""
 
     def run():
         import random
@@ -543,9 +545,11 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
         dt = _torch_dtype(dtype)
         rng = random.Random(0)
         lengths = []
-        while sum(lengths) < N:
-            lengths.append(min(rng.randint(5, 40), N - sum(lengths)))
-        lists = TreeBatch.from_heads([workloads.random_document(rng, lengths)]).relation_lists(MaskSpec())
+        while sum(lengths) < N - 1:
+            lengths.append(min(rng.randint(5, 40), N - 1 - sum(lengths)))
+        document = workloads.random_document(rng, lengths)
+        heads = [-1] + [0 if h < 0 else h + 1 for h in document]
+        lists = TreeBatch.from_heads([heads]).relation_lists(MaskSpec())
         q = torch.zeros(1, H, N, head_dim, dtype=dt)
         k, v = torch.zeros_like(q), torch.zeros_like(q)
         _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
@@ -1409,7 +1413,7 @@ def schedule_slots(schedule, block_e: int) -> Dict[str, int]:
     """Edge slots the balanced kernels walk (per head): per block of ``block_e`` items (sorted longest first), the
     block's first item's count times ``block_e``."""
     def blocked(items):
-        counts = items[2].long()
+        counts = items[-2].long()  # rows: coordinates, first, count, slot
         return int(counts[::block_e].sum()) * block_e
 
     return dict(fwd=blocked(schedule.f_items), dq=blocked(schedule.q_items), dkdv=blocked(schedule.k_items))
