@@ -420,7 +420,7 @@ def test_bench_workloads_summary_without_a_gpu(monkeypatch):
 # Edge-list kernels: slots per real edge and the per-edge cost model (no compilation)
 # ---------------------------------------------------------------------------------------------------------
 
-def _generated(monkeypatch):
+def _generated_source(monkeypatch):
     """The edge workloads from generated sentences, whatever SYNTAXKERNELS_UD says (fast, the same everywhere)."""
     from syntaxkernels import workloads as W
 
@@ -433,7 +433,7 @@ def test_balanced_schedule_walks_at_most_1_25_slots_per_edge(monkeypatch, name):
     """The balanced kernels walk <= 1.25 edge slots per real edge (forward, dQ, dK/dV) on the lists of 4 x 1024
     tokens of sentences, packed or under one [CLS]-like root, relation masks and windows 1..4, at the launched
     BLOCK_E of bf16 D64 and D128 (64 and 32); the per-relation lockstep layout they replace walked more."""
-    _generated(monkeypatch)
+    _generated_source(monkeypatch)
     batch, _ = I.edge_workload_batch(name)
     for which in I.EDGE_LISTS:
         lists = I._edge_lists(batch, which)
