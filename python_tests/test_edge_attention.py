@@ -397,19 +397,26 @@ def _heads(rows, N):
 
 def test_window_path_model_decides_on_live_tiles_not_global_density():
     """The window's path on a GPU (``window_takes_edges``): the edge kernels where the live 64 x 64 tiles hold
-    few pairs, the LUT kernel where they are dense. On one long tree (2048 tokens) window 1 leaves ~63 score
-    elements of live tiles per edge (edges), window 4 ~11 (the LUT kernel), though window 4 keeps only 1.3% of the
-    B N^2 pairs: the old global-density rule (E <= B N^2 / 16) put both on the edges."""
+    few pairs, the LUT kernel where they are dense. A random tree of 2048 tokens (heads anywhere before the token)
+    spreads its window-1 pairs over most tiles (edges); one long tree of sentences keeps them near the diagonal:
+    window 4 leaves ~11 score elements of live tiles per edge (the LUT kernel) though it keeps only 1.3% of the
+    B N^2 pairs, where the old global-density rule (E <= B N^2 / 16) put both on the edges."""
+    import random
+
     from syntaxkernels.workloads import chain_sentences, connect_sentences, generated_sentences
 
+    rng = random.Random(0)
+    scattered = _heads([[-1] + [rng.randrange(i) for i in range(1, 2048)]], 2048).window_lists(1)
     sentences = generated_sentences(400, seed=0, max_length=40)
-    tree = _heads(chain_sentences(sentences, 2048, rows=1), 2048)
-    sparse, dense = tree.window_lists(1), tree.window_lists(4)
-    for lists, edges in ((sparse, True), (dense, False)):
+    local = _heads(chain_sentences(sentences, 2048, rows=1), 2048).window_lists(4)
+    for lists, edges in ((scattered, True), (local, False)):
         B, _, N = lists.nonempty.shape
         assert E.window_takes_edges(lists, 64) is edges and lists.num_edges <= B * N * N / 16
         edge, dense_cost = E.window_costs(lists, 64)
-        assert edge == E.EDGE_SLOT_COST[64] * lists.num_edges
+        s = lists.schedule()
+        items = (s.f_items.shape[1], s.q_items.shape[1], s.k_items.shape[1])
+        assert edge == E.EDGE_SLOT_COST[64] * lists.num_edges + sum(
+            c * n for c, n in zip(E.EDGE_ITEM_COST[64], items))
         assert dense_cost == E.DENSE_ELEMENT_COST[64] * 64 * 64 * lists.tile_count()
     # The live tiles, counted against a direct enumeration of the pairs.
     dense = _heads(connect_sentences(sentences, 256, rows=2), 256).window_lists(4)

@@ -1354,8 +1354,9 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
 EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")
 #: The lists per batch: the relation masks of ``MaskSpec()`` and the GAT windows 1..4.
 EDGE_LISTS = ("relations", "window-1", "window-2", "window-3", "window-4")
-#: Instructions per edge slot of the kernels before the balanced schedule (bf16, sm_90, main loop, the same
-#: instrument: benchmarks/RESULTS.md, 2026-11-30): forward, dQ, dK/dV, by head dim.
+#: Instructions per edge slot of the kernels before the balanced schedule (bf16, sm_90, main loop, cheapest path;
+#: the same instrument, ``inspect --select edge_attention`` on the kernels of commit a52447c, 2026-12-01, equal to
+#: benchmarks/RESULTS.md's 2026-11-30 table): forward, dQ, dK/dV, by head dim.
 LOCKSTEP_SLOT_COST = {32: (344.0, 498.0, 496.0), 64: (692.0, 1032.0, 1024.0), 128: (1416.0, 2104.0, 2056.0)}
 
 
@@ -1553,7 +1554,7 @@ def format_edge_report(rows: Sequence[dict], arch: int = 90, dtype: str = "bf16"
         "program per BLOCK_E rows of one relation for the forward and per BLOCK_E tokens for dQ and dK/dV, as "
         "long as their longest list; after = BLOCK_E work items sorted longest first). fwd / bwd: main-loop "
         "instructions per slot (SASS, cheapest path) x slots / real edges; before from LOCKSTEP_SLOT_COST (the "
-        "kernels as they were, same instrument, 2026-11-30); (+pro) adds each program's prologue and epilogue "
+        "kernels as they were at a52447c, same instrument); (+pro) adds each program's prologue and epilogue "
         "once, the merge of split rows (forward) and delta and the sums of split tokens (backward). lut: the "
         "fused LUT kernel on the live 64x64 tiles, forward + backward per real edge (DENSE_ELEMENT_COST per score "
         "element); path: what syntax_window_attention picks on a GPU (edges iff edge slots x EDGE_SLOT_COST <= "

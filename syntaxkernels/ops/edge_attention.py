@@ -42,15 +42,17 @@ from ._dispatch import kernels_or_reference, resolve_backend, triton_status
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
            "edge_attention_cpu_backward", "resolve_edge_backend", "window_costs", "window_takes_edges",
-           "EDGE_SLOT_COST", "DENSE_ELEMENT_COST"]
+           "EDGE_SLOT_COST", "EDGE_ITEM_COST", "DENSE_ELEMENT_COST"]
 
 # The window's path on CUDA (:func:`window_costs`): the issue-slot model of the inspection (sm_90, bf16, forward +
-# dQ + dK/dV, non-tensor-core instructions on each main loop's cheapest path). Per edge slot of the edge kernels
-# (python -m syntaxkernels inspect --select "edge_attention bf16" --arch 90, 2026-12-01) and per score element of
-# the fused LUT kernel on its live tiles (the bias kernels' window figures, benchmarks/RESULTS.md, 2026-11-30:
-# 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at D = 128; both issue-bound, not tensor-core-bound), by the
-# padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 1216.0, 64: 2516.0, 128: 5088.0}
+# backward, non-tensor-core instructions). For the edge kernels (``inspection._edge_kernel_costs``: H = 12 heads
+# of [B, N, H * D] projections, 2026-12-01), per edge slot: the main loops' cheapest paths of the forward, dQ and
+# dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
+# query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
+# kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
+# D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
+EDGE_SLOT_COST = {32: 1220.0, 64: 2520.0, 128: 5160.0}
+EDGE_ITEM_COST = {32: (1380.0, 736.0, 926.0), 64: (2582.0, 1448.0, 1844.0), 128: (4936.0, 3000.0, 3744.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
@@ -706,12 +708,15 @@ _ZERO_TABLES = {}
 
 def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
     """``(edge, dense)``: the model's instructions per head for one forward + backward of the window on these lists
-    by the edge kernels (``EDGE_SLOT_COST`` per edge: the balanced schedule walks close to one slot per edge)
-    and by the fused LUT kernel on its live tiles (``DENSE_ELEMENT_COST`` per score element of every live
-    ``DENSE_TILE`` x ``DENSE_TILE`` tile). Host ints only (the live tiles are counted on the CPU when the lists
-    move to the GPU): no synchronisation."""
+    by the edge kernels (``EDGE_SLOT_COST`` per edge, as the balanced schedule walks close to one slot per edge,
+    plus ``EDGE_ITEM_COST`` per work item of its schedule) and by the fused LUT kernel on its live tiles
+    (``DENSE_ELEMENT_COST`` per score element of every live ``DENSE_TILE`` x ``DENSE_TILE`` tile). Host ints only
+    (the schedule and the live tiles are built on the CPU when the lists move to the GPU): no synchronisation."""
     dim = min(128, max(32, _next_power_of_2(head_dim)))
-    edge = EDGE_SLOT_COST[dim] * lists.num_edges
+    schedule = lists.schedule(SCHEDULE_CHUNK)
+    per_item = EDGE_ITEM_COST[dim]
+    edge = EDGE_SLOT_COST[dim] * lists.num_edges + sum(
+        cost * items.shape[1] for cost, items in zip(per_item, (schedule.f_items, schedule.q_items, schedule.k_items)))
     dense = DENSE_ELEMENT_COST[dim] * DENSE_TILE * DENSE_TILE * lists.tile_count(DENSE_TILE)
     return edge, dense
 
