@@ -1420,16 +1420,17 @@ def schedule_slots(schedule, block_e: int) -> Dict[str, int]:
     return dict(fwd=blocked(schedule.f_items), dq=blocked(schedule.q_items), dkdv=blocked(schedule.k_items))
 
 
-def _edge_kernel_costs(arch: int, dtype: str, head_dim: int) -> Dict[str, dict]:
+def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relations") -> Dict[str, dict]:
     """Per edge kernel compiled as launched on lists with split rows (a [CLS]-rooted batch, so the merge and sum
-    kernels launch too): threads, the main loop's instructions per thread per iteration (cheapest path), the
-    rest of the kernel's instructions (prologue and epilogue, once per program), BLOCK_E."""
+    kernels launch too; ``which``: the relation masks, or a window: one relation, which the JIT specialises):
+    threads, the main loop's instructions per thread per iteration (cheapest path), the rest of the kernel's
+    instructions (prologue and epilogue, once per program), BLOCK_E."""
     import torch
 
     from .ops import edge_attention as op
 
     batch, _ = edge_workload_batch("cls-4x1024")
-    lists = _edge_lists(batch, "relations")
+    lists = _edge_lists(batch, which)
     dt = _torch_dtype(dtype)
     B, N = batch.batch_size, batch.max_len
     # q, k, v as a model passes them: [B, N, H * D] projections viewed as [B, H, N, D] (H = 12; the JIT
@@ -1503,7 +1504,7 @@ def edge_report(names: Sequence[str] = EDGE_WORKLOADS, lists_kinds: Sequence[str
     kernel on live 64 x 64 tiles (``ops.edge_attention.window_costs``) with the path the model picks."""
     from .ops import edge_attention as op
 
-    costs = _edge_kernel_costs(arch, dtype, head_dim)
+    costs = {kind: _edge_kernel_costs(arch, dtype, head_dim, kind) for kind in ("relations", "window-4")}
     dim = min(128, max(32, 1 << max(0, (head_dim - 1).bit_length())))
     before_cost = LOCKSTEP_SLOT_COST[dim]
     block_before = op.edge_config(_torch_dtype(dtype), head_dim)["BLOCK_E"]
@@ -1517,7 +1518,7 @@ def edge_report(names: Sequence[str] = EDGE_WORKLOADS, lists_kinds: Sequence[str
             if E == 0:
                 continue
             before = lockstep_slots(lists, block_before)
-            after = edge_cost(lists, costs)
+            after = edge_cost(lists, costs["relations" if which == "relations" else "window-4"])
             row = dict(workload=name, lists=which, source=source, B=batch.batch_size, N=batch.max_len,
                        tokens=tokens, edges=E, edges_per_token=E / max(tokens, 1),
                        slots_before={k: v / E for k, v in before.items()},
