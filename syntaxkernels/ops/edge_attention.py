@@ -9,12 +9,15 @@ syntax GAT's tree window. No ``[.., N, N]`` tensor exists, forward or backward.
 
 Layers (one file, as every fused op):
 
-- Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``): ``_edge_fwd_kernel`` (one program per
-  ``BLOCK_E`` query rows of one (b, h, r); its main loop takes one edge per row per iteration, ``BLOCK_E``
-  edge slots, with an online softmax), ``_edge_bwd_delta_kernel`` (``delta = rowsum(dO * O)``),
-  ``_edge_bwd_dq_kernel`` (``BLOCK_E`` query rows of one (b, h), walking every relation's edges of each row
-  at once) and ``_edge_bwd_dkdv_kernel`` (``BLOCK_E`` key rows, walking the transposed lists). Each gradient
-  row is written by one program: no atomics, deterministic.
+- Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) over the lists' balanced schedule
+  (:class:`~syntaxkernels.trees.batch.EdgeSchedule`: work items of at most ``SCHEDULE_CHUNK`` edges, sorted
+  longest first): ``_edge_fwd_kernel`` (one program per ``BLOCK_E`` items of one head, each a row (b, i, r) or a
+  chunk of one; its main loop takes one edge per item per iteration, with an online softmax),
+  ``_edge_merge_kernel`` (a split row's chunks, by log-sum-exp), ``_edge_bwd_delta_kernel`` (``delta =
+  rowsum(dO * O)`` of the rows with edges), ``_edge_bwd_dq_kernel`` (items of a query token's edges over every
+  relation), ``_edge_bwd_dkdv_kernel`` (items of a key token's transposed edges) and ``_edge_sum_kernel`` (a
+  split token's partial dq / dk / dv rows, in order). No atomics, deterministic. On CUDA the GAT window picks
+  these or the fused LUT kernel by a cost model (:func:`window_costs`).
 - CPU kernels in C++ (``csrc/edge_attention.cpp``: ATen, ``at::parallel_for``, vectorised over D,
   deterministic), called through ``syntaxkernels._C``.
 - ``torch.library`` ops: ``syntaxkernels::edge_attention_fwd`` / ``_bwd`` (Triton launchers, ``triton_op``)
