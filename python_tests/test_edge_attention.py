@@ -426,10 +426,13 @@ def test_window_path_model_decides_on_live_tiles_not_global_density():
 
 
 def test_lists_moved_to_another_device_carry_schedule_and_tiles(monkeypatch):
-    """``EdgeLists.to`` (to a GPU) builds the schedule and the window's live tiles on the host first, so a GPU
-    call reads nothing back; the moved lists carry them. Checked with the move itself stubbed (no GPU here)."""
+    """The lists come with their schedule and (windows) live tiles built on the CPU; ``EdgeLists.to`` (to another
+    device) builds them first if missing, so a GPU call reads nothing back; the moved lists carry them. The move
+    goes to the meta device here (no GPU)."""
     lists = trees_of_kind("packed", 20).window_lists(2)
-    assert not lists._schedules and lists.live_tiles is None
+    assert lists.cached_schedule() is not None and lists.live_tiles is not None
+    lists._schedules.clear()
+    lists.live_tiles = None
     moved = lists.to("meta")
     assert lists.cached_schedule() is not None and lists.live_tiles == lists.tile_count()
     assert moved.cached_schedule() is not None and moved.live_tiles == lists.live_tiles

@@ -460,6 +460,11 @@ class EdgeLists:
         host = self if self.device.type == "cpu" else self.to("cpu")
         B, R, N = host.nonempty.shape
         nt = -(-N // tile)
+        if host.num_edges == 0:
+            found = 0
+            if tile == 64:
+                self.live_tiles = found
+            return found
         # Per query block (b, i // tile), the edges it holds are one contiguous span of the CSR.
         bounds = torch.arange(0, B * nt + 1, dtype=torch.int64)
         token_ends = torch.clamp((bounds % nt) * tile, max=N) + (bounds // nt) * N
@@ -734,6 +739,15 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
     return _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B, N, R, names)
 
 
+def _prepared(lists: EdgeLists) -> EdgeLists:
+    """CPU lists with what a GPU call needs from the host built now (in the data pipeline's workers when
+    ``TreeCollator`` builds the lists): the balanced schedule and, for window lists, the live-tile count."""
+    lists.schedule()
+    if lists.num_relations == 1 and lists.names[0].startswith("window"):
+        lists.tile_count()
+    return lists
+
+
 def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance: int = 3, parent: bool = True,
                      child: bool = True, sibling: bool = True, window: Optional[int] = None,
                      num_threads: int = 0) -> EdgeLists:
@@ -746,8 +760,9 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
         window: instead, one relation: every key within ``window`` edges (0..254; the token itself included).
         num_threads: C++ threads (0 = torch's intra-op thread count).
     Returns:
-        :class:`EdgeLists` on the heads' device. Tensors on a GPU are copied to the CPU for the build (one
-        synchronisation: build the lists in the data pipeline, e.g. ``TreeCollator(masks=...)``, to avoid it).
+        :class:`EdgeLists` on the heads' device, with their GPU schedule (:meth:`EdgeLists.schedule`) and, for a
+        window, live-tile count already built on the CPU. Tensors on a GPU are copied to the CPU for the build
+        (one synchronisation: build the lists in the data pipeline, e.g. ``TreeCollator(masks=...)``, to avoid it).
 
     Raises ValueError for bad heads or lengths (the tree builder's messages) or a bad spec. Without the C++
     extension, builds the tree tensors and uses :func:`python_edge_lists`.
@@ -757,8 +772,8 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     module = _ext.load()
     if module is None or not hasattr(module, "edge_lists"):
         batch = TreeBatch.from_heads(heads, lengths)
-        return python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
-                                 parent=parent, child=child, sibling=sibling, window=window).to(device)
+        return _prepared(python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
+                                           parent=parent, child=child, sibling=sibling, window=window)).to(device)
     heads_cpu = heads.to("cpu", torch.int64).contiguous()
     lengths_cpu = lengths.to("cpu", torch.int64).contiguous()
     B, N = heads_cpu.shape
@@ -766,7 +781,7 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
                               -1 if window is None else window, int(num_threads))
     R = 1 if window is not None else max_distance * (int(parent) + int(child) + int(sibling))
     names = (f"window_{window}",) if window is not None else _relation_names(max_distance, parent, child, sibling)
-    built = _finish_lists(*lists, B, N, R, names)
+    built = _prepared(_finish_lists(*lists, B, N, R, names))
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
 
 
