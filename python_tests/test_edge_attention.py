@@ -157,6 +157,30 @@ def test_schedule_items_cover_every_edge_once_longest_first():
                 assert bool((slot[~torch.isin(unit, units.long())] == -1).all())
 
 
+@needs_cpp
+def test_cpp_schedule_and_tiles_equal_the_pytorch_ones(monkeypatch):
+    """The C++ schedule builder and live-tile count (used when the extension is built) give exactly the tables of
+    the PyTorch fallback, for relation and window lists, several chunk sizes and tiles."""
+    from syntaxkernels.trees import batch as tree_batch
+
+    for kind in ("star", "packed", "forest", "random"):
+        trees = trees_of_kind(kind, 21, seed=15)
+        for lists in (trees.relation_lists(MASKS), trees.window_lists(3)):
+            B, R, N = lists.nonempty.shape
+            built = {chunk: tree_batch.build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+                     for chunk in (1, 3, 32)}
+            tiles = {tile: lists.tile_count(tile) for tile in (4, 16, 64)}
+            with monkeypatch.context() as patch:
+                patch.setattr(tree_batch._ext, "load", lambda: None)
+                for chunk, cpp in built.items():
+                    ref = tree_batch.build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+                    assert cpp.sizes() == ref.sizes()
+                    for a, b in zip(cpp.tensors(), ref.tensors()):
+                        assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b)
+                for tile, count in tiles.items():
+                    assert tree_batch._live_tiles_torch(lists, tile) == count
+
+
 @pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device

@@ -421,6 +421,20 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
 EDGE_CHUNK = 32
 
 
+def _live_tiles_torch(host: "EdgeLists", tile: int) -> int:
+    """:meth:`EdgeLists.tile_count` in PyTorch (without the C++ extension)."""
+    B, R, N = host.nonempty.shape
+    nt = -(-N // tile)
+    # Per query block (b, i // tile), the edges it holds are one contiguous span of the CSR.
+    bounds = torch.arange(0, B * nt + 1, dtype=torch.int64)
+    token_ends = torch.clamp((bounds % nt) * tile, max=N) + (bounds // nt) * N
+    token_ends[-1] = B * N
+    span = host.row_ptr.long()[token_ends * R]
+    block = torch.repeat_interleave(torch.arange(B * nt, dtype=torch.int64), span[1:] - span[:-1])
+    ids = block * nt + host.col.long() // tile
+    return int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
+
+
 @dataclass
 class EdgeLists:
     """Per-row key lists of ``R`` relations over ``B`` sequences of ``N`` tokens (CSR, int32, one device).
@@ -459,20 +473,13 @@ class EdgeLists:
             return self.live_tiles
         host = self if self.device.type == "cpu" else self.to("cpu")
         B, R, N = host.nonempty.shape
-        nt = -(-N // tile)
+        module = _ext.load()
         if host.num_edges == 0:
             found = 0
-            if tile == 64:
-                self.live_tiles = found
-            return found
-        # Per query block (b, i // tile), the edges it holds are one contiguous span of the CSR.
-        bounds = torch.arange(0, B * nt + 1, dtype=torch.int64)
-        token_ends = torch.clamp((bounds % nt) * tile, max=N) + (bounds // nt) * N
-        token_ends[-1] = B * N
-        span = host.row_ptr.long()[token_ends * R]
-        block = torch.repeat_interleave(torch.arange(B * nt, dtype=torch.int64), span[1:] - span[:-1])
-        ids = block * nt + host.col.long() // tile
-        found = int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
+        elif module is not None and hasattr(module, "live_tiles"):
+            found = int(module.live_tiles(host.row_ptr.contiguous(), host.col.contiguous(), B, N, R, tile))
+        else:
+            found = _live_tiles_torch(host, tile)
         if tile == 64:
             self.live_tiles = found
         return found
@@ -646,6 +653,11 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
     O(E / chunk + B N R) vectorised PyTorch on the CPU."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    module = _ext.load()
+    if module is not None and hasattr(module, "edge_schedule"):  # the C++ builder: O(E / chunk + B N R)
+        *tensors, pieces, dq_slots, dk_slots = module.edge_schedule(
+            row_ptr.to(torch.int32).contiguous(), t_ptr.to(torch.int32).contiguous(), B, N, R, chunk)
+        return EdgeSchedule(*tensors, pieces, dq_slots, dk_slots, chunk)
     row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
     f_items, merge_rows, merge_ptr, pieces = _chunked_items(row_ptr, chunk)
     # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
