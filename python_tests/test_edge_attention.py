@@ -102,9 +102,10 @@ def test_window_lists_match_reference_fp32(backend_device, case):
 # dv summed): the paths that on real batches only hub rows ([CLS], long windows) take.
 @needs_triton
 @pytest.mark.parametrize("chunk,kind,which", [(3, "star", MASKS), (2, "packed", MASKS), (1, "forest", MASKS),
-                                              (4, "star", 3), (3, "packed", 254)],
-                         ids=["3-star-relations", "2-packed-relations", "1-forest-relations", "4-star-window3",
-                              "3-packed-window254"])
+                                              (2, "random", MASKS), (4, "star", 3), (3, "packed", 254),
+                                              (2, "chain", 3)],
+                         ids=["3-star-relations", "2-packed-relations", "1-forest-relations", "2-random-relations",
+                              "4-star-window3", "3-packed-window254", "2-chain-window3"])
 def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
     monkeypatch.setattr(E, "SCHEDULE_CHUNK", chunk)
     trees = trees_of_kind(kind, 17, seed=12)

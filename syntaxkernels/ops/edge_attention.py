@@ -337,18 +337,18 @@ if _HAS_TRITON:
         pid = tl.program_id(0)
         h = _idx(pid % H, SMALL)
         block = pid // H
-        index, ok, b, i64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        index, ok, b, qi, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = _gather(Q + h * stride_qh, b * stride_qb + i64 * stride_qn, offs_d, D, has, EVEN_D)
+        q = _gather(Q + h * stride_qh, b * stride_qb + qi * stride_qn, offs_d, D, has, EVEN_D)
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
         do_base = DOUT + h * stride_gh
         k_row = b * stride_kb
         v_row = b * stride_vb
-        do_row = b * stride_gb + i64 * stride_gn
-        stat_base = b * R * H * N + h * N + i64
+        do_row = b * stride_gb + qi * stride_gn
+        stat_base = b * R * H * N + h * N + qi
         dq = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
@@ -367,7 +367,7 @@ if _HAS_TRITON:
         dq = dq * sm_scale
         col_ok = offs_d[None, :] < D
         direct = ok & (slot < 0)
-        tl.store(DQ + ((b * H + h) * N + i64)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+        tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
                  mask=direct[:, None] & col_ok)
         part = _idx(slot, SMALL) * H + h
         tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=(ok & (slot >= 0))[:, None] & col_ok)
@@ -393,12 +393,12 @@ if _HAS_TRITON:
         pid = tl.program_id(0)
         h = _idx(pid % H, SMALL)
         block = pid // H
-        index, ok, b, j64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        k = _gather(K + h * stride_kh, b * stride_kb + j64 * stride_kn, offs_d, D, has, EVEN_D)
-        v = _gather(V + h * stride_vh, b * stride_vb + j64 * stride_vn, offs_dv, DV, has, EVEN_DV)
+        k = _gather(K + h * stride_kh, b * stride_kb + kj * stride_kn, offs_d, D, has, EVEN_D)
+        v = _gather(V + h * stride_vh, b * stride_vb + kj * stride_vn, offs_dv, DV, has, EVEN_DV)
         q_base = Q + h * stride_qh
         do_base = DOUT + h * stride_gh
         q_row = b * stride_qb
@@ -423,8 +423,8 @@ if _HAS_TRITON:
             dv += p[:, None] * do
         dk = dk * sm_scale
         # The item's coordinates again (loaded, not kept live across the loop: keeping them spilled 8 B).
-        index, ok, b, j64, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
-        out_rows = ((b * H + h) * N + j64)[:, None]
+        index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        out_rows = ((b * H + h) * N + kj)[:, None]
         direct = (ok & (slot < 0))[:, None]
         split = (ok & (slot >= 0))[:, None]
         part = (_idx(slot, SMALL) * H + h)[:, None]
