@@ -483,7 +483,8 @@ def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch)
     slots = I.schedule_slots(schedule, 8)
     assert got["slots"] == slots
     assert got["fwd_loop"] == 10 * 128 / 8 * slots["fwd"]
-    programs = -(-schedule.f_items.shape[1] // 8)
+    programs = -(-schedule.f_items.shape[1] // 8) + -(-schedule.p_items.shape[1] // 8)  # two launches
+    assert schedule.p_items.shape[1] > 0
     assert got["fwd"] == got["fwd_loop"] + 100 * 128 * programs  # no merge kernel figures given: not charged
     assert got["bwd"] == (got["dq_loop"] + 100 * 128 * -(-schedule.q_items.shape[1] // 8)
                           + got["dkdv_loop"] + 100 * 128 * -(-schedule.k_items.shape[1] // 8))

@@ -54,8 +54,8 @@ __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edg
 # query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
 # kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
 # D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 1220.0, 64: 2520.0, 128: 5160.0}
-EDGE_ITEM_COST = {32: (1380.0, 736.0, 926.0), 64: (2582.0, 1448.0, 1844.0), 128: (4936.0, 3000.0, 3744.0)}
+EDGE_SLOT_COST = {32: 1216.0, 64: 2512.0, 128: 5144.0}
+EDGE_ITEM_COST = {32: (1160.0, 736.0, 926.0), 64: (2154.0, 1448.0, 1844.0), 128: (4130.0, 3000.0, 3744.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
@@ -159,7 +159,7 @@ if _HAS_TRITON:
         stride_ob, stride_or, stride_oh, stride_on,
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
         """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -209,19 +209,19 @@ if _HAS_TRITON:
         # The item's coordinates again (loaded, not kept live across the loop: fp32 spilled 8 B keeping them).
         index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
         r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
-        direct = ok & (slot < 0)
         col_ok = offs_dv[None, :] < DV
-        out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
-        if EVEN_DV:
-            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=direct[:, None])
-        else:
-            tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
-                     mask=direct[:, None] & col_ok)
-        tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=direct)
-        part = _idx(slot, SMALL) * H + h
-        split = ok & (slot >= 0)
-        tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=split[:, None] & col_ok)
-        tl.store(PART_L + part, lse, mask=split)
+        if PIECES:  # chunks of split rows: to their partial slots (merged by _edge_merge_kernel)
+            part = _idx(slot, SMALL) * H + h
+            tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=ok[:, None] & col_ok)
+            tl.store(PART_L + part, lse, mask=ok)
+        else:  # whole rows: to the output
+            out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
+            if EVEN_DV:
+                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=ok[:, None])
+            else:
+                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
+                         mask=ok[:, None] & col_ok)
+            tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=ok)
 
     @triton.jit
     def _edge_merge_kernel(
@@ -473,9 +473,9 @@ if _HAS_TRITON:
         B, H, N, D = q.shape
         DV = v.shape[-1]
         R = num_relations
-        f_items, merge_rows, merge_ptr = schedule[0], schedule[1], schedule[2]
+        f_items, merge_rows, merge_ptr, p_items = schedule[0], schedule[1], schedule[2], schedule[9]
         pieces = sizes[0]
-        I = f_items.shape[1]
+        I = f_items.shape[1] + p_items.shape[1]
         out = torch.zeros((B, R, H, N, DV), dtype=q.dtype, device=q.device)
         lse = torch.full((B, R, H, N), float("inf"), dtype=torch.float32, device=q.device)
         if out.numel() == 0 or I == 0:
@@ -484,11 +484,13 @@ if _HAS_TRITON:
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
         tiles = _tiles(q, v, k, out, lse, part_o, part_l)
-        launch(_edge_fwd_kernel, (triton.cdiv(I, tiles["BLOCK_E"]) * H,),
-               q, k, v, col, f_items, out, lse, part_o, part_l,
-               q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               H, N, R, D, DV, I, scale * LOG2E, **tiles)
+        for items, split in ((f_items, False), (p_items, True)):
+            if items.shape[1]:
+                launch(_edge_fwd_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,),
+                       q, k, v, col, items, out, lse, part_o, part_l,
+                       q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                       v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                       out.stride(3), H, N, R, D, DV, items.shape[1], scale * LOG2E, PIECES=split, **tiles)
         S = merge_rows.shape[0]
         if S:
             launch(_edge_merge_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part_o, part_l, merge_rows, merge_ptr,
@@ -518,18 +520,18 @@ if _HAS_TRITON:
         if B * H * N == 0 or R == 0 or D == 0 or DV == 0 or I == 0:
             return dq, dk, dv
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
-        f_items = schedule[0]
-        IF = f_items.shape[1]
         delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)  # read only where rows have edges
         f32 = dict(dtype=torch.float32, device=q.device)
         dq_part = torch.empty((max(dq_slots, 1), H, D), **f32)
         dk_part = torch.empty((max(dk_slots, 1), H, D), **f32)
         dv_part = torch.empty((max(dk_slots, 1), H, DV), **f32)
         tiles = _tiles(q, v, k, out, dout, lse, delta, dq, dv, dq_part, dv_part)
-        launch(_edge_bwd_delta_kernel, (triton.cdiv(IF, 64) * H,),
-               out, dout, delta, f_items, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV, IF,
-               BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], SMALL=tiles["SMALL"], num_warps=4)
+        for items in (schedule[0], schedule[9]):  # the rows with edges: whole rows, then the split rows' chunks
+            if items.shape[1]:
+                launch(_edge_bwd_delta_kernel, (triton.cdiv(items.shape[1], 64) * H,),
+                       out, dout, delta, items, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+                       dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV, items.shape[1],
+                       BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], SMALL=tiles["SMALL"], num_warps=4)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    dout.stride(3))
@@ -719,7 +721,8 @@ def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
     schedule = lists.schedule(SCHEDULE_CHUNK)
     per_item = EDGE_ITEM_COST[dim]
     edge = EDGE_SLOT_COST[dim] * lists.num_edges + sum(
-        cost * items.shape[1] for cost, items in zip(per_item, (schedule.f_items, schedule.q_items, schedule.k_items)))
+        cost * items for cost, items in zip(per_item, (schedule.f_items.shape[1] + schedule.p_items.shape[1],
+                                                      schedule.q_items.shape[1], schedule.k_items.shape[1])))
     dense = DENSE_ELEMENT_COST[dim] * DENSE_TILE * DENSE_TILE * lists.tile_count(DENSE_TILE)
     return edge, dense
 

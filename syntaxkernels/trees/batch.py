@@ -577,8 +577,10 @@ class EdgeSchedule:
     the edge slots a kernel walks stay close to the real edges.
 
     Attributes:
-        f_items: ``[6, I_f]``: per forward item its row's b, i and r, first edge, edge count and partial slot
-            (-1: the row is whole, written directly).
+        f_items: ``[6, I_f]``: the forward items of whole rows: per item its row's b, i and r, first edge, edge
+            count and partial slot (-1: whole rows are written directly).
+        p_items: ``[6, I_p]``: the forward items of split rows (the same rows; slot >= 0: written to a partial
+            buffer), launched apart so the common kernel carries no partial store.
         merge_rows, merge_ptr: the split rows and, per row, its partial slots ``merge_ptr[k] .. merge_ptr[k + 1]``
             (in edge order): the forward merges them by log-sum-exp.
         q_items: ``[5, I_q]``: per dQ item its token's b and i, first edge, count and dq partial slot (-1: the
@@ -598,6 +600,7 @@ class EdgeSchedule:
     k_items: torch.Tensor
     dk_tokens: torch.Tensor
     dk_ptr: torch.Tensor
+    p_items: torch.Tensor
     pieces: int
     dq_slots: int
     dk_slots: int
@@ -605,7 +608,7 @@ class EdgeSchedule:
 
     def tensors(self) -> List[torch.Tensor]:
         return [self.f_items, self.merge_rows, self.merge_ptr, self.q_items, self.dq_tokens, self.dq_ptr,
-                self.k_items, self.dk_tokens, self.dk_ptr]
+                self.k_items, self.dk_tokens, self.dk_ptr, self.p_items]
 
     def sizes(self) -> List[int]:
         return [self.pieces, self.dq_slots, self.dk_slots]
@@ -647,6 +650,12 @@ def _with_coordinates(items: torch.Tensor, N: int, R: int) -> torch.Tensor:
     return torch.stack(coordinates + [items[1], items[2], items[3]]).to(torch.int32).contiguous()
 
 
+def _split_pieces(f_items: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(f_items, p_items)``: a forward item table's whole-row items and split-row items, each in its order."""
+    split = f_items[-1] >= 0
+    return f_items[:, ~split].contiguous(), f_items[:, split].contiguous()
+
+
 def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
                         chunk: int = EDGE_CHUNK) -> EdgeSchedule:
     """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in
@@ -657,15 +666,16 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
     if module is not None and hasattr(module, "edge_schedule"):  # the C++ builder: O(E / chunk + B N R)
         *tensors, pieces, dq_slots, dk_slots = module.edge_schedule(
             row_ptr.to(torch.int32).contiguous(), t_ptr.to(torch.int32).contiguous(), B, N, R, chunk)
-        return EdgeSchedule(*tensors, pieces, dq_slots, dk_slots, chunk)
+        whole, split = _split_pieces(tensors[0])
+        return EdgeSchedule(whole, *tensors[1:], split, pieces, dq_slots, dk_slots, chunk)
     row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
     f_items, merge_rows, merge_ptr, pieces = _chunked_items(row_ptr, chunk)
     # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
     q_items, dq_tokens, dq_ptr, dq_slots = _chunked_items(row_ptr[::R] if R > 1 else row_ptr, chunk)
     k_items, dk_tokens, dk_ptr, dk_slots = _chunked_items(t_ptr[::R] if R > 1 else t_ptr, chunk)
-    return EdgeSchedule(_with_coordinates(f_items, N, R), merge_rows, merge_ptr, _with_coordinates(q_items, N, 0),
-                        dq_tokens, dq_ptr, _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, pieces, dq_slots,
-                        dk_slots, chunk)
+    whole, split = _split_pieces(_with_coordinates(f_items, N, R))
+    return EdgeSchedule(whole, merge_rows, merge_ptr, _with_coordinates(q_items, N, 0), dq_tokens, dq_ptr,
+                        _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, split, pieces, dq_slots, dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
