@@ -140,9 +140,16 @@ def test_schedule_items_cover_every_edge_once_longest_first():
                 assert bool((table[-2, :-1] >= table[-2, 1:]).all())
             forward = torch.cat([s.f_items, s.p_items], dim=1)
             forward = forward[:, torch.argsort(-forward[-2], stable=True)]
+            sides = []
+            for whole, split in ((s.q_items, s.qp_items), (s.k_items, s.kp_items)):
+                assert bool((whole[-1] == -1).all()) and bool((split[-1] >= 0).all())
+                for table in (whole, split):
+                    assert bool((table[-2, :-1] >= table[-2, 1:]).all())
+                both = torch.cat([whole, split], dim=1)
+                sides.append(both[:, torch.argsort(-both[-2], stable=True)])
             for items, ptr, per, splits in ((forward, lists.row_ptr, 1, (s.merge_rows, s.merge_ptr, s.pieces)),
-                                            (s.q_items, lists.row_ptr, R, (s.dq_tokens, s.dq_ptr, s.dq_slots)),
-                                            (s.k_items, lists.t_ptr, R, (s.dk_tokens, s.dk_ptr, s.dk_slots))):
+                                            (sides[0], lists.row_ptr, R, (s.dq_tokens, s.dq_ptr, s.dq_slots)),
+                                            (sides[1], lists.t_ptr, R, (s.dk_tokens, s.dk_ptr, s.dk_slots))):
                 coordinates = items[:-3].long()
                 unit = coordinates[0] * N + coordinates[1]
                 if coordinates.shape[0] == 3:  # forward items: rows (b, i, r)
@@ -445,7 +452,8 @@ def test_window_path_model_decides_on_live_tiles_not_global_density():
         assert E.window_takes_edges(lists, 64) is edges and lists.num_edges <= B * N * N / 16
         edge, dense_cost = E.window_costs(lists, 64)
         s = lists.schedule()
-        items = (s.f_items.shape[1] + s.p_items.shape[1], s.q_items.shape[1], s.k_items.shape[1])
+        items = (s.f_items.shape[1] + s.p_items.shape[1], s.q_items.shape[1] + s.qp_items.shape[1],
+                 s.k_items.shape[1] + s.kp_items.shape[1])
         assert edge == E.EDGE_SLOT_COST[64] * lists.num_edges + sum(
             c * n for c, n in zip(E.EDGE_ITEM_COST[64], items))
         assert dense_cost == E.DENSE_ELEMENT_COST[64] * 64 * 64 * lists.tile_count()

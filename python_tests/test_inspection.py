@@ -463,8 +463,8 @@ def test_lockstep_and_schedule_slots_match_their_loop_bounds():
     want_dq = sum(block * int(tokens[b, i0:i0 + block].max()) for b in range(B) for i0 in range(0, N, block))
     assert I.lockstep_slots(lists, block)["dq"] == want_dq
     schedule = lists.schedule(3)
-    count = schedule.q_items[-2]
-    want_items = sum(block * int(count[i0:i0 + block].max()) for i0 in range(0, count.numel(), block))
+    want_items = sum(block * int(table[-2, i0:i0 + block].max()) for table in (schedule.q_items, schedule.qp_items)
+                     for i0 in range(0, table.shape[1], block))
     assert I.schedule_slots(schedule, block)["dq"] == want_items
 
 
@@ -486,5 +486,7 @@ def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch)
     programs = -(-schedule.f_items.shape[1] // 8) + -(-schedule.p_items.shape[1] // 8)  # two launches
     assert schedule.p_items.shape[1] > 0
     assert got["fwd"] == got["fwd_loop"] + 100 * 128 * programs  # no merge kernel figures given: not charged
-    assert got["bwd"] == (got["dq_loop"] + 100 * 128 * -(-schedule.q_items.shape[1] // 8)
-                          + got["dkdv_loop"] + 100 * 128 * -(-schedule.k_items.shape[1] // 8))
+    assert got["bwd"] == (got["dq_loop"] + 100 * 128 * (-(-schedule.q_items.shape[1] // 8)
+                                                        + -(-schedule.qp_items.shape[1] // 8))
+                          + got["dkdv_loop"] + 100 * 128 * (-(-schedule.k_items.shape[1] // 8)
+                                                            + -(-schedule.kp_items.shape[1] // 8)))

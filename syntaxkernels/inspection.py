@@ -1417,8 +1417,9 @@ def schedule_slots(schedule, block_e: int) -> Dict[str, int]:
         counts = items[-2].long()  # rows: coordinates, first, count, slot
         return int(counts[::block_e].sum()) * block_e
 
-    return dict(fwd=blocked(schedule.f_items) + blocked(schedule.p_items), dq=blocked(schedule.q_items),
-                dkdv=blocked(schedule.k_items))
+    return dict(fwd=blocked(schedule.f_items) + blocked(schedule.p_items),
+                dq=blocked(schedule.q_items) + blocked(schedule.qp_items),
+                dkdv=blocked(schedule.k_items) + blocked(schedule.kp_items))
 
 
 def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relations") -> Dict[str, dict]:
@@ -1489,7 +1490,9 @@ def edge_cost(lists, costs: Dict[str, dict]) -> Dict[str, float]:
     f_loop, f_all = run(fwd, slots["fwd"], schedule.f_items.shape[1])
     f_all += fwd["rest"] * fwd["threads"] * -(-schedule.p_items.shape[1] // fwd["block"])  # the split rows' launch
     q_loop, q_all = run(dq, slots["dq"], schedule.q_items.shape[1])
+    q_all += dq["rest"] * dq["threads"] * -(-schedule.qp_items.shape[1] // dq["block"])  # the split tokens' launch
     k_loop, k_all = run(dkdv, slots["dkdv"], schedule.k_items.shape[1])
+    k_all += dkdv["rest"] * dkdv["threads"] * -(-schedule.kp_items.shape[1] // dkdv["block"])
     delta = costs.get("_edge_bwd_delta_kernel")
     delta_all = delta["rest"] * delta["threads"] * sum(
         -(-items.shape[1] // delta["block"]) for items in (schedule.f_items, schedule.p_items)) if delta else 0.0

@@ -54,8 +54,8 @@ __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edg
 # query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
 # kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
 # D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 1216.0, 64: 2512.0, 128: 5144.0}
-EDGE_ITEM_COST = {32: (1160.0, 736.0, 926.0), 64: (2154.0, 1448.0, 1844.0), 128: (4130.0, 3000.0, 3744.0)}
+EDGE_SLOT_COST = {32: 1200.0, 64: 2480.0, 128: 5072.0}
+EDGE_ITEM_COST = {32: (1160.0, 510.0, 926.0), 64: (2154.0, 1012.0, 1844.0), 128: (4130.0, 2032.0, 3744.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
@@ -325,7 +325,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
         """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
@@ -366,11 +366,12 @@ if _HAS_TRITON:
             dq += ds[:, None] * k
         dq = dq * sm_scale
         col_ok = offs_d[None, :] < D
-        direct = ok & (slot < 0)
-        tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-                 mask=direct[:, None] & col_ok)
-        part = _idx(slot, SMALL) * H + h
-        tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=(ok & (slot >= 0))[:, None] & col_ok)
+        if PIECES:  # items of split tokens: fp32 partial rows (summed by _edge_sum_kernel)
+            part = _idx(slot, SMALL) * H + h
+            tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=ok[:, None] & col_ok)
+        else:
+            tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+                     mask=ok[:, None] & col_ok)
 
     @triton.jit
     def _edge_bwd_dkdv_kernel(
@@ -381,7 +382,7 @@ if _HAS_TRITON:
         stride_gb, stride_gr, stride_gh, stride_gn,
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
         """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
@@ -422,8 +423,11 @@ if _HAS_TRITON:
             dk += ds[:, None] * q
             dv += p[:, None] * do
         dk = dk * sm_scale
-        # The item's coordinates again (loaded, not kept live across the loop: keeping them spilled 8 B).
+        # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
+        # D = 64 with H = 12 on sm_90).
         index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        # Both stores, masked by the slot, in both launches (PIECES unused here: a whole-token-only epilogue
+        # spilled 8 B at fp32 D = 128 on sm_80).
         out_rows = ((b * H + h) * N + kj)[:, None]
         direct = (ok & (slot < 0))[:, None]
         split = (ok & (slot >= 0))[:, None]
@@ -512,11 +516,12 @@ if _HAS_TRITON:
         DV = v.shape[-1]
         R = out.shape[1]
         q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr = schedule[3:9]
+        qp_items, kp_items = schedule[10], schedule[11]
         dq_slots, dk_slots = sizes[1], sizes[2]
         dq = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
         dk = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
         dv = torch.zeros((B, H, N, DV), dtype=q.dtype, device=q.device)
-        I, IK = q_items.shape[1], k_items.shape[1]
+        I = q_items.shape[1] + qp_items.shape[1]
         if B * H * N == 0 or R == 0 or D == 0 or DV == 0 or I == 0:
             return dq, dk, dv
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
@@ -535,12 +540,17 @@ if _HAS_TRITON:
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    dout.stride(3))
-        launch(_edge_bwd_dq_kernel, (triton.cdiv(I, tiles["BLOCK_E"]) * H,), q, k, v, dout, lse, delta, col, rel,
-               q_items, dq, dq_part, *strides, H, N, R, D, DV, I, scale * LOG2E, scale, **tiles)
+        for items, split in ((q_items, False), (qp_items, True)):
+            if items.shape[1]:
+                launch(_edge_bwd_dq_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
+                       lse, delta, col, rel, items, dq, dq_part, *strides, H, N, R, D, DV, items.shape[1],
+                       scale * LOG2E, scale, PIECES=split, **tiles)
         _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
-        launch(_edge_bwd_dkdv_kernel, (triton.cdiv(IK, tiles["BLOCK_E"]) * H,), q, k, v, dout, lse, delta, t_col,
-               t_rel, k_items, dk, dv, dk_part, dv_part, *strides, H, N, R, D, DV, IK, scale * LOG2E, scale,
-               **tiles)
+        for items, split in ((k_items, False), (kp_items, True)):
+            if items.shape[1]:
+                launch(_edge_bwd_dkdv_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
+                       lse, delta, t_col, t_rel, items, dk, dv, dk_part, dv_part, *strides, H, N, R, D, DV,
+                       items.shape[1], scale * LOG2E, scale, PIECES=split, **tiles)
         _sum_partials(dk_part, dk_tokens, dk_ptr, dk, H, N)
         _sum_partials(dv_part, dk_tokens, dk_ptr, dv, H, N)
         return dq, dk, dv
@@ -722,7 +732,8 @@ def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
     per_item = EDGE_ITEM_COST[dim]
     edge = EDGE_SLOT_COST[dim] * lists.num_edges + sum(
         cost * items for cost, items in zip(per_item, (schedule.f_items.shape[1] + schedule.p_items.shape[1],
-                                                      schedule.q_items.shape[1], schedule.k_items.shape[1])))
+                                                      schedule.q_items.shape[1] + schedule.qp_items.shape[1],
+                                                      schedule.k_items.shape[1] + schedule.kp_items.shape[1])))
     dense = DENSE_ELEMENT_COST[dim] * DENSE_TILE * DENSE_TILE * lists.tile_count(DENSE_TILE)
     return edge, dense
 

@@ -580,7 +580,9 @@ class EdgeSchedule:
         f_items: ``[6, I_f]``: the forward items of whole rows: per item its row's b, i and r, first edge, edge
             count and partial slot (-1: whole rows are written directly).
         p_items: ``[6, I_p]``: the forward items of split rows (the same rows; slot >= 0: written to a partial
-            buffer), launched apart so the common kernel carries no partial store.
+            buffer), launched apart so the common kernel carries no partial store; likewise ``qp_items`` and
+            ``kp_items`` (``[5, .]``): the dQ and dK/dV items of split tokens, apart from ``q_items`` and
+            ``k_items`` (whole tokens, slot -1).
         merge_rows, merge_ptr: the split rows and, per row, its partial slots ``merge_ptr[k] .. merge_ptr[k + 1]``
             (in edge order): the forward merges them by log-sum-exp.
         q_items: ``[5, I_q]``: per dQ item its token's b and i, first edge, count and dq partial slot (-1: the
@@ -601,6 +603,8 @@ class EdgeSchedule:
     dk_tokens: torch.Tensor
     dk_ptr: torch.Tensor
     p_items: torch.Tensor
+    qp_items: torch.Tensor
+    kp_items: torch.Tensor
     pieces: int
     dq_slots: int
     dk_slots: int
@@ -608,7 +612,7 @@ class EdgeSchedule:
 
     def tensors(self) -> List[torch.Tensor]:
         return [self.f_items, self.merge_rows, self.merge_ptr, self.q_items, self.dq_tokens, self.dq_ptr,
-                self.k_items, self.dk_tokens, self.dk_ptr, self.p_items]
+                self.k_items, self.dk_tokens, self.dk_ptr, self.p_items, self.qp_items, self.kp_items]
 
     def sizes(self) -> List[int]:
         return [self.pieces, self.dq_slots, self.dk_slots]
@@ -656,6 +660,16 @@ def _split_pieces(f_items: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return f_items[:, ~split].contiguous(), f_items[:, split].contiguous()
 
 
+def _split_schedule(f_items, merge_rows, merge_ptr, q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr, pieces,
+                    dq_slots, dk_slots, chunk) -> "EdgeSchedule":
+    """The :class:`EdgeSchedule` with each side's items of split units apart from the whole ones."""
+    f_whole, f_split = _split_pieces(f_items)
+    q_whole, q_split = _split_pieces(q_items)
+    k_whole, k_split = _split_pieces(k_items)
+    return EdgeSchedule(f_whole, merge_rows, merge_ptr, q_whole, dq_tokens, dq_ptr, k_whole, dk_tokens, dk_ptr,
+                        f_split, q_split, k_split, int(pieces), int(dq_slots), int(dk_slots), chunk)
+
+
 def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
                         chunk: int = EDGE_CHUNK) -> EdgeSchedule:
     """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in
@@ -666,16 +680,15 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
     if module is not None and hasattr(module, "edge_schedule"):  # the C++ builder: O(E / chunk + B N R)
         *tensors, pieces, dq_slots, dk_slots = module.edge_schedule(
             row_ptr.to(torch.int32).contiguous(), t_ptr.to(torch.int32).contiguous(), B, N, R, chunk)
-        whole, split = _split_pieces(tensors[0])
-        return EdgeSchedule(whole, *tensors[1:], split, pieces, dq_slots, dk_slots, chunk)
+        return _split_schedule(*tensors, pieces, dq_slots, dk_slots, chunk)
     row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
     f_items, merge_rows, merge_ptr, pieces = _chunked_items(row_ptr, chunk)
     # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
     q_items, dq_tokens, dq_ptr, dq_slots = _chunked_items(row_ptr[::R] if R > 1 else row_ptr, chunk)
     k_items, dk_tokens, dk_ptr, dk_slots = _chunked_items(t_ptr[::R] if R > 1 else t_ptr, chunk)
-    whole, split = _split_pieces(_with_coordinates(f_items, N, R))
-    return EdgeSchedule(whole, merge_rows, merge_ptr, _with_coordinates(q_items, N, 0), dq_tokens, dq_ptr,
-                        _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, split, pieces, dq_slots, dk_slots, chunk)
+    return _split_schedule(_with_coordinates(f_items, N, R), merge_rows, merge_ptr, _with_coordinates(q_items, N, 0),
+                           dq_tokens, dq_ptr, _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, pieces, dq_slots,
+                           dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
