@@ -227,6 +227,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           tensor(lists.t_rel)};
 }
 
+// The GPU edge kernels' balanced schedule of CPU int32 lists (see relation_lists.h): the nine int32 tables and
+// (pieces, dq_slots, dk_slots).
+py::tuple edge_schedule_cpu(const at::Tensor& row_ptr, const at::Tensor& t_ptr, int64_t B, int64_t N, int64_t R,
+                            int64_t chunk) {
+  for (const at::Tensor* t : {&row_ptr, &t_ptr}) {
+    if (!t->device().is_cpu() || t->scalar_type() != at::kInt || !t->is_contiguous() || t->dim() != 1 ||
+        t->numel() != B * N * R + 1) {
+      throw std::invalid_argument("edge_schedule needs contiguous CPU int32 offsets of B * N * R + 1 entries");
+    }
+  }
+  EdgeSchedule s;
+  {
+    pybind11::gil_scoped_release release;
+    s = build_edge_schedule(row_ptr.data_ptr<int32_t>(), t_ptr.data_ptr<int32_t>(), B, N, R, chunk);
+  }
+  auto tensor = [](const std::vector<int32_t>& values, int64_t rows) {
+    const int64_t n = static_cast<int64_t>(values.size());
+    at::Tensor t = at::empty(rows ? std::vector<int64_t>{rows, n / rows} : std::vector<int64_t>{n},
+                             at::TensorOptions().dtype(at::kInt));
+    std::copy(values.begin(), values.end(), t.data_ptr<int32_t>());
+    return t;
+  };
+  return py::make_tuple(tensor(s.f_items, 6), tensor(s.merge_rows, 0), tensor(s.merge_ptr, 0), tensor(s.q_items, 5),
+                        tensor(s.dq_tokens, 0), tensor(s.dq_ptr, 0), tensor(s.k_items, 5), tensor(s.dk_tokens, 0),
+                        tensor(s.dk_ptr, 0), s.pieces, s.dq_slots, s.dk_slots);
+}
+
+int64_t live_tiles_cpu(const at::Tensor& row_ptr, const at::Tensor& col, int64_t B, int64_t N, int64_t R,
+                       int64_t tile) {
+  if (!row_ptr.device().is_cpu() || row_ptr.scalar_type() != at::kInt || !row_ptr.is_contiguous() ||
+      row_ptr.numel() != B * N * R + 1 || !col.device().is_cpu() || col.scalar_type() != at::kInt ||
+      !col.is_contiguous()) {
+    throw std::invalid_argument("live_tiles needs contiguous CPU int32 lists");
+  }
+  pybind11::gil_scoped_release release;
+  return count_live_tiles(row_ptr.data_ptr<int32_t>(), col.data_ptr<int32_t>(), B, N, R, tile);
+}
+
 }  // namespace syntaxkernels
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -247,6 +285,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(row_ptr, col, rel, t_ptr, t_col, t_rel) int32 CSR lists over rows (b, i, r) of the parent_d, child_d, "
         "sibling_d relations (window = -1) or of the pairs within `window` edges (window >= 0), with the "
         "transposed lists over rows (b, j, r). Validates like tree_distance (ValueError). Releases the GIL.");
+  m.def("edge_schedule", &syntaxkernels::edge_schedule_cpu, pybind11::arg("row_ptr"), pybind11::arg("t_ptr"),
+        pybind11::arg("B"), pybind11::arg("N"), pybind11::arg("R"), pybind11::arg("chunk"),
+        "The GPU edge kernels' balanced schedule of int32 CPU lists: (f_items [6, I], merge_rows, merge_ptr, "
+        "q_items [5, I], dq_tokens, dq_ptr, k_items [5, I], dk_tokens, dk_ptr, pieces, dq_slots, dk_slots). "
+        "Releases the GIL.");
+  m.def("live_tiles", &syntaxkernels::live_tiles_cpu, pybind11::arg("row_ptr"), pybind11::arg("col"),
+        pybind11::arg("B"), pybind11::arg("N"), pybind11::arg("R"), pybind11::arg("tile"),
+        "Tiles of tile x tile per sequence holding a listed pair. Releases the GIL.");
   m.def("edge_attention_forward", &syntaxkernels::edge_attention_forward_cpu, pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("row_ptr"), pybind11::arg("col"),
         pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("lse"),

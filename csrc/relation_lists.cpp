@@ -233,4 +233,107 @@ EdgeLists build_edge_lists(const int64_t* heads, const int64_t* lengths, int64_t
   return lists;
 }
 
+namespace {
+
+// Items of up to `chunk` edges for units u = 0..U-1 with edges [ptr[u * stride], ptr[(u + 1) * stride]), each unit
+// also named by `coordinates(u, out)` (b, i, (r)), sorted longest first (stable); appends the split units and their
+// slot offsets. Returns the number of slots.
+template <typename Coordinates>
+int64_t chunked_items(const int32_t* ptr, int64_t U, int64_t stride, int64_t chunk, int64_t num_coordinates,
+                      Coordinates&& coordinates, std::vector<int32_t>& table, std::vector<int32_t>& split_units,
+                      std::vector<int32_t>& split_ptr) {
+  struct Item {
+    int64_t unit, first, count, slot;
+  };
+  std::vector<Item> items;
+  int64_t slots = 0;
+  split_units.clear();
+  split_ptr.assign(1, 0);
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t first = ptr[u * stride], degree = ptr[(u + 1) * stride] - first;
+    if (degree <= 0) continue;
+    const int64_t pieces = (degree + chunk - 1) / chunk;
+    for (int64_t k = 0; k < pieces; ++k) {
+      items.push_back({u, first + k * chunk, std::min(chunk, degree - k * chunk), pieces > 1 ? slots + k : -1});
+    }
+    if (pieces > 1) {
+      slots += pieces;
+      split_units.push_back(static_cast<int32_t>(u));
+      split_ptr.push_back(static_cast<int32_t>(slots));
+    }
+  }
+  // Counting sort by count, longest first; stable.
+  std::vector<int64_t> start(static_cast<size_t>(chunk + 2), 0);
+  for (const Item& item : items) ++start[static_cast<size_t>(chunk - item.count + 1)];
+  for (size_t c = 1; c < start.size(); ++c) start[c] += start[c - 1];
+  std::vector<int64_t> order(items.size());
+  for (size_t n = 0; n < items.size(); ++n) order[static_cast<size_t>(start[static_cast<size_t>(chunk - items[n].count)]++)] = static_cast<int64_t>(n);
+  const int64_t I = static_cast<int64_t>(items.size());
+  const int64_t rows = num_coordinates + 3;
+  table.assign(static_cast<size_t>(rows * I), 0);
+  int32_t values[3];
+  for (int64_t n = 0; n < I; ++n) {
+    const Item& item = items[static_cast<size_t>(order[static_cast<size_t>(n)])];
+    coordinates(item.unit, values);
+    for (int64_t c = 0; c < num_coordinates; ++c) table[static_cast<size_t>(c * I + n)] = values[c];
+    table[static_cast<size_t>(num_coordinates * I + n)] = static_cast<int32_t>(item.first);
+    table[static_cast<size_t>((num_coordinates + 1) * I + n)] = static_cast<int32_t>(item.count);
+    table[static_cast<size_t>((num_coordinates + 2) * I + n)] = static_cast<int32_t>(item.slot);
+  }
+  return slots;
+}
+
+void check_offsets(const int32_t* ptr, int64_t rows, const char* name) {
+  if (ptr[0] != 0) throw std::invalid_argument(std::string(name) + " must start at 0");
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ptr[r + 1] < ptr[r]) throw std::invalid_argument(std::string(name) + " must be non-decreasing");
+  }
+}
+
+}  // namespace
+
+EdgeSchedule build_edge_schedule(const int32_t* row_ptr, const int32_t* t_ptr, int64_t B, int64_t N, int64_t R,
+                                 int64_t chunk) {
+  if (chunk < 1) throw std::invalid_argument("chunk must be a positive int, got " + std::to_string(chunk));
+  if (B < 0 || N < 0 || R < 1) throw std::invalid_argument("bad list shape");
+  const int64_t rows = B * N * R;
+  check_offsets(row_ptr, rows, "row_ptr");
+  check_offsets(t_ptr, rows, "t_ptr");
+  EdgeSchedule s;
+  s.pieces = chunked_items(row_ptr, rows, 1, chunk, 3, [&](int64_t row, int32_t* out) {
+    out[0] = static_cast<int32_t>(row / (N * R));
+    out[1] = static_cast<int32_t>((row / R) % N);
+    out[2] = static_cast<int32_t>(row % R);
+  }, s.f_items, s.merge_rows, s.merge_ptr);
+  auto token = [&](int64_t t, int32_t* out) {
+    out[0] = static_cast<int32_t>(t / N);
+    out[1] = static_cast<int32_t>(t % N);
+  };
+  s.dq_slots = chunked_items(row_ptr, B * N, R, chunk, 2, token, s.q_items, s.dq_tokens, s.dq_ptr);
+  s.dk_slots = chunked_items(t_ptr, B * N, R, chunk, 2, token, s.k_items, s.dk_tokens, s.dk_ptr);
+  return s;
+}
+
+int64_t count_live_tiles(const int32_t* row_ptr, const int32_t* col, int64_t B, int64_t N, int64_t R, int64_t tile) {
+  if (tile < 1) throw std::invalid_argument("tile must be positive");
+  const int64_t nt = (N + tile - 1) / tile;
+  std::vector<int64_t> seen(static_cast<size_t>(nt), -1);  // key block -> last query block that marked it
+  int64_t live = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t qb = 0; qb < nt; ++qb) {
+      const int64_t stamp = b * nt + qb;
+      const int64_t lo = row_ptr[(b * N + qb * tile) * R];
+      const int64_t hi = row_ptr[(b * N + std::min(N, (qb + 1) * tile)) * R];
+      for (int64_t e = lo; e < hi; ++e) {
+        const int64_t kb = col[e] / tile;
+        if (kb >= 0 && kb < nt && seen[static_cast<size_t>(kb)] != stamp) {
+          seen[static_cast<size_t>(kb)] = stamp;
+          ++live;
+        }
+      }
+    }
+  }
+  return live;
+}
+
 }  // namespace syntaxkernels

@@ -65,4 +65,26 @@ std::string check_list_spec(const ListSpec& spec);
 EdgeLists build_edge_lists(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, const ListSpec& spec,
                            int num_threads);
 
+// The balanced work lists of the GPU edge kernels over lists (row_ptr, t_ptr: [B * N * R + 1]); see
+// syntaxkernels.trees.batch.EdgeSchedule for the contract. A work item is up to `chunk` consecutive edges of a unit
+// (forward: a row (b, i, r); dQ: a token over every relation; dK/dV: a key token's transposed edges); units with
+// more edges are split, their items numbered by consecutive partial slots (in edge order). Items are sorted by edge
+// count, longest first, stably (a counting sort). Tables are row-major: rows b, i, (r,) first, count, slot.
+struct EdgeSchedule {
+  std::vector<int32_t> f_items;  // [6, I_f]
+  std::vector<int32_t> merge_rows, merge_ptr;
+  std::vector<int32_t> q_items;  // [5, I_q]
+  std::vector<int32_t> dq_tokens, dq_ptr;
+  std::vector<int32_t> k_items;  // [5, I_k]
+  std::vector<int32_t> dk_tokens, dk_ptr;
+  int64_t pieces = 0, dq_slots = 0, dk_slots = 0;
+};
+
+// Throws std::invalid_argument for chunk < 1 or offsets that are not [B * N * R + 1] non-decreasing from 0.
+EdgeSchedule build_edge_schedule(const int32_t* row_ptr, const int32_t* t_ptr, int64_t B, int64_t N, int64_t R,
+                                 int64_t chunk);
+
+// Tiles of tile x tile (query block, key block) per sequence holding at least one listed pair (any relation).
+int64_t count_live_tiles(const int32_t* row_ptr, const int32_t* col, int64_t B, int64_t N, int64_t R, int64_t tile);
+
 }  // namespace syntaxkernels

@@ -98,6 +98,103 @@ def test_window_lists_match_reference_fp32(backend_device, case):
     check_against_reference(trees_of_kind(kind, 17), window, backend, device, torch.float32)
 
 
+# Small work items split every long row across items (partial segments merged by log-sum-exp, partial dq / dk /
+# dv summed): the paths that on real batches only hub rows ([CLS], long windows) take.
+@needs_triton
+@pytest.mark.parametrize("chunk,kind,which", [(3, "star", MASKS), (2, "packed", MASKS), (1, "forest", MASKS),
+                                              (2, "random", MASKS), (4, "star", 3), (3, "packed", 254),
+                                              (2, "chain", 3)],
+                         ids=["3-star-relations", "2-packed-relations", "1-forest-relations", "2-random-relations",
+                              "4-star-window3", "3-packed-window254", "2-chain-window3"])
+def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
+    monkeypatch.setattr(E, "SCHEDULE_CHUNK", chunk)
+    trees = trees_of_kind(kind, 17, seed=12)
+    lists = lists_of(trees, which)
+    schedule = lists.schedule(chunk)
+    assert schedule.dq_slots > 0 and schedule.dk_slots > 0  # some token is split on both sides
+    assert schedule.pieces > 0  # some row is split across items
+    check_against_reference(trees, which, "triton", KERNEL_DEVICE, torch.float32)
+
+
+@needs_triton
+def test_int64_row_offsets_match_reference(monkeypatch):
+    """Tensors spanning 2^31 elements or more take the int64 offsets: forced here by lowering the limit."""
+    monkeypatch.setattr(E, "_INT32_LIMIT", 0)
+    monkeypatch.setattr(E, "SCHEDULE_CHUNK", 3)
+    check_against_reference(trees_of_kind("packed", 15, seed=14), MASKS, "triton", KERNEL_DEVICE, torch.float32)
+
+
+def test_schedule_items_cover_every_edge_once_longest_first():
+    """The work items partition each token's edges (query and key side) into chunks, sorted longest first; the
+    split rows' partial slots are consecutive, in edge order."""
+    from syntaxkernels.trees.batch import build_edge_schedule
+
+    trees = trees_of_kind("star", 23, seed=13)
+    for lists in (trees.relation_lists(MASKS), trees.window_lists(2)):
+        B, R, N = lists.nonempty.shape
+        for chunk in (1, 3, 32):
+            s = build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+            # Whole rows' and split rows' forward items are apart (each sorted); together they are one table.
+            assert bool((s.f_items[-1] == -1).all()) and bool((s.p_items[-1] >= 0).all())
+            for table in (s.f_items, s.p_items):
+                assert bool((table[-2, :-1] >= table[-2, 1:]).all())
+            forward = torch.cat([s.f_items, s.p_items], dim=1)
+            forward = forward[:, torch.argsort(-forward[-2], stable=True)]
+            sides = []
+            for whole, split in ((s.q_items, s.qp_items), (s.k_items, s.kp_items)):
+                assert bool((whole[-1] == -1).all()) and bool((split[-1] >= 0).all())
+                for table in (whole, split):
+                    assert bool((table[-2, :-1] >= table[-2, 1:]).all())
+                both = torch.cat([whole, split], dim=1)
+                sides.append(both[:, torch.argsort(-both[-2], stable=True)])
+            for items, ptr, per, splits in ((forward, lists.row_ptr, 1, (s.merge_rows, s.merge_ptr, s.pieces)),
+                                            (sides[0], lists.row_ptr, R, (s.dq_tokens, s.dq_ptr, s.dq_slots)),
+                                            (sides[1], lists.t_ptr, R, (s.dk_tokens, s.dk_ptr, s.dk_slots))):
+                coordinates = items[:-3].long()
+                unit = coordinates[0] * N + coordinates[1]
+                if coordinates.shape[0] == 3:  # forward items: rows (b, i, r)
+                    unit = unit * R + coordinates[2]
+                first, count, slot = (row.long() for row in items[-3:])
+                assert bool((count[:-1] >= count[1:]).all()) and bool((count >= 1).all()) and bool((count <= chunk).all())
+                covered = torch.zeros(lists.num_edges, dtype=torch.int64)
+                for u, f, c in zip(unit.tolist(), first.tolist(), count.tolist()):
+                    assert ptr[u * per] <= f and f + c <= ptr[(u + 1) * per]
+                    covered[f:f + c] += 1
+                assert bool((covered == 1).all())
+                # The split units' slots: each used by one item of that unit, in edge order.
+                units, offsets, slots = splits
+                assert int(offsets[-1]) == slots and sorted(slot[slot >= 0].tolist()) == list(range(slots))
+                for k, u in enumerate(units.tolist()):
+                    mine = (unit == u).nonzero().flatten()
+                    by_edge = mine[torch.argsort(first[mine])]
+                    assert slot[by_edge].tolist() == list(range(int(offsets[k]), int(offsets[k + 1])))
+                assert bool((slot[~torch.isin(unit, units.long())] == -1).all())
+
+
+@needs_cpp
+def test_cpp_schedule_and_tiles_equal_the_pytorch_ones(monkeypatch):
+    """The C++ schedule builder and live-tile count (used when the extension is built) give exactly the tables of
+    the PyTorch fallback, for relation and window lists, several chunk sizes and tiles."""
+    from syntaxkernels.trees import batch as tree_batch
+
+    for kind in ("star", "packed", "forest", "random"):
+        trees = trees_of_kind(kind, 21, seed=15)
+        for lists in (trees.relation_lists(MASKS), trees.window_lists(3)):
+            B, R, N = lists.nonempty.shape
+            built = {chunk: tree_batch.build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+                     for chunk in (1, 3, 32)}
+            tiles = {tile: lists.tile_count(tile) for tile in (4, 16, 64)}
+            with monkeypatch.context() as patch:
+                patch.setattr(tree_batch._ext, "load", lambda: None)
+                for chunk, cpp in built.items():
+                    ref = tree_batch.build_edge_schedule(lists.row_ptr, lists.t_ptr, B, N, R, chunk)
+                    assert cpp.sizes() == ref.sizes()
+                    for a, b in zip(cpp.tensors(), ref.tensors()):
+                        assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b)
+                for tile, count in tiles.items():
+                    assert tree_batch._live_tiles_torch(lists, tile) == count
+
+
 @pytest.mark.parametrize("backend_device,kind", cases(["forest", "star"], ["star"]))
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device
@@ -211,15 +308,18 @@ def test_cpp_ops_pass_opcheck():
 
 
 @needs_triton
-def test_triton_ops_pass_opcheck():
+@pytest.mark.parametrize("chunk", [32, 2])
+def test_triton_ops_pass_opcheck(chunk):
     lists, q, k, v = _op_args(KERNEL_DEVICE)
+    schedule = lists.schedule(chunk)
     utils = ("test_schema", "test_faketensor")
-    args = (q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.25)
+    args = (q, k, v, lists.col, lists.rel, schedule.tensors(), schedule.sizes(), lists.num_relations, 0.25)
     torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_fwd, args, test_utils=utils)
     out, lse = torch.ops.syntaxkernels.edge_attention_fwd(*args)
     assert out.shape == (3, lists.num_relations, 2, 7, 16) and lse.shape == (3, lists.num_relations, 2, 7)
-    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
-           lists.t_rel, 0.25)
+    assert torch.isinf(lse[~lists.nonempty[:, :, None, :].expand_as(lse)]).all()
+    bwd = (torch.randn_like(out), q, k, v, out, lse, lists.col, lists.rel, lists.t_col, lists.t_rel,
+           schedule.tensors(), schedule.sizes(), 0.25)
     torch.library.opcheck(torch.ops.syntaxkernels.edge_attention_bwd, bwd, test_utils=utils)
 
 
@@ -324,6 +424,58 @@ def test_syntax_gat_runs_the_window_on_edge_lists():
     grads_slow = torch.autograd.grad(out_slow.square().sum(), list(slow.parameters()))
     for a, b in zip(grads_fast, grads_slow):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def _heads(rows, N):
+    heads = torch.full((len(rows), N), -1, dtype=torch.int64)
+    for b, row in enumerate(rows):
+        heads[b, :len(row)] = torch.tensor(row)
+    return sk.TreeBatch.from_heads(heads, torch.tensor([len(r) for r in rows]))
+
+
+def test_window_path_model_decides_on_live_tiles_not_global_density():
+    """The window's path on a GPU (``window_takes_edges``): the edge kernels where the live 64 x 64 tiles hold
+    few pairs, the LUT kernel where they are dense. A random tree of 2048 tokens (heads anywhere before the token)
+    spreads its window-1 pairs over most tiles (edges); one long tree of sentences keeps them near the diagonal:
+    window 4 leaves ~11 score elements of live tiles per edge (the LUT kernel) though it keeps only 1.3% of the
+    B N^2 pairs, where the old global-density rule (E <= B N^2 / 16) put both on the edges."""
+    import random
+
+    from syntaxkernels.workloads import chain_sentences, connect_sentences, generated_sentences
+
+    rng = random.Random(0)
+    scattered = _heads([[-1] + [rng.randrange(i) for i in range(1, 2048)]], 2048).window_lists(1)
+    sentences = generated_sentences(400, seed=0, max_length=40)
+    local = _heads(chain_sentences(sentences, 2048, rows=1), 2048).window_lists(4)
+    for lists, edges in ((scattered, True), (local, False)):
+        B, _, N = lists.nonempty.shape
+        assert E.window_takes_edges(lists, 64) is edges and lists.num_edges <= B * N * N / 16
+        edge, dense_cost = E.window_costs(lists, 64)
+        s = lists.schedule()
+        items = (s.f_items.shape[1] + s.p_items.shape[1], s.q_items.shape[1] + s.qp_items.shape[1],
+                 s.k_items.shape[1] + s.kp_items.shape[1])
+        assert edge == E.EDGE_SLOT_COST[64] * lists.num_edges + sum(
+            c * n for c, n in zip(E.EDGE_ITEM_COST[64], items))
+        assert dense_cost == E.DENSE_ELEMENT_COST[64] * 64 * 64 * lists.tile_count()
+    # The live tiles, counted against a direct enumeration of the pairs.
+    dense = _heads(connect_sentences(sentences, 256, rows=2), 256).window_lists(4)
+    dense_pairs = dense.to_dense()[:, 0].nonzero()
+    assert dense.tile_count() == len({(int(b), int(i) // 64, int(j) // 64) for b, i, j in dense_pairs})
+    assert dense.tile_count(16) == len({(int(b), int(i) // 16, int(j) // 16) for b, i, j in dense_pairs})
+
+
+def test_lists_moved_to_another_device_carry_schedule_and_tiles(monkeypatch):
+    """The lists come with their schedule and (windows) live tiles built on the CPU; ``EdgeLists.to`` (to another
+    device) builds them first if missing, so a GPU call reads nothing back; the moved lists carry them. The move
+    goes to the meta device here (no GPU)."""
+    lists = trees_of_kind("packed", 20).window_lists(2)
+    assert lists.cached_schedule() is not None and lists.live_tiles is not None
+    lists._schedules.clear()
+    lists.live_tiles = None
+    moved = lists.to("meta")
+    assert lists.cached_schedule() is not None and lists.live_tiles == lists.tile_count()
+    assert moved.cached_schedule() is not None and moved.live_tiles == lists.live_tiles
+    assert moved.cached_schedule().q_items.device.type == "meta"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -128,7 +128,8 @@ def test_every_case_launches_every_kernel_for_both_archs(reports):
     assert {(r.case, r.arch) for r in reports if r.op == "bias_attention"} == {(c.name, a) for c in cases
                                                                                 for a in (80, 90)}
     edge = {r.kernel for r in reports if r.op == "edge_attention"}
-    assert {"_edge_fwd_kernel", "_edge_bwd_dq_kernel", "_edge_bwd_dkdv_kernel"} <= edge, edge
+    assert {"_edge_fwd_kernel", "_edge_merge_kernel", "_edge_bwd_delta_kernel", "_edge_bwd_dq_kernel",
+            "_edge_sum_kernel", "_edge_bwd_dkdv_kernel"} <= edge, edge
     for case in cases:
         for arch in (80, 90):
             kernels = {r.kernel for r in reports if r.case == case.name and r.arch == arch}
@@ -428,3 +429,79 @@ def test_bench_workloads_summary_without_a_gpu(monkeypatch):
     for r in rows:
         assert 0 < r["valid"] <= 1 and r["f_area"] >= 1 and r["b_area"] >= 1
         assert r["source"] == source and "inspect --workload" in r["note"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Edge-list kernels: slots per real edge and the per-edge cost model (no compilation)
+# ---------------------------------------------------------------------------------------------------------
+
+def _generated_source(monkeypatch):
+    """The edge workloads from generated sentences, whatever SYNTAXKERNELS_UD says (fast, the same everywhere)."""
+    from syntaxkernels import workloads as W
+
+    monkeypatch.setattr(W, "sentence_source", lambda: (W.generated_sentences(600, seed=0, max_length=40),
+                                                       "generated"))
+
+
+@pytest.mark.parametrize("name", ["packed-4x1024", "cls-4x1024"])
+def test_balanced_schedule_walks_at_most_1_25_slots_per_edge(monkeypatch, name):
+    """The balanced kernels walk <= 1.25 edge slots per real edge (forward, dQ, dK/dV) on the lists of 4 x 1024
+    tokens of sentences, packed or under one [CLS]-like root, relation masks and windows 1..4, at the launched
+    BLOCK_E of bf16 D64 and D128 (64 and 32); the per-relation lockstep layout they replace walked more."""
+    _generated_source(monkeypatch)
+    batch, _ = I.edge_workload_batch(name)
+    for which in I.EDGE_LISTS:
+        lists = I._edge_lists(batch, which)
+        E = lists.num_edges
+        for block in (32, 64):
+            after = I.schedule_slots(lists.schedule(), block)
+            before = I.lockstep_slots(lists, block)
+            for kernel in ("fwd", "dq", "dkdv"):
+                assert E <= after[kernel] <= 1.25 * E, (which, block, kernel, after[kernel] / E)
+            assert before["fwd"] > 1.5 * E and before["dkdv"] > 1.5 * E, (which, block, before, E)
+
+
+def test_lockstep_and_schedule_slots_match_their_loop_bounds():
+    """The two slot models against direct loops over a small batch (rows of one relation in blocks; items in
+    sorted blocks)."""
+    from conftest import trees_of_kind
+    import syntaxkernels as sk
+
+    lists = trees_of_kind("star", 23, seed=1).relation_lists(sk.MaskSpec(max_distance=2))
+    B, R, N = lists.nonempty.shape
+    counts = (lists.row_ptr[1:] - lists.row_ptr[:-1]).view(B, N, R)
+    block = 4
+    want = sum(block * int(counts[b, i0:i0 + block, r].max()) for b in range(B) for r in range(R)
+               for i0 in range(0, N, block))
+    assert I.lockstep_slots(lists, block)["fwd"] == want
+    tokens = counts.sum(dim=2)
+    want_dq = sum(block * int(tokens[b, i0:i0 + block].max()) for b in range(B) for i0 in range(0, N, block))
+    assert I.lockstep_slots(lists, block)["dq"] == want_dq
+    schedule = lists.schedule(3)
+    want_items = sum(block * int(table[-2, i0:i0 + block].max()) for table in (schedule.q_items, schedule.qp_items)
+                     for i0 in range(0, table.shape[1], block))
+    assert I.schedule_slots(schedule, block)["dq"] == want_items
+
+
+def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch):
+    """``edge_cost`` with made-up kernel figures: the main loop per slot walked, the rest once per program."""
+    from conftest import trees_of_kind
+    import syntaxkernels as sk
+    from syntaxkernels.ops import edge_attention as op
+
+    monkeypatch.setattr(op, "SCHEDULE_CHUNK", 3)
+    lists = trees_of_kind("star", 19, seed=2).relation_lists(sk.MaskSpec(max_distance=2))
+    schedule = lists.schedule(3)
+    kernel = dict(threads=128, loop=10, rest=100, block=8)
+    costs = {name: dict(kernel) for name in ("_edge_fwd_kernel", "_edge_bwd_dq_kernel", "_edge_bwd_dkdv_kernel")}
+    got = I.edge_cost(lists, costs)
+    slots = I.schedule_slots(schedule, 8)
+    assert got["slots"] == slots
+    assert got["fwd_loop"] == 10 * 128 / 8 * slots["fwd"]
+    programs = -(-schedule.f_items.shape[1] // 8) + -(-schedule.p_items.shape[1] // 8)  # two launches
+    assert schedule.p_items.shape[1] > 0
+    assert got["fwd"] == got["fwd_loop"] + 100 * 128 * programs  # no merge kernel figures given: not charged
+    assert got["bwd"] == (got["dq_loop"] + 100 * 128 * (-(-schedule.q_items.shape[1] // 8)
+                                                        + -(-schedule.qp_items.shape[1] // 8))
+                          + got["dkdv_loop"] + 100 * 128 * (-(-schedule.k_items.shape[1] // 8)
+                                                            + -(-schedule.kp_items.shape[1] // 8)))

@@ -124,6 +124,22 @@ def test_treebank_document(ud_dev_path):
     check(sk.TreeBatch.from_heads(rows), ALL, "auto", "cpu", torch.float32, H=2, D=32)
 
 
+@needs_triton
+def test_treebank_sentences_under_one_root_with_split_rows(ud_dev_path, monkeypatch):
+    """Real sentences (UD English-EWT) under one [CLS]-like root, ~90 tokens, every mask kind, on the Triton path
+    with work items of 4 edges, so the root's and the sentence roots' rows are split and merged."""
+    from syntaxkernels.ops import edge_attention
+    from syntaxkernels.workloads import connect_sentences
+
+    monkeypatch.setattr(edge_attention, "SCHEDULE_CHUNK", 4)
+    sentences = [s.heads for s in sk.trees.read_conllu(ud_dev_path)[:12]]
+    rows = connect_sentences(sentences, 90, rows=1)
+    trees = sk.TreeBatch.from_heads(rows)
+    schedule = trees.relation_lists(ALL).schedule(4)
+    assert schedule.pieces > 0 and schedule.dq_slots > 0 and schedule.dk_slots > 0
+    check(trees, ALL, "triton", KERNEL_DEVICE, torch.float32, H=1, D=16)
+
+
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_through_topical_attention(backend_device):
     """Sub-networks mixed by a (perturbed) TopicalAttention: output and the gradients of q, k, v and of the
@@ -202,6 +218,22 @@ def test_auto_on_cpu_is_the_edge_path(monkeypatch):
     out, flags = sk.syntax_subnetwork_attention(q, k, v, trees, DEFAULT)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(flags, want_flags)
+
+
+@needs_triton
+def test_full_mask_is_plain_attention_without_the_distance(monkeypatch):
+    """On the Triton path ``full`` runs SDPA over the valid keys: the LUT kernel (which reads the distance) is not
+    called for it, and the result still matches the float64 reference (ragged lengths, an empty item)."""
+    from syntaxkernels.ops import bias_attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the LUT kernel ran for the full mask")
+
+    monkeypatch.setattr(bias_attention, "lut_attention", refuse)
+    check(trees_of_kind("random", 14, seed=3), FULL, "triton", KERNEL_DEVICE, torch.float32)
+    check(trees_of_kind("forest", 13, seed=4), sk.MaskSpec(max_distance=1), "triton", KERNEL_DEVICE, torch.float32)
+    with pytest.raises(AssertionError, match="LUT kernel"):  # pairwise still needs the distance: it does call it
+        check(trees_of_kind("forest", 13, seed=4), PAIRWISE, "triton", KERNEL_DEVICE, torch.float32)
 
 
 @needs_cpp

@@ -567,8 +567,10 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
 
 
 def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
-    """The edge-list attention launchers (``syntaxkernels::edge_attention_fwd`` / ``_bwd``) on one packed document
-    of N tokens (sentences of 5..40 tokens, one tree each) with ``MaskSpec()`` (9 relation masks)."""
+    """The edge-list attention launchers (``syntaxkernels::edge_attention_fwd`` / ``_bwd``) on one document of N
+    tokens (generated sentences of 5..40 tokens) under one root token, as a ``[CLS]`` root makes it, with
+    ``MaskSpec()`` (9 relation masks): its sibling rows are longer than a work item, so every kernel launches
+    (the merge of split rows and the sums of split tokens too)."""
 
     def run():
         import random
@@ -583,16 +585,26 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
         dt = _torch_dtype(dtype)
         rng = random.Random(0)
         lengths = []
-        while sum(lengths) < N:
-            lengths.append(min(rng.randint(5, 40), N - sum(lengths)))
-        lists = TreeBatch.from_heads([workloads.random_document(rng, lengths)]).relation_lists(MaskSpec())
+        while sum(lengths) < N - 1:
+            lengths.append(min(rng.randint(5, 40), N - 1 - sum(lengths)))
+        document = workloads.random_document(rng, lengths)
+        heads = [-1] + [0 if h < 0 else h + 1 for h in document]
+        lists = TreeBatch.from_heads([heads]).relation_lists(MaskSpec())
         q = torch.zeros(1, H, N, head_dim, dtype=dt)
         k, v = torch.zeros_like(q), torch.zeros_like(q)
-        out, lse = op.edge_attention_forward(q, k, v, lists.row_ptr, lists.col, lists.num_relations, 0.125)
-        op.edge_attention_backward(torch.zeros_like(out), q, k, v, out, lse, lists.row_ptr, lists.col, lists.rel,
-                                   lists.t_ptr, lists.t_col, lists.t_rel, 0.125)
+        _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
 
     return run
+
+
+def _edge_launches(op, q, k, v, lists, schedule):
+    """The Triton edge launchers' forward and backward on these lists, as ``edge_list_attention`` calls them."""
+    import torch
+
+    tensors, sizes = schedule.tensors(), schedule.sizes()
+    out, lse = op.edge_attention_forward(q, k, v, lists.col, lists.rel, tensors, sizes, lists.num_relations, 0.125)
+    op.edge_attention_backward(torch.zeros_like(out), q, k, v, out, lse, lists.col, lists.rel, lists.t_col,
+                               lists.t_rel, tensors, sizes, 0.125)
 
 
 # The subset the test suite compiles: the target cases, the heaviest variants and fp32 (spills).
@@ -1400,3 +1412,267 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                              bkts=round(t["buckets_mixed"] / t["mixed"], 1) if t["mixed"] else 0.0,
                              family=family, source=workload.source))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Edge-list kernels on real batches: slots per edge and instructions per real edge
+# ---------------------------------------------------------------------------------------------------------
+
+#: The batches the edge report walks: two of its own (the lists of 4 x 1024 tokens of whole sentences, packed
+#: as a forest or under one [CLS]-like root) and named workloads of :mod:`syntaxkernels.workloads`.
+EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")
+#: The lists per batch: the relation masks of ``MaskSpec()`` and the GAT windows 1..4.
+EDGE_LISTS = ("relations", "window-1", "window-2", "window-3", "window-4")
+#: Instructions per edge slot of the kernels before the balanced schedule (bf16, sm_90, main loop, cheapest path;
+#: the same instrument, ``inspect --select edge_attention`` on the kernels of commit a52447c, 2026-12-01, equal to
+#: benchmarks/RESULTS.md's 2026-11-30 table): forward, dQ, dK/dV, by head dim.
+LOCKSTEP_SLOT_COST = {32: (344.0, 498.0, 496.0), 64: (692.0, 1032.0, 1024.0), 128: (1416.0, 2104.0, 2056.0)}
+
+
+def edge_workload_batch(name: str):
+    """``(TreeBatch, source)`` of an :data:`EDGE_WORKLOADS` batch (the treebank's sentences, or generated ones)."""
+    from . import workloads as W
+    from .trees import TreeBatch
+
+    if name in ("packed-4x1024", "cls-4x1024"):
+        sentences, source = W.sentence_source()
+        pool = [W._single_root(s) for s in sentences if 5 <= len(s) <= 40]
+        make = W.pack_sentences if name.startswith("packed") else W.connect_sentences
+        rows = make(pool, 1024, rows=4)
+        heads = [list(r) for r in rows]
+        N = 1024
+    else:
+        workload = _workload(name)
+        heads, N, source = workload.heads, workload.N, workload.source
+    import torch
+
+    padded = torch.full((len(heads), N), -1, dtype=torch.int64)
+    for b, row in enumerate(heads):
+        padded[b, :len(row)] = torch.tensor(row, dtype=torch.int64)
+    return TreeBatch.from_heads(padded, torch.tensor([len(r) for r in heads])), source
+
+
+def _edge_lists(batch, which: str):
+    from .specs import MaskSpec
+
+    if which == "relations":
+        return batch.relation_lists(MaskSpec())
+    return batch.window_lists(int(which.split("-")[1]))
+
+
+def lockstep_slots(lists, block_e: int) -> Dict[str, int]:
+    """Edge slots the kernels walked before the balanced schedule (a model of their loop bounds, per head): the
+    forward took ``block_e`` consecutive rows of one (batch, relation) for as long as their longest list, dQ and
+    dK/dV ``block_e`` consecutive tokens for as long as their longest span over every relation."""
+    import torch
+
+    B, R, N = lists.nonempty.shape
+    nb = -(-N // block_e)
+
+    def blocked(counts):  # counts [..., N] -> sum over blocks of block_e * max
+        padded = torch.zeros(counts.shape[:-1] + (nb * block_e,), dtype=torch.int64)
+        padded[..., :N] = counts
+        return int(padded.view(*counts.shape[:-1], nb, block_e).amax(dim=-1).sum()) * block_e
+
+    rows = (lists.row_ptr[1:] - lists.row_ptr[:-1]).long().view(B, N, R)
+    t_rows = (lists.t_ptr[1:] - lists.t_ptr[:-1]).long().view(B, N, R)
+    return dict(fwd=blocked(rows.permute(0, 2, 1)), dq=blocked(rows.sum(dim=2)), dkdv=blocked(t_rows.sum(dim=2)))
+
+
+def schedule_slots(schedule, block_e: int) -> Dict[str, int]:
+    """Edge slots the balanced kernels walk (per head): per block of ``block_e`` items (sorted longest first), the
+    block's first item's count times ``block_e``."""
+    def blocked(items):
+        counts = items[-2].long()  # rows: coordinates, first, count, slot
+        return int(counts[::block_e].sum()) * block_e
+
+    return dict(fwd=blocked(schedule.f_items) + blocked(schedule.p_items),
+                dq=blocked(schedule.q_items) + blocked(schedule.qp_items),
+                dkdv=blocked(schedule.k_items) + blocked(schedule.kp_items))
+
+
+def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relations") -> Dict[str, dict]:
+    """Per edge kernel compiled as launched on lists with split rows (a [CLS]-rooted batch, so the merge and sum
+    kernels launch too; ``which``: the relation masks, or a window: one relation, which the JIT specialises):
+    threads, the main loop's instructions per thread per iteration (cheapest path), the rest of the kernel's
+    instructions (prologue and epilogue, once per program), BLOCK_E."""
+    import torch
+
+    from .ops import edge_attention as op
+
+    batch, _ = edge_workload_batch("cls-4x1024")
+    lists = _edge_lists(batch, which)
+    dt = _torch_dtype(dtype)
+    B, N = batch.batch_size, batch.max_len
+    # q, k, v as a model passes them: [B, N, H * D] projections viewed as [B, H, N, D] (H = 12; the JIT
+    # specialises on H == 1, which no model layer has).
+    q, k, v = (torch.zeros(B, N, WORKLOAD_HEADS * head_dim, dtype=dt).view(B, N, WORKLOAD_HEADS, head_dim)
+               .transpose(1, 2) for _ in range(3))
+    _require_compiler()
+    costs: Dict[str, dict] = {}
+    with fake_gpu(arch), capture_launches() as launches:
+        _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
+    for launch in launches:
+        name = launch.kernel.fn.__name__
+        if name in costs:
+            continue
+        sass = _sass(launch.compiled.asm["cubin"])
+        instructions, loops = analyse_sass(sass)
+        total = sum(1 for _, o in instructions if o != "NOP")
+        main = max(loops, key=lambda l: l.instructions) if loops else None
+        body = main.instructions if main else 0
+        costs[name] = dict(threads=32 * int(launch.compiled.metadata.num_warps), loop=main.shortest_other if main else 0,
+                           rest=total - body, block=int(launch.kwargs.get("BLOCK_E", launch.kwargs.get("BLOCK_S", 0))),
+                           spills=bool(re.search(r"\b(STL|LDL)\b", sass)))
+    return costs
+
+
+def edge_cost(lists, costs: Dict[str, dict]) -> Dict[str, float]:
+    """Instructions per head of the balanced kernels on these lists (the model): each kernel's main loop per slot
+    walked plus its prologue/epilogue once per program, forward (with the merge of split rows) and backward (delta,
+    dQ, dK/dV and the sums of split tokens). Also the slots and the loop-only figures."""
+    from .ops import edge_attention as op
+
+    schedule = lists.schedule(op.SCHEDULE_CHUNK)
+    B, R, N = lists.nonempty.shape
+    fwd, dq, dkdv = costs["_edge_fwd_kernel"], costs["_edge_bwd_dq_kernel"], costs["_edge_bwd_dkdv_kernel"]
+    slots = schedule_slots(schedule, fwd["block"])
+
+    def run(kernel, n_slots, items):
+        programs = -(-items // kernel["block"])
+        loop = kernel["loop"] * kernel["threads"] / kernel["block"] * n_slots
+        return loop, loop + kernel["rest"] * kernel["threads"] * programs
+
+    def splits(name, ptr):
+        kernel = costs.get(name)
+        S = ptr.numel() - 1
+        if kernel is None or S == 0:
+            return 0.0
+        pieces = (ptr[1:] - ptr[:-1]).long()
+        padded = torch.zeros(-(-S // kernel["block"]) * kernel["block"], dtype=torch.int64)
+        padded[:S] = pieces
+        iterations = int(padded.view(-1, kernel["block"]).amax(dim=1).sum())
+        return (kernel["rest"] * -(-S // kernel["block"]) + kernel["loop"] * iterations) * kernel["threads"]
+
+    import torch
+
+    f_loop, f_all = run(fwd, slots["fwd"], schedule.f_items.shape[1])
+    f_all += fwd["rest"] * fwd["threads"] * -(-schedule.p_items.shape[1] // fwd["block"])  # the split rows' launch
+    q_loop, q_all = run(dq, slots["dq"], schedule.q_items.shape[1])
+    q_all += dq["rest"] * dq["threads"] * -(-schedule.qp_items.shape[1] // dq["block"])  # the split tokens' launch
+    k_loop, k_all = run(dkdv, slots["dkdv"], schedule.k_items.shape[1])
+    k_all += dkdv["rest"] * dkdv["threads"] * -(-schedule.kp_items.shape[1] // dkdv["block"])
+    delta = costs.get("_edge_bwd_delta_kernel")
+    delta_all = delta["rest"] * delta["threads"] * sum(
+        -(-items.shape[1] // delta["block"]) for items in (schedule.f_items, schedule.p_items)) if delta else 0.0
+    f_all += splits("_edge_merge_kernel", schedule.merge_ptr)
+    b_all = q_all + k_all + delta_all + splits("_edge_sum_kernel", schedule.dq_ptr) + \
+        2 * splits("_edge_sum_kernel", schedule.dk_ptr)
+    return dict(slots=slots, fwd_loop=f_loop, dq_loop=q_loop, dkdv_loop=k_loop, fwd=f_all, bwd=b_all)
+
+
+def edge_report(names: Sequence[str] = EDGE_WORKLOADS, lists_kinds: Sequence[str] = EDGE_LISTS, arch: int = 90,
+                dtype: str = "bf16", head_dim: int = 64) -> List[dict]:
+    """One row per (workload, lists): edges, slots per edge before (:func:`lockstep_slots`) and after
+    (:func:`schedule_slots`), instructions per real edge before (main loops only, :data:`LOCKSTEP_SLOT_COST`) and
+    after (main loops, and with prologues/epilogues and the merge/sum kernels), and for windows the fused LUT
+    kernel on live 64 x 64 tiles (``ops.edge_attention.window_costs``) with the path the model picks."""
+    from .ops import edge_attention as op
+
+    costs = {kind: _edge_kernel_costs(arch, dtype, head_dim, kind) for kind in ("relations", "window-4")}
+    dim = min(128, max(32, 1 << max(0, (head_dim - 1).bit_length())))
+    before_cost = LOCKSTEP_SLOT_COST[dim]
+    block_before = op.edge_config(_torch_dtype(dtype), head_dim)["BLOCK_E"]
+    rows = []
+    for name in names:
+        batch, source = edge_workload_batch(name)
+        tokens = int(batch.lengths.sum())
+        for which in lists_kinds:
+            lists = _edge_lists(batch, which)
+            E = lists.num_edges
+            if E == 0:
+                continue
+            before = lockstep_slots(lists, block_before)
+            after = edge_cost(lists, costs["relations" if which == "relations" else "window-4"])
+            row = dict(workload=name, lists=which, source=source, B=batch.batch_size, N=batch.max_len,
+                       tokens=tokens, edges=E, edges_per_token=E / max(tokens, 1),
+                       slots_before={k: v / E for k, v in before.items()},
+                       slots_after={k: v / E for k, v in after["slots"].items()},
+                       fwd_before=before_cost[0] * before["fwd"] / E,
+                       bwd_before=(before_cost[1] * before["dq"] + before_cost[2] * before["dkdv"]) / E,
+                       fwd_loop=after["fwd_loop"] / E, bwd_loop=(after["dq_loop"] + after["dkdv_loop"]) / E,
+                       fwd=after["fwd"] / E, bwd=after["bwd"] / E,
+                       dq_loop=after["dq_loop"] / E, dkdv_loop=after["dkdv_loop"] / E)
+            if which.startswith("window"):
+                edge, dense = op.window_costs(lists, head_dim)
+                row.update(live_tiles=lists.tile_count(), lut=dense / E, edge_model=edge / E,
+                           path="edges" if edge <= dense else "lut")
+            rows.append(row)
+    return rows
+
+
+def format_edge_report(rows: Sequence[dict], arch: int = 90, dtype: str = "bf16", head_dim: int = 64) -> str:
+    lines = [f"edge-list kernels, sm_{arch} {dtype} D{head_dim}: slots per real edge (forward / dQ / dK/dV) before "
+             "and after the balanced schedule, and non-tensor-core instructions per real edge (per head)",
+             f"{'workload':14} {'lists':9} {'edges':>8} {'E/tok':>6} {'slots before':>16} {'slots after':>16} "
+             f"{'fwd bef':>7} {'fwd':>5} {'(+pro)':>6} {'bwd bef':>7} {'bwd':>5} {'(+pro)':>6} {'lut':>5} path"]
+    lines.append("-" * len(lines[-1]))
+    for r in rows:
+        sb, sa = r["slots_before"], r["slots_after"]
+        lut = f"{r['lut']:5.0f}" if "lut" in r else "    -"
+        lines.append(f"{r['workload']:14} {r['lists']:9} {r['edges']:8d} {r['edges_per_token']:6.1f} "
+                     f"{sb['fwd']:4.2f}/{sb['dq']:4.2f}/{sb['dkdv']:4.2f} {sa['fwd']:4.2f}/{sa['dq']:4.2f}/{sa['dkdv']:4.2f} "
+                     f"{r['fwd_before']:7.0f} {r['fwd_loop']:5.0f} {r['fwd']:6.0f} {r['bwd_before']:7.0f} "
+                     f"{r['bwd_loop']:5.0f} {r['bwd']:6.0f} {lut} {r.get('path', '-')}")
+    lines.append("")
+    lines += textwrap.wrap(
+        "slots: edge slots the kernels walk per real edge (the lockstep loop bounds, a model: before = one "
+        "program per BLOCK_E rows of one relation for the forward and per BLOCK_E tokens for dQ and dK/dV, as "
+        "long as their longest list; after = BLOCK_E work items sorted longest first). fwd / bwd: main-loop "
+        "instructions per slot (SASS, cheapest path) x slots / real edges; before from LOCKSTEP_SLOT_COST (the "
+        "kernels as they were at a52447c, same instrument); (+pro) adds each program's prologue and epilogue "
+        "once, the merge of split rows (forward) and delta and the sums of split tokens (backward). lut: the "
+        "fused LUT kernel on the live 64x64 tiles, forward + backward per real edge (DENSE_ELEMENT_COST per score "
+        "element); path: what syntax_window_attention picks on a GPU (edges iff edge slots x EDGE_SLOT_COST <= "
+        "lut). A model read from the SASS, not a measurement.", WIDTH)
+    return "\n".join(lines)
+
+
+def _edge_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m syntaxkernels.inspection edges [--arch 90] [--dtype bf16] [--head-dim 64] [--workload a,b]``."""
+    import argparse
+    import json
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m syntaxkernels.inspection edges")
+    parser.add_argument("command", choices=["edges"])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--workload", default=",".join(EDGE_WORKLOADS))
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    names = [n for n in args.workload.split(",") if n]
+    unknown = [n for n in names if n not in EDGE_WORKLOADS]
+    if unknown:
+        print(f"unknown edge workloads {unknown}; they are {', '.join(EDGE_WORKLOADS)}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    rows = edge_report(names, arch=args.arch, dtype=args.dtype, head_dim=args.head_dim)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; trees: {rows[0]['source'] if rows else '-'}")
+    print(format_edge_report(rows, args.arch, args.dtype, args.head_dim))
+    print(f"{len(rows)} rows in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":  # python -m syntaxkernels.inspection edges
+    if os.environ.get("TRITON_INTERPRET"):
+        import sys
+
+        os.execvpe(sys.executable, [sys.executable, "-m", "syntaxkernels.inspection"] + sys.argv[1:],
+                   {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    raise SystemExit(_edge_main())

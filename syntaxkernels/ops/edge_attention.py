@@ -9,12 +9,15 @@ syntax GAT's tree window. No ``[.., N, N]`` tensor exists, forward or backward.
 
 Layers (one file, as every fused op):
 
-- Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``): ``_edge_fwd_kernel`` (one program per
-  ``BLOCK_E`` query rows of one (b, h, r); its main loop takes one edge per row per iteration, ``BLOCK_E``
-  edge slots, with an online softmax), ``_edge_bwd_delta_kernel`` (``delta = rowsum(dO * O)``),
-  ``_edge_bwd_dq_kernel`` (``BLOCK_E`` query rows of one (b, h), walking every relation's edges of each row
-  at once) and ``_edge_bwd_dkdv_kernel`` (``BLOCK_E`` key rows, walking the transposed lists). Each gradient
-  row is written by one program: no atomics, deterministic.
+- Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) over the lists' balanced schedule
+  (:class:`~syntaxkernels.trees.batch.EdgeSchedule`: work items of at most ``SCHEDULE_CHUNK`` edges, sorted
+  longest first): ``_edge_fwd_kernel`` (one program per ``BLOCK_E`` items of one head, each a row (b, i, r) or a
+  chunk of one; its main loop takes one edge per item per iteration, with an online softmax),
+  ``_edge_merge_kernel`` (a split row's chunks, by log-sum-exp), ``_edge_bwd_delta_kernel`` (``delta =
+  rowsum(dO * O)`` of the rows with edges), ``_edge_bwd_dq_kernel`` (items of a query token's edges over every
+  relation), ``_edge_bwd_dkdv_kernel`` (items of a key token's transposed edges) and ``_edge_sum_kernel`` (a
+  split token's partial dq / dk / dv rows, in order). No atomics, deterministic. On CUDA the GAT window picks
+  these or the fused LUT kernel by a cost model (:func:`window_costs`).
 - CPU kernels in C++ (``csrc/edge_attention.cpp``: ATen, ``at::parallel_for``, vectorised over D,
   deterministic), called through ``syntaxkernels._C``.
 - ``torch.library`` ops: ``syntaxkernels::edge_attention_fwd`` / ``_bwd`` (Triton launchers, ``triton_op``)
@@ -29,26 +32,38 @@ of ops reads its own).
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .. import _ext
 from .. import _validation as V
 from .. import reference
-from ..trees.batch import EdgeLists, TreeBatch, python_edge_lists
+from ..trees.batch import EDGE_CHUNK, EdgeLists, TreeBatch, python_edge_lists
 from ._dispatch import kernels_or_reference, resolve_backend, triton_status
 
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
-           "edge_attention_cpu_backward", "resolve_edge_backend", "EDGE_DENSITY_LIMIT"]
+           "edge_attention_cpu_backward", "resolve_edge_backend", "window_costs", "window_takes_edges",
+           "EDGE_SLOT_COST", "EDGE_ITEM_COST", "DENSE_ELEMENT_COST"]
 
-# On CUDA, the GAT's window attention runs on the edge lists when they are already built and hold at most this
-# fraction of the B * N * N pairs; denser windows take the fused dense kernel (tensor cores, block skipping).
-# An estimate (an edge costs ~10x a score element of a dense tensor-core tile), to be measured on a GPU.
-EDGE_DENSITY_LIMIT = 1.0 / 16.0
+# The window's path on CUDA (:func:`window_costs`): the issue-slot model of the inspection (sm_90, bf16, forward +
+# backward, non-tensor-core instructions). For the edge kernels (``inspection._edge_kernel_costs``: H = 12 heads
+# of [B, N, H * D] projections, 2026-12-01), per edge slot: the main loops' cheapest paths of the forward, dQ and
+# dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
+# query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
+# kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
+# D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
+EDGE_SLOT_COST = {32: 1200.0, 64: 2480.0, 128: 5072.0}
+EDGE_ITEM_COST = {32: (1160.0, 510.0, 926.0), 64: (2154.0, 1012.0, 1844.0), 128: (4130.0, 2032.0, 3744.0)}
+DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
+#: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
+DENSE_TILE = 64
 
 _HAS_TRITON = triton_status() == "ok"
+
+#: Edges per work item of the Triton kernels (``EdgeLists.schedule``); tests lower it to split every row.
+SCHEDULE_CHUNK = EDGE_CHUNK
 
 
 def _next_power_of_2(n: int) -> int:
@@ -83,12 +98,12 @@ if _HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ._primitives import LOG2E, launch, launch_grid, program_ids, program_ids_r
+    from ._primitives import LOG2E, launch
 
     @triton.jit
-    def _gather_rows(base, rows, stride_n, offs, n_cols, live, EVEN: tl.constexpr):
-        """fp32 ``[E, C]`` rows ``base[rows[e] * stride_n + offs]`` (last dim contiguous); 0 where not ``live``."""
-        ptrs = base + rows[:, None] * stride_n + offs[None, :]
+    def _gather(base, row_off, offs, n_cols, live, EVEN: tl.constexpr):
+        """fp32 ``[E, C]`` rows ``base[row_off[e] + offs]`` (last dim contiguous); 0 where not ``live``."""
+        ptrs = base + row_off[:, None] + offs[None, :]
         if EVEN:
             tile = tl.load(ptrs, mask=live[:, None], other=0.0)
         else:
@@ -96,266 +111,448 @@ if _HAS_TRITON:
         return tile.to(tl.float32)
 
     @triton.jit
-    def _token_edges(PTR, b, tokens, N, R):
-        """The edges of every relation of ``tokens`` (consecutive in the CSR ``PTR``: ``[B * N * R + 1]``):
-        ``(ok, first, count, longest)``, ``ok`` = token < N, the span ``[first, first + count)`` per token, and the
-        longest count of the block."""
-        ok = tokens < N
-        first = tl.load(PTR + (b * N + tokens) * R, mask=ok, other=0)
-        count = tl.load(PTR + (b * N + tokens) * R + R, mask=ok, other=0) - first
-        return ok, first, count, tl.max(count, axis=0)
+    def _row_gather(base, row_base, row_off, offs, n_cols, EVEN: tl.constexpr):
+        """fp32 ``[E, C]`` rows ``base[row_base[e] + row_off[e] + offs]`` without a row mask: dead slots read a
+        valid row (token 0 of their sequence) whose weight is exactly 0."""
+        ptrs = base + (row_base + row_off)[:, None] + offs[None, :]
+        if EVEN:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs[None, :] < n_cols, other=0.0)
+        return tile.to(tl.float32)
+
+    @triton.jit
+    def _idx(index, SMALL: tl.constexpr):
+        """``index`` as the offsets' integer type: int32 when ``SMALL`` (the launcher checked that every offset
+        into every tensor of the call fits), else int64."""
+        if SMALL:
+            return index
+        else:
+            return index.to(tl.int64)
+
+    @triton.jit
+    def _offset(index, stride, SMALL: tl.constexpr):
+        """``index * stride`` in the offsets' integer type (see :func:`_idx`)."""
+        return _idx(index, SMALL) * stride
+
+    @triton.jit
+    def _items(ITEMS, I, block, BLOCK_E: tl.constexpr, F: tl.constexpr, SMALL: tl.constexpr):
+        """The ``BLOCK_E`` work items of ``block`` (columns of the int32 ``[F + 3, I]`` item table, sorted longest
+        first; rows ``b, i, (r,) first, count, slot``, ``F`` = 2 or 3 coordinates): ``(ok, b (int64), i (int64),
+        rows F.. as first, count, slot, longest)``; ``longest`` is the block's first item's count."""
+        index = block * BLOCK_E + tl.arange(0, BLOCK_E)
+        ok = index < I
+        b = _idx(tl.load(ITEMS + index, mask=ok, other=0), SMALL)
+        i = _idx(tl.load(ITEMS + I + index, mask=ok, other=0), SMALL)
+        first = tl.load(ITEMS + F * I + index, mask=ok, other=0)
+        count = tl.load(ITEMS + (F + 1) * I + index, mask=ok, other=0)
+        slot = tl.load(ITEMS + (F + 2) * I + index, mask=ok, other=-1)
+        longest = tl.load(ITEMS + (F + 1) * I + block * BLOCK_E)
+        return index, ok, b, i, first, count, slot, longest
 
     @triton.jit
     def _edge_fwd_kernel(
-        Q, K, V, ROW_PTR, COL, OUT, LSE,
+        Q, K, V, COL, ITEMS, OUT, LSE, PART_O, PART_L,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_ob, stride_or, stride_oh, stride_on,
-        H, N, R, D, DV, qk_scale2,
+        H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
-        """Forward of ``BLOCK_E`` query rows of one (batch, head, relation).
+        """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
         Args:
             Q, K: ``[B, H, N, D]``; V: ``[B, H, N, DV]`` (last dim contiguous, other strides free).
-            ROW_PTR: int32 ``[B * N * R + 1]``, COL: int32 ``[E]`` (rows (b, i, r)).
-            OUT: ``[B, R, H, N, DV]`` (strided, last dim contiguous); LSE: fp32 ``[B, R, H, N]`` contiguous, the
-                base-2 logsumexp of the row's scores (``qk_scale2 = scale * log2(e)``), +inf for an empty row.
-        Grid: ``launch_grid(cdiv(N, BLOCK_E), B, H, R)`` (1-D). The main loop runs as long as the block's longest list; each
-        iteration takes edge ``t`` of every row (``BLOCK_E`` edge slots): gather k and v rows, one dot, an
-        online-softmax step.
+            COL: int32 ``[E]`` (the lists' keys in row order); ITEMS: int32 ``[4, I]`` (row, first edge, count,
+                partial slot).
+            OUT: ``[B, R, H, N, DV]`` (strided, last dim contiguous, zero-filled: empty rows stay 0); LSE: fp32
+                ``[B, R, H, N]`` contiguous, +inf-filled: the base-2 logsumexp of the row's scores
+                (``qk_scale2 = scale * log2(e)``). PART_O fp32 ``[P, H, DV]``, PART_L fp32 ``[P, H]``: the pieces
+                of split rows (merged by ``_edge_merge_kernel``).
+        Grid: ``(cdiv(I, BLOCK_E) * H,)``, the heads of one block adjacent. Each iteration takes edge t of every
+        item of the block (gather k and v rows, one dot, an online-softmax step); the items are sorted longest
+        first, so the block's first item bounds the loop and few slots are empty.
         """
-        block, bh, r, b, h = program_ids_r(tl.cdiv(N, BLOCK_E), H, R)
-        rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
-        row_ok = rows < N
-        list_rows = (b * N + rows) * R + r
-        start = tl.load(ROW_PTR + list_rows, mask=row_ok, other=0)
-        count = tl.load(ROW_PTR + list_rows + 1, mask=row_ok, other=0) - start
-        longest = tl.max(count, axis=0)
+        pid = tl.program_id(0)
+        h = _idx(pid % H, SMALL)
+        block = pid // H
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = _gather_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, D, count > 0, EVEN_D)
-        q = q * qk_scale2
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
-        run_max = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
-        run_sum = tl.zeros([BLOCK_E], dtype=tl.float32)
+        q = _gather(Q + h * stride_qh, b * stride_qb + i * stride_qn, offs_d, D, ok, EVEN_D)
+        k_base = K + h * stride_kh
+        v_base = V + h * stride_vh
+        k_row = b * stride_kb
+        v_row = b * stride_vb
+        m = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_E], dtype=tl.float32)
         acc = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
-            j = tl.load(COL + start + t, mask=live, other=0)
-            k = _gather_rows(k_base, j, stride_kn, offs_d, D, live, EVEN_D)
-            v = _gather_rows(v_base, j, stride_vn, offs_dv, DV, live, EVEN_DV)
-            s = tl.where(live, tl.sum(q * k, axis=1), float("-inf"))
-            new_max = tl.maximum(run_max, s)
-            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-            alpha = tl.exp2(run_max - safe)
+            j = tl.load(COL + first + t, mask=live, other=0)
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            s = tl.where(live, tl.sum(q * k, axis=1) * qk_scale2, float("-inf"))
+            new_m = tl.maximum(m, s)
+            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
+            alpha = tl.exp2(m - safe)
             p = tl.exp2(s - safe)
             acc = acc * alpha[:, None] + p[:, None] * v
-            run_sum = run_sum * alpha + p
-            run_max = new_max
-        nonempty = run_sum > 0.0
-        denom = tl.where(nonempty, run_sum, 1.0)
-        out = acc * tl.where(nonempty, 1.0 / denom, 0.0)[:, None]
-        out_ptrs = (OUT + b * stride_ob + r * stride_or + h * stride_oh + rows[:, None] * stride_on
-                    + offs_dv[None, :])
-        tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
-        lse = tl.where(nonempty, run_max + tl.log2(denom), float("inf"))
-        tl.store(LSE + ((b * R + r) * H + h) * N + rows, lse, mask=row_ok)
+            l = l * alpha + p
+            m = new_m
+        denom = tl.where(ok, l, 1.0)
+        lse = m + tl.log2(denom)
+        o = acc * (1.0 / denom)[:, None]
+        # The item's coordinates again (loaded, not kept live across the loop: fp32 spilled 8 B keeping them).
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
+        col_ok = offs_dv[None, :] < DV
+        if PIECES:  # chunks of split rows: to their partial slots (merged by _edge_merge_kernel)
+            part = _idx(slot, SMALL) * H + h
+            tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=ok[:, None] & col_ok)
+            tl.store(PART_L + part, lse, mask=ok)
+        else:  # whole rows: to the output
+            out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
+            if EVEN_DV:
+                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=ok[:, None])
+            else:
+                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
+                         mask=ok[:, None] & col_ok)
+            tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=ok)
+
+    @triton.jit
+    def _edge_merge_kernel(
+        PART_O, PART_L, ROWS, PTR, OUT, LSE,
+        stride_ob, stride_or, stride_oh, stride_on,
+        H, N, R, DV, S,
+        BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):
+        """Merge the partial segments of the ``S`` split rows (``ROWS``: row ids ``(b * N + i) * R + r``, their
+        slots ``PTR[k] .. PTR[k + 1]``) by log-sum-exp, in slot order, into OUT and LSE. Grid
+        ``(cdiv(S, BLOCK_S) * H,)``."""
+        pid = tl.program_id(0)
+        h = (pid % H).to(tl.int64)
+        block = pid // H
+        index = block * BLOCK_S + tl.arange(0, BLOCK_S)
+        ok = index < S
+        row = tl.load(ROWS + index, mask=ok, other=0).to(tl.int64)
+        lo = tl.load(PTR + index, mask=ok, other=0)
+        n = tl.load(PTR + index + 1, mask=ok, other=0) - lo
+        offs = tl.arange(0, BLOCK_DV)
+        col_ok = offs[None, :] < DV
+        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_S], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_S, BLOCK_DV], dtype=tl.float32)
+        for t in range(0, tl.max(n, axis=0)):
+            live = t < n
+            part = (lo + t).to(tl.int64) * H + h
+            lse = tl.load(PART_L + part, mask=live, other=float("-inf"))
+            o = tl.load(PART_O + part[:, None] * DV + offs[None, :], mask=live[:, None] & col_ok, other=0.0)
+            new_m = tl.maximum(m, lse)
+            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
+            alpha = tl.exp2(m - safe)
+            w = tl.exp2(lse - safe)
+            acc = acc * alpha[:, None] + w[:, None] * o
+            l = l * alpha + w
+            m = new_m
+        denom = tl.where(l > 0.0, l, 1.0)
+        r = row % R
+        i = (row // R) % N
+        b = row // (R * N)
+        out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
+        tl.store(OUT + out_off[:, None] + offs[None, :], (acc / denom[:, None]).to(OUT.dtype.element_ty),
+                 mask=ok[:, None] & col_ok)
+        tl.store(LSE + ((b * R + r) * H + h) * N + i, m + tl.log2(denom), mask=ok)
+
+    @triton.jit
+    def _edge_sum_kernel(PART, TOKENS, PTR, OUT, H, N, D, S, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        """``OUT[b, h, i] = sum of the fp32 partial rows PART[slot, h]`` (slots ``PTR[k] .. PTR[k + 1]`` of split
+        token ``TOKENS[k] = b * N + i``, summed in order). OUT ``[B, H, N, D]`` contiguous. Grid
+        ``(cdiv(S, BLOCK_S) * H,)``."""
+        pid = tl.program_id(0)
+        h = (pid % H).to(tl.int64)
+        block = pid // H
+        index = block * BLOCK_S + tl.arange(0, BLOCK_S)
+        ok = index < S
+        token = tl.load(TOKENS + index, mask=ok, other=0).to(tl.int64)
+        lo = tl.load(PTR + index, mask=ok, other=0)
+        n = tl.load(PTR + index + 1, mask=ok, other=0) - lo
+        offs = tl.arange(0, BLOCK_D)
+        col_ok = offs[None, :] < D
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+        for t in range(0, tl.max(n, axis=0)):
+            live = t < n
+            part = (lo + t).to(tl.int64) * H + h
+            acc += tl.load(PART + part[:, None] * D + offs[None, :], mask=live[:, None] & col_ok, other=0.0)
+        b = token // N
+        i = token % N
+        tl.store(OUT + ((b * H + h) * N + i)[:, None] * D + offs[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=ok[:, None] & col_ok)
 
     @triton.jit
     def _edge_bwd_delta_kernel(
-        OUT, DOUT, DELTA,
+        OUT, DOUT, DELTA, ITEMS,
         stride_ob, stride_or, stride_oh, stride_on,
         stride_gb, stride_gr, stride_gh, stride_gn,
-        H, N, R, DV,
-        BLOCK_E: tl.constexpr, BLOCK_DV: tl.constexpr,
+        H, N, R, DV, I,
+        BLOCK_E: tl.constexpr, BLOCK_DV: tl.constexpr, SMALL: tl.constexpr,
     ):
-        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous). Grid ``launch_grid(cdiv(N, BLOCK_E),
-        B, H, R)`` (1-D)."""
-        block, bh, r, b, h = program_ids_r(tl.cdiv(N, BLOCK_E), H, R)
-        rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
+        """``DELTA[b, r, h, i] = sum_d dO * O`` (fp32 ``[B, R, H, N]`` contiguous) for the rows of the forward work
+        items (the rows with edges: only those are read; a split row's items write the same value). Grid
+        ``(cdiv(I, BLOCK_E) * H,)``."""
+        pid = tl.program_id(0)
+        h = _idx(pid % H, SMALL)
+        block = pid // H
+        index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
+        r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
         offs = tl.arange(0, BLOCK_DV)
-        mask = (rows[:, None] < N) & (offs[None, :] < DV)
-        o = tl.load(OUT + b * stride_ob + r * stride_or + h * stride_oh + rows[:, None] * stride_on + offs[None, :],
+        mask = ok[:, None] & (offs[None, :] < DV)
+        o = tl.load(OUT + (b * stride_ob + r * stride_or + h * stride_oh + i * stride_on)[:, None] + offs[None, :],
                     mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(DOUT + b * stride_gb + r * stride_gr + h * stride_gh + rows[:, None] * stride_gn
-                     + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(DELTA + ((b * R + r) * H + h) * N + rows, tl.sum(o * do, axis=1), mask=rows < N)
+        do = tl.load(DOUT + (b * stride_gb + r * stride_gr + h * stride_gh + i * stride_gn)[:, None] + offs[None, :],
+                     mask=mask, other=0.0).to(tl.float32)
+        tl.store(DELTA + ((b * R + r) * H + h) * N + i, tl.sum(o * do, axis=1), mask=ok)
 
     @triton.jit
     def _edge_bwd_dq_kernel(
-        Q, K, V, DOUT, LSE, DELTA, ROW_PTR, COL, REL, DQ,
+        Q, K, V, DOUT, LSE, DELTA, COL, REL, ITEMS, DQ, DQ_PART,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_gb, stride_gr, stride_gh, stride_gn,
-        H, N, R, D, DV, qk_scale2, sm_scale,
+        H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
-        """dq of ``BLOCK_E`` query rows of one (batch, head), summed over every relation.
+        """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
-        The R rows of a query are consecutive in the CSR, so one loop walks all the query's edges (each with its
-        relation from REL): per edge, gather k_j, v_j and dO of (r, i); ``p = exp2(s - lse)``,
-        ``ds = p (dO . v_j - delta)``, ``dq += ds k_j``. DQ: ``[B, H, N, D]`` contiguous. Grid
-        ``launch_grid(cdiv(N, BLOCK_E), B, H)`` (1-D).
+        Per edge (key j, relation r from REL): gather k_j, v_j and dO of (r, i); ``p = exp2(s - lse)``,
+        ``ds = p (dO . v_j - delta)``, ``dq += ds k_j``. DQ: ``[B, H, N, D]`` contiguous (zero-filled: tokens
+        without edges); an item of a split token writes fp32 ``DQ_PART[slot, h]`` instead (summed by
+        ``_edge_sum_kernel``). Grid ``(cdiv(I, BLOCK_E) * H,)``.
         """
-        block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
-        rows = block * BLOCK_E + tl.arange(0, BLOCK_E)
-        row_ok, first, count, longest = _token_edges(ROW_PTR, b, rows, N, R)
+        pid = tl.program_id(0)
+        h = _idx(pid % H, SMALL)
+        block = pid // H
+        index, ok, b, qi, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = _gather_rows(Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, D, count > 0, EVEN_D)
-        q = q * qk_scale2
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
-        do_base = DOUT + b * stride_gb + h * stride_gh
-        stat_base = b * R * H * N + h * N + rows
+        q = _gather(Q + h * stride_qh, b * stride_qb + qi * stride_qn, offs_d, D, has, EVEN_D)
+        k_base = K + h * stride_kh
+        v_base = V + h * stride_vh
+        do_base = DOUT + h * stride_gh
+        k_row = b * stride_kb
+        v_row = b * stride_vb
+        do_row = b * stride_gb + qi * stride_gn
+        stat_base = b * R * H * N + h * N + qi
         dq = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
-            j = tl.load(COL + first + t, mask=live, other=0)
-            rel = tl.load(REL + first + t, mask=live, other=0)
+            e = first + t
+            j = tl.load(COL + e, mask=live, other=0)
+            rel = tl.load(REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N)
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            k = _gather_rows(k_base, j, stride_kn, offs_d, D, live, EVEN_D)
-            v = _gather_rows(v_base, j, stride_vn, offs_dv, DV, live, EVEN_DV)
-            do = _gather_rows(do_base + rel.to(tl.int64)[:, None] * stride_gr, rows, stride_gn, offs_dv, DV, live,
-                              EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) - lse)
+            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
+            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dq += ds[:, None] * k
-        dq_ptrs = DQ + (bh.to(tl.int64) * N + rows[:, None]) * D + offs_d[None, :]
-        tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+        dq = dq * sm_scale
+        col_ok = offs_d[None, :] < D
+        if PIECES:  # items of split tokens: fp32 partial rows (summed by _edge_sum_kernel)
+            part = _idx(slot, SMALL) * H + h
+            tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=ok[:, None] & col_ok)
+        else:
+            tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+                     mask=ok[:, None] & col_ok)
 
     @triton.jit
     def _edge_bwd_dkdv_kernel(
-        Q, K, V, DOUT, LSE, DELTA, T_PTR, T_COL, T_REL, DK, DV_OUT,
+        Q, K, V, DOUT, LSE, DELTA, T_COL, T_REL, ITEMS, DK, DV_OUT, DK_PART, DV_PART,
         stride_qb, stride_qh, stride_qn,
         stride_kb, stride_kh, stride_kn,
         stride_vb, stride_vh, stride_vn,
         stride_gb, stride_gr, stride_gh, stride_gn,
-        H, N, R, D, DV, qk_scale2, sm_scale,
+        H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     ):
-        """dk and dv of ``BLOCK_E`` key rows of one (batch, head), over the transposed lists (every relation).
+        """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
         Per transposed edge (query i, relation r): gather q_i and dO of (r, i); ``p = exp2(s - lse)``,
         ``ds = p (dO . v_j - delta)``, ``dk += ds q_i``, ``dv += p dO``. DK ``[B, H, N, D]``, DV_OUT
-        ``[B, H, N, DV]``, contiguous. Grid ``launch_grid(cdiv(N, BLOCK_E), B, H)`` (1-D).
+        ``[B, H, N, DV]``, contiguous, zero-filled; items of split key tokens write fp32 ``DK_PART`` /
+        ``DV_PART[slot, h]``. Grid ``(cdiv(I, BLOCK_E) * H,)``.
         """
-        block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_E), H)
-        keys = block * BLOCK_E + tl.arange(0, BLOCK_E)
-        key_ok, first, count, longest = _token_edges(T_PTR, b, keys, N, R)
+        pid = tl.program_id(0)
+        h = _idx(pid % H, SMALL)
+        block = pid // H
+        index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        has = count > 0
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        k = _gather_rows(K + b * stride_kb + h * stride_kh, keys, stride_kn, offs_d, D, count > 0, EVEN_D)
-        k = k * qk_scale2
-        v = _gather_rows(V + b * stride_vb + h * stride_vh, keys, stride_vn, offs_dv, DV, count > 0, EVEN_DV)
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DOUT + b * stride_gb + h * stride_gh
+        k = _gather(K + h * stride_kh, b * stride_kb + kj * stride_kn, offs_d, D, has, EVEN_D)
+        v = _gather(V + h * stride_vh, b * stride_vb + kj * stride_vn, offs_dv, DV, has, EVEN_DV)
+        q_base = Q + h * stride_qh
+        do_base = DOUT + h * stride_gh
+        q_row = b * stride_qb
+        do_row = b * stride_gb
         stat_base = b * R * H * N + h * N
         dk = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
-            i = tl.load(T_COL + first + t, mask=live, other=0)
-            rel = tl.load(T_REL + first + t, mask=live, other=0)
+            e = first + t
+            i = tl.load(T_COL + e, mask=live, other=0)
+            rel = tl.load(T_REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N) + i
             lse = tl.load(LSE + stat, mask=live, other=float("inf"))
             delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            q = _gather_rows(q_base, i, stride_qn, offs_d, D, live, EVEN_D)
-            do = _gather_rows(do_base + rel.to(tl.int64)[:, None] * stride_gr, i, stride_gn, offs_dv, DV, live,
-                              EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) - lse)
+            q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
+            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
+                             DV, EVEN_DV)
+            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
             ds = p * (tl.sum(do * v, axis=1) - delta)
             dk += ds[:, None] * q
             dv += p[:, None] * do
-        out_rows = bh.to(tl.int64) * N + keys[:, None]
-        tl.store(DK + out_rows * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-                 mask=key_ok[:, None] & (offs_d[None, :] < D))
+        dk = dk * sm_scale
+        # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
+        # D = 64 with H = 12 on sm_90).
+        index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
+        # Both stores, masked by the slot, in both launches (PIECES unused here: a whole-token-only epilogue
+        # spilled 8 B at fp32 D = 128 on sm_80).
+        out_rows = ((b * H + h) * N + kj)[:, None]
+        direct = (ok & (slot < 0))[:, None]
+        split = (ok & (slot >= 0))[:, None]
+        part = (_idx(slot, SMALL) * H + h)[:, None]
+        tl.store(DK + out_rows * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=direct & (offs_d[None, :] < D))
         tl.store(DV_OUT + out_rows * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
-                 mask=key_ok[:, None] & (offs_dv[None, :] < DV))
+                 mask=direct & (offs_dv[None, :] < DV))
+        tl.store(DK_PART + part * D + offs_d[None, :], dk, mask=split & (offs_d[None, :] < D))
+        tl.store(DV_PART + part * DV + offs_dv[None, :], dv, mask=split & (offs_dv[None, :] < DV))
 
     # ----------------------------------------------------------------------------------------------------
     # Launchers (torch.library Triton ops)
     # ----------------------------------------------------------------------------------------------------
 
-    def _tiles(q: torch.Tensor, v: torch.Tensor) -> dict:
+    def _tiles(q: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor) -> dict:
         D, DV = q.shape[-1], v.shape[-1]
         cfg = edge_config(q.dtype, max(D, DV))
         block_d, block_dv = max(16, _next_power_of_2(D)), max(16, _next_power_of_2(DV))
+        # Offsets in int32 when every tensor the kernels index (inputs, outputs, statistics, partials) spans
+        # fewer than 2^31 elements.
+        extent = max(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
+                     for t in (q, v) + rest)
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                    EVEN_DV=block_dv == DV, num_warps=cfg["num_warps"])
+                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, num_warps=cfg["num_warps"])
+
+    _MERGE_BLOCK = 32
+    _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
+
+    def _sum_partials(part, tokens, ptr, out, H, N):
+        S, width = tokens.shape[0], out.shape[-1]
+        if S:
+            launch(_edge_sum_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part, tokens, ptr, out, H, N, width, S,
+                   BLOCK_S=_MERGE_BLOCK, BLOCK_D=max(16, _next_power_of_2(width)), num_warps=4)
 
     @torch.library.triton_op("syntaxkernels::edge_attention_fwd", mutates_args=())
-    def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row_ptr: torch.Tensor,
-                               col: torch.Tensor, num_relations: int,
-                               scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col: torch.Tensor,
+                               rel: torch.Tensor, schedule: List[torch.Tensor], sizes: List[int],
+                               num_relations: int, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
         """Triton forward launcher: ``(out [B, R, H, N, Dv] in q's dtype, lse2 fp32 [B, R, H, N])``.
 
         Args:
             q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]`` (any strides; a non-contiguous last dim is copied).
-            row_ptr: int32 ``[B * N * R + 1]``; col: int32 ``[E]`` (an :class:`EdgeLists`' rows).
+            col, rel: int32 ``[E]`` (an :class:`EdgeLists`' edges); schedule, sizes: its
+                :class:`EdgeSchedule`'s ``tensors()`` and ``sizes()``.
             num_relations: R; scale: score scale.
         """
         B, H, N, D = q.shape
         DV = v.shape[-1]
         R = num_relations
-        out = torch.empty((B, R, H, N, DV), dtype=q.dtype, device=q.device)
-        lse = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)
-        if out.numel() == 0:
-            lse.fill_(float("inf"))
+        f_items, merge_rows, merge_ptr, p_items = schedule[0], schedule[1], schedule[2], schedule[9]
+        pieces = sizes[0]
+        I = f_items.shape[1] + p_items.shape[1]
+        out = torch.zeros((B, R, H, N, DV), dtype=q.dtype, device=q.device)
+        lse = torch.full((B, R, H, N), float("inf"), dtype=torch.float32, device=q.device)
+        if out.numel() == 0 or I == 0:
             return out, lse
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        tiles = _tiles(q, v)
-        launch(_edge_fwd_kernel, launch_grid(triton.cdiv(N, tiles["BLOCK_E"]), B, H, R),
-               q, k, v, row_ptr, col, out, lse,
-               q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               H, N, R, D, DV, scale * LOG2E, **tiles)
+        part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
+        part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
+        tiles = _tiles(q, v, k, out, lse, part_o, part_l)
+        for items, split in ((f_items, False), (p_items, True)):
+            if items.shape[1]:
+                launch(_edge_fwd_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,),
+                       q, k, v, col, items, out, lse, part_o, part_l,
+                       q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                       v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                       out.stride(3), H, N, R, D, DV, items.shape[1], scale * LOG2E, PIECES=split, **tiles)
+        S = merge_rows.shape[0]
+        if S:
+            launch(_edge_merge_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part_o, part_l, merge_rows, merge_ptr,
+                   out, lse, out.stride(0), out.stride(1), out.stride(2), out.stride(3), H, N, R, DV, S,
+                   BLOCK_S=_MERGE_BLOCK, BLOCK_DV=tiles["BLOCK_DV"], num_warps=4)
         return out, lse
 
     @torch.library.triton_op("syntaxkernels::edge_attention_bwd", mutates_args=())
     def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                out: torch.Tensor, lse: torch.Tensor, row_ptr: torch.Tensor, col: torch.Tensor,
-                                rel: torch.Tensor, t_ptr: torch.Tensor, t_col: torch.Tensor, t_rel: torch.Tensor,
-                                scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                out: torch.Tensor, lse: torch.Tensor, col: torch.Tensor, rel: torch.Tensor,
+                                t_col: torch.Tensor, t_rel: torch.Tensor, schedule: List[torch.Tensor],
+                                sizes: List[int], scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Triton backward launcher: ``(dq, dk [B, H, N, D], dv [B, H, N, Dv])`` in q's dtype.
 
         Args: as :func:`edge_attention_forward`, plus ``dout`` (like out, any strides), the forward's ``out`` and
-        ``lse``, the relation of every edge ``rel`` and the transposed lists ``t_ptr``, ``t_col``, ``t_rel``.
+        ``lse`` and the transposed edges ``t_col``, ``t_rel``.
         """
         B, H, N, D = q.shape
         DV = v.shape[-1]
         R = out.shape[1]
-        dq = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-        dk = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-        dv = torch.empty((B, H, N, DV), dtype=q.dtype, device=q.device)
-        if B * H * N == 0:
+        q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr = schedule[3:9]
+        qp_items, kp_items = schedule[10], schedule[11]
+        dq_slots, dk_slots = sizes[1], sizes[2]
+        dq = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
+        dk = torch.zeros((B, H, N, D), dtype=q.dtype, device=q.device)
+        dv = torch.zeros((B, H, N, DV), dtype=q.dtype, device=q.device)
+        I = q_items.shape[1] + qp_items.shape[1]
+        if B * H * N == 0 or R == 0 or D == 0 or DV == 0 or I == 0:
             return dq, dk, dv
-        if R == 0 or D == 0 or DV == 0:
-            return dq.zero_(), dk.zero_(), dv.zero_()
         q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
-        tiles = _tiles(q, v)
-        delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)
-        launch(_edge_bwd_delta_kernel, launch_grid(triton.cdiv(N, 64), B, H, R),
-               out, dout, delta, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-               dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV,
-               BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], num_warps=4)
+        delta = torch.empty((B, R, H, N), dtype=torch.float32, device=q.device)  # read only where rows have edges
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dq_part = torch.empty((max(dq_slots, 1), H, D), **f32)
+        dk_part = torch.empty((max(dk_slots, 1), H, D), **f32)
+        dv_part = torch.empty((max(dk_slots, 1), H, DV), **f32)
+        tiles = _tiles(q, v, k, out, dout, lse, delta, dq, dv, dq_part, dv_part)
+        for items in (schedule[0], schedule[9]):  # the rows with edges: whole rows, then the split rows' chunks
+            if items.shape[1]:
+                launch(_edge_bwd_delta_kernel, (triton.cdiv(items.shape[1], 64) * H,),
+                       out, dout, delta, items, out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+                       dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3), H, N, R, DV, items.shape[1],
+                       BLOCK_E=64, BLOCK_DV=tiles["BLOCK_DV"], SMALL=tiles["SMALL"], num_warps=4)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    dout.stride(3))
-        grid = launch_grid(triton.cdiv(N, tiles["BLOCK_E"]), B, H)
-        launch(_edge_bwd_dq_kernel, grid, q, k, v, dout, lse, delta, row_ptr, col, rel, dq, *strides,
-               H, N, R, D, DV, scale * LOG2E, scale, **tiles)
-        launch(_edge_bwd_dkdv_kernel, grid, q, k, v, dout, lse, delta, t_ptr, t_col, t_rel, dk, dv, *strides,
-               H, N, R, D, DV, scale * LOG2E, scale, **tiles)
+        for items, split in ((q_items, False), (qp_items, True)):
+            if items.shape[1]:
+                launch(_edge_bwd_dq_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
+                       lse, delta, col, rel, items, dq, dq_part, *strides, H, N, R, D, DV, items.shape[1],
+                       scale * LOG2E, scale, PIECES=split, **tiles)
+        _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
+        for items, split in ((k_items, False), (kp_items, True)):
+            if items.shape[1]:
+                launch(_edge_bwd_dkdv_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
+                       lse, delta, t_col, t_rel, items, dk, dv, dk_part, dv_part, *strides, H, N, R, D, DV,
+                       items.shape[1], scale * LOG2E, scale, PIECES=split, **tiles)
+        _sum_partials(dk_part, dk_tokens, dk_ptr, dk, H, N)
+        _sum_partials(dv_part, dk_tokens, dk_ptr, dv, H, N)
         return dq, dk, dv
 else:  # pragma: no cover - depends on the install
     edge_attention_forward = edge_attention_backward = None
@@ -427,22 +624,26 @@ class _EdgeAttention(torch.autograd.Function):
     """Autograd over the edge ops (Triton or C++): gradients for q, k, v (the lists get none)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, row_ptr, col, rel, t_ptr, t_col, t_rel, num_relations, scale, use_triton):
-        if use_triton:
-            out, lse = torch.ops.syntaxkernels.edge_attention_fwd(q, k, v, row_ptr, col, num_relations, scale)
+    def forward(ctx, q, k, v, row_ptr, col, rel, t_ptr, t_col, t_rel, num_relations, scale, sizes, *schedule):
+        if sizes is not None:  # the Triton kernels, over the schedule's work items
+            out, lse = torch.ops.syntaxkernels.edge_attention_fwd(q, k, v, col, rel, list(schedule), list(sizes),
+                                                                  num_relations, scale)
         else:
             out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, row_ptr, col, num_relations, scale)
-        ctx.save_for_backward(q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel)
-        ctx.scale, ctx.use_triton = scale, use_triton
+        ctx.save_for_backward(q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *schedule)
+        ctx.scale, ctx.sizes = scale, sizes
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel = ctx.saved_tensors
-        op = torch.ops.syntaxkernels.edge_attention_bwd if ctx.use_triton else \
-            torch.ops.syntaxkernels.edge_attention_cpu_bwd
-        dq, dk, dv = op(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *schedule = ctx.saved_tensors
+        if ctx.sizes is not None:
+            dq, dk, dv = torch.ops.syntaxkernels.edge_attention_bwd(dout, q, k, v, out, lse, col, rel, t_col, t_rel,
+                                                                   list(schedule), list(ctx.sizes), ctx.scale)
+        else:
+            dq, dk, dv = torch.ops.syntaxkernels.edge_attention_cpu_bwd(dout, q, k, v, out, lse, row_ptr, col, rel,
+                                                                        t_ptr, t_col, t_rel, ctx.scale)
+        return (dq, dk, dv) + (None,) * (10 + len(schedule))
 
 
 
@@ -507,12 +708,41 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
         scale = 1.0 / math.sqrt(q.shape[-1])
     if chosen == "reference":
         return _reference_edge_attention(q, k, v, lists, scale), lists.nonempty
+    if chosen == "triton":
+        schedule = lists.schedule(SCHEDULE_CHUNK)
+        sizes, tensors = tuple(schedule.sizes()), schedule.tensors()
+    else:
+        sizes, tensors = None, []
     out = _EdgeAttention.apply(q, k, v, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
-                               lists.t_rel, lists.num_relations, float(scale), chosen == "triton")
+                               lists.t_rel, lists.num_relations, float(scale), sizes, *tensors)
     return out, lists.nonempty
 
 
 _ZERO_TABLES = {}
+
+
+def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
+    """``(edge, dense)``: the model's instructions per head for one forward + backward of the window on these lists
+    by the edge kernels (``EDGE_SLOT_COST`` per edge, as the balanced schedule walks close to one slot per edge,
+    plus ``EDGE_ITEM_COST`` per work item of its schedule) and by the fused LUT kernel on its live tiles
+    (``DENSE_ELEMENT_COST`` per score element of every live ``DENSE_TILE`` x ``DENSE_TILE`` tile). Host ints only
+    (the schedule and the live tiles are built on the CPU when the lists move to the GPU): no synchronisation."""
+    dim = min(128, max(32, _next_power_of_2(head_dim)))
+    schedule = lists.schedule(SCHEDULE_CHUNK)
+    per_item = EDGE_ITEM_COST[dim]
+    edge = EDGE_SLOT_COST[dim] * lists.num_edges + sum(
+        cost * items for cost, items in zip(per_item, (schedule.f_items.shape[1] + schedule.p_items.shape[1],
+                                                      schedule.q_items.shape[1] + schedule.qp_items.shape[1],
+                                                      schedule.k_items.shape[1] + schedule.kp_items.shape[1])))
+    dense = DENSE_ELEMENT_COST[dim] * DENSE_TILE * DENSE_TILE * lists.tile_count(DENSE_TILE)
+    return edge, dense
+
+
+def window_takes_edges(lists: EdgeLists, head_dim: int) -> bool:
+    """Whether the model (:func:`window_costs`) puts the window on the edge kernels rather than the LUT kernel:
+    the live-tile density (edges per live tile), not the global density, decides."""
+    edge, dense = window_costs(lists, head_dim)
+    return edge <= dense
 
 
 def _window_lists(trees, window: int, lengths, q: torch.Tensor, build: bool) -> Optional[EdgeLists]:
@@ -544,8 +774,9 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     Same result as :func:`syntaxkernels.reference.gat_attention`. On CPU it always runs on the window's edge
     lists (C++, or Triton under ``backend="triton"`` with the interpreter): O(E) work for E pairs within the
     window. On CUDA it runs on the edge lists when they are already built (``trees.window_lists(window)``, e.g.
-    by ``TreeCollator(windows=...)``) and hold at most ``EDGE_DENSITY_LIMIT`` of the pairs, else on the fused
-    dense kernel with block skipping (:func:`syntaxkernels.syntax_bias_attention` with a zero table).
+    by ``TreeCollator(windows=...)``) and the cost model puts them there (:func:`window_takes_edges`: the
+    edges against the live 64 x 64 tiles), else on the fused dense kernel with block skipping
+    (:func:`syntaxkernels.syntax_bias_attention` with a zero table).
 
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``.
@@ -574,8 +805,7 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
         return reference.gat_attention(q, k, v, distance, window=window, lengths=lengths, scale=scale)
     on_gpu = q.device.type == "cuda"
     lists = _window_lists(trees, window, lengths, q, build=not on_gpu)
-    B, _, N, _ = q.shape
-    if lists is None or (on_gpu and lists.num_edges > EDGE_DENSITY_LIMIT * B * N * N):
+    if lists is None or (on_gpu and not window_takes_edges(lists, q.shape[-1])):
         from .bias_attention import syntax_bias_attention
         from ..specs import BucketSpec
 

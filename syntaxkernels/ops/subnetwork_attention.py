@@ -7,11 +7,11 @@ One implementation per mask kind:
   :func:`syntaxkernels.ops.edge_attention.edge_attention`: C++ kernels on CPU tensors, Triton kernels on CUDA
   tensors (or on CPU under ``TRITON_INTERPRET=1`` with ``backend="triton"``). Work O(E * H * D) for the E
   listed pairs: a ``child_d`` row holds at most one key, all ``parent_d`` rows together at most N keys.
-- **Dense masks** (``full``: every valid key; ``pairwise``: keys in another tree of the sequence): on CPU the
-  SDPA CPU kernel with a mask (``[B, 1, 1, N]`` keys for ``full``, ``[B, 1, N, N]`` pairs for ``pairwise``); on
-  CUDA the fused kernel :func:`syntaxkernels.ops.bias_attention.lut_attention` with a fixed bias per distance
-  value (``full``: 0 everywhere; ``pairwise``: ``-inf`` except distance 255, i.e. different trees; padding
-  excluded by lengths).
+- **Dense masks** (``full``: every valid key; ``pairwise``: keys in another tree of the sequence): ``full`` is
+  plain attention over the valid keys, SDPA with a ``[B, 1, 1, N]`` key mask from the segments on every device
+  (the distance is not read); ``pairwise`` on CPU the SDPA CPU kernel with a ``[B, 1, N, N]`` mask, on CUDA the
+  fused kernel :func:`syntaxkernels.ops.bias_attention.lut_attention` with a fixed bias per distance value
+  (``-inf`` except distance 255, i.e. different trees; padding excluded by lengths).
 
 The outputs come in ``MaskSpec.names`` order (relations, then pairwise, then full). The default CPU path
 (:class:`_SubnetworkCPU`) writes all M of them into one ``[B, M, H, N, D]`` tensor, the C++ edge kernels and
@@ -65,7 +65,8 @@ def _pairwise_nonempty(trees: TreeBatch) -> torch.Tensor:
 
 
 def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One dense mask with SDPA (CPU): ``(out [B, H, N, Dv], nonempty [B, N])``.
+    """One dense mask with SDPA (any device; on CUDA the ``full`` mask, whose key mask ``[B, 1, 1, N]`` comes
+    from the segments: plain attention with lengths): ``(out [B, H, N, Dv], nonempty [B, N])``.
 
     Rows with no allowed key are given every key (so the softmax stays finite) and then multiplied by zero:
     their outputs and gradients are exactly zero.
@@ -214,8 +215,10 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                             backend="triton" if chosen == "triton" else "auto")
         outs.append(out)
         flags.append(nonempty)
-    dense = _dense_fused if chosen == "triton" else _dense_cpu
     for kind in dense_mask_kinds(masks):
+        # ``full`` is plain attention over the valid keys (SDPA with a key mask from the segments: the distance is
+        # never read); ``pairwise`` needs the distance (the fused LUT kernel on Triton devices).
+        dense = _dense_fused if chosen == "triton" and kind == "pairwise" else _dense_cpu
         out, nonempty = dense(q, k, v, trees, kind, float(scale))
         outs.append(out[:, None])
         flags.append(nonempty[:, None])

@@ -43,7 +43,7 @@ from ..specs import MAX_PATH, UNREACHABLE, MaskSpec
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
 __all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors", "EdgeLists",
-           "build_edge_lists", "python_edge_lists", "aligned_distance", "known_symmetric", "mark_symmetric"]
+           "build_edge_lists", "python_edge_lists", "EdgeSchedule", "build_edge_schedule", "EDGE_CHUNK", "aligned_distance", "known_symmetric", "mark_symmetric"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -417,6 +417,24 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     return distance
 
 
+#: Edges per work item of the GPU edge kernels (:class:`EdgeSchedule`): longer rows are split into chunks.
+EDGE_CHUNK = 32
+
+
+def _live_tiles_torch(host: "EdgeLists", tile: int) -> int:
+    """:meth:`EdgeLists.tile_count` in PyTorch (without the C++ extension)."""
+    B, R, N = host.nonempty.shape
+    nt = -(-N // tile)
+    # Per query block (b, i // tile), the edges it holds are one contiguous span of the CSR.
+    bounds = torch.arange(0, B * nt + 1, dtype=torch.int64)
+    token_ends = torch.clamp((bounds % nt) * tile, max=N) + (bounds // nt) * N
+    token_ends[-1] = B * N
+    span = host.row_ptr.long()[token_ends * R]
+    block = torch.repeat_interleave(torch.arange(B * nt, dtype=torch.int64), span[1:] - span[:-1])
+    ids = block * nt + host.col.long() // tile
+    return int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
+
+
 @dataclass
 class EdgeLists:
     """Per-row key lists of ``R`` relations over ``B`` sequences of ``N`` tokens (CSR, int32, one device).
@@ -443,6 +461,28 @@ class EdgeLists:
     t_rel: torch.Tensor
     nonempty: torch.Tensor
     names: Tuple[str, ...]
+    _schedules: Dict[int, "EdgeSchedule"] = field(default_factory=dict, repr=False, compare=False)
+    #: Live 64 x 64 tiles of the pairs (host int, counted on the CPU; None until :meth:`tile_count`).
+    live_tiles: Optional[int] = field(default=None, repr=False, compare=False)
+
+    def tile_count(self, tile: int = 64) -> int:
+        """Tiles of ``tile x tile`` (query block, key block) of the ``B`` sequences that hold at least one listed
+        pair (any relation): what a block-sparse dense kernel walks. Counted once on the CPU (``tile = 64``
+        cached in :attr:`live_tiles`; lists on a GPU are copied back for it)."""
+        if tile == 64 and self.live_tiles is not None:
+            return self.live_tiles
+        host = self if self.device.type == "cpu" else self.to("cpu")
+        B, R, N = host.nonempty.shape
+        module = _ext.load()
+        if host.num_edges == 0:
+            found = 0
+        elif module is not None and hasattr(module, "live_tiles"):
+            found = int(module.live_tiles(host.row_ptr.contiguous(), host.col.contiguous(), B, N, R, tile))
+        else:
+            found = _live_tiles_torch(host, tile)
+        if tile == 64:
+            self.live_tiles = found
+        return found
 
     @property
     def batch_size(self) -> int:
@@ -467,7 +507,26 @@ class EdgeLists:
 
     def _map(self, fn) -> "EdgeLists":
         tensors = (self.row_ptr, self.col, self.rel, self.t_ptr, self.t_col, self.t_rel, self.nonempty)
-        return EdgeLists(*(fn(t) for t in tensors), names=self.names)
+        mapped = EdgeLists(*(fn(t) for t in tensors), names=self.names)
+        mapped._schedules = {key: schedule._map(fn) for key, schedule in self._schedules.items()}
+        mapped.live_tiles = self.live_tiles
+        return mapped
+
+    def schedule(self, chunk: int = EDGE_CHUNK) -> "EdgeSchedule":
+        """The balanced work lists of the GPU kernels (:class:`EdgeSchedule`), built once per chunk size and
+        cached. Built on the CPU; lists on a GPU without a cached schedule are copied back for it (one
+        synchronisation: :meth:`to` builds the default schedule before moving CPU lists to a GPU, so lists
+        from ``TreeCollator`` or ``TreeBatch.to`` never pay it)."""
+        if chunk not in self._schedules:
+            host = self if self.device.type == "cpu" else self.to("cpu")
+            built = build_edge_schedule(host.row_ptr, host.t_ptr, self.batch_size, self.max_len,
+                                        self.num_relations, chunk)
+            self._schedules[chunk] = built if self.device.type == "cpu" else built._map(
+                lambda t: t.to(self.device, non_blocking=True))
+        return self._schedules[chunk]
+
+    def cached_schedule(self, chunk: int = EDGE_CHUNK) -> Optional["EdgeSchedule"]:
+        return self._schedules.get(chunk)
 
     def to(self, *args, **kwargs) -> "EdgeLists":
         """Move every tensor to a device (``lists.to('cuda', non_blocking=True)``); a dtype argument is
@@ -482,6 +541,10 @@ class EdgeLists:
                 non_blocking = arg
         if device is None:
             return self
+        if torch.device(device).type != "cpu" and self.device.type == "cpu":
+            self.schedule()  # on the host, before the move: a GPU call then reads nothing back
+            if self.num_relations == 1 and self.names[0].startswith("window"):
+                self.tile_count()  # the window's path model (ops.edge_attention.window_takes_edges)
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "EdgeLists":
@@ -500,6 +563,132 @@ class EdgeLists:
     def __repr__(self) -> str:
         return (f"EdgeLists(batch_size={self.batch_size}, max_len={self.max_len}, relations={list(self.names)}, "
                 f"edges={self.num_edges}, device={self.device})")
+
+
+@dataclass
+class EdgeSchedule:
+    """Balanced work lists for the GPU edge kernels over an :class:`EdgeLists` (int32, on the lists' device).
+
+    A *work item* is up to ``chunk`` consecutive edges: in the forward, of one row ``(b, i, r)``; in dQ, of one
+    query token over every relation (``row_ptr``); in dK/dV, of one key token's transposed edges (``t_ptr``).
+    Longer rows and tokens (a ``[CLS]`` root's sibling lists, long windows) are split into chunks of exactly
+    ``chunk`` edges and a shorter last one. Each side's items are ordered by edge count, longest first (stable:
+    ties keep row order), so the ``BLOCK_E`` items a program walks in lockstep have nearly equal lengths and
+    the edge slots a kernel walks stay close to the real edges.
+
+    Attributes:
+        f_items: ``[6, I_f]``: the forward items of whole rows: per item its row's b, i and r, first edge, edge
+            count and partial slot (-1: whole rows are written directly).
+        p_items: ``[6, I_p]``: the forward items of split rows (the same rows; slot >= 0: written to a partial
+            buffer), launched apart so the common kernel carries no partial store; likewise ``qp_items`` and
+            ``kp_items`` (``[5, .]``): the dQ and dK/dV items of split tokens, apart from ``q_items`` and
+            ``k_items`` (whole tokens, slot -1).
+        merge_rows, merge_ptr: the split rows and, per row, its partial slots ``merge_ptr[k] .. merge_ptr[k + 1]``
+            (in edge order): the forward merges them by log-sum-exp.
+        q_items: ``[5, I_q]``: per dQ item its token's b and i, first edge, count and dq partial slot (-1: the
+            token is not split).
+        dq_tokens, dq_ptr: the split query tokens and their dq partial slots (summed in order).
+        k_items: ``[5, I_k]``: the key token's b and i, first transposed edge, count, dk/dv partial slot.
+        dk_tokens, dk_ptr: the split key tokens and their partial slots.
+        pieces, dq_slots, dk_slots: host ints, the partial buffers' lengths; chunk: the chunk size.
+    """
+
+    f_items: torch.Tensor
+    merge_rows: torch.Tensor
+    merge_ptr: torch.Tensor
+    q_items: torch.Tensor
+    dq_tokens: torch.Tensor
+    dq_ptr: torch.Tensor
+    k_items: torch.Tensor
+    dk_tokens: torch.Tensor
+    dk_ptr: torch.Tensor
+    p_items: torch.Tensor
+    qp_items: torch.Tensor
+    kp_items: torch.Tensor
+    pieces: int
+    dq_slots: int
+    dk_slots: int
+    chunk: int
+
+    def tensors(self) -> List[torch.Tensor]:
+        return [self.f_items, self.merge_rows, self.merge_ptr, self.q_items, self.dq_tokens, self.dq_ptr,
+                self.k_items, self.dk_tokens, self.dk_ptr, self.p_items, self.qp_items, self.kp_items]
+
+    def sizes(self) -> List[int]:
+        return [self.pieces, self.dq_slots, self.dk_slots]
+
+    def _map(self, fn) -> "EdgeSchedule":
+        return EdgeSchedule(*(fn(t) for t in self.tensors()), self.pieces, self.dq_slots, self.dk_slots,
+                            self.chunk)
+
+
+def _chunked_items(ptr: torch.Tensor, chunk: int):
+    """Items of up to ``chunk`` edges per unit (a row or a token) from per-unit edge offsets ``ptr`` (int64
+    ``[U + 1]``), sorted longest first: ``(items int32 [4, I], split_units, split_ptr, slots)``. ``items``
+    rows: unit, first edge, count, slot (the items of units with more than one item are numbered
+    consecutively per unit, in edge order; -1 otherwise)."""
+    degree = ptr[1:] - ptr[:-1]
+    pieces = (degree + chunk - 1) // chunk
+    units = torch.arange(degree.numel(), dtype=torch.int64)
+    unit = torch.repeat_interleave(units, pieces)
+    item_start = torch.cumsum(pieces, 0) - pieces
+    within = torch.arange(unit.numel(), dtype=torch.int64) - torch.repeat_interleave(item_start, pieces)
+    first = ptr[:-1][unit] + within * chunk
+    count = torch.minimum(degree[unit] - within * chunk, torch.full_like(first, chunk))
+    split = pieces[unit] > 1
+    slot = torch.where(split, torch.cumsum(split.long(), 0) - 1, torch.full_like(unit, -1))
+    split_units = units[pieces > 1]
+    split_ptr = torch.zeros(split_units.numel() + 1, dtype=torch.int64)
+    split_ptr[1:] = torch.cumsum(pieces[pieces > 1], 0)
+    order = torch.argsort(-count, stable=True)
+    items = torch.stack([unit, first, count, slot])[:, order]
+    return items, split_units.to(torch.int32), split_ptr.to(torch.int32), int(split.sum())
+
+
+def _with_coordinates(items: torch.Tensor, N: int, R: int) -> torch.Tensor:
+    """``[4, I]`` items of rows (``R > 0``: unit ``(b * N + i) * R + r``) or tokens (``R == 0``: ``b * N + i``) as the
+    kernels read them, int32: ``[b, i, (r,) first, count, slot]`` (no integer division in a kernel)."""
+    unit = items[0]
+    token = unit // R if R else unit
+    coordinates = [token // N, token % N] + ([unit % R] if R else [])
+    return torch.stack(coordinates + [items[1], items[2], items[3]]).to(torch.int32).contiguous()
+
+
+def _split_pieces(f_items: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(f_items, p_items)``: a forward item table's whole-row items and split-row items, each in its order."""
+    split = f_items[-1] >= 0
+    return f_items[:, ~split].contiguous(), f_items[:, split].contiguous()
+
+
+def _split_schedule(f_items, merge_rows, merge_ptr, q_items, dq_tokens, dq_ptr, k_items, dk_tokens, dk_ptr, pieces,
+                    dq_slots, dk_slots, chunk) -> "EdgeSchedule":
+    """The :class:`EdgeSchedule` with each side's items of split units apart from the whole ones."""
+    f_whole, f_split = _split_pieces(f_items)
+    q_whole, q_split = _split_pieces(q_items)
+    k_whole, k_split = _split_pieces(k_items)
+    return EdgeSchedule(f_whole, merge_rows, merge_ptr, q_whole, dq_tokens, dq_ptr, k_whole, dk_tokens, dk_ptr,
+                        f_split, q_split, k_split, int(pieces), int(dq_slots), int(dk_slots), chunk)
+
+
+def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: int, R: int,
+                        chunk: int = EDGE_CHUNK) -> EdgeSchedule:
+    """The :class:`EdgeSchedule` of CPU lists (``row_ptr``, ``t_ptr``: int32 ``[B * N * R + 1]``), in
+    O(E / chunk + B N R) vectorised PyTorch on the CPU."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    module = _ext.load()
+    if module is not None and hasattr(module, "edge_schedule"):  # the C++ builder: O(E / chunk + B N R)
+        *tensors, pieces, dq_slots, dk_slots = module.edge_schedule(
+            row_ptr.to(torch.int32).contiguous(), t_ptr.to(torch.int32).contiguous(), B, N, R, chunk)
+        return _split_schedule(*tensors, pieces, dq_slots, dk_slots, chunk)
+    row_ptr, t_ptr = row_ptr.to(torch.int64), t_ptr.to(torch.int64)
+    f_items, merge_rows, merge_ptr, pieces = _chunked_items(row_ptr, chunk)
+    # Every relation of a token is consecutive: per-token offsets are every R-th row offset.
+    q_items, dq_tokens, dq_ptr, dq_slots = _chunked_items(row_ptr[::R] if R > 1 else row_ptr, chunk)
+    k_items, dk_tokens, dk_ptr, dk_slots = _chunked_items(t_ptr[::R] if R > 1 else t_ptr, chunk)
+    return _split_schedule(_with_coordinates(f_items, N, R), merge_rows, merge_ptr, _with_coordinates(q_items, N, 0),
+                           dq_tokens, dq_ptr, _with_coordinates(k_items, N, 0), dk_tokens, dk_ptr, pieces, dq_slots,
+                           dk_slots, chunk)
 
 
 def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
@@ -585,6 +774,15 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
     return _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B, N, R, names)
 
 
+def _prepared(lists: EdgeLists) -> EdgeLists:
+    """CPU lists with what a GPU call needs from the host built now (in the data pipeline's workers when
+    ``TreeCollator`` builds the lists): the balanced schedule and, for window lists, the live-tile count."""
+    lists.schedule()
+    if lists.num_relations == 1 and lists.names[0].startswith("window"):
+        lists.tile_count()
+    return lists
+
+
 def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance: int = 3, parent: bool = True,
                      child: bool = True, sibling: bool = True, window: Optional[int] = None,
                      num_threads: int = 0) -> EdgeLists:
@@ -597,8 +795,9 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
         window: instead, one relation: every key within ``window`` edges (0..254; the token itself included).
         num_threads: C++ threads (0 = torch's intra-op thread count).
     Returns:
-        :class:`EdgeLists` on the heads' device. Tensors on a GPU are copied to the CPU for the build (one
-        synchronisation: build the lists in the data pipeline, e.g. ``TreeCollator(masks=...)``, to avoid it).
+        :class:`EdgeLists` on the heads' device, with their GPU schedule (:meth:`EdgeLists.schedule`) and, for a
+        window, live-tile count already built on the CPU. Tensors on a GPU are copied to the CPU for the build
+        (one synchronisation: build the lists in the data pipeline, e.g. ``TreeCollator(masks=...)``, to avoid it).
 
     Raises ValueError for bad heads or lengths (the tree builder's messages) or a bad spec. Without the C++
     extension, builds the tree tensors and uses :func:`python_edge_lists`.
@@ -608,8 +807,8 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     module = _ext.load()
     if module is None or not hasattr(module, "edge_lists"):
         batch = TreeBatch.from_heads(heads, lengths)
-        return python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
-                                 parent=parent, child=child, sibling=sibling, window=window).to(device)
+        return _prepared(python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
+                                           parent=parent, child=child, sibling=sibling, window=window)).to(device)
     heads_cpu = heads.to("cpu", torch.int64).contiguous()
     lengths_cpu = lengths.to("cpu", torch.int64).contiguous()
     B, N = heads_cpu.shape
@@ -617,7 +816,7 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
                               -1 if window is None else window, int(num_threads))
     R = 1 if window is not None else max_distance * (int(parent) + int(child) + int(sibling))
     names = (f"window_{window}",) if window is not None else _relation_names(max_distance, parent, child, sibling)
-    built = _finish_lists(*lists, B, N, R, names)
+    built = _prepared(_finish_lists(*lists, B, N, R, names))
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
 
 
