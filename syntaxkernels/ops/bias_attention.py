@@ -661,7 +661,7 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 CONFIGS[("table", "sm90", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
 CONFIGS[("table", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
 CONFIGS[("table", "sm80", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1)
-CONFIGS[("table", "sm80", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+CONFIGS[("table", "sm80", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1)
 # fp32 inputs run exact fp32 products (no tensor cores, no TF32): Triton 3.6 lowers them to FMA loops that hold
 # whole operand rows per thread. 16x32 tiles are spill-free up to D = 64; at D = 128 every tiling tried spills
 # (16x16 the least): correct, but not tuned (fp32 is not a performance target; use bf16/fp16 for speed).
@@ -669,6 +669,9 @@ for _kind in ("fwd", "dkdv", "dq", "table"):
     for _arch in ("sm90", "sm80"):
         CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
         CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+# The table kernel's fp32 tiles at D <= 64: 16x32 spills with one stage on sm_80, 16x32 at D = 32 on sm_90.
+CONFIGS[("table", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2)
+CONFIGS[("table", "sm90", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 # GPUs with about 100 KB of shared memory a block (sm_86, sm_89) take A100's tiles, but for dQ at D = 128, whose
 # 128x32 tiles need 100 KB with two stages (128x16 is spill-free there).
 for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
@@ -680,11 +683,20 @@ CONFIGS[("table", "small", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=
 # tiles; one stage is spill-free on sm_86, sm_89 and sm_120.
 CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)
 
+# The table kernel with a window (live-tile lists), log-spaced buckets or more than 31 buckets holds more state: where
+# its plain tiles spill then, "table_extra" (default: the plain ones).
+CONFIGS[("table_extra", "sm90", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2)
+for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
+    if _kind == "table" and ("table_extra", _arch, _cls, _dim) not in CONFIGS:
+        CONFIGS[("table_extra", _arch, _cls, _dim)] = dict(_config)
+
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
 BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
     ("table", "half", 64): _C(num_stages=1),
     ("table", "half", 128): _C(num_stages=1),
+    ("table_extra", "half", 64): _C(num_stages=1),
+    ("table_extra", "half", 128): _C(num_stages=1),
 }
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
@@ -693,7 +705,7 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
                   arch: Optional[int] = None) -> dict:
-    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table") kernel for ``family`` (default:
+    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table", "table_extra") kernel for ``family`` (default:
     the current GPU's); ``arch`` (default: the current GPU when no family is given) applies
     :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family."""
     if family is None and arch is None:
@@ -937,7 +949,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
 
     # The table gradient: programs own a query block and a group of heads (all of them for a shared table).
-    table_config = select_config("table", q.dtype, max(D, DV), family, arch)
+    extra = window >= 0 or log_distance > 0 or T > STATIC_BUCKET_LIMIT
+    table_config = select_config("table_extra" if extra else "table", q.dtype, max(D, DV), family, arch)
     block_m, block_n = table_config["BLOCK_M"], table_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     heads = table_heads(H, rows == 1)
