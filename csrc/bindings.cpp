@@ -17,6 +17,9 @@
 // bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, scale, window, causal,
 //     table_grad, dq, dk, dv, bucket_grad): CPU distance-bias attention writing into the given tensors; see
 //     bias_attention.h.
+// packed_tree_distance(heads int64 [T] CPU, cu_seqlens int64 [S + 1] CPU, num_threads)
+//     -> (distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]): a packed
+//        batch, the distance stored per sequence (tree_distance.h, build_packed). Releases the GIL.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -62,6 +65,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tenso
                 static_cast<int>(std::min<int64_t>(num_threads, 1024)));
   }
   return {distance, depth, segment};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_cpu(
+    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads) {
+  if (!heads_in.device().is_cpu() || !cu_in.device().is_cpu()) {
+    throw std::invalid_argument("packed_tree_distance needs CPU tensors, got heads on " + heads_in.device().str() +
+                                " and cu_seqlens on " + cu_in.device().str());
+  }
+  if (heads_in.dim() != 1) {
+    throw std::invalid_argument("packed heads must have shape [T], got " + python_shape(heads_in));
+  }
+  if (cu_in.dim() != 1 || cu_in.size(0) < 1) {
+    throw std::invalid_argument("cu_seqlens must have shape [S + 1] (S >= 0), got " + python_shape(cu_in));
+  }
+  const at::Tensor heads = heads_in.to(at::kLong).contiguous();
+  const at::Tensor cu = cu_in.to(at::kLong).contiguous();
+  const int64_t T = heads.size(0), S = cu.size(0) - 1;
+  const int64_t* cu_ptr = cu.data_ptr<int64_t>();
+  const std::string message = check_cu_seqlens(cu_ptr, S, T);
+  if (!message.empty()) throw std::invalid_argument(message);
+  at::Tensor offsets = at::empty({S + 1}, at::TensorOptions().dtype(at::kLong));
+  packed_offsets(cu_ptr, S, offsets.data_ptr<int64_t>());
+  auto distance = at::empty({offsets.data_ptr<int64_t>()[S]}, at::TensorOptions().dtype(at::kByte));
+  auto depth = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  auto segment = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  {
+    pybind11::gil_scoped_release release;
+    build_packed(heads.data_ptr<int64_t>(), cu_ptr, S, offsets.data_ptr<int64_t>(), distance.data_ptr<uint8_t>(),
+                 depth.data_ptr<int32_t>(), segment.data_ptr<int32_t>(),
+                 static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  return {distance, offsets, depth, segment};
 }
 
 namespace {
@@ -271,6 +307,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("bucket_grad"),
         "CPU distance-bias attention backward: writes dq, dk, dv and the per-bucket sums of dS bucket_grad "
         "[1 or H, T]. Releases the GIL.");
+  m.def("packed_tree_distance", &syntaxkernels::packed_tree_distance_cpu, pybind11::arg("heads"),
+        pybind11::arg("cu_seqlens"), pybind11::arg("num_threads") = 0,
+        "(distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]) of a packed batch: "
+        "heads int64 [T] local to each sequence, cu_seqlens int64 [S + 1]. ValueError names the sequence and "
+        "token. Releases the GIL.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

@@ -11,12 +11,15 @@ from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symme
                     python_tree_tensors, tree_distance)
 from .collate import TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
 from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
 
 __all__ = [
     "TreeBatch",
+    "PackedTreeBatch",
+    "pack_padded",
     "tree_distance",
     "build_tree_tensors",
     "normalize_heads",

@@ -1,0 +1,335 @@
+"""Packed (padding-free) batches: the packed tree builder and the varlen bias op against the reference.
+
+The reference of a packed op is the padded-batch reference run sequence by sequence (``[1, H, n, D]`` each with
+its own ``n x n`` distance), computed in float64 and in the kernel's dtype (the tolerance rule of
+:mod:`syntaxkernels.testing`). The Triton kernels run on ``DEVICE`` (CUDA, or the CPU under TRITON_INTERPRET=1);
+sizes are small so the file stays well under a minute on two cores.
+"""
+import random
+
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels import _ext
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.ops import bias_attention_varlen as bv
+from syntaxkernels.testing import assert_close_to_reference, count_host_reads
+from syntaxkernels.trees import PackedTreeBatch
+from syntaxkernels.workloads import random_forest
+
+from conftest import KERNEL_DEVICE as DEVICE
+from conftest import needs_triton
+
+HAS_PACKED_CPP = _ext.available() and hasattr(_ext.load(), "packed_tree_distance")
+needs_packed_cpp = pytest.mark.skipif(not HAS_PACKED_CPP, reason="C++ extension (packed builder) not built")
+
+
+def forests(lengths, seed=0, roots=1):
+    rng = random.Random(seed)
+    return [random_forest(rng, n, num_trees=roots) if n else [] for n in lengths]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed trees
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cpp", marks=needs_packed_cpp), "python"])
+def test_packed_batch_equals_the_padded_batch_sequence_by_sequence(backend):
+    lengths = [5, 0, 1, 17, 300, 3]
+    rows = forests(lengths, seed=1, roots=2)
+    packed = PackedTreeBatch.from_heads(rows, backend=backend)
+    padded = sk.TreeBatch.from_heads(rows)
+    assert packed.cu_seqlens.dtype == torch.int32
+    assert packed.cu_seqlens.tolist() == [0, 5, 5, 6, 23, 323, 326]
+    assert packed.max_seqlen == 300 and packed.num_sequences == 6 and packed.num_tokens == 326
+    assert packed.distance.dtype == torch.uint8 and packed.distance.shape == (sum(n * n for n in lengths),)
+    assert packed.distance_offsets.tolist()[:3] == [0, 25, 25]
+    for s, n in enumerate(lengths):
+        a = int(packed.cu_seqlens[s])
+        assert torch.equal(packed.sequence_distance(s), padded.distance[s, :n, :n])
+        assert torch.equal(packed.depth[a:a + n], padded.depth[s, :n])
+        assert torch.equal(packed.segment[a:a + n], padded.segment[s, :n])
+        assert packed.positions[a:a + n].tolist() == list(range(n))
+        assert packed.sequence[a:a + n].tolist() == [s] * n
+    assert torch.equal(packed.heads, torch.tensor(sum(rows, []), dtype=torch.int64))
+
+
+def test_from_heads_packed_flag_and_tensor_inputs():
+    rows = forests([4, 7, 2], seed=2)
+    via_flag = sk.TreeBatch.from_heads(rows, packed=True)
+    assert isinstance(via_flag, PackedTreeBatch)
+    padded = sk.TreeBatch.from_heads(rows)
+    from_tensor = sk.TreeBatch.from_heads(padded.heads, padded.lengths, packed=True)
+    from_cu = PackedTreeBatch.from_heads(torch.tensor(sum(rows, [])), torch.tensor([0, 4, 11, 13]))
+    from_batch = PackedTreeBatch.from_batch(padded)
+    for other in (from_tensor, from_cu, from_batch):
+        assert torch.equal(other.distance, via_flag.distance)
+        assert torch.equal(other.cu_seqlens, via_flag.cu_seqlens)
+    back = via_flag.to_padded()
+    assert torch.equal(back.distance, padded.distance) and torch.equal(back.lengths, padded.lengths)
+
+
+def test_global_heads_and_edge_lists_in_packed_numbering():
+    rows = forests([6, 3, 9], seed=3)
+    packed = PackedTreeBatch.from_heads(rows)
+    padded = sk.TreeBatch.from_heads(rows)
+    assert packed.global_heads().tolist() == sum(
+        ([h + off if h >= 0 else -1 for h in r] for r, off in zip(rows, [0, 6, 9])), [])
+    lists = packed.window_lists(2).to_dense()[0, 0]  # [T, T] in packed numbering
+    ref = padded.window_lists(2).to_dense()[:, 0]
+    for s, (a, n) in enumerate(((0, 6), (6, 3), (9, 9))):
+        assert torch.equal(lists[a:a + n, a:a + n], ref[s, :n, :n])
+    same = packed.sequence[:, None] == packed.sequence[None, :]
+    assert not lists[~same].any()  # no pair crosses sequences
+    masks = sk.MaskSpec(max_distance=2)
+    rel = packed.relation_lists(masks).to_dense()[0]
+    rel_ref = padded.relation_lists(masks).to_dense()
+    for s, (a, n) in enumerate(((0, 6), (6, 3), (9, 9))):
+        assert torch.equal(rel[:, a:a + n, a:a + n], rel_ref[s, :, :n, :n])
+    assert not rel[:, ~same].any()
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cpp", marks=needs_packed_cpp), "python"])
+@pytest.mark.parametrize("rows,cu,match", [
+    ([[-1, 0], [-1, 5, 1]], None, r"sequence 1, token 1: head 5 out of range"),
+    ([[-1], [1, -1], [-1, 1, 1]], None, r"sequence 2, token 1: self-loop"),
+    ([[-1, 2, 1]], None, r"sequence 0, token 1: on a cycle"),
+    ([[-1, 0, 0, 0]], [0, 2, 3], r"cu_seqlens\[2\] = 3 but there are 4 heads"),
+    ([[-1, 0, 0, 0]], [0, 3, 2, 4], r"sequence 1: cu_seqlens\[2\] = 2 is smaller"),
+    ([[-1, 0, 0, 0]], [1, 4], r"cu_seqlens\[0\] = 1"),
+])
+def test_bad_inputs_name_the_sequence_and_token(backend, rows, cu, match):
+    with pytest.raises(ValueError, match=match):
+        if cu is None:
+            PackedTreeBatch.from_heads(rows, backend=backend)
+        else:
+            PackedTreeBatch.from_heads(torch.tensor(sum(rows, [])), torch.tensor(cu), backend=backend)
+
+
+def test_non_integer_head_names_the_sequence():
+    with pytest.raises(ValueError, match=r"sequence 1, token 0: head 'x' is not an integer"):
+        PackedTreeBatch.from_heads([[-1], ["x"]])
+
+
+def test_to_and_pin_memory_keep_everything():
+    packed = PackedTreeBatch.from_heads(forests([3, 4], seed=4))
+    packed.window_lists(1)
+    moved = packed.to("cpu")
+    assert moved is packed or torch.equal(moved.distance, packed.distance)
+    copy = packed.to(torch.device("cpu"), non_blocking=True)
+    assert torch.equal(copy.cu_seqlens, packed.cu_seqlens) and copy.cached_window_lists(1) is not None
+    if torch.cuda.is_available():
+        pinned = packed.pin_memory()
+        assert pinned.distance.is_pinned() and pinned.cached_window_lists(1).col.is_pinned()
+
+
+def test_packed_bytes_are_the_sum_of_squares_not_the_padded_square():
+    lengths = [14, 3, 40, 9, 22]
+    packed = PackedTreeBatch.from_heads(forests(lengths))
+    padded = sk.TreeBatch.from_heads(forests(lengths))
+    assert packed.distance.numel() == sum(n * n for n in lengths)
+    assert padded.distance.untyped_storage().nbytes() >= len(lengths) * 40 * 40
+    assert packed.distance.numel() < padded.distance.untyped_storage().nbytes() / 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The varlen bias op
+# ---------------------------------------------------------------------------------------------------------
+
+
+def make_packed_case(lengths, H, D, *, per_head=False, buckets=None, seed=0, roots=2, Dv=None):
+    gen = torch.Generator().manual_seed(seed)
+    rows = forests(lengths, seed=seed, roots=roots)
+    packed = PackedTreeBatch.from_heads(rows)
+    T = packed.num_tokens
+    buckets = buckets or sk.BucketSpec()
+    nb = buckets.num_buckets
+    return dict(packed=packed, q=torch.randn(T, H, D, generator=gen), k=torch.randn(T, H, D, generator=gen),
+                v=torch.randn(T, H, Dv or D, generator=gen),
+                table=torch.randn((H, nb) if per_head else (nb,), generator=gen),
+                bias_scale=torch.tensor([0.7]), buckets=buckets,
+                grad_out=torch.randn(T, H, Dv or D, generator=gen))
+
+
+def _run_packed(case, dtype, backend, **kw):
+    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    packed = case["packed"].to(DEVICE)
+    q, k, v = (case[n].to(DEVICE, dtype).clone().requires_grad_() for n in ("q", "k", "v"))
+    table = case["table"].to(DEVICE, pdtype).clone().requires_grad_()
+    c = case["bias_scale"].to(DEVICE, pdtype).clone().requires_grad_()
+    if backend == "spec":  # the reference sequence by sequence
+        out = bv.reference_bias_attention_varlen(q, k, v, packed.distance, table, buckets=case["buckets"],
+                                                 cu_seqlens=packed.cu_seqlens, bias_scale=c, **kw)
+    else:
+        out = sk.syntax_bias_attention(q, k, v, packed.distance, table, buckets=case["buckets"], bias_scale=c,
+                                       cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen, backend=backend,
+                                       **kw)
+    grads = torch.autograd.grad(out, (q, k, v, table, c), case["grad_out"].to(DEVICE, dtype), allow_unused=True)
+    return out, dict(zip(("dq", "dk", "dv", "dtable", "dbias_scale"), grads))
+
+
+def check_bias_scale_grad(case, grads, grads64, gradslp):
+    """d c = sum_t table[t] G[t] is one scalar summing every bucket's error (with half inputs the 2x rule on it
+    alone is a coin toss, as in test_bias_attention.py): it must equal sum(table * d table) / c from the kernel's
+    own table gradient (checked element-wise), within the error the reference's per-bucket errors allow."""
+    table = case["table"].to(DEVICE, torch.float64)
+    c = float(case["bias_scale"])
+    from_table = (table * grads["dtable"].double()).sum() / c
+    torch.testing.assert_close(grads["dbias_scale"].double().reshape(()), from_table, rtol=1e-5, atol=1e-5)
+    bucket_err = (gradslp["dtable"].double() - grads64["dtable"].double()).abs()
+    bound = 2 * (table.abs() * bucket_err).sum() / c + 1e-4 * grads64["dbias_scale"].abs().max()
+    err = (grads["dbias_scale"].double() - grads64["dbias_scale"].double()).abs().max()
+    assert err <= bound, f"dbias_scale: error {err:.3e} > bound {bound:.3e}"
+
+
+def check_packed(case, dtype, **kw):
+    out, grads = _run_packed(case, dtype, "triton", **kw)
+    out64, grads64 = _run_packed(case, torch.float64, "spec", **kw)
+    outlp, gradslp = _run_packed(case, dtype, "spec", **kw)
+    assert out.dtype == dtype and out.shape == out64.shape
+    assert_close_to_reference(out, out64, outlp, "out")
+    for name in grads:
+        if name == "dbias_scale" and dtype != torch.float32:
+            check_bias_scale_grad(case, grads, grads64, gradslp)
+        else:
+            assert_close_to_reference(grads[name], grads64[name], gradslp[name], name)
+        if grads64[name].abs().max() > 1e-3:
+            assert grads[name].abs().max() > 0, f"{name} is all zeros"
+    return out, grads
+
+
+# id, lengths, H, D, dtype, options
+PACKED_CASES = [
+    ("one-sequence-N1", [1], 2, 32, torch.float32, {}),
+    ("one-sequence-N45", [45], 1, 32, torch.float32, dict(per_head=False)),
+    ("ragged-empty-shared", [5, 0, 17, 1, 9, 3], 2, 32, torch.float32, {}),
+    ("ragged-perhead-window2", [12, 7, 30, 2], 2, 32, torch.float32, dict(per_head=True, window=2)),
+    ("ragged-causal-bf16", [20, 9, 14], 2, 64, torch.bfloat16, dict(causal=True)),
+    ("ragged-fp16-D128-window1", [8, 23, 4], 1, 128, torch.float16, dict(window=1, per_head=True)),
+    ("logbuckets-D48", [33, 6], 2, 48, torch.float32, dict(buckets=sk.BucketSpec(16, log_distance=4))),
+    ("window0-forest", [11, 13], 1, 32, torch.float32, dict(window=0, roots=4)),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("lengths,H,D,dtype,opts", [c[1:] for c in PACKED_CASES], ids=[c[0] for c in PACKED_CASES])
+def test_varlen_forward_and_gradients(lengths, H, D, dtype, opts):
+    opts = dict(opts)
+    kw = {k: opts.pop(k) for k in ("window", "causal") if k in opts}
+    case = make_packed_case(lengths, H, D, **opts)
+    check_packed(case, dtype, **kw)
+
+
+@needs_triton
+def test_long_sequence_300_with_short_ones_on_real_tiles():
+    """Lengths 1..300 in one batch, with the configured 32 x 32 tiles (fp16): query blocks spanning several
+    short sequences, and a 300-token sequence spanning many blocks."""
+    assert bv._BLOCK_OVERRIDE is None
+    case = make_packed_case([300, 1, 2, 31, 33, 5], 1, 32, seed=5)
+    check_packed(case, torch.float16)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", [80, 86, 90])
+def test_every_family_config(arch):
+    """The tiles of each GPU family (interpret_as): sm80, small (sm_86) and sm90."""
+    previous = P.interpret_as(arch) if DEVICE == "cpu" else None
+    try:
+        if DEVICE != "cpu":
+            pytest.skip("families are forced under the interpreter only")
+        case = make_packed_case([19, 4, 40], 1, 64, seed=6, per_head=True)
+        check_packed(case, torch.bfloat16, window=3)
+    finally:
+        if previous is not None:
+            P.interpret_as(previous)
+
+
+@needs_triton
+def test_small_tiles_cross_many_sequences(monkeypatch):
+    """16 x 16 tiles: every block holds several sequences and its key span starts mid-tile."""
+    monkeypatch.setattr(bv, "_BLOCK_OVERRIDE", (16, 16))
+    case = make_packed_case([3, 7, 1, 0, 12, 2, 25, 4], 2, 32, seed=7, per_head=True)
+    check_packed(case, torch.float32, window=4)
+
+
+@needs_triton
+def test_packed_equals_padded_op():
+    """The packed op's outputs and gradients equal the padded op's on the same sequences (fp32)."""
+    case = make_packed_case([9, 21, 4], 2, 32, seed=8)
+    packed = case["packed"]
+    out_p, grads_p = _run_packed(case, torch.float32, "triton")
+    padded = packed.to_padded().to(DEVICE)
+    lengths = padded.lengths
+    S, N = padded.heads.shape
+
+    def to_padded(x):
+        y = torch.zeros(S, N, *x.shape[1:], dtype=x.dtype)
+        y[torch.arange(N)[None, :] < lengths.cpu()[:, None]] = x.cpu()
+        return y.transpose(1, 2).to(DEVICE)  # [S, H, N, D]
+
+    q, k, v = (to_padded(case[n]).requires_grad_() for n in ("q", "k", "v"))
+    table = case["table"].to(DEVICE).requires_grad_()
+    c = case["bias_scale"].to(DEVICE).requires_grad_()
+    out = sk.syntax_bias_attention(q, k, v, padded.distance, table, buckets=case["buckets"], bias_scale=c,
+                                   lengths=lengths, backend="triton")
+    grads = torch.autograd.grad(out, (q, k, v, table, c), to_padded(case["grad_out"]))
+    back = sk.trees.pack_padded
+    torch.testing.assert_close(out_p, back(out.transpose(1, 2), lengths), rtol=1e-5, atol=1e-5)
+    for name, g in zip(("dq", "dk", "dv"), grads[:3]):
+        torch.testing.assert_close(grads_p[name], back(g.transpose(1, 2), lengths), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads_p["dtable"], grads[3], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads_p["dbias_scale"], grads[4], rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_deterministic_and_without_host_reads():
+    case = make_packed_case([7, 30, 2], 2, 32, seed=9)
+    first = _run_packed(case, torch.float16, "triton")[1]
+    second = _run_packed(case, torch.float16, "triton")[1]
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    packed = case["packed"].to(DEVICE)
+    q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
+    out = sk.syntax_bias_attention(q, k, v, packed.distance, case["table"].to(DEVICE), buckets=case["buckets"],
+                                   cu_seqlens=packed.cu_seqlens, backend="triton")  # warm the per-batch cache
+    with count_host_reads() as reads:
+        out = bv._VarlenBiasAttention.apply(q, k, v, packed.distance, case["table"].to(DEVICE),
+                                            torch.ones(1, device=DEVICE), packed.cu_seqlens, 0.125, -1, False,
+                                            sk.ops.bias_attention.bucket_args(case["buckets"]))
+        out.sum()
+    assert reads == [], reads
+
+
+def test_auto_on_cpu_runs_the_reference_sequence_by_sequence():
+    case = make_packed_case([6, 0, 11], 2, 16, seed=10)
+    packed = case["packed"]
+    out = sk.syntax_bias_attention(case["q"], case["k"], case["v"], packed.distance, case["table"],
+                                   buckets=case["buckets"], cu_seqlens=packed.cu_seqlens, backend="auto")
+    padded = packed.to_padded()
+    for s, (a, n) in enumerate(((0, 6), (6, 11))):
+        s_pad = 0 if s == 0 else 2
+        qs, ks, vs = (case[x][a:a + n].transpose(0, 1)[None] for x in ("q", "k", "v"))
+        ref = sk.reference.syntax_bias_attention(qs, ks, vs, padded.distance[s_pad:s_pad + 1, :n, :n],
+                                                 case["table"], buckets=case["buckets"])
+        torch.testing.assert_close(out[a:a + n], ref[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(distance=torch.zeros(5, dtype=torch.uint8)), r"has 5 bytes but .* need sum n_s\^2 = 61"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 10], dtype=torch.int32)), r"end at T = 11"),
+    (dict(q=torch.randn(2, 11, 2, 16)), r"packed q must be a tensor \[T, H, D\]"),
+    (dict(distance=torch.zeros(61, dtype=torch.int64)), r"uint8 \[sum n_s\^2\]"),
+    (dict(lengths=torch.tensor([5, 6])), r"lengths does not apply"),
+])
+def test_bad_varlen_inputs(change, match):
+    case = make_packed_case([5, 6], 2, 16, seed=11)
+    args = dict(q=case["q"], k=case["k"], v=case["v"], distance=case["packed"].distance,
+                cu_seqlens=case["packed"].cu_seqlens)
+    args.update(change)
+    extra = {"lengths": args.pop("lengths")} if "lengths" in args else {}
+    with pytest.raises(ValueError, match=match):
+        sk.syntax_bias_attention(args["q"], args["k"], args["v"], args["distance"], case["table"],
+                                 buckets=case["buckets"], cu_seqlens=args["cu_seqlens"], backend="reference",
+                                 **extra)

@@ -1,0 +1,545 @@
+"""Fused distance-bias attention on packed (varlen) batches: S sequences in T tokens, no padding.
+
+``out[t] = softmax_j(q_t . k_j * scale + c * table[bucket(d(t, j))]) v`` over the keys j of t's own sequence, with
+q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
+``uint8 [sum n_s^2]`` of a :class:`~syntaxkernels.trees.PackedTreeBatch` (sequence s's ``n_s x n_s`` block at
+``sum_{r < s} n_r^2``, row stride ``n_s``). Forward, dq, dk, dv and the table (and bias-scale) gradient;
+deterministic (no atomics), no host synchronisation, nothing of size ``T^2``.
+
+Tiles are shared by sequences. A query block is BLOCK_M consecutive packed tokens, whatever sequences they
+belong to; it visits the key tiles of ``[start of its first token's sequence, end of its last token's
+sequence)`` (tiles start there, not at multiples of BLOCK_N), and pairs of different sequences are masked
+(their token's sequence ids differ). The dK/dV kernel is the mirror image (a key block visits the query
+tiles of its sequences). The distance of a pair (i, j) of sequence s is gathered at
+``offsets[s] + (i - start_s) * n_s + (j - start_s)``: one per-row base and a column offset, so each element
+costs one masked uint8 load and one LUT gather (the LUT of :func:`.bias_attention.bias_lut`). The tile sides
+are small (32 x 32) so that short sequences fill them: on UD English-EWT sentences (median 12 words plus
+[CLS] and [SEP]) about 31% of the pairs a tile computes are valid, against 6-11% for padded 128 x 64 tiles
+(``python -m syntaxkernels inspect --workload sentences-packed`` reports the figure).
+
+Kernels:
+
+- ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
+- ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
+  padded op: the dK/dV kernel's per-bucket sums then see rows of dS summing to zero).
+- ``_varlen_dkdv_kernel``: one key block: dK, dV and this program's per-bucket sums of dS (one ``[T]`` row
+  per program, reduced in a fixed order by the launcher: the table gradient without atomics).
+
+``delta = rowsum(dO * O)`` is one small PyTorch reduction (``[T, H]``).
+
+Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
+beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import reference
+from ..specs import BucketSpec
+from ._dispatch import kernels_or_reference, resolve_backend
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, launch, launch_grid,
+                          load_rows, mma, mma_acc, per_batch, program_ids)
+from .bias_attention import _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
+
+__all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "varlen_forward", "varlen_backward",
+           "select_varlen_config", "VARLEN_CONFIGS", "packed_sequence_ids", "packed_distance_offsets"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rows_meta(SEQ, CU, DOFF, offs, T):
+    """Per packed token of ``offs``: ``(sequence id, distance row base)``; -1 and 0 past T.
+
+    The pair (i, j) of one sequence is at ``DIST + base_i + j`` (``base_i = offset_s + (i - start_s) * n_s -
+    start_s``)."""
+    in_range = offs < T
+    seq = tl.load(SEQ + offs, mask=in_range, other=-1)
+    safe = tl.maximum(seq, 0)
+    start = tl.load(CU + safe, mask=in_range, other=0).to(tl.int64)
+    end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
+    base = tl.load(DOFF + safe, mask=in_range, other=0) + (offs.to(tl.int64) - start) * (end - start) - start
+    return seq, base
+
+
+@triton.jit
+def _cols_meta(SEQ, CU, DOFF, offs, T):
+    """Per packed token of ``offs`` taken as the *key* of a pair: ``(sequence id, base, n)``: the pair (query i,
+    key j) is at ``DIST + base_j + i * n_j`` (``base_j = offset_s - start_s * n_s + j - start_s``)."""
+    in_range = offs < T
+    seq = tl.load(SEQ + offs, mask=in_range, other=-1)
+    safe = tl.maximum(seq, 0)
+    start = tl.load(CU + safe, mask=in_range, other=0).to(tl.int64)
+    end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
+    n = end - start
+    base = tl.load(DOFF + safe, mask=in_range, other=0) - start * n + offs.to(tl.int64) - start
+    return seq, base, n
+
+
+@triton.jit
+def _span(SEQ, CU, block_start, BLOCK: tl.constexpr, T):
+    """``[first, end)``: the tokens of the sequences that the block ``[block_start, block_start + BLOCK)`` touches."""
+    last = tl.minimum(block_start + BLOCK, T) - 1
+    first_seq = tl.load(SEQ + block_start)
+    last_seq = tl.load(SEQ + last)
+    return tl.load(CU + first_seq), tl.load(CU + last_seq + 1)
+
+
+@triton.jit
+def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D, stride_kt, stride_kd,
+            qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr):
+    """``(scores, allowed, k)`` of one tile: log2-domain scores with the bias, -inf where not allowed."""
+    seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
+    allowed = seq_m[:, None] == seq_n[None, :]
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+    k = load_rows(k_base, offs_n, offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
+    scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
+    if SYNTAX:
+        dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
+        scores += tl.load(lut_row + dist.to(tl.int32))
+    scores = tl.where(allowed, scores, float("-inf"))
+    return scores, allowed, k
+
+
+@triton.jit
+def _varlen_fwd_kernel(
+    Q, K, V, DIST, LUT, SEQ, CU, DOFF, OUT, LSE,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od, stride_lut, stride_lse,
+    H, T, D, DV, num_q_blocks, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True,
+):
+    """Forward for one packed query block of one head.
+
+    Args:
+        Q, K: ``[T, H, D]``; V, OUT: ``[T, H, DV]`` (strided). DIST: uint8 ``[sum n^2]``. LUT: fp32 ``[H or 1,
+            256]`` (row stride ``stride_lut``, 0 when shared), log2 domain, -inf = not allowed.
+        SEQ: int32 ``[T]`` sequence of each token; CU: int32 ``[S + 1]``; DOFF: int64 ``[S + 1]`` distance offsets.
+        LSE: fp32 ``[H, T]`` (row stride ``stride_lse``), log2 domain, +inf for rows without an allowed key.
+    Grid: ``(cdiv(T, BLOCK_M) * H,)``.
+    """
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
+    lut_row = LUT + h * stride_lut
+    kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
+    if CAUSAL:
+        kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(kstart, kend, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
+                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
+        m_i = m_new
+
+    valid = (offs_m < T) & (l_i > 0.0)
+    denom = tl.where(valid, l_i, 1.0)
+    out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
+    lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
+    o_ptrs = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < DV))
+    tl.store(LSE + h * stride_lse + offs_m, lse, mask=offs_m < T)
+
+
+@triton.jit
+def _varlen_dq_kernel(
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DQ, DELTA_CORRECTED,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_lut, stride_lse,
+    H, T, D, DV, num_q_blocks, scale, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True,
+):
+    """dQ for one packed query block, and the corrected delta ``delta + rowsum(dS)`` (fp32 ``[H, T]``).
+    Arguments as in the forward; DOUT like OUT, DQ like Q (strides ``stride_x*``), DELTA fp32 ``[H, T]``."""
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
+    do = load_rows(DOUT + h * stride_gh, offs_m, offs_dv, stride_gt, stride_gd, T, DV, True, EVEN_DV)
+    lse = tl.load(LSE + h * stride_lse + offs_m, mask=offs_m < T, other=float("inf"))
+    delta = tl.load(DELTA + h * stride_lse + offs_m, mask=offs_m < T, other=0.0)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
+    lut_row = LUT + h * stride_lut
+    kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
+    if CAUSAL:
+        kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start_n in range(kstart, kend, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
+                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
+        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        dp = mma(do, tl.trans(v), DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
+        row_error += tl.sum(ds, 1)
+
+    row_ok = offs_m < T
+    dq = tl.where(row_ok[:, None], dq * scale, 0.0)
+    dq_ptrs = DQ + h * stride_xh + offs_m[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(DELTA_CORRECTED + h * stride_lse + offs_m, delta + row_error, mask=row_ok)
+
+
+@triton.jit
+def _varlen_dkdv_kernel(
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_PARTIALS,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
+    stride_lut, stride_lse,
+    H, T, D, DV, num_k_blocks, scale, qk_scale2,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr,
+    UNREACHABLE_BUCKET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+):
+    """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
+    orientation (keys are rows), and with TABLE_GRAD this program's per-bucket sums of dS, written once to
+    ``BUCKET_PARTIALS [H * nK, NUM_BUCKETS]`` (DELTA is then the dQ kernel's corrected delta).
+    Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
+    k_block, bh, b, h = program_ids(num_k_blocks, H)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_n, base_n, len_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
+    k = load_rows(K + h * stride_kh, offs_n, offs_d, stride_kt, stride_kd, T, D, True, EVEN_D)
+    v = load_rows(V + h * stride_vh, offs_n, offs_dv, stride_vt, stride_vd, T, DV, True, EVEN_DV)
+    q_base = Q + h * stride_qh
+    do_base = DOUT + h * stride_gh
+    lut_row = LUT + h * stride_lut
+    qstart, qend = _span(SEQ, CU, k_block * BLOCK_N, BLOCK_N, T)
+    if CAUSAL:
+        qstart = tl.maximum(qstart, k_block * BLOCK_N)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
+    columns = tl.arange(0, BUCKETS_PAD)
+    for start_m in range(qstart, qend, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_range = offs_m < qend
+        seq_m = tl.load(SEQ + offs_m, mask=in_range, other=-2)
+        allowed_t = seq_n[:, None] == seq_m[None, :]
+        if CAUSAL:
+            allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+        q = load_rows(q_base, offs_m, offs_d, stride_qt, stride_qd, qend, D, True, EVEN_D)
+        lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
+        scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
+        if SYNTAX:
+            dist_t = tl.load(DIST + base_n[:, None] + offs_m[None, :].to(tl.int64) * len_n[:, None], mask=allowed_t,
+                             other=255)
+            scores_t += tl.load(lut_row + dist_t.to(tl.int32))
+        p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
+        do = load_rows(do_base, offs_m, offs_dv, stride_gt, stride_gd, qend, DV, True, EVEN_DV)
+        dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
+        dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+        if TABLE_GRAD and SYNTAX:
+            bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
+            for t in tl.static_range(NUM_BUCKETS):
+                part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
+                sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+
+    key_ok = offs_n < T
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(key_ok[:, None], dv, 0.0)
+    dk_ptrs = DK + h * stride_xh + offs_n[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    dv_ptrs = DV_OUT + h * stride_yh + offs_n[:, None] * stride_yt + offs_dv[None, :] * stride_yd
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
+    if TABLE_GRAD:
+        totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
+        program = bh.to(tl.int64) * num_k_blocks + k_block
+        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + columns, totals, mask=columns < NUM_BUCKETS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configurations
+# ---------------------------------------------------------------------------------------------------------
+
+# Per kernel, GPU family, dtype class and head-dim class. 32 x 32 tiles: on EWT-length packed sentences about
+# 31% of the pairs computed are valid (128 x 64: 11%; 64 x 32: 21%). Compiled for every family by the
+# inspection report (the ``sentences-packed`` workload).
+_C = dict
+VARLEN_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {}
+for _family in ("sm90", "sm80", "small"):
+    for _kind in ("fwd", "dq", "dkdv"):
+        VARLEN_CONFIGS[(_kind, _family, "half", 64)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+        VARLEN_CONFIGS[(_kind, _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+        VARLEN_CONFIGS[(_kind, _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
+        VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+
+#: Tests may force tile sides (BLOCK_M, BLOCK_N); None = VARLEN_CONFIGS.
+_BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
+
+
+def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel."""
+    family = family or arch_family()
+    if family == "unsupported":
+        raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
+    cls = "fp32" if dtype == torch.float32 else "half"
+    config = dict(VARLEN_CONFIGS[(kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    if _BLOCK_OVERRIDE is not None:
+        config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed metadata (device tensors, no host synchronisation)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def packed_sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
+    """int32 ``[T]``: the sequence of every packed token (empty sequences own none), on cu_seqlens' device."""
+    cu = cu_seqlens.to(torch.int64)
+    return torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).to(torch.int32)
+
+
+def packed_distance_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S + 1]``: where each sequence's ``n x n`` distance block starts (``sum_{r < s} n_r^2``)."""
+    cu = cu_seqlens.to(torch.int64)
+    sizes = (cu[1:] - cu[:-1]) ** 2
+    return torch.cat([torch.zeros(1, dtype=torch.int64, device=cu.device), torch.cumsum(sizes, 0)])
+
+
+def _metadata(cu_seqlens: torch.Tensor, T: int):
+    """``(cu int32, sequence ids int32 [T], distance offsets int64 [S + 1])``, once per batch."""
+    def compute():
+        cu32 = cu_seqlens.to(torch.int32).contiguous()
+        return cu32, packed_sequence_ids(cu_seqlens, T), packed_distance_offsets(cu_seqlens)
+    return per_batch((cu_seqlens,), ("varlen metadata", T), compute)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def varlen_forward(q, k, v, distance, lut, cu_seqlens, scale: float, causal: bool, syntax: bool = True):
+    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T])``; lut fp32 ``[H or 1, 256]`` (log2 domain)."""
+    T, H, D = q.shape
+    DV = v.shape[-1]
+    out = torch.empty((T, H, DV), dtype=q.dtype, device=q.device)
+    lse = torch.full((H, T), float("inf"), dtype=torch.float32, device=q.device)
+    if T == 0 or H == 0:
+        return out, lse
+    cu, seq, offsets = _metadata(cu_seqlens, T)
+    config = select_varlen_config("fwd", q.dtype, max(D, DV))
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    num_q = triton.cdiv(T, block_m)
+    lut = lut.contiguous()
+    launch(_varlen_fwd_kernel, launch_grid(num_q, 1, H),
+           q, k, v, distance, lut, seq, cu, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
+           DOT_PRECISION=dot_precision(q.dtype), SYNTAX=syntax, num_warps=config["num_warps"],
+           num_stages=config["num_stages"])
+    return out, lse
+
+
+def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: float, causal: bool,
+                    spec: BucketSpec, table_grad: bool, syntax: bool = True):
+    """``(dq, dk, dv, G)``: G fp32 ``[H or 1, T_buckets]``, the per-bucket sums of dS (zeros unless table_grad)."""
+    T, H, D = q.shape
+    DV = v.shape[-1]
+    NB = spec.num_buckets
+    rows = lut.shape[0]
+    dq = torch.zeros((T, H, D), dtype=q.dtype, device=q.device)
+    dk = torch.zeros((T, H, D), dtype=k.dtype, device=q.device)
+    dv = torch.zeros((T, H, DV), dtype=v.dtype, device=q.device)
+    if T == 0 or H == 0:
+        return dq, dk, dv, torch.zeros((rows, NB), dtype=torch.float32, device=q.device)
+    cu, seq, offsets = _metadata(cu_seqlens, T)
+    lut = lut.contiguous()
+    stride_lut = lut.stride(0) if rows > 1 else 0
+    block_d, block_dv = head_block(D), head_block(DV)
+    precision = dot_precision(q.dtype)
+    delta = (out.to(torch.float32) * dout.to(torch.float32)).sum(-1).transpose(0, 1).contiguous()  # [H, T]
+
+    config = select_varlen_config("dq", q.dtype, max(D, DV))
+    num_q = triton.cdiv(T, config["BLOCK_M"])
+    corrected = torch.empty_like(delta)
+    launch(_varlen_dq_kernel, launch_grid(num_q, 1, H),
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dq, corrected,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_lut, lse.stride(0),
+           H, T, D, DV, num_q, scale, scale * LOG2E,
+           BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+
+    config = select_varlen_config("dkdv", q.dtype, max(D, DV))
+    num_k = triton.cdiv(T, config["BLOCK_N"])
+    partials = torch.zeros((H * num_k, NB), dtype=torch.float32, device=q.device)
+    launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, corrected if table_grad else delta, dk, dv, partials,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
+           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
+           NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), MAX_DISTANCE=spec.max_distance,
+           LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+           BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, TABLE_GRAD=table_grad,
+           DOT_PRECISION=precision, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
+    bucket_grad = partials.view(H, num_k, NB).sum(dim=1)  # a fixed-order sum: deterministic
+    if rows == 1:
+        bucket_grad = bucket_grad.sum(dim=0, keepdim=True)
+    return dq, dk, dv, bucket_grad
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd and the public functions
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _VarlenBiasAttention(torch.autograd.Function):
+    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, distance, table, bias_scale, cu_seqlens, scale, window, causal, bucket_spec):
+        spec = _spec(*bucket_spec)
+        lut = bias_lut(table, bias_scale, spec, window)
+        out, lse = varlen_forward(q, k, v, distance, lut, cu_seqlens, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut)
+        ctx.scale, ctx.causal, ctx.spec = scale, causal, spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut = ctx.saved_tensors
+        table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
+        dq, dk, dv, bucket_grad = varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, ctx.scale,
+                                                  ctx.causal, ctx.spec, table_grad)
+        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
+        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
+
+
+def _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal):
+    if not isinstance(buckets, BucketSpec):
+        raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"packed {name} must be a tensor [T, H, D] (flash-attention's varlen layout), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if q.shape != k.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"packed q, k, v must be [T, H, D], [T, H, D], [T, H, Dv]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == distance.device == cu_seqlens.device):
+        raise ValueError("q, k, v, distance and cu_seqlens must be on one device")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError("cu_seqlens must be an int32 (or int64) tensor [S + 1]")
+    if distance.dtype != torch.uint8 or distance.dim() != 1:
+        raise ValueError(f"a packed distance must be uint8 [sum n_s^2] (PackedTreeBatch.distance), got {distance.dtype} "
+                         f"{tuple(distance.shape)}")
+    H = q.shape[1]
+    T_b = buckets.num_buckets
+    if table.shape not in ((T_b,), (H, T_b)):
+        raise ValueError(f"table must have shape [{T_b}] or [{H}, {T_b}], got {tuple(table.shape)}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
+        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
+    if cu_seqlens.device.type == "cpu":  # checks that read cu_seqlens (never on a GPU: no host synchronisation)
+        cu = cu_seqlens.to(torch.int64)
+        if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {q.shape[0]}, got "
+                             f"{cu.tolist()[:8]}{'...' if cu.shape[0] > 8 else ''}")
+        need = int(((cu[1:] - cu[:-1]) ** 2).sum())
+        if distance.shape[0] != need:
+            raise ValueError(f"the packed distance has {distance.shape[0]} bytes but the sequences of cu_seqlens "
+                             f"need sum n_s^2 = {need}")
+
+
+def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
+                                    window=None, causal=False):
+    """The specification: :func:`syntaxkernels.reference.syntax_bias_attention` run sequence by sequence
+    (``[1, H, n, D]`` each, its ``n x n`` distance block), outputs concatenated back to ``[T, H, Dv]``. Rows of an
+    empty sequence do not exist; gradients flow through autograd."""
+    cu = cu_seqlens.to("cpu", torch.int64).tolist()
+    outs = []
+    offset = 0
+    for s in range(len(cu) - 1):
+        a, b = cu[s], cu[s + 1]
+        n = b - a
+        if n == 0:
+            continue
+        block = distance[offset:offset + n * n].view(1, n, n)
+        offset += n * n
+        qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        o = reference.syntax_bias_attention(qs, ks, vs, block, table, buckets=buckets, scale=scale,
+                                            bias_scale=bias_scale, window=window, causal=causal)
+        outs.append(o[0].transpose(0, 1))
+    if not outs:
+        return q.new_zeros((0, q.shape[1], v.shape[-1])) + 0 * v.sum()
+    return torch.cat(outs, 0)
+
+
+def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
+                                 max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
+                                 window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
+                                 backend: str = "auto") -> torch.Tensor:
+    """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
+
+    Args:
+        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
+        distance: uint8 ``[sum n_s^2]``: a :class:`~syntaxkernels.trees.PackedTreeBatch`'s ``distance``.
+        table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
+            :func:`syntaxkernels.syntax_bias_attention` (causal: ``j <= i`` within each sequence).
+        cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
+            flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
+        deterministic: accepted; the Triton path is always deterministic (no atomics).
+        backend: "auto" (Triton on CUDA tensors; on CPU tensors the reference, sequence by sequence; also
+            the reference for float64 or head dims above 128), "triton" (CUDA, or CPU under TRITON_INTERPRET=1)
+            or "reference".
+    Returns:
+        ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
+    """
+    _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if chosen == "reference":
+        return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
+                                               scale=scale, bias_scale=bias_scale, window=window, causal=causal)
+    _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
+    return _VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens, float(scale),
+                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
