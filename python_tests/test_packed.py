@@ -333,3 +333,83 @@ def test_bad_varlen_inputs(change, match):
         sk.syntax_bias_attention(args["q"], args["k"], args["v"], args["distance"], case["table"],
                                  buckets=case["buckets"], cu_seqlens=args["cu_seqlens"], backend="reference",
                                  **extra)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sentences-packed workload
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_walked_tiles_model_matches_a_brute_force_count():
+    """The inspection's model of the varlen loops (walked_tiles) against a direct count of each block's span."""
+    lengths = [3, 0, 40, 1, 17, 33, 2]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    T = cu[-1]
+    seq = [s for s, n in enumerate(lengths) for _ in range(n)]
+    for block, step in ((32, 32), (16, 32), (32, 16)):
+        walked = 0
+        for start in range(0, T, block):
+            first, last = seq[start], seq[min(start + block, T) - 1]
+            walked += -(-(cu[last + 1] - cu[first]) // step)
+        assert bv.walked_tiles(lengths, block, step) == (-(-T // block), walked)
+
+
+def _valid_share(workload, family="sm90"):
+    config = bv.select_varlen_config("fwd", torch.bfloat16, 64, family)
+    _, walked = bv.walked_tiles(workload.lengths, config["BLOCK_M"], config["BLOCK_N"])
+    return workload.valid_pairs() / (walked * config["BLOCK_M"] * config["BLOCK_N"])
+
+
+def test_sentences_packed_workload_fills_a_quarter_of_its_tiles_generated():
+    from syntaxkernels import workloads
+
+    sentences = workloads.generated_sentences(400, seed=3, max_length=40)
+    w = workloads.named_workload("sentences-packed", sentences, "generated (test)")
+    assert w.packed and w.batch_size == 256
+    batch = w.packed_batch()
+    assert batch.num_tokens == sum(w.lengths) and batch.distance.numel() == w.valid_pairs()
+    for family in ("sm90", "sm80", "small"):
+        assert _valid_share(w, family) >= 0.25
+
+
+def test_sentences_packed_workload_on_the_treebank(ud_dev_path):
+    from syntaxkernels import workloads
+
+    w = workloads.named_workload("sentences-packed", workloads.treebank_heads(ud_dev_path), "treebank")
+    share = _valid_share(w)
+    assert share >= 0.25, share
+    # The padded forward tile (128 x 64) on the same sentences padded to each 32-sentence batch's longest.
+    padded = sum(32 * -(-max(w.lengths[i:i + 32]) // 128) * -(-max(w.lengths[i:i + 32]) // 64) * 128 * 64
+                 for i in range(0, w.batch_size, 32))
+    assert w.valid_pairs() / padded < share / 2
+
+
+COMPILE_SCRIPT = """
+import json, sys
+from syntaxkernels import inspection as I
+reports = []
+for arch in (80, 90):
+    reports += I.inspect_workload("sentences-packed", "bf16", 64, arch)
+json.dump(dict(problems=I.workload_problems(reports), kernels=sorted({r.kernel for r in reports}),
+               areas=[(r.cost or {}).get("area") for r in reports]), sys.stdout)
+"""
+
+
+@pytest.mark.slow  # compiles for sm_80 and sm_90 in a subprocess without the interpreter
+def test_sentences_packed_kernels_compile_without_spills():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["problems"] == [], result["problems"]
+    assert result["kernels"] == ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel"]
+    assert all(a is not None and 1 <= a <= 4 for a in result["areas"]), result["areas"]

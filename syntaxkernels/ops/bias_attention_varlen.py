@@ -304,7 +304,13 @@ for _family in ("sm90", "sm80", "small"):
         VARLEN_CONFIGS[(_kind, _family, "half", 64)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
         VARLEN_CONFIGS[(_kind, _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
         VARLEN_CONFIGS[(_kind, _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
-        VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+        VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
+    # dK/dV holds two [BLOCK_N, D] accumulators and the [BLOCK_N, 16] bucket sums: 8 warps where 4 spill.
+    VARLEN_CONFIGS[("dkdv", _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
+    VARLEN_CONFIGS[("dkdv", _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    VARLEN_CONFIGS[("dkdv", _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+# sm_80's ptxas spills 8 B with the 16 x 16 fp32 dK/dV tile at D = 64; 16 x 32 with 8 warps is clean there.
+VARLEN_CONFIGS[("dkdv", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)
 
 #: Tests may force tile sides (BLOCK_M, BLOCK_N); None = VARLEN_CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
@@ -543,3 +549,28 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
     return _VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens, float(scale),
                                       -1 if window is None else int(window), bool(causal), bucket_args(buckets))
+
+
+def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:
+    """``(programs, tiles walked)`` over a packed batch of sequences of ``lengths`` (host ints), as the kernels
+    walk it: one program per ``block`` consecutive tokens, each walking the ``step``-wide tiles of the span of its
+    sequences (the forward and dQ: ``block = BLOCK_M, step = BLOCK_N``; dK/dV: ``block = BLOCK_N, step =
+    BLOCK_M``). Not causal. A model of the loop bounds above, for the inspection report (keep it in step)."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + int(n))
+    T = cu[-1]
+    if T == 0:
+        return 0, 0
+    import bisect
+
+    def sequence_of(t):  # the sequence holding token t (empty sequences hold none)
+        return bisect.bisect_right(cu, t) - 1
+
+    programs = -(-T // block)
+    walked = 0
+    for p in range(programs):
+        first, last = p * block, min(p * block + block, T) - 1
+        span = cu[sequence_of(last) + 1] - cu[sequence_of(first)]
+        walked += -(-span // step)
+    return programs, walked
