@@ -413,3 +413,49 @@ def test_sentences_packed_kernels_compile_without_spills():
     assert result["problems"] == [], result["problems"]
     assert result["kernels"] == ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel"]
     assert all(a is not None and 1 <= a <= 4 for a in result["areas"]), result["areas"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _items(lengths, seed=12):
+    rows = forests(lengths, seed=seed)
+    return [dict(input_ids=list(range(100 + i, 100 + i + n)), heads=r, labels=[1] * n)
+            for i, (n, r) in enumerate(zip(lengths, rows))], rows
+
+
+def test_collator_packed_batch_layout():
+    items, rows = _items([4, 1, 6])
+    out = sk.trees.TreeCollator(packed=True, max_tokens=16, windows=(1,))(items)
+    assert out["input_ids"].shape == (1, 11) and out["labels"].shape == (1, 11)
+    assert out["input_ids"][0].tolist() == sum((it["input_ids"] for it in items), [])
+    assert out["position_ids"][0].tolist() == [0, 1, 2, 3, 0, 0, 1, 2, 3, 4, 5]
+    assert out["cu_seq_lens_q"].tolist() == [0, 4, 5, 11] and out["cu_seq_lens_q"].dtype == torch.int32
+    assert out["max_length_q"] == out["max_length_k"] == out["max_seqlen"] == 6
+    assert "attention_mask" not in out
+    trees = out["trees"]
+    assert isinstance(trees, PackedTreeBatch) and trees.cached_window_lists(1) is not None
+    assert torch.equal(trees.distance, PackedTreeBatch.from_heads(rows).distance)
+    with pytest.raises(ValueError, match="11 tokens .* max_tokens = 10"):
+        sk.trees.TreeCollator(packed=True, max_tokens=10)(items)
+
+
+def test_collator_packed_matches_transformers_flattening():
+    transformers = pytest.importorskip("transformers")
+    items, _ = _items([5, 2, 7])
+    ours = sk.trees.TreeCollator(packed=True)(items)
+    theirs = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(
+        [{"input_ids": it["input_ids"]} for it in items])
+    assert torch.equal(ours["input_ids"], torch.as_tensor(theirs["input_ids"]))
+    assert torch.equal(ours["position_ids"], torch.as_tensor(theirs["position_ids"]))
+    assert ours["cu_seq_lens_q"].tolist() == torch.as_tensor(theirs["cu_seq_lens_q"]).tolist()
+    assert ours["max_length_q"] == int(theirs["max_length_q"])
+
+
+def test_token_budget_batch_sampler():
+    sampler = sk.trees.TokenBudgetBatchSampler([5, 3, 9, 1, 2], 10)
+    assert list(sampler) == [[0, 1], [2, 3], [4]] and len(sampler) == 3
+    with pytest.raises(ValueError, match="item 2 has 9 tokens"):
+        sk.trees.TokenBudgetBatchSampler([5, 3, 9], 8)
