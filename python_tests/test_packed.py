@@ -459,3 +459,108 @@ def test_token_budget_batch_sampler():
     assert list(sampler) == [[0, 1], [2, 3], [4]] and len(sampler) == 3
     with pytest.raises(ValueError, match="item 2 has 9 tokens"):
         sk.trees.TokenBudgetBatchSampler([5, 3, 9], 8)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Window and sub-network attention on packed trees
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _padded_case(lengths, H, D, seed, roots=2):
+    """A packed batch and the same sequences padded ([S, H, N, D] inputs), q/k/v/grad shared by both."""
+    gen = torch.Generator().manual_seed(seed)
+    packed = PackedTreeBatch.from_heads(forests(lengths, seed=seed, roots=roots))
+    padded = packed.to_padded()
+    T = packed.num_tokens
+    q, k, v = (torch.randn(T, H, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    return packed, padded, q, k, v
+
+
+def _to_padded(x, padded):
+    S, N = padded.heads.shape
+    y = x.new_zeros((S, N) + tuple(x.shape[1:]))
+    y[torch.arange(N)[None, :] < padded.lengths[:, None]] = x
+    return y.transpose(1, 2)  # [S, H, N, D]
+
+
+def _padded_grads(fn_packed, fn_padded, q, k, v, padded, dtype):
+    """Outputs and q/k/v gradients of the packed path (inputs in ``dtype``) and of the padded reference (fp64),
+    the padded ones packed back to [T, ...]."""
+    qs, ks, vs = (x.to(DEVICE, dtype).clone().requires_grad_() for x in (q, k, v))
+    out = fn_packed(qs, ks, vs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    grads = torch.autograd.grad(out, (qs, ks, vs), g.to(DEVICE, dtype))
+    qp, kp, vp = (_to_padded(x, padded).requires_grad_() for x in (q, k, v))
+    ref = fn_padded(qp, kp, vp)  # token-major [T, ...] packed back
+    ref_grads = torch.autograd.grad(ref, (qp, kp, vp), g)
+    ref_grads = [sk.trees.pack_padded(x.transpose(1, 2), padded.lengths) for x in ref_grads]
+    return out, grads, ref, ref_grads
+
+
+@pytest.mark.parametrize("backend,dtype", [pytest.param("auto", torch.float32, id="cpp-or-reference"),
+                                           pytest.param("triton", torch.float32, marks=needs_triton, id="triton")])
+@pytest.mark.parametrize("window", [0, 2])
+def test_packed_window_attention_equals_the_padded_reference(backend, dtype, window):
+    packed, padded, q, k, v = _padded_case([7, 1, 0, 19, 4], 2, 16, seed=13)
+    dev_packed = packed.to(DEVICE)
+
+    def run_packed(q, k, v):
+        return sk.ops.syntax_window_attention(q, k, v, dev_packed, window=window, backend=backend)
+
+    def run_padded(q, k, v):
+        out = sk.reference.gat_attention(q, k, v, padded.distance, window=window, lengths=padded.lengths)
+        return sk.trees.pack_padded(out.transpose(1, 2), padded.lengths)
+
+    out, grads, ref, ref_grads = _padded_grads(run_packed, run_padded, q, k, v, padded, dtype)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double().cpu(), r, rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_packed_window_without_lists_on_the_fused_kernel(monkeypatch):
+    """The path CUDA takes when the window lists are not built (no host synchronisation): the varlen kernel with a
+    zero table and the window, here forced by hiding the lists."""
+    packed, padded, q, k, v = _padded_case([9, 3, 14], 1, 16, seed=14)
+    dev_packed = packed.to(DEVICE)
+    monkeypatch.setattr(PackedTreeBatch, "window_lists", lambda self, w: None)
+
+    def run_packed(q, k, v):
+        return sk.ops.syntax_window_attention(q, k, v, dev_packed, window=1, backend="triton")
+
+    def run_padded(q, k, v):
+        out = sk.reference.gat_attention(q, k, v, padded.distance, window=1, lengths=padded.lengths)
+        return sk.trees.pack_padded(out.transpose(1, 2), padded.lengths)
+
+    out, grads, ref, ref_grads = _padded_grads(run_packed, run_padded, q, k, v, padded, torch.float32)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double().cpu(), r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("auto", id="cpp"), pytest.param("triton", marks=needs_triton),
+                                     "reference"])
+@pytest.mark.parametrize("masks", [sk.MaskSpec(max_distance=2, pairwise=True), sk.MaskSpec(parent=False, child=False,
+                                                                                            sibling=False, pairwise=True)],
+                         ids=["all", "dense-only"])
+def test_packed_subnetwork_attention_equals_the_padded_reference(backend, masks):
+    packed, padded, q, k, v = _padded_case([6, 1, 0, 15, 5], 2, 16, seed=15, roots=2)
+    dev_packed = packed.to(DEVICE)
+    M = masks.num_masks
+
+    def run_packed(q, k, v):
+        out, nonempty = sk.syntax_subnetwork_attention(q, k, v, dev_packed, masks, backend=backend)
+        run_packed.nonempty = nonempty
+        return out
+
+    def run_padded(q, k, v):
+        out, nonempty = sk.reference.syntax_subnetwork_attention(q, k, v, padded, masks)  # [S, M, H, N, D]
+        run_padded.nonempty = sk.trees.pack_padded(nonempty.transpose(1, 2), padded.lengths)
+        return sk.trees.pack_padded(out.permute(0, 3, 1, 2, 4), padded.lengths)  # [T, M, H, D]
+
+    out, grads, ref, ref_grads = _padded_grads(run_packed, run_padded, q, k, v, padded, torch.float32)
+    assert out.shape == (packed.num_tokens, M, 2, 16)
+    assert torch.equal(run_packed.nonempty.cpu(), run_padded.nonempty)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double().cpu(), r, rtol=1e-4, atol=1e-5)

@@ -574,3 +574,194 @@ def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:
         span = cu[sequence_of(last) + 1] - cu[sequence_of(first)]
         walked += -(-span // step)
     return programs, walked
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed trees through the other ops: thin wrappers (fixed-LUT varlen attention, edge lists on a [1, T] view)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _VarlenLut(torch.autograd.Function):
+    """Varlen attention with a fixed per-distance bias (log2-domain ``lut2 [H or 1, 256]``, -inf = not allowed):
+    gradients for q, k, v only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, distance, lut2, cu_seqlens, scale):
+        out, lse = varlen_forward(q, k, v, distance, lut2, cu_seqlens, scale, False)
+        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, distance, lut2, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, _ = varlen_backward(dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False,
+                                        BucketSpec(), False)
+        return dq, dk, dv, None, None, None, None
+
+
+_DENSE_LUTS: Dict[Tuple[str, str], torch.Tensor] = {}
+
+
+def _dense_lut2(kind: str, device) -> torch.Tensor:
+    """The log2-domain LUT of a dense sub-network mask: ``full`` 0 everywhere (every key of the sequence, other
+    trees of it included), ``pairwise`` -inf except 255 (keys in another tree of the same sequence)."""
+    key = (kind, str(device))
+    if key not in _DENSE_LUTS:
+        if kind == "full":
+            lut = torch.zeros(1, 256, dtype=torch.float32)
+        else:
+            lut = torch.full((1, 256), float("-inf"), dtype=torch.float32)
+            lut[0, 255] = 0.0
+        _DENSE_LUTS[key] = lut.to(device)
+    return _DENSE_LUTS[key]
+
+
+def _sequences(trees):
+    """Host-side ``[(start, n, distance block [1, n, n])]`` of a packed batch (the reference paths only)."""
+    cu = trees.cu_seqlens.to("cpu", torch.int64).tolist()
+    offsets = trees.distance_offsets.to("cpu").tolist()
+    out = []
+    for s in range(len(cu) - 1):
+        a, n = cu[s], cu[s + 1] - cu[s]
+        out.append((a, n, trees.distance[offsets[s]:offsets[s] + n * n].view(1, n, n)))
+    return out
+
+
+def _per_sequence(x, a, n):
+    return x[a:a + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+
+
+def _check_packed_qkv(q, k, v, trees) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"with packed trees, {name} must be [T, H, D] (flash-attention's varlen layout), got "
+                             f"{tuple(t.shape)}")
+    if q.shape[0] != trees.num_tokens or k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"packed q, k, v must be [T, H, *] with T = {trees.num_tokens} (the trees' tokens), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def packed_window_attention(q, k, v, trees, *, window: int, scale: Optional[float] = None,
+                            backend: str = "auto") -> torch.Tensor:
+    """:func:`syntaxkernels.ops.syntax_window_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
+    q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``[T, H, Dv]``; key j allowed for query i iff both are in one sequence
+    and ``d(i, j) <= window``.
+
+    The window's edge lists in packed numbering (``trees.window_lists(window)``: one ``[1, T]`` row) run through
+    the existing edge-list kernels (C++ on CPU, Triton on CUDA) when they are built (always on CPU; on CUDA when
+    cached, e.g. by ``TreeCollator(packed=True, windows=...)``), else the varlen fused kernel with a zero table
+    and the window (no host synchronisation). "reference": the reference sequence by sequence."""
+    from .edge_attention import edge_list_attention, resolve_edge_backend
+    from ..specs import MAX_PATH
+
+    _check_packed_qkv(q, k, v, trees)
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= MAX_PATH:
+        raise ValueError(f"window must be an int in 0..{MAX_PATH}, got {window!r}")
+    chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
+    if chosen == "reference" or q.shape[0] == 0:
+        outs = [reference.gat_attention(_per_sequence(q, a, n), _per_sequence(k, a, n), _per_sequence(v, a, n), d,
+                                        window=window, scale=scale)[0].transpose(0, 1)
+                for a, n, d in _sequences(trees) if n]
+        return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
+    lists = trees.window_lists(window) if q.device.type != "cuda" else trees.cached_window_lists(window)
+    if lists is None:
+        buckets = BucketSpec(max_distance=1)
+        table = torch.zeros(buckets.num_buckets, dtype=torch.float32, device=q.device)
+        return syntax_bias_attention_varlen(q, k, v, trees.distance, table, buckets=buckets,
+                                            cu_seqlens=trees.cu_seqlens, scale=scale, window=window,
+                                            backend="triton")
+    out, _ = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], lists,
+                                 scale=scale, backend="triton" if chosen == "triton" else "auto")
+    return out[0, 0].transpose(0, 1)
+
+
+def _pairwise_nonempty_packed(trees) -> torch.Tensor:
+    """bool ``[T]``: the token's sequence has a token in another tree (per-tree counts, no ``T x T`` tensor)."""
+    T = trees.num_tokens
+    seq = trees.sequence.long()
+    cu = trees.cu_seqlens.to(torch.int64)
+    tree_key = cu[seq] + trees.segment.long()  # unique per (sequence, tree): segment < the sequence's length
+    per_tree = torch.bincount(tree_key, minlength=T)[tree_key]
+    per_sequence = (cu[1:] - cu[:-1])[seq]
+    return per_sequence > per_tree
+
+
+def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto"):
+    """:func:`syntaxkernels.ops.syntax_subnetwork_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
+    q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``(out [T, M, H, Dv], nonempty bool [T, M])`` in ``masks.names`` order.
+
+    Relation masks: the relation lists in packed numbering (``trees.relation_lists(masks)``, one ``[1, T]`` row;
+    relations never cross sequences) through the existing edge-list kernels. Dense masks within each sequence:
+    the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
+    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
+    from .edge_attention import edge_list_attention, resolve_edge_backend
+    from .subnetwork_attention import dense_mask_kinds
+
+    _check_packed_qkv(q, k, v, trees)
+    chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    T, H = q.shape[:2]
+    if chosen == "reference" or T == 0:
+        return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
+    outs, flags = [], []
+    if masks.parent or masks.child or masks.sibling:
+        out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
+                                            backend="triton" if chosen == "triton" else "auto")
+        outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
+        flags.append(nonempty[0].transpose(0, 1))  # [T, R]
+    for kind in dense_mask_kinds(masks):
+        if chosen == "triton":
+            o = _VarlenLut.apply(q, k, v, trees.distance, _dense_lut2(kind, q.device), trees.cu_seqlens, float(scale))
+        else:
+            o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
+        nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"
+                    else _pairwise_nonempty_packed(trees))
+        outs.append(o[:, None])
+        flags.append(nonempty[:, None])
+    if len(outs) == 1:
+        return outs[0], flags[0]
+    return torch.cat(outs, dim=1), torch.cat(flags, dim=1)
+
+
+def _dense_by_sequence(q, k, v, trees, kind: str, scale: float) -> torch.Tensor:
+    """One dense mask, sequence by sequence (the CPU path): ``[T, H, Dv]``."""
+    outs = []
+    segment = trees.segment
+    for a, n, _ in _sequences(trees):
+        if n == 0:
+            continue
+        qs, ks, vs = (_per_sequence(x, a, n) for x in (q, k, v))
+        if kind == "full":
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        else:
+            seg = segment[a:a + n]
+            allowed = seg[:, None] != seg[None, :]
+            rows = allowed.any(-1)
+            mask = allowed | ~rows[:, None]
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+            o = o * rows[None, None, :, None].to(o.dtype)
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
+
+
+def _reference_subnetwork_packed(q, k, v, trees, masks, scale):
+    """The reference sub-network attention sequence by sequence: ``(out [T, M, H, Dv], nonempty [T, M])``."""
+    from ..trees.batch import TreeBatch
+
+    outs, flags = [], []
+    heads = trees.heads.cpu()
+    for a, n, _ in _sequences(trees):
+        if n == 0:
+            continue
+        one = TreeBatch.from_heads([heads[a:a + n].tolist()]).to(q.device)
+        o, ne = reference.syntax_subnetwork_attention(_per_sequence(q, a, n), _per_sequence(k, a, n),
+                                                      _per_sequence(v, a, n), one, masks, scale=scale)
+        outs.append(o[0].permute(2, 0, 1, 3))  # [n, M, H, Dv]
+        flags.append(ne[0].transpose(0, 1))
+    if not outs:
+        M = masks.num_masks
+        return q.new_zeros((0, M, q.shape[1], v.shape[-1])), torch.zeros((0, M), dtype=torch.bool, device=q.device)
+    return torch.cat(outs, 0), torch.cat(flags, 0)
