@@ -564,3 +564,65 @@ def test_packed_subnetwork_attention_equals_the_padded_reference(backend, masks)
     torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g.double().cpu(), r, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transformers, padding-free (DataCollatorWithFlattening's layout)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tiny_bert(method, **kwargs):
+    transformers = pytest.importorskip("transformers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_parameters
+
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = transformers.BertForTokenClassification(config)
+    enable_syntax_attention(model, method, **kwargs)
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 0.5)  # non-trivial syntax parameters: the trees change the outputs
+    return model.eval()
+
+
+@pytest.mark.parametrize("method,kwargs", [("bias", {}), ("bias", dict(per_head=True, layers=[1])),
+                                           ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True)))],
+                         ids=["bias", "bias-perhead-layer1", "subnetwork"])
+def test_transformers_packed_equals_padded(method, kwargs):
+    """A tiny BERT from a config: the padding-free batch (TreeCollator(packed=True): input_ids [1, T],
+    position_ids, cu_seq_lens_*, PackedTreeBatch) gives the padded batch's logits at every token and the same
+    gradients for every parameter (syntax parameters included)."""
+    model = _tiny_bert(method, **kwargs)
+    lengths = [9, 3, 14, 1]
+    rows = [[-1] + [0 if h < 0 else h + 1 for h in r] for r in forests([n - 1 for n in lengths], seed=16)]
+    gen = torch.Generator().manual_seed(17)
+    items = [dict(input_ids=torch.randint(4, 100, (n,), generator=gen).tolist(), heads=r,
+                  labels=torch.randint(0, 2, (n,), generator=gen).tolist()) for n, r in zip(lengths, rows)]
+    padded = sk.trees.TreeCollator()(items)
+    packed = sk.trees.TreeCollator(packed=True)(items)
+
+    def step(batch, **inputs):
+        model.zero_grad()
+        out = model(syntax_trees=batch["trees"], labels=batch["labels"], **inputs)
+        out.loss.backward()
+        return out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    logits_pad, grads_pad = step(padded, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+    flash_kwargs = {k: packed[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
+    logits_pack, grads_pack = step(packed, input_ids=packed["input_ids"], position_ids=packed["position_ids"],
+                                   **flash_kwargs)
+    torch.testing.assert_close(logits_pack[0], sk.trees.pack_padded(logits_pad, padded["lengths"]), rtol=1e-4,
+                               atol=1e-5)
+    assert grads_pad.keys() == grads_pack.keys()
+    for name in grads_pad:
+        torch.testing.assert_close(grads_pack[name], grads_pad[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_transformers_packed_trees_must_match_the_row():
+    model = _tiny_bert("bias")
+    items, _ = _items([4, 5])
+    for item in items:
+        item["input_ids"] = [i % 90 + 5 for i in item["input_ids"]]
+    packed = sk.trees.TreeCollator(packed=True)(items)
+    with pytest.raises(ValueError, match=r"need input_ids \[1, T\] = \[1, 9\]"):
+        model(input_ids=packed["input_ids"][:, :8], syntax_trees=packed["trees"])
