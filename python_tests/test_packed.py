@@ -302,18 +302,34 @@ def test_deterministic_and_without_host_reads():
     assert reads == [], reads
 
 
-def test_auto_on_cpu_runs_the_reference_sequence_by_sequence():
-    case = make_packed_case([6, 0, 11], 2, 16, seed=10)
-    packed = case["packed"]
-    out = sk.syntax_bias_attention(case["q"], case["k"], case["v"], packed.distance, case["table"],
-                                   buckets=case["buckets"], cu_seqlens=packed.cu_seqlens, backend="auto")
-    padded = packed.to_padded()
-    for s, (a, n) in enumerate(((0, 6), (6, 11))):
-        s_pad = 0 if s == 0 else 2
-        qs, ks, vs = (case[x][a:a + n].transpose(0, 1)[None] for x in ("q", "k", "v"))
-        ref = sk.reference.syntax_bias_attention(qs, ks, vs, padded.distance[s_pad:s_pad + 1, :n, :n],
-                                                 case["table"], buckets=case["buckets"])
-        torch.testing.assert_close(out[a:a + n], ref[0].transpose(0, 1))
+@pytest.mark.parametrize("opts", [dict(), dict(per_head=True, window=2), dict(causal=True)],
+                         ids=["shared", "perhead-window", "causal"])
+def test_auto_on_cpu_runs_the_cpp_kernels_and_matches_the_reference(opts):
+    """backend="auto" on CPU tensors: the C++ CPU kernels (on the sequences laid out [S, H, N, D] inside the op),
+    forward and every gradient against the reference sequence by sequence."""
+    if not _ext.available() or not hasattr(_ext.load(), "bias_attention_forward"):
+        pytest.skip("C++ extension not built")
+    opts = dict(opts)
+    kw = {k: opts.pop(k) for k in ("window", "causal") if k in opts}
+    case = make_packed_case([6, 0, 11, 1, 23], 2, 16, seed=10, **opts)
+    from syntaxkernels.ops import bias_attention_cpu
+
+    calls = []
+    original = bias_attention_cpu.cpu_bias_attention
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bias_attention_cpu, "cpu_bias_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+        packed = case["packed"]
+        q, k, v = (case[n].clone().requires_grad_() for n in ("q", "k", "v"))
+        table = case["table"].clone().requires_grad_()
+        c = case["bias_scale"].clone().requires_grad_()
+        out = sk.syntax_bias_attention(q, k, v, packed.distance, table, buckets=case["buckets"], bias_scale=c,
+                                       cu_seqlens=packed.cu_seqlens, backend="auto", **kw)
+    assert calls == [1]
+    grads = torch.autograd.grad(out, (q, k, v, table, c), case["grad_out"])
+    out64, grads64 = _run_packed(case, torch.float64, "spec", **kw)
+    torch.testing.assert_close(out.double(), out64.cpu(), rtol=1e-4, atol=1e-5)
+    for g, name in zip(grads, ("dq", "dk", "dv", "dtable", "dbias_scale")):
+        torch.testing.assert_close(g.double(), grads64[name].cpu().reshape(g.shape), rtol=1e-4, atol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("change,match", [

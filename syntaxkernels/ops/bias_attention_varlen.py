@@ -518,6 +518,49 @@ def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seq
     return torch.cat(outs, 0)
 
 
+def _cpu_layout(distance: torch.Tensor, cu_seqlens: torch.Tensor):
+    """``(sequence [T], position [T], lengths int32 [S], padded distance uint8 [S, N, N])`` of a packed CPU batch
+    (N its longest sequence), once per batch: the C++ CPU kernels' layout."""
+    from ..trees.batch import aligned_distance, mark_symmetric
+
+    def compute():
+        cu = cu_seqlens.to(torch.int64)
+        lengths = cu[1:] - cu[:-1]
+        S = lengths.shape[0]
+        N = int(lengths.max()) if S else 0
+        T = int(cu[-1])
+        sequence = packed_sequence_ids(cu_seqlens, T).long()
+        position = torch.arange(T) - cu[sequence]
+        padded = torch.full((S, N, N), 255, dtype=torch.uint8)
+        offsets = packed_distance_offsets(cu_seqlens).tolist()
+        for s_, n in enumerate(lengths.tolist()):
+            if n:
+                padded[s_, :n, :n] = distance[offsets[s_]:offsets[s_] + n * n].view(n, n)
+        padded = aligned_distance(padded)
+        mark_symmetric(padded)  # tree distances, one block per sequence
+        return sequence, position, lengths.to(torch.int32), padded
+    return per_batch((distance, cu_seqlens), "cpu layout", compute)
+
+
+def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window, causal):
+    """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
+    inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
+    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
+    from .bias_attention_cpu import cpu_bias_attention
+
+    sequence, position, lengths, padded = _cpu_layout(distance, cu_seqlens)
+    S, N = padded.shape[:2]
+
+    def lay_out(x):
+        y = x.new_zeros((S, N) + tuple(x.shape[1:]))
+        y = y.index_put((sequence, position), x)
+        return y.transpose(1, 2)  # [S, H, N, D]
+
+    out = cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
+                             bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+    return out.transpose(1, 2)[sequence, position]
+
+
 def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                                  table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
                                  max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
@@ -533,9 +576,10 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
             flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
         deterministic: accepted; the Triton path is always deterministic (no atomics).
-        backend: "auto" (Triton on CUDA tensors; on CPU tensors the reference, sequence by sequence; also
-            the reference for float64 or head dims above 128), "triton" (CUDA, or CPU under TRITON_INTERPRET=1)
-            or "reference".
+        backend: "auto" (Triton on CUDA tensors; on CPU tensors the fused C++ CPU kernels of
+            :mod:`.bias_attention_cpu`, run on the sequences laid out ``[S, H, max n, D]`` inside the op; float64
+            and head dims above 128 on CUDA: the reference), "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or
+            "reference" (the reference, sequence by sequence).
     Returns:
         ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
     """
@@ -543,6 +587,12 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if backend == "auto" and q.device.type == "cpu" and q.shape[0] > 0:  # the fused C++ kernels
+        from .bias_attention_cpu import cpu_kernels_take
+
+        if cpu_kernels_take(q, v):
+            return _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale,
+                                              window, causal)
     if chosen == "reference":
         return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
                                                scale=scale, bias_scale=bias_scale, window=window, causal=causal)
