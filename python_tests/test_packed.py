@@ -210,6 +210,8 @@ PACKED_CASES = [
     ("ragged-fp16-D128-window1", [8, 23, 4], 1, 128, torch.float16, dict(window=1, per_head=True)),
     ("logbuckets-D48", [33, 6], 2, 48, torch.float32, dict(buckets=sk.BucketSpec(16, log_distance=4))),
     ("window0-forest", [11, 13], 1, 32, torch.float32, dict(window=0, roots=4)),
+    ("bigtable-41-buckets", [20, 45], 1, 32, torch.float32,
+     dict(buckets=sk.BucketSpec(40, unreachable_bucket=False), roots=1, per_head=True)),
 ]
 
 

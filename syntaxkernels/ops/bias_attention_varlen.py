@@ -42,9 +42,10 @@ import triton.language as tl
 from .. import reference
 from ..specs import BucketSpec
 from ._dispatch import kernels_or_reference, resolve_backend
-from ._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, launch, launch_grid,
-                          load_rows, mma, mma_acc, per_batch, program_ids)
-from .bias_attention import _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
+                          interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
+                          program_ids)
+from .bias_attention import STATIC_BUCKET_LIMIT, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
 
 __all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "varlen_forward", "varlen_backward",
            "select_varlen_config", "VARLEN_CONFIGS", "packed_sequence_ids", "packed_distance_offsets"]
@@ -223,7 +224,8 @@ def _varlen_dkdv_kernel(
     stride_lut, stride_lse,
     H, T, D, DV, num_k_blocks, scale, qk_scale2,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr,
-    UNREACHABLE_BUCKET: tl.constexpr,
+    UNREACHABLE_BUCKET: tl.constexpr, STATIC_BUCKETS: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
@@ -248,7 +250,10 @@ def _varlen_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
+    if STATIC_BUCKETS:  # one [BLOCK_N] accumulator per bucket (a tuple indexed at compile time)
+        sums = (tl.zeros([BLOCK_N], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
     columns = tl.arange(0, BUCKETS_PAD)
     for start_m in range(qstart, qend, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -272,10 +277,16 @@ def _varlen_dkdv_kernel(
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
         if TABLE_GRAD and SYNTAX:
-            bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-            for t in tl.static_range(NUM_BUCKETS):
-                part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
-                sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+            if STATIC_BUCKETS:  # each bucket a compile-time distance range: a compare, a select, a row sum
+                dist32 = opaque_int32(dist_t.to(tl.int32), ds_t, INTERPRETED)
+                for t in tl.static_range(NUM_BUCKETS):
+                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
+                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds_t, 0.0), 1),) + sums[t + 1:]
+            else:
+                bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
+                for t in range(0, NUM_BUCKETS):
+                    part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
+                    sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
@@ -285,7 +296,12 @@ def _varlen_dkdv_kernel(
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
     tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
     if TABLE_GRAD:
-        totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
+        if STATIC_BUCKETS:
+            totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+            for t in tl.static_range(NUM_BUCKETS):
+                totals += tl.where(columns == t, tl.sum(tl.where(key_ok, sums[t], 0.0), 0), 0.0)
+        else:
+            totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
         program = bh.to(tl.int64) * num_k_blocks + k_block
         tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + columns, totals, mask=columns < NUM_BUCKETS)
 
@@ -305,10 +321,12 @@ for _family in ("sm90", "sm80", "small"):
         VARLEN_CONFIGS[(_kind, _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
         VARLEN_CONFIGS[(_kind, _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
         VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
-    # dK/dV holds two [BLOCK_N, D] accumulators and the [BLOCK_N, 16] bucket sums: 8 warps where 4 spill.
+    # dK/dV holds two [BLOCK_N, D] accumulators and one [BLOCK_N] sum per bucket: 8 warps where 4 spill.
     VARLEN_CONFIGS[("dkdv", _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
     VARLEN_CONFIGS[("dkdv", _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    VARLEN_CONFIGS[("dkdv", _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    VARLEN_CONFIGS[("dkdv", _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
+# sm_80 takes 4 warps for the half dK/dV tile at D = 128 (fewer instructions; sm_90 and sm_120 spill 16 / 8 B with 4).
+VARLEN_CONFIGS[("dkdv", "sm80", "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
 # sm_80's ptxas spills 8 B with the 16 x 16 fp32 dK/dV tile at D = 64; 16 x 32 with 8 warps is clean there.
 VARLEN_CONFIGS[("dkdv", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)
 
@@ -421,6 +439,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: f
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
            NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), MAX_DISTANCE=spec.max_distance,
            LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+           STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
+           INTERPRETED=interpreting(),
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, TABLE_GRAD=table_grad,
            DOT_PRECISION=precision, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
