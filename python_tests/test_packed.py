@@ -296,12 +296,15 @@ def test_deterministic_and_without_host_reads():
     q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
     out = sk.syntax_bias_attention(q, k, v, packed.distance, case["table"].to(DEVICE), buckets=case["buckets"],
                                    cu_seqlens=packed.cu_seqlens, backend="triton")  # warm the per-batch cache
-    with count_host_reads() as reads:
-        out = bv._VarlenBiasAttention.apply(q, k, v, packed.distance, case["table"].to(DEVICE),
-                                            torch.ones(1, device=DEVICE), packed.cu_seqlens, 0.125, -1, False,
+    q.requires_grad_()
+    table = case["table"].to(DEVICE).requires_grad_()
+    with count_host_reads() as reads:  # the op past the host-side input checks: forward and backward
+        out = bv._VarlenBiasAttention.apply(q, k, v, packed.distance, table, torch.ones(1, device=DEVICE),
+                                            packed.cu_seqlens, 0.125, -1, False,
                                             sk.ops.bias_attention.bucket_args(case["buckets"]))
-        out.sum()
+        out.sum().backward()
     assert reads == [], reads
+    assert q.grad is not None and table.grad is not None
 
 
 @pytest.mark.parametrize("opts", [dict(), dict(per_head=True, window=2), dict(causal=True)],
@@ -644,3 +647,31 @@ def test_transformers_packed_trees_must_match_the_row():
     packed = sk.trees.TreeCollator(packed=True)(items)
     with pytest.raises(ValueError, match=r"need input_ids \[1, T\] = \[1, 9\]"):
         model(input_ids=packed["input_ids"][:, :8], syntax_trees=packed["trees"])
+
+
+@pytest.mark.parametrize("module", ["bias", "subnetwork"])
+def test_nn_modules_take_a_packed_row(module):
+    """sk.nn self-attention modules on one packed row [1, T, E] with a PackedTreeBatch: the padded batch's outputs
+    at every token and the same parameter gradients."""
+    rows = forests([5, 9, 1, 3], seed=18)
+    packed, padded = PackedTreeBatch.from_heads(rows), sk.TreeBatch.from_heads(rows)
+    torch.manual_seed(1)
+    if module == "bias":
+        m = sk.nn.SyntaxBiasedSelfAttention(32, 4, per_head=True)
+    else:
+        m = sk.nn.SyntaxBertSelfAttention(32, 4, masks=sk.MaskSpec(max_distance=2, pairwise=True))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "proj" not in name:
+                p.normal_(0.0, 0.5)
+    x = torch.randn(4, 9, 32)
+    out_pad = m(x, padded)
+    g = torch.randn(out_pad.shape)
+    mask = torch.arange(9)[None, :] < padded.lengths[:, None]
+    grads_pad = torch.autograd.grad((out_pad * g * mask[..., None]).sum(), list(m.parameters()))
+    out_pack = m(sk.trees.pack_padded(x, padded.lengths)[None], packed)
+    grads_pack = torch.autograd.grad((out_pack[0] * sk.trees.pack_padded(g, padded.lengths)).sum(),
+                                     list(m.parameters()))
+    torch.testing.assert_close(out_pack[0], sk.trees.pack_padded(out_pad, padded.lengths), rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip(m.named_parameters(), grads_pack, grads_pad):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
