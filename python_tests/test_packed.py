@@ -607,8 +607,10 @@ def _tiny_bert(method, **kwargs):
 
 
 @pytest.mark.parametrize("method,kwargs", [("bias", {}), ("bias", dict(per_head=True, layers=[1])),
-                                           ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True)))],
-                         ids=["bias", "bias-perhead-layer1", "subnetwork"])
+                                           ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True))),
+                                           ("gat", dict(gat_config=dict(num_layers=2, num_heads=2, head_dim=8,
+                                                                        window=2, probe_rank=4)))],
+                         ids=["bias", "bias-perhead-layer1", "subnetwork", "gat-probe"])
 def test_transformers_packed_equals_padded(method, kwargs):
     """A tiny BERT from a config: the padding-free batch (TreeCollator(packed=True): input_ids [1, T],
     position_ids, cu_seq_lens_*, PackedTreeBatch) gives the padded batch's logits at every token and the same
@@ -622,16 +624,32 @@ def test_transformers_packed_equals_padded(method, kwargs):
     padded = sk.trees.TreeCollator()(items)
     packed = sk.trees.TreeCollator(packed=True)(items)
 
+    from syntaxkernels.integrations.transformers import syntax_aux_loss
+
+    pos = torch.randint(0, 18, (sum(lengths),), generator=gen)
+    extra_pad, extra_pack = {}, {}
+    if method == "gat":
+        extra_pad["syntax_pos"] = torch.zeros(padded["input_ids"].shape, dtype=torch.int64).index_put(
+            (torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths)),
+             torch.cat([torch.arange(n) for n in lengths])), pos)
+        extra_pack["syntax_pos"] = pos[None]
+
     def step(batch, **inputs):
         model.zero_grad()
         out = model(syntax_trees=batch["trees"], labels=batch["labels"], **inputs)
-        out.loss.backward()
+        loss = out.loss
+        aux = syntax_aux_loss(model)
+        if method == "gat":
+            assert aux is not None
+            loss = loss + 0.1 * aux
+        loss.backward()
         return out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    logits_pad, grads_pad = step(padded, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+    logits_pad, grads_pad = step(padded, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                                 **extra_pad)
     flash_kwargs = {k: packed[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")}
     logits_pack, grads_pack = step(packed, input_ids=packed["input_ids"], position_ids=packed["position_ids"],
-                                   **flash_kwargs)
+                                   **flash_kwargs, **extra_pack)
     torch.testing.assert_close(logits_pack[0], sk.trees.pack_padded(logits_pad, padded["lengths"]), rtol=1e-4,
                                atol=1e-5)
     assert grads_pad.keys() == grads_pack.keys()

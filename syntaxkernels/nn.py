@@ -616,8 +616,15 @@ class SyntaxGAT(nn.Module):
         Returns:
             ``G [B, N, num_heads * head_dim]``; padding rows are 0.
         """
-        _check_input(x, self.embed_dim, trees=trees)
-        distance, lengths = _distance_and_lengths(trees, lengths)
+        if isinstance(trees, PackedTreeBatch):  # one packed row x [1, T, E]
+            _check_input(x, self.embed_dim)
+            if tuple(x.shape[:2]) != (1, trees.num_tokens):
+                raise ValueError(f"x must be one packed row [1, T, E] = [1, {trees.num_tokens}, {self.embed_dim}] "
+                                 f"for these packed trees, got {tuple(x.shape)}")
+            distance = None
+        else:
+            _check_input(x, self.embed_dim, trees=trees)
+            distance, lengths = _distance_and_lengths(trees, lengths)
         if pos is not None:
             if self.pos_embedding is None:
                 raise ValueError("pos was given but this SyntaxGAT has no POS embedding (num_pos_tags=0)")
@@ -629,8 +636,12 @@ class SyntaxGAT(nn.Module):
             x = x + self.pos_embedding(pos)
         for layer in self.layers:
             q, k, v = _qkv(layer, x, self.num_heads)
-            out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
-                                              window=self.window, lengths=lengths, backend=self.backend)
+            if isinstance(trees, PackedTreeBatch):
+                out = _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_window_attention(
+                    q3, k3, v3, trees, window=self.window, backend=self.backend))
+            else:
+                out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
+                                                  window=self.window, lengths=lengths, backend=self.backend)
             x = _merge_heads(out)
         return x
 
@@ -737,6 +748,14 @@ class StructuralProbeLoss(nn.Module):
     def forward(self, g: torch.Tensor, trees: TreeBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         """``g [B, N, input_dim]``, a :class:`TreeBatch` -> ``(distance_loss, depth_loss)`` scalars."""
         _check_input(g, self.input_dim, name="g")
+        if isinstance(trees, PackedTreeBatch):  # g [1, T, E]: the sequences laid out padded (cached per batch)
+            if g.dim() != 3 or tuple(g.shape[:2]) != (1, trees.num_tokens):
+                raise ValueError(f"g must be one packed row [1, T, E] with T = {trees.num_tokens}, got "
+                                 f"{tuple(g.shape)}")
+            sequence, position, lengths, distance, depth = trees.padded_layout()
+            padded = g.new_zeros((trees.num_sequences, trees.max_seqlen, g.shape[-1]))
+            padded = padded.index_put((sequence, position), g[0])
+            return reference.structural_probe_loss(padded, self.proj, distance, depth, lengths)
         _check_treebatch(trees)
         return reference.structural_probe_loss(g, self.proj, trees.distance, trees.depth, trees.lengths)
 

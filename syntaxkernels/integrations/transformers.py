@@ -254,7 +254,10 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         if syntax_gat_output is None:
             raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")
         query, key, value = part(query, key, value, syntax_gat_output)
-        out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+        if isinstance(syntax_trees, PackedTreeBatch):
+            out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
+        else:
+            out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
     elif isinstance(syntax_trees, PackedTreeBatch):  # a plain layer of a packed row: within each sequence
         out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
     else:
@@ -431,9 +434,6 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     kwargs["syntax_trees"] = trees
     gat = getattr(encoder, "syntax_gat", None)
     encoder.syntax_aux_losses = None
-    if gat is not None and isinstance(trees, PackedTreeBatch):
-        raise ValueError("method='gat' does not take packed syntax_trees yet (the GAT and the structural probe "
-                         "run on padded TreeBatch rows); use a padded batch, or method='bias' / 'subnetwork'")
     if gat is not None:
         if pos is not None:
             if not isinstance(pos, torch.Tensor):

@@ -233,6 +233,31 @@ class PackedTreeBatch:
         heads[mask] = self.heads.cpu()
         return TreeBatch.from_heads(heads, lengths).to(self.device)
 
+    def padded_layout(self):
+        """``(sequence int64 [T], position int64 [T], lengths int64 [S], distance uint8 [S, N, N], depth int32 [S, N])``
+        with N = ``max_seqlen``: the sequences laid out as a padded batch, for the ops that need one (the structural
+        probe). Built once per batch and cached (it reads ``distance_offsets`` on the host: one synchronisation on a
+        GPU). ``S * N^2`` bytes, never ``T^2``."""
+        cached = self._edge_lists.get(("padded layout",))
+        if cached is not None:
+            return cached
+        S, N = self.num_sequences, self.max_seqlen
+        device = self.device
+        sequence = self.sequence.long()
+        cu = self.cu_seqlens.to(torch.int64)
+        position = torch.arange(self.num_tokens, device=device) - cu[sequence]
+        distance = torch.full((S, N, N), 255, dtype=torch.uint8, device=device)
+        offsets = self.distance_offsets.cpu().tolist()
+        lengths = (cu[1:] - cu[:-1])
+        for s, n in enumerate(lengths.cpu().tolist()):
+            if n:
+                distance[s, :n, :n] = self.distance[offsets[s]:offsets[s] + n * n].view(n, n)
+        depth = torch.full((S, N), -1, dtype=torch.int32, device=device)
+        depth[sequence, position] = self.depth
+        layout = (sequence, position, lengths, distance, depth)
+        self._edge_lists[("padded layout",)] = layout
+        return layout
+
     @property
     def nbytes(self) -> int:
         """Bytes of the tree tensors (distance, offsets, heads, depth, segment, cu_seqlens, positions, sequence)."""
@@ -246,7 +271,8 @@ class PackedTreeBatch:
         mapped = PackedTreeBatch(fn(self.heads), fn(self.cu_seqlens), fn(self.distance), fn(self.distance_offsets),
                                  fn(self.depth), fn(self.segment), self.max_seqlen, fn(self.positions),
                                  fn(self.sequence))
-        mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()}
+        mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()
+                              if key != ("padded layout",)}  # rebuilt where needed
         return mapped
 
     def to(self, *args, **kwargs) -> "PackedTreeBatch":
