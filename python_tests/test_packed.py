@@ -693,3 +693,38 @@ def test_nn_modules_take_a_packed_row(module):
     torch.testing.assert_close(out_pack[0], sk.trees.pack_padded(out_pad, padded.lengths), rtol=1e-5, atol=1e-5)
     for (name, _), a, b in zip(m.named_parameters(), grads_pack, grads_pad):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "xlmr", "camembert", "electra", "distilbert"])
+def test_transformers_packed_every_family(arch):
+    """Every supported family (one row of FAMILIES each) takes the packed row: the padded batch's logits at every
+    token. RoBERTa-style families number positions from ``pad_token_id + 1``: their position_ids are shifted."""
+    transformers = pytest.importorskip("transformers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_parameters
+    from test_integration_transformers import _config
+
+    classes = {"bert": transformers.BertForTokenClassification, "roberta": transformers.RobertaForTokenClassification,
+               "xlmr": transformers.XLMRobertaForTokenClassification,
+               "camembert": transformers.CamembertForTokenClassification,
+               "electra": transformers.ElectraForTokenClassification,
+               "distilbert": transformers.DistilBertForTokenClassification}
+    model = classes[arch](_config(arch, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    enable_syntax_attention(model, "bias")
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 0.5)
+    model.eval()
+    lengths = [9, 3, 14]
+    rows = [[-1] + [0 if h < 0 else h + 1 for h in r] for r in forests([n - 1 for n in lengths], seed=19)]
+    gen = torch.Generator().manual_seed(20)
+    items = [dict(input_ids=torch.randint(4, 100, (n,), generator=gen).tolist(), heads=r)
+             for n, r in zip(lengths, rows)]
+    padded = sk.trees.TreeCollator(pad_token_id=model.config.pad_token_id or 0)(items)
+    packed = sk.trees.TreeCollator(packed=True)(items)
+    positions = packed["position_ids"]
+    if arch in ("roberta", "xlmr", "camembert"):
+        positions = positions + model.config.pad_token_id + 1
+    expected = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                     syntax_trees=padded["trees"]).logits
+    got = model(input_ids=packed["input_ids"], position_ids=positions, syntax_trees=packed["trees"]).logits
+    torch.testing.assert_close(got[0], sk.trees.pack_padded(expected, padded["lengths"]), rtol=1e-4, atol=1e-5)
