@@ -728,3 +728,28 @@ def test_transformers_packed_every_family(arch):
                      syntax_trees=padded["trees"]).logits
     got = model(input_ids=packed["input_ids"], position_ids=positions, syntax_trees=packed["trees"]).logits
     torch.testing.assert_close(got[0], sk.trees.pack_padded(expected, padded["lengths"]), rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+def test_torch_compile_fullgraph_and_opcheck():
+    case = make_packed_case([5, 9, 3], 2, 32, seed=21)
+    packed = case["packed"].to(DEVICE)
+    q = case["q"].to(DEVICE).requires_grad_()
+    table = case["table"].to(DEVICE).requires_grad_()
+    k, v = case["k"].to(DEVICE), case["v"].to(DEVICE)
+
+    def f(q, k, v, distance, table, cu):
+        return sk.syntax_bias_attention(q, k, v, distance, table, buckets=sk.BucketSpec(), cu_seqlens=cu,
+                                        window=3, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if DEVICE == "cuda" else "eager")
+    out = compiled(q, k, v, packed.distance, table, packed.cu_seqlens)
+    out.sum().backward()
+    ref = bv.reference_bias_attention_varlen(q.detach(), k, v, packed.distance, table.detach(),
+                                             buckets=sk.BucketSpec(), cu_seqlens=packed.cu_seqlens, window=3)
+    torch.testing.assert_close(out.detach(), ref, atol=2e-5, rtol=1e-5)
+    assert table.grad is not None and table.grad.abs().max() > 0
+    lut = sk.ops.bias_attention.bias_lut(table.detach(), torch.ones(1, device=DEVICE), sk.BucketSpec(), 3)
+    args = (q.detach(), k, v, packed.distance, lut, packed.cu_seqlens, 0.2, False)
+    torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_varlen_fwd, args,
+                          test_utils=("test_schema", "test_faketensor"))

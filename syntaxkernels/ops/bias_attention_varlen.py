@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _validation as V
 from .. import reference
 from ..specs import BucketSpec
 from ._dispatch import kernels_or_reference, resolve_backend
@@ -450,6 +451,23 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: f
     return dq, dk, dv, bucket_grad
 
 
+@torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())
+def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
+                      cu_seqlens: torch.Tensor, scale: float, causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it)."""
+    return varlen_forward(q, k, v, distance, lut, cu_seqlens, scale, causal)
+
+
+@torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
+def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
+                       scale: float, causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool,
+                       table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`.bias_attention.bucket_args`."""
+    return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale, causal,
+                           _spec(max_distance, log_distance, unreachable_bucket), table_grad)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Autograd and the public functions
 # ---------------------------------------------------------------------------------------------------------
@@ -460,19 +478,19 @@ class _VarlenBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, distance, table, bias_scale, cu_seqlens, scale, window, causal, bucket_spec):
-        spec = _spec(*bucket_spec)
-        lut = bias_lut(table, bias_scale, spec, window)
-        out, lse = varlen_forward(q, k, v, distance, lut, cu_seqlens, scale, causal)
+        lut = bias_lut(table, bias_scale, _spec(*bucket_spec), window)
+        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut, cu_seqlens, scale,
+                                                                     causal)
         ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut)
-        ctx.scale, ctx.causal, ctx.spec = scale, causal, spec
+        ctx.scale, ctx.causal, ctx.bucket_spec = scale, causal, bucket_spec
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut = ctx.saved_tensors
         table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
-        dq, dk, dv, bucket_grad = varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, ctx.scale,
-                                                  ctx.causal, ctx.spec, table_grad)
+        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
+            dout, q, k, v, out, lse, distance, lut, cu_seqlens, ctx.scale, ctx.causal, *ctx.bucket_spec, table_grad)
         dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
 
@@ -503,7 +521,8 @@ def _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
         raise ValueError(f"table must have shape [{T_b}] or [{H}, {T_b}], got {tuple(table.shape)}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
         raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
-    if cu_seqlens.device.type == "cpu":  # checks that read cu_seqlens (never on a GPU: no host synchronisation)
+    if cu_seqlens.device.type == "cpu" and not V.compiling():  # checks that read cu_seqlens (never on a GPU: no
+        # host synchronisation; not while torch.compile traces)
         cu = cu_seqlens.to(torch.int64)
         if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or bool((cu[1:] < cu[:-1]).any()):
             raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {q.shape[0]}, got "
@@ -657,7 +676,7 @@ class _VarlenLut(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, distance, lut2, cu_seqlens, scale):
-        out, lse = varlen_forward(q, k, v, distance, lut2, cu_seqlens, scale, False)
+        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut2, cu_seqlens, scale, False)
         ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens)
         ctx.scale = scale
         return out
@@ -665,8 +684,8 @@ class _VarlenLut(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, lut2, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv, _ = varlen_backward(dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False,
-                                        BucketSpec(), False)
+        dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
+            dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(BucketSpec()), False)
         return dq, dk, dv, None, None, None, None
 
 
