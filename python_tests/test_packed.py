@@ -753,3 +753,19 @@ def test_torch_compile_fullgraph_and_opcheck():
     args = (q.detach(), k, v, packed.distance, lut, packed.cu_seqlens, 0.2, False)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_varlen_fwd, args,
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("rows", [[], [[]], [[], []]], ids=["no-sequence", "one-empty", "two-empty"])
+def test_batches_without_tokens(rows):
+    packed = PackedTreeBatch.from_heads(rows)
+    assert packed.num_tokens == 0 and packed.num_sequences == len(rows) and packed.max_seqlen == 0
+    q = torch.randn(0, 2, 16, requires_grad=True)
+    table = torch.zeros(sk.BucketSpec().num_buckets, requires_grad=True)
+    backends = ["auto", "reference"] + (["triton"] if DEVICE == "cpu" and P.interpreting() else [])
+    for backend in backends:
+        out = sk.syntax_bias_attention(q, q, q, packed.distance, table, buckets=sk.BucketSpec(),
+                                       cu_seqlens=packed.cu_seqlens, backend=backend)
+        assert out.shape == (0, 2, 16)
+    out, nonempty = sk.syntax_subnetwork_attention(q, q, q, packed, sk.MaskSpec())
+    assert out.shape == (0, sk.MaskSpec().num_masks, 2, 16) and nonempty.shape == (0, sk.MaskSpec().num_masks)
+    assert sk.ops.syntax_window_attention(q, q, q, packed, window=2).shape == (0, 2, 16)

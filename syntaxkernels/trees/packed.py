@@ -157,6 +157,13 @@ class PackedTreeBatch:
         Raises ValueError naming the sequence and token (``sequence 3, token 5: head 9 out of range ...``).
         """
         if cu_seqlens is None:
+            module = _ext.load()
+            if (backend in ("auto", "cpp") and type(heads) in (list, tuple) and module is not None
+                    and hasattr(module, "packed_tree_distance_lists")):
+                built = module.packed_tree_distance_lists(heads, int(num_threads))
+                if built is not None:  # one extension call: read, validate, build
+                    flat, cu32, distance, offsets, depth, segment, positions, sequence, max_seqlen = built
+                    return cls(flat, cu32, distance, offsets, depth, segment, max_seqlen, positions, sequence)
             padded, lengths = _as_rows(heads)
             if isinstance(heads, (list, tuple)) and all(type(r) is list for r in heads):
                 flat = torch.tensor(list(chain.from_iterable(heads)), dtype=torch.int64)
