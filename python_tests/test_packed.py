@@ -769,3 +769,40 @@ def test_batches_without_tokens(rows):
     out, nonempty = sk.syntax_subnetwork_attention(q, q, q, packed, sk.MaskSpec())
     assert out.shape == (0, sk.MaskSpec().num_masks, 2, 16) and nonempty.shape == (0, sk.MaskSpec().num_masks)
     assert sk.ops.syntax_window_attention(q, q, q, packed, window=2).shape == (0, 2, 16)
+
+
+def test_collator_packed_with_a_tokenizer_equals_its_padded_trees():
+    """Sentence items with a fast tokenizer: the packed batch holds the padded batch's token trees, ids and
+    word ids, without padding."""
+    pytest.importorskip("transformers")
+    from syntaxkernels.trees import Sentence
+    from test_tree_inputs import WORDPIECES, _bert_like
+
+    tokenizer = _bert_like(WORDPIECES)
+    sentences = [Sentence(words=["the", "cats", "unbelievable", "."], heads=[1, -1, 1, 1]),
+                 Sentence(words=["a", "dog", "ran"], heads=[1, 2, -1])]
+    padded = sk.trees.TreeCollator(tokenizer=tokenizer)(sentences)
+    packed = sk.trees.TreeCollator(tokenizer=tokenizer, packed=True)(sentences)
+    lengths = padded["lengths"]
+    assert torch.equal(packed["input_ids"][0], sk.trees.pack_padded(padded["input_ids"], lengths))
+    assert "attention_mask" not in packed and packed["word_ids"] == padded["word_ids"]
+    trees = packed["trees"]
+    for s, n in enumerate(lengths.tolist()):
+        assert torch.equal(trees.sequence_distance(s), padded["trees"].distance[s, :n, :n])
+
+
+def test_dataloader_workers_build_packed_batches():
+    """TreeCollator(packed=True) in a DataLoader worker with TokenBudgetBatchSampler: the batch pickles across
+    processes, its edge lists included."""
+    from torch.utils.data import DataLoader
+
+    items, rows = _items([4, 7, 2, 9, 5], seed=22)
+    sampler = sk.trees.TokenBudgetBatchSampler([len(r) for r in rows], 12)
+    loader = DataLoader(items, batch_sampler=sampler, num_workers=1,
+                        collate_fn=sk.trees.TreeCollator(packed=True, max_tokens=12, windows=(1,)))
+    batches = list(loader)
+    assert [b["lengths"].tolist() for b in batches] == [[4, 7], [2, 9], [5]]
+    for b, chunk in zip(batches, ([0, 1], [2, 3], [4])):
+        expected = PackedTreeBatch.from_heads([rows[i] for i in chunk])
+        assert torch.equal(b["trees"].distance, expected.distance)
+        assert b["trees"].cached_window_lists(1) is not None
