@@ -621,6 +621,13 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             "reference" (the reference, sequence by sequence).
     Returns:
         ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
+
+    Equivalent PyTorch (sequence by sequence, :func:`reference_bias_attention_varlen`)::
+
+        out = torch.cat([syntaxkernels.reference.syntax_bias_attention(
+                  q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
+                  distance[offset_s:offset_s + n * n].view(1, n, n), table, buckets=buckets, ...)[0].transpose(0, 1)
+              for each sequence s = [a, b) of n = b - a tokens])
     """
     _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
     if backend not in ("auto", "triton", "reference"):
