@@ -156,9 +156,10 @@ def make_packed_case(lengths, H, D, *, per_head=False, buckets=None, seed=0, roo
 def _run_packed(case, dtype, backend, **kw):
     pdtype = torch.float64 if dtype == torch.float64 else torch.float32
     packed = case["packed"].to(DEVICE)
-    q, k, v = (case[n].to(DEVICE, dtype).clone().requires_grad_() for n in ("q", "k", "v"))
-    table = case["table"].to(DEVICE, pdtype).clone().requires_grad_()
-    c = case["bias_scale"].to(DEVICE, pdtype).clone().requires_grad_()
+    # detach(): a new leaf with the input's strides (clone() would make a strided view contiguous)
+    q, k, v = (case[n].to(DEVICE, dtype).detach().requires_grad_() for n in ("q", "k", "v"))
+    table = case["table"].to(DEVICE, pdtype).detach().requires_grad_()
+    c = case["bias_scale"].to(DEVICE, pdtype).detach().requires_grad_()
     if backend == "spec":  # the reference sequence by sequence
         out = bv.reference_bias_attention_varlen(q, k, v, packed.distance, table, buckets=case["buckets"],
                                                  cu_seqlens=packed.cu_seqlens, bias_scale=c, **kw)
@@ -249,11 +250,32 @@ def test_every_family_config(arch):
 
 
 @needs_triton
-def test_small_tiles_cross_many_sequences(monkeypatch):
+@pytest.mark.parametrize("kw", [dict(window=4), dict(causal=True)], ids=["window4", "causal"])
+def test_small_tiles_cross_many_sequences(monkeypatch, kw):
     """16 x 16 tiles: every block holds several sequences and its key span starts mid-tile."""
     monkeypatch.setattr(bv, "_BLOCK_OVERRIDE", (16, 16))
     case = make_packed_case([3, 7, 1, 0, 12, 2, 25, 4], 2, 32, seed=7, per_head=True)
-    check_packed(case, torch.float32, window=4)
+    check_packed(case, torch.float32, **kw)
+
+
+@needs_triton
+def test_strided_qkv_views_of_one_projection(monkeypatch):
+    """q, k, v as views of one fused [T, 3, H, D] projection (strided, as varlen callers pass them), and a v
+    head dim unlike q's."""
+    case = make_packed_case([6, 19, 2], 2, 32, seed=23)
+    T = case["q"].shape[0]
+    fused = torch.randn(T, 3, 2, 32, generator=torch.Generator().manual_seed(24))
+    case["q"], case["k"] = fused[:, 0], fused[:, 1]
+    case["v"] = torch.randn(T, 2, 48, generator=torch.Generator().manual_seed(25)).transpose(0, 1).contiguous() \
+        .transpose(0, 1)
+    case["grad_out"] = torch.randn(T, 2, 48, generator=torch.Generator().manual_seed(26))
+    assert not case["q"].is_contiguous() and not case["v"].is_contiguous()
+    seen = []
+    original = bv.varlen_forward
+    monkeypatch.setattr(bv, "varlen_forward", lambda q, k, v, *a, **kw: seen.append(
+        (q.is_contiguous(), v.is_contiguous())) or original(q, k, v, *a, **kw))
+    check_packed(case, torch.float32)
+    assert (False, False) in seen  # the kernels got the strided views themselves
 
 
 @needs_triton
