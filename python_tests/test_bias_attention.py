@@ -165,7 +165,7 @@ SMALL_TILE_CASES = [
 @pytest.mark.parametrize("dtype,opts,kw", [c[1:] for c in SMALL_TILE_CASES], ids=[c[0] for c in SMALL_TILE_CASES])
 def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
     """16x16 tiles at N = 96: interior and boundary loops, one-bucket tiles (one row sum of dS) and tiles
-    spanning several buckets (per-bucket sums) in the dQ kernel, live-tile lists for windows."""
+    spanning several buckets (per-bucket sums) in the table kernel, live-tile lists for windows."""
     monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
     B, N = 2, 96
     opts = dict(opts)
@@ -177,8 +177,8 @@ def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
         heads = [_documents(1, L, kind[0], seed=b, chains=kind[1])[0] for b, L in enumerate(lengths)]
     case = make_case(B, 1, N, 32, dtype, lengths=lengths, heads=heads, **opts)
     # The case reaches the table-gradient paths: tiles in several buckets, and (without a window) in one.
-    tile_buckets, _ = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16,
-                                       16, kw.get("window", -1), kw.get("causal", False), case["buckets"])
+    tile_buckets = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16,
+                                    kw.get("window", -1), kw.get("causal", False), case["buckets"])
     tile_buckets = tile_buckets.cpu()
     if case["buckets"].num_buckets <= ba.STATIC_BUCKET_LIMIT:
         count = sum((tile_buckets >> t) & 1 for t in range(31))
@@ -190,6 +190,28 @@ def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
     check_against_reference(case, **kw)
 
 
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head):
+    """A table shared by the heads gets its gradient from one program per query block that sums the heads' dS
+    before the per-bucket reduction (``HEADS = H``); a per-head table from one program per head. 3 heads,
+    16x16 tiles (one-bucket and mixed ones), ragged, against the float64 reference."""
+    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
+    launched = []
+    real_launch = ba.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        if fn.fn.__name__ == "_bias_bwd_table_kernel":
+            launched.append((grid, kwargs["HEADS"]))
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(ba, "launch", spy)
+    heads = [_documents(1, L, 12, seed=b)[0] for b, L in enumerate([64, 41])]
+    case = make_case(2, 3, 64, 32, torch.bfloat16, lengths=[64, 41], heads=heads, per_head=per_head)
+    check_against_reference(case)
+    num_q = 64 // 16
+    assert launched == ([((num_q * 2 * 3,), 1)] if per_head else [((num_q * 2,), 3)])
+
+
 @pytest.mark.parametrize("window,causal", [(-1, False), (3, True)])
 @pytest.mark.parametrize("spec", [sk.BucketSpec(6), sk.BucketSpec(40)], ids=["bitset", "range"])
 def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal):
@@ -199,8 +221,7 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
     heads = [_documents(1, L, 10, seed=b)[0] for b, L in enumerate([80, 45])]
     case = make_case(B, 1, N, 32, torch.float32, lengths=[80, 45], heads=heads, buckets=spec)
     distance, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32)
-    tile_buckets, common = ba._tile_buckets(distance, lengths, bm, bn, window, causal, spec)  # [B, nK, nQ], [B, nK]
-    tile_buckets, common = tile_buckets.cpu(), common.cpu()
+    tile_buckets = ba._tile_buckets(distance, lengths, bm, bn, window, causal, spec).cpu()  # [B, nQ, nK]
     allowed = reference.allowed_pairs(distance.cpu(), lengths.cpu(), None if window < 0 else window, causal)
     buckets = spec.lut()[distance.cpu().long()]
     for b in range(B):
@@ -208,21 +229,13 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
             for ki in range(triton.cdiv(N, bn)):
                 tile = (slice(qi * bm, (qi + 1) * bm), slice(ki * bn, (ki + 1) * bn))
                 present = set(buckets[b][tile][allowed[b][tile]].tolist())
-                value = int(tile_buckets[b, ki, qi])
+                value = int(tile_buckets[b, qi, ki])
                 if spec.num_buckets <= ba.STATIC_BUCKET_LIMIT:
                     assert {t for t in range(31) if value >> t & 1} == present
                 elif present:
                     assert value % 256 <= min(present) and max(present) <= value // 256
                 else:
                     assert value % 256 > value // 256
-        # The common bucket of a key block is the one most of its one-bucket tiles are in.
-        for ki in range(triton.cdiv(N, bn)):
-            values = [int(v) for v in tile_buckets[b, ki]]
-            singles = [v.bit_length() - 1 for v in values if v and not v & (v - 1)]
-            if spec.num_buckets > ba.STATIC_BUCKET_LIMIT or not singles:
-                assert int(common[b, ki]) == -1
-            else:
-                assert singles.count(int(common[b, ki])) == max(singles.count(t) for t in set(singles))
 
 
 def test_real_block_size_with_padding_and_causal():

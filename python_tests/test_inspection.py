@@ -88,8 +88,8 @@ def test_workload_kernels_compile_without_spills_and_fit_shared_memory(workload_
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
 def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports):
-    expected = {"_bias_fwd_kernel", "_bias_bwd_preprocess_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
-                "_bias_bwd_dkdv_kernel:boundary", "_block_bucket_mask_kernel"}
+    expected = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
+                "_block_bucket_mask_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     assert {(r.case, r.arch) for r in workload_reports} == cases
     for case, arch in cases:
@@ -98,13 +98,20 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
         for r in group:
             assert r.shared_limit == I.SHARED_LIMIT[arch]
             assert all(x >= 0 for x in r.loop_other + r.loop_all), r
-            if r.kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
+            if r.kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
+                            "_bias_bwd_table_kernel"):
                 t = r.tiles
                 assert t["skipped"] + t["interior"] + t["boundary"] == t["grid"], r
-                assert t["one_bucket"] + t["mixed"] <= t["interior"]
+                assert t["one_bucket"] + t["mixed"] <= t["interior"] + t["boundary"]
                 # The kernels compute at least every valid pair; their cost is positive.
                 assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
                 assert r.main_tensor_core > 0, r
+            if r.kernel == "_bias_bwd_table_kernel":  # a loop over the heads of a shared table in its tile loop
+                assert r.heads == I.WORKLOAD_HEADS and r.head_loop_other and min(r.head_loop_other) > 0, r
+                # Every tile of a sentence batch is walked and reduces its dS per bucket.
+                assert r.tiles["one_bucket"] + r.tiles["mixed"] > 0, r
+            elif r.kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
+                assert r.cost["plain_instr"] and r.cost["plain_instr"] < r.cost["instr"], r  # the bias-free twin
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
@@ -126,7 +133,7 @@ def test_every_case_launches_every_kernel_for_both_archs(reports):
         for arch in (80, 90):
             kernels = {r.kernel for r in reports if r.case == case.name and r.arch == arch}
             assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
-                    "_bias_bwd_dkdv_kernel:boundary", "_bias_bwd_preprocess_kernel"} <= kernels, (case.name, kernels)
+                    "_bias_bwd_table_kernel"} <= kernels, (case.name, kernels)
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
@@ -158,7 +165,7 @@ def test_table_gradient_tiles_on_generated_trees():
     packed = I.table_gradient_tiles(workloads.pack_sentences(sentences, 512, rows=4), 512, 64)
     connected = I.table_gradient_tiles(workloads.connect_sentences(sentences, 512, rows=4), 512, 64)
     for tiles in (packed, connected):
-        assert abs(tiles["one_bucket"] + tiles["mixed"] + tiles["boundary"] - 1) < 1e-9
+        assert abs(tiles["one_bucket"] + tiles["mixed"] - 1) < 1e-9
     assert packed["one_bucket"] > 0.3 and connected["one_bucket"] < 0.1
 
 
@@ -288,13 +295,15 @@ def test_workload_tiles_follow_padding_and_lengths():
     padded = workloads.named_workload("finetune-128", sentences, source)
     tight = workloads.named_workload("sentences", sentences, source)
     for w in (padded, tight):
-        for kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
-                       "_bias_bwd_dkdv_kernel:boundary"):
+        for kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel"):
             t = I.workload_tiles(kernel, w, 16, 32)
             assert t["skipped"] + t["interior"] + t["boundary"] == t["grid"]
-            assert t["one_bucket"] + t["mixed"] <= t["interior"]
             walked = (t["interior"] + t["boundary"]) * t["area"]
-            assert walked >= w.valid_pairs() or kernel.endswith("boundary")
+            assert walked >= w.valid_pairs()
+            if kernel == "_bias_bwd_table_kernel":  # every walked tile holds an allowed pair here
+                assert t["one_bucket"] + t["mixed"] == t["interior"] + t["boundary"] and t["mixed"] > 0
+            else:
+                assert t["one_bucket"] == t["mixed"] == 0
     # The same sentences padded to 128 instead of their longest: more tiles skipped, the same tiles walked.
     a = I.workload_tiles("_bias_fwd_kernel", padded, 16, 32)
     b = I.workload_tiles("_bias_fwd_kernel", tight, 16, 32)
@@ -311,14 +320,20 @@ def test_workload_cost_weights_each_class_by_its_loop():
     from syntaxkernels.specs import BucketSpec
 
     T = BucketSpec().num_buckets
-    tiles = dict(grid=10, skipped=2, interior=5, boundary=3, one_bucket=2, mixed=3, buckets_mixed=12,
-                 buckets_boundary=6, valid_pairs=1000, area=256)
+    tiles = dict(grid=10, skipped=2, interior=5, boundary=3, one_bucket=0, mixed=0, buckets_mixed=0,
+                 valid_pairs=1000, area=256)
     report = I.KernelReport("bias_attention", "c", "_bias_bwd_dkdv_kernel", 90, loop_other=[10.0, 20.0],
-                            loop_all=[10.0 + 2 * T, 20.0 + T])
+                            loop_all=[10.0, 20.0], plain_loop_other=[6.0, 9.0])
     cost = I.workload_cost(report, tiles)
-    per_element = 5 * 10.0 + 3 * 20.0 + (2 + 12) * 2.0 + 6 * 1.0
-    assert cost["instr"] == pytest.approx(per_element * 256 / 1000)
+    assert cost["instr"] == pytest.approx((5 * 10.0 + 3 * 20.0) * 256 / 1000)
+    assert cost["plain_instr"] == pytest.approx((5 * 6.0 + 3 * 9.0) * 256 / 1000)
     assert cost["area"] == pytest.approx(8 * 256 / 1000)
+    # The table kernel: its head loop per head, the rest of its tile loop and the buckets once per 4 heads.
+    tiles.update(one_bucket=2, mixed=3, buckets_mixed=12)
+    table = I.KernelReport("bias_attention", "c", "_bias_bwd_table_kernel", 90, loop_other=[4.0, 8.0],
+                           loop_all=[4.0 + 2 * T, 8.0 + T], head_loop_other=[10.0, 12.0], heads=4)
+    per_element = 5 * (10.0 + 4.0 / 4) + 3 * (12.0 + 8.0 / 4) + (2 + 12) * 2.0 / 4
+    assert I.workload_cost(table, tiles)["instr"] == pytest.approx(per_element * 256 / 1000)
     assert I.workload_cost(I.KernelReport("bias_attention", "c", "_bias_fwd_kernel", 90, error="x"), tiles) is None
 
 

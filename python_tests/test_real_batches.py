@@ -64,16 +64,22 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
 
     def spy(kernel, grid, *args, **kwargs):
         name = kernel.fn.__name__
-        if name in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
-            distance = args[3] if name == "_bias_fwd_kernel" else args[4]  # after q, k, v (and dout)
+        # The distance's place: after q, k, v (and dout; the dQ kernel also takes the output).
+        where = {"_bias_fwd_kernel": 3, "_bias_bwd_dq_kernel": 5, "_bias_bwd_dkdv_kernel": 4,
+                 "_bias_bwd_table_kernel": 4}
+        if name in where:
+            distance = args[where[name]]
+            assert distance.dtype == torch.uint8, name
             seen.append((name, distance.data_ptr(), distance.stride()))
         real_launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(ba, "launch", spy)
-    out = sk.syntax_bias_attention(q, k, v, d, torch.randn(sk.BucketSpec().num_buckets, device=DEVICE),
-                                   buckets=sk.BucketSpec(), lengths=trees.lengths.to(DEVICE), backend="triton")
+    table = torch.randn(sk.BucketSpec().num_buckets, device=DEVICE, requires_grad=True)
+    out = sk.syntax_bias_attention(q, k, v, d, table, buckets=sk.BucketSpec(), lengths=trees.lengths.to(DEVICE),
+                                   backend="triton")
     out.sum().backward()
-    assert {name for name, _, _ in seen} == {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"}
+    assert {name for name, _, _ in seen} == {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
+                                             "_bias_bwd_table_kernel"}
     for name, ptr, stride in seen:
         assert ptr == d.data_ptr() and stride == d.stride(), name
     _, lse = ba.bias_attention_forward(q.detach(), k, v, d, ba.bias_lut(torch.zeros(12, device=DEVICE),

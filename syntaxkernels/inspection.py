@@ -225,9 +225,10 @@ def _resources(cubin: bytes) -> Dict[str, int]:
     return found
 
 
-def _shortest_path(instructions, start: int, end: int, weight=None) -> int:
+def _shortest_path(instructions, start: int, end: int, weight=None, skip: Optional[Tuple[int, int]] = None) -> int:
     """Fewest instructions executed from ``start`` to the back edge at ``end`` (inclusive); each instruction
-    counts ``weight(opcode)`` (default: 1, ``NOP`` 0).
+    counts ``weight(opcode)`` (default: 1, ``NOP`` 0); instructions in the index range ``skip`` (inclusive: a
+    nested loop counted on its own) count 0.
 
     Dijkstra over single instructions: each steps to the next one unless it is an unconditional branch, and a
     branch (conditional or not) also steps to its target when that lies inside the body.
@@ -244,7 +245,7 @@ def _shortest_path(instructions, start: int, end: int, weight=None) -> int:
         if cost > best.get(i, math.inf):
             continue
         address, opcode, operands, predicated = instructions[i]
-        cost_here = cost + weight(opcode)
+        cost_here = cost + (0 if skip and skip[0] <= i <= skip[1] else weight(opcode))
         if i == end:
             return cost_here
         successors = []
@@ -279,15 +280,17 @@ def _returns_from_out_of_line_block(instructions, target: int, address: int) -> 
     return bool(found) and instructions[target][0] < int(found.group(1), 16) <= address
 
 
+def _instructions(sass: str) -> List[Tuple[int, str, str, bool]]:
+    """``(address, opcode, operands, predicated)`` of every SASS instruction, in order."""
+    return [(int(m.group(1), 16), m.group(3), m.group(4), bool(m.group(2))) for m in _LINE.finditer(sass)]
+
+
 def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
     """Instructions ``(address, opcode)`` and every loop (backward branch) with its instruction mix.
 
     ``NOP`` padding is not counted. Loops are returned outermost-first by start address.
     """
-    instructions: List[Tuple[int, str, str, bool]] = []
-    for match in _LINE.finditer(sass):
-        address = int(match.group(1), 16)
-        instructions.append((address, match.group(3), match.group(4), bool(match.group(2))))
+    instructions = _instructions(sass)
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
     loops: List[Loop] = []
     for i, (address, opcode, operands, _) in enumerate(instructions):
@@ -363,6 +366,13 @@ class KernelReport:
     # one): non-tensor-core instructions per unit on its cheapest path, and counting every branch.
     loop_other: List[float] = dataclasses.field(default_factory=list)
     loop_all: List[float] = dataclasses.field(default_factory=list)
+    # A tile loop with a loop over heads inside it (the table-gradient kernel: ``HEADS`` heads a tile): per top
+    # loop, the head loop's non-tensor-core instructions per unit and head on its cheapest path (0 for a loop
+    # without one); loop_other / loop_all then count the tile loop without the head loop (what a tile pays
+    # once, for all its heads).
+    head_loop_other: List[float] = dataclasses.field(default_factory=list)
+    heads: int = 1  # heads one program takes per tile (the launch's ``HEADS``; 1 for every other kernel)
+    plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
     block_m: int = 0
     block_n: int = 0
@@ -415,6 +425,15 @@ def _loop_figures(compiled, kwargs: dict, kernel_name: str, analysed=None):
     return loops, main, with_tc, per, units, unit
 
 
+def _tile_loops(loops, with_tc):
+    """The tile loops: the outermost loops holding tensor-core instructions; without tensor cores (a dot lowered
+    to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a quarter of the largest one's
+    size. In program order (the interior loop before the masked one)."""
+    pool = with_tc or [l for l in loops if l.instructions * 4 >= max(o.instructions for o in loops)]
+    return [l for l in pool if not any(o is not l and o.start <= l.start and l.end <= o.end for o in loops
+                                       if (o.tensor_core or not with_tc))]
+
+
 def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> KernelReport:
     name = getattr(getattr(launch.kernel, "fn", launch.kernel), "__name__", str(launch.kernel))
     kwargs = launch.kwargs
@@ -441,6 +460,7 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         report.stack_bytes = resources["STACK"]
         sass = _sass(compiled.asm["cubin"])
         analysed = analyse_sass(sass)
+        analysed_instructions = _instructions(sass)
         report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
         report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
         report.shared_limit = SHARED_LIMIT.get(arch, 0)
@@ -459,19 +479,39 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             # The tile loops: the outermost loops holding tensor-core instructions; without tensor cores
             # (a dot lowered to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a
             # quarter of the largest one's size.
-            pool = with_tc or [l for l in loops if l.instructions * 4 >= max(o.instructions for o in loops)]
-            top = [l for l in pool if not any(o is not l and o.start <= l.start and l.end <= o.end for o in loops
-                                              if (o.tensor_core or not with_tc))]
-            report.loop_other = [per(l.shortest_other) for l in top]
-            report.loop_all = [per(l.instructions - l.tensor_core) for l in top]
+            top = _tile_loops(loops, with_tc)
+            report.heads = max(1, int(kwargs.get("HEADS", 1)))
+            report.loop_other, report.loop_all, report.head_loop_other = [], [], []
+            for l in top:
+                inner = [o for o in with_tc if o is not l and l.start <= o.start and o.end < l.end]
+                head = max(inner, key=lambda o: (o.tensor_core, -o.start)) if inner else None
+                if head is None:
+                    report.loop_other.append(per(l.shortest_other))
+                    report.loop_all.append(per(l.instructions - l.tensor_core))
+                    report.head_loop_other.append(0.0)
+                    continue
+                outside = _shortest_path(analysed_instructions, l.start, l.end, _count_other,
+                                         skip=(head.start, head.end))
+                report.loop_other.append(per(outside))
+                report.loop_all.append(per(l.instructions - l.tensor_core - (head.instructions - head.tensor_core)))
+                report.head_loop_other.append(per(head.shortest_other))
+            if report.head_loop_other and report.head_loop_other[0]:
+                # The main-loop figures per head and element: the head loop plus the tile's own share.
+                report.other_per_unit = report.head_loop_other[0] + report.loop_other[0] / report.heads
+                report.all_per_unit = report.head_loop_other[0] + report.loop_all[0] / report.heads
             candidates = with_tc or [main]
             worst = [per(l.instructions - l.tensor_core) for l in candidates]
             report.worst_per_unit = max(w for w in worst if w is not None) if any(w is not None for w in worst) else None
+            if any(report.head_loop_other):  # per head: each head's loop, every branch, plus its share of the tile's
+                head_all = [per(o.instructions - o.tensor_core) for l in top for o in with_tc
+                            if o is not l and l.start <= o.start and o.end < l.end]
+                report.worst_per_unit = max(head_all) + max(report.loop_all) / report.heads
         if plain is not None:
-            _, plain_main, _, plain_per, _, _ = _loop_figures(plain, kwargs, name)
+            plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs, name)
             if plain_main is not None:
                 report.plain_other_per_unit = plain_per(plain_main.shortest_other)
                 report.plain_ex2_per_unit = plain_per(plain_main.ex2)
+                report.plain_loop_other = [plain_per(l.shortest_other) for l in _tile_loops(plain_loops, plain_tc)]
     except Exception as exc:  # noqa: BLE001 - reported with the kernel
         report.error = f"{type(exc).__name__}: {exc}"[:500]
     return report
@@ -591,18 +631,17 @@ def launch_cases(select: str = "", ci: bool = False) -> List[LaunchCase]:
 
 def table_gradient_tiles(rows, N: int, head_dim: int = 64, dtype: str = "bf16", family: str = "sm90",
                          buckets=None) -> Dict[str, float]:
-    """Fractions of the dK/dV kernel's tiles by the table-gradient work they do, for trees ``rows``.
+    """Fractions of the table kernel's tiles by the per-bucket work they do, for trees ``rows``.
 
-    ``rows``: 0-based heads per row (padded to N). At the kernel's tiling for ``(dtype, head_dim, family)``,
-    every live tile is one of: an interior tile wholly in its key block's common bucket (one row sum of dS),
-    another interior tile (one compare-select-add per element for each bucket it holds), or a boundary tile
-    (summed by the boundary pass, which recomputes dS). Returns those fractions of the live tiles and the
-    mean number of buckets a mixed tile walks.
+    ``rows``: 0-based heads per row (padded to N). At the table kernel's tiling for ``(dtype, head_dim,
+    family)``, every live tile (one with an allowed pair) is a one-bucket tile (one row sum of the heads'
+    summed dS) or a mixed tile (a compare-select-add per element for each bucket it holds). Returns those
+    fractions of the live tiles and the mean number of buckets a mixed tile walks.
     """
     import torch
 
     from .ops import bias_attention as op
-    from .ops.block_meta import block_bucket_masks_torch, boundary_tiles
+    from .ops.block_meta import block_bucket_masks_torch
     from .specs import BucketSpec
     from .trees import tree_distance
 
@@ -611,44 +650,40 @@ def table_gradient_tiles(rows, N: int, head_dim: int = 64, dtype: str = "bf16", 
     distance = torch.full((len(rows), N, N), 255, dtype=torch.uint8)
     built = tree_distance([list(r) for r in rows], lengths)
     distance[:, :built.shape[1], :built.shape[2]] = built
-    config = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
+    config = op.select_config("table", _torch_dtype(dtype), head_dim, family)
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     if spec.num_buckets > op.STATIC_BUCKET_LIMIT:
         raise ValueError(f"table_gradient_tiles covers tables of up to {op.STATIC_BUCKET_LIMIT} buckets")
-    # The kernels' metadata, computed in PyTorch here (no Triton launch, any machine): [B, nK, nQ], [B, nK].
-    masks = block_bucket_masks_torch(distance, lengths, spec.lut(), bm, bn).transpose(1, 2).contiguous()
-    common = op.common_buckets(masks, spec.num_buckets)
+    # The kernel's metadata, computed in PyTorch here (no Triton launch, any machine): [B, nQ, nK].
+    masks = block_bucket_masks_torch(distance, lengths, spec.lut(), bm, bn)
     count = sum((masks >> t) & 1 for t in range(spec.num_buckets))
     live = count > 0
-    boundary = boundary_tiles(lengths, masks.shape[2], masks.shape[1], bm, bn, False, by_key=False).transpose(1, 2)
     total = max(int(live.sum()), 1)
-    common_bit = torch.where(common >= 0, 1 << common.clamp(min=0), 0)[..., None]
-    fast = (count == 1) & (masks == common_bit) & ~boundary
-    mixed = live & ~fast & ~boundary
+    mixed = count > 1
     walked = count[mixed].double()
-    return dict(tiles=int(live.sum()), tile=f"{bm}x{bn}", one_bucket=float(fast.sum()) / total,
-                mixed=float(mixed.sum()) / total, boundary=float((live & boundary).sum()) / total,
-                mean_buckets=float(walked.mean()) if walked.numel() else 0.0)
+    return dict(tiles=int(live.sum()), tile=f"{bm}x{bn}", one_bucket=float((count == 1).sum()) / total,
+                mixed=float(mixed.sum()) / total, mean_buckets=float(walked.mean()) if walked.numel() else 0.0)
 
 
 def weighted_table_cost(report: "KernelReport", tiles: Dict[str, float], num_buckets: int) -> Optional[float]:
-    """An upper bound of the dK/dV main loop's instructions per element averaged over real tiles.
+    """An upper bound of the table kernel's main-loop instructions per element and head over real tiles.
 
-    Every tile executes the cheapest path (``other_per_unit``); the table-gradient branches cost at most
-    ``(all - other) / T`` per element per bucket walked (all branch overhead charged to the buckets), a
-    one-bucket tile walks one, a mixed tile ``mean_buckets``. Boundary tiles are left to the boundary pass.
+    Each head pays the head loop's cheapest path (``head_loop_other``); the tile's own work (``loop_other``)
+    and its per-bucket reduction, at most ``(all - other) / T`` per element per bucket walked (all branch
+    overhead charged to the buckets; a one-bucket tile walks one, a mixed tile ``mean_buckets``), are paid once
+    for the program's ``heads``.
     """
-    if report.other_per_unit is None or report.all_per_unit is None:
+    if not report.loop_other or not report.loop_all or not report.head_loop_other:
         return None
-    per_bucket = (report.all_per_unit - report.other_per_unit) / num_buckets
+    per_bucket = (report.loop_all[0] - report.loop_other[0]) / num_buckets
     walked = tiles["one_bucket"] + tiles["mixed"] * tiles["mean_buckets"]
-    return report.other_per_unit + per_bucket * walked / max(tiles["one_bucket"] + tiles["mixed"], 1e-9)
+    return report.head_loop_other[0] + (report.loop_other[0] + per_bucket * walked) / report.heads
 
 
 def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, rows: int = 16) -> Optional[dict]:
-    """The weighted table-gradient cost of the dK/dV kernel on treebank trees (None without the treebank).
+    """The weighted cost of the table kernel on treebank trees (None without the treebank).
 
-    For each dense bf16 target report of ``_bias_bwd_dkdv_kernel`` (D = 64, 128; every arch inspected) and
+    For each dense bf16 target report of ``_bias_bwd_table_kernel`` (D = 64, 128; every arch inspected) and
     three workloads built from the treebank's sentences at N tokens (:mod:`syntaxkernels.workloads`: packed
     sentences, sentences chained into one tree, sentences under one root token), the tile fractions of
     :func:`table_gradient_tiles` and :func:`weighted_table_cost`. Returns ``{"rows": [...], "text": str}``.
@@ -664,27 +699,29 @@ def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, row
     T = BucketSpec().num_buckets
     out = []
     for r in reports:
-        if r.kernel != "_bias_bwd_dkdv_kernel" or r.dtype != "bf16" or not r.case.endswith("dense") or r.error:
+        if r.kernel != "_bias_bwd_table_kernel" or r.dtype != "bf16" or not r.case.endswith("dense") or r.error:
             continue
         family = "sm90" if r.arch >= 90 else "sm80"
         for workload, build in builders.items():
             tiles = table_gradient_tiles(build(sentences, N, rows=rows), N, r.head_dim, "bf16", family)
             out.append(dict(workload=workload, arch=r.arch, head_dim=r.head_dim, tile=tiles["tile"],
-                            one_bucket=tiles["one_bucket"], mixed=tiles["mixed"], boundary=tiles["boundary"],
+                            one_bucket=tiles["one_bucket"], mixed=tiles["mixed"], heads=r.heads,
                             mean_buckets=tiles["mean_buckets"], other=r.other_per_unit, all=r.all_per_unit,
                             weighted=weighted_table_cost(r, tiles, T)))
-    lines = [f"table gradient in the dK/dV kernel on treebank trees (N = {N}, {rows} rows, BucketSpec(), bf16):",
-             f"{'workload':<10} {'sm':>2} {'D':>3} {'tile':>6} {'common':>6} {'other':>6} {'bound':>5} "
+    lines = [f"table gradient (its own kernel, dS summed over the heads of a shared table) on treebank trees "
+             f"(N = {N}, {rows} rows, BucketSpec(), bf16):",
+             f"{'workload':<10} {'sm':>2} {'D':>3} {'tile':>6} {'heads':>5} {'one':>5} {'mixed':>5} "
              f"{'buckets':>7} {'other':>5} {'all':>5} {'weighted':>8}"]
     for row in out:
-        lines.append(f"{row['workload']:<10} {row['arch']:>2} {row['head_dim']:>3} {row['tile']:>6} "
-                     f"{row['one_bucket']:>6.2f} {row['mixed']:>6.2f} {row['boundary']:>5.2f} "
+        lines.append(f"{row['workload']:<10} {row['arch']:>2} {row['head_dim']:>3} {row['tile']:>6} {row['heads']:>5} "
+                     f"{row['one_bucket']:>5.2f} {row['mixed']:>5.2f} "
                      f"{row['mean_buckets']:>7.1f} {_fmt(row['other']):>5} {_fmt(row['all']):>5} "
                      f"{_fmt(row['weighted']):>8}")
-    lines.append("common/other/bound: fractions of live tiles summed on the fast path (the key block's commonest "
-                 "bucket), walking their buckets, or in the boundary pass; buckets: mean buckets walked by the "
-                 "second kind; weighted: an upper bound of the main loop's instructions per element over these "
-                 "tiles.")
+    lines.extend(textwrap.wrap(
+        "one/mixed: fractions of live tiles in one bucket (one row sum of the heads' summed dS) or walking their "
+        "buckets; buckets: mean buckets walked by a mixed tile; other/all: the main loop per element and head "
+        "(cheapest path / every branch); weighted: an upper bound of it over these tiles (the head loop per "
+        "head, the tile's reduction shared by the program's heads).", WIDTH))
     return dict(rows=out, text="\n".join(lines))
 
 
@@ -876,12 +913,12 @@ def check_targets(reports: Iterable[KernelReport], cases: Optional[Sequence[Laun
 #: The head count of the workload calls (BERT-base); the JIT specialises on H only through its divisibility.
 WORKLOAD_HEADS = 12
 #: Kernels whose programs own query blocks and walk key blocks, and the dK/dV kernel (programs own key blocks).
-_QUERY_PROGRAMS = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel")
-_KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
+_QUERY_PROGRAMS = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_table_kernel")
+_KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel",)
+#: Query-block programs that also reduce dS per bucket (one-bucket and mixed tiles).
+_TABLE_PROGRAMS = ("_bias_bwd_table_kernel",)
 #: Kernels with one program per tile of the whole grid (no loop), shared by every head of a call.
 _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
-#: Kernels with one program per BLOCK_M rows of every (batch, head) (no loop).
-_ROW_PROGRAMS = ("_bias_bwd_preprocess_kernel",)
 
 
 @contextlib.contextmanager
@@ -1032,17 +1069,15 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
 
     A model of the kernels' loop bounds (``ops/bias_attention.py``, no window, not causal; keep it in step with
-    them): the forward and dQ walk, for every query block that starts inside the length, the key blocks up to
-    the length, the one holding the length's end masked (*boundary*), the others unmasked (*interior*); the
-    dK/dV kernel walks, for every key block inside the length, the query blocks the same way, and sums the
-    table gradient on its interior tiles: one row sum for a tile wholly in its key block's commonest
-    one-bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*); its boundary pass
-    walks only the boundary tiles and sums their buckets. Every other tile of the ``B x nQ x nK`` grid is
-    *skipped*. The block-metadata kernels run one program per tile of the grid.
+    them): the forward, dQ and table kernels walk, for every query block that starts inside the length, the
+    key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
+    (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
+    The table kernel reduces each walked tile's dS (summed over its heads) per bucket: one row sum for a tile
+    wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*). Every
+    other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile.
 
     Returns counts ``grid, skipped, interior, boundary, one_bucket, mixed``, ``buckets_mixed`` (buckets walked
-    by the mixed tiles, summed), ``buckets_boundary`` (by the boundary pass), ``valid_pairs`` (sum of
-    length^2) and ``area`` (``block_m * block_n``), or None for a kernel without a tiling.
+    by the mixed tiles, summed), ``valid_pairs`` (sum of length^2) and ``area`` (``block_m * block_n``), or None for a kernel without a tiling.
     """
     import torch
 
@@ -1053,16 +1088,12 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
         return _varlen_tiles(kernel, workload, block_m, block_n) if block_m and block_n else None
     lengths = torch.tensor(workload.lengths, dtype=torch.int64)
     N = workload.N
-    if kernel in _ROW_PROGRAMS and block_m:
-        grid = workload.batch_size * -(-N // block_m)
-        return dict(grid=grid, skipped=0, interior=grid, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
-                    buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=0)
     if not block_m or not block_n:
         return None
     num_q, num_k = -(-N // block_m), -(-N // block_n)
     grid = workload.batch_size * num_q * num_k
     out = dict(grid=grid, skipped=0, interior=0, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
-               buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=block_m * block_n)
+               valid_pairs=workload.valid_pairs(), area=block_m * block_n)
     if kernel in _TILE_PROGRAMS:
         out["interior"] = grid
         return out
@@ -1070,29 +1101,21 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
         rows = -(-lengths // block_m)  # query blocks that start inside the length
         out["interior"] = int((rows * (lengths // block_n)).sum())
         out["boundary"] = int((rows * (-(-lengths // block_n) - lengths // block_n)).sum())
+        if kernel in _TABLE_PROGRAMS:
+            # Bucket sets per tile [B, nQ, nK]; every walked tile with an allowed pair reduces dS per bucket.
+            masks = _presence(workload, block_m, block_n)
+            position_q = torch.arange(num_q)[None, :, None]
+            position_k = torch.arange(num_k)[None, None, :]
+            walked = (position_q < rows[:, None, None]) & (position_k < -(-lengths // block_n)[:, None, None])
+            counts = _popcount(masks)
+            one, mixed = walked & (counts == 1), walked & (counts > 1)
+            out["one_bucket"], out["mixed"] = int(one.sum()), int(mixed.sum())
+            out["buckets_mixed"] = int(counts[mixed].sum())
     elif kernel in _KEY_PROGRAMS:
         keys = -(-lengths // block_n)
         interior_q = lengths // block_m
-        boundary_q = -(-lengths // block_m) - interior_q
-        out["interior"] = int((keys * interior_q).sum()) if kernel == _KEY_PROGRAMS[0] else 0
-        out["boundary"] = int((keys * boundary_q).sum())
-        # Bucket sets per tile, as [B, nK, nQ] (the dK/dV programs' order; tree distances are symmetric).
-        masks = _presence(workload, block_m, block_n).transpose(1, 2)
-        position_q = torch.arange(num_q)[None, None, :]
-        position_k = torch.arange(num_k)[None, :, None]
-        inside = (position_k < keys[:, None, None]) & (position_q < -(-lengths // block_m)[:, None, None])
-        boundary = inside & (position_q >= interior_q[:, None, None])
-        interior = inside & ~boundary
-        counts = _popcount(masks)
-        if kernel == _KEY_PROGRAMS[0]:
-            common = op.common_buckets(masks.to(torch.int32), BucketSpec().num_buckets).to(torch.int64)
-            common_bit = torch.where(common >= 0, 1 << common.clamp(min=0), torch.zeros_like(common))[..., None]
-            fast = interior & (masks == common_bit) & (masks != 0)
-            mixed = interior & ~fast & (masks != 0)
-            out["one_bucket"], out["mixed"] = int(fast.sum()), int(mixed.sum())
-            out["buckets_mixed"] = int(counts[mixed].sum())
-        else:
-            out["buckets_boundary"] = int(counts[boundary].sum())
+        out["interior"] = int((keys * interior_q).sum())
+        out["boundary"] = int((keys * (-(-lengths // block_m) - interior_q)).sum())
     else:
         return None
     out["skipped"] = grid - out["interior"] - out["boundary"]
@@ -1109,8 +1132,9 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
       loop's cheapest path, boundary tiles at the last (masked) loop's; a one-bucket tile adds one bucket's
       worth and a mixed tile one per bucket it holds, a bucket's worth being the loop's instructions off its
       cheapest path divided by the table's buckets (all branch overhead charged to the buckets: an upper
-      bound); the boundary pass charges its tiles the same way. Straight-line kernels (the block metadata)
-      count all their instructions per program; they run once per call for every head, so their figure is
+      bound); the table kernel (a loop over heads inside its tile loop) pays its head loop per head and the
+      rest of its tile loop, bucket reduction included, once per tile for all its heads. Straight-line kernels
+      (the block metadata) count all their instructions per program; they run once per call for every head, so their figure is
       divided by the head count (``heads``) to be per head like the others.
     """
     from .specs import BucketSpec
@@ -1120,20 +1144,28 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     valid = tiles["valid_pairs"]
     walked = tiles["interior"] + tiles["boundary"]
     area = walked * tiles["area"] / valid
-    if report.kernel in _TILE_PROGRAMS + _ROW_PROGRAMS:
+    if report.kernel in _TILE_PROGRAMS:  # once per call, shared by every head (a bias-free backward has none)
         threads = 32 * report.num_warps
-        shared_by = heads if report.kernel in _TILE_PROGRAMS else 1
-        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / shared_by / valid)
+        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
     if not report.loop_other:
         return dict(area=area, instr=None)
     T = BucketSpec().num_buckets
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
-    per_bucket_first = (report.loop_all[0] - first_other) / T
-    per_bucket_last = (report.loop_all[-1] - last_other) / T
-    per_element = (tiles["interior"] * first_other + tiles["boundary"] * last_other
-                   + tiles["one_bucket"] * per_bucket_first + tiles["buckets_mixed"] * per_bucket_first
-                   + tiles["buckets_boundary"] * per_bucket_last)
-    return dict(area=area, instr=per_element * tiles["area"] / valid)
+    per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
+    if report.head_loop_other and report.head_loop_other[0]:
+        # The table kernel: per tile, each head's loop, then the tile's own work and its bucket reduction once
+        # for all ``per_tile`` heads (charged per head: divided by them).
+        per_bucket = max((a - o) / T for a, o in zip(report.loop_all, report.loop_other))
+        per_element = (tiles["interior"] * (report.head_loop_other[0] + first_other / per_tile)
+                       + tiles["boundary"] * (report.head_loop_other[-1] + last_other / per_tile)
+                       + (tiles["one_bucket"] + tiles["buckets_mixed"]) * per_bucket / per_tile)
+        return dict(area=area, instr=per_element * tiles["area"] / valid)
+    per_element = tiles["interior"] * first_other + tiles["boundary"] * last_other
+    cost = dict(area=area, instr=per_element * tiles["area"] / valid)
+    if report.plain_loop_other:  # the same walk at the bias-free twin's loop costs
+        plain = tiles["interior"] * report.plain_loop_other[0] + tiles["boundary"] * report.plain_loop_other[-1]
+        cost["plain_instr"] = plain * tiles["area"] / valid
+    return cost
 
 
 def _workload_job(job):
@@ -1177,7 +1209,14 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
             if key in seen:
                 continue
             seen.add(key)
-            report = _report_for("bias_attention", case, launch, arch)
+            twin = None
+            if "SYNTAX" in launch.kernel.arg_names:  # the bias-free twin walks the same tiles
+                try:
+                    twin = launch.kernel.run(*launch.args, grid=launch.grid, warmup=True,
+                                             **dict(launch.kwargs, SYNTAX=False))
+                except Exception:  # noqa: BLE001 - the twin is a comparison only; its figures stay empty
+                    twin = None
+            report = _report_for("bias_attention", case, launch, arch, twin)
             report.head_dim, report.dtype, report.workload = head_dim, dtype, name
             if not report.block_m:
                 report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
@@ -1278,8 +1317,7 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
             continue
         t, c = r.tiles, r.cost or {}
         grid = max(t["grid"], 1)
-        mean_buckets = t["buckets_mixed"] / t["mixed"] if t["mixed"] else (
-            t["buckets_boundary"] / t["boundary"] if t["buckets_boundary"] and t["boundary"] else None)
+        mean_buckets = t["buckets_mixed"] / t["mixed"] if t["mixed"] else None
         lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} "
                      f"{r.tile or '-':>7} {t['grid']:>6} {t['skipped'] / grid:>4.2f} {t['interior'] / grid:>4.2f} "
                      f"{t['boundary'] / grid:>4.2f} {t['one_bucket'] / grid:>4.2f} {t['mixed'] / grid:>4.2f} "
@@ -1290,9 +1328,8 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
 
 WORKLOAD_LEGEND = (
     "skip/int/bnd: tiles the kernel does not walk, walks unmasked, walks masked (the sequence end); 1bkt/mix: "
-    "interior tiles whose table gradient is one row sum (the key block's commonest bucket) or a "
-    "compare-select-add per bucket held; bkts: mean buckets summed per mixed tile (the boundary pass: per "
-    "boundary tile); area: score elements computed per valid (query, key) pair (1 = no padding or empty tile "
+    "tiles whose table gradient (the table kernel, dS summed over the heads first) is one row sum (one bucket) "
+    "or a compare-select-add per bucket held; bkts: mean buckets summed per mixed tile; area: score elements computed per valid (query, key) pair (1 = no padding or empty tile "
     "area); instr: non-tensor-core thread-instructions per valid pair, summed over the tiles walked at each "
     "class's loop cost (straight-line kernels: all their instructions per program; block metadata per head of "
     "a 12-head call). A model read from the SASS, not a "
@@ -1300,7 +1337,7 @@ WORKLOAD_LEGEND = (
 
 
 def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
-    """One row per workload case and arch: the forward's and the backward's (dQ, dK/dV, its boundary pass, the
+    """One row per workload case and arch: the forward's and the backward's (dQ, dK/dV, the table gradient, the
     block metadata) instructions and score elements per valid pair, and what spills or does not fit."""
     groups: Dict[tuple, List[KernelReport]] = {}
     for r in reports:
@@ -1312,19 +1349,45 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
             values = [v for v in values if v is not None]
             return sum(values) if values else None
 
-        backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_dkdv_kernel:boundary")
-                    + _TILE_PROGRAMS + _ROW_PROGRAMS + ("_varlen_dq_kernel", "_varlen_dkdv_kernel"))
+        forward = ("_bias_fwd_kernel",) + _VARLEN_QUERY_PROGRAMS[:1]
+        backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
+                    + _VARLEN_QUERY_PROGRAMS[1:] + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
                                         and not r.tiles),
                          spills=sum(1 for r in group if not r.error and r.spills),
                          spill_bytes=max([r.spill_bytes for r in group if not r.error] or [0]),
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
-                         fwd_instr=total(("_bias_fwd_kernel", "_varlen_fwd_kernel"), "instr"),
-                         bwd_instr=total(backward, "instr"),
-                         fwd_area=total(("_bias_fwd_kernel", "_varlen_fwd_kernel"), "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel", "_varlen_dkdv_kernel"), "area")))
+                         fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
+                         fwd_area=total(forward, "area"),
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _VARLEN_KEY_PROGRAMS, "area")))
+        last = rows[-1]
+
+        def per_element(kernels, key):
+            """Per score element: each tiled kernel's instructions over its own area, summed; straight-line
+            kernels (no area) over the dK/dV kernel's area."""
+            reference_area = last["dkdv_area"] or last["fwd_area"]
+            values = []
+            for r in group:
+                cost = r.cost or {}
+                if r.kernel not in kernels or r.error or cost.get(key) is None:
+                    continue
+                area = cost.get("area") or reference_area
+                if area:
+                    values.append(cost[key] / area)
+            return sum(values) if values else None
+
+        backward_plain = ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel") + _VARLEN_QUERY_PROGRAMS[1:] + \
+            _VARLEN_KEY_PROGRAMS
+        last["fwd_element"] = per_element(forward, "instr")
+        last["bwd_element"] = per_element(backward, "instr")
+        last["plain_fwd_element"] = per_element(forward, "plain_instr")
+        last["plain_bwd_element"] = per_element(backward_plain, "plain_instr")
     return rows
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
 
 
 def _valid_share(area) -> str:
@@ -1338,21 +1401,27 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
         lines.extend(textwrap.wrap(w.summary(), WIDTH, initial_indent="  ", subsequent_indent="    "))
     case_width = max([len("case")] + [len(r["case"]) for r in rows])
     head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>7} {'bwd':>7} {'area f':>6} {'area b':>6} {'valid':>5} "
-            f"{'spills':>6} "
-            f"{'max B':>5} {'>smem':>5} {'errors':>6}")
+            f"{'fwd/el':>6} {'bwd/el':>6} {'plain':>5} {'ratio':>5} {'spills':>6} {'max B':>5} {'>smem':>5} "
+            f"{'errors':>6}")
     lines += ["", "per valid pair (instructions: non-tensor-core thread-instructions; area: score elements "
               "computed)", head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>7} {_fmt(r['bwd_instr']):>7} "
                      f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {_valid_share(r['fwd_area']):>5} "
-                     f"{r['spills']:>6} "
+                     f"{_fmt(r.get('fwd_element')):>6} "
+                     f"{_fmt(r.get('bwd_element')):>6} {_fmt(r.get('plain_bwd_element')):>5} "
+                     f"{_fmt(_ratio(r.get('bwd_element'), r.get('plain_bwd_element')), 2):>5} {r['spills']:>6} "
                      f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
     unmodelled = sum(r["unmodelled"] for r in rows)
     lines += textwrap.wrap(
-        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, its boundary pass, block metadata) "
+        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, the table gradient, block metadata) "
         "instructions per valid pair; area f, area b: score elements the forward and the dK/dV kernel compute "
         "per valid pair; valid: the share of the forward's computed (tensor-core) score elements that are valid "
-        "pairs (1 / area f); spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
+        "pairs (1 / area f); fwd/el, bwd/el: instructions per score element, every branch the tiles take: each tiled "
+        "kernel's instructions over its own score elements, summed over the pass's kernels (straight-line kernels "
+        "over area b); plain: bwd/el of the bias-free backward (the "
+        "same kernels compiled without the distance and the bias, with no block metadata and no table "
+        "gradient, walking the same tiles), ratio: bwd/el over it; spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
         "shared memory; errors: launches that did not compile (their figures are missing from fwd/bwd)."
         + (f" {unmodelled} tiled kernels have no walk model and are not in fwd/bwd." if unmodelled else ""), WIDTH)
     return "\n".join(lines)
@@ -1363,10 +1432,10 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
     fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling
     ``select_config`` gives ``family`` (score elements computed per valid pair; the dK/dV kernel's interior
-    tiles on the table gradient's one-bucket and mixed paths). Columns: ``valid`` (valid pairs / B N^2),
-    ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV kernel's walked
-    tiles that are boundary tiles), ``one``/``mixed`` (its interior tiles on each table-gradient path), ``bkts``
-    (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
+    tiles; the table kernel's walked tiles on its one-bucket and mixed paths). Columns: ``valid`` (valid pairs
+    / B N^2), ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV
+    kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
+    path), ``bkts`` (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
     from .ops import bias_attention as op
 
@@ -1376,17 +1445,21 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     for name in names:
         workload = _workload(name)
         for head_dim in head_dims:
-            if workload.packed:  # the varlen kernels
+            if workload.packed:  # the varlen kernels (no table kernel: dK/dV sums the buckets)
                 fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
                 dkdv = varlen.select_varlen_config("dkdv", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
+                t = dict(one_bucket=0, mixed=0, buckets_mixed=0)
+                walked = 1
             else:
                 fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
                 dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-            interior = max(b["interior"], 1)
+                table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
+                t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
+                walked = max(t["interior"] + t["boundary"], 1)
             lengths = workload.lengths
             rows.append(dict(workload=name, D=head_dim, B=workload.batch_size, N=workload.N,
                              lengths=f"{min(lengths)}..{max(lengths)}",
@@ -1397,7 +1470,7 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                              dkdv_tile=f"{dkdv['BLOCK_M']}x{dkdv['BLOCK_N']}",
                              b_area=round((b["interior"] + b["boundary"]) * b["area"] / b["valid_pairs"], 2),
                              bnd=round(b["boundary"] / max(b["interior"] + b["boundary"], 1), 2),
-                             one=round(b["one_bucket"] / interior, 2), mixed=round(b["mixed"] / interior, 2),
-                             bkts=round(b["buckets_mixed"] / b["mixed"], 1) if b["mixed"] else 0.0,
+                             one=round(t["one_bucket"] / walked, 2), mixed=round(t["mixed"] / walked, 2),
+                             bkts=round(t["buckets_mixed"] / t["mixed"], 1) if t["mixed"] else 0.0,
                              family=family, source=workload.source))
     return rows

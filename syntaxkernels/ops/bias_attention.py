@@ -23,18 +23,21 @@ rows past the length are zeroed in the epilogue (their log-sum-exp is ``+inf``, 
 Kernels (one file, top to bottom: kernels -> launchers -> autograd -> public functions):
 
 - ``_bias_fwd_kernel``: output rows and their log2-sum-exp for one query block (online softmax).
-- ``_bias_bwd_preprocess_kernel``: ``delta = rowsum(dO * O)``.
+- ``_bias_bwd_dq_kernel``: ``delta = rowsum(dO * O)`` and dQ for one query block (it runs first and owns whole
+  rows, so it also corrects delta for the table gradient: see the kernel).
 - ``_bias_bwd_dkdv_kernel``: dK, dV for one key block, walking query blocks (transposed tiles, no atomics).
-- ``_bias_bwd_dq_kernel``: dQ for one query block, and its rows' per-bucket sums of dS (the table gradient).
+- ``_bias_bwd_table_kernel``: the table gradient, one query block and every head of a shared table a program.
 
 Table gradient. With ``G[t] = sum of dS over the pairs in bucket t``, ``d table = c * G`` and
-``d c = sum_t table[t] * G[t]``: one per-bucket reduction serves both. The dQ kernel already holds each tile
-of dS; device metadata gives every tile's bucket range (from its smallest and largest distance). A tile
-whose pairs all fall in one bucket (every tile between two packed sentences, most tiles far from the diagonal
-of a long tree) adds one row sum of dS to that bucket; a tile spanning several buckets sums dS for each bucket
+``d c = sum_t table[t] * G[t]``: one per-bucket reduction serves both. A table shared by the heads has one
+bucket pattern for every head, so the table kernel recomputes each head's dS for a tile (two tensor-core
+products), sums the heads' dS in registers and reduces the sum per bucket once: device metadata gives every
+tile's bucket set; a tile wholly in one bucket (every tile between two packed sentences, most tiles far from
+the diagonal of a long tree) adds its row sums there, a tile spanning several buckets sums dS for each bucket
 it holds (a compare, a select and an add per element and bucket, into one ``[BLOCK_M]`` accumulator per
-bucket). Each program writes its ``[T]`` sums once; a fixed-order sum reduces them. No atomics: every gradient
-is bit-identical run to run (``deterministic=True`` costs nothing).
+bucket), and that cost is shared by the H heads. Per-head tables take one head per program. Each program
+writes its ``[T]`` sums once; a fixed-order sum reduces them. No atomics: every gradient is bit-identical run
+to run (``deterministic=True`` costs nothing).
 
 Block skipping: with ``window`` set, :mod:`syntaxkernels.ops.block_meta` finds each tile's distance range
 on the device and the kernels walk compacted lists of live tiles (interior first).
@@ -222,82 +225,16 @@ def _bias_fwd_kernel(
 
 
 @triton.jit
-def _bias_bwd_preprocess_kernel(
-    OUT, DOUT, DELTA,
-    stride_ob, stride_oh, stride_on, stride_od,
-    stride_gb, stride_gh, stride_gn, stride_gd, stride_row,
-    H, N, DV,
-    BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    """``delta[b, h, i] = sum_d out * dout`` in fp32.
-
-    Args:
-        OUT, DOUT: ``[B, H, N, DV]`` (strided); DELTA: fp32 ``[B, H, N]``, rows ``stride_row`` apart.
-    Grid: ``(nM * B * H,)`` with ``nM = cdiv(N, BLOCK_M)``.
-    """
-    block, bh, b, h = program_ids(tl.cdiv(N, BLOCK_M), H)
-    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, N, DV, True, False)
-    dout = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, N, DV, True, False)
-    delta = tl.sum(out.to(tl.float32) * dout.to(tl.float32), axis=1)
-    tl.store(DELTA + bh.to(tl.int64) * stride_row + offs_m, delta, mask=offs_m < stride_row)  # 0 past N
-
-
-@triton.jit
-def _bucket_sums(sums, common, ds_t, dist_t, tile_buckets, q_block, common_bit, NUM_BUCKETS: tl.constexpr,
-                 BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr, MAX_DISTANCE: tl.constexpr,
-                 LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr,
-                 INTERPRETED: tl.constexpr):
-    """Add one tile of dS (transposed: keys are rows) to the per-bucket, per-key sums.
-
-    Tables of up to 31 buckets (``STATIC_BUCKETS``): ``tile_buckets[q_block]`` is the bit set of the buckets
-    of the tile's allowed pairs (device metadata); ``sums`` holds one ``[BLOCK_N]`` accumulator per bucket (a
-    tuple indexed at compile time) and ``common`` one more for the program's commonest one-bucket tiles
-    (``common_bit``: unreachable pairs between packed sentences, the clamped distance in a long tree). A tile
-    wholly in that bucket adds its row sums of dS to ``common`` (one add per element); any other tile sums dS
-    for each bucket it holds (a compare, a select and an add per element and bucket); a tile without an
-    allowed pair costs nothing.
-
-    Larger tables: ``sums`` is ``[BLOCK_N, BUCKETS_PAD]`` and ``tile_buckets[q_block] = lowest + 256 * highest``;
-    the tile walks the buckets of that range (a loop whose length is the data's).
-    """
-    if STATIC_BUCKETS:
-        present = tl.load(tile_buckets + q_block)
-        if present == common_bit:
-            common += tl.sum(ds_t, 1)
-        elif present != 0:
-            dist32 = opaque_int32(dist_t.to(tl.int32), ds_t, INTERPRETED)  # widened once, in dS's layout
-            for t in tl.static_range(NUM_BUCKETS):
-                if ((present >> t) & 1) != 0:
-                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
-                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds_t, 0.0), 1),) + sums[t + 1:]
-    else:
-        span = tl.load(tile_buckets + q_block)
-        bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-        columns = tl.arange(0, BUCKETS_PAD)
-        for t in range(span & 255, (span >> 8) + 1):
-            part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
-            sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
-    return sums, common
-
-
-@triton.jit
-def _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, range_row,
-               common_bit, q_block,
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
                stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
-               GRADS: tl.constexpr, SUM_BUCKETS: tl.constexpr, NUM_BUCKETS: tl.constexpr,
-               BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr, MAX_DISTANCE: tl.constexpr,
-               LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr,
-               INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One query tile of the dK/dV backward in transposed orientation (keys are rows): dV, dK (``GRADS``)
-    and the tile's per-bucket sums of dS (``SUM_BUCKETS``, see :func:`_bucket_sums`)."""
+               DOT_PRECISION: tl.constexpr):
+    """One query tile of the dK/dV backward in transposed orientation (keys are rows)."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if SYNTAX:
-        # The pair (query i, key j) at distance[b, j, i]: tree distances are symmetric, and this tile is
-        # contiguous along the queries.
+        # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
+        # distance is symmetric (tree distances are), so this tile is contiguous along the queries.
         dist_t = distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
         bias_t = tl.load(lut_row + dist_t.to(tl.int32))
     q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, MASK, EVEN_D)
@@ -315,27 +252,20 @@ def _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base
         exponent_t = tl.where(offs_n[:, None] <= offs_m[None, :], exponent_t, float("-inf"))
     p_t = tl.exp2(exponent_t)
     do = load_rows(do_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV, MASK, EVEN_DV)
-    if GRADS:
-        dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+    dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
     if MASK:
         delta = tl.load(delta_base + offs_m, mask=offs_m < N, other=0.0)
     else:
         delta = tl.load(delta_base + offs_m)
     dp_t = mma(v, tl.trans(do), DOT_PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
-    if GRADS:
-        dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-    if SUM_BUCKETS and SYNTAX:  # (the inspection report's plain twin compiles both out)
-        sums, common = _bucket_sums(sums, common, ds_t, dist_t, range_row, q_block, common_bit, NUM_BUCKETS,
-                                    BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                                    LAST_DISTANCE_BUCKET, INTERPRETED)
-    return dk, dv, sums, common
+    dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+    return dk, dv
 
 
 @triton.jit
 def _bias_bwd_dkdv_kernel(
-    Q, K, V, DOUT, DIST, LUT, LENGTHS, Q_LIST, Q_COUNT, TILE_BUCKETS, COMMON_BUCKET, LSE, DELTA, DK, DV_OUT,
-    BUCKET_PARTIALS,
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, Q_LIST, Q_COUNT, LSE, DELTA, DK, DV_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -344,36 +274,20 @@ def _bias_bwd_dkdv_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
-    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
-    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
-    LAST_DISTANCE_BUCKET: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
-    CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, BOUNDARY_PASS: tl.constexpr, INTERPRETED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
 ):
-    """Backward for one key block: ``dk``, ``dv`` and the per-bucket sums of dS over its keys (the table
-    gradient), recomputing P from the saved log2-sum-exp.
-
-    The launcher runs it twice with the table gradient: the main pass computes dK and dV over every tile
-    and sums buckets on the interior tiles; a second pass (``BOUNDARY_PASS``) walks only the boundary tiles
-    (the sequence end, the causal diagonal: a few per key block) and sums their buckets, recomputing dS there.
-    Keeping the bucket sums out of the masked loop keeps every loop within the register file and the
-    instruction budget.
+    """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
+    gradient is :func:`_bias_bwd_table_kernel`'s).
 
     Args:
         Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided); DK, DV_OUT: like K, V (strides
-            ``stride_x*``, ``stride_y*``; not written by the boundary pass).
+            ``stride_x*``, ``stride_y*``).
+        DIST: the distance read as ``[b, j, i]`` (the distance itself when symmetric, else its transpose).
         Q_LIST, Q_COUNT: int32 ``[B, nK, nQ]`` live query blocks of each key block (interior first) and
             ``[B, nK, 2]`` (read when USE_LISTS).
-        TILE_BUCKETS: int32 ``[B, nK, nQ]``: per tile the bit set of its allowed pairs' buckets, or with more
-            than 31 buckets ``lowest + 256 * highest`` (read when TABLE_GRAD; see :func:`_bucket_sums`).
-        COMMON_BUCKET: int32 ``[B, nK]``: the bucket most of each key block's one-bucket tiles are in (-1: none).
-        LSE: fp32 ``[B, H, N]``. DELTA: fp32 ``[B, H, N]`` (both rows ``stride_row`` apart), the dQ kernel's corrected delta when TABLE_GRAD
-            (then every row of dS sums to zero and the bucket sums are exact up to fp32 rounding).
-        BUCKET_PARTIALS: fp32 ``[B * H * nK, NUM_BUCKETS]``: this program's sums of dS per bucket, written
-            once per pass and reduced in a fixed order by the launcher.
-        NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET: the BucketSpec.
+        LSE, DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         N, N_OUT and the others as in the forward.
     Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
     """
@@ -391,42 +305,24 @@ def _bias_bwd_dkdv_kernel(
     delta_base = DELTA + bh.to(tl.int64) * stride_row
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
-    range_row = TILE_BUCKETS + (b * num_k_blocks + k_block) * num_q_blocks
-    GRADS: tl.constexpr = not BOUNDARY_PASS
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    common = tl.zeros([BLOCK_N], dtype=tl.float32)
-    common_bucket = -1
-    if TABLE_GRAD:
-        common_bucket = tl.load(COMMON_BUCKET + b * num_k_blocks + k_block)
-    common_bit = tl.where(common_bucket >= 0, 1 << tl.maximum(common_bucket, 0), 0)
-    if STATIC_BUCKETS:
-        sums = (tl.zeros([BLOCK_N], dtype=tl.float32),) * NUM_BUCKETS
-    else:
-        sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
     if USE_LISTS:
         row = b * num_k_blocks + k_block
         list_base = Q_LIST + row * num_q_blocks
         interior = tl.load(Q_COUNT + 2 * row)
         total = tl.load(Q_COUNT + 2 * row + 1)
-        if not BOUNDARY_PASS:
-            for i in range(0, interior):
-                dk, dv, sums, common = _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base,
-                                                  dist_base,
-                                          lut_row, range_row, common_bit, tl.load(list_base + i), offs_n, offs_d, offs_dv,
-                                          length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
-                                          stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
-                                          SYNTAX, True, TABLE_GRAD, NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                                          LAST_DISTANCE_BUCKET, INTERPRETED, DOT_PRECISION)
+        for i in range(0, interior):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                tl.load(list_base + i), offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn,
+                                stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D,
+                                EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION)
         for i in range(interior, total):
-            dk, dv, sums, common = _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base,
-                                                  dist_base,
-                                      lut_row, range_row, common_bit, tl.load(list_base + i), offs_n, offs_d, offs_dv, length,
-                                      N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
-                                      qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, GRADS,
-                                      BOUNDARY_PASS, NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                                      LAST_DISTANCE_BUCKET, INTERPRETED, DOT_PRECISION)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                tl.load(list_base + i), offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn,
+                                stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D,
+                                EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION)
     else:
         # Query blocks [first, total): masked where they cross the causal diagonal ([first, diagonal_end)) or
         # run past the length ([tail, total)); the ones in between are interior.
@@ -439,45 +335,195 @@ def _bias_bwd_dkdv_kernel(
         diagonal_end = tl.minimum(diagonal_end, total)
         full = tl.minimum(length // BLOCK_M, total)  # a key block wholly past the length walks nothing
         tail = tl.maximum(diagonal_end, full)
-        if not BOUNDARY_PASS:
-            for q_block in range(diagonal_end, full):
-                dk, dv, sums, common = _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base,
-                                                  dist_base,
-                                          lut_row, range_row, common_bit, q_block, offs_n, offs_d, offs_dv, length, N, D, DV,
-                                          stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
-                                          qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, True,
-                                          TABLE_GRAD, NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                                          LAST_DISTANCE_BUCKET, INTERPRETED, DOT_PRECISION)
+        for q_block in range(diagonal_end, full):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
+                                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn,
+                                stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False,
+                                CAUSAL, SYNTAX, DOT_PRECISION)
         num_diagonal = tl.maximum(diagonal_end - first, 0)
         for i in range(0, num_diagonal + tl.maximum(total - tail, 0)):
             q_block = tl.where(i < num_diagonal, first + i, tail + i - num_diagonal)
-            dk, dv, sums, common = _dkdv_tile(dk, dv, sums, common, k, v, q_base, do_base, lse_base, delta_base,
-                                                  dist_base,
-                                      lut_row, range_row, common_bit, q_block, offs_n, offs_d, offs_dv, length, N, D, DV,
-                                      stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
-                                      BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, GRADS, BOUNDARY_PASS,
-                                      NUM_BUCKETS, BUCKETS_PAD, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET,
-                                      INTERPRETED, DOT_PRECISION)
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
+                                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn,
+                                stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True,
+                                CAUSAL, SYNTAX, DOT_PRECISION)
 
-    # Epilogue: dK carries the score scale; keys past the length get 0 and add nothing to the table gradient.
+    # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
-    if not BOUNDARY_PASS:
-        dk = tl.where(key_ok[:, None], dk * scale, 0.0)
-        dv = tl.where(key_ok[:, None], dv, 0.0)
-        dk_ptrs = DK + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
-        dv_ptrs = DV_OUT + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_d[None, :] < D))
-        tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_dv[None, :] < DV))
-    if TABLE_GRAD:
-        bucket_ids = tl.arange(0, BUCKETS_PAD)
-        if STATIC_BUCKETS:
-            totals = tl.where(bucket_ids == common_bucket, tl.sum(tl.where(key_ok, common, 0.0), 0), 0.0)
-            for t in tl.static_range(NUM_BUCKETS):
-                totals += tl.where(bucket_ids == t, tl.sum(tl.where(key_ok, sums[t], 0.0), 0), 0.0)
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(key_ok[:, None], dv, 0.0)
+    dk_ptrs = DK + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    dv_ptrs = DV_OUT + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_d[None, :] < D))
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Add one tile of dS (summed over the program's heads) to the per-bucket, per-row sums.
+
+    Tables of up to 31 buckets (``STATIC_BUCKETS``): ``present`` is the bit set of the buckets of the tile's
+    allowed pairs (device metadata) and ``sums`` one ``[BLOCK_M]`` accumulator per bucket (a tuple indexed at
+    compile time). A tile wholly in one bucket adds its row sums of dS there (one add per element); a tile
+    holding several sums dS for each (a compare, a select and an add per element and bucket); a tile without
+    an allowed pair costs nothing. The cost is per tile, not per head: the heads' dS were summed first.
+
+    Larger tables: ``sums`` is ``[BLOCK_M, BUCKETS_PAD]`` and ``present = lowest + 256 * highest``; the tile
+    walks the buckets of that range (a loop whose length is the data's).
+    """
+    if STATIC_BUCKETS:
+        if (present & (present - 1)) == 0:  # one bucket (or none: nothing to add)
+            if present != 0:
+                rows = tl.sum(ds, 1)
+                for t in tl.static_range(NUM_BUCKETS):
+                    if present == (1 << t):
+                        sums = sums[:t] + (sums[t] + rows,) + sums[t + 1:]
         else:
-            totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
-        program = bh.to(tl.int64) * num_k_blocks + k_block
-        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
+            dist32 = opaque_int32(dist.to(tl.int32), ds, INTERPRETED)  # widened once, in dS's layout
+            for t in tl.static_range(NUM_BUCKETS):
+                if ((present >> t) & 1) != 0:
+                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
+                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds, 0.0), 1),) + sums[t + 1:]
+    else:
+        bucket = bucket_from_distance(dist.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
+        columns = tl.arange(0, BUCKETS_PAD)
+        for t in range(present & 255, (present >> 8) + 1):
+            part = tl.sum(tl.where(bucket == t, ds, 0.0), 1)
+            sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+    return sums
+
+
+@triton.jit
+def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b, h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh, stride_qn, stride_qd, stride_kb,
+                stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh,
+                stride_gn, stride_gd, stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+                LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
+    them, then added to the per-bucket sums once (:func:`_bucket_sums`)."""
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
+    bias = tl.load(lut_row + dist.to(tl.int32))  # the LUT row is the same for every head of the program
+    if MASK:
+        allowed = _allowed(offs_m, offs_n, length, CAUSAL)
+    ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for j in range(0, HEADS):
+        h = h0 + j
+        row = (b * H + h) * stride_row
+        # The products run over head-dim chunks of at most 64 (two at D = 128): fewer operand registers live.
+        scores = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_c, stride_qn, stride_qd, length, D, True,
+                          EVEN_D)
+            k = load_rows(K + b * stride_kb + h * stride_kh, offs_n, offs_c, stride_kn, stride_kd, length, D, MASK,
+                          EVEN_D)
+            scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+        # Rows past the length: zero q and lse = +inf, so P is exactly 0 there without a mask.
+        lse = tl.load(LSE + row + offs_m, mask=offs_m < length, other=float("inf"))
+        exponent = scores * qk_scale2 + bias - lse[:, None]
+        if MASK:  # masked before exp2: an excluded pair's exponent may be large
+            exponent = tl.where(allowed, exponent, float("-inf"))
+        p = tl.exp2(exponent)
+        dp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(0, BLOCK_DV, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
+                           True, EVEN_DV)
+            v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, MASK,
+                          EVEN_DV)
+            dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        delta = tl.load(DELTA + row + offs_m, mask=offs_m < length, other=0.0)
+        ds += p * (dp - delta[:, None])
+    return _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                        UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+
+
+@triton.jit
+def _bias_bwd_table_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, TILE_BUCKETS, LSE, DELTA, BUCKET_PARTIALS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
+    H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2, HEADS,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    LAST_DISTANCE_BUCKET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
+    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
+
+    A table shared by all heads (the default) has one bucket pattern for every head, so each program takes
+    all ``H`` heads of its query block (``HEADS = H``): per tile it recomputes dS for each head (two
+    tensor-core products, like the dQ kernel's first two), sums the heads' dS in registers and pays the
+    per-bucket reduction once, so that reduction's cost per score element is divided by the head count. A
+    per-head table takes one head per program (``HEADS = 1``, each head its own LUT row).
+
+    Args:
+        Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT: as in the dQ kernel (key lists at this
+            kernel's tiling).
+        TILE_BUCKETS: int32 ``[B, nQ, nK]``: per tile the bit set of its allowed pairs' buckets, or with more
+            than 31 buckets ``lowest + 256 * highest`` (see :func:`_bucket_sums`).
+        LSE: fp32 ``[B, H, N]``; DELTA: the dQ kernel's corrected delta (every row of dS then sums to zero, so
+            the bucket sums are exact up to fp32 rounding); both rows ``stride_row`` apart.
+        BUCKET_PARTIALS: fp32 ``[B * G * nQ, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each program's
+            sums, written once and reduced in a fixed order by the launcher.
+    Grid: ``(nQ * B * G,)``.
+    """
+    q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
+    h0 = g * HEADS
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dist_base = DIST + b * stride_db
+    lut_row = LUT + h0 * stride_lh
+    bucket_row = TILE_BUCKETS + (b * num_q_blocks + q_block) * num_k_blocks
+    if STATIC_BUCKETS:
+        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
+                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(0, interior):
+        k_block = _key_block(list_base, i, USE_LISTS)
+        sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, tl.load(bucket_row + k_block), b,
+                           h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                           stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
+                           stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd, stride_di, stride_dj,
+                           stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, EVEN_N,
+                           False, CAUSAL,
+                           NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                           LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+    for i in range(interior, total):
+        k_block = _key_block(list_base, i, USE_LISTS)
+        sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, tl.load(bucket_row + k_block), b,
+                           h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                           stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
+                           stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd, stride_di, stride_dj,
+                           stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, EVEN_N,
+                           True, CAUSAL,
+                           NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                           LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+
+    # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
+    bucket_ids = tl.arange(0, BUCKETS_PAD)
+    if STATIC_BUCKETS:
+        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+        for t in tl.static_range(NUM_BUCKETS):
+            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
+    else:
+        totals = tl.sum(sums, 0)
+    program = bg.to(tl.int64) * num_q_blocks + q_block
+    tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
 @triton.jit
@@ -505,11 +551,12 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
 
 @triton.jit
 def _bias_bwd_dq_kernel(
-    Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, LSE, DELTA, DQ, DELTA_CORRECTED,
+    Q, K, V, DOUT, OUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, LSE, DQ, DELTA,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
     stride_xb, stride_xh, stride_xn, stride_xd,
     H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
@@ -518,15 +565,18 @@ def _bias_bwd_dq_kernel(
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True,
 ):
-    """Backward for one query block: ``dq``; with TABLE_GRAD also the corrected delta.
+    """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
+    runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
 
-    An exact softmax backward has rows of dS that sum to zero. ``delta = rowsum(dO * O)`` is formed from a
-    rounded output (fp16/bf16), so its rows sum to a small ``row_error`` instead; per bucket those errors add
-    up over thousands of rows. ``DELTA_CORRECTED = delta + row_error`` removes it (``dS - P * row_error``):
-    the dK/dV kernel, which runs next and sums dS per bucket, reads it.
+    An exact softmax backward has rows of dS that sum to zero. ``delta`` is formed from a rounded output
+    (fp16/bf16), so its rows sum to a small ``row_error`` instead; per bucket those errors add up over
+    thousands of rows. With TABLE_GRAD the kernel writes ``delta + row_error`` (``dS - P * row_error``: rows
+    that sum to zero up to fp32 rounding) for the table kernel, which sums dS per bucket.
 
     Args:
-        DQ: like Q (strides ``stride_x*``). DELTA_CORRECTED: fp32 ``[B, H, N]`` (written when TABLE_GRAD).
+        OUT: the forward's output, like DOUT (strides ``stride_o*``). DQ: like Q (strides ``stride_x*``).
+        DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart), written: delta, corrected with TABLE_GRAD; 0 for
+            rows past the length.
         Others as in the dK/dV kernel (key lists as in the forward).
     Grid: ``(nQ * B * H,)``.
     """
@@ -540,7 +590,9 @@ def _bias_bwd_dq_kernel(
                    EVEN_DV)
     row_base = bh.to(tl.int64) * stride_row
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
-    delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < length, other=0.0)
+    out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, length, DV, True,
+                    EVEN_DV)
+    delta = tl.sum(out.to(tl.float32) * do.to(tl.float32), axis=1)  # 0 past the length (masked loads)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     dist_base = DIST + b * stride_db
@@ -567,7 +619,8 @@ def _bias_bwd_dq_kernel(
     dq_ptrs = DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn + offs_d[None, :] * stride_xd
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_d[None, :] < D))
     if TABLE_GRAD:
-        tl.store(DELTA_CORRECTED + row_base + offs_m, delta + row_error, mask=offs_m < N)
+        delta += row_error
+    tl.store(DELTA + row_base + offs_m, delta, mask=offs_m < N)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -579,9 +632,8 @@ def _bias_bwd_dq_kernel(
 # (BLOCK_D <= 64 or 128). Each entry is compiled for sm_80 and sm_90 by the inspection report
 # (``python -m syntaxkernels inspect``), which checks registers, spills and the main loop's instruction mix;
 # the choices below are the spill-free ones with the fewest instructions per score element there. For "dkdv",
-# BLOCK_N is the key block a program owns and BLOCK_M the query block of one iteration; "boundary_warps" (when
-# given) and "boundary_stages" are the warps and stages of its boundary pass (the table gradient of the
-# boundary tiles).
+# BLOCK_N is the key block a program owns and BLOCK_M the query block of one iteration; "table" starts from dQ's
+# tiles (its loop holds dQ's first two products).
 _C = dict
 CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("fwd", "sm90", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
@@ -590,18 +642,23 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("fwd", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
     ("dkdv", "sm90", "half", 64): _C(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
     ("dkdv", "sm90", "half", 128): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-    ("dkdv", "sm80", "half", 64): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2, boundary_warps=4,
-                                     boundary_stages=1),
+    ("dkdv", "sm80", "half", 64): _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
     ("dkdv", "sm80", "half", 128): _C(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
     ("dq", "sm90", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     ("dq", "sm90", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
     ("dq", "sm80", "half", 64): _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
     ("dq", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
 }
+# The table kernel holds two score tiles (this head's and the heads' sum of dS) and each head's operands: the
+# spill-free tilings with the fewest instructions per element on the workloads of the inspection report.
+CONFIGS[("table", "sm90", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+CONFIGS[("table", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
+CONFIGS[("table", "sm80", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1)
+CONFIGS[("table", "sm80", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
 # fp32 inputs run exact fp32 products (no tensor cores, no TF32): Triton 3.6 lowers them to FMA loops that hold
 # whole operand rows per thread. 16x32 tiles are spill-free up to D = 64; at D = 128 every tiling tried spills
 # (16x16 the least): correct, but not tuned (fp32 is not a performance target; use bf16/fp16 for speed).
-for _kind in ("fwd", "dkdv", "dq"):
+for _kind in ("fwd", "dkdv", "dq", "table"):
     for _arch in ("sm90", "sm80"):
         CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
         CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
@@ -611,26 +668,23 @@ for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
     if _arch == "sm80":
         CONFIGS[(_kind, "small", _cls, _dim)] = dict(_config)
 CONFIGS[("dq", "small", "half", 128)] = _C(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2)
-# sm_120 (RTX 50xx, RTX PRO Blackwell: compiled by the Blackwell ptxas) spills 8-16 B with A100's dK/dV tiles;
-# these are spill-free on sm_86, sm_89 and sm_120 (a 1-stage main pass at D = 64, a 4-warp 1-stage boundary
-# pass at D = 128), with fewer instructions per element there too.
-CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1, boundary_warps=4,
-                                            boundary_stages=1)
-CONFIGS[("dkdv", "small", "half", 128)] = _C(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2, boundary_warps=4,
-                                             boundary_stages=1)
+CONFIGS[("table", "small", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+# sm_120 (RTX 50xx, RTX PRO Blackwell: compiled by the Blackwell ptxas) spills with A100's 2-stage D = 64 dK/dV
+# tiles; one stage is spill-free on sm_86, sm_89 and sm_120.
+CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq"; "table" shares "dq") kernel."""
+    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table") kernel."""
     family = family or arch_family()
     if family == "unsupported":
         raise ValueError(f"no Triton configs for this GPU (compute capability {current_arch()}): the kernels need "
                          "sm_80 or newer, and the ops run the reference there (backend='auto')")
     cls = "fp32" if dtype == torch.float32 else "half"
-    config = dict(CONFIGS[("dq" if kind == "table" else kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    config = dict(CONFIGS[(kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
@@ -760,44 +814,31 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
 STATIC_BUCKET_LIMIT = 31  # tables up to this many buckets sum dS through compile-time accumulators
 
 
-def common_buckets(masks: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """int32 ``[B, R]``: per row of tile bucket sets ``masks [B, R, C]``, the bucket most one-bucket tiles are in
-    (-1 when the row has none)."""
-    one = (masks != 0) & ((masks & (masks - 1)) == 0)
-    bucket = torch.log2(masks.clamp(min=1).to(torch.float64)).round().to(torch.int64).clamp(max=num_buckets)
-    bucket = torch.where(one, bucket, torch.full_like(bucket, num_buckets))
-    counts = torch.zeros(*masks.shape[:2], num_buckets + 1, dtype=torch.int32, device=masks.device)
-    counts.scatter_add_(2, bucket, torch.ones_like(bucket, dtype=torch.int32))
-    common = counts[..., :num_buckets].argmax(dim=-1)
-    common = torch.where(counts[..., :num_buckets].amax(dim=-1) > 0, common, torch.full_like(common, -1))
-    return common.to(torch.int32).contiguous()
+def _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec: BucketSpec) -> torch.Tensor:
+    """The table kernel's metadata: int32 ``[B, nQ, nK]``, per tile the buckets of its allowed pairs.
 
-
-def _tile_buckets(distance, lengths, block_m, block_n, window, causal,
-                  spec: BucketSpec) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The dK/dV kernel's table-gradient metadata: ``(tile_buckets int32 [B, nK, nQ], common int32 [B, nK])``.
-
-    ``tile_buckets`` has one row per key block (the dK/dV programs' order). Up to
-    :data:`STATIC_BUCKET_LIMIT` buckets it is the bit set of the buckets of each tile's allowed pairs
-    (:func:`block_meta.block_bucket_masks`), and ``common`` is, per key block, the bucket most of its one-bucket
-    tiles are in (-1 when it has none). Larger tables: ``lowest + 256 * highest`` from each tile's distance
-    range (``lowest > highest``: no allowed pair) and ``common = -1``. Device tensors, no host synchronisation.
+    Up to :data:`STATIC_BUCKET_LIMIT` buckets it is their bit set (:func:`block_meta.block_bucket_masks`);
+    larger tables: ``lowest + 256 * highest`` from each tile's distance range (``lowest > highest``: no
+    allowed pair). Device tensors, no host synchronisation.
     """
     T = spec.num_buckets
     lut = _bucket_lut(spec, distance)
     window_or_none = None if window < 0 else window
     if T <= STATIC_BUCKET_LIMIT:
-        masks = block_bucket_masks(distance, lengths, lut, block_m, block_n, window_or_none, causal)
-        masks = masks.transpose(1, 2).contiguous()
-        return masks, common_buckets(masks, T)
+        return block_bucket_masks(distance, lengths, lut, block_m, block_n, window_or_none, causal)
     smallest, largest = block_distance_range(distance, lengths, block_m, block_n)
     live = live_blocks(smallest, lengths, block_m, block_n, window=window_or_none, causal=causal)
     if window >= 0:
         largest = torch.minimum(largest, torch.full_like(largest, window))
     lowest = torch.where(live, lut[smallest.long()], torch.full_like(smallest, T, dtype=torch.int64))
     highest = torch.where(live, lut[largest.long()], torch.zeros_like(smallest, dtype=torch.int64))
-    ranges = (lowest + 256 * highest).to(torch.int32).transpose(1, 2).contiguous()
-    return ranges, torch.full(ranges.shape[:2], -1, dtype=torch.int32, device=ranges.device)
+    return (lowest + 256 * highest).to(torch.int32).contiguous()
+
+
+def table_heads(H: int, shared_table: bool) -> int:
+    """Heads one table-gradient program takes: all of them for a table shared by the heads (the per-bucket
+    reduction is paid once per tile, not once per head), one for per-head tables."""
+    return H if shared_table else 1
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
@@ -835,63 +876,67 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
 
-    delta = _row_buffer(B, H, N, q.device)
+    delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
-    preprocess_m = 64 if block_dv <= 64 else 32  # 64 x 128 spills 8 B on sm_100
-    launch(_bias_bwd_preprocess_kernel, launch_grid(triton.cdiv(N, preprocess_m), B, H),
-           out, dout, delta, *out.stride(), *dout.stride(), delta.stride(1), H, N, DV, BLOCK_M=preprocess_m,
-           BLOCK_DV=block_dv)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
     strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,
                  delta.stride(1))
 
-    # dQ first: programs own query blocks; with the table gradient it also corrects delta (see the kernel).
+    # dQ first: programs own query blocks and write delta (corrected with the table gradient: see the kernel).
     block_m, block_n = dq_config["BLOCK_M"], dq_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
     use_lists = kv_list is not None
-    corrected = _row_buffer(B, H, N, q.device) if table_grad else delta
     launch(_bias_bwd_dq_kernel, launch_grid(num_q, B, H),
-           q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
-           kv_count if use_lists else lengths, lse, delta, dq, corrected, *strides, *dq.stride(),
+           q, k, v, dout, out, distance, lut, lengths, kv_list if use_lists else lengths,
+           kv_count if use_lists else lengths, lse, dq, delta, *strides[:16], *out.stride(), *strides[16:],
+           *dq.stride(),
            H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"])
 
-    # dK, dV and the table gradient: programs own key blocks.
+    # dK and dV: programs own key blocks.
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     q_list, q_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=False)
     use_lists = q_list is not None
-    partials = torch.zeros((2, B * H * num_k, T), dtype=torch.float32, device=q.device)
-    if table_grad:
-        tile_buckets, common = per_batch(
-            (distance, lengths), ("tile buckets", block_m, block_n, window, causal, spec),
-            lambda: _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec))
-    else:
-        tile_buckets = common = lengths
-    args = (q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
-            q_count if use_lists else lengths, tile_buckets, common, lse, corrected, dk, dv)
-    meta = dict(NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
-                STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance,
-                UNREACHABLE_BUCKET=unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
-                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
-                TABLE_GRAD=table_grad, INTERPRETED=interpreting(), DOT_PRECISION=precision,
-                num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
-    sizes = (*strides_t, *dk.stride(), *dv.stride(), H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E)
-    launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[0], *sizes, BOUNDARY_PASS=False, **meta)
-    if table_grad:
-        meta["num_warps"] = dkdv_config.get("boundary_warps", dkdv_config["num_warps"])
-        meta["num_stages"] = dkdv_config.get("boundary_stages", dkdv_config["num_stages"])
-        launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H), *args, partials[1], *sizes, BOUNDARY_PASS=True, **meta)
-    # A fixed-order sum of the per-program bucket sums: deterministic.
-    bucket_grad = partials.view(2, B, H, num_k, T).sum(dim=(0, 1, 3))
-    if rows == 1:
-        bucket_grad = bucket_grad.sum(dim=0, keepdim=True)
+    launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H),
+           q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
+           q_count if use_lists else lengths, lse, delta, dk, dv, *strides_t, *dk.stride(), *dv.stride(),
+           H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
+           EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
+           DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
+    if not table_grad:
+        return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
+
+    # The table gradient: programs own a query block and a group of heads (all of them for a shared table).
+    table_config = select_config("table", q.dtype, max(D, DV), family)
+    block_m, block_n = table_config["BLOCK_M"], table_config["BLOCK_N"]
+    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+    heads = table_heads(H, rows == 1)
+    groups = H // heads
+    kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
+    use_lists = kv_list is not None
+    tile_buckets = per_batch((distance, lengths), ("tile buckets", block_m, block_n, window, causal, spec),
+                             lambda: _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec))
+    partials = torch.empty((B * groups * num_q, T), dtype=torch.float32, device=q.device)
+    launch(_bias_bwd_table_kernel, launch_grid(num_q, B, groups),
+           q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
+           kv_count if use_lists else lengths, tile_buckets, lse, delta, partials, *strides,
+           H, _padded(N), D, DV, num_q, num_k, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
+           NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
+           MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket,
+           LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=min(64, block_d, block_dv),
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
+           INTERPRETED=interpreting(), DOT_PRECISION=precision,
+           num_warps=table_config["num_warps"], num_stages=table_config["num_stages"])
+    # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
+    bucket_grad = partials.view(B, groups, num_q, T).sum(dim=(0, 2))
     return dq, dk, dv, bucket_grad
 
 
