@@ -585,14 +585,21 @@ def _bias_bwd_dq_kernel(
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    # delta first, 32 columns at a time (a small transient before the loop's operands are live); 0 past the
+    # length (masked loads).
+    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c in tl.static_range(0, BLOCK_DV, 32):
+        offs_c = c + tl.arange(0, 32)
+        out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_c, stride_on, stride_od, length, DV, True,
+                        EVEN_DV)
+        dout = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
+                         True, EVEN_DV)
+        delta += tl.sum(out.to(tl.float32) * dout.to(tl.float32), axis=1)
     q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
     do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, length, DV, True,
                    EVEN_DV)
     row_base = bh.to(tl.int64) * stride_row
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
-    out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_on, stride_od, length, DV, True,
-                    EVEN_DV)
-    delta = tl.sum(out.to(tl.float32) * do.to(tl.float32), axis=1)  # 0 past the length (masked loads)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     dist_base = DIST + b * stride_db
@@ -673,18 +680,33 @@ CONFIGS[("table", "small", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=
 # tiles; one stage is spill-free on sm_86, sm_89 and sm_120.
 CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)
 
+# Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
+# ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
+BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("table", "half", 64): _C(num_stages=1),
+    ("table", "half", 128): _C(num_stages=1),
+}
+
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
-def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table") kernel."""
-    family = family or arch_family()
+def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
+                  arch: Optional[int] = None) -> dict:
+    """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table") kernel for ``family`` (default:
+    the current GPU's); ``arch`` (default: the current GPU when no family is given) applies
+    :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family."""
+    if family is None and arch is None:
+        arch = current_arch()
+    family = family or arch_family(arch)
     if family == "unsupported":
         raise ValueError(f"no Triton configs for this GPU (compute capability {current_arch()}): the kernels need "
                          "sm_80 or newer, and the ops run the reference there (backend='auto')")
     cls = "fp32" if dtype == torch.float32 else "half"
-    config = dict(CONFIGS[(kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    dim_class = 64 if head_block(head_dim) <= 64 else 128
+    config = dict(CONFIGS[(kind, family, cls, dim_class)])
+    if arch is not None and arch >= 100 and family == "sm90":
+        config.update(BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
@@ -870,7 +892,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = distance if symmetric else per_batch((distance,), "transposed",
                                                       lambda: aligned_distance(distance.transpose(1, 2)))
-    family = arch_family()
+    arch = current_arch()
+    family = arch_family(arch)
     dkdv_config = select_config("dkdv", q.dtype, max(D, DV), family)
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
     block_d, block_dv = head_block(D), head_block(DV)
@@ -914,7 +937,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
 
     # The table gradient: programs own a query block and a group of heads (all of them for a shared table).
-    table_config = select_config("table", q.dtype, max(D, DV), family)
+    table_config = select_config("table", q.dtype, max(D, DV), family, arch)
     block_m, block_n = table_config["BLOCK_M"], table_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     heads = table_heads(H, rows == 1)
