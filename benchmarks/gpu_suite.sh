@@ -18,7 +18,8 @@
 #   sync-free     forward+backward of both fused ops, the modules and the transformers hook's tree check
 #                 under torch.cuda.set_sync_debug_mode("error")
 #   bench_*       the benchmark matrix, most important first (bench_workloads: the bias op on the real-batch
-#                 workloads of the inspection report, padded and ragged, against SDPA with the same bias)
+#                 workloads of the inspection report, padded and ragged, against SDPA with the same bias;
+#                 bench_packed: packed batches against padding to the longest, bias op and a tiny model step)
 #   other-tests   the rest of the test suite (-m "not slow"), with whatever time is left
 #
 # $OUT receives 3 files (at most 8 files are collected from it): results.json (every step: status, exit code,
@@ -538,6 +539,7 @@ step sync-free 60 15 program sync_free.py --json @JSON@
 step bench_bias_attention 90 30 script benchmarks/bench_bias_attention.py --quick --json @JSON@
 step bench_workloads 60 20 script benchmarks/bench_bias_attention.py --workloads sentences,pairs,finetune-128,packed,odd-1000 \
   --modes fwd,fwd+bwd --json @JSON@
+step bench_packed 45 15 script benchmarks/bench_packed.py --device cuda --quick --json @JSON@
 step bench_subnetwork_attention 60 20 script benchmarks/bench_subnetwork_attention.py --quick --skip-cpu --json @JSON@
 step bench_end_to_end 60 20 script benchmarks/bench_end_to_end.py --device cuda --steps 5 --batches 4 --json @JSON@
 step bench_tree_distance 30 10 script benchmarks/bench_tree_distance.py --batches 8 --min-seconds 0.2 --json @JSON@

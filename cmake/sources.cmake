@@ -25,4 +25,5 @@ set(SYNTAXKERNELS_CUDA_SOURCES
 set(SYNTAXKERNELS_TEST_SOURCES
     csrc/tests/test_tree_distance.cpp
     csrc/tests/test_relation_lists.cpp
+    csrc/tests/test_packed_builder.cpp
 )

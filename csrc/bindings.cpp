@@ -17,6 +17,11 @@
 // bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, scale, window, causal,
 //     table_grad, dq, dk, dv, bucket_grad): CPU distance-bias attention writing into the given tensors; see
 //     bias_attention.h.
+// packed_tree_distance(heads int64 [T] CPU, cu_seqlens int64 [S + 1] CPU, num_threads)
+//     -> (distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]): a packed
+//        batch, the distance stored per sequence (tree_distance.h, build_packed). Releases the GIL.
+// packed_tree_distance_lists(rows, num_threads) -> the same plus heads, cu_seqlens, positions, sequence ids and
+//     max_seqlen, read straight from a list of per-sequence lists (None when a row is not a plain list/tuple).
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -62,6 +67,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tenso
                 static_cast<int>(std::min<int64_t>(num_threads, 1024)));
   }
   return {distance, depth, segment};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_cpu(
+    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads) {
+  if (!heads_in.device().is_cpu() || !cu_in.device().is_cpu()) {
+    throw std::invalid_argument("packed_tree_distance needs CPU tensors, got heads on " + heads_in.device().str() +
+                                " and cu_seqlens on " + cu_in.device().str());
+  }
+  if (heads_in.dim() != 1) {
+    throw std::invalid_argument("packed heads must have shape [T], got " + python_shape(heads_in));
+  }
+  if (cu_in.dim() != 1 || cu_in.size(0) < 1) {
+    throw std::invalid_argument("cu_seqlens must have shape [S + 1] (S >= 0), got " + python_shape(cu_in));
+  }
+  const at::Tensor heads = heads_in.to(at::kLong).contiguous();
+  const at::Tensor cu = cu_in.to(at::kLong).contiguous();
+  const int64_t T = heads.size(0), S = cu.size(0) - 1;
+  const int64_t* cu_ptr = cu.data_ptr<int64_t>();
+  const std::string message = check_cu_seqlens(cu_ptr, S, T);
+  if (!message.empty()) throw std::invalid_argument(message);
+  at::Tensor offsets = at::empty({S + 1}, at::TensorOptions().dtype(at::kLong));
+  packed_offsets(cu_ptr, S, offsets.data_ptr<int64_t>());
+  auto distance = at::empty({offsets.data_ptr<int64_t>()[S]}, at::TensorOptions().dtype(at::kByte));
+  auto depth = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  auto segment = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  {
+    pybind11::gil_scoped_release release;
+    build_packed(heads.data_ptr<int64_t>(), cu_ptr, S, offsets.data_ptr<int64_t>(), distance.data_ptr<uint8_t>(),
+                 depth.data_ptr<int32_t>(), segment.data_ptr<int32_t>(),
+                 static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  return {distance, offsets, depth, segment};
 }
 
 namespace {
@@ -197,6 +235,59 @@ py::object tree_distance_lists(py::handle rows, py::object lengths, int64_t num_
   return py::make_tuple(heads, lengths_tensor, distance, depth, segment);
 }
 
+// The packed list path in one call: rows (a list/tuple of list/tuple rows of ints, one per sequence) ->
+// (heads int64 [T], cu_seqlens int32 [S + 1], distance uint8 [sum n^2], offsets int64 [S + 1], depth int32 [T],
+// segment int32 [T], positions int32 [T], sequence int32 [T], max_seqlen), or None when some row is not a plain
+// list or tuple. Errors name the sequence and token ("sequence s, token i: head 'x' is not an integer").
+py::object packed_tree_distance_lists(py::handle rows, int64_t num_threads) {
+  PyObject* outer = rows.ptr();
+  if (!is_plain_sequence(outer)) {
+    throw std::invalid_argument("heads must be a list of per-sequence lists, got " +
+                                py::type::handle_of(rows).attr("__name__").cast<std::string>());
+  }
+  const int64_t S = static_cast<int64_t>(PySequence_Fast_GET_SIZE(outer));
+  PyObject** items = PySequence_Fast_ITEMS(outer);
+  at::Tensor cu = at::empty({S + 1}, at::TensorOptions().dtype(at::kLong));
+  int64_t* cu_ptr = cu.data_ptr<int64_t>();
+  cu_ptr[0] = 0;
+  int64_t max_seqlen = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    if (!is_plain_sequence(items[s])) return py::none();
+    const int64_t n = static_cast<int64_t>(PySequence_Fast_GET_SIZE(items[s]));
+    cu_ptr[s + 1] = cu_ptr[s] + n;
+    max_seqlen = std::max(max_seqlen, n);
+  }
+  const int64_t T = cu_ptr[S];
+  at::Tensor heads = at::empty({T}, at::TensorOptions().dtype(at::kLong));
+  int64_t* out = heads.data_ptr<int64_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    PyObject** entries = PySequence_Fast_ITEMS(items[s]);
+    const int64_t n = cu_ptr[s + 1] - cu_ptr[s];
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t value = 0;
+      const HeadRead read = read_head(entries[i], value);
+      if (read != HeadRead::kOk) {
+        throw std::invalid_argument("sequence " + std::to_string(s) + ", token " + std::to_string(i) + ": head " +
+                                    python_repr(entries[i]) +
+                                    (read == HeadRead::kNotInteger ? " is not an integer" : " does not fit in int64"));
+      }
+      out[cu_ptr[s] + i] = value;
+    }
+  }
+  auto [distance, offsets, depth, segment] = packed_tree_distance_cpu(heads, cu, num_threads);
+  at::Tensor positions = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor sequence = at::empty({T}, at::TensorOptions().dtype(at::kInt));
+  int32_t* pos = positions.data_ptr<int32_t>();
+  int32_t* seq = sequence.data_ptr<int32_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t t = cu_ptr[s]; t < cu_ptr[s + 1]; ++t) {
+      pos[t] = static_cast<int32_t>(t - cu_ptr[s]);
+      seq[t] = static_cast<int32_t>(s);
+    }
+  }
+  return py::make_tuple(heads, cu.to(at::kInt), distance, offsets, depth, segment, positions, sequence, max_seqlen);
+}
+
 // The relation (or window) lists of a batch as int32 tensors: validates like tree_distance_cpu.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> edge_lists_cpu(
     const at::Tensor& heads_in, const at::Tensor& lengths_in, int64_t max_distance, bool parent, bool child,
@@ -317,6 +408,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("bucket_grad"),
         "CPU distance-bias attention backward: writes dq, dk, dv and the per-bucket sums of dS bucket_grad "
         "[1 or H, T]. Releases the GIL.");
+  m.def("packed_tree_distance", &syntaxkernels::packed_tree_distance_cpu, pybind11::arg("heads"),
+        pybind11::arg("cu_seqlens"), pybind11::arg("num_threads") = 0,
+        "(distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]) of a packed batch: "
+        "heads int64 [T] local to each sequence, cu_seqlens int64 [S + 1]. ValueError names the sequence and "
+        "token. Releases the GIL.");
+  m.def("packed_tree_distance_lists", &syntaxkernels::packed_tree_distance_lists, pybind11::arg("rows"),
+        pybind11::arg("num_threads") = 0,
+        "(heads, cu_seqlens int32, distance, offsets, depth, segment, positions int32, sequence int32, max_seqlen) "
+        "of a packed batch from a list/tuple of per-sequence list/tuple rows of ints, or None when some row is not "
+        "a plain list or tuple. ValueError names the sequence and token.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

@@ -236,4 +236,56 @@ void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_
   });
 }
 
+std::string check_cu_seqlens(const int64_t* cu_seqlens, int64_t S, int64_t T) {
+  if (cu_seqlens[0] != 0) return "cu_seqlens[0] = " + std::to_string(cu_seqlens[0]) + " (expected 0)";
+  for (int64_t s = 0; s < S; ++s) {
+    if (cu_seqlens[s + 1] < cu_seqlens[s]) {
+      return "sequence " + std::to_string(s) + ": cu_seqlens[" + std::to_string(s + 1) + "] = " +
+             std::to_string(cu_seqlens[s + 1]) + " is smaller than cu_seqlens[" + std::to_string(s) + "] = " +
+             std::to_string(cu_seqlens[s]) + " (a negative length)";
+    }
+  }
+  if (cu_seqlens[S] != T) {
+    return "cu_seqlens[" + std::to_string(S) + "] = " + std::to_string(cu_seqlens[S]) + " but there are " +
+           std::to_string(T) + " heads (the last entry must be the token count)";
+  }
+  return "";
+}
+
+void packed_offsets(const int64_t* cu_seqlens, int64_t S, int64_t* offsets) {
+  offsets[0] = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = cu_seqlens[s + 1] - cu_seqlens[s];
+    offsets[s + 1] = offsets[s] + n * n;
+  }
+}
+
+namespace {
+
+// "batch item s, token i: ..." (build_item's wording) as "sequence s, token i: ...".
+std::string as_sequence_message(const std::string& message) {
+  const std::string prefix = "batch item ";
+  if (message.compare(0, prefix.size(), prefix) == 0) return "sequence " + message.substr(prefix.size());
+  return message;
+}
+
+}  // namespace
+
+void build_packed(const int64_t* heads, const int64_t* cu_seqlens, int64_t S, const int64_t* offsets,
+                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads) {
+  const int64_t T = cu_seqlens[S];
+  if (S == 0 || T == 0) return;
+  const int64_t work = offsets[S];
+  int64_t threads = std::max<int64_t>(1, num_threads);
+  threads = std::min<int64_t>({threads, S, std::max<int64_t>(1, work / 65536)});
+  try {
+    for_each_item<TreeWorkspace>(S, threads, [&](int64_t s, TreeWorkspace& workspace) {
+      const int64_t start = cu_seqlens[s], n = cu_seqlens[s + 1] - start;
+      return build_item(s, heads + start, n, n, distance + offsets[s], depth + start, segment + start, workspace);
+    });
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(as_sequence_message(error.what()));
+  }
+}
+
 }  // namespace syntaxkernels

@@ -61,4 +61,16 @@ std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t 
 void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, uint8_t* distance,
                  int32_t* depth, int32_t* segment, int num_threads);
 
+// Packed batches: S sequences in T tokens, sequence s at tokens [cu_seqlens[s], cu_seqlens[s + 1]) with its
+// heads local to the sequence (0-based, -1 for a root). The distance is stored per sequence: sequence s's
+// n_s x n_s block (row stride n_s) starts at distance + offsets[s], offsets[s] = sum_{r < s} n_r^2 (so the
+// buffer holds sum n_s^2 bytes, never T^2); depth and segment are per token (segment numbers the trees
+// within the sequence). Validates cu_seqlens (cu_seqlens[0] == 0, non-decreasing, cu_seqlens[S] == T)
+// and then every sequence; throws std::invalid_argument with the message of the lowest bad sequence, worded
+// "sequence s, token i: ..." (i local to the sequence).
+std::string check_cu_seqlens(const int64_t* cu_seqlens, int64_t S, int64_t T);
+void packed_offsets(const int64_t* cu_seqlens, int64_t S, int64_t* offsets);  // offsets [S + 1]
+void build_packed(const int64_t* heads, const int64_t* cu_seqlens, int64_t S, const int64_t* offsets,
+                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads);
+
 }  // namespace syntaxkernels

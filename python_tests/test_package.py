@@ -75,6 +75,74 @@ def test_import_without_triton_falls_back_to_reference():
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr
 
 
+def test_packed_calls_without_triton_match_the_padded_reference():
+    """Without Triton, packed batches (cu_seqlens, a PackedTreeBatch) still work: the bias op, the sub-networks and
+    the window attention equal the reference on the same sequences padded, with gradients; "triton" raises."""
+    code = BLOCK_TRITON + textwrap.dedent(
+        """
+        import warnings, torch
+        warnings.simplefilter("ignore")
+        import syntaxkernels as sk
+        from syntaxkernels.trees import PackedTreeBatch
+        import sys
+        rows = [[1, -1, 1, 2], [-1], [-1, 0, 0, 1, 1, 2]]
+        packed = PackedTreeBatch.from_heads(rows)
+        padded = sk.TreeBatch.from_heads(rows)
+        seq, pos = packed.sequence.long(), packed.positions.long()
+        torch.manual_seed(0)
+        T, H, D, N = packed.num_tokens, 2, 8, padded.distance.shape[1]
+        q, k, v = (torch.randn(T, H, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        buckets = sk.BucketSpec()
+        table = torch.randn(buckets.num_buckets, dtype=torch.float64, requires_grad=True)
+
+        def lay_out(x):  # [T, H, D] -> [S, H, N, D], zeros past each length
+            y = x.new_zeros((len(rows), N) + tuple(x.shape[1:]))
+            return y.index_put((seq, pos), x).transpose(1, 2)
+
+        for kw in (dict(), dict(window=2, causal=True)):
+            out = sk.syntax_bias_attention(q, k, v, packed.distance, table, buckets=buckets,
+                                           cu_seqlens=packed.cu_seqlens, **kw)
+            ref = sk.reference.syntax_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded.distance, table,
+                                                     buckets=buckets, lengths=padded.lengths, **kw)
+            ref = ref.transpose(1, 2)[seq, pos]
+            assert out.shape == (T, H, D) and torch.allclose(out, ref, atol=1e-12), (out - ref).abs().max()
+            g = torch.randn_like(out)
+            got = torch.autograd.grad(out, (q, k, v, table), g)
+            want = torch.autograd.grad(ref, (q, k, v, table), g)
+            assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, want)), kw
+        out, nonempty = sk.syntax_subnetwork_attention(q, k, v, packed, sk.MaskSpec())
+        ref, ref_nonempty = sk.reference.syntax_subnetwork_attention(lay_out(q), lay_out(k), lay_out(v), padded,
+                                                                     sk.MaskSpec())
+        assert torch.allclose(out, ref.permute(0, 3, 1, 2, 4)[seq, pos], atol=1e-12)
+        assert torch.equal(nonempty, ref_nonempty.transpose(1, 2)[seq, pos])
+        out = sk.ops.syntax_window_attention(q.float(), k.float(), v.float(), packed, window=1)
+        ref = sk.reference.gat_attention(lay_out(q), lay_out(k), lay_out(v), padded.distance, window=1,
+                                         lengths=padded.lengths).transpose(1, 2)[seq, pos]
+        assert torch.allclose(out.double(), ref, atol=1e-5), (out.double() - ref).abs().max()
+        for call in (lambda: sk.syntax_bias_attention(q, k, v, packed.distance, table, buckets=buckets,
+                                                      cu_seqlens=packed.cu_seqlens, backend="triton"),
+                     lambda: sk.syntax_subnetwork_attention(q, k, v, packed, sk.MaskSpec(), backend="triton")):
+            try:
+                call()
+            except RuntimeError as exc:
+                assert "triton" in str(exc)
+            else:
+                raise AssertionError("backend='triton' without triton must raise")
+        try:  # the packed checks hold without triton too
+            sk.syntax_bias_attention(q, k, v, packed.distance[:-1], table, buckets=buckets,
+                                     cu_seqlens=packed.cu_seqlens)
+        except ValueError as exc:
+            assert "sum n_s^2" in str(exc)
+        else:
+            raise AssertionError("a short packed distance must raise")
+        assert "triton" not in sys.modules
+        print("OK")
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
 def test_cli_info_and_verify(tmp_path):
     result = _run("import sys; from syntaxkernels.__main__ import main; sys.exit(main(['info']))")
     assert result.returncode == 0, result.stderr

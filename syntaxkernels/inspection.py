@@ -952,13 +952,14 @@ def _kernels_on_cpu_tensors():
     call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching. The
     call's own resources stay as a GPU call would make them (nothing runs: the outputs are never read)."""
     from .ops import bias_attention as op
+    from .ops import bias_attention_varlen as varlen
 
-    previous = op.resolve_backend
-    op.resolve_backend = lambda backend, device: "triton"
+    previous, previous_varlen = op.resolve_backend, varlen.resolve_backend
+    op.resolve_backend = varlen.resolve_backend = lambda backend, device: "triton"
     try:
         yield
     finally:
-        op.resolve_backend = previous
+        op.resolve_backend, varlen.resolve_backend = previous, previous_varlen
 
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
@@ -982,6 +983,53 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) ->
     with _kernels_on_cpu_tensors():
         out = layer.attend(q, k, v, batch)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
+
+
+def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
+    """Forward and backward of one bias-attention layer on a packed batch, as a padding-free model calls it:
+    q, k, v the ``[T, H * D]`` projections viewed as ``[T, H, D]``, ``syntax_bias_attention(...,
+    cu_seqlens=batch.cu_seqlens)`` with a shared ``BucketSpec()`` table and a learnable strength (both taking
+    gradients), no window, not causal."""
+    import torch
+
+    from .ops import syntax_bias_attention
+    from .specs import BucketSpec
+
+    dt = _torch_dtype(dtype)
+    T = batch.num_tokens
+    E = heads * head_dim
+
+    def projection():
+        return torch.zeros(T, E, dtype=dt).view(T, heads, head_dim).requires_grad_()
+
+    q, k, v = projection(), projection(), projection()
+    buckets = BucketSpec()
+    table = torch.zeros(buckets.num_buckets, requires_grad=True)
+    bias_scale = torch.ones(1, requires_grad=True)
+    with _kernels_on_cpu_tensors():
+        out = syntax_bias_attention(q, k, v, batch.distance, table, buckets=buckets, bias_scale=bias_scale,
+                                    cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, backend="triton")
+    out.reshape(T, E).backward(torch.zeros(T, E, dtype=dt))
+
+
+#: The varlen (packed) kernels: query-block programs and key-block programs (ops/bias_attention_varlen.py).
+_VARLEN_QUERY_PROGRAMS = ("_varlen_fwd_kernel", "_varlen_dq_kernel")
+_VARLEN_KEY_PROGRAMS = ("_varlen_dkdv_kernel",)
+
+
+def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int) -> dict:
+    """:func:`workload_tiles` of a varlen kernel on a packed workload: every walked tile is masked (it may hold
+    several sequences: *boundary*); the grid is the ``nQ x nK`` tiles of one ``T x T`` row (most never walked)."""
+    from .ops.bias_attention_varlen import walked_tiles
+
+    T = sum(workload.lengths)
+    if kernel in _VARLEN_QUERY_PROGRAMS:
+        _, walked = walked_tiles(workload.lengths, block_m, block_n)
+    else:
+        _, walked = walked_tiles(workload.lengths, block_n, block_m)
+    grid = -(-T // block_m) * -(-T // block_n)
+    return dict(grid=grid, skipped=grid - walked, interior=0, boundary=walked, one_bucket=0, mixed=0,
+                buckets_mixed=0, buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=block_m * block_n)
 
 
 _WORKLOAD_CACHE: Dict[str, object] = {}
@@ -1061,6 +1109,8 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     from .ops import bias_attention as op
     from .specs import BucketSpec
 
+    if kernel in _VARLEN_QUERY_PROGRAMS + _VARLEN_KEY_PROGRAMS:
+        return _varlen_tiles(kernel, workload, block_m, block_n) if block_m and block_n else None
     lengths = torch.tensor(workload.lengths, dtype=torch.int64)
     N = workload.N
     if not block_m or not block_n:
@@ -1160,7 +1210,10 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
     seen = set()
     with fake_gpu(arch), capture_launches(keep_going=True) as launches:
         try:
-            _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim)
+            if workload.packed:
+                _user_call_packed(workload.packed_batch(), dtype, head_dim)
+            else:
+                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1321,16 +1374,18 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
             values = [v for v in values if v is not None]
             return sum(values) if values else None
 
-        backward = ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
+        forward = ("_bias_fwd_kernel",) + _VARLEN_QUERY_PROGRAMS[:1]
+        backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
+                    + _VARLEN_QUERY_PROGRAMS[1:] + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
                                         and not r.tiles),
                          spills=sum(1 for r in group if not r.error and r.spills),
                          spill_bytes=max([r.spill_bytes for r in group if not r.error] or [0]),
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
-                         fwd_instr=total(("_bias_fwd_kernel",), "instr"), bwd_instr=total(backward, "instr"),
-                         fwd_area=total(("_bias_fwd_kernel",), "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel",), "area")))
+                         fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
+                         fwd_area=total(forward, "area"),
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _VARLEN_KEY_PROGRAMS, "area")))
         last = rows[-1]
 
         def per_element(kernels, key):
@@ -1347,10 +1402,11 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                     values.append(cost[key] / area)
             return sum(values) if values else None
 
-        backward_plain = ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel")
-        last["fwd_element"] = per_element(("_bias_fwd_kernel",), "instr")
+        backward_plain = ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel") + _VARLEN_QUERY_PROGRAMS[1:] + \
+            _VARLEN_KEY_PROGRAMS
+        last["fwd_element"] = per_element(forward, "instr")
         last["bwd_element"] = per_element(backward, "instr")
-        last["plain_fwd_element"] = per_element(("_bias_fwd_kernel",), "plain_instr")
+        last["plain_fwd_element"] = per_element(forward, "plain_instr")
         last["plain_bwd_element"] = per_element(backward_plain, "plain_instr")
     return rows
 
@@ -1359,19 +1415,25 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def _valid_share(area) -> str:
+    return f"{1 / area:.0%}" if area else "-"
+
+
 def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ()) -> str:
     """The workload summary table (:func:`workload_summary`), with each workload's batch described first."""
     lines = ["workloads (token trees as TreeBatch.from_heads builds them; one token per word):"]
     for w in workloads_used:
         lines.extend(textwrap.wrap(w.summary(), WIDTH, initial_indent="  ", subsequent_indent="    "))
     case_width = max([len("case")] + [len(r["case"]) for r in rows])
-    head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>7} {'bwd':>7} {'area f':>6} {'area b':>6} {'fwd/el':>6} "
-            f"{'bwd/el':>6} {'plain':>5} {'ratio':>5} {'spills':>6} {'max B':>5} {'>smem':>5} {'errors':>6}")
+    head = (f"{'case':<{case_width}} {'sm':>3} {'fwd':>7} {'bwd':>7} {'area f':>6} {'area b':>6} {'valid':>5} "
+            f"{'fwd/el':>6} {'bwd/el':>6} {'plain':>5} {'ratio':>5} {'spills':>6} {'max B':>5} {'>smem':>5} "
+            f"{'errors':>6}")
     lines += ["", "per valid pair (instructions: non-tensor-core thread-instructions; area: score elements "
               "computed)", head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['case']:<{case_width}} {r['arch']:>3} {_fmt(r['fwd_instr']):>7} {_fmt(r['bwd_instr']):>7} "
-                     f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {_fmt(r.get('fwd_element')):>6} "
+                     f"{_fmt(r['fwd_area'], 2):>6} {_fmt(r['dkdv_area'], 2):>6} {_valid_share(r['fwd_area']):>5} "
+                     f"{_fmt(r.get('fwd_element')):>6} "
                      f"{_fmt(r.get('bwd_element')):>6} {_fmt(r.get('plain_bwd_element')):>5} "
                      f"{_fmt(_ratio(r.get('bwd_element'), r.get('plain_bwd_element')), 2):>5} {r['spills']:>6} "
                      f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
@@ -1379,7 +1441,8 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
     lines += textwrap.wrap(
         "fwd, bwd: the forward's and the backward's (dQ, dK/dV, the table gradient, block metadata) "
         "instructions per valid pair; area f, area b: score elements the forward and the dK/dV kernel compute "
-        "per valid pair; fwd/el, bwd/el: instructions per score element, every branch the tiles take: each tiled "
+        "per valid pair; valid: the share of the forward's computed (tensor-core) score elements that are valid "
+        "pairs (1 / area f); fwd/el, bwd/el: instructions per score element, every branch the tiles take: each tiled "
         "kernel's instructions over its own score elements, summed over the pass's kernels (straight-line kernels "
         "over area b); plain: bwd/el of the bias-free backward (the "
         "same kernels compiled without the distance and the bias, with no block metadata and no table "
@@ -1402,20 +1465,31 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     from .ops import bias_attention as op
 
     rows = []
+    from .ops import bias_attention_varlen as varlen
+
     for name in names:
         workload = _workload(name)
         for head_dim in head_dims:
-            fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
-            dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
-            f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
-            b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-            table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
-            t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
-            walked = max(t["interior"] + t["boundary"], 1)
+            if workload.packed:  # the varlen kernels (no table kernel: dK/dV sums the buckets)
+                fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
+                dkdv = varlen.select_varlen_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
+                b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
+                t = dict(one_bucket=0, mixed=0, buckets_mixed=0)
+                walked = 1
+            else:
+                fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
+                dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
+                b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
+                table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
+                t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
+                walked = max(t["interior"] + t["boundary"], 1)
             lengths = workload.lengths
             rows.append(dict(workload=name, D=head_dim, B=workload.batch_size, N=workload.N,
                              lengths=f"{min(lengths)}..{max(lengths)}",
-                             valid=round(workload.valid_pairs() / (workload.batch_size * workload.N ** 2), 3),
+                             valid=round(workload.valid_pairs() / (sum(lengths) ** 2 if workload.packed else
+                                                                   workload.batch_size * workload.N ** 2), 3),
                              fwd_tile=f"{fwd['BLOCK_M']}x{fwd['BLOCK_N']}",
                              f_area=round((f["interior"] + f["boundary"]) * f["area"] / f["valid_pairs"], 2),
                              dkdv_tile=f"{dkdv['BLOCK_M']}x{dkdv['BLOCK_N']}",

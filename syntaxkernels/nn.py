@@ -48,6 +48,7 @@ from . import _validation as V
 from . import ops, reference
 from .specs import MAX_PATH, BucketSpec, MaskSpec
 from .trees.batch import TreeBatch
+from .trees.packed import PackedTreeBatch
 
 __all__ = [
     "DistanceBias",
@@ -63,6 +64,22 @@ __all__ = [
 ]
 
 TreesLike = Union[TreeBatch, torch.Tensor]
+
+
+def _packed_view(x: torch.Tensor) -> torch.Tensor:
+    """``[1, H, T, D]`` (a packed row in the padded layout) -> ``[T, H, D]`` (a view)."""
+    if x.dim() != 4 or x.shape[0] != 1:
+        raise ValueError(f"with packed trees, q, k, v must be [1, H, T, D] (one packed row) or [T, H, D], got "
+                         f"{tuple(x.shape)}")
+    return x[0].transpose(0, 1)
+
+
+def _packed_heads(q, k, v, op):
+    """Run a varlen ``op`` on ``[T, H, D]`` views of ``[1, H, T, D]`` inputs (or on ``[T, H, D]`` inputs as they
+    are), returning the caller's layout."""
+    if q.dim() == 3:
+        return op(q, k, v)
+    return op(_packed_view(q), _packed_view(k), _packed_view(v)).transpose(0, 1)[None]
 
 
 def _distance_and_lengths(trees: TreesLike, lengths):
@@ -210,6 +227,11 @@ class DistanceBias(nn.Module):
         Returns:
             ``[B, H, N, D]``; query rows past the length are 0.
         """
+        if isinstance(trees, PackedTreeBatch):  # a packed batch: [1, H, T, D] (or [T, H, D]) in, the same out
+            return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
+                q3, k3, v3, trees.distance, self.distance_bias, buckets=self.buckets, scale=scale,
+                bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
+                cu_seqlens=trees.cu_seqlens, max_seqlen=trees.max_seqlen))
         distance, lengths = _distance_and_lengths(trees, lengths)
         # A TreeBatch's distance is a tree distance, symmetric (also while torch.compile traces, where the
         # tensor is not the one the batch registered).
@@ -348,6 +370,13 @@ class Subnetworks(nn.Module):
         """``q, k, v [B, H, N, D]`` and a :class:`TreeBatch` on their device (its padding, ``segment == -1``, is
         the padding here) -> ``[B, H, N, D]`` (0 for a token whose masks are all empty, padding included).
         ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
+        if isinstance(trees, PackedTreeBatch):  # a packed batch: q, k, v [1, H, T, D] (or [T, H, D])
+            squeeze = q.dim() == 3
+            q3, k3, v3 = (x if squeeze else _packed_view(x) for x in (q, k, v))
+            outputs, nonempty = ops.syntax_subnetwork_attention(q3, k3, v3, trees, self.masks, scale=scale,
+                                                                backend=self.backend)  # [T, M, H, D], [T, M]
+            mixed = self.topical(outputs.permute(1, 2, 0, 3)[None], nonempty.transpose(0, 1)[None])  # [1, H, T, D]
+            return mixed[0].transpose(0, 1) if squeeze else mixed
         _check_treebatch(trees, " for the sub-network attention (the masks need depth and segment)")
         outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
                                                             backend=self.backend)
@@ -587,8 +616,15 @@ class SyntaxGAT(nn.Module):
         Returns:
             ``G [B, N, num_heads * head_dim]``; padding rows are 0.
         """
-        _check_input(x, self.embed_dim, trees=trees)
-        distance, lengths = _distance_and_lengths(trees, lengths)
+        if isinstance(trees, PackedTreeBatch):  # one packed row x [1, T, E]
+            _check_input(x, self.embed_dim)
+            if tuple(x.shape[:2]) != (1, trees.num_tokens):
+                raise ValueError(f"x must be one packed row [1, T, E] = [1, {trees.num_tokens}, {self.embed_dim}] "
+                                 f"for these packed trees, got {tuple(x.shape)}")
+            distance = None
+        else:
+            _check_input(x, self.embed_dim, trees=trees)
+            distance, lengths = _distance_and_lengths(trees, lengths)
         if pos is not None:
             if self.pos_embedding is None:
                 raise ValueError("pos was given but this SyntaxGAT has no POS embedding (num_pos_tags=0)")
@@ -600,8 +636,12 @@ class SyntaxGAT(nn.Module):
             x = x + self.pos_embedding(pos)
         for layer in self.layers:
             q, k, v = _qkv(layer, x, self.num_heads)
-            out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
-                                              window=self.window, lengths=lengths, backend=self.backend)
+            if isinstance(trees, PackedTreeBatch):
+                out = _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_window_attention(
+                    q3, k3, v3, trees, window=self.window, backend=self.backend))
+            else:
+                out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
+                                                  window=self.window, lengths=lengths, backend=self.backend)
             x = _merge_heads(out)
         return x
 
@@ -708,6 +748,14 @@ class StructuralProbeLoss(nn.Module):
     def forward(self, g: torch.Tensor, trees: TreeBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         """``g [B, N, input_dim]``, a :class:`TreeBatch` -> ``(distance_loss, depth_loss)`` scalars."""
         _check_input(g, self.input_dim, name="g")
+        if isinstance(trees, PackedTreeBatch):  # g [1, T, E]: the sequences laid out padded (cached per batch)
+            if g.dim() != 3 or tuple(g.shape[:2]) != (1, trees.num_tokens):
+                raise ValueError(f"g must be one packed row [1, T, E] with T = {trees.num_tokens}, got "
+                                 f"{tuple(g.shape)}")
+            sequence, position, lengths, distance, depth = trees.padded_layout()
+            padded = g.new_zeros((trees.num_sequences, trees.max_seqlen, g.shape[-1]))
+            padded = padded.index_put((sequence, position), g[0])
+            return reference.structural_probe_loss(padded, self.proj, distance, depth, lengths)
         _check_treebatch(trees)
         return reference.structural_probe_loss(g, self.proj, trees.distance, trees.depth, trees.lengths)
 

@@ -155,8 +155,8 @@ def connect_sentences(sentences: Sequence[Sequence[int]], N: int, rows: Optional
 # ---------------------------------------------------------------------------------------------------------
 
 #: The named workloads (see :func:`named_workload`), in report order.
-WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "long-4096", "long-8192", "odd-77",
-             "odd-1000")
+WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
+             "long-8192", "odd-77", "odd-1000")
 #: Names that stand for several workloads.
 WORKLOAD_GROUPS = {"long": ("long-4096", "long-8192"), "odd": ("odd-77", "odd-1000"),
                    "finetune": ("finetune-128", "finetune-512"), "all": WORKLOADS}
@@ -174,6 +174,7 @@ class Workload:
     N: int
     source: str  # "treebank <file>" or "generated trees (no treebank)"
     description: str
+    packed: bool = False  # the rows are the sequences of one packed (padding-free) batch: packed_batch()
 
     @property
     def lengths(self) -> List[int]:
@@ -205,6 +206,13 @@ class Workload:
         heads, lengths = self.padded_heads(rows)
         return TreeBatch.from_heads(heads, lengths)
 
+    def packed_batch(self):
+        """The :class:`~syntaxkernels.trees.PackedTreeBatch` of every row (a sequence each), end to end, as
+        ``TreeCollator(packed=True)`` builds it."""
+        from .trees import PackedTreeBatch
+
+        return PackedTreeBatch.from_heads(self.heads)
+
     def compile_rows(self) -> List[int]:
         """Rows enough to compile what the whole batch compiles: the JIT specialises on N, strides and pointer
         alignment (divisibility by 16), not on the batch size or the lengths' values, so the longest row and
@@ -214,6 +222,10 @@ class Workload:
 
     def summary(self) -> str:
         lengths = self.lengths
+        if self.packed:
+            return (f"{self.name}: S = {self.batch_size} sequences packed into T = {sum(lengths)} tokens, lengths "
+                    f"{min(lengths)}..{max(lengths)} (mean {sum(lengths) / len(lengths):.1f}), no padding; "
+                    f"{self.source}")
         return (f"{self.name}: B = {self.batch_size}, N = {self.N}, lengths {min(lengths)}..{max(lengths)} "
                 f"(mean {sum(lengths) / len(lengths):.1f}), valid pairs {self.valid_pairs() / (len(lengths) * self.N ** 2):.3f} "
                 f"of B*N^2; {self.source}")
@@ -286,6 +298,8 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
     - ``pairs``: 32 rows of two consecutive sentences, ``[CLS] a [SEP] b [SEP]``, the same way;
     - ``finetune-128`` / ``finetune-512``: 32 ``[CLS]`` sentences (real lengths) padded to a fixed N;
     - ``packed``: 8 rows of whole consecutive sentences packed into 1024-token forests (one tree each);
+    - ``sentences-packed``: 256 ``[CLS]`` sentences as one padding-free packed batch (``Workload.packed``: the
+      varlen kernels, sequences sharing tiles);
     - ``long-4096`` / ``long-8192``: one tree (consecutive sentences, each root under the previous one's) of
       at most N tokens;
     - ``odd-77`` / ``odd-1000``: 4 rows of sentences under one root token, filling N = 77 / 1000.
@@ -323,6 +337,10 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
     if name == "packed":
         heads = pack_sentences(pool, 1024, rows=8, start=start)
         return Workload(name, heads, 1024, source, "8 rows of whole sentences packed into 1024 tokens (a forest)")
+    if name == "sentences-packed":
+        heads = [_with_cls([[s]]) for s in take(256, 510)]
+        return Workload(name, heads, max(map(len, heads)), source,
+                        "256 sentences, [CLS] s [SEP], packed end to end without padding (cu_seqlens)", packed=True)
     if name in ("long-4096", "long-8192"):
         N = int(name.split("-")[1])
         heads = chain_sentences([_single_root(s) for s in pool], N, rows=1, start=start)

@@ -1,5 +1,6 @@
 // C++ tests of the torch-free core (run by ctest; no Python, no libtorch): the tree-distance builder here,
-// the relation/window list builder in test_relation_lists.cpp (called from main()).
+// the relation/window list builder in test_relation_lists.cpp and the packed builder in test_packed_builder.cpp
+// (called from main()).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -174,8 +175,10 @@ void test_empty() {
 
 }  // namespace
 
-// csrc/tests/test_relation_lists.cpp (the same executable): returns its number of failures.
+// csrc/tests/test_relation_lists.cpp and test_packed_builder.cpp (the same executable): return their numbers of
+// failures.
 int run_relation_list_tests();
+int run_packed_builder_tests();
 
 int main() {
   test_chain_star_single();
@@ -186,6 +189,7 @@ int main() {
   test_lowest_bad_item_with_threads();
   test_empty();
   run_relation_list_tests();  // counts into the same failures
+  run_packed_builder_tests();
   if (failures) {
     std::fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

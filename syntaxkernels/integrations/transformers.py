@@ -89,6 +89,7 @@ from .. import _validation as V
 from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
+from ..trees.packed import PackedTreeBatch
 from .checkpoint import quiet_syntax_keys_report, restore_parameters
 from .upos import UPOS_TAGS, token_pos_ids
 
@@ -202,6 +203,26 @@ def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, sca
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
+_ZERO_TABLES: Dict[str, torch.Tensor] = {}
+
+
+def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float]):
+    """Ordinary softmax attention within each sequence of a packed row (``q, k, v [1, H, T, D]``): the varlen
+    fused kernel with a zero bias (on CPU the reference sequence by sequence); attention dropout is applied to
+    the output, as on the syntax layers."""
+    from ..ops import syntax_bias_attention
+
+    buckets = BucketSpec(max_distance=1)
+    key = str(q.device)
+    if key not in _ZERO_TABLES:
+        _ZERO_TABLES[key] = torch.zeros(buckets.num_buckets, device=q.device)
+    q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
+    out = syntax_bias_attention(q3, k3, v3, trees.distance, _ZERO_TABLES[key], buckets=buckets, scale=scale,
+                                cu_seqlens=trees.cu_seqlens, max_seqlen=trees.max_seqlen)
+    out = out.transpose(0, 1)[None]
+    return F.dropout(out, p=dropout, training=True) if dropout > 0.0 else out
+
+
 def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                              scaling: Optional[float] = None, syntax_trees: Optional[TreeBatch] = None,
@@ -233,7 +254,12 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         if syntax_gat_output is None:
             raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")
         query, key, value = part(query, key, value, syntax_gat_output)
-        out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+        if isinstance(syntax_trees, PackedTreeBatch):
+            out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
+        else:
+            out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+    elif isinstance(syntax_trees, PackedTreeBatch):  # a plain layer of a packed row: within each sequence
+        out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
     else:
         out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
     return out.transpose(1, 2).contiguous(), None
@@ -347,8 +373,11 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
     raises a ``ValueError`` naming the batch item; otherwise (a CUDA model) the check is a device-side
     assertion, so a valid batch costs no host synchronisation. Skipped while ``torch.compile`` traces.
     """
+    if isinstance(trees, PackedTreeBatch):
+        return _check_packed_trees(trees, hidden, valid)
     if not isinstance(trees, TreeBatch):
-        raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch, got {type(trees).__name__}")
+        raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch or PackedTreeBatch, got "
+                        f"{type(trees).__name__}")
     B, N = hidden.shape[:2]
     if tuple(trees.distance.shape) != (B, N, N):
         raise ValueError(f"syntax_trees must cover the token sequence: expected batch {B} and N = {N} tokens "
@@ -364,6 +393,21 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
         trees = trees.to(hidden.device, non_blocking=True)
     if not checked:
         _assert_lengths_on_device(trees.lengths, valid, N)
+    return trees
+
+
+def _check_packed_trees(trees: PackedTreeBatch, hidden: torch.Tensor, valid: Optional[torch.Tensor]):
+    """A padding-free batch (``DataCollatorWithFlattening``, ``TreeCollator(packed=True)``): one row ``[1, T, E]``
+    holding the trees' T tokens, no padding (an attention mask, if any, attends everything); moved to the
+    hidden states' device."""
+    if hidden.shape[0] != 1 or hidden.shape[1] != trees.num_tokens:
+        raise ValueError(f"packed syntax_trees ({trees.num_sequences} sequences, T = {trees.num_tokens} tokens) need "
+                         f"input_ids [1, T] = [1, {trees.num_tokens}] (one packed row, position_ids restarting at "
+                         f"every sequence), got hidden states {tuple(hidden.shape[:2])}")
+    if valid is not None and _on_host(valid) and not bool(valid.all()):
+        raise ValueError("a packed batch has no padding: drop the attention_mask (or make it all ones)")
+    if trees.device != hidden.device:
+        trees = trees.to(hidden.device, non_blocking=True)
     return trees
 
 

@@ -15,7 +15,7 @@ else:
     warnings.warn(f"syntaxkernels: {triton_status()}; the fused ops fall back to the PyTorch reference. "
                   "Install triton (it ships with CUDA builds of torch) for the fused kernels.",
                   RuntimeWarning, stacklevel=2)
-    from ._without_triton import syntax_bias_attention, syntax_subnetwork_attention
-    from .edge_attention import edge_list_attention, syntax_window_attention  # the C++ path needs no Triton
+    from ._without_triton import syntax_bias_attention, syntax_subnetwork_attention, syntax_window_attention
+    from .edge_attention import edge_list_attention  # the C++ path needs no Triton
 
 __all__ = ["syntax_bias_attention", "syntax_subnetwork_attention", "edge_list_attention", "syntax_window_attention"]

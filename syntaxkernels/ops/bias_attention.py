@@ -1117,8 +1117,14 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
                           deterministic: bool = False, backend: str = "auto",
-                          symmetric: Optional[bool] = None) -> torch.Tensor:
+                          symmetric: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                          max_seqlen: Optional[int] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
+
+    Packed batches: with ``cu_seqlens`` (int32 ``[S + 1]``), q, k, v are ``[T, H, D]`` (flash-attention's varlen
+    layout), ``distance`` is a :class:`~syntaxkernels.trees.PackedTreeBatch`'s per-sequence distance (uint8
+    ``[sum n_s^2]``) and attention stays within each sequence; ``lengths`` and ``symmetric`` do not apply. See
+    :func:`syntaxkernels.ops.bias_attention_varlen.syntax_bias_attention_varlen`.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
 
@@ -1153,6 +1159,15 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
+    if cu_seqlens is not None:  # packed (varlen) batches: their own kernels
+        from .bias_attention_varlen import syntax_bias_attention_varlen
+
+        if lengths is not None:
+            raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
+        return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
+                                            max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale,
+                                            window=window, causal=causal, deterministic=deterministic,
+                                            backend=backend)
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     symmetric = _symmetric(symmetric, distance)
     chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)

@@ -781,7 +781,9 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``.
         trees: a :class:`TreeBatch` (its window lists are built once and cached) or ``uint8 distance
-            [B, N, N]`` (lists built from it on every call).
+            [B, N, N]`` (lists built from it on every call); or a :class:`~syntaxkernels.trees.PackedTreeBatch`,
+            with q, k, v ``[T, H, D]`` and a ``[T, H, Dv]`` result
+            (:func:`~syntaxkernels.ops.bias_attention_varlen.packed_window_attention`).
         window: delta, an int in 0..254 (0: a token sees only itself).
         lengths: ``int [B]`` or a boolean key-padding mask; default: the TreeBatch's lengths (or all N).
         scale: default ``1 / sqrt(D)``.
@@ -789,6 +791,12 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows past the length are 0.
     """
+    from ..trees.packed import PackedTreeBatch
+
+    if isinstance(trees, PackedTreeBatch):  # packed batch: q, k, v [T, H, D] (bias_attention_varlen)
+        from .bias_attention_varlen import packed_window_attention
+
+        return packed_window_attention(q, k, v, trees, window=window, scale=scale, backend=backend)
     V.check_qkv(q, k, v)
     if isinstance(trees, TreeBatch):
         V.check_trees(trees, q)

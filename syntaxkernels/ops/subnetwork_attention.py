@@ -180,7 +180,9 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device.
-        trees: a :class:`syntaxkernels.TreeBatch` on q's device. Its relation lists are built on first use and
+        trees: a :class:`syntaxkernels.TreeBatch` on q's device (or a
+            :class:`~syntaxkernels.trees.PackedTreeBatch` with q, k, v ``[T, H, D]``: then ``(out [T, M, H, Dv],
+            nonempty [T, M])``, see :func:`~syntaxkernels.ops.bias_attention_varlen.packed_subnetwork_attention`). Its relation lists are built on first use and
             cached on it (on a GPU that first build reads the heads back once; build them in the data pipeline,
             ``TreeCollator(masks=...)``, to avoid it).
         masks: the :class:`syntaxkernels.MaskSpec`; M = ``masks.num_masks``, outputs in ``masks.names`` order.
@@ -200,6 +202,12 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(M)], dim=1)
         nonempty = allowed.any(-1)
     """
+    from ..trees.packed import PackedTreeBatch
+
+    if isinstance(trees, PackedTreeBatch):  # packed batch: q, k, v [T, H, D] (bias_attention_varlen)
+        from .bias_attention_varlen import packed_subnetwork_attention
+
+        return packed_subnetwork_attention(q, k, v, trees, masks, scale=scale, backend=backend)
     V.check_subnetwork_inputs(q, k, v, trees, masks)
     chosen = resolve_edge_backend(backend, q, v)
     if chosen == "reference" or q.numel() == 0 or v.numel() == 0:

@@ -9,14 +9,17 @@ and ``parse`` never import spaCy or stanza themselves (they read the objects the
 from .align import align_batch, align_to_tokens
 from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symmetric, normalize_heads,
                     python_tree_tensors, tree_distance)
-from .collate import TreeCollator, collate_trees
+from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
 from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
 
 __all__ = [
     "TreeBatch",
+    "PackedTreeBatch",
+    "pack_padded",
     "tree_distance",
     "build_tree_tensors",
     "normalize_heads",
@@ -38,4 +41,5 @@ __all__ = [
     "align_batch",
     "TreeCollator",
     "collate_trees",
+    "TokenBudgetBatchSampler",
 ]

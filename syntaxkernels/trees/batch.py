@@ -851,11 +851,26 @@ class TreeBatch:
         mark_symmetric(self.distance)
 
     @classmethod
-    def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto") -> "TreeBatch":
+    def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto", packed: bool = False):
         """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`).
+
+        ``packed=True`` returns a :class:`~syntaxkernels.trees.packed.PackedTreeBatch` instead: the sequences end
+        to end without padding, the distance stored per sequence (``sum n^2`` bytes); ``heads`` is then a list of
+        per-sequence lists (``lengths`` must be None; an ``[B, N]`` tensor with ``lengths`` is packed too).
 
         A ``ValueError`` about an item without a root (no -1) adds a pointer to the head converters
         (:func:`~syntaxkernels.trees.from_conllu_heads`, :func:`~syntaxkernels.trees.from_self_root`)."""
+        if packed:
+            from .packed import PackedTreeBatch
+
+            if isinstance(heads, (torch.Tensor, np.ndarray)):
+                heads_t, lengths_t = normalize_heads(heads, lengths)
+                rows = [row[:n].tolist() for row, n in zip(heads_t.cpu(), lengths_t.cpu().tolist())]
+                return PackedTreeBatch.from_heads(rows, backend=backend).to(heads_t.device)
+            if lengths is not None:
+                raise ValueError("TreeBatch.from_heads(..., packed=True): give the sequences as lists (lengths "
+                                 "must be None) or heads [B, N] as a tensor with lengths")
+            return PackedTreeBatch.from_heads(heads, backend=backend)
         try:
             return cls(*build_tree_tensors(heads, lengths, backend=backend))
         except ValueError as error:

@@ -22,8 +22,9 @@ import torch
 from ..specs import MAX_PATH, MaskSpec
 from .align import align_batch
 from .batch import TreeBatch
+from .packed import PackedTreeBatch
 
-__all__ = ["TreeCollator", "collate_trees"]
+__all__ = ["TreeCollator", "collate_trees", "TokenBudgetBatchSampler"]
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
 
@@ -72,6 +73,17 @@ class TreeCollator:
             them cached (and, after ``.to('cuda')``, never reads the trees back from the GPU).
         windows: tree windows (ints 0..254) whose edge lists to build likewise (``TreeBatch.window_lists``,
             the syntax GAT's attention).
+        packed: return a padding-free packed batch (below) with a
+            :class:`~syntaxkernels.trees.PackedTreeBatch` instead of padded tensors and a ``TreeBatch``.
+        max_tokens: with ``packed``, the token budget of one batch: more tokens raise ``ValueError`` (use
+            :class:`TokenBudgetBatchSampler` as the DataLoader's ``batch_sampler`` to form batches within it).
+
+    Packed batches (``packed=True``), the layout of transformers' ``DataCollatorWithFlattening``
+    (``return_flash_attn_kwargs=True``): every per-token key concatenated to ``[1, T]`` (``labels`` as given:
+    nothing is replaced at sequence starts), ``attention_mask`` dropped, ``"position_ids" [1, T]`` restarting at
+    every sequence, ``"cu_seq_lens_q"`` / ``"cu_seq_lens_k"`` (int32 ``[S + 1]``), ``"max_length_q"`` /
+    ``"max_length_k"`` (ints), plus ``"cu_seqlens"``, ``"max_seqlen"``, ``"lengths" int64 [S]`` and ``"trees"``
+    (the ``PackedTreeBatch``, edge lists of ``masks`` / ``windows`` built in packed numbering).
 
     Returns (``__call__``) a dict:
 
@@ -100,7 +112,16 @@ class TreeCollator:
         backend: str = "auto",
         masks: Optional[MaskSpec] = None,
         windows: Sequence[int] = (),
+        packed: bool = False,
+        max_tokens: Optional[int] = None,
     ) -> None:
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"TreeCollator: max_tokens must be a positive int or None, got {max_tokens!r}")
+        if max_tokens is not None and not packed:
+            raise ValueError("TreeCollator: max_tokens applies to packed batches (packed=True)")
+        self.packed = bool(packed)
+        self.max_tokens = max_tokens
         if masks is not None and not isinstance(masks, MaskSpec):
             raise TypeError(f"TreeCollator: masks must be a MaskSpec or None, got {type(masks).__name__}")
         windows = tuple(windows)
@@ -122,16 +143,18 @@ class TreeCollator:
         return (f"TreeCollator(pad_token_id={self.pad_token_id}, heads_key={self.heads_key!r}, "
                 f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
                 f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r}, "
-                f"masks={self.masks}, windows={self.windows})")
+                f"masks={self.masks}, windows={self.windows}, packed={self.packed}, max_tokens={self.max_tokens})")
 
     def __call__(self, items: Sequence) -> Dict[str, Any]:
         items = list(items)
         if not items:
             raise ValueError("TreeCollator: empty batch")
         if all(isinstance(item, Mapping) for item in items):
-            return self._collate_dicts(items)
+            out = self._collate_dicts(items)
+            return self._flatten(out) if self.packed else out
         if all(hasattr(item, "heads") and hasattr(item, "words") for item in items):
-            return self._collate_sentences(items)
+            out = self._collate_sentences(items)
+            return self._flatten(out) if self.packed else out
         raise ValueError("TreeCollator: items must all be dicts with a "
                          f"{self.heads_key!r} key or all Sentence objects, got "
                          f"{sorted({type(i).__name__ for i in items})}")
@@ -183,14 +206,45 @@ class TreeCollator:
         out["trees"] = self._trees(heads, lengths_t, width)
         return out
 
-    def _trees(self, heads: List[List[int]], lengths: torch.Tensor, width: int) -> TreeBatch:
+    def _flatten(self, out: Dict[str, Any]) -> Dict[str, Any]:
+        """A padded collation as a packed one (see the class docstring): no padding anywhere."""
+        packed: PackedTreeBatch = out["trees"]  # built packed by _trees (no padded distance)
+        lengths = out["lengths"]
+        total = int(lengths.sum())
+        if self.max_tokens is not None and total > self.max_tokens:
+            raise ValueError(f"TreeCollator: the batch has {total} tokens ({len(lengths)} sequences), more than "
+                             f"max_tokens = {self.max_tokens} (TokenBudgetBatchSampler forms batches within it)")
+        width = int(lengths.max()) if lengths.numel() else 0
+        keep = torch.arange(width)[None, :] < lengths[:, None]
+        packed = self._with_lists(packed)
+        flat: Dict[str, Any] = {}
+        for key, value in out.items():
+            if key in ("trees", "lengths", "attention_mask"):
+                continue
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) == (len(lengths), width):
+                flat[key] = value[keep][None, :]
+            else:
+                flat[key] = value
+        cu = packed.cu_seqlens
+        flat["position_ids"] = packed.positions.to(torch.int64)[None, :]
+        flat["cu_seq_lens_q"] = flat["cu_seq_lens_k"] = cu
+        flat["max_length_q"] = flat["max_length_k"] = packed.max_seqlen
+        flat["cu_seqlens"], flat["max_seqlen"] = cu, packed.max_seqlen
+        flat["lengths"] = lengths
+        flat["trees"] = packed
+        return flat
+
+    def _trees(self, heads: List[List[int]], lengths: torch.Tensor, width: int):
+        if self.packed:
+            return PackedTreeBatch.from_heads([list(row) for row in heads], backend=self.backend)
         padded = torch.full((len(heads), width), -1, dtype=torch.int64)
         for b, row in enumerate(heads):
             if row:
                 padded[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
-        return self._with_lists(TreeBatch.from_heads(padded, lengths, backend=self.backend))
+        trees = TreeBatch.from_heads(padded, lengths, backend=self.backend)
+        return trees if self.packed else self._with_lists(trees)
 
-    def _with_lists(self, trees: TreeBatch) -> TreeBatch:
+    def _with_lists(self, trees):
         """Build (and cache on ``trees``) the edge lists asked for by ``masks`` and ``windows``."""
         if self.masks is not None and (self.masks.parent or self.masks.child or self.masks.sibling):
             trees.relation_lists(self.masks)
@@ -216,7 +270,8 @@ class TreeCollator:
                                      missing_words="reattach" if truncate else "error")
         out: Dict[str, Any] = {key: value for key, value in encoding.items()}
         out["lengths"] = lengths
-        out["trees"] = self._with_lists(TreeBatch.from_heads(heads, lengths, backend=self.backend))
+        trees = TreeBatch.from_heads(heads, lengths, backend=self.backend, packed=self.packed)
+        out["trees"] = trees if self.packed else self._with_lists(trees)
         out["word_ids"] = [encoding.word_ids(b) for b in range(len(items))]
         out["sentences"] = items
         return out
@@ -228,6 +283,39 @@ def _is_batch_encoding_with_word_ids(encoding) -> bool:
     except (AttributeError, ValueError, IndexError):
         return False
     return True
+
+
+class TokenBudgetBatchSampler:
+    """A DataLoader ``batch_sampler`` for packed batches: consecutive items (in ``order``, default 0..n-1) grouped
+    while their tokens fit ``max_tokens``; an item longer than the budget alone raises ValueError naming it.
+
+    ``DataLoader(dataset, batch_sampler=TokenBudgetBatchSampler(lengths, 4096),
+    collate_fn=TreeCollator(packed=True, max_tokens=4096))``."""
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, order: Optional[Sequence[int]] = None) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        self.lengths = [int(n) for n in lengths]
+        self.max_tokens = max_tokens
+        self.order = list(range(len(self.lengths))) if order is None else [int(i) for i in order]
+        for i in self.order:
+            if self.lengths[i] > max_tokens:
+                raise ValueError(f"item {i} has {self.lengths[i]} tokens, more than max_tokens = {max_tokens}")
+
+    def __iter__(self):
+        batch, used = [], 0
+        for i in self.order:
+            n = self.lengths[i]
+            if batch and used + n > self.max_tokens:
+                yield batch
+                batch, used = [], 0
+            batch.append(i)
+            used += n
+        if batch:
+            yield batch
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def collate_trees(items: Sequence, **options) -> Dict[str, Any]:

@@ -1,0 +1,723 @@
+"""Fused distance-bias attention on packed (varlen) batches: S sequences in T tokens, no padding.
+
+``out[t] = softmax_j(q_t . k_j * scale + c * table[bucket(d(t, j))]) v`` over the keys j of t's own sequence, with
+q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
+``uint8 [sum n_s^2]`` of a :class:`~syntaxkernels.trees.PackedTreeBatch` (sequence s's ``n_s x n_s`` block at
+``sum_{r < s} n_r^2``, row stride ``n_s``). Forward, dq, dk, dv and the table (and bias-scale) gradient;
+deterministic (no atomics), no host synchronisation, nothing of size ``T^2``.
+
+Tiles are shared by sequences. A query block is BLOCK_M consecutive packed tokens, whatever sequences they
+belong to; it visits the key tiles of ``[start of its first token's sequence, end of its last token's
+sequence)`` (tiles start there, not at multiples of BLOCK_N), and pairs of different sequences are masked
+(their token's sequence ids differ). The dK/dV kernel is the mirror image (a key block visits the query
+tiles of its sequences). The distance of a pair (i, j) of sequence s is gathered at
+``offsets[s] + (i - start_s) * n_s + (j - start_s)``: one per-row base and a column offset, so each element
+costs one masked uint8 load and one LUT gather (the LUT of :func:`.bias_attention.bias_lut`). The tile sides
+are small (32 x 32) so that short sequences fill them: on UD English-EWT dev (median 10 words plus [CLS] and
+[SEP]) 31% of the pairs the tiles compute are valid, against 3.7% for batches of 32 padded to their longest with
+128 x 64 tiles (``python -m syntaxkernels inspect --workload sentences-packed`` reports the figure: 38% on its
+256 sentences).
+
+Kernels:
+
+- ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
+- ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
+  padded op: the dK/dV kernel's per-bucket sums then see rows of dS summing to zero).
+- ``_varlen_dkdv_kernel``: one key block: dK, dV and this program's per-bucket sums of dS (one ``[T]`` row
+  per program, reduced in a fixed order by the launcher: the table gradient without atomics).
+
+``delta = rowsum(dO * O)`` is one small PyTorch reduction (``[T, H]``).
+
+Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
+beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..specs import BucketSpec
+from ._dispatch import kernels_or_reference, resolve_backend
+from ._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
+                          interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
+                          program_ids)
+from .bias_attention import STATIC_BUCKET_LIMIT, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
+from ._varlen_reference import (_check_packed_qkv, _check_varlen, _per_sequence, _reference_subnetwork_packed,  # noqa: F401 (re-exported)
+                                _sequences, packed_window_attention, reference_bias_attention_varlen)
+
+__all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "varlen_forward", "varlen_backward",
+           "select_varlen_config", "VARLEN_CONFIGS", "packed_sequence_ids", "packed_distance_offsets"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rows_meta(SEQ, CU, DOFF, offs, T):
+    """Per packed token of ``offs``: ``(sequence id, distance row base)``; -1 and 0 past T.
+
+    The pair (i, j) of one sequence is at ``DIST + base_i + j`` (``base_i = offset_s + (i - start_s) * n_s -
+    start_s``)."""
+    in_range = offs < T
+    seq = tl.load(SEQ + offs, mask=in_range, other=-1)
+    safe = tl.maximum(seq, 0)
+    start = tl.load(CU + safe, mask=in_range, other=0).to(tl.int64)
+    end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
+    base = tl.load(DOFF + safe, mask=in_range, other=0) + (offs.to(tl.int64) - start) * (end - start) - start
+    return seq, base
+
+
+@triton.jit
+def _cols_meta(SEQ, CU, DOFF, offs, T):
+    """Per packed token of ``offs`` taken as the *key* of a pair: ``(sequence id, base, n)``: the pair (query i,
+    key j) is at ``DIST + base_j + i * n_j`` (``base_j = offset_s - start_s * n_s + j - start_s``)."""
+    in_range = offs < T
+    seq = tl.load(SEQ + offs, mask=in_range, other=-1)
+    safe = tl.maximum(seq, 0)
+    start = tl.load(CU + safe, mask=in_range, other=0).to(tl.int64)
+    end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
+    n = end - start
+    base = tl.load(DOFF + safe, mask=in_range, other=0) - start * n + offs.to(tl.int64) - start
+    return seq, base, n
+
+
+@triton.jit
+def _span(SEQ, CU, block_start, BLOCK: tl.constexpr, T):
+    """``[first, end)``: the tokens of the sequences that the block ``[block_start, block_start + BLOCK)`` touches."""
+    last = tl.minimum(block_start + BLOCK, T) - 1
+    first_seq = tl.load(SEQ + block_start)
+    last_seq = tl.load(SEQ + last)
+    return tl.load(CU + first_seq), tl.load(CU + last_seq + 1)
+
+
+@triton.jit
+def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D, stride_kt, stride_kd,
+            qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr):
+    """``(scores, allowed, k)`` of one tile: log2-domain scores with the bias, -inf where not allowed."""
+    seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
+    allowed = seq_m[:, None] == seq_n[None, :]
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+    k = load_rows(k_base, offs_n, offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
+    scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
+    if SYNTAX:
+        dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
+        scores += tl.load(lut_row + dist.to(tl.int32))
+    scores = tl.where(allowed, scores, float("-inf"))
+    return scores, allowed, k
+
+
+@triton.jit
+def _varlen_fwd_kernel(
+    Q, K, V, DIST, LUT, SEQ, CU, DOFF, OUT, LSE,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od, stride_lut, stride_lse,
+    H, T, D, DV, num_q_blocks, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True,
+):
+    """Forward for one packed query block of one head.
+
+    Args:
+        Q, K: ``[T, H, D]``; V, OUT: ``[T, H, DV]`` (strided). DIST: uint8 ``[sum n^2]``. LUT: fp32 ``[H or 1,
+            256]`` (row stride ``stride_lut``, 0 when shared), log2 domain, -inf = not allowed.
+        SEQ: int32 ``[T]`` sequence of each token; CU: int32 ``[S + 1]``; DOFF: int64 ``[S + 1]`` distance offsets.
+        LSE: fp32 ``[H, T]`` (row stride ``stride_lse``), log2 domain, +inf for rows without an allowed key.
+    Grid: ``(cdiv(T, BLOCK_M) * H,)``.
+    """
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
+    lut_row = LUT + h * stride_lut
+    kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
+    if CAUSAL:
+        kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(kstart, kend, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
+                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
+        m_i = m_new
+
+    valid = (offs_m < T) & (l_i > 0.0)
+    denom = tl.where(valid, l_i, 1.0)
+    out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
+    lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
+    o_ptrs = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < DV))
+    tl.store(LSE + h * stride_lse + offs_m, lse, mask=offs_m < T)
+
+
+@triton.jit
+def _varlen_dq_kernel(
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DQ, DELTA_CORRECTED,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_lut, stride_lse,
+    H, T, D, DV, num_q_blocks, scale, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True,
+):
+    """dQ for one packed query block, and the corrected delta ``delta + rowsum(dS)`` (fp32 ``[H, T]``).
+    Arguments as in the forward; DOUT like OUT, DQ like Q (strides ``stride_x*``), DELTA fp32 ``[H, T]``."""
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
+    do = load_rows(DOUT + h * stride_gh, offs_m, offs_dv, stride_gt, stride_gd, T, DV, True, EVEN_DV)
+    lse = tl.load(LSE + h * stride_lse + offs_m, mask=offs_m < T, other=float("inf"))
+    delta = tl.load(DELTA + h * stride_lse + offs_m, mask=offs_m < T, other=0.0)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
+    lut_row = LUT + h * stride_lut
+    kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
+    if CAUSAL:
+        kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start_n in range(kstart, kend, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
+                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
+        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        dp = mma(do, tl.trans(v), DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
+        row_error += tl.sum(ds, 1)
+
+    row_ok = offs_m < T
+    dq = tl.where(row_ok[:, None], dq * scale, 0.0)
+    dq_ptrs = DQ + h * stride_xh + offs_m[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(DELTA_CORRECTED + h * stride_lse + offs_m, delta + row_error, mask=row_ok)
+
+
+@triton.jit
+def _varlen_dkdv_kernel(
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_PARTIALS,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
+    stride_lut, stride_lse,
+    H, T, D, DV, num_k_blocks, scale, qk_scale2,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr,
+    UNREACHABLE_BUCKET: tl.constexpr, STATIC_BUCKETS: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+):
+    """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
+    orientation (keys are rows), and with TABLE_GRAD this program's per-bucket sums of dS, written once to
+    ``BUCKET_PARTIALS [H * nK, NUM_BUCKETS]`` (DELTA is then the dQ kernel's corrected delta).
+    Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
+    k_block, bh, b, h = program_ids(num_k_blocks, H)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    seq_n, base_n, len_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
+    k = load_rows(K + h * stride_kh, offs_n, offs_d, stride_kt, stride_kd, T, D, True, EVEN_D)
+    v = load_rows(V + h * stride_vh, offs_n, offs_dv, stride_vt, stride_vd, T, DV, True, EVEN_DV)
+    q_base = Q + h * stride_qh
+    do_base = DOUT + h * stride_gh
+    lut_row = LUT + h * stride_lut
+    qstart, qend = _span(SEQ, CU, k_block * BLOCK_N, BLOCK_N, T)
+    if CAUSAL:
+        qstart = tl.maximum(qstart, k_block * BLOCK_N)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    if STATIC_BUCKETS:  # one [BLOCK_N] accumulator per bucket (a tuple indexed at compile time)
+        sums = (tl.zeros([BLOCK_N], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
+    columns = tl.arange(0, BUCKETS_PAD)
+    for start_m in range(qstart, qend, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_range = offs_m < qend
+        seq_m = tl.load(SEQ + offs_m, mask=in_range, other=-2)
+        allowed_t = seq_n[:, None] == seq_m[None, :]
+        if CAUSAL:
+            allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+        q = load_rows(q_base, offs_m, offs_d, stride_qt, stride_qd, qend, D, True, EVEN_D)
+        lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
+        scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
+        if SYNTAX:
+            dist_t = tl.load(DIST + base_n[:, None] + offs_m[None, :].to(tl.int64) * len_n[:, None], mask=allowed_t,
+                             other=255)
+            scores_t += tl.load(lut_row + dist_t.to(tl.int32))
+        p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
+        do = load_rows(do_base, offs_m, offs_dv, stride_gt, stride_gd, qend, DV, True, EVEN_DV)
+        dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
+        dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+        if TABLE_GRAD and SYNTAX:
+            if STATIC_BUCKETS:  # each bucket a compile-time distance range: a compare, a select, a row sum
+                dist32 = opaque_int32(dist_t.to(tl.int32), ds_t, INTERPRETED)
+                for t in tl.static_range(NUM_BUCKETS):
+                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
+                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds_t, 0.0), 1),) + sums[t + 1:]
+            else:
+                bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
+                for t in range(0, NUM_BUCKETS):
+                    part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
+                    sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+
+    key_ok = offs_n < T
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(key_ok[:, None], dv, 0.0)
+    dk_ptrs = DK + h * stride_xh + offs_n[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    dv_ptrs = DV_OUT + h * stride_yh + offs_n[:, None] * stride_yt + offs_dv[None, :] * stride_yd
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
+    if TABLE_GRAD:
+        if STATIC_BUCKETS:
+            totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+            for t in tl.static_range(NUM_BUCKETS):
+                totals += tl.where(columns == t, tl.sum(tl.where(key_ok, sums[t], 0.0), 0), 0.0)
+        else:
+            totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
+        program = bh.to(tl.int64) * num_k_blocks + k_block
+        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + columns, totals, mask=columns < NUM_BUCKETS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configurations
+# ---------------------------------------------------------------------------------------------------------
+
+# Per kernel, GPU family, dtype class and head-dim class. 32 x 32 tiles: on the EWT dev sentences packed end to end
+# 31% of the pairs computed are valid (packed with 128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%). Compiled for every family by the
+# inspection report (the ``sentences-packed`` workload).
+_C = dict
+VARLEN_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {}
+for _family in ("sm90", "sm80", "small"):
+    for _kind in ("fwd", "dq", "dkdv"):
+        VARLEN_CONFIGS[(_kind, _family, "half", 64)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+        VARLEN_CONFIGS[(_kind, _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+        VARLEN_CONFIGS[(_kind, _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
+        VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
+    # dK/dV holds two [BLOCK_N, D] accumulators and one [BLOCK_N] sum per bucket: 8 warps where 4 spill.
+    VARLEN_CONFIGS[("dkdv", _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
+    VARLEN_CONFIGS[("dkdv", _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    VARLEN_CONFIGS[("dkdv", _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
+# sm_80 takes 4 warps for the half dK/dV tile at D = 128 (fewer instructions; sm_90 and sm_120 spill 16 / 8 B with 4).
+VARLEN_CONFIGS[("dkdv", "sm80", "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+# sm_80's ptxas spills 8 B with the 16 x 16 fp32 dK/dV tile at D = 64; 16 x 32 with 8 warps is clean there.
+VARLEN_CONFIGS[("dkdv", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)
+
+#: Tests may force tile sides (BLOCK_M, BLOCK_N); None = VARLEN_CONFIGS.
+_BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
+
+
+def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel."""
+    family = family or arch_family()
+    if family == "unsupported":
+        raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
+    cls = "fp32" if dtype == torch.float32 else "half"
+    config = dict(VARLEN_CONFIGS[(kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    if _BLOCK_OVERRIDE is not None:
+        config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed metadata (device tensors, no host synchronisation)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def packed_sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
+    """int32 ``[T]``: the sequence of every packed token (empty sequences own none), on cu_seqlens' device."""
+    cu = cu_seqlens.to(torch.int64)
+    return torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).to(torch.int32)
+
+
+def packed_distance_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S + 1]``: where each sequence's ``n x n`` distance block starts (``sum_{r < s} n_r^2``)."""
+    cu = cu_seqlens.to(torch.int64)
+    sizes = (cu[1:] - cu[:-1]) ** 2
+    return torch.cat([torch.zeros(1, dtype=torch.int64, device=cu.device), torch.cumsum(sizes, 0)])
+
+
+def _metadata(cu_seqlens: torch.Tensor, T: int):
+    """``(cu int32, sequence ids int32 [T], distance offsets int64 [S + 1])``, once per batch."""
+    def compute():
+        cu32 = cu_seqlens.to(torch.int32).contiguous()
+        return cu32, packed_sequence_ids(cu_seqlens, T), packed_distance_offsets(cu_seqlens)
+    return per_batch((cu_seqlens,), ("varlen metadata", T), compute)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def varlen_forward(q, k, v, distance, lut, cu_seqlens, scale: float, causal: bool, syntax: bool = True):
+    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T])``; lut fp32 ``[H or 1, 256]`` (log2 domain)."""
+    T, H, D = q.shape
+    DV = v.shape[-1]
+    out = torch.empty((T, H, DV), dtype=q.dtype, device=q.device)
+    lse = torch.full((H, T), float("inf"), dtype=torch.float32, device=q.device)
+    if T == 0 or H == 0:
+        return out, lse
+    cu, seq, offsets = _metadata(cu_seqlens, T)
+    config = select_varlen_config("fwd", q.dtype, max(D, DV))
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    num_q = triton.cdiv(T, block_m)
+    lut = lut.contiguous()
+    launch(_varlen_fwd_kernel, launch_grid(num_q, 1, H),
+           q, k, v, distance, lut, seq, cu, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
+           DOT_PRECISION=dot_precision(q.dtype), SYNTAX=syntax, num_warps=config["num_warps"],
+           num_stages=config["num_stages"])
+    return out, lse
+
+
+def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: float, causal: bool,
+                    spec: BucketSpec, table_grad: bool, syntax: bool = True):
+    """``(dq, dk, dv, G)``: G fp32 ``[H or 1, T_buckets]``, the per-bucket sums of dS (zeros unless table_grad)."""
+    T, H, D = q.shape
+    DV = v.shape[-1]
+    NB = spec.num_buckets
+    rows = lut.shape[0]
+    dq = torch.zeros((T, H, D), dtype=q.dtype, device=q.device)
+    dk = torch.zeros((T, H, D), dtype=k.dtype, device=q.device)
+    dv = torch.zeros((T, H, DV), dtype=v.dtype, device=q.device)
+    if T == 0 or H == 0:
+        return dq, dk, dv, torch.zeros((rows, NB), dtype=torch.float32, device=q.device)
+    cu, seq, offsets = _metadata(cu_seqlens, T)
+    lut = lut.contiguous()
+    stride_lut = lut.stride(0) if rows > 1 else 0
+    block_d, block_dv = head_block(D), head_block(DV)
+    precision = dot_precision(q.dtype)
+    delta = (out.to(torch.float32) * dout.to(torch.float32)).sum(-1).transpose(0, 1).contiguous()  # [H, T]
+
+    config = select_varlen_config("dq", q.dtype, max(D, DV))
+    num_q = triton.cdiv(T, config["BLOCK_M"])
+    corrected = torch.empty_like(delta)
+    launch(_varlen_dq_kernel, launch_grid(num_q, 1, H),
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dq, corrected,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_lut, lse.stride(0),
+           H, T, D, DV, num_q, scale, scale * LOG2E,
+           BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+
+    config = select_varlen_config("dkdv", q.dtype, max(D, DV))
+    num_k = triton.cdiv(T, config["BLOCK_N"])
+    partials = torch.zeros((H * num_k, NB), dtype=torch.float32, device=q.device)
+    launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, corrected if table_grad else delta, dk, dv, partials,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
+           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
+           NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), MAX_DISTANCE=spec.max_distance,
+           LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+           STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
+           INTERPRETED=interpreting(),
+           BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, TABLE_GRAD=table_grad,
+           DOT_PRECISION=precision, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
+    bucket_grad = partials.view(H, num_k, NB).sum(dim=1)  # a fixed-order sum: deterministic
+    if rows == 1:
+        bucket_grad = bucket_grad.sum(dim=0, keepdim=True)
+    return dq, dk, dv, bucket_grad
+
+
+@torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())
+def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
+                      cu_seqlens: torch.Tensor, scale: float, causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it)."""
+    return varlen_forward(q, k, v, distance, lut, cu_seqlens, scale, causal)
+
+
+@torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
+def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
+                       scale: float, causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool,
+                       table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`.bias_attention.bucket_args`."""
+    return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale, causal,
+                           _spec(max_distance, log_distance, unreachable_bucket), table_grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd and the public functions
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _VarlenBiasAttention(torch.autograd.Function):
+    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, distance, table, bias_scale, cu_seqlens, scale, window, causal, bucket_spec):
+        lut = bias_lut(table, bias_scale, _spec(*bucket_spec), window)
+        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut, cu_seqlens, scale,
+                                                                     causal)
+        ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut)
+        ctx.scale, ctx.causal, ctx.bucket_spec = scale, causal, bucket_spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut = ctx.saved_tensors
+        table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
+        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
+            dout, q, k, v, out, lse, distance, lut, cu_seqlens, ctx.scale, ctx.causal, *ctx.bucket_spec, table_grad)
+        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
+        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
+
+
+def _cpu_layout(distance: torch.Tensor, cu_seqlens: torch.Tensor):
+    """``(sequence [T], position [T], lengths int32 [S], padded distance uint8 [S, N, N])`` of a packed CPU batch
+    (N its longest sequence), once per batch: the C++ CPU kernels' layout."""
+    from ..trees.batch import aligned_distance, mark_symmetric
+
+    def compute():
+        cu = cu_seqlens.to(torch.int64)
+        lengths = cu[1:] - cu[:-1]
+        S = lengths.shape[0]
+        N = int(lengths.max()) if S else 0
+        T = int(cu[-1])
+        sequence = packed_sequence_ids(cu_seqlens, T).long()
+        position = torch.arange(T) - cu[sequence]
+        padded = torch.full((S, N, N), 255, dtype=torch.uint8)
+        offsets = packed_distance_offsets(cu_seqlens).tolist()
+        for s_, n in enumerate(lengths.tolist()):
+            if n:
+                padded[s_, :n, :n] = distance[offsets[s_]:offsets[s_] + n * n].view(n, n)
+        padded = aligned_distance(padded)
+        mark_symmetric(padded)  # tree distances, one block per sequence
+        return sequence, position, lengths.to(torch.int32), padded
+    return per_batch((distance, cu_seqlens), "cpu layout", compute)
+
+
+def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window, causal):
+    """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
+    inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
+    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
+    from .bias_attention_cpu import cpu_bias_attention
+
+    sequence, position, lengths, padded = _cpu_layout(distance, cu_seqlens)
+    S, N = padded.shape[:2]
+
+    def lay_out(x):
+        y = x.new_zeros((S, N) + tuple(x.shape[1:]))
+        y = y.index_put((sequence, position), x)
+        return y.transpose(1, 2)  # [S, H, N, D]
+
+    out = cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
+                             bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+    return out.transpose(1, 2)[sequence, position]
+
+
+def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
+                                 max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
+                                 window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
+                                 backend: str = "auto") -> torch.Tensor:
+    """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
+
+    Args:
+        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
+        distance: uint8 ``[sum n_s^2]``: a :class:`~syntaxkernels.trees.PackedTreeBatch`'s ``distance``.
+        table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
+            :func:`syntaxkernels.syntax_bias_attention` (causal: ``j <= i`` within each sequence).
+        cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
+            flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
+        deterministic: accepted; the Triton path is always deterministic (no atomics).
+        backend: "auto" (Triton on CUDA tensors; on CPU tensors the fused C++ CPU kernels of
+            :mod:`.bias_attention_cpu`, run on the sequences laid out ``[S, H, max n, D]`` inside the op; float64
+            and head dims above 128 on CUDA: the reference), "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or
+            "reference" (the reference, sequence by sequence).
+    Returns:
+        ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
+
+    Equivalent PyTorch (sequence by sequence, :func:`reference_bias_attention_varlen`)::
+
+        out = torch.cat([syntaxkernels.reference.syntax_bias_attention(
+                  q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
+                  distance[offset_s:offset_s + n * n].view(1, n, n), table, buckets=buckets, ...)[0].transpose(0, 1)
+              for each sequence s = [a, b) of n = b - a tokens])
+    """
+    _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if backend == "auto" and q.device.type == "cpu" and q.shape[0] > 0:  # the fused C++ kernels
+        from .bias_attention_cpu import cpu_kernels_take
+
+        if cpu_kernels_take(q, v):
+            return _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale,
+                                              window, causal)
+    if chosen == "reference":
+        return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
+                                               scale=scale, bias_scale=bias_scale, window=window, causal=causal)
+    _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
+    return _VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens, float(scale),
+                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
+
+
+def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:
+    """``(programs, tiles walked)`` over a packed batch of sequences of ``lengths`` (host ints), as the kernels
+    walk it: one program per ``block`` consecutive tokens, each walking the ``step``-wide tiles of the span of its
+    sequences (the forward and dQ: ``block = BLOCK_M, step = BLOCK_N``; dK/dV: ``block = BLOCK_N, step =
+    BLOCK_M``). Not causal. A model of the loop bounds above, for the inspection report (keep it in step)."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + int(n))
+    T = cu[-1]
+    if T == 0:
+        return 0, 0
+    import bisect
+
+    def sequence_of(t):  # the sequence holding token t (empty sequences hold none)
+        return bisect.bisect_right(cu, t) - 1
+
+    programs = -(-T // block)
+    walked = 0
+    for p in range(programs):
+        first, last = p * block, min(p * block + block, T) - 1
+        span = cu[sequence_of(last) + 1] - cu[sequence_of(first)]
+        walked += -(-span // step)
+    return programs, walked
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed trees through the other ops: thin wrappers (fixed-LUT varlen attention, edge lists on a [1, T] view)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _VarlenLut(torch.autograd.Function):
+    """Varlen attention with a fixed per-distance bias (log2-domain ``lut2 [H or 1, 256]``, -inf = not allowed):
+    gradients for q, k, v only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, distance, lut2, cu_seqlens, scale):
+        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut2, cu_seqlens, scale, False)
+        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, distance, lut2, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
+            dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(BucketSpec()), False)
+        return dq, dk, dv, None, None, None, None
+
+
+_DENSE_LUTS: Dict[Tuple[str, str], torch.Tensor] = {}
+
+
+def _dense_lut2(kind: str, device) -> torch.Tensor:
+    """The log2-domain LUT of a dense sub-network mask: ``full`` 0 everywhere (every key of the sequence, other
+    trees of it included), ``pairwise`` -inf except 255 (keys in another tree of the same sequence)."""
+    key = (kind, str(device))
+    if key not in _DENSE_LUTS:
+        if kind == "full":
+            lut = torch.zeros(1, 256, dtype=torch.float32)
+        else:
+            lut = torch.full((1, 256), float("-inf"), dtype=torch.float32)
+            lut[0, 255] = 0.0
+        _DENSE_LUTS[key] = lut.to(device)
+    return _DENSE_LUTS[key]
+
+
+def _pairwise_nonempty_packed(trees) -> torch.Tensor:
+    """bool ``[T]``: the token's sequence has a token in another tree (per-tree counts, no ``T x T`` tensor)."""
+    T = trees.num_tokens
+    seq = trees.sequence.long()
+    cu = trees.cu_seqlens.to(torch.int64)
+    tree_key = cu[seq] + trees.segment.long()  # unique per (sequence, tree): segment < the sequence's length
+    per_tree = torch.bincount(tree_key, minlength=T)[tree_key]
+    per_sequence = (cu[1:] - cu[:-1])[seq]
+    return per_sequence > per_tree
+
+
+def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto"):
+    """:func:`syntaxkernels.ops.syntax_subnetwork_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
+    q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``(out [T, M, H, Dv], nonempty bool [T, M])`` in ``masks.names`` order.
+
+    Relation masks: the relation lists in packed numbering (``trees.relation_lists(masks)``, one ``[1, T]`` row;
+    relations never cross sequences) through the existing edge-list kernels. Dense masks within each sequence:
+    the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
+    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
+    from .edge_attention import edge_list_attention, resolve_edge_backend
+    from .subnetwork_attention import dense_mask_kinds
+
+    _check_packed_qkv(q, k, v, trees)
+    chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    T, H = q.shape[:2]
+    if chosen == "reference" or T == 0:
+        return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
+    outs, flags = [], []
+    if masks.parent or masks.child or masks.sibling:
+        out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
+                                            backend="triton" if chosen == "triton" else "auto")
+        outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
+        flags.append(nonempty[0].transpose(0, 1))  # [T, R]
+    for kind in dense_mask_kinds(masks):
+        if chosen == "triton":
+            o = _VarlenLut.apply(q, k, v, trees.distance, _dense_lut2(kind, q.device), trees.cu_seqlens, float(scale))
+        else:
+            o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
+        nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"
+                    else _pairwise_nonempty_packed(trees))
+        outs.append(o[:, None])
+        flags.append(nonempty[:, None])
+    if len(outs) == 1:
+        return outs[0], flags[0]
+    return torch.cat(outs, dim=1), torch.cat(flags, dim=1)
+
+
+def _dense_by_sequence(q, k, v, trees, kind: str, scale: float) -> torch.Tensor:
+    """One dense mask, sequence by sequence (the CPU path): ``[T, H, Dv]``."""
+    outs = []
+    segment = trees.segment
+    for a, n, _ in _sequences(trees):
+        if n == 0:
+            continue
+        qs, ks, vs = (_per_sequence(x, a, n) for x in (q, k, v))
+        if kind == "full":
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        else:
+            seg = segment[a:a + n]
+            allowed = seg[:, None] != seg[None, :]
+            rows = allowed.any(-1)
+            mask = allowed | ~rows[:, None]
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+            o = o * rows[None, None, :, None].to(o.dtype)
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
