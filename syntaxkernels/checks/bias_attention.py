@@ -274,8 +274,8 @@ def bench_workloads(device, quick):
     for row in rows:
         row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
                        "kernel compute per valid pair; bnd: the dK/dV kernel's walked tiles that are boundary "
-                       "tiles; one, mixed: its interior tiles on the table gradient's one-bucket and per-bucket "
-                       "paths; bkts: buckets per mixed tile. No compile: the cost per kernel and GPU family "
+                       "tiles; one, mixed: the table kernel's walked tiles in one bucket or in several (dS summed "
+                       "over the heads, reduced per bucket once a tile); bkts: buckets per mixed tile. No compile: the cost per kernel and GPU family "
                        "comes from python -m syntaxkernels inspect --workload all")
     return rows
 
