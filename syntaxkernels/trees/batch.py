@@ -435,6 +435,20 @@ def _live_tiles_torch(host: "EdgeLists", tile: int) -> int:
     return int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
 
 
+def _move_arguments(args, kwargs):
+    """``(device or None, non_blocking)`` from ``Tensor.to``-style arguments (a dtype is ignored: tree tensors keep
+    their integer dtypes)."""
+    device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            device = arg.device
+        elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
+            device = arg
+        elif isinstance(arg, bool):
+            non_blocking = arg
+    return device, non_blocking
+
+
 @dataclass
 class EdgeLists:
     """Per-row key lists of ``R`` relations over ``B`` sequences of ``N`` tokens (CSR, int32, one device).
@@ -531,14 +545,7 @@ class EdgeLists:
     def to(self, *args, **kwargs) -> "EdgeLists":
         """Move every tensor to a device (``lists.to('cuda', non_blocking=True)``); a dtype argument is
         ignored: the lists stay int32 (and bool)."""
-        device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                device = arg.device
-            elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
-                device = arg
-            elif isinstance(arg, bool):
-                non_blocking = arg
+        device, non_blocking = _move_arguments(args, kwargs)
         if device is None:
             return self
         if torch.device(device).type != "cpu" and self.device.type == "cpu":

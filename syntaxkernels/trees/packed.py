@@ -31,7 +31,8 @@ import torch
 
 from .. import _ext
 from ..specs import MaskSpec
-from .batch import EdgeLists, TreeBatch, _check_list_spec, _pad_rows, _sentence_tensors, build_edge_lists
+from .batch import (EdgeLists, TreeBatch, _check_list_spec, _move_arguments, _pad_rows, _sentence_tensors,
+                    build_edge_lists)
 
 __all__ = ["PackedTreeBatch", "packed_tree_tensors", "pack_padded"]
 
@@ -284,14 +285,7 @@ class PackedTreeBatch:
 
     def to(self, *args, **kwargs) -> "PackedTreeBatch":
         """Move every tensor (dtypes kept), cached edge lists included."""
-        device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
-        for arg in args:
-            if isinstance(arg, torch.Tensor):
-                device = arg.device
-            elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
-                device = arg
-            elif isinstance(arg, bool):
-                non_blocking = arg
+        device, non_blocking = _move_arguments(args, kwargs)
         if device is None:
             return self
         return self._map(lambda t: t.to(device, non_blocking=non_blocking),
