@@ -212,6 +212,89 @@ def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head)
     assert launched == ([((num_q * 2 * 3,), 1)] if per_head else [((num_q * 2,), 3)])
 
 
+# id, (B, H, N, D), dtype, make_case options, call options: short rows (N <= 64) with a shared table
+SHORT_CASES = [
+    ("N57-bf16-D64-ragged-empty", (3, 3, 57, 64), torch.bfloat16, dict(lengths=[57, 0, 23]), dict()),
+    ("N40-fp16-D128-window2-causal", (2, 2, 40, 128), torch.float16, dict(lengths=[40, 17]),
+     dict(window=2, causal=True)),
+    ("N40-bf16-D48-bigtable", (2, 2, 40, 48), torch.bfloat16,
+     dict(buckets=sk.BucketSpec(40, unreachable_bucket=False), roots=1), dict()),
+    ("N64-fp16-D32-logbuckets", (2, 2, 64, 32), torch.float16, dict(buckets=sk.BucketSpec(16, log_distance=4)),
+     dict()),
+    ("N33-bf16-D96-window1", (2, 1, 33, 96), torch.bfloat16, dict(lengths=[33, 5]), dict(window=1)),
+]
+
+
+def _spy_launches(monkeypatch):
+    names = []
+    real_launch = ba.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        names.append(fn.fn.__name__)
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(ba, "launch", spy)
+    return names
+
+
+@pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT_CASES], ids=[c[0] for c in SHORT_CASES])
+def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, kw):
+    """Rows of at most 64 tokens with a shared table run the short-row backward (dQ, dK, dV and each head's dS
+    in one kernel, the table gradient summed over the heads in a second), exact against the float64
+    reference: ragged and empty rows, windows, causal, log-spaced and large tables, odd head dims."""
+    names = _spy_launches(monkeypatch)
+    check_against_reference(make_case(*shape, dtype, **opts), **kw)
+    backward = [n for n in names if n.startswith("_bias_bwd")]
+    assert backward == ["_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"], names
+
+
+def test_short_rows_directed_distance_is_exact(monkeypatch):
+    """The short-row backward reads each pair at ``distance[b, i, j]`` only: a directed distance needs no
+    transposed copy and its gradients are exact."""
+    names = _spy_launches(monkeypatch)
+    case = make_case(2, 2, 40, 64, torch.bfloat16, lengths=[40, 29], seed=3)
+    case["distance"] = torch.randint(0, 256, (2, 40, 40), dtype=torch.uint8,
+                                     generator=torch.Generator().manual_seed(4))
+    check_against_reference(case)
+    assert "_bias_bwd_short_kernel" in names and "_bias_bwd_dkdv_kernel" not in names
+
+
+def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch):
+    """The same short batch through the short-row backward and through the tiled kernels (the short path
+    turned off) agrees to rounding, and the short path is bit-identical run to run."""
+    case = make_case(2, 2, 50, 64, torch.bfloat16, lengths=[50, 31], seed=5)
+    grad_out = torch.randn(2, 2, 50, 64, generator=torch.Generator().manual_seed(6))
+    names = _spy_launches(monkeypatch)
+    short = [_run(case, torch.bfloat16, "triton", grad_out) for _ in range(2)]
+    assert "_bias_bwd_short_kernel" in names
+    for name in short[0][1]:
+        assert torch.equal(short[0][1][name], short[1][1][name]), name
+    monkeypatch.setattr(ba, "_SHORT_ROWS", False)
+    names.clear()
+    tiled = _run(case, torch.bfloat16, "triton", grad_out)
+    assert "_bias_bwd_short_kernel" not in names and "_bias_bwd_dkdv_kernel" in names
+    for name in tiled[1]:
+        scale = tiled[1][name].double().abs().max().item()
+        err = (short[0][1][name].double() - tiled[1][name].double()).abs().max().item()
+        assert err <= 2e-2 * scale + 1e-6, (name, err, scale)
+
+
+@pytest.mark.parametrize("N,dtype,rows,family,arch,takes", [
+    (57, torch.bfloat16, 1, "sm90", 90, True),
+    (64, torch.float16, 1, "sm90", 100, True),
+    (65, torch.bfloat16, 1, "sm90", 90, False),  # longer rows: the tiled kernels
+    (57, torch.float32, 1, "sm90", 90, False),  # fp32: the tiled kernels
+    (57, torch.bfloat16, 12, "sm90", 90, False),  # per-head tables: the tiled kernels
+    (57, torch.bfloat16, 1, "sm80", 80, False),  # no short-row tiles for this family (they spill there)
+    (57, torch.bfloat16, 1, "small", 86, False),
+])
+def test_short_row_dispatch(N, dtype, rows, family, arch, takes):
+    config = ba._short_config(N, dtype, 64, rows, family, arch)
+    assert (config is not None) == takes
+    if takes:
+        assert config["BLOCK_M"] == config["BLOCK_N"] >= N
+
+
 @pytest.mark.parametrize("window,causal", [(-1, False), (3, True)])
 @pytest.mark.parametrize("spec", [sk.BucketSpec(6), sk.BucketSpec(40)], ids=["bitset", "range"])
 def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal):

@@ -88,13 +88,19 @@ def test_workload_kernels_compile_without_spills_and_fit_shared_memory(workload_
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
 def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports):
-    expected = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
-                "_block_bucket_mask_kernel"}
+    from syntaxkernels.ops import bias_attention as op
+
+    tiled = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
+             "_block_bucket_mask_kernel"}
+    # Rows of at most 64 tokens on sm_90: the short-row backward (one tile a sequence, every head a program).
+    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_block_bucket_mask_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     assert {(r.case, r.arch) for r in workload_reports} == cases
     for case, arch in cases:
         group = [r for r in workload_reports if (r.case, r.arch) == (case, arch)]
-        assert expected <= {r.kernel for r in group}, (case, arch, {r.kernel for r in group})
+        rows = I._workload(case.split()[0]).N
+        expected = short if arch >= 90 and rows <= op.SHORT_ROW_LIMIT else tiled
+        assert {r.kernel for r in group} == expected, (case, arch, {r.kernel for r in group})
         for r in group:
             assert r.shared_limit == I.SHARED_LIMIT[arch]
             assert all(x >= 0 for x in r.loop_other + r.loop_all), r
@@ -112,6 +118,15 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
                 assert r.tiles["one_bucket"] + r.tiles["mixed"] > 0, r
             elif r.kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
                 assert r.cost["plain_instr"] and r.cost["plain_instr"] < r.cost["instr"], r  # the bias-free twin
+            if r.kernel in I._HEAD_PROGRAMS:  # one tile a sequence, a loop over the 12 heads, the rest once
+                t = r.tiles
+                assert t["grid"] == t["boundary"] == r.tiles["grid"] and t["skipped"] == 0, r
+                assert r.heads == I.WORKLOAD_HEADS and r.once_other > 0 and r.once_all >= r.once_other, r
+                assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
+                if r.kernel == "_bias_bwd_short_kernel":
+                    assert r.main_tensor_core > 0, r
+                else:  # every sequence's tile holds an allowed pair and reduces its dS per bucket
+                    assert t["one_bucket"] + t["mixed"] == t["grid"], r
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)

@@ -372,6 +372,10 @@ class KernelReport:
     # once, for all its heads).
     head_loop_other: List[float] = dataclasses.field(default_factory=list)
     heads: int = 1  # heads one program takes per tile (the launch's ``HEADS``; 1 for every other kernel)
+    # A program of one tile whose main loop walks the heads (the short-row kernels): the instructions outside
+    # that loop, per unit, paid once per tile for all its heads: on the cheapest path and counting every branch.
+    once_other: Optional[float] = None
+    once_all: Optional[float] = None
     plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
     block_m: int = 0
@@ -493,6 +497,14 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                 report.loop_other.append(per(outside))
                 report.loop_all.append(per(l.instructions - l.tensor_core - (head.instructions - head.tensor_core)))
                 report.head_loop_other.append(per(head.shortest_other))
+            if name in _HEAD_PROGRAMS and top:
+                # One tile a program, its loop over the heads: what lies outside the loop is paid once per tile.
+                loop = top[0]
+                every = sum(1 for _, op, _, _ in analysed_instructions if _count_other(op))
+                last = max(i for i, (_, op, _, _) in enumerate(analysed_instructions) if op.startswith("EXIT"))
+                report.once_other = per(_shortest_path(analysed_instructions, 0, last, _count_other,
+                                                       skip=(loop.start, loop.end)))
+                report.once_all = per(every - (loop.instructions - loop.tensor_core))
             if report.head_loop_other and report.head_loop_other[0]:
                 # The main-loop figures per head and element: the head loop plus the tile's own share.
                 report.other_per_unit = report.head_loop_other[0] + report.loop_other[0] / report.heads
@@ -944,6 +956,11 @@ _KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel",)
 _TABLE_PROGRAMS = ("_bias_bwd_table_kernel",)
 #: Kernels with one program per tile of the whole grid (no loop), shared by every head of a call.
 _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
+#: The short-row backward: one program per batch item, its sequence one tile, a loop over the heads (the second
+#: sums the heads' dS and reduces it per bucket once, after its loop).
+_HEAD_PROGRAMS = ("_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel")
+#: Kernels without a product (no tensor-core work to miss).
+_DOTLESS_PROGRAMS = ("_bias_bwd_short_table_kernel",)
 
 
 @contextlib.contextmanager
@@ -1122,6 +1139,13 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     if kernel in _TILE_PROGRAMS:
         out["interior"] = grid
         return out
+    if kernel in _HEAD_PROGRAMS:  # every program walks its one tile (masked), an empty row's too
+        out["boundary"] = grid
+        if kernel == "_bias_bwd_short_table_kernel":
+            counts = _popcount(_presence(workload, block_m, block_n))
+            out["one_bucket"], out["mixed"] = int((counts == 1).sum()), int((counts > 1).sum())
+            out["buckets_mixed"] = int(counts[counts > 1].sum())
+        return out
     if kernel in _QUERY_PROGRAMS:
         rows = -(-lengths // block_m)  # query blocks that start inside the length
         out["interior"] = int((rows * (lengths // block_n)).sum())
@@ -1177,6 +1201,13 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     T = BucketSpec().num_buckets
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
     per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
+    if report.kernel in _HEAD_PROGRAMS and report.once_other is not None:
+        # Per tile: the head loop once per head, the rest once (its branches charged per bucket the tile
+        # holds, like the table kernel's: an upper bound), per head.
+        per_bucket = (report.once_all - report.once_other) / T
+        per_element = (tiles["boundary"] * (last_other + report.once_other / per_tile)
+                       + (tiles["one_bucket"] + tiles["buckets_mixed"]) * per_bucket / per_tile)
+        return dict(area=area, instr=per_element * tiles["area"] / valid)
     if report.head_loop_other and report.head_loop_other[0]:
         # The table kernel: per tile, each head's loop, then the tile's own work and its bucket reduction once
         # for all ``per_tile`` heads (charged per head: divided by them).
@@ -1324,7 +1355,8 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
             continue
         over = "!" if r.over_shared_limit else "/"
         flag = ""
-        if r.loop_other and not r.main_tensor_core and r.dtype in ("bf16", "fp16"):
+        if (r.loop_other and not r.main_tensor_core and r.dtype in ("bf16", "fp16")
+                and r.kernel not in _DOTLESS_PROGRAMS):
             flag = " fma"  # no tensor-core instruction: the dot compiled to FMA (Triton 3.6: bf16 on sm_75)
         lines.append(f"{lead} {r.tile or '-':>7} {r.num_warps}/{r.num_stages:<2} {r.registers:>3} "
                      f"{r.spill_bytes:>5} {_kib(r.shared_bytes) + over + _kib(r.shared_limit):>8} "
@@ -1376,7 +1408,7 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
 
         forward = ("_bias_fwd_kernel",) + _VARLEN_QUERY_PROGRAMS[:1]
         backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
-                    + _VARLEN_QUERY_PROGRAMS[1:] + _VARLEN_KEY_PROGRAMS)
+                    + _HEAD_PROGRAMS + _VARLEN_QUERY_PROGRAMS[1:] + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
                                         and not r.tiles),
@@ -1385,7 +1417,8 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
                          fwd_area=total(forward, "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _VARLEN_KEY_PROGRAMS, "area")))
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel", "_bias_bwd_short_kernel") + _VARLEN_KEY_PROGRAMS,
+                                         "area")))
         last = rows[-1]
 
         def per_element(kernels, key):
@@ -1439,14 +1472,14 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
                      f"{r['spill_bytes']:>5} {r['over_shared']:>5} {r['errors']:>6}")
     unmodelled = sum(r["unmodelled"] for r in rows)
     lines += textwrap.wrap(
-        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, the table gradient, block metadata) "
-        "instructions per valid pair; area f, area b: score elements the forward and the dK/dV kernel compute "
-        "per valid pair; valid: the share of the forward's computed (tensor-core) score elements that are valid "
+        "fwd, bwd: the forward's and the backward's (dQ, dK/dV, the table gradient, block metadata; rows of "
+        "at most 64 tokens on sm_90 and newer: the short-row kernels) instructions per valid pair; area f, "
+        "area b: score elements the forward and the dK/dV (or short-row) kernel compute per valid pair; valid: the share of the forward's computed (tensor-core) score elements that are valid "
         "pairs (1 / area f); fwd/el, bwd/el: instructions per score element, every branch the tiles take: each tiled "
         "kernel's instructions over its own score elements, summed over the pass's kernels (straight-line kernels "
         "over area b); plain: bwd/el of the bias-free backward (the "
         "same kernels compiled without the distance and the bias, with no block metadata and no table "
-        "gradient, walking the same tiles), ratio: bwd/el over it; spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
+        "gradient, walking the same tiles; '-' where the short-row kernels run), ratio: bwd/el over it; spills: kernels that spill (max B: the most bytes); >smem: kernels over the family's "
         "shared memory; errors: launches that did not compile (their figures are missing from fwd/bwd)."
         + (f" {unmodelled} tiled kernels have no walk model and are not in fwd/bwd." if unmodelled else ""), WIDTH)
     return "\n".join(lines)

@@ -27,6 +27,9 @@ Kernels (one file, top to bottom: kernels -> launchers -> autograd -> public fun
   rows, so it also corrects delta for the table gradient: see the kernel).
 - ``_bias_bwd_dkdv_kernel``: dK, dV for one key block, walking query blocks (transposed tiles, no atomics).
 - ``_bias_bwd_table_kernel``: the table gradient, one query block and every head of a shared table a program.
+- ``_bias_bwd_short_kernel`` and ``_bias_bwd_short_table_kernel``: the backward of rows of at most 64 tokens
+  (one tile a sequence, a shared table, fp16/bf16, the sm_90 family): dQ, dK, dV and each head's dS for every
+  head of a sequence in one program, then the heads' dS summed and reduced per bucket once.
 
 Table gradient. With ``G[t] = sum of dS over the pairs in bucket t``, ``d table = c * G`` and
 ``d c = sum_t table[t] * G[t]``: one per-bucket reduction serves both. A table shared by the heads has one
@@ -527,6 +530,137 @@ def _bias_bwd_table_kernel(
 
 
 @triton.jit
+def _bias_bwd_short_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
+    CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
+    by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
+
+    The distance tile and its bias are read once and serve all ``HEADS`` heads. Per head: the scores and dP
+    (two tensor-core products), ``delta`` as the row sums of ``P * dP`` (exact: the tile holds whole rows, so
+    each row of dS sums to zero up to fp32 rounding; the output is not read), dS, and three products stored at
+    once, each complete because the tile holds every query and every key: ``dV^T = dO^T P``, ``dQ = dS K``,
+    ``dK^T = Q^T dS`` (five products a head, the fewest a backward can do). With TABLE_GRAD each head's dS
+    (carrying the score scale) goes to ``DS_OUT`` for :func:`_bias_bwd_short_table_kernel`: summed here in
+    registers it would spill. Each pair is read at ``distance[b, i, j]`` only: a directed distance is exact.
+
+    Args:
+        Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided). DIST: uint8 ``[B, N, N]``; LUT: fp32
+            ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
+        DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
+        DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
+    Grid: ``(B,)``.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    # Once for every head: the bias, -inf where the length or causality excludes the pair.
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), tl.load(LUT + dist.to(tl.int32)), float("-inf"))
+    ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
+    for h in range(0, HEADS):
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        do_base = DOUT + b * stride_gb + h * stride_gh
+        # The products run over head-dim chunks of CHUNK columns; with one chunk the q and k tiles are read
+        # once for both of their products.
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            if c == 0:
+                scores = mma(q, tl.trans(k), DOT_PRECISION)
+            else:
+                scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+        # Rows past the length: zero q and lse = +inf, so P is exactly 0 there.
+        lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
+        p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
+        # dV^T = dO^T P first (P is then needed in fp32 only), then dP, dS, dQ = dS K and dK^T = Q^T dS: dS and
+        # P are the second operand of the transposed products (no transposed copy of either).
+        p_in = p.to(Q.dtype.element_ty)
+        for c in tl.static_range(0, BLOCK_DV, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+            dv = mma(tl.trans(do), p_in, DOT_PRECISION)
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn + offs_c[:, None] * stride_zd,
+                     dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+            v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+            if c == 0:
+                dp = mma(do, tl.trans(v), DOT_PRECISION)
+            else:
+                dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        # dS with the score scale folded in (a row constant): scale * P * (dP - delta) in two operations.
+        delta = tl.sum(p * dp, 1) * scale
+        ds = p * (dp * scale - delta[:, None])
+        if TABLE_GRAD:
+            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds)
+        ds_in = ds.to(Q.dtype.element_ty)
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            if CHUNK < BLOCK_D:
+                k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            dq = mma(ds_in, k, DOT_PRECISION)
+            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn + offs_c[None, :] * stride_xd,
+                     dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+            if CHUNK < BLOCK_D:
+                q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            dk = mma(tl.trans(q), ds_in, DOT_PRECISION)
+            tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn + offs_c[:, None] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
+
+
+@triton.jit
+def _bias_bwd_short_table_kernel(
+    DS, DIST, TILE_BUCKETS, BUCKET_PARTIALS, stride_db, stride_di, stride_dj, N, scale, HEADS,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    LAST_DISTANCE_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """The short-row table gradient: one batch item's dS tiles (:func:`_bias_bwd_short_kernel`'s ``DS_OUT``)
+    summed over the heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`; ``TILE_BUCKETS``
+    int32 ``[B]``, the tile's bucket set). Writes ``BUCKET_PARTIALS[b]`` (fp32 ``[B, NUM_BUCKETS]``).
+    Grid: ``(B,)``."""
+    b = tl.program_id(0).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    ptrs = DS + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
+    ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for h in range(0, HEADS):
+        ds += tl.load(ptrs + h * (BLOCK_M * BLOCK_N))
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    if STATIC_BUCKETS:
+        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    sums = _bucket_sums(sums, ds, dist, tl.load(TILE_BUCKETS + b), NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
+                        LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+    bucket_ids = tl.arange(0, BUCKETS_PAD)
+    if STATIC_BUCKETS:
+        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+        for t in tl.static_range(NUM_BUCKETS):
+            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
+    else:
+        totals = tl.sum(sums, 0)
+    tl.store(BUCKET_PARTIALS + b * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
+             mask=bucket_ids < NUM_BUCKETS)
+
+
+@triton.jit
 def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row, k_block, offs_m, offs_d,
              offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
@@ -690,17 +824,28 @@ for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
     if _kind == "table" and ("table_extra", _arch, _cls, _dim) not in CONFIGS:
         CONFIGS[("table_extra", _arch, _cls, _dim)] = dict(_config)
 
+# The short-row backward (``N <= 64``, a sequence one 64 x 64 tile: dQ, dK, dV and each head's dS in one
+# kernel, :func:`_bias_bwd_short_kernel`): one warp group (wider programs repeat the score tile on every group of
+# warps), and on sm_90 head-dim chunks of 32 at D = 128 (64 spills there). Families without an entry (sm_80,
+# small: their dot lowering spills at this tile) run the tiled kernels.
+CONFIGS[("short", "sm90", "half", 64)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=64, num_warps=4, num_stages=1)
+CONFIGS[("short", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, num_warps=4, num_stages=1)
+
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
 BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("short", "half", 128): _C(CHUNK=64),
     ("table", "half", 64): _C(num_stages=1),
     ("table", "half", 128): _C(num_stages=1),
     ("table_extra", "half", 64): _C(num_stages=1),
     ("table_extra", "half", 128): _C(num_stages=1),
 }
 
-# Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS.
+# Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
+# also turn the short-row backward off (it needs a key tile as long as the rows).
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
+SHORT_ROW_LIMIT = 64  # rows up to this long take the short-row backward (see _short_config)
+_SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled kernels at small N
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
@@ -722,6 +867,16 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
+
+
+def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, family: str,
+                  arch: Optional[int]) -> Optional[dict]:
+    """The short-row backward's configuration, or None where the tiled kernels run: rows of at most
+    :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT row (a table shared by the heads, or none)."""
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
+            or lut_rows != 1 or ("short", family, "half", 64 if head_block(head_dim) <= 64 else 128) not in CONFIGS):
+        return None
+    return select_config("short", dtype, head_dim, family, arch)
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -914,6 +1069,10 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
+    short = _short_config(N, q.dtype, max(D, DV), rows, family, arch)
+    if short is not None:
+        return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
+                               short, dq, dk, dv)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
     strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,
                  delta.stride(1))
@@ -974,6 +1133,43 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     bucket_grad = partials.view(B, groups, num_q, T).sum(dim=(0, 2))
     return dq, dk, dv, bucket_grad
+
+
+def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
+                    dq, dk, dv):
+    """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
+    (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
+    :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once)."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    T = spec.num_buckets
+    block = config["BLOCK_M"]
+    block_d, block_dv = head_block(D), head_block(DV)
+    # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
+    ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
+    launch(_bias_bwd_short_kernel, (B,),
+           q, k, v, dout, distance, lut, lengths, lse, dq, dk, dv, ds,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
+           *dq.stride(), *dk.stride(), *dv.stride(),
+           _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads it)
+           BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
+           CHUNK=min(config["CHUNK"], block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
+           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if not table_grad:
+        return dq, dk, dv, torch.zeros((1, T), dtype=torch.float32, device=q.device)
+    tile_buckets = per_batch((distance, lengths), ("tile buckets", block, block, window, causal, spec),
+                             lambda: _tile_buckets(distance, lengths, block, block, window, causal, spec))
+    partials = torch.empty((B, T), dtype=torch.float32, device=q.device)
+    launch(_bias_bwd_short_table_kernel, (B,),
+           ds, distance, tile_buckets, partials, *distance.stride(), _padded(N), scale, HEADS=H,
+           NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
+           MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
+           UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
+           BLOCK_M=block, BLOCK_N=block, EVEN_N=_even(_padded(N), config), INTERPRETED=interpreting(),
+           num_warps=4, num_stages=1)
+    # A fixed-order sum over the batch: deterministic.
+    return dq, dk, dv, partials.sum(dim=0).view(1, T)
 
 
 # ---------------------------------------------------------------------------------------------------------
