@@ -542,8 +542,9 @@ def _bias_bwd_short_kernel(
     stride_zb, stride_zh, stride_zn, stride_zd,
     N, N_OUT, D, DV, scale, qk_scale2, HEADS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
-    CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -590,14 +591,25 @@ def _bias_bwd_short_kernel(
         lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
         p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
         # dV^T = dO^T P first (P is then needed in fp32 only), then dP, dS, dQ = dS K and dK^T = Q^T dS: dS and
-        # P are the second operand of the transposed products (no transposed copy of either).
+        # P are the second operand of the transposed products (no transposed copy of either). Those run over
+        # OUT_CHUNK head-dim columns (their M: 64 keeps them on the warp-group instructions).
         p_in = p.to(Q.dtype.element_ty)
+        if OUT_CHUNK != CHUNK:
+            for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
+                offs_c = c + tl.arange(0, OUT_CHUNK)
+                do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                dv = mma(tl.trans(do), p_in, DOT_PRECISION)
+                tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                         + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                         mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
         for c in tl.static_range(0, BLOCK_DV, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
             do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
-            dv = mma(tl.trans(do), p_in, DOT_PRECISION)
-            tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn + offs_c[:, None] * stride_zd,
-                     dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+            if OUT_CHUNK == CHUNK:
+                dv = mma(tl.trans(do), p_in, DOT_PRECISION)
+                tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                         + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                         mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
             v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
             if c == 0:
                 dp = mma(do, tl.trans(v), DOT_PRECISION)
@@ -609,14 +621,21 @@ def _bias_bwd_short_kernel(
         if TABLE_GRAD:
             tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds)
         ds_in = ds.to(Q.dtype.element_ty)
-        for c in tl.static_range(0, BLOCK_D, CHUNK):
-            offs_c = c + tl.arange(0, CHUNK)
-            if CHUNK < BLOCK_D:
+        for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+            offs_c = c + tl.arange(0, OUT_CHUNK)
+            if OUT_CHUNK < BLOCK_D:
                 k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
-            dq = mma(ds_in, k, DOT_PRECISION)
-            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn + offs_c[None, :] * stride_xd,
-                     dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
-            if CHUNK < BLOCK_D:
+            if DQ_T:  # dQ^T = K^T dS^T: dS only ever a second operand (fewer registers at D = 128 on sm_90)
+                dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                         + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+            else:
+                dq = mma(ds_in, k, DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                         + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+            if OUT_CHUNK < BLOCK_D:
                 q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
             dk = mma(tl.trans(q), ds_in, DOT_PRECISION)
             tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn + offs_c[:, None] * stride_yd,
@@ -826,15 +845,19 @@ for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
 
 # The short-row backward (``N <= 64``, a sequence one 64 x 64 tile: dQ, dK, dV and each head's dS in one
 # kernel, :func:`_bias_bwd_short_kernel`): one warp group (wider programs repeat the score tile on every group of
-# warps), and on sm_90 head-dim chunks of 32 at D = 128 (64 spills there). Families without an entry (sm_80,
-# small: their dot lowering spills at this tile) run the tiled kernels.
-CONFIGS[("short", "sm90", "half", 64)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=64, num_warps=4, num_stages=1)
-CONFIGS[("short", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, num_warps=4, num_stages=1)
+# warps). CHUNK: the head-dim columns of the score and dP products a step; OUT_CHUNK: of the dQ, dK, dV products
+# (64: a transposed product of 32 rows leaves the warp-group instructions); DQ_T: dQ as dQ^T = K^T dS^T. At
+# D = 128 on sm_90 only chunks of 32 with dQ^T are spill-free. Families without an entry (sm_80, small: their
+# products lower to mma.sync, and this tile spills there at every warp count tried) run the tiled kernels.
+CONFIGS[("short", "sm90", "half", 64)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, DQ_T=False,
+                                           num_warps=4, num_stages=1)
+CONFIGS[("short", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
+                                            num_warps=4, num_stages=1)
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
 BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
-    ("short", "half", 128): _C(CHUNK=64),
+    ("short", "half", 128): _C(CHUNK=64, DQ_T=False),
     ("table", "half", 64): _C(num_stages=1),
     ("table", "half", 128): _C(num_stages=1),
     ("table_extra", "half", 64): _C(num_stages=1),
@@ -1153,7 +1176,8 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            *dq.stride(), *dk.stride(), *dv.stride(),
            _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads it)
            BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
-           CHUNK=min(config["CHUNK"], block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
+           CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
+           DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
