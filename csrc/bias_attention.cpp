@@ -15,9 +15,12 @@
 //   dV_span += P^T dO_blk,  dK_span += scale dS^T Q_blk,  dQ_blk += scale dS K_span   (sgemm).
 // P and dP of the block's live keys stay in a [64, N] band per task (O(N), not O(N^2), per head).
 //
-// Table gradient: per task eight interleaved float histograms over the 256 distance values (no store-to-load
-// chain when neighbouring keys share a distance), folded into double per query block; after the parallel loop the
-// tasks' histograms are folded into buckets in (b, h) order. Same bits for any thread count.
+// Table gradient: per task eight interleaved double histograms over the 256 distance values (no store-to-load
+// chain when neighbouring keys share a distance), folded into the task's double sums per query block; after the
+// parallel loop the tasks' histograms are folded into buckets in (b, h) order. Same bits for any thread count.
+// Double, not float: a bucket (the 'unreachable' one of packed sentences above all) sums up to N^2 values of dS
+// whose total nearly cancels (every row of dS sums to 0), and float histograms of 64 x N values each lost more
+// than the float reference loses (3.8e-05 against 5e-06 at N = 2048). One double add per value, like the float.
 //
 // Window: a [B, nQ, nK] table of each (query block x 64 keys) tile's smallest distance (one pass over the
 // distance, shared by the heads); tiles whose smallest distance is beyond the window are skipped, live ones merged
@@ -369,12 +372,13 @@ SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end)
   SequentialBlas sequential;
   const int64_t band = std::max<int64_t>(P.N, 1);
   // Scratch from torch's allocator: P and dP/dS of a query block's keys, its dQ, delta, the distance stripes.
-  at::Tensor scratch = at::empty({P.block_m * (2 * band + P.D + 1) + 8 * 256}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor scratch = at::empty({P.block_m * (2 * band + P.D + 1)}, at::TensorOptions().dtype(at::kFloat));
   float* const probs = scratch.data_ptr<float>();
   float* const grads = probs + P.block_m * band;
   float* const dq_block = grads + P.block_m * band;
   float* const delta = dq_block + P.block_m * P.D;
-  float* const stripes = delta + P.block_m;
+  at::Tensor stripe_scratch = at::empty({8 * 256}, at::TensorOptions().dtype(at::kDouble));
+  double* const stripes = stripe_scratch.data_ptr<double>();
   std::vector<int64_t> spans;
   for (int64_t bh = begin; bh < end; ++bh) {
     const int64_t h = bh % P.H, b = bh / P.H, L = P.length(b);
@@ -411,7 +415,7 @@ SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end)
         }
       }
       // Pass B: dS over dP, its sums by distance, and the gradient products.
-      if (hist != nullptr) std::fill(stripes, stripes + 8 * 256, 0.f);
+      if (hist != nullptr) std::fill(stripes, stripes + 8 * 256, 0.0);
       for (size_t s = 0; s < spans.size(); s += 2) {
         const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
         for (int64_t r = 0; r < rows; ++r) {
@@ -423,9 +427,9 @@ SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end)
           const int64_t n = causal_stop(P, i, j1) - j0;
           int64_t j = 0;
           for (; j + 8 <= n; j += 8) {
-            for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += ds[j + l];
+            for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += static_cast<double>(ds[j + l]);
           }
-          for (; j < n; ++j) stripes[(j & 7) * 256 + d[j]] += ds[j];
+          for (; j < n; ++j) stripes[(j & 7) * 256 + d[j]] += static_cast<double>(ds[j]);
         }
         gemm(true, false, width, P.Dv, rows, 1.f, probs + j0, band, do_blk, P.g_n, 1.f, dv + j0 * P.Dv, P.Dv);
         gemm(true, false, width, P.D, rows, P.scale, grads + j0, band, q_blk, P.q_n, 1.f, dk + j0 * P.D,
@@ -436,7 +440,7 @@ SK_INLINE void backward_tasks_impl(const Problem& P, int64_t begin, int64_t end)
       std::copy(dq_block, dq_block + rows * P.D, dq + i0 * P.D);
       if (hist != nullptr) {
         for (int64_t d = 0; d < 256; ++d) {
-          float sum = 0.f;
+          double sum = 0.0;
           for (int64_t l = 0; l < 8; ++l) sum += stripes[l * 256 + d];
           hist[d] += sum;
         }
