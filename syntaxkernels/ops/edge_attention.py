@@ -64,26 +64,29 @@ _HAS_TRITON = triton_status() == "ok"
 
 #: Edges per work item of the Triton kernels (``EdgeLists.schedule``); tests lower it to split every row.
 SCHEDULE_CHUNK = EDGE_CHUNK
+#: Head-dim elements of one row each thread of the edge kernels holds (``edge_config``).
+ROW_ELEMENTS = 32
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def edge_config(dtype: torch.dtype, head_dim: int) -> dict:
+def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEMENTS) -> dict:
     """Launch config of the Triton kernels for the larger of the q/k and v head dims.
 
-    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows per program = edge slots per
-    main-loop iteration, chosen so that a ``[BLOCK_E, BLOCK_D]`` fp32 tile holds 16 elements per thread: 4 warps
-    at ``BLOCK_D = 32`` and for fp32 at 64; 8 warps at 128 (4 warps over 16-row tiles compile to a divergent slow
-    path) and for half types at 64 (4 warps over 32 rows spill 8 bytes on sm_90, while fp32 spills with 8).
-    Measured by compiling for sm_80/sm_90 as launched (:mod:`syntaxkernels.inspection`): no spills for bf16,
-    fp16, fp32 and D = 32, 64, 128.
+    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows (work items) per program = edge
+    slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128 (the schedule's blocks).
+    ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
+    elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
+    index math and online softmax, fewer times); ``num_warps``: one row piece per thread.
     """
     block_d = max(16, _next_power_of_2(head_dim))
     half = dtype in (torch.float16, torch.bfloat16)
-    num_warps = 8 if block_d >= 128 or (block_d >= 64 and half) else 4
-    return dict(BLOCK_D=block_d, BLOCK_E=max(16, min(64, 16 * 32 * num_warps // block_d)), num_warps=num_warps)
+    block_e = 32 if block_d >= 128 or (block_d >= 64 and not half) else 64
+    vec = 8 if half else 4
+    tpr = max(1, min(32, block_d // row_elements))
+    return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32))
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -101,24 +104,49 @@ if _HAS_TRITON:
     from ._primitives import LOG2E, launch
 
     @triton.jit
-    def _gather(base, row_off, offs, n_cols, live, EVEN: tl.constexpr):
-        """fp32 ``[E, C]`` rows ``base[row_off[e] + offs]`` (last dim contiguous); 0 where not ``live``."""
-        ptrs = base + row_off[:, None] + offs[None, :]
+    def _cols(BLOCK: tl.constexpr, TPR: tl.constexpr, VEC: tl.constexpr):
+        """Column offsets ``[TPR, 1, BLOCK // (TPR * VEC), VEC]`` of a row of ``BLOCK`` elements: a row tile is
+        ``[TPR, rows, chunks, VEC]``, thread piece t of a row holding its chunks ``c * TPR + t`` of ``VEC``
+        elements (16 bytes). The compiler orders a load's dims by contiguity, ties by dim index: the vector, then
+        the ``TPR`` threads of a row, then the rows, and each thread holds ``BLOCK // TPR`` elements of one row.
+        A plain ``[rows, BLOCK]`` tile spreads a bf16 D = 64 row over 8 threads, and every per-row scalar (index
+        math, the online softmax, the dot's shuffle tree) then runs 8 times."""
+        mid = tl.arange(0, TPR)
+        hi = tl.arange(0, BLOCK // (TPR * VEC))
+        lo = tl.arange(0, VEC)
+        return (mid[:, None, None, None] * VEC + hi[None, None, :, None] * (TPR * VEC)) + lo[None, None, None, :]
+
+    @triton.jit
+    def _bcast(x):
+        """A per-row ``[E]`` vector as ``[1, E, 1, 1]``, against row tiles (:func:`_cols`)."""
+        return x[None, :, None, None]
+
+    @triton.jit
+    def _rowsum(x):
+        """``[E]`` row sums of a row tile (:func:`_cols`): in-thread over the vector and the chunks, then over the
+        ``TPR`` threads of a row."""
+        return tl.sum(tl.sum(tl.sum(x, axis=3), axis=2), axis=0)
+
+    @triton.jit
+    def _gather(base, row_off, cols, n_cols, live, EVEN: tl.constexpr):
+        """fp32 row tile (:func:`_cols`) of rows ``base[row_off[e] + cols]`` (last dim contiguous); 0 where not
+        ``live``."""
+        ptrs = base + _bcast(row_off) + cols
         if EVEN:
-            tile = tl.load(ptrs, mask=live[:, None], other=0.0)
+            tile = tl.load(ptrs, mask=_bcast(live), other=0.0)
         else:
-            tile = tl.load(ptrs, mask=live[:, None] & (offs[None, :] < n_cols), other=0.0)
+            tile = tl.load(ptrs, mask=_bcast(live) & (cols < n_cols), other=0.0)
         return tile.to(tl.float32)
 
     @triton.jit
-    def _row_gather(base, row_base, row_off, offs, n_cols, EVEN: tl.constexpr):
-        """fp32 ``[E, C]`` rows ``base[row_base[e] + row_off[e] + offs]`` without a row mask: dead slots read a
-        valid row (token 0 of their sequence) whose weight is exactly 0."""
-        ptrs = base + (row_base + row_off)[:, None] + offs[None, :]
+    def _row_gather(base, row_base, row_off, cols, n_cols, EVEN: tl.constexpr):
+        """fp32 row tile (:func:`_cols`) of rows ``base[row_base[e] + row_off[e] + cols]`` without a row mask:
+        dead slots read a valid row (token 0 of their sequence) whose weight is exactly 0."""
+        ptrs = base + _bcast(row_base + row_off) + cols
         if EVEN:
             tile = tl.load(ptrs)
         else:
-            tile = tl.load(ptrs, mask=offs[None, :] < n_cols, other=0.0)
+            tile = tl.load(ptrs, mask=cols < n_cols, other=0.0)
         return tile.to(tl.float32)
 
     @triton.jit
@@ -160,6 +188,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr,
     ):
         """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -180,8 +209,8 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
         r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         q = _gather(Q + h * stride_qh, b * stride_qb + i * stride_qn, offs_d, D, ok, EVEN_D)
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
@@ -189,38 +218,38 @@ if _HAS_TRITON:
         v_row = b * stride_vb
         m = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_E], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
+        acc = tl.zeros([TPR, BLOCK_E, BLOCK_DV // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             j = tl.load(COL + first + t, mask=live, other=0)
             k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
             v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
-            s = tl.where(live, tl.sum(q * k, axis=1) * qk_scale2, float("-inf"))
+            s = tl.where(live, _rowsum(q * k) * qk_scale2, float("-inf"))
             new_m = tl.maximum(m, s)
             safe = tl.where(new_m == float("-inf"), 0.0, new_m)
             alpha = tl.exp2(m - safe)
             p = tl.exp2(s - safe)
-            acc = acc * alpha[:, None] + p[:, None] * v
+            acc = acc * _bcast(alpha) + _bcast(p) * v
             l = l * alpha + p
             m = new_m
         denom = tl.where(ok, l, 1.0)
         lse = m + tl.log2(denom)
-        o = acc * (1.0 / denom)[:, None]
+        o = acc * _bcast(1.0 / denom)
         # The item's coordinates again (loaded, not kept live across the loop: fp32 spilled 8 B keeping them).
         index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
         r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
-        col_ok = offs_dv[None, :] < DV
+        col_ok = offs_dv < DV
         if PIECES:  # chunks of split rows: to their partial slots (merged by _edge_merge_kernel)
             part = _idx(slot, SMALL) * H + h
-            tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=ok[:, None] & col_ok)
+            tl.store(PART_O + _bcast(part) * DV + offs_dv, o, mask=_bcast(ok) & col_ok)
             tl.store(PART_L + part, lse, mask=ok)
         else:  # whole rows: to the output
             out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
             if EVEN_DV:
-                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=ok[:, None])
+                tl.store(OUT + _bcast(out_off) + offs_dv, o.to(OUT.dtype.element_ty), mask=_bcast(ok))
             else:
-                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
-                         mask=ok[:, None] & col_ok)
+                tl.store(OUT + _bcast(out_off) + offs_dv, o.to(OUT.dtype.element_ty),
+                         mask=_bcast(ok) & col_ok)
             tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=ok)
 
     @triton.jit
@@ -326,6 +355,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr,
     ):
         """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
@@ -339,8 +369,8 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, qi, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         q = _gather(Q + h * stride_qh, b * stride_qb + qi * stride_qn, offs_d, D, has, EVEN_D)
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
@@ -349,7 +379,7 @@ if _HAS_TRITON:
         v_row = b * stride_vb
         do_row = b * stride_gb + qi * stride_gn
         stat_base = b * R * H * N + h * N + qi
-        dq = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
+        dq = tl.zeros([TPR, BLOCK_E, BLOCK_D // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             e = first + t
@@ -361,17 +391,17 @@ if _HAS_TRITON:
             k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
             v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
             do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
-            ds = p * (tl.sum(do * v, axis=1) - delta)
-            dq += ds[:, None] * k
+            p = tl.exp2(_rowsum(q * k) * qk_scale2 - lse)
+            ds = p * (_rowsum(do * v) - delta)
+            dq += _bcast(ds) * k
         dq = dq * sm_scale
-        col_ok = offs_d[None, :] < D
+        col_ok = offs_d < D
         if PIECES:  # items of split tokens: fp32 partial rows (summed by _edge_sum_kernel)
             part = _idx(slot, SMALL) * H + h
-            tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=ok[:, None] & col_ok)
+            tl.store(DQ_PART + _bcast(part) * D + offs_d, dq, mask=_bcast(ok) & col_ok)
         else:
-            tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-                     mask=ok[:, None] & col_ok)
+            tl.store(DQ + _bcast((b * H + h) * N + qi) * D + offs_d, dq.to(DQ.dtype.element_ty),
+                     mask=_bcast(ok) & col_ok)
 
     @triton.jit
     def _edge_bwd_dkdv_kernel(
@@ -383,6 +413,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr,
     ):
         """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
@@ -396,8 +427,8 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         k = _gather(K + h * stride_kh, b * stride_kb + kj * stride_kn, offs_d, D, has, EVEN_D)
         v = _gather(V + h * stride_vh, b * stride_vb + kj * stride_vn, offs_dv, DV, has, EVEN_DV)
         q_base = Q + h * stride_qh
@@ -405,8 +436,8 @@ if _HAS_TRITON:
         q_row = b * stride_qb
         do_row = b * stride_gb
         stat_base = b * R * H * N + h * N
-        dk = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
+        dk = tl.zeros([TPR, BLOCK_E, BLOCK_D // (TPR * VEC), VEC], dtype=tl.float32)
+        dv = tl.zeros([TPR, BLOCK_E, BLOCK_DV // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             e = first + t
@@ -418,25 +449,25 @@ if _HAS_TRITON:
             q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
             do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
                              DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
-            ds = p * (tl.sum(do * v, axis=1) - delta)
-            dk += ds[:, None] * q
-            dv += p[:, None] * do
+            p = tl.exp2(_rowsum(q * k) * qk_scale2 - lse)
+            ds = p * (_rowsum(do * v) - delta)
+            dk += _bcast(ds) * q
+            dv += _bcast(p) * do
         dk = dk * sm_scale
         # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
         # D = 64 with H = 12 on sm_90).
         index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         # Both stores, masked by the slot, in both launches (PIECES unused here: a whole-token-only epilogue
         # spilled 8 B at fp32 D = 128 on sm_80).
-        out_rows = ((b * H + h) * N + kj)[:, None]
-        direct = (ok & (slot < 0))[:, None]
-        split = (ok & (slot >= 0))[:, None]
-        part = (_idx(slot, SMALL) * H + h)[:, None]
-        tl.store(DK + out_rows * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=direct & (offs_d[None, :] < D))
-        tl.store(DV_OUT + out_rows * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
-                 mask=direct & (offs_dv[None, :] < DV))
-        tl.store(DK_PART + part * D + offs_d[None, :], dk, mask=split & (offs_d[None, :] < D))
-        tl.store(DV_PART + part * DV + offs_dv[None, :], dv, mask=split & (offs_dv[None, :] < DV))
+        out_rows = _bcast((b * H + h) * N + kj)
+        direct = _bcast(ok & (slot < 0))
+        split = _bcast(ok & (slot >= 0))
+        part = _bcast(_idx(slot, SMALL) * H + h)
+        tl.store(DK + out_rows * D + offs_d, dk.to(DK.dtype.element_ty), mask=direct & (offs_d < D))
+        tl.store(DV_OUT + out_rows * DV + offs_dv, dv.to(DV_OUT.dtype.element_ty),
+                 mask=direct & (offs_dv < DV))
+        tl.store(DK_PART + part * D + offs_d, dk, mask=split & (offs_d < D))
+        tl.store(DV_PART + part * DV + offs_dv, dv, mask=split & (offs_dv < DV))
 
     # ----------------------------------------------------------------------------------------------------
     # Launchers (torch.library Triton ops)
@@ -446,12 +477,15 @@ if _HAS_TRITON:
         D, DV = q.shape[-1], v.shape[-1]
         cfg = edge_config(q.dtype, max(D, DV))
         block_d, block_dv = max(16, _next_power_of_2(D)), max(16, _next_power_of_2(DV))
+        # A row's threads split both head dims: TPR * VEC <= the smaller padded one.
+        tpr = max(1, min(cfg["TPR"], min(block_d, block_dv) // cfg["VEC"]))
         # Offsets in int32 when every tensor the kernels index (inputs, outputs, statistics, partials) spans
         # fewer than 2^31 elements.
         extent = max(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
                      for t in (q, v) + rest)
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, num_warps=cfg["num_warps"])
+                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, TPR=tpr, VEC=cfg["VEC"],
+                    num_warps=max(1, cfg["BLOCK_E"] * tpr // 32))
 
     _MERGE_BLOCK = 32
     _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
