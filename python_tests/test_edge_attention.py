@@ -254,6 +254,29 @@ def test_scale_argument(backend_device):
     assert not torch.allclose(default, out)
 
 
+@needs_triton
+@pytest.mark.parametrize("which", [MASKS, 3], ids=["relations", "window3"])
+def test_wide_score_range_moves_the_lazy_softmax_reference(which):
+    """Scores spread over tens of log2 units: the forward's lazy online softmax moves its reference point
+    (RESCALE_SLACK) after a row's first edge too; output and gradients still match the float64 reference."""
+    trees = trees_of_kind("star", 17, seed=3)
+    lists = lists_of(trees, which).to(KERNEL_DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 1, 17, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    grad = torch.randn(2, lists.num_relations, 1, 17, 16, generator=gen, dtype=torch.float64)
+    scale = 4.0  # score std ~16: a later key often beats the reference by more than 2^8
+
+    def fn(backend):
+        return lambda q, k, v: E.edge_list_attention(q, k, v, lists, scale=scale, backend=backend)[0]
+
+    tensors = tuple(t.to(KERNEL_DEVICE) for t in (q, k, v))
+    out, grads = run(fn("triton"), tensors, grad.to(KERNEL_DEVICE), torch.float32)
+    ref, grads64 = run(fn("reference"), tensors, grad.to(KERNEL_DEVICE), torch.float64)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    for g, g64 in zip(grads, grads64):
+        torch.testing.assert_close(g.double(), g64, atol=1e-3, rtol=1e-3)
+
+
 @needs_cpp
 def test_cpp_is_deterministic_across_thread_counts():
     trees = trees_of_kind("star", 40, seed=7)

@@ -128,6 +128,16 @@ if _HAS_TRITON:
         return tl.sum(tl.sum(tl.sum(x, axis=3), axis=2), axis=0)
 
     @triton.jit
+    def _f32(tile):
+        """A loaded tile as fp32; bf16 through its bits (``bits << 16``), which compiles to one instruction per
+        element (a shift, or a mask of a 32-bit word's high half) instead of the extract-and-shift pair of the
+        plain conversion."""
+        if tile.dtype == tl.bfloat16:
+            return (tile.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            return tile.to(tl.float32)
+
+    @triton.jit
     def _gather(base, row_off, cols, n_cols, live, EVEN: tl.constexpr):
         """fp32 row tile (:func:`_cols`) of rows ``base[row_off[e] + cols]`` (last dim contiguous); 0 where not
         ``live``."""
@@ -136,7 +146,7 @@ if _HAS_TRITON:
             tile = tl.load(ptrs, mask=_bcast(live), other=0.0)
         else:
             tile = tl.load(ptrs, mask=_bcast(live) & (cols < n_cols), other=0.0)
-        return tile.to(tl.float32)
+        return _f32(tile)
 
     @triton.jit
     def _row_gather(base, row_base, row_off, cols, n_cols, EVEN: tl.constexpr):
@@ -147,7 +157,7 @@ if _HAS_TRITON:
             tile = tl.load(ptrs)
         else:
             tile = tl.load(ptrs, mask=cols < n_cols, other=0.0)
-        return tile.to(tl.float32)
+        return _f32(tile)
 
     @triton.jit
     def _idx(index, SMALL: tl.constexpr):
@@ -188,7 +198,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
-        TPR: tl.constexpr, VEC: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr, RESCALE_SLACK: tl.constexpr = 8.0,
     ):
         """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -216,7 +226,11 @@ if _HAS_TRITON:
         v_base = V + h * stride_vh
         k_row = b * stride_kb
         v_row = b * stride_vb
-        m = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
+        # Lazy online softmax: m is a reference point, not the running max. It moves (and acc, l are rescaled)
+        # only when a score exceeds it by more than RESCALE_SLACK (a block-wide test, so the common step is one
+        # FFMA per element: acc += p v); p <= 2^RESCALE_SLACK. Exact at the end: lse = m + log2(l), o = acc / l
+        # for any reference. -1e30 rather than -inf: dead rows' p = exp2(-inf - m) = 0, never NaN.
+        m = tl.full([BLOCK_E], -1.0e30, dtype=tl.float32)
         l = tl.zeros([BLOCK_E], dtype=tl.float32)
         acc = tl.zeros([TPR, BLOCK_E, BLOCK_DV // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
@@ -225,13 +239,16 @@ if _HAS_TRITON:
             k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
             v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
             s = tl.where(live, _rowsum(q * k) * qk_scale2, float("-inf"))
-            new_m = tl.maximum(m, s)
-            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
-            alpha = tl.exp2(m - safe)
-            p = tl.exp2(s - safe)
-            acc = acc * _bcast(alpha) + _bcast(p) * v
-            l = l * alpha + p
-            m = new_m
+            grow = s > m + RESCALE_SLACK
+            if tl.max(grow.to(tl.int32), axis=0) > 0:
+                new_m = tl.where(grow, s, m)
+                alpha = tl.exp2(m - new_m)
+                acc = acc * _bcast(alpha)
+                l = l * alpha
+                m = new_m
+            p = tl.exp2(s - m)
+            acc += _bcast(p) * v
+            l += p
         denom = tl.where(ok, l, 1.0)
         lse = m + tl.log2(denom)
         o = acc * _bcast(1.0 / denom)
