@@ -79,14 +79,17 @@ def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEME
     slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128 (the schedule's blocks).
     ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
     elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
-    index math and online softmax, fewer times); ``num_warps``: one row piece per thread.
+    index math and online softmax, fewer times); ``num_warps``: one row piece per thread. ``FWD_BLOCK_E``: the
+    forward's rows per program, one warp's worth (``32 // TPR``), so that its lazy-softmax test (a max over the
+    block's rows) stays within a warp: no shared memory or barrier per iteration.
     """
     block_d = max(16, _next_power_of_2(head_dim))
     half = dtype in (torch.float16, torch.bfloat16)
     block_e = 32 if block_d >= 128 or (block_d >= 64 and not half) else 64
     vec = 8 if half else 4
     tpr = max(1, min(32, block_d // row_elements))
-    return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32))
+    return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32),
+                FWD_BLOCK_E=max(1, 32 // tpr))
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -126,6 +129,14 @@ if _HAS_TRITON:
         """``[E]`` row sums of a row tile (:func:`_cols`): in-thread over the vector and the chunks, then over the
         ``TPR`` threads of a row."""
         return tl.sum(tl.sum(tl.sum(x, axis=3), axis=2), axis=0)
+
+    @triton.jit
+    def _row_stat(base, index, live, other, TPR: tl.constexpr):
+        """``base[index[e]]`` (fp32) as ``[TPR, E, 1, 1]``, every thread of a row holding its row's value: the
+        compiler lays this load out as the row tiles (:func:`_cols`), where an ``[E]`` load got a layout of its
+        own and a shared-memory conversion per iteration."""
+        ptrs = base + (_bcast(index) + tl.zeros([TPR, 1, 1, 1], dtype=index.dtype))
+        return tl.load(ptrs, mask=_bcast(live), other=other)
 
     @triton.jit
     def _f32(tile):
@@ -403,14 +414,14 @@ if _HAS_TRITON:
             j = tl.load(COL + e, mask=live, other=0)
             rel = tl.load(REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N)
-            lse = tl.load(LSE + stat, mask=live, other=float("inf"))
-            delta = tl.load(DELTA + stat, mask=live, other=0.0)
+            lse = _row_stat(LSE, stat, live, float("inf"), TPR)
+            delta = _row_stat(DELTA, stat, live, 0.0, TPR)
             k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
             v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
             do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
-            p = tl.exp2(_rowsum(q * k) * qk_scale2 - lse)
-            ds = p * (_rowsum(do * v) - delta)
-            dq += _bcast(ds) * k
+            p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
+            ds = p * (_bcast(_rowsum(do * v)) - delta)
+            dq += ds * k
         dq = dq * sm_scale
         col_ok = offs_d < D
         if PIECES:  # items of split tokens: fp32 partial rows (summed by _edge_sum_kernel)
@@ -461,15 +472,15 @@ if _HAS_TRITON:
             i = tl.load(T_COL + e, mask=live, other=0)
             rel = tl.load(T_REL + e, mask=live, other=0)
             stat = stat_base + rel * (H * N) + i
-            lse = tl.load(LSE + stat, mask=live, other=float("inf"))
-            delta = tl.load(DELTA + stat, mask=live, other=0.0)
+            lse = _row_stat(LSE, stat, live, float("inf"), TPR)
+            delta = _row_stat(DELTA, stat, live, 0.0, TPR)
             q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
             do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
                              DV, EVEN_DV)
-            p = tl.exp2(_rowsum(q * k) * qk_scale2 - lse)
-            ds = p * (_rowsum(do * v) - delta)
-            dk += _bcast(ds) * q
-            dv += _bcast(p) * do
+            p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
+            ds = p * (_bcast(_rowsum(do * v)) - delta)
+            dk += ds * q
+            dv += p * do
         dk = dk * sm_scale
         # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
         # D = 64 with H = 12 on sm_90).
@@ -503,6 +514,10 @@ if _HAS_TRITON:
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
                     EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, TPR=tpr, VEC=cfg["VEC"],
                     num_warps=max(1, cfg["BLOCK_E"] * tpr // 32))
+
+    def _fwd_tiles(tiles: dict) -> dict:
+        """The forward's launch: one warp of ``32 // TPR`` rows (``edge_config``'s ``FWD_BLOCK_E``)."""
+        return dict(tiles, BLOCK_E=max(1, 32 // tiles["TPR"]), num_warps=1)
 
     _MERGE_BLOCK = 32
     _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
@@ -538,7 +553,7 @@ if _HAS_TRITON:
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
-        tiles = _tiles(q, v, k, out, lse, part_o, part_l)
+        tiles = _fwd_tiles(_tiles(q, v, k, out, lse, part_o, part_l))
         for items, split in ((f_items, False), (p_items, True)):
             if items.shape[1]:
                 launch(_edge_fwd_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,),
