@@ -216,6 +216,18 @@ def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
                             torch.float32, D=20, DV=24)
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype,D,DV", [(torch.float32, 64, 64), (torch.bfloat16, 128, 128),
+                                        (torch.float32, 100, 72), (torch.bfloat16, 64, 40)],
+                         ids=["fp32-64", "bf16-128", "fp32-100-72", "bf16-64-40"])
+def test_rows_over_several_threads_match_reference(dtype, D, DV):
+    """Head dims whose rows the kernels spread over 2 or 4 threads (``edge_config``'s TPR; the forward's half
+    types over half as many), padded ones included: the row tiles' column order covers every element once."""
+    cfg = E.edge_config(dtype, max(D, DV))
+    assert cfg["TPR"] > 1
+    check_against_reference(trees_of_kind("star", 15, seed=7), MASKS, "triton", KERNEL_DEVICE, dtype, D=D, DV=DV)
+
+
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_strided_inputs_and_gradient(backend_device):
     """q, k, v as head-split views of a [B, N, H, 3D] projection; the output gradient a slice of a larger one."""

@@ -79,17 +79,21 @@ def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEME
     slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128 (the schedule's blocks).
     ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
     elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
-    index math and online softmax, fewer times); ``num_warps``: one row piece per thread. ``FWD_BLOCK_E``: the
-    forward's rows per program, one warp's worth (``32 // TPR``), so that its lazy-softmax test (a max over the
-    block's rows) stays within a warp: no shared memory or barrier per iteration.
+    index math and online softmax, fewer times); ``num_warps``: one row piece per thread. The forward:
+    ``FWD_TPR`` threads per row, half of ``TPR`` for half types (a thread holds 64 elements of q and of the
+    accumulator, about 220 registers at D = 64 and 128 on sm_80/sm_90, without spills; the same rows in flight
+    per SM as two threads per row at half the registers), and ``FWD_BLOCK_E = 32 // FWD_TPR`` rows per program,
+    one warp, so that its lazy-softmax test (a max over the block's rows) stays within a warp: no shared memory
+    or barrier per iteration.
     """
     block_d = max(16, _next_power_of_2(head_dim))
     half = dtype in (torch.float16, torch.bfloat16)
     block_e = 32 if block_d >= 128 or (block_d >= 64 and not half) else 64
     vec = 8 if half else 4
     tpr = max(1, min(32, block_d // row_elements))
+    fwd_tpr = max(1, tpr // 2) if half else tpr
     return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32),
-                FWD_BLOCK_E=max(1, 32 // tpr))
+                FWD_TPR=fwd_tpr, FWD_BLOCK_E=32 // fwd_tpr)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -515,9 +519,11 @@ if _HAS_TRITON:
                     EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, TPR=tpr, VEC=cfg["VEC"],
                     num_warps=max(1, cfg["BLOCK_E"] * tpr // 32))
 
-    def _fwd_tiles(tiles: dict) -> dict:
-        """The forward's launch: one warp of ``32 // TPR`` rows (``edge_config``'s ``FWD_BLOCK_E``)."""
-        return dict(tiles, BLOCK_E=max(1, 32 // tiles["TPR"]), num_warps=1)
+    def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
+        """The forward's launch (``edge_config``'s ``FWD_TPR`` and ``FWD_BLOCK_E``): one warp of ``32 // TPR``
+        rows, half types with half the threads per row of the backward."""
+        tpr = max(1, tiles["TPR"] // 2) if dtype in (torch.float16, torch.bfloat16) else tiles["TPR"]
+        return dict(tiles, TPR=tpr, BLOCK_E=max(1, 32 // tpr), num_warps=1)
 
     _MERGE_BLOCK = 32
     _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
@@ -553,7 +559,7 @@ if _HAS_TRITON:
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
-        tiles = _fwd_tiles(_tiles(q, v, k, out, lse, part_o, part_l))
+        tiles = _fwd_tiles(_tiles(q, v, k, out, lse, part_o, part_l), q.dtype)
         for items, split in ((f_items, False), (p_items, True)):
             if items.shape[1]:
                 launch(_edge_fwd_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,),
