@@ -79,21 +79,22 @@ def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEME
     slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128 (the schedule's blocks).
     ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
     elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
-    index math and online softmax, fewer times); ``num_warps``: one row piece per thread. The forward:
-    ``FWD_TPR`` threads per row, half of ``TPR`` for half types (a thread holds 64 elements of q and of the
-    accumulator, about 220 registers at D = 64 and 128 on sm_80/sm_90, without spills; the same rows in flight
-    per SM as two threads per row at half the registers), and ``FWD_BLOCK_E = 32 // FWD_TPR`` rows per program,
-    one warp, so that its lazy-softmax test (a max over the block's rows) stays within a warp: no shared memory
-    or barrier per iteration.
+    index math and online softmax, fewer times); ``num_warps``: one row piece per thread (dK/dV: it holds k, v,
+    dk and dv rows, and spills with wider pieces). The forward and dQ: ``FWD_TPR`` / ``DQ_TPR`` threads per
+    row, half of ``TPR`` for half types (a thread holds 64 elements of q and of the accumulator, about 220
+    registers at D = 64 and 128 on sm_80/sm_90, without spills; the same rows in flight per SM as with twice
+    the threads at half the registers); fp32 keeps ``TPR`` (its fp32 k and v rows would not fit). The forward
+    runs ``FWD_BLOCK_E = 32 // FWD_TPR`` rows per program, one warp, so that its lazy-softmax test (a max over
+    the block's rows) stays within a warp: no shared memory or barrier per iteration.
     """
     block_d = max(16, _next_power_of_2(head_dim))
     half = dtype in (torch.float16, torch.bfloat16)
     block_e = 32 if block_d >= 128 or (block_d >= 64 and not half) else 64
     vec = 8 if half else 4
     tpr = max(1, min(32, block_d // row_elements))
-    fwd_tpr = max(1, tpr // 2) if half else tpr
+    wide = max(1, tpr // 2) if half else tpr
     return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32),
-                FWD_TPR=fwd_tpr, FWD_BLOCK_E=32 // fwd_tpr)
+                FWD_TPR=wide, FWD_BLOCK_E=32 // wide, DQ_TPR=wide)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -519,11 +520,15 @@ if _HAS_TRITON:
                     EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, TPR=tpr, VEC=cfg["VEC"],
                     num_warps=max(1, cfg["BLOCK_E"] * tpr // 32))
 
-    def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
-        """The forward's launch (``edge_config``'s ``FWD_TPR`` and ``FWD_BLOCK_E``): one warp of ``32 // TPR``
-        rows, half types with half the threads per row of the backward."""
+    def _wide_rows(tiles: dict, dtype: torch.dtype) -> dict:
+        """``tiles`` with half the threads per row for half types (``edge_config``'s ``FWD_TPR`` / ``DQ_TPR``)."""
         tpr = max(1, tiles["TPR"] // 2) if dtype in (torch.float16, torch.bfloat16) else tiles["TPR"]
-        return dict(tiles, TPR=tpr, BLOCK_E=max(1, 32 // tpr), num_warps=1)
+        return dict(tiles, TPR=tpr, num_warps=max(1, tiles["BLOCK_E"] * tpr // 32))
+
+    def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
+        """The forward's launch (``FWD_TPR``, ``FWD_BLOCK_E``): one warp of ``32 // TPR`` rows."""
+        tiles = _wide_rows(tiles, dtype)
+        return dict(tiles, BLOCK_E=max(1, 32 // tiles["TPR"]), num_warps=1)
 
     _MERGE_BLOCK = 32
     _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
@@ -616,7 +621,7 @@ if _HAS_TRITON:
             if items.shape[1]:
                 launch(_edge_bwd_dq_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
                        lse, delta, col, rel, items, dq, dq_part, *strides, H, N, R, D, DV, items.shape[1],
-                       scale * LOG2E, scale, PIECES=split, **tiles)
+                       scale * LOG2E, scale, PIECES=split, **_wide_rows(tiles, q.dtype))
         _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
         for items, split in ((k_items, False), (kp_items, True)):
             if items.shape[1]:
