@@ -49,13 +49,13 @@ __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edg
 
 # The window's path on CUDA (:func:`window_costs`): the issue-slot model of the inspection (sm_90, bf16, forward +
 # backward, non-tensor-core instructions). For the edge kernels (``inspection._edge_kernel_costs``: H = 12 heads
-# of [B, N, H * D] projections, 2026-12-01), per edge slot: the main loops' cheapest paths of the forward, dQ and
-# dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
+# of [B, N, H * D] projections, 2026-12-01, the kernels with row tiles and the lazy softmax), per edge slot: the
+# main loops' cheapest paths of the forward, dQ and dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
 # query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
 # kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
 # D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 1200.0, 64: 2480.0, 128: 5072.0}
-EDGE_ITEM_COST = {32: (1160.0, 510.0, 926.0), 64: (2154.0, 1012.0, 1844.0), 128: (4130.0, 2032.0, 3744.0)}
+EDGE_SLOT_COST = {32: 670.0, 64: 1306.0, 128: 2696.0}
+EDGE_ITEM_COST = {32: (756.0, 251.0, 522.0), 64: (1164.0, 396.0, 1058.0), 128: (2176.0, 842.0, 2116.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
