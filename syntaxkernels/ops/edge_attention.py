@@ -137,7 +137,7 @@ if _HAS_TRITON:
 
     @triton.jit
     def _row_stat(base, index, live, other, TPR: tl.constexpr):
-        """``base[index[e]]`` (fp32) as ``[TPR, E, 1, 1]``, every thread of a row holding its row's value: the
+        """``base[index[e]]`` as ``[TPR, E, 1, 1]``, every thread of a row holding its row's value: the
         compiler lays this load out as the row tiles (:func:`_cols`), where an ``[E]`` load got a layout of its
         own and a shared-memory conversion per iteration."""
         ptrs = base + (_bcast(index) + tl.zeros([TPR, 1, 1, 1], dtype=index.dtype))
@@ -169,6 +169,16 @@ if _HAS_TRITON:
         """fp32 row tile (:func:`_cols`) of rows ``base[row_base[e] + row_off[e] + cols]`` without a row mask:
         dead slots read a valid row (token 0 of their sequence) whose weight is exactly 0."""
         ptrs = base + _bcast(row_base + row_off) + cols
+        if EVEN:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols < n_cols, other=0.0)
+        return _f32(tile)
+
+    @triton.jit
+    def _rows_at(base, row_off, cols, n_cols, EVEN: tl.constexpr):
+        """:func:`_row_gather` with the rows' offsets already ``[TPR, E, 1, 1]``."""
+        ptrs = base + row_off + cols
         if EVEN:
             tile = tl.load(ptrs)
         else:
@@ -416,14 +426,14 @@ if _HAS_TRITON:
         for t in range(0, longest):
             live = t < count
             e = first + t
-            j = tl.load(COL + e, mask=live, other=0)
-            rel = tl.load(REL + e, mask=live, other=0)
-            stat = stat_base + rel * (H * N)
-            lse = _row_stat(LSE, stat, live, float("inf"), TPR)
-            delta = _row_stat(DELTA, stat, live, 0.0, TPR)
-            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
-            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
+            j = _row_stat(COL, e, live, 0, TPR)  # [TPR, E, 1, 1], as in _edge_bwd_dkdv_kernel
+            rel = _row_stat(REL, e, live, 0, TPR)
+            stat = _bcast(stat_base) + rel * (H * N)
+            lse = tl.load(LSE + stat, mask=_bcast(live), other=float("inf"))
+            delta = tl.load(DELTA + stat, mask=_bcast(live), other=0.0)
+            k = _rows_at(k_base, _bcast(k_row) + _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _rows_at(v_base, _bcast(v_row) + _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
             p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
             ds = p * (_bcast(_rowsum(do * v)) - delta)
             dq += ds * k
@@ -474,14 +484,16 @@ if _HAS_TRITON:
         for t in range(0, longest):
             live = t < count
             e = first + t
-            i = tl.load(T_COL + e, mask=live, other=0)
-            rel = tl.load(T_REL + e, mask=live, other=0)
-            stat = stat_base + rel * (H * N) + i
-            lse = _row_stat(LSE, stat, live, float("inf"), TPR)
-            delta = _row_stat(DELTA, stat, live, 0.0, TPR)
-            q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
-                             DV, EVEN_DV)
+            # Per-row values as [TPR, E, 1, 1] (_row_stat) from the item's edge on: one layout for the statistics'
+            # and the rows' addresses (an [E] load of i and rel was made twice, once per layout).
+            i = _row_stat(T_COL, e, live, 0, TPR)
+            rel = _row_stat(T_REL, e, live, 0, TPR)
+            stat = _bcast(stat_base) + rel * (H * N) + i
+            lse = tl.load(LSE + stat, mask=_bcast(live), other=float("inf"))
+            delta = tl.load(DELTA + stat, mask=_bcast(live), other=0.0)
+            q = _rows_at(q_base, _bcast(q_row) + _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
+            do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL),
+                          offs_dv, DV, EVEN_DV)
             p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
             ds = p * (_bcast(_rowsum(do * v)) - delta)
             dk += ds * q
