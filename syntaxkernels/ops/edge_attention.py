@@ -54,8 +54,8 @@ __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edg
 # query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
 # kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
 # D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 670.0, 64: 1306.0, 128: 2696.0}
-EDGE_ITEM_COST = {32: (756.0, 251.0, 522.0), 64: (1164.0, 396.0, 1058.0), 128: (2176.0, 842.0, 2116.0)}
+EDGE_SLOT_COST = {32: 670.0, 64: 1288.0, 128: 2642.0}
+EDGE_ITEM_COST = {32: (756.0, 251.0, 522.0), 64: (1164.0, 396.0, 1056.0), 128: (2176.0, 836.0, 2112.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
