@@ -75,8 +75,8 @@ def _next_power_of_2(n: int) -> int:
 def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEMENTS) -> dict:
     """Launch config of the Triton kernels for the larger of the q/k and v head dims.
 
-    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows (work items) per program = edge
-    slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128 (the schedule's blocks).
+    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows (work items) per program of dQ and
+    dK/dV = edge slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128.
     ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
     elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
     index math and online softmax, fewer times); ``num_warps``: one row piece per thread (dK/dV: it holds k, v,
