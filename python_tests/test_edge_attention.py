@@ -216,6 +216,18 @@ def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
                             torch.float32, D=20, DV=24)
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype,D,DV", [(torch.float32, 64, 64), (torch.bfloat16, 128, 128),
+                                        (torch.float32, 100, 72), (torch.bfloat16, 64, 40)],
+                         ids=["fp32-64", "bf16-128", "fp32-100-72", "bf16-64-40"])
+def test_rows_over_several_threads_match_reference(dtype, D, DV):
+    """Head dims whose rows the kernels spread over 2 or 4 threads (``edge_config``'s TPR; the forward's half
+    types over half as many), padded ones included: the row tiles' column order covers every element once."""
+    cfg = E.edge_config(dtype, max(D, DV))
+    assert cfg["TPR"] > 1
+    check_against_reference(trees_of_kind("star", 15, seed=7), MASKS, "triton", KERNEL_DEVICE, dtype, D=D, DV=DV)
+
+
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
 def test_strided_inputs_and_gradient(backend_device):
     """q, k, v as head-split views of a [B, N, H, 3D] projection; the output gradient a slice of a larger one."""
@@ -252,6 +264,29 @@ def test_scale_argument(backend_device):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     default, _ = E.edge_list_attention(q, k, v, lists, backend=backend)
     assert not torch.allclose(default, out)
+
+
+@needs_triton
+@pytest.mark.parametrize("which", [MASKS, 3], ids=["relations", "window3"])
+def test_wide_score_range_moves_the_lazy_softmax_reference(which):
+    """Scores spread over tens of log2 units: the forward's lazy online softmax moves its reference point
+    (RESCALE_SLACK) after a row's first edge too; output and gradients still match the float64 reference."""
+    trees = trees_of_kind("star", 17, seed=3)
+    lists = lists_of(trees, which).to(KERNEL_DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 1, 17, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    grad = torch.randn(2, lists.num_relations, 1, 17, 16, generator=gen, dtype=torch.float64)
+    scale = 4.0  # score std ~16: a later key often beats the reference by more than 2^8
+
+    def fn(backend):
+        return lambda q, k, v: E.edge_list_attention(q, k, v, lists, scale=scale, backend=backend)[0]
+
+    tensors = tuple(t.to(KERNEL_DEVICE) for t in (q, k, v))
+    out, grads = run(fn("triton"), tensors, grad.to(KERNEL_DEVICE), torch.float32)
+    ref, grads64 = run(fn("reference"), tensors, grad.to(KERNEL_DEVICE), torch.float64)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    for g, g64 in zip(grads, grads64):
+        torch.testing.assert_close(g.double(), g64, atol=1e-3, rtol=1e-3)
 
 
 @needs_cpp

@@ -1656,7 +1656,8 @@ def edge_cost(lists, costs: Dict[str, dict]) -> Dict[str, float]:
     schedule = lists.schedule(op.SCHEDULE_CHUNK)
     B, R, N = lists.nonempty.shape
     fwd, dq, dkdv = costs["_edge_fwd_kernel"], costs["_edge_bwd_dq_kernel"], costs["_edge_bwd_dkdv_kernel"]
-    slots = schedule_slots(schedule, fwd["block"])
+    slots = {kind: schedule_slots(schedule, kernel["block"])[kind]  # each kernel's own BLOCK_E
+             for kind, kernel in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
     def run(kernel, n_slots, items):
         programs = -(-items // kernel["block"])

@@ -49,13 +49,13 @@ __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edg
 
 # The window's path on CUDA (:func:`window_costs`): the issue-slot model of the inspection (sm_90, bf16, forward +
 # backward, non-tensor-core instructions). For the edge kernels (``inspection._edge_kernel_costs``: H = 12 heads
-# of [B, N, H * D] projections, 2026-12-01), per edge slot: the main loops' cheapest paths of the forward, dQ and
-# dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
+# of [B, N, H * D] projections, 2026-12-01, the kernels with row tiles and the lazy softmax), per edge slot: the
+# main loops' cheapest paths of the forward, dQ and dK/dV kernels; per work item: each kernel's prologue and epilogue (forward + delta per forward item, dQ per
 # query item, dK/dV per key item). For the fused LUT kernel, per score element of its live tiles: the bias
 # kernels' window figures (benchmarks/RESULTS.md, 2026-11-30: 14.7 + 14.4 + 19.5 at D = 64, 16.4 + 18.8 + 24.4 at
 # D = 128; issue-bound, not tensor-core-bound). By the padded head dim. A model, not a measurement.
-EDGE_SLOT_COST = {32: 1200.0, 64: 2480.0, 128: 5072.0}
-EDGE_ITEM_COST = {32: (1160.0, 510.0, 926.0), 64: (2154.0, 1012.0, 1844.0), 128: (4130.0, 2032.0, 3744.0)}
+EDGE_SLOT_COST = {32: 670.0, 64: 1288.0, 128: 2642.0}
+EDGE_ITEM_COST = {32: (756.0, 251.0, 522.0), 64: (1164.0, 396.0, 1056.0), 128: (2176.0, 836.0, 2112.0)}
 DENSE_ELEMENT_COST = {32: 48.6, 64: 48.6, 128: 59.6}
 #: The tile of the live-tile count the model charges the dense kernel for (``EdgeLists.tile_count``).
 DENSE_TILE = 64
@@ -64,26 +64,37 @@ _HAS_TRITON = triton_status() == "ok"
 
 #: Edges per work item of the Triton kernels (``EdgeLists.schedule``); tests lower it to split every row.
 SCHEDULE_CHUNK = EDGE_CHUNK
+#: Head-dim elements of one row each thread of the edge kernels holds (``edge_config``).
+ROW_ELEMENTS = 32
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def edge_config(dtype: torch.dtype, head_dim: int) -> dict:
+def edge_config(dtype: torch.dtype, head_dim: int, row_elements: int = ROW_ELEMENTS) -> dict:
     """Launch config of the Triton kernels for the larger of the q/k and v head dims.
 
-    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows per program = edge slots per
-    main-loop iteration, chosen so that a ``[BLOCK_E, BLOCK_D]`` fp32 tile holds 16 elements per thread: 4 warps
-    at ``BLOCK_D = 32`` and for fp32 at 64; 8 warps at 128 (4 warps over 16-row tiles compile to a divergent slow
-    path) and for half types at 64 (4 warps over 32 rows spill 8 bytes on sm_90, while fp32 spills with 8).
-    Measured by compiling for sm_80/sm_90 as launched (:mod:`syntaxkernels.inspection`): no spills for bf16,
-    fp16, fp32 and D = 32, 64, 128.
+    ``BLOCK_D``: the padded head dim (a power of two >= 16). ``BLOCK_E``: rows (work items) per program of dQ and
+    dK/dV = edge slots per main-loop iteration: 64, 32 for fp32 at 64 and for every dtype at 128.
+    ``VEC``: elements of a 16-byte vector; ``TPR``: threads per row, so that each thread holds ``row_elements``
+    elements of one row (the row tiles of :func:`_cols`; fewer threads per row repeat each row's scalar work,
+    index math and online softmax, fewer times); ``num_warps``: one row piece per thread (dK/dV: it holds k, v,
+    dk and dv rows, and spills with wider pieces). The forward and dQ: ``FWD_TPR`` / ``DQ_TPR`` threads per
+    row, half of ``TPR`` for half types (a thread holds 64 elements of q and of the accumulator, about 220
+    registers at D = 64 and 128 on sm_80/sm_90, without spills; the same rows in flight per SM as with twice
+    the threads at half the registers); fp32 keeps ``TPR`` (its fp32 k and v rows would not fit). The forward
+    runs ``FWD_BLOCK_E = 32 // FWD_TPR`` rows per program, one warp, so that its lazy-softmax test (a max over
+    the block's rows) stays within a warp: no shared memory or barrier per iteration.
     """
     block_d = max(16, _next_power_of_2(head_dim))
     half = dtype in (torch.float16, torch.bfloat16)
-    num_warps = 8 if block_d >= 128 or (block_d >= 64 and half) else 4
-    return dict(BLOCK_D=block_d, BLOCK_E=max(16, min(64, 16 * 32 * num_warps // block_d)), num_warps=num_warps)
+    block_e = 32 if block_d >= 128 or (block_d >= 64 and not half) else 64
+    vec = 8 if half else 4
+    tpr = max(1, min(32, block_d // row_elements))
+    wide = max(1, tpr // 2) if half else tpr
+    return dict(BLOCK_D=block_d, BLOCK_E=block_e, TPR=tpr, VEC=vec, num_warps=max(1, block_e * tpr // 32),
+                FWD_TPR=wide, FWD_BLOCK_E=32 // wide, DQ_TPR=wide)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -101,25 +112,78 @@ if _HAS_TRITON:
     from ._primitives import LOG2E, launch
 
     @triton.jit
-    def _gather(base, row_off, offs, n_cols, live, EVEN: tl.constexpr):
-        """fp32 ``[E, C]`` rows ``base[row_off[e] + offs]`` (last dim contiguous); 0 where not ``live``."""
-        ptrs = base + row_off[:, None] + offs[None, :]
-        if EVEN:
-            tile = tl.load(ptrs, mask=live[:, None], other=0.0)
-        else:
-            tile = tl.load(ptrs, mask=live[:, None] & (offs[None, :] < n_cols), other=0.0)
-        return tile.to(tl.float32)
+    def _cols(BLOCK: tl.constexpr, TPR: tl.constexpr, VEC: tl.constexpr):
+        """Column offsets ``[TPR, 1, BLOCK // (TPR * VEC), VEC]`` of a row of ``BLOCK`` elements: a row tile is
+        ``[TPR, rows, chunks, VEC]``, thread piece t of a row holding its chunks ``c * TPR + t`` of ``VEC``
+        elements (16 bytes). The compiler orders a load's dims by contiguity, ties by dim index: the vector, then
+        the ``TPR`` threads of a row, then the rows, and each thread holds ``BLOCK // TPR`` elements of one row.
+        A plain ``[rows, BLOCK]`` tile spreads a bf16 D = 64 row over 8 threads, and every per-row scalar (index
+        math, the online softmax, the dot's shuffle tree) then runs 8 times."""
+        mid = tl.arange(0, TPR)
+        hi = tl.arange(0, BLOCK // (TPR * VEC))
+        lo = tl.arange(0, VEC)
+        return (mid[:, None, None, None] * VEC + hi[None, None, :, None] * (TPR * VEC)) + lo[None, None, None, :]
 
     @triton.jit
-    def _row_gather(base, row_base, row_off, offs, n_cols, EVEN: tl.constexpr):
-        """fp32 ``[E, C]`` rows ``base[row_base[e] + row_off[e] + offs]`` without a row mask: dead slots read a
-        valid row (token 0 of their sequence) whose weight is exactly 0."""
-        ptrs = base + (row_base + row_off)[:, None] + offs[None, :]
+    def _bcast(x):
+        """A per-row ``[E]`` vector as ``[1, E, 1, 1]``, against row tiles (:func:`_cols`)."""
+        return x[None, :, None, None]
+
+    @triton.jit
+    def _rowsum(x):
+        """``[E]`` row sums of a row tile (:func:`_cols`): in-thread over the vector and the chunks, then over the
+        ``TPR`` threads of a row."""
+        return tl.sum(tl.sum(tl.sum(x, axis=3), axis=2), axis=0)
+
+    @triton.jit
+    def _row_stat(base, index, live, other, TPR: tl.constexpr):
+        """``base[index[e]]`` as ``[TPR, E, 1, 1]``, every thread of a row holding its row's value: the
+        compiler lays this load out as the row tiles (:func:`_cols`), where an ``[E]`` load got a layout of its
+        own and a shared-memory conversion per iteration."""
+        ptrs = base + (_bcast(index) + tl.zeros([TPR, 1, 1, 1], dtype=index.dtype))
+        return tl.load(ptrs, mask=_bcast(live), other=other)
+
+    @triton.jit
+    def _f32(tile):
+        """A loaded tile as fp32; bf16 through its bits (``bits << 16``), which compiles to one instruction per
+        element (a shift, or a mask of a 32-bit word's high half) instead of the extract-and-shift pair of the
+        plain conversion."""
+        if tile.dtype == tl.bfloat16:
+            return (tile.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            return tile.to(tl.float32)
+
+    @triton.jit
+    def _gather(base, row_off, cols, n_cols, live, EVEN: tl.constexpr):
+        """fp32 row tile (:func:`_cols`) of rows ``base[row_off[e] + cols]`` (last dim contiguous); 0 where not
+        ``live``."""
+        ptrs = base + _bcast(row_off) + cols
+        if EVEN:
+            tile = tl.load(ptrs, mask=_bcast(live), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=_bcast(live) & (cols < n_cols), other=0.0)
+        return _f32(tile)
+
+    @triton.jit
+    def _row_gather(base, row_base, row_off, cols, n_cols, EVEN: tl.constexpr):
+        """fp32 row tile (:func:`_cols`) of rows ``base[row_base[e] + row_off[e] + cols]`` without a row mask:
+        dead slots read a valid row (token 0 of their sequence) whose weight is exactly 0."""
+        ptrs = base + _bcast(row_base + row_off) + cols
         if EVEN:
             tile = tl.load(ptrs)
         else:
-            tile = tl.load(ptrs, mask=offs[None, :] < n_cols, other=0.0)
-        return tile.to(tl.float32)
+            tile = tl.load(ptrs, mask=cols < n_cols, other=0.0)
+        return _f32(tile)
+
+    @triton.jit
+    def _rows_at(base, row_off, cols, n_cols, EVEN: tl.constexpr):
+        """:func:`_row_gather` with the rows' offsets already ``[TPR, E, 1, 1]``."""
+        ptrs = base + row_off + cols
+        if EVEN:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols < n_cols, other=0.0)
+        return _f32(tile)
 
     @triton.jit
     def _idx(index, SMALL: tl.constexpr):
@@ -160,6 +224,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr, RESCALE_SLACK: tl.constexpr = 8.0,
     ):
         """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -180,47 +245,54 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
         r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         q = _gather(Q + h * stride_qh, b * stride_qb + i * stride_qn, offs_d, D, ok, EVEN_D)
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
         k_row = b * stride_kb
         v_row = b * stride_vb
-        m = tl.full([BLOCK_E], float("-inf"), dtype=tl.float32)
+        # Lazy online softmax: m is a reference point, not the running max. It moves (and acc, l are rescaled)
+        # only when a score exceeds it by more than RESCALE_SLACK (a block-wide test, so the common step is one
+        # FFMA per element: acc += p v); p <= 2^RESCALE_SLACK. Exact at the end: lse = m + log2(l), o = acc / l
+        # for any reference. -1e30 rather than -inf: dead rows' p = exp2(-inf - m) = 0, never NaN.
+        m = tl.full([BLOCK_E], -1.0e30, dtype=tl.float32)
         l = tl.zeros([BLOCK_E], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
+        acc = tl.zeros([TPR, BLOCK_E, BLOCK_DV // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             j = tl.load(COL + first + t, mask=live, other=0)
             k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
             v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
-            s = tl.where(live, tl.sum(q * k, axis=1) * qk_scale2, float("-inf"))
-            new_m = tl.maximum(m, s)
-            safe = tl.where(new_m == float("-inf"), 0.0, new_m)
-            alpha = tl.exp2(m - safe)
-            p = tl.exp2(s - safe)
-            acc = acc * alpha[:, None] + p[:, None] * v
-            l = l * alpha + p
-            m = new_m
+            s = tl.where(live, _rowsum(q * k) * qk_scale2, float("-inf"))
+            grow = s > m + RESCALE_SLACK
+            if tl.max(grow.to(tl.int32), axis=0) > 0:
+                new_m = tl.where(grow, s, m)
+                alpha = tl.exp2(m - new_m)
+                acc = acc * _bcast(alpha)
+                l = l * alpha
+                m = new_m
+            p = tl.exp2(s - m)
+            acc += _bcast(p) * v
+            l += p
         denom = tl.where(ok, l, 1.0)
         lse = m + tl.log2(denom)
-        o = acc * (1.0 / denom)[:, None]
+        o = acc * _bcast(1.0 / denom)
         # The item's coordinates again (loaded, not kept live across the loop: fp32 spilled 8 B keeping them).
         index, ok, b, i, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 3, SMALL)
         r = _idx(tl.load(ITEMS + 2 * I + index, mask=ok, other=0), SMALL)
-        col_ok = offs_dv[None, :] < DV
+        col_ok = offs_dv < DV
         if PIECES:  # chunks of split rows: to their partial slots (merged by _edge_merge_kernel)
             part = _idx(slot, SMALL) * H + h
-            tl.store(PART_O + part[:, None] * DV + offs_dv[None, :], o, mask=ok[:, None] & col_ok)
+            tl.store(PART_O + _bcast(part) * DV + offs_dv, o, mask=_bcast(ok) & col_ok)
             tl.store(PART_L + part, lse, mask=ok)
         else:  # whole rows: to the output
             out_off = b * stride_ob + r * stride_or + h * stride_oh + i * stride_on
             if EVEN_DV:
-                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty), mask=ok[:, None])
+                tl.store(OUT + _bcast(out_off) + offs_dv, o.to(OUT.dtype.element_ty), mask=_bcast(ok))
             else:
-                tl.store(OUT + out_off[:, None] + offs_dv[None, :], o.to(OUT.dtype.element_ty),
-                         mask=ok[:, None] & col_ok)
+                tl.store(OUT + _bcast(out_off) + offs_dv, o.to(OUT.dtype.element_ty),
+                         mask=_bcast(ok) & col_ok)
             tl.store(LSE + ((b * R + r) * H + h) * N + i, lse, mask=ok)
 
     @triton.jit
@@ -326,6 +398,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr,
     ):
         """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
@@ -339,8 +412,8 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, qi, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         q = _gather(Q + h * stride_qh, b * stride_qb + qi * stride_qn, offs_d, D, has, EVEN_D)
         k_base = K + h * stride_kh
         v_base = V + h * stride_vh
@@ -349,29 +422,29 @@ if _HAS_TRITON:
         v_row = b * stride_vb
         do_row = b * stride_gb + qi * stride_gn
         stat_base = b * R * H * N + h * N + qi
-        dq = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
+        dq = tl.zeros([TPR, BLOCK_E, BLOCK_D // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             e = first + t
-            j = tl.load(COL + e, mask=live, other=0)
-            rel = tl.load(REL + e, mask=live, other=0)
-            stat = stat_base + rel * (H * N)
-            lse = tl.load(LSE + stat, mask=live, other=float("inf"))
-            delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            k = _row_gather(k_base, k_row, _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
-            v = _row_gather(v_base, v_row, _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
-            ds = p * (tl.sum(do * v, axis=1) - delta)
-            dq += ds[:, None] * k
+            j = _row_stat(COL, e, live, 0, TPR)  # [TPR, E, 1, 1], as in _edge_bwd_dkdv_kernel
+            rel = _row_stat(REL, e, live, 0, TPR)
+            stat = _bcast(stat_base) + rel * (H * N)
+            lse = tl.load(LSE + stat, mask=_bcast(live), other=float("inf"))
+            delta = tl.load(DELTA + stat, mask=_bcast(live), other=0.0)
+            k = _rows_at(k_base, _bcast(k_row) + _offset(j, stride_kn, SMALL), offs_d, D, EVEN_D)
+            v = _rows_at(v_base, _bcast(v_row) + _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
+            do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
+            p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
+            ds = p * (_bcast(_rowsum(do * v)) - delta)
+            dq += ds * k
         dq = dq * sm_scale
-        col_ok = offs_d[None, :] < D
+        col_ok = offs_d < D
         if PIECES:  # items of split tokens: fp32 partial rows (summed by _edge_sum_kernel)
             part = _idx(slot, SMALL) * H + h
-            tl.store(DQ_PART + part[:, None] * D + offs_d[None, :], dq, mask=ok[:, None] & col_ok)
+            tl.store(DQ_PART + _bcast(part) * D + offs_d, dq, mask=_bcast(ok) & col_ok)
         else:
-            tl.store(DQ + ((b * H + h) * N + qi)[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-                     mask=ok[:, None] & col_ok)
+            tl.store(DQ + _bcast((b * H + h) * N + qi) * D + offs_d, dq.to(DQ.dtype.element_ty),
+                     mask=_bcast(ok) & col_ok)
 
     @triton.jit
     def _edge_bwd_dkdv_kernel(
@@ -383,6 +456,7 @@ if _HAS_TRITON:
         H, N, R, D, DV, I, qk_scale2, sm_scale,
         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
+        TPR: tl.constexpr, VEC: tl.constexpr,
     ):
         """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
@@ -396,8 +470,8 @@ if _HAS_TRITON:
         block = pid // H
         index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         has = count > 0
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_d = _cols(BLOCK_D, TPR, VEC)
+        offs_dv = _cols(BLOCK_DV, TPR, VEC)
         k = _gather(K + h * stride_kh, b * stride_kb + kj * stride_kn, offs_d, D, has, EVEN_D)
         v = _gather(V + h * stride_vh, b * stride_vb + kj * stride_vn, offs_dv, DV, has, EVEN_DV)
         q_base = Q + h * stride_qh
@@ -405,38 +479,40 @@ if _HAS_TRITON:
         q_row = b * stride_qb
         do_row = b * stride_gb
         stat_base = b * R * H * N + h * N
-        dk = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_E, BLOCK_DV], dtype=tl.float32)
+        dk = tl.zeros([TPR, BLOCK_E, BLOCK_D // (TPR * VEC), VEC], dtype=tl.float32)
+        dv = tl.zeros([TPR, BLOCK_E, BLOCK_DV // (TPR * VEC), VEC], dtype=tl.float32)
         for t in range(0, longest):
             live = t < count
             e = first + t
-            i = tl.load(T_COL + e, mask=live, other=0)
-            rel = tl.load(T_REL + e, mask=live, other=0)
-            stat = stat_base + rel * (H * N) + i
-            lse = tl.load(LSE + stat, mask=live, other=float("inf"))
-            delta = tl.load(DELTA + stat, mask=live, other=0.0)
-            q = _row_gather(q_base, q_row, _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
-            do = _row_gather(do_base, do_row, _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL), offs_dv,
-                             DV, EVEN_DV)
-            p = tl.exp2(tl.sum(q * k, axis=1) * qk_scale2 - lse)
-            ds = p * (tl.sum(do * v, axis=1) - delta)
-            dk += ds[:, None] * q
-            dv += p[:, None] * do
+            # Per-row values as [TPR, E, 1, 1] (_row_stat) from the item's edge on: one layout for the statistics'
+            # and the rows' addresses (an [E] load of i and rel was made twice, once per layout).
+            i = _row_stat(T_COL, e, live, 0, TPR)
+            rel = _row_stat(T_REL, e, live, 0, TPR)
+            stat = _bcast(stat_base) + rel * (H * N) + i
+            lse = tl.load(LSE + stat, mask=_bcast(live), other=float("inf"))
+            delta = tl.load(DELTA + stat, mask=_bcast(live), other=0.0)
+            q = _rows_at(q_base, _bcast(q_row) + _offset(i, stride_qn, SMALL), offs_d, D, EVEN_D)
+            do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL),
+                          offs_dv, DV, EVEN_DV)
+            p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
+            ds = p * (_bcast(_rowsum(do * v)) - delta)
+            dk += ds * q
+            dv += p * do
         dk = dk * sm_scale
         # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
         # D = 64 with H = 12 on sm_90).
         index, ok, b, kj, first, count, slot, longest = _items(ITEMS, I, block, BLOCK_E, 2, SMALL)
         # Both stores, masked by the slot, in both launches (PIECES unused here: a whole-token-only epilogue
         # spilled 8 B at fp32 D = 128 on sm_80).
-        out_rows = ((b * H + h) * N + kj)[:, None]
-        direct = (ok & (slot < 0))[:, None]
-        split = (ok & (slot >= 0))[:, None]
-        part = (_idx(slot, SMALL) * H + h)[:, None]
-        tl.store(DK + out_rows * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=direct & (offs_d[None, :] < D))
-        tl.store(DV_OUT + out_rows * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
-                 mask=direct & (offs_dv[None, :] < DV))
-        tl.store(DK_PART + part * D + offs_d[None, :], dk, mask=split & (offs_d[None, :] < D))
-        tl.store(DV_PART + part * DV + offs_dv[None, :], dv, mask=split & (offs_dv[None, :] < DV))
+        out_rows = _bcast((b * H + h) * N + kj)
+        direct = _bcast(ok & (slot < 0))
+        split = _bcast(ok & (slot >= 0))
+        part = _bcast(_idx(slot, SMALL) * H + h)
+        tl.store(DK + out_rows * D + offs_d, dk.to(DK.dtype.element_ty), mask=direct & (offs_d < D))
+        tl.store(DV_OUT + out_rows * DV + offs_dv, dv.to(DV_OUT.dtype.element_ty),
+                 mask=direct & (offs_dv < DV))
+        tl.store(DK_PART + part * D + offs_d, dk, mask=split & (offs_d < D))
+        tl.store(DV_PART + part * DV + offs_dv, dv, mask=split & (offs_dv < DV))
 
     # ----------------------------------------------------------------------------------------------------
     # Launchers (torch.library Triton ops)
@@ -446,12 +522,25 @@ if _HAS_TRITON:
         D, DV = q.shape[-1], v.shape[-1]
         cfg = edge_config(q.dtype, max(D, DV))
         block_d, block_dv = max(16, _next_power_of_2(D)), max(16, _next_power_of_2(DV))
+        # A row's threads split both head dims: TPR * VEC <= the smaller padded one.
+        tpr = max(1, min(cfg["TPR"], min(block_d, block_dv) // cfg["VEC"]))
         # Offsets in int32 when every tensor the kernels index (inputs, outputs, statistics, partials) spans
         # fewer than 2^31 elements.
         extent = max(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
                      for t in (q, v) + rest)
         return dict(BLOCK_E=cfg["BLOCK_E"], BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
-                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, num_warps=cfg["num_warps"])
+                    EVEN_DV=block_dv == DV, SMALL=extent < _INT32_LIMIT, TPR=tpr, VEC=cfg["VEC"],
+                    num_warps=max(1, cfg["BLOCK_E"] * tpr // 32))
+
+    def _wide_rows(tiles: dict, dtype: torch.dtype) -> dict:
+        """``tiles`` with half the threads per row for half types (``edge_config``'s ``FWD_TPR`` / ``DQ_TPR``)."""
+        tpr = max(1, tiles["TPR"] // 2) if dtype in (torch.float16, torch.bfloat16) else tiles["TPR"]
+        return dict(tiles, TPR=tpr, num_warps=max(1, tiles["BLOCK_E"] * tpr // 32))
+
+    def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
+        """The forward's launch (``FWD_TPR``, ``FWD_BLOCK_E``): one warp of ``32 // TPR`` rows."""
+        tiles = _wide_rows(tiles, dtype)
+        return dict(tiles, BLOCK_E=max(1, 32 // tiles["TPR"]), num_warps=1)
 
     _MERGE_BLOCK = 32
     _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
@@ -487,7 +576,7 @@ if _HAS_TRITON:
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         part_o = torch.empty((max(pieces, 1), H, DV), dtype=torch.float32, device=q.device)
         part_l = torch.empty((max(pieces, 1), H), dtype=torch.float32, device=q.device)
-        tiles = _tiles(q, v, k, out, lse, part_o, part_l)
+        tiles = _fwd_tiles(_tiles(q, v, k, out, lse, part_o, part_l), q.dtype)
         for items, split in ((f_items, False), (p_items, True)):
             if items.shape[1]:
                 launch(_edge_fwd_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,),
@@ -544,7 +633,7 @@ if _HAS_TRITON:
             if items.shape[1]:
                 launch(_edge_bwd_dq_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
                        lse, delta, col, rel, items, dq, dq_part, *strides, H, N, R, D, DV, items.shape[1],
-                       scale * LOG2E, scale, PIECES=split, **tiles)
+                       scale * LOG2E, scale, PIECES=split, **_wide_rows(tiles, q.dtype))
         _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
         for items, split in ((k_items, False), (kp_items, True)):
             if items.shape[1]:
