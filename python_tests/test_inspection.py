@@ -520,3 +520,31 @@ def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch)
                                                         + -(-schedule.qp_items.shape[1] // 8))
                           + got["dkdv_loop"] + 100 * 128 * (-(-schedule.k_items.shape[1] // 8)
                                                             + -(-schedule.kp_items.shape[1] // 8)))
+
+
+def test_inspect_edges_takes_one_arch_and_names_its_workloads():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--edges", "--arch", "80,90"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "one --arch" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--edges", "--workload", "sentence"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "cls-4x1024" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow  # compiles the edge kernels for sm_90
+def test_inspect_edges_reports_slots_and_instructions_per_real_edge():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--edges", "--workload", "sentences"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("sentences ")]
+    assert [r[1] for r in rows] == list(I.EDGE_LISTS), proc.stdout
+    treebank = "generated trees" not in proc.stdout.splitlines()[0]
+    for r in rows:
+        slots_after = [float(x) for x in r[5].split("/")]
+        # The balanced schedule: at most 1.25 slots per real edge on the treebank's sentences (generated trees
+        # have other degree spreads; there only >= 1).
+        assert all(1.0 <= s <= (1.25 if treebank else 2.0) for s in slots_after), r
+        assert 0 < float(r[7]) <= 450, r  # the forward's main loop per real edge (bf16, D64, sm_90)

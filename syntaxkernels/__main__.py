@@ -560,12 +560,32 @@ def _run_inspect_workloads(args, I) -> int:
     return 1 if problems else 0
 
 
+def _run_inspect_edges(args, I) -> int:
+    """``inspect --edges``: the edge-list kernels on real batches (slots per real edge, instructions per real edge,
+    the window's path by the cost model); one arch, dtype and head dim a run."""
+    archs = _numbers("--arch", args.arch or "90", I.ALL_ARCHS)
+    head_dims = _numbers("--head-dim", args.head_dim if args.head_dim != "64,128" else "64", (32, 64, 128))
+    if archs is None or head_dims is None:
+        return 2
+    if len(archs) != 1 or len(head_dims) != 1 or args.dtype not in ("bf16", "fp16", "fp32"):
+        print("syntaxkernels inspect --edges: one --arch, one --head-dim and one --dtype a run", file=sys.stderr)
+        return 2
+    argv = ["edges", "--arch", str(archs[0]), "--dtype", args.dtype, "--head-dim", str(head_dims[0])]
+    if args.workload:
+        argv += ["--workload", args.workload]
+    if args.json:
+        argv += ["--json", args.json]
+    return I._edge_main(argv)
+
+
 def _run_inspect(args) -> int:
     code = _reexec_without_interpreter(args)
     if code is not None:  # the interpreter replaces @triton.jit: compile in a fresh process without it
         return code
     from . import inspection as I
 
+    if args.edges:
+        return _run_inspect_edges(args, I)
     if args.workload:
         return _run_inspect_workloads(args, I)
     archs = _numbers("--arch", args.arch or "80,90", I.ALL_ARCHS)
@@ -632,6 +652,10 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiles", action="store_true",
                         help="also how often the table gradient's extra work runs on treebank trees, and the "
                              "weighted cost per element (needs the treebank, see SYNTAXKERNELS_UD)")
+    parser.add_argument("--edges", action="store_true",
+                        help="the edge-list kernels on real batches instead: slots and instructions per real edge "
+                             "(one --arch, default 90; one --head-dim, default 64; --workload: edge workloads "
+                             "packed-4x1024, cls-4x1024, sentences, pairs, packed, long-4096, odd-1000)")
     parser.add_argument("--json", default=None, help="write every report as JSON to this file")
 
 
