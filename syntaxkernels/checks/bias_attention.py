@@ -136,6 +136,23 @@ def check_fp32_window(device):
     return _compare(device, shape, torch.float32, window=3)
 
 
+def check_short_rows(device):
+    """Sentence-sized rows (N = 57 <= 64, ragged, one empty) with a shared table: the short-row backward where
+    this GPU family has it (sm_90 and newer; the interpreter runs the sm_90 family), else the tiled kernels; the
+    detail says which ran."""
+    from ..ops import bias_attention as op
+    from ..ops._primitives import arch_family, current_arch
+
+    _usable(device)
+    shape = _shape(device, (3, 4, 57, 64), (32, 12, 57, 64))
+    arch = current_arch()
+    short = op._short_config(shape[2], torch.bfloat16, shape[3], 1, arch_family(arch), arch) is not None
+    lengths = [shape[2], 0] + [shape[2] // 2 - b for b in range(shape[0] - 2)]
+    ok, detail = _compare(device, shape, torch.bfloat16, lengths=lengths)
+    path = "short-row backward" if short else "tiled kernels (no short-row tiles for this GPU family)"
+    return ok, f"{path}; {detail}"
+
+
 def _runs(device, count, run):
     """``count`` results of ``run()``: on CUDA plain repeats; under the interpreter each with its programs in
     another order (seeds 1..count), the way a GPU may schedule them."""
@@ -161,7 +178,7 @@ def check_deterministic(device):
     (3) as a control, ``deterministic=False`` is run the same way and the detail says whether its bits varied.
     """
     _usable(device)
-    shape = _shape(device, (2, 2, 64, 32), (2, 8, 1024, 64))
+    shape = _shape(device, (2, 2, 80, 32), (2, 8, 1024, 64))  # (the tiled kernels: rows over 64 tokens)
     lengths = [shape[2], shape[2] // 2 + 1]
     inp = _inputs(device, *shape, torch.bfloat16, lengths=lengths)
     grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
@@ -188,6 +205,7 @@ CHECKS = [
     Check("bias_attention.triton_bf16_ragged", check_bf16),
     Check("bias_attention.triton_fp16_perhead_causal", check_fp16_perhead_causal),
     Check("bias_attention.triton_fp32_window", check_fp32_window),
+    Check("bias_attention.triton_bf16_short_rows", check_short_rows),
     Check("bias_attention.deterministic", check_deterministic),
 ]
 
