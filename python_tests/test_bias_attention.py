@@ -285,8 +285,9 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch):
     (65, torch.bfloat16, 1, "sm90", 90, False),  # longer rows: the tiled kernels
     (57, torch.float32, 1, "sm90", 90, False),  # fp32: the tiled kernels
     (57, torch.bfloat16, 12, "sm90", 90, False),  # per-head tables: the tiled kernels
-    (57, torch.bfloat16, 1, "sm80", 80, False),  # no short-row tiles for this family (they spill there)
-    (57, torch.bfloat16, 1, "small", 86, False),
+    (57, torch.bfloat16, 1, "sm80", 80, True),
+    (57, torch.bfloat16, 1, "small", 86, True),
+    (57, torch.bfloat16, 1, "small", 120, True),
 ])
 def test_short_row_dispatch(N, dtype, rows, family, arch, takes):
     config = ba._short_config(N, dtype, 64, rows, family, arch)

@@ -230,6 +230,7 @@ FAMILY_CASES = [
     ("N77-fp16-D128-causal", (2, 1, 77, 128), torch.float16, dict(lengths=[77, 30]), dict(causal=True)),
     ("N129-bf16-D32-window2", (2, 2, 129, 32), torch.bfloat16, dict(roots=3), dict(window=2)),
     ("N33-fp32-D64-directed", None, torch.float32, None, dict()),
+    ("N57-bf16-D128-short-rows", (2, 2, 57, 128), torch.bfloat16, dict(lengths=[57, 20]), dict()),  # one tile a row
 ]
 
 

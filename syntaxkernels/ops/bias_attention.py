@@ -28,8 +28,8 @@ Kernels (one file, top to bottom: kernels -> launchers -> autograd -> public fun
 - ``_bias_bwd_dkdv_kernel``: dK, dV for one key block, walking query blocks (transposed tiles, no atomics).
 - ``_bias_bwd_table_kernel``: the table gradient, one query block and every head of a shared table a program.
 - ``_bias_bwd_short_kernel`` and ``_bias_bwd_short_table_kernel``: the backward of rows of at most 64 tokens
-  (one tile a sequence, a shared table, fp16/bf16, the sm_90 family): dQ, dK, dV and each head's dS for every
-  head of a sequence in one program, then the heads' dS summed and reduced per bucket once.
+  (one tile a sequence, a shared table, fp16/bf16): dQ, dK, dV and each head's dS for every head of a sequence in
+  one program, then the heads' dS summed and reduced per bucket once.
 
 Table gradient. With ``G[t] = sum of dS over the pairs in bucket t``, ``d table = c * G`` and
 ``d c = sum_t table[t] * G[t]``: one per-bucket reduction serves both. A table shared by the heads has one
@@ -844,15 +844,20 @@ for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
         CONFIGS[("table_extra", _arch, _cls, _dim)] = dict(_config)
 
 # The short-row backward (``N <= 64``, a sequence one 64 x 64 tile: dQ, dK, dV and each head's dS in one
-# kernel, :func:`_bias_bwd_short_kernel`): one warp group (wider programs repeat the score tile on every group of
-# warps). CHUNK: the head-dim columns of the score and dP products a step; OUT_CHUNK: of the dQ, dK, dV products
-# (64: a transposed product of 32 rows leaves the warp-group instructions); DQ_T: dQ as dQ^T = K^T dS^T. At
-# D = 128 on sm_90 only chunks of 32 with dQ^T are spill-free. Families without an entry (sm_80, small: their
-# products lower to mma.sync, and this tile spills there at every warp count tried) run the tiled kernels.
+# kernel, :func:`_bias_bwd_short_kernel`): four warps (on sm_90 one warp group: wider programs repeat the score
+# tile on every group of warps). CHUNK: the head-dim columns of the score and dP products a step; OUT_CHUNK: of the
+# dQ, dK, dV products (on sm_90 64: a transposed product of 32 rows leaves the warp-group instructions); DQ_T: dQ as
+# dQ^T = K^T dS^T. The spill-free choices with the fewest instructions per element: on sm_90 D64 whole tiles, D128
+# chunks of 32 with dQ^T; on sm_80 and the small family (mma.sync, whose second operand every warp holds whole)
+# chunks of 32 everywhere.
 CONFIGS[("short", "sm90", "half", 64)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, DQ_T=False,
                                            num_warps=4, num_stages=1)
 CONFIGS[("short", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
                                             num_warps=4, num_stages=1)
+for _arch in ("sm80", "small"):
+    for _dim in (64, 128):
+        CONFIGS[("short", _arch, "half", _dim)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=True,
+                                                    num_warps=4, num_stages=1)
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
@@ -895,7 +900,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
 def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, family: str,
                   arch: Optional[int]) -> Optional[dict]:
     """The short-row backward's configuration, or None where the tiled kernels run: rows of at most
-    :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT row (a table shared by the heads, or none)."""
+    :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT row (a table shared by the heads, or none), a family with
+    short-row tiles (all with Triton configs)."""
     if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
             or lut_rows != 1 or ("short", family, "half", 64 if head_block(head_dim) <= 64 else 128) not in CONFIGS):
         return None
