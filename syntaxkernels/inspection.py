@@ -1512,11 +1512,17 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 walked = 1
             else:
                 fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
-                dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
-                b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-                table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
-                t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
+                short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, None)
+                if short is not None:  # rows of at most 64 tokens: the short-row kernels, one tile a sequence
+                    dkdv = short
+                    b = workload_tiles("_bias_bwd_short_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
+                    t = workload_tiles("_bias_bwd_short_table_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
+                else:
+                    dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                    b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
+                    table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
+                    t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
                 walked = max(t["interior"] + t["boundary"], 1)
             lengths = workload.lengths
             rows.append(dict(workload=name, D=head_dim, B=workload.batch_size, N=workload.N,

@@ -291,10 +291,11 @@ def bench_workloads(device, quick):
     rows = inspection.workload_overview(workloads.WORKLOADS, "sm90", (64,) if quick else (64, 128))
     for row in rows:
         row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
-                       "kernel compute per valid pair; bnd: the dK/dV kernel's walked tiles that are boundary "
-                       "tiles; one, mixed: the table kernel's walked tiles in one bucket or in several (dS summed "
-                       "over the heads, reduced per bucket once a tile); bkts: buckets per mixed tile. No compile: the cost per kernel and GPU family "
-                       "comes from python -m syntaxkernels inspect --workload all")
+                       "kernel (rows of at most 64 tokens: the short-row kernel, one 64x64 tile a sequence) "
+                       "compute per valid pair; bnd: that kernel's walked tiles that are boundary tiles; one, "
+                       "mixed: the table kernel's walked tiles in one bucket or in several (dS summed over the "
+                       "heads, reduced per bucket once a tile); bkts: buckets per mixed tile. No compile: the cost "
+                       "per kernel and GPU family comes from python -m syntaxkernels inspect --workload all")
     return rows
 
 
