@@ -249,7 +249,8 @@ def _shortest_path(instructions, start: int, end: int, weight=None, skip: Option
         if i == end:
             return cost_here
         successors = []
-        if opcode.startswith("BRA"):
+        # A relative call that does not return (ptxas leaves some loops through one) jumps like a branch.
+        if opcode.startswith("BRA") or opcode.startswith("CALL.REL.NOINC"):
             target = _BRANCH_TARGET.search(operands)
             if target and int(target.group(1), 16) in index_of:
                 successors.append(index_of[int(target.group(1), 16)])
