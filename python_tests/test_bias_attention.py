@@ -191,6 +191,25 @@ def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
 
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+def test_table_kernel_skips_the_most_frequent_one_bucket_tiles(monkeypatch, per_head):
+    """Each query block's most frequent one-bucket tiles are not walked: the rows of dS sum to zero, so their
+    bucket gets minus everything walked. Two 48-token chains in a row at 16 x 16 tiles: far tiles inside a chain
+    (the last distance bucket) and tiles between the chains (unreachable); each row of tiles skips one kind and
+    walks the other on the one-bucket path, and the gradients equal the float64 reference's."""
+    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
+    chains = [[-1] + list(range(47)) + [-1] + list(range(48, 95))] * 2
+    case = make_case(2, 2, 96, 32, torch.bfloat16, heads=chains, per_head=per_head)
+    tiles = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16, -1, False,
+                             case["buckets"])
+    skip = ba._skip_buckets(tiles, case["buckets"].num_buckets).cpu()
+    tiles = tiles.cpu()
+    one_bucket = (tiles > 0) & ((tiles & (tiles - 1)) == 0)
+    skipped = one_bucket & (tiles == (1 << skip.clamp(min=0))[..., None]) & (skip >= 0)[..., None]
+    assert skipped.any() and (one_bucket & ~skipped).any()  # both paths of a one-bucket tile are taken
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
 def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head):
     """A table shared by the heads gets its gradient from one program per query block that sums the heads' dS
     before the per-bucket reduction (``HEADS = H``); a per-head table from one program per head. 3 heads,

@@ -1116,7 +1116,8 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
     (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
     The table kernel reduces each walked tile's dS (summed over its heads) per bucket: one row sum for a tile
-    wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*). Every
+    wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*); it does
+    not walk its query block's most frequent one-bucket tiles (``bucket_skipped``, counted as skipped). Every
     other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile.
 
     Returns counts ``grid, skipped, interior, boundary, one_bucket, mixed``, ``buckets_mixed`` (buckets walked
@@ -1157,6 +1158,14 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
             position_q = torch.arange(num_q)[None, :, None]
             position_k = torch.arange(num_k)[None, None, :]
             walked = (position_q < rows[:, None, None]) & (position_k < -(-lengths // block_n)[:, None, None])
+            # Each query block's most frequent one-bucket tiles are not walked (op._skip_buckets): a compare.
+            skip = op._skip_buckets(masks, BucketSpec().num_buckets).to(masks.dtype)
+            skipped = walked & (skip >= 0)[..., None] & (masks == (1 << skip.clamp(min=0))[..., None])
+            interior_tile = position_k < (lengths // block_n)[:, None, None]
+            out["interior"] -= int((skipped & interior_tile).sum())
+            out["boundary"] -= int((skipped & ~interior_tile).sum())
+            out["bucket_skipped"] = int(skipped.sum())
+            walked = walked & ~skipped
             counts = _popcount(masks)
             one, mixed = walked & (counts == 1), walked & (counts > 1)
             out["one_bucket"], out["mixed"] = int(one.sum()), int(mixed.sum())

@@ -38,8 +38,9 @@ products), sums the heads' dS in registers and reduces the sum per bucket once: 
 tile's bucket set; a tile wholly in one bucket (every tile between two packed sentences, most tiles far from
 the diagonal of a long tree) adds its row sums there, a tile spanning several buckets sums dS for each bucket
 it holds (a compare, a select and an add per element and bucket, into one ``[BLOCK_M]`` accumulator per
-bucket), and that cost is shared by the H heads. Per-head tables take one head per program. Each program
-writes its ``[T]`` sums once; a fixed-order sum reduces them. No atomics: every gradient is bit-identical run
+bucket), and that cost is shared by the H heads. A query block's most frequent one-bucket tiles are not
+walked at all: every row of dS sums to zero, so their bucket gets minus everything walked. Per-head tables take
+one head per program. Each program writes its ``[T]`` sums once; a fixed-order sum reduces them. No atomics: every gradient is bit-identical run
 to run (``deterministic=True`` costs nothing).
 
 Block skipping: with ``window`` set, :mod:`syntaxkernels.ops.block_meta` finds each tile's distance range
@@ -450,7 +451,7 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
 
 @triton.jit
 def _bias_bwd_table_kernel(
-    Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, TILE_BUCKETS, LSE, DELTA, BUCKET_PARTIALS,
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, TILE_BUCKETS, SKIP_BUCKET, LSE, DELTA, BUCKET_PARTIALS,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -477,6 +478,10 @@ def _bias_bwd_table_kernel(
             kernel's tiling).
         TILE_BUCKETS: int32 ``[B, nQ, nK]``: per tile the bit set of its allowed pairs' buckets, or with more
             than 31 buckets ``lowest + 256 * highest`` (see :func:`_bucket_sums`).
+        SKIP_BUCKET: int32 ``[B, nQ]``: per query block the bucket whose one-bucket tiles are skipped (the most
+            frequent; -1: none). Every row of dS sums to zero (the corrected delta), so what the skipped tiles
+            hold is minus the sum of everything walked: it is added to that bucket in the epilogue, and the far
+            tiles of a long tree or between packed sentences cost one compare each.
         LSE: fp32 ``[B, H, N]``; DELTA: the dQ kernel's corrected delta (every row of dS then sums to zero, so
             the bucket sums are exact up to fp32 rounding); both rows ``stride_row`` apart.
         BUCKET_PARTIALS: fp32 ``[B * G * nQ, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each program's
@@ -490,6 +495,8 @@ def _bias_bwd_table_kernel(
     dist_base = DIST + b * stride_db
     lut_row = LUT + h0 * stride_lh
     bucket_row = TILE_BUCKETS + (b * num_q_blocks + q_block) * num_k_blocks
+    skip = tl.load(SKIP_BUCKET + b * num_q_blocks + q_block)
+    skip_set = tl.where(skip >= 0, 1 << tl.maximum(skip, 0), -1)  # the bit set of a skipped tile (-1: none)
     if STATIC_BUCKETS:
         sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
     else:
@@ -498,24 +505,28 @@ def _bias_bwd_table_kernel(
                                                   num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
     for i in range(0, interior):
         k_block = _key_block(list_base, i, USE_LISTS)
-        sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, tl.load(bucket_row + k_block), b,
-                           h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
-                           stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
-                           stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd, stride_di, stride_dj,
-                           stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, EVEN_N,
-                           False, CAUSAL,
-                           NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                           LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+        present = tl.load(bucket_row + k_block)
+        if present != skip_set:
+            sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
+                               h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                               stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb,
+                               stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd,
+                               stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                               CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
+                               NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
     for i in range(interior, total):
         k_block = _key_block(list_base, i, USE_LISTS)
-        sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, tl.load(bucket_row + k_block), b,
-                           h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
-                           stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh,
-                           stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd, stride_di, stride_dj,
-                           stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, EVEN_N,
-                           True, CAUSAL,
-                           NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                           LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+        present = tl.load(bucket_row + k_block)
+        if present != skip_set:
+            sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
+                               h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                               stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb,
+                               stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd,
+                               stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                               CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
+                               NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -525,6 +536,8 @@ def _bias_bwd_table_kernel(
             totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
     else:
         totals = tl.sum(sums, 0)
+    # The skipped tiles' share: minus everything walked (the rows of dS sum to zero).
+    totals += tl.where(bucket_ids == skip, -tl.sum(totals, 0), 0.0)
     program = bg.to(tl.int64) * num_q_blocks + q_block
     tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
@@ -810,8 +823,9 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dq", "sm80", "half", 128): _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
 }
 # The table kernel holds two score tiles (this head's and the heads' sum of dS) and each head's operands: the
-# spill-free tilings with the fewest instructions per element on the workloads of the inspection report.
-CONFIGS[("table", "sm90", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+# spill-free tilings with the fewest instructions per element on the workloads of the inspection report (one
+# stage on sm_90 at D = 64 and on the small family at D = 128: with the skipped-tile branch two stages spill).
+CONFIGS[("table", "sm90", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1)
 CONFIGS[("table", "sm90", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
 CONFIGS[("table", "sm80", "half", 64)] = _C(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1)
 CONFIGS[("table", "sm80", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1)
@@ -822,16 +836,17 @@ for _kind in ("fwd", "dkdv", "dq", "table"):
     for _arch in ("sm90", "sm80"):
         CONFIGS[(_kind, _arch, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
         CONFIGS[(_kind, _arch, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-# The table kernel's fp32 tiles at D <= 64: 16x32 spills with one stage on sm_80, 16x32 at D = 32 on sm_90.
-CONFIGS[("table", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2)
-CONFIGS[("table", "sm90", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+# The table kernel's fp32 tiles at D <= 64 (with its skipped-tile branch): on sm_80 16x32 spills with one or two
+# stages, 16x16 with one; on sm_90 16x16 spills with two stages, 16x32 with one does not.
+CONFIGS[("table", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
+CONFIGS[("table", "sm90", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
 # GPUs with about 100 KB of shared memory a block (sm_86, sm_89) take A100's tiles, but for dQ at D = 128, whose
 # 128x32 tiles need 100 KB with two stages (128x16 is spill-free there).
 for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
     if _arch == "sm80":
         CONFIGS[(_kind, "small", _cls, _dim)] = dict(_config)
 CONFIGS[("dq", "small", "half", 128)] = _C(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2)
-CONFIGS[("table", "small", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+CONFIGS[("table", "small", "half", 128)] = _C(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1)
 # sm_120 (RTX 50xx, RTX PRO Blackwell: compiled by the Blackwell ptxas) spills with A100's 2-stage D = 64 dK/dV
 # tiles; one stage is spill-free on sm_86, sm_89 and sm_120.
 CONFIGS[("dkdv", "small", "half", 64)] = _C(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)
@@ -1053,6 +1068,19 @@ def _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec: Buc
     return (lowest + 256 * highest).to(torch.int32).contiguous()
 
 
+def _skip_buckets(tile_buckets: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """int32 ``[B, nQ]``: per query block the bucket whose one-bucket tiles the table kernel skips, the one
+    with the most such tiles in that block's row of tiles (-1: none, or a table of more than
+    :data:`STATIC_BUCKET_LIMIT` buckets). Device tensors, no host synchronisation."""
+    B, nQ = tile_buckets.shape[:2]
+    if num_buckets > STATIC_BUCKET_LIMIT:
+        return torch.full((B, nQ), -1, dtype=torch.int32, device=tile_buckets.device)
+    bits = 1 << torch.arange(num_buckets, dtype=torch.int32, device=tile_buckets.device)
+    counts = (tile_buckets[..., None] == bits).sum(dim=2)  # [B, nQ, T]: one-bucket tiles per bucket
+    best, bucket = counts.max(dim=-1)
+    return torch.where(best > 0, bucket, torch.full_like(bucket, -1)).to(torch.int32).contiguous()
+
+
 def table_heads(H: int, shared_table: bool) -> int:
     """Heads one table-gradient program takes: all of them for a table shared by the heads (the per-bucket
     reduction is paid once per tile, not once per head), one for per-head tables."""
@@ -1147,10 +1175,12 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     use_lists = kv_list is not None
     tile_buckets = per_batch((distance, lengths), ("tile buckets", block_m, block_n, window, causal, spec),
                              lambda: _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec))
+    skip_bucket = per_batch((distance, lengths), ("skip bucket", block_m, block_n, window, causal, spec),
+                            lambda: _skip_buckets(tile_buckets, T))
     partials = torch.empty((B * groups * num_q, T), dtype=torch.float32, device=q.device)
     launch(_bias_bwd_table_kernel, launch_grid(num_q, B, groups),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
-           kv_count if use_lists else lengths, tile_buckets, lse, delta, partials, *strides,
+           kv_count if use_lists else lengths, tile_buckets, skip_bucket, lse, delta, partials, *strides,
            H, _padded(N), D, DV, num_q, num_k, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
            NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket,
