@@ -400,6 +400,31 @@ def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
 
 
 @triton.jit
+def _bucket_accumulators(BLOCK_M: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                         BUCKETS_PAD: tl.constexpr):
+    """Zeroed per-row, per-bucket sums for :func:`_bucket_sums`: a tuple of ``[BLOCK_M]`` (``STATIC_BUCKETS``)
+    or ``[BLOCK_M, BUCKETS_PAD]``."""
+    if STATIC_BUCKETS:
+        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    return sums
+
+
+@triton.jit
+def _bucket_totals(sums, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr):
+    """``[BUCKETS_PAD]``: the per-row sums of :func:`_bucket_sums` added over the rows (bucket t at index t)."""
+    if STATIC_BUCKETS:
+        bucket_ids = tl.arange(0, BUCKETS_PAD)
+        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+        for t in tl.static_range(NUM_BUCKETS):
+            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
+    else:
+        totals = tl.sum(sums, 0)
+    return totals
+
+
+@triton.jit
 def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b, h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh, stride_qn, stride_qd, stride_kb,
                 stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh,
                 stride_gn, stride_gd, stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M: tl.constexpr,
@@ -497,10 +522,7 @@ def _bias_bwd_table_kernel(
     bucket_row = TILE_BUCKETS + (b * num_q_blocks + q_block) * num_k_blocks
     skip = tl.load(SKIP_BUCKET + b * num_q_blocks + q_block)
     skip_set = tl.where(skip >= 0, 1 << tl.maximum(skip, 0), -1)  # the bit set of a skipped tile (-1: none)
-    if STATIC_BUCKETS:
-        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
-    else:
-        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
                                                   num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
     for i in range(0, interior):
@@ -530,12 +552,7 @@ def _bias_bwd_table_kernel(
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
-    if STATIC_BUCKETS:
-        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
-        for t in tl.static_range(NUM_BUCKETS):
-            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
-    else:
-        totals = tl.sum(sums, 0)
+    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     # The skipped tiles' share: minus everything walked (the rows of dS sum to zero).
     totals += tl.where(bucket_ids == skip, -tl.sum(totals, 0), 0.0)
     program = bg.to(tl.int64) * num_q_blocks + q_block
@@ -675,19 +692,11 @@ def _bias_bwd_short_table_kernel(
     for h in range(0, HEADS):
         ds += tl.load(ptrs + h * (BLOCK_M * BLOCK_N))
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    if STATIC_BUCKETS:
-        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
-    else:
-        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     sums = _bucket_sums(sums, ds, dist, tl.load(TILE_BUCKETS + b), NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
                         LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
     bucket_ids = tl.arange(0, BUCKETS_PAD)
-    if STATIC_BUCKETS:
-        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
-        for t in tl.static_range(NUM_BUCKETS):
-            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
-    else:
-        totals = tl.sum(sums, 0)
+    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     tl.store(BUCKET_PARTIALS + b * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
              mask=bucket_ids < NUM_BUCKETS)
 
