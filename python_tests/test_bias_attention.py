@@ -15,6 +15,7 @@ import triton.language as tl
 
 import syntaxkernels as sk
 from syntaxkernels import reference
+from syntaxkernels.checks import shuffled_program_order
 from syntaxkernels.workloads import random_document, random_forest
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
@@ -244,6 +245,20 @@ SHORT_CASES = [
 ]
 
 
+# Rows of 65..128 tokens with a shared table: the two-block short-row backward (a program per query block of 64)
+SHORT2_CASES = [
+    ("N100-bf16-D64-ragged-empty", (4, 2, 100, 64), torch.bfloat16, dict(lengths=[100, 0, 23, 65]), dict()),
+    ("N128-fp16-D128-window2-causal", (2, 2, 128, 128), torch.float16, dict(lengths=[128, 70]),
+     dict(window=2, causal=True)),
+    ("N77-bf16-D48-bigtable", (2, 2, 77, 48), torch.bfloat16,
+     dict(buckets=sk.BucketSpec(40, unreachable_bucket=False), roots=1, lengths=[77, 65]), dict()),
+    ("N90-fp16-D32-logbuckets", (2, 1, 90, 32), torch.float16, dict(buckets=sk.BucketSpec(16, log_distance=4)),
+     dict()),
+    ("N100-bf16-D96-window1-causal", (2, 1, 100, 96), torch.bfloat16, dict(lengths=[99, 64]),
+     dict(window=1, causal=True)),
+]
+
+
 def _spy_launches(monkeypatch):
     names = []
     real_launch = ba.launch
@@ -267,6 +282,19 @@ def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, 
     assert backward == ["_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"], names
 
 
+@pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT2_CASES], ids=[c[0] for c in SHORT2_CASES])
+def test_rows_up_to_128_take_the_two_block_backward(monkeypatch, shape, dtype, opts, kw):
+    """Rows of 65..128 tokens with a shared table run the two-block short-row backward (a program per query
+    block: exact delta over both key blocks, fp32 shares of dQ, dK, dV added in a fixed order; the table
+    gradient per tile, summed over the heads), exact against the float64 reference: ragged rows, an empty row,
+    rows of at most 64 tokens in a longer batch (their second blocks get zero shares), a row of 65 (one pair in
+    its last tile), windows, causal, log-spaced and large tables, odd head dims."""
+    names = _spy_launches(monkeypatch)
+    check_against_reference(make_case(*shape, dtype, **opts), **kw)
+    backward = [n for n in names if n.startswith("_bias_bwd")]
+    assert backward == ["_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel", "_bias_bwd_short_table_kernel"], names
+
+
 def test_short_rows_directed_distance_is_exact(monkeypatch):
     """The short-row backward reads each pair at ``distance[b, i, j]`` only: a directed distance needs no
     transposed copy and its gradients are exact."""
@@ -278,20 +306,25 @@ def test_short_rows_directed_distance_is_exact(monkeypatch):
     assert "_bias_bwd_short_kernel" in names and "_bias_bwd_dkdv_kernel" not in names
 
 
-def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch):
-    """The same short batch through the short-row backward and through the tiled kernels (the short path
-    turned off) agrees to rounding, and the short path is bit-identical run to run."""
-    case = make_case(2, 2, 50, 64, torch.bfloat16, lengths=[50, 31], seed=5)
-    grad_out = torch.randn(2, 2, 50, 64, generator=torch.Generator().manual_seed(6))
+@pytest.mark.parametrize("N,lengths,kernel", [(50, [50, 31], "_bias_bwd_short_kernel"),
+                                               (110, [110, 31], "_bias_bwd_short2_kernel")])
+def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N, lengths, kernel):
+    """The same short batch through the short-row backward (one tile, or two blocks) and through the tiled
+    kernels (the short path turned off) agrees to rounding, and the short path is bit-identical run to run
+    (programs in a shuffled order the second time: no result depends on which program runs first)."""
+    case = make_case(2, 2, N, 64, torch.bfloat16, lengths=lengths, seed=5)
+    grad_out = torch.randn(2, 2, N, 64, generator=torch.Generator().manual_seed(6))
     names = _spy_launches(monkeypatch)
-    short = [_run(case, torch.bfloat16, "triton", grad_out) for _ in range(2)]
-    assert "_bias_bwd_short_kernel" in names
+    short = [_run(case, torch.bfloat16, "triton", grad_out)]
+    with shuffled_program_order(seed=N):
+        short.append(_run(case, torch.bfloat16, "triton", grad_out))
+    assert kernel in names
     for name in short[0][1]:
         assert torch.equal(short[0][1][name], short[1][1][name]), name
     monkeypatch.setattr(ba, "_SHORT_ROWS", False)
     names.clear()
     tiled = _run(case, torch.bfloat16, "triton", grad_out)
-    assert "_bias_bwd_short_kernel" not in names and "_bias_bwd_dkdv_kernel" in names
+    assert kernel not in names and "_bias_bwd_dkdv_kernel" in names
     for name in tiled[1]:
         scale = tiled[1][name].double().abs().max().item()
         err = (short[0][1][name].double() - tiled[1][name].double()).abs().max().item()
@@ -301,7 +334,9 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch):
 @pytest.mark.parametrize("N,dtype,rows,family,arch,takes", [
     (57, torch.bfloat16, 1, "sm90", 90, True),
     (64, torch.float16, 1, "sm90", 100, True),
-    (65, torch.bfloat16, 1, "sm90", 90, False),  # longer rows: the tiled kernels
+    (65, torch.bfloat16, 1, "sm90", 90, True),  # 65..128: the two-block short-row backward
+    (128, torch.bfloat16, 1, "sm80", 80, True),
+    (129, torch.bfloat16, 1, "sm90", 90, False),  # longer rows: the tiled kernels
     (57, torch.float32, 1, "sm90", 90, False),  # fp32: the tiled kernels
     (57, torch.bfloat16, 12, "sm90", 90, False),  # per-head tables: the tiled kernels
     (57, torch.bfloat16, 1, "sm80", 80, True),
@@ -312,7 +347,7 @@ def test_short_row_dispatch(N, dtype, rows, family, arch, takes):
     config = ba._short_config(N, dtype, 64, rows, family, arch)
     assert (config is not None) == takes
     if takes:
-        assert config["BLOCK_M"] == config["BLOCK_N"] >= N
+        assert config["BLOCK_M"] == config["BLOCK_N"] and 2 * config["BLOCK_M"] >= N
 
 
 @pytest.mark.parametrize("window,causal", [(-1, False), (3, True)])

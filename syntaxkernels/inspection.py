@@ -377,6 +377,7 @@ class KernelReport:
     # that loop, per unit, paid once per tile for all its heads: on the cheapest path and counting every branch.
     once_other: Optional[float] = None
     once_all: Optional[float] = None
+    pre_other: Optional[float] = None  # the two-block kernel: its first pass, per head and element of its tiles
     plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
     block_m: int = 0
@@ -498,15 +499,28 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                 report.loop_other.append(per(outside))
                 report.loop_all.append(per(l.instructions - l.tensor_core - (head.instructions - head.tensor_core)))
                 report.head_loop_other.append(per(head.shortest_other))
-            if name in _HEAD_PROGRAMS and top:
+            if (name in _HEAD_PROGRAMS or name in _SHORT2_PROGRAMS) and top:
                 # One tile a program, its loop over the heads: what lies outside the loop is paid once per tile.
-                loop = top[0]
+                # The two-block kernel: its two passes (tile loops over key blocks, each with a head loop
+                # inside) and what lies between them are skipped; the rest is paid once per program.
+                first, last_loop = top[0], top[-1]
                 every = sum(1 for _, op, _, _ in analysed_instructions if _count_other(op))
                 last = max(i for i, (_, op, _, _) in enumerate(analysed_instructions) if op.startswith("EXIT"))
                 report.once_other = per(_shortest_path(analysed_instructions, 0, last, _count_other,
-                                                       skip=(loop.start, loop.end)))
-                report.once_all = per(every - (loop.instructions - loop.tensor_core))
-            if report.head_loop_other and report.head_loop_other[0]:
+                                                       skip=(first.start, last_loop.end)))
+                report.once_all = per(every - sum(l.instructions - l.tensor_core for l in top))
+
+            if name in _SHORT2_PROGRAMS and any(report.head_loop_other):
+                # Per head and element of a tile the main pass walks (its head loop and the tile's own share of
+                # the loop over key blocks); the first pass (a loop over the heads, on the second key block
+                # of rows that reach it) is reported apart: ``pre_other``.
+                main_index = max(range(len(top)), key=lambda i: report.head_loop_other[i])
+                report.other_per_unit = report.head_loop_other[main_index] + report.loop_other[main_index] / report.heads
+                report.all_per_unit = (max(per(o.instructions - o.tensor_core) for o in with_tc
+                                           if top[main_index].start <= o.start and o.end < top[main_index].end)
+                                       + report.loop_all[main_index] / report.heads)
+                report.pre_other = sum(o for o, h in zip(report.loop_other, report.head_loop_other) if not h)
+            elif report.head_loop_other and report.head_loop_other[0]:
                 # The main-loop figures per head and element: the head loop plus the tile's own share.
                 report.other_per_unit = report.head_loop_other[0] + report.loop_other[0] / report.heads
                 report.all_per_unit = report.head_loop_other[0] + report.loop_all[0] / report.heads
@@ -960,6 +974,11 @@ _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
 #: The short-row backward: one program per batch item, its sequence one tile, a loop over the heads (the second
 #: sums the heads' dS and reduces it per bucket once, after its loop).
 _HEAD_PROGRAMS = ("_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel")
+#: The two-block short-row backward (rows of 65..128 tokens): one program per batch item and query block of 64,
+#: two passes over the key blocks its rows reach, each with a loop over the heads inside.
+_SHORT2_PROGRAMS = ("_bias_bwd_short2_kernel",)
+#: Its shares added: one program per item and head (straight line; items of one block return at once).
+_SHORT2_SUM = ("_bias_bwd_short2_sum_kernel",)
 #: Kernels without a product (no tensor-core work to miss).
 _DOTLESS_PROGRAMS = ("_bias_bwd_short_table_kernel",)
 
@@ -1132,6 +1151,10 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
         return _varlen_tiles(kernel, workload, block_m, block_n) if block_m and block_n else None
     lengths = torch.tensor(workload.lengths, dtype=torch.int64)
     N = workload.N
+    if kernel in _SHORT2_SUM:  # a program per item and head; items over one block add their shares
+        return dict(grid=workload.batch_size, skipped=0, interior=0, boundary=0, one_bucket=0,
+                    mixed=0, buckets_mixed=0, valid_pairs=workload.valid_pairs(), area=None,
+                    programs_long=int((lengths > block_m).sum()))
     if not block_m or not block_n:
         return None
     num_q, num_k = -(-N // block_m), -(-N // block_n)
@@ -1141,12 +1164,22 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     if kernel in _TILE_PROGRAMS:
         out["interior"] = grid
         return out
-    if kernel in _HEAD_PROGRAMS:  # every program walks its one tile (masked), an empty row's too
+    if kernel == "_bias_bwd_short_kernel":  # every program walks its one tile (masked), an empty row's too
         out["boundary"] = grid
-        if kernel == "_bias_bwd_short_table_kernel":
-            counts = _popcount(_presence(workload, block_m, block_n))
-            out["one_bucket"], out["mixed"] = int((counts == 1).sum()), int((counts > 1).sum())
-            out["buckets_mixed"] = int(counts[counts > 1].sum())
+        return out
+    if kernel == "_bias_bwd_short_table_kernel":  # a program per tile; tiles without an allowed pair: skipped
+        counts = _popcount(_presence(workload, block_m, block_n))
+        out["boundary"] = int((counts > 0).sum())
+        out["skipped"] = grid - out["boundary"]
+        out["one_bucket"], out["mixed"] = int((counts == 1).sum()), int((counts > 1).sum())
+        out["buckets_mixed"] = int(counts[counts > 1].sum())
+        return out
+    if kernel in _SHORT2_PROGRAMS:  # a program per query block; it walks the key blocks the length reaches
+        blocks = -(-lengths // block_m)  # (no window, not causal: every block up to the length)
+        out["boundary"] = int((blocks * blocks).sum())
+        out["programs"] = workload.batch_size * num_q
+        out["first_pass"] = int((blocks * (blocks - 1)).sum())  # rows reaching the second key block: its tile
+        out["skipped"] = grid - out["boundary"]
         return out
     if kernel in _QUERY_PROGRAMS:
         rows = -(-lengths // block_m)  # query blocks that start inside the length
@@ -1201,6 +1234,9 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     if tiles is None or report.error or not tiles["valid_pairs"]:
         return None
     valid = tiles["valid_pairs"]
+    if report.kernel in _SHORT2_SUM:  # straight line: every instruction, per item over one block and head
+        threads = 32 * report.num_warps
+        return dict(area=None, instr=report.instructions * threads * tiles["programs_long"] / valid)
     walked = tiles["interior"] + tiles["boundary"]
     area = walked * tiles["area"] / valid
     if report.kernel in _TILE_PROGRAMS:  # once per call, shared by every head (a bias-free backward has none)
@@ -1211,6 +1247,18 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     T = BucketSpec().num_buckets
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
     per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
+    if report.kernel in _SHORT2_PROGRAMS and report.once_other is not None and report.head_loop_other:
+        # Per walked tile: both passes' head loops once per head, their tile work (the bias gather) once for
+        # all heads; per program the rest once; per key block not walked the zero shares, once per head.
+        # The first pass: its head loop once per head and a tile's bias gather (charged at the main pass's)
+        # once for all heads, on the second key block of rows that reach it.
+        per_tile = report.heads
+        main = max(range(len(report.loop_other)), key=lambda i: report.head_loop_other[i])
+        tile_once = report.loop_other[main] / per_tile
+        per_element = (tiles["boundary"] * (report.head_loop_other[main] + tile_once)
+                       + tiles["first_pass"] * ((report.pre_other or 0.0) + tile_once)
+                       + tiles["programs"] * report.once_other / per_tile)
+        return dict(area=area, instr=per_element * tiles["area"] / valid)
     if report.kernel in _HEAD_PROGRAMS and report.once_other is not None:
         # Per tile: the head loop once per head, the rest once (its branches charged per bucket the tile
         # holds, like the table kernel's: an upper bound), per head.
@@ -1418,7 +1466,8 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
 
         forward = ("_bias_fwd_kernel",) + _VARLEN_QUERY_PROGRAMS[:1]
         backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
-                    + _HEAD_PROGRAMS + _VARLEN_QUERY_PROGRAMS[1:] + _VARLEN_KEY_PROGRAMS)
+                    + _HEAD_PROGRAMS + _SHORT2_PROGRAMS + _SHORT2_SUM + _VARLEN_QUERY_PROGRAMS[1:]
+                    + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
                                         and not r.tiles),
@@ -1427,7 +1476,8 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
                          fwd_area=total(forward, "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel", "_bias_bwd_short_kernel") + _VARLEN_KEY_PROGRAMS,
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel", "_bias_bwd_short_kernel") + _SHORT2_PROGRAMS
+                                         + _VARLEN_KEY_PROGRAMS,
                                          "area")))
         last = rows[-1]
 

@@ -673,31 +673,282 @@ def _bias_bwd_short_kernel(
 
 
 @triton.jit
+def _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, length, D, DV, stride_qn, stride_qd,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """``(P, dP)`` of one head's tile in :func:`_bias_bwd_short2_kernel`: ``P = exp2(q k^T * scale * log2(e) +
+    bias - lse)`` (``bias``: the LUT's bias, -inf where excluded) and ``dP = dO V^T``, each product over head-dim
+    chunks of CHUNK columns."""
+    for c in tl.static_range(0, BLOCK_D, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+        k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+        if c == 0:
+            scores = mma(q, tl.trans(k), DOT_PRECISION)
+        else:
+            scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+    p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
+    for c in tl.static_range(0, BLOCK_DV, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+        v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+        if c == 0:
+            dp = mma(do, tl.trans(v), DOT_PRECISION)
+        else:
+            dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+    return p, dp
+
+
+@triton.jit
+def _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL: tl.constexpr,
+                 EVEN_N: tl.constexpr):
+    """The bias of one tile of :func:`_bias_bwd_short2_kernel` for every head: the LUT gathered at the distance,
+    -inf where the length or causality excludes the pair."""
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL), tl.load(LUT + dist.to(tl.int32)), float("-inf"))
+
+
+@triton.jit
+def _bias_bwd_short2_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DELTA, DQ, DK, DV_OUT, DQ_PART, DK_PART, DV_PART, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
+    fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
+    of ``BLOCK_M = BLOCK_N`` rows walks the key blocks its rows reach and, inside each, every head (the tile's
+    bias gathered once for all of them).
+
+    An item of at most ``BLOCK_M`` tokens is one tile, as in :func:`_bias_bwd_short_kernel`: the first program
+    forms the exact ``delta`` (row sums of ``P * dP``) in the tile and stores dQ, dK, dV themselves (the outputs
+    come zeroed: the rows past the first block stay 0); the second does nothing. A longer item's rows reach two
+    key blocks: a first pass over the second key block stores each head's row sums of ``P * dP`` there
+    (``DELTA``), the first key block adds its own in the tile (exact delta: every row of dS sums to zero up to
+    fp32 rounding), and the second is then walked again (two extra products on half the tiles). Such an item's
+    products are shares, each from one tile, stored in fp32 (``*_PART[q_block or k_block, b, h]``, transposed
+    ``[BLOCK_D, 2 * BLOCK_M]`` but dQ without DQ_T), which :func:`_bias_bwd_short2_sum_kernel` adds in a fixed
+    order (deterministic, no atomics). With TABLE_GRAD each head's dS goes to ``DS_OUT`` (fp32
+    ``[B, H, 2, 2, BLOCK_M, BLOCK_N]``) for :func:`_bias_bwd_short_table_kernel`. Each pair is read at
+    ``distance[b, i, j]`` only: a directed distance is exact.
+
+    Args: as :func:`_bias_bwd_short_kernel`; DELTA: fp32 rows like LSE (``stride_row``), written then read;
+        DQ, DK, DV_OUT zeroed.
+    Grid: ``(B, 2)``.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    q_block = tl.program_id(1)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_j = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < length
+    two_blocks = length > BLOCK_M  # the item's products are shares
+    # Key blocks holding an allowed pair of these rows (none when the block starts past the length).
+    num_k = (length + BLOCK_N - 1) // BLOCK_N
+    if CAUSAL:
+        num_k = tl.minimum(num_k, q_block + 1)
+    if q_block * BLOCK_M >= length:
+        num_k = 0
+    part_d = b * HEADS * (BLOCK_D * 2 * BLOCK_N)  # this item's head 0 in one share
+    part_dv = b * HEADS * (BLOCK_DV * 2 * BLOCK_N)
+    share_d = B * HEADS * (BLOCK_D * 2 * BLOCK_N)  # one share to the next
+    share_dv = B * HEADS * (BLOCK_DV * 2 * BLOCK_N)
+    delta_rows = DELTA + b * HEADS * stride_row + offs_m
+    lse_rows = LSE + b * HEADS * stride_row + offs_m
+
+    # Rows reaching two key blocks: the row sums of P * dP over the second, stored per head.
+    if num_k == 2:
+        offs_n = BLOCK_N + offs_j
+        bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                            EVEN_N)
+        for h in range(0, HEADS):
+            lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
+            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
+                                V + b * stride_vb + h * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
+                                offs_m, offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd,
+                                stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK,
+                                EVEN_D, EVEN_DV, DOT_PRECISION)
+            tl.store(delta_rows + h * stride_row, tl.sum(p * dp, 1), mask=row_ok)
+        tl.debug_barrier()  # read back below in whatever layout the products leave the rows
+
+    for kb in range(0, num_k):
+        offs_n = kb * BLOCK_N + offs_j
+        bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                            EVEN_N)
+        for h in range(0, HEADS):
+            q_base = Q + b * stride_qb + h * stride_qh
+            k_base = K + b * stride_kb + h * stride_kh
+            do_base = DOUT + b * stride_gb + h * stride_gh
+            lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
+            p, dp = _short_p_dp(q_base, k_base, V + b * stride_vb + h * stride_vh, do_base, bias, lse, offs_m,
+                                offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
+                                stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
+                                EVEN_DV, DOT_PRECISION)
+            if kb == 0:  # this block's row sums (plus the second block's, when the rows reach it)
+                delta = tl.sum(p * dp, 1)
+                if num_k == 2:
+                    delta += tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+                    tl.store(delta_rows + h * stride_row, delta, mask=row_ok)
+            else:
+                delta = tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+            # dS with the score scale folded in (a row constant), as in the one-tile kernel.
+            ds = p * (dp * scale - (delta * scale)[:, None])
+            if TABLE_GRAD:
+                tl.store(DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
+                         + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
+            p_in = p.to(Q.dtype.element_ty)
+            ds_in = ds.to(Q.dtype.element_ty)
+            dv_share = DV_PART + q_block * share_dv + part_dv + h * (BLOCK_DV * 2 * BLOCK_N)
+            for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
+                offs_c = c + tl.arange(0, OUT_CHUNK)
+                do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                dv = mma(tl.trans(do), p_in, DOT_PRECISION)  # dV^T [OUT_CHUNK, BLOCK_N]
+                if two_blocks:
+                    tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
+                else:
+                    tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                             + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                             mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+            dq_share = DQ_PART + kb * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
+            dk_share = DK_PART + q_block * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
+            for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+                offs_c = c + tl.arange(0, OUT_CHUNK)
+                k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+                if DQ_T:  # dQ^T = K^T dS^T
+                    dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                    if two_blocks:
+                        tl.store(dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :], dq)
+                    else:
+                        tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                                 + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                 mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+                else:
+                    dq = mma(ds_in, k, DOT_PRECISION)
+                    if two_blocks:
+                        tl.store(dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :], dq)
+                    else:
+                        tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                                 + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                 mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+                q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+                dk = mma(tl.trans(q), ds_in, DOT_PRECISION)  # dK^T [OUT_CHUNK, BLOCK_N]
+                if two_blocks:
+                    tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
+                else:
+                    tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn
+                             + offs_c[:, None] * stride_yd, dk.to(DK.dtype.element_ty),
+                             mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
+
+
+@triton.jit
+def _short2_share(PART, share, head, rows, cols, stride_r, FIRST: tl.constexpr, SECOND: tl.constexpr):
+    """One head's ``[rows, cols]`` block of a gradient from its two shares (``PART[0]``, ``PART[1]`` are
+    ``share`` apart; contiguous columns), added in that order; only the shares the kernel stored are read."""
+    ptrs = PART + head + rows[:, None] * stride_r + cols[None, :]
+    if FIRST:
+        total = tl.load(ptrs)
+        if SECOND:
+            total += tl.load(ptrs + share)
+    else:
+        total = tl.load(ptrs + share)
+    return total
+
+
+@triton.jit
+def _bias_bwd_short2_sum_kernel(
+    LENGTHS, DQ_PART, DK_PART, DV_PART, DQ, DK, DV_OUT,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    B, N, N_OUT, D, DV, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DQ_T: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """dQ, dK, dV of one head of an item longer than ``BLOCK_M`` from :func:`_bias_bwd_short2_kernel`'s shares:
+    each row block's two shares added in a fixed order (the first query or key block's first), a share of a
+    tile the kernel did not walk (causality) read as 0. Items of at most ``BLOCK_M`` tokens: nothing (the
+    kernel stored their gradients). Grid: ``(B * HEADS,)``."""
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // HEADS
+    h = bh % HEADS
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    if length > BLOCK_M:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        share_d = B * HEADS * (BLOCK_D * 2 * BLOCK_M)
+        share_dv = B * HEADS * (BLOCK_DV * 2 * BLOCK_M)
+        head_d = bh * (BLOCK_D * 2 * BLOCK_M)
+        head_dv = bh * (BLOCK_DV * 2 * BLOCK_M)
+        for blk in tl.static_range(2):
+            rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+            # dQ rows of query block blk: shares of key blocks 0 and 1; dK, dV rows of key block blk: shares of
+            # query blocks 0 and 1. Causal: query block 0 does not reach key block 1.
+            later = (not CAUSAL) or blk == 1
+            if DQ_T:
+                dq = tl.trans(_short2_share(DQ_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, True, later))
+            else:
+                dq = _short2_share(DQ_PART, share_d, head_d, rows, offs_d, BLOCK_D, True, later)
+            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                     dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            earlier = (not CAUSAL) or blk == 0
+            dk = tl.trans(_short2_share(DK_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, earlier, True))
+            tl.store(DK + b * stride_yb + h * stride_yh + rows[:, None] * stride_yn + offs_d[None, :] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            dv = tl.trans(_short2_share(DV_PART, share_dv, head_dv, offs_dv, rows, 2 * BLOCK_M, earlier, True))
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + rows[:, None] * stride_zn
+                     + offs_dv[None, :] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
 def _bias_bwd_short_table_kernel(
     DS, DIST, TILE_BUCKETS, BUCKET_PARTIALS, stride_db, stride_di, stride_dj, N, scale, HEADS,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1,
 ):
-    """The short-row table gradient: one batch item's dS tiles (:func:`_bias_bwd_short_kernel`'s ``DS_OUT``)
-    summed over the heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`; ``TILE_BUCKETS``
-    int32 ``[B]``, the tile's bucket set). Writes ``BUCKET_PARTIALS[b]`` (fp32 ``[B, NUM_BUCKETS]``).
-    Grid: ``(B,)``."""
+    """The short-row table gradient: one dS tile of a batch item (:func:`_bias_bwd_short_kernel`'s or
+    :func:`_bias_bwd_short2_kernel`'s ``DS_OUT``, ``[B, H, BLOCKS, BLOCKS, BLOCK_M, BLOCK_N]``) summed over the
+    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`; ``TILE_BUCKETS`` int32
+    ``[B, BLOCKS, BLOCKS]``, each tile's bucket set: a tile without an allowed pair is not read). Writes
+    ``BUCKET_PARTIALS[(b * BLOCKS + q_block) * BLOCKS + k_block]`` (fp32 ``[NUM_BUCKETS]``).
+    Grid: ``(B, BLOCKS, BLOCKS)``."""
     b = tl.program_id(0).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    ptrs = DS + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
-    ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for h in range(0, HEADS):
-        ds += tl.load(ptrs + h * (BLOCK_M * BLOCK_N))
-    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    q_block = tl.program_id(1)
+    k_block = tl.program_id(2)
+    tile = (b * BLOCKS + q_block) * BLOCKS + k_block
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
+            + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+    present = tl.load(TILE_BUCKETS + tile)
     sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    sums = _bucket_sums(sums, ds, dist, tl.load(TILE_BUCKETS + b), NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
-                        LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+    if STATIC_BUCKETS:
+        walk = present != 0
+    else:  # lowest + 256 * highest; lowest > highest: no allowed pair
+        walk = (present & 255) <= (present >> 8)
+    if walk:
+        ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for h in range(0, HEADS):
+            ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
+        dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+        sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                            UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
     bucket_ids = tl.arange(0, BUCKETS_PAD)
     totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    tl.store(BUCKET_PARTIALS + b * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
+    tl.store(BUCKET_PARTIALS + tile * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
              mask=bucket_ids < NUM_BUCKETS)
 
 
@@ -883,6 +1134,12 @@ for _arch in ("sm80", "small"):
         CONFIGS[("short", _arch, "half", _dim)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=True,
                                                     num_warps=4, num_stages=1)
 
+# Rows of 65..128 tokens (:func:`_bias_bwd_short2_kernel`: a program per query block of 64, two key blocks):
+# the one-tile kernel's tiles.
+for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
+    if _kind == "short":
+        CONFIGS[("short2", _arch, _cls, _dim)] = dict(_config)
+
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
 BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
@@ -926,10 +1183,11 @@ def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, fami
     """The short-row backward's configuration, or None where the tiled kernels run: rows of at most
     :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT row (a table shared by the heads, or none), a family with
     short-row tiles (all with Triton configs)."""
-    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
-            or lut_rows != 1 or ("short", family, "half", 64 if head_block(head_dim) <= 64 else 128) not in CONFIGS):
+    kind = "short" if N <= SHORT_ROW_LIMIT else "short2"
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > 2 * SHORT_ROW_LIMIT or dtype == torch.float32
+            or lut_rows != 1 or (kind, family, "half", 64 if head_block(head_dim) <= 64 else 128) not in CONFIGS):
         return None
-    return select_config("short", dtype, head_dim, family, arch)
+    return select_config(kind, dtype, head_dim, family, arch)
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -1213,6 +1471,9 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
     T = spec.num_buckets
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
+    if N > block:
+        return _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
+                                table_grad, config, dq, dk, dv)
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
     launch(_bias_bwd_short_kernel, (B,),
@@ -1227,18 +1488,68 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
         return dq, dk, dv, torch.zeros((1, T), dtype=torch.float32, device=q.device)
+    return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1)
+
+
+def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, blocks):
+    """The table gradient of the short-row kernels' dS tiles (:func:`_bias_bwd_short_table_kernel`): fp32
+    ``[1, T]``, the per-tile bucket sums added in a fixed order."""
+    B, N = distance.shape[0], distance.shape[-1]
+    T = spec.num_buckets
+    block = config["BLOCK_M"]
     tile_buckets = per_batch((distance, lengths), ("tile buckets", block, block, window, causal, spec),
                              lambda: _tile_buckets(distance, lengths, block, block, window, causal, spec))
-    partials = torch.empty((B, T), dtype=torch.float32, device=q.device)
-    launch(_bias_bwd_short_table_kernel, (B,),
+    partials = torch.empty((B * blocks * blocks, T), dtype=torch.float32, device=ds.device)
+    launch(_bias_bwd_short_table_kernel, (B, blocks, blocks),
            ds, distance, tile_buckets, partials, *distance.stride(), _padded(N), scale, HEADS=H,
            NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
            BLOCK_M=block, BLOCK_N=block, EVEN_N=_even(_padded(N), config), INTERPRETED=interpreting(),
-           num_warps=4, num_stages=1)
-    # A fixed-order sum over the batch: deterministic.
-    return dq, dk, dv, partials.sum(dim=0).view(1, T)
+           BLOCKS=blocks, num_warps=4, num_stages=1)
+    return partials.sum(dim=0).view(1, T)
+
+
+def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
+                     dq, dk, dv):
+    """:func:`bias_attention_backward` for rows of 65..128 tokens: :func:`_bias_bwd_short2_kernel` (every head
+    of one batch item and query block a program; items of at most 64 tokens store their gradients, longer ones
+    fp32 shares), :func:`_bias_bwd_short2_sum_kernel` (the shares added in a fixed order), then with
+    ``table_grad`` the heads' dS summed and reduced per bucket once per tile."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    T = spec.num_buckets
+    block = config["BLOCK_M"]
+    block_d, block_dv = head_block(D), head_block(DV)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    for grad in (dq, dk, dv):  # rows past an item's first block stay 0 where the item ends in it
+        grad.zero_()
+    # Shares [2, B, H, BLOCK_D, 2 * BLOCK] (the transposed products store contiguous rows), dQ's
+    # [2, B, H, 2 * BLOCK, BLOCK_D] unless it is formed transposed; read only for items longer than BLOCK.
+    dq_t = config["DQ_T"]
+    dq_part = torch.empty((2, B, H, block_d, 2 * block) if dq_t else (2, B, H, 2 * block, block_d), **f32)
+    dk_part = torch.empty((2, B, H, block_d, 2 * block), **f32)
+    dv_part = torch.empty((2, B, H, block_dv, 2 * block), **f32)
+    delta = _row_buffer(B, H, N, q.device)  # (the caller gave lse the same row stride)
+    # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
+    ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
+    launch(_bias_bwd_short2_kernel, (B, 2),
+           q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
+           *dq.stride(), *dk.stride(), *dv.stride(),
+           B, _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads it)
+           BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
+           CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
+           DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
+           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+    launch(_bias_bwd_short2_sum_kernel, (B * H,),
+           lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
+           B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
+           CAUSAL=causal, num_warps=4, num_stages=1)
+    if not table_grad:
+        return dq, dk, dv, torch.zeros((1, T), **f32)
+    return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2)
 
 
 # ---------------------------------------------------------------------------------------------------------
