@@ -377,7 +377,6 @@ class KernelReport:
     # that loop, per unit, paid once per tile for all its heads: on the cheapest path and counting every branch.
     once_other: Optional[float] = None
     once_all: Optional[float] = None
-    pre_other: Optional[float] = None  # the two-block kernel: its first pass, per head and element of its tiles
     plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
     block_m: int = 0
@@ -510,16 +509,12 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                                                        skip=(first.start, last_loop.end)))
                 report.once_all = per(every - sum(l.instructions - l.tensor_core for l in top))
 
-            if name in _SHORT2_PROGRAMS and any(report.head_loop_other):
-                # Per head and element of a tile the main pass walks (its head loop and the tile's own share of
-                # the loop over key blocks); the first pass (a loop over the heads, on the second key block
-                # of rows that reach it) is reported apart: ``pre_other``.
-                main_index = max(range(len(top)), key=lambda i: report.head_loop_other[i])
-                report.other_per_unit = report.head_loop_other[main_index] + report.loop_other[main_index] / report.heads
-                report.all_per_unit = (max(per(o.instructions - o.tensor_core) for o in with_tc
-                                           if top[main_index].start <= o.start and o.end < top[main_index].end)
-                                       + report.loop_all[main_index] / report.heads)
-                report.pre_other = sum(o for o, h in zip(report.loop_other, report.head_loop_other) if not h)
+            if name in _SHORT2_PROGRAMS and len(top) == 3:
+                # Three loops over the heads (the key-block loop is unrolled): the first pass on the second key
+                # block, then the first and the second key block's main pass. The main-loop figures: the main
+                # passes' head loop (per head and element), the costlier of the two.
+                report.other_per_unit = max(report.loop_other[1:])
+                report.all_per_unit = max(report.loop_all[1:])
             elif report.head_loop_other and report.head_loop_other[0]:
                 # The main-loop figures per head and element: the head loop plus the tile's own share.
                 report.other_per_unit = report.head_loop_other[0] + report.loop_other[0] / report.heads
@@ -1178,7 +1173,9 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
         blocks = -(-lengths // block_m)  # (no window, not causal: every block up to the length)
         out["boundary"] = int((blocks * blocks).sum())
         out["programs"] = workload.batch_size * num_q
-        out["first_pass"] = int((blocks * (blocks - 1)).sum())  # rows reaching the second key block: its tile
+        out["first_key_block"] = int(blocks.sum())  # every program with rows walks the first key block
+        out["second_key_block"] = int((blocks * (blocks - 1)).sum())  # rows reaching it: items over one block
+        out["first_pass"] = out["second_key_block"]  # (the first pass runs on that tile)
         out["skipped"] = grid - out["boundary"]
         return out
     if kernel in _QUERY_PROGRAMS:
@@ -1247,17 +1244,18 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     T = BucketSpec().num_buckets
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
     per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
-    if report.kernel in _SHORT2_PROGRAMS and report.once_other is not None and report.head_loop_other:
-        # Per walked tile: both passes' head loops once per head, their tile work (the bias gather) once for
-        # all heads; per program the rest once; per key block not walked the zero shares, once per head.
-        # The first pass: its head loop once per head and a tile's bias gather (charged at the main pass's)
-        # once for all heads, on the second key block of rows that reach it.
-        per_tile = report.heads
-        main = max(range(len(report.loop_other)), key=lambda i: report.head_loop_other[i])
-        tile_once = report.loop_other[main] / per_tile
-        per_element = (tiles["boundary"] * (report.head_loop_other[main] + tile_once)
-                       + tiles["first_pass"] * ((report.pre_other or 0.0) + tile_once)
-                       + tiles["programs"] * report.once_other / per_tile)
+    if report.kernel in _SHORT2_PROGRAMS:
+        # Per tile each head loop once per head (the first pass on the second key block of rows reaching it,
+        # the main pass on each walked tile). Outside the head loops: the cheapest path (the prologue) once per
+        # program; the rest, every branch counted, is the three tile prologues (a bias gather each, before each
+        # head loop) and is charged a third to each tile either pass walks; both for all the program's heads.
+        if len(report.loop_other) != 3 or report.once_all is None or report.once_other is None:
+            return dict(area=area, instr=None)
+        first, main0, main1 = report.loop_other
+        gather = (report.once_all - report.once_other) / 3
+        per_element = (tiles["first_key_block"] * main0 + tiles["second_key_block"] * main1
+                       + tiles["first_pass"] * first + tiles["programs"] * report.once_other / report.heads
+                       + (tiles["boundary"] + tiles["first_pass"]) * gather / report.heads)
         return dict(area=area, instr=per_element * tiles["area"] / valid)
     if report.kernel in _HEAD_PROGRAMS and report.once_other is not None:
         # Per tile: the head loop once per head, the rest once (its branches charged per bucket the tile

@@ -782,73 +782,74 @@ def _bias_bwd_short2_kernel(
             tl.store(delta_rows + h * stride_row, tl.sum(p * dp, 1), mask=row_ok)
         tl.debug_barrier()  # read back below in whatever layout the products leave the rows
 
-    for kb in range(0, num_k):
-        offs_n = kb * BLOCK_N + offs_j
-        bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
-                            EVEN_N)
-        for h in range(0, HEADS):
-            q_base = Q + b * stride_qb + h * stride_qh
-            k_base = K + b * stride_kb + h * stride_kh
-            do_base = DOUT + b * stride_gb + h * stride_gh
-            lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
-            p, dp = _short_p_dp(q_base, k_base, V + b * stride_vb + h * stride_vh, do_base, bias, lse, offs_m,
-                                offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
-                                stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
-                                EVEN_DV, DOT_PRECISION)
-            if kb == 0:  # this block's row sums (plus the second block's, when the rows reach it)
-                delta = tl.sum(p * dp, 1)
-                if num_k == 2:
-                    delta += tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
-                    tl.store(delta_rows + h * stride_row, delta, mask=row_ok)
-            else:
-                delta = tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
-            # dS with the score scale folded in (a row constant), as in the one-tile kernel.
-            ds = p * (dp * scale - (delta * scale)[:, None])
-            if TABLE_GRAD:
-                tl.store(DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
-                         + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
-            p_in = p.to(Q.dtype.element_ty)
-            ds_in = ds.to(Q.dtype.element_ty)
-            dv_share = DV_PART + q_block * share_dv + part_dv + h * (BLOCK_DV * 2 * BLOCK_N)
-            for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
-                offs_c = c + tl.arange(0, OUT_CHUNK)
-                do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
-                dv = mma(tl.trans(do), p_in, DOT_PRECISION)  # dV^T [OUT_CHUNK, BLOCK_N]
-                if two_blocks:
-                    tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
+    for kb in tl.static_range(2):
+        if kb < num_k:
+            offs_n = kb * BLOCK_N + offs_j
+            bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                                EVEN_N)
+            for h in range(0, HEADS):
+                q_base = Q + b * stride_qb + h * stride_qh
+                k_base = K + b * stride_kb + h * stride_kh
+                do_base = DOUT + b * stride_gb + h * stride_gh
+                lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
+                p, dp = _short_p_dp(q_base, k_base, V + b * stride_vb + h * stride_vh, do_base, bias, lse, offs_m,
+                                    offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
+                                    stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
+                                    EVEN_DV, DOT_PRECISION)
+                if kb == 0:  # this block's row sums (plus the second block's, when the rows reach it)
+                    delta = tl.sum(p * dp, 1)
+                    if num_k == 2:
+                        delta += tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+                        tl.store(delta_rows + h * stride_row, delta, mask=row_ok)
                 else:
-                    tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
-                             + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
-                             mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
-            dq_share = DQ_PART + kb * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
-            dk_share = DK_PART + q_block * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
-            for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
-                offs_c = c + tl.arange(0, OUT_CHUNK)
-                k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
-                if DQ_T:  # dQ^T = K^T dS^T
-                    dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                    delta = tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+                # dS with the score scale folded in (a row constant), as in the one-tile kernel.
+                ds = p * (dp * scale - (delta * scale)[:, None])
+                if TABLE_GRAD:
+                    tl.store(DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
+                             + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
+                p_in = p.to(Q.dtype.element_ty)
+                ds_in = ds.to(Q.dtype.element_ty)
+                dv_share = DV_PART + q_block * share_dv + part_dv + h * (BLOCK_DV * 2 * BLOCK_N)
+                for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
+                    offs_c = c + tl.arange(0, OUT_CHUNK)
+                    do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                    dv = mma(tl.trans(do), p_in, DOT_PRECISION)  # dV^T [OUT_CHUNK, BLOCK_N]
                     if two_blocks:
-                        tl.store(dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :], dq)
+                        tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
                     else:
-                        tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
-                                 + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
-                                 mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
-                else:
-                    dq = mma(ds_in, k, DOT_PRECISION)
+                        tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                                 + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                                 mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+                dq_share = DQ_PART + kb * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
+                dk_share = DK_PART + q_block * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
+                for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+                    offs_c = c + tl.arange(0, OUT_CHUNK)
+                    k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+                    if DQ_T:  # dQ^T = K^T dS^T
+                        dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                        if two_blocks:
+                            tl.store(dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :], dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                                     + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+                    else:
+                        dq = mma(ds_in, k, DOT_PRECISION)
+                        if two_blocks:
+                            tl.store(dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :], dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                                     + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+                    q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+                    dk = mma(tl.trans(q), ds_in, DOT_PRECISION)  # dK^T [OUT_CHUNK, BLOCK_N]
                     if two_blocks:
-                        tl.store(dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :], dq)
+                        tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
                     else:
-                        tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
-                                 + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
-                                 mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
-                q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
-                dk = mma(tl.trans(q), ds_in, DOT_PRECISION)  # dK^T [OUT_CHUNK, BLOCK_N]
-                if two_blocks:
-                    tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
-                else:
-                    tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn
-                             + offs_c[:, None] * stride_yd, dk.to(DK.dtype.element_ty),
-                             mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
+                        tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn
+                                 + offs_c[:, None] * stride_yd, dk.to(DK.dtype.element_ty),
+                                 mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
 
 
 @triton.jit
@@ -912,38 +913,51 @@ def _bias_bwd_short2_sum_kernel(
 
 
 @triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
 def _bias_bwd_short_table_kernel(
-    DS, DIST, TILE_BUCKETS, BUCKET_PARTIALS, stride_db, stride_di, stride_dj, N, scale, HEADS,
+    DS, DIST, BUCKET_LUT, LENGTHS, BUCKET_PARTIALS, stride_db, stride_di, stride_dj, N, scale, window, HEADS,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1,
+    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1,
 ):
     """The short-row table gradient: one dS tile of a batch item (:func:`_bias_bwd_short_kernel`'s or
     :func:`_bias_bwd_short2_kernel`'s ``DS_OUT``, ``[B, H, BLOCKS, BLOCKS, BLOCK_M, BLOCK_N]``) summed over the
-    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`; ``TILE_BUCKETS`` int32
-    ``[B, BLOCKS, BLOCKS]``, each tile's bucket set: a tile without an allowed pair is not read). Writes
+    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`). The tile's bucket set comes from
+    its own distance tile (``BUCKET_LUT``: the bucket of each uint8 distance), over the pairs the length,
+    causality and ``window`` (-1: none) allow: up to 31 buckets their bit set (an OR over the tile), else the
+    lowest and highest; a tile without an allowed pair is not read. Writes
     ``BUCKET_PARTIALS[(b * BLOCKS + q_block) * BLOCKS + k_block]`` (fp32 ``[NUM_BUCKETS]``).
     Grid: ``(B, BLOCKS, BLOCKS)``."""
     b = tl.program_id(0).to(tl.int64)
     q_block = tl.program_id(1)
     k_block = tl.program_id(2)
     tile = (b * BLOCKS + q_block) * BLOCKS + k_block
+    length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
-            + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
-    present = tl.load(TILE_BUCKETS + tile)
-    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
+    bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
     if STATIC_BUCKETS:
+        present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
         walk = present != 0
     else:  # lowest + 256 * highest; lowest > highest: no allowed pair
-        walk = (present & 255) <= (present >> 8)
+        lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
+        highest = tl.max(tl.where(allowed, bucket, 0))
+        present = lowest + 256 * highest
+        walk = lowest <= highest
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     if walk:
+        ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
+                + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
         ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for h in range(0, HEADS):
             ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
-        dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
         sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
                             UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -1135,10 +1149,16 @@ for _arch in ("sm80", "small"):
                                                     num_warps=4, num_stages=1)
 
 # Rows of 65..128 tokens (:func:`_bias_bwd_short2_kernel`: a program per query block of 64, two key blocks):
-# the one-tile kernel's tiles.
+# the one-tile kernel's tiles, but for score and dP products over head-dim chunks of 32 on sm_90 at D = 64, of 16
+# on sm_80 at D = 128 and of 16 with dQ not transposed on the small family (the spill-free choices: with the
+# one-tile kernel's, 16-56 B spill).
 for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
     if _kind == "short":
         CONFIGS[("short2", _arch, _cls, _dim)] = dict(_config)
+CONFIGS[("short2", "sm90", "half", 64)]["CHUNK"] = 32
+CONFIGS[("short2", "sm80", "half", 128)]["CHUNK"] = 16
+for _dim in (64, 128):
+    CONFIGS[("short2", "small", "half", _dim)].update(CHUNK=16, DQ_T=False)
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
@@ -1497,16 +1517,15 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
     B, N = distance.shape[0], distance.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
-    tile_buckets = per_batch((distance, lengths), ("tile buckets", block, block, window, causal, spec),
-                             lambda: _tile_buckets(distance, lengths, block, block, window, causal, spec))
     partials = torch.empty((B * blocks * blocks, T), dtype=torch.float32, device=ds.device)
     launch(_bias_bwd_short_table_kernel, (B, blocks, blocks),
-           ds, distance, tile_buckets, partials, *distance.stride(), _padded(N), scale, HEADS=H,
-           NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
-           MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
-           UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
-           BLOCK_M=block, BLOCK_N=block, EVEN_N=_even(_padded(N), config), INTERPRETED=interpreting(),
-           BLOCKS=blocks, num_warps=4, num_stages=1)
+           ds, distance, _bucket_lut(spec, distance), lengths, partials, *distance.stride(), _padded(N), scale,
+           window, HEADS=H, NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
+           STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=spec.max_distance,
+           LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+           LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1, BLOCK_M=block, BLOCK_N=block,
+           EVEN_N=_even(_padded(N), config), CAUSAL=causal, INTERPRETED=interpreting(), BLOCKS=blocks,
+           num_warps=4, num_stages=1)
     return partials.sum(dim=0).view(1, T)
 
 
