@@ -6,6 +6,7 @@ so the file runs in a few minutes on two cores; the tiles are shrunk to 16 x 16 
 tiles (interior/boundary splits, one-bucket and mixed tiles of the table gradient, live-tile lists) at small N. The CUDA
 tests at the bottom run real sizes.
 """
+import contextlib
 import random
 
 import pytest
@@ -316,7 +317,7 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
     grad_out = torch.randn(2, 2, N, 64, generator=torch.Generator().manual_seed(6))
     names = _spy_launches(monkeypatch)
     short = [_run(case, torch.bfloat16, "triton", grad_out)]
-    with shuffled_program_order(seed=N):
+    with shuffled_program_order(seed=N) if P.interpreting() else contextlib.nullcontext():  # (CUDA: a plain rerun)
         short.append(_run(case, torch.bfloat16, "triton", grad_out))
     assert kernel in names
     for name in short[0][1]:

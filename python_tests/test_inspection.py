@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
 # The workloads CI compiles: the treebank's (or, without it, generated) sentences under a [CLS] root padded to
 # the batch's longest (N rarely a multiple of 16) at D = 64 and 128, and N = 1000 (N % 16 = 8) at D = 64, for
 # sm_80 and sm_90. ``python -m syntaxkernels inspect --workload all`` covers every workload and family.
-CI_WORKLOADS = [("sentences", 64), ("sentences", 128), ("odd-1000", 64)]
+CI_WORKLOADS = [("sentences", 64), ("sentences", 128), ("pairs", 64), ("odd-1000", 64)]
 CI_WORKLOAD_ARCHS = (80, 90)
 
 WORKLOAD_SCRIPT = textwrap.dedent("""
@@ -92,14 +92,18 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
 
     tiled = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
              "_block_bucket_mask_kernel"}
-    # Rows of at most 64 tokens: the short-row backward (one tile a sequence, every head a program).
-    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_block_bucket_mask_kernel"}
+    # Rows of at most 64 tokens: the short-row backward (one tile a sequence, every head a program); of 65..128:
+    # the two-block one (a program per query block, its shares added by a second kernel). Their table kernel
+    # forms each tile's bucket set itself (no metadata launch).
+    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}
+    short2 = {"_bias_fwd_kernel", "_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
+              "_bias_bwd_short_table_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     assert {(r.case, r.arch) for r in workload_reports} == cases
     for case, arch in cases:
         group = [r for r in workload_reports if (r.case, r.arch) == (case, arch)]
         rows = I._workload(case.split()[0]).N
-        expected = short if rows <= op.SHORT_ROW_LIMIT else tiled
+        expected = short if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
         assert {r.kernel for r in group} == expected, (case, arch, {r.kernel for r in group})
         for r in group:
             assert r.shared_limit == I.SHARED_LIMIT[arch]
@@ -120,13 +124,21 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
                 assert r.cost["plain_instr"] and r.cost["plain_instr"] < r.cost["instr"], r  # the bias-free twin
             if r.kernel in I._HEAD_PROGRAMS:  # one tile a sequence, a loop over the 12 heads, the rest once
                 t = r.tiles
-                assert t["grid"] == t["boundary"] and t["skipped"] == 0, r
+                if r.kernel == "_bias_bwd_short_kernel":
+                    assert t["grid"] == t["boundary"] and t["skipped"] == 0, r
                 assert r.heads == I.WORKLOAD_HEADS and r.once_other > 0 and r.once_all >= r.once_other, r
                 assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
                 if r.kernel == "_bias_bwd_short_kernel":
                     assert r.main_tensor_core > 0, r
-                else:  # every sequence's tile holds an allowed pair and reduces its dS per bucket
-                    assert t["one_bucket"] + t["mixed"] == t["grid"], r
+                else:  # every tile holding an allowed pair reduces its dS per bucket; the others are skipped
+                    assert t["one_bucket"] + t["mixed"] == t["boundary"], r
+            if r.kernel in I._SHORT2_PROGRAMS:  # three head loops (first pass, two key blocks), all modelled
+                t = r.tiles
+                assert len(r.loop_other) == 3 and min(r.loop_other) > 0 and r.main_tensor_core > 0, r
+                assert t["skipped"] + t["boundary"] == t["grid"] and t["first_pass"] == t["second_key_block"] > 0, r
+                assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
+            if r.kernel in I._SHORT2_SUM:
+                assert r.tiles["programs_long"] > 0 and r.cost["instr"] > 0, r
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
