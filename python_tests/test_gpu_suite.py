@@ -1,7 +1,10 @@
-"""benchmarks/gpu_suite.sh cannot rot: its dry run (no GPU) checks every step's command line, and the checker
-itself rejects what would break on the GPU machine."""
+"""benchmarks/gpu_suite.sh cannot rot: its dry run (no GPU) checks every step's command line, the checker
+itself rejects what would break on the GPU machine, and its programs (benchmarks/gpu_checks/) are Python files
+that compile and lint."""
 import json
 import os
+import py_compile
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
+PROGRAMS = ROOT / "benchmarks" / "gpu_checks"
 #: The steps in the order the suite must run them: GPU-only evidence first, the rest of the tests last.
 STEPS = ["preflight", "build", "cuda-builder", "info", "cuda-tests", "verify", "sync-free", "bench_bias_attention",
          "bench_workloads", "bench_packed", "bench_subnetwork_attention", "bench_end_to_end", "bench_tree_distance",
@@ -39,7 +43,14 @@ def test_dry_run_checks_every_step(tmp_path):
     by_name = {s["name"]: s for s in report["steps"]}
     assert "--device cuda" in by_name["verify"]["command"]
     assert "not slow" in by_name["cuda-tests"]["command"]
-    assert [c["status"] for c in by_name["sync-free"]["result"]["cases"]] == ["ok"] * 6
+    # The host-sync checks are one test file, run once (not again in other-tests); which of its tests skip (the
+    # transformers hook's without transformers) does not change the step.
+    assert by_name["sync-free"]["command"].startswith("pytest python_tests/test_host_sync.py ")
+    collected = {name: {line.split(":")[0] for line in by_name[name]["output_tail"] if line.startswith("python_tests/")}
+                 for name in ("sync-free", "other-tests")}  # (pytest --collect-only -q: "FILE: COUNT" lines)
+    assert collected["sync-free"] == {"python_tests/test_host_sync.py"}, collected
+    assert collected["other-tests"] and "python_tests/test_host_sync.py" not in collected["other-tests"], collected
+    assert "--ignore=python_tests/test_host_sync.py" in by_name["other-tests"]["command"]
     assert "(dry run)" in (tmp_path / "summary.md").read_text()
 
 
@@ -76,3 +87,35 @@ def test_the_suites_selection_leaves_out_the_compile_matrix():
     compiling = {line[4:line.index("(")] for line in source.splitlines()
                  if line.startswith("def test_") and "(reports" in line}
     assert compiling and selected and not compiling & selected, (compiling, selected)
+
+
+def _suite_programs():
+    """The Python files the suite runs: its ``program`` steps and the ``$CHECKS/NAME.py`` it calls itself."""
+    source = SUITE.read_text()
+    names = set(re.findall(r"\bprogram ([\w.-]+\.py)\b", source)) | set(re.findall(r'\$CHECKS/([\w.-]+\.py)', source))
+    return source, names
+
+
+def test_the_suites_programs_are_python_files_that_compile(tmp_path):
+    """No Python hides in a heredoc of the shell script; every program it names is a file of
+    benchmarks/gpu_checks/ (and every file there is used) that compiles and has a module docstring."""
+    source, names = _suite_programs()
+    assert not re.search(r"<<-?\s*['\"]?[A-Za-z_]+", source), "a heredoc in gpu_suite.sh: put programs in files"
+    assert names == {p.name for p in PROGRAMS.glob("*.py")}, names
+    for name in sorted(names):
+        path = PROGRAMS / name
+        py_compile.compile(str(path), cfile=str(tmp_path / (name + "c")), doraise=True)
+        assert path.read_text().startswith('"""'), f"{name} has no module docstring"
+
+
+def test_the_suites_programs_lint_clean():
+    """pyflakes finds nothing in the suite's programs (they run only on the GPU machine and in the dry run)."""
+    pytest.importorskip("pyflakes", reason="pyflakes is in the [test] extra")
+    import io
+
+    from pyflakes import api, reporter
+
+    out = io.StringIO()
+    report = reporter.Reporter(out, out)
+    found = sum(api.checkPath(str(PROGRAMS / name), report) for name in sorted(_suite_programs()[1]))
+    assert found == 0, out.getvalue()

@@ -412,35 +412,6 @@ def test_enabling_one_model_leaves_others_built_from_the_same_config():
     _hidden(first, input_ids=ids, attention_mask=mask, syntax_trees=trees)
 
 
-HOST_READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu")
-
-
-def test_tree_check_reads_nothing_back_when_the_data_is_on_the_device(monkeypatch):
-    """With the mask on the model's device the lengths check is queued on the device (no host read); a
-    mismatch still stops the forward. (Forced here on CPU tensors by treating them as device memory.)"""
-    from syntaxkernels.integrations import transformers as integration
-
-    ids, mask, trees = _batch()
-    hidden = torch.randn(*ids.shape, 32)
-    valid = mask.bool()
-    monkeypatch.setattr(integration, "_on_host", lambda *tensors: False)
-    reads = []
-    for name in HOST_READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _name=name, _original=original, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    checked = integration._check_trees(trees, hidden, valid)
-    assert checked is trees and reads == []
-    with pytest.raises(RuntimeError, match="lengths differ from the attention mask"):
-        integration._check_trees(trees, hidden, torch.ones_like(valid))
-    with pytest.raises(RuntimeError, match="lengths differ from the attention mask"):
-        integration._check_trees(trees, hidden, None)  # padded trees, no mask
-
-
 # ---------------------------------------------------------------------------------------------- errors
 
 

@@ -2,7 +2,7 @@
 (edge kernels under the interpreter on CPU, or on CUDA), outputs, non-empty flags and every gradient, on random
 trees, forests, stars, chains, packed documents, ragged batches with empty items and one-token sentences, for every
 mask kind; through TopicalAttention; dispatch, caching of the lists, validation before backend resolution, bad
-inputs; on CUDA, no host synchronisation once the lists are built.
+inputs. (No host synchronisation once the lists are built: python_tests/test_host_sync.py.)
 """
 import random
 
@@ -303,28 +303,6 @@ def test_edge_stats():
 # ---------------------------------------------------------------------------------------------------------
 # CUDA only
 # ---------------------------------------------------------------------------------------------------------
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("masks", [sk.MaskSpec(full=False), ALL], ids=["relations", "all"])
-def test_cuda_no_host_synchronisation(masks):
-    """With the lists built in the data pipeline (on the CPU, before .to()), forward and backward read nothing
-    back from the GPU."""
-    rng = random.Random(1)
-    trees = sk.TreeBatch.from_heads([random_document(rng, [rng.randint(3, 30) for _ in range(12)])[:256]
-                                     for _ in range(2)])
-    trees.relation_lists(masks)
-    trees = trees.to("cuda")
-    N = trees.max_len
-    q, k, v = (torch.randn(2, 4, N, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    sk.syntax_subnetwork_attention(q, k, v, trees, masks)[0].sum().backward()  # warm-up (compilation, caches)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        out, _ = sk.syntax_subnetwork_attention(q, k, v, trees, masks)
-        out.float().square().sum().backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

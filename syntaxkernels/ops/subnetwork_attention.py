@@ -4,23 +4,25 @@ One implementation per mask kind:
 
 - **Relation masks** (``parent_d``, ``child_d``, ``sibling_d``) run on per-row key lists
   (:meth:`TreeBatch.relation_lists`, built by the C++ tree builder once per batch) through
-  :func:`syntaxkernels.ops.edge_attention.edge_attention`: C++ kernels on CPU tensors, Triton kernels on CUDA
-  tensors (or on CPU under ``TRITON_INTERPRET=1`` with ``backend="triton"``). Work O(E * H * D) for the E
+  :func:`syntaxkernels.ops.edge_attention.edge_list_attention`: C++ kernels on CPU tensors, Triton kernels on
+  CUDA tensors (or on CPU under ``TRITON_INTERPRET=1`` with ``backend="triton"``). Work O(E * H * D) for the E
   listed pairs: a ``child_d`` row holds at most one key, all ``parent_d`` rows together at most N keys.
 - **Dense masks** (``full``: every valid key; ``pairwise``: keys in another tree of the sequence): ``full`` is
-  plain attention over the valid keys, SDPA with a ``[B, 1, 1, N]`` key mask from the segments on every device
-  (the distance is not read); ``pairwise`` on CPU the SDPA CPU kernel with a ``[B, 1, N, N]`` mask, on CUDA the
-  fused kernel :func:`syntaxkernels.ops.bias_attention.lut_attention` with a fixed bias per distance value
-  (``-inf`` except distance 255, i.e. different trees; padding excluded by lengths).
+  plain attention over the valid keys, SDPA with a ``[B, 1, 1, N]`` key mask from the segments under every
+  backend and on every device (the distance is not read); ``pairwise`` wherever the Triton kernels run (CUDA
+  tensors, or CPU tensors under ``TRITON_INTERPRET=1`` with ``backend="triton"``) is the fused kernel
+  :func:`syntaxkernels.ops.bias_attention.lut_attention` with a fixed bias per distance value (``-inf`` except
+  distance 255, i.e. different trees; padding excluded by lengths), and under ``"auto"`` on CPU the SDPA CPU
+  kernel with a ``[B, 1, N, N]`` mask.
 
 The outputs come in ``MaskSpec.names`` order (relations, then pairwise, then full). The default CPU path
 (:class:`_SubnetworkCPU`) writes all M of them into one ``[B, M, H, N, D]`` tensor, the C++ edge kernels and
 ``aten::_scaled_dot_product_flash_attention_for_cpu`` side by side, and reads the output gradient's slices in
 place; the other paths (Triton, or a value head dim unlike q's) concatenate the parts. Rows with no key output 0
-with zero gradients; ``nonempty`` comes from the lists' row offsets and, for the dense masks, from the masks (CPU)
-or per-segment token counts (CUDA). On CUDA, with the lists already built (``TreeCollator(masks=...)`` in the data
-pipeline, or one earlier call), the Python side of the forward and backward reads no device value back: the
-constant tables are built once per device and cached.
+with zero gradients; ``nonempty`` comes from the lists' row offsets and, for the dense masks, from the masks (the
+SDPA paths) or per-segment token counts (the fused kernel). On CUDA, with the lists already built
+(``TreeCollator(masks=...)`` in the data pipeline, or one earlier call), the Python side of the forward and
+backward reads no device value back: the constant tables are built once per device and cached.
 """
 from __future__ import annotations
 
@@ -65,8 +67,9 @@ def _pairwise_nonempty(trees: TreeBatch) -> torch.Tensor:
 
 
 def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One dense mask with SDPA (any device; on CUDA the ``full`` mask, whose key mask ``[B, 1, 1, N]`` comes
-    from the segments: plain attention with lengths): ``(out [B, H, N, Dv], nonempty [B, N])``.
+    """One dense mask with SDPA, on any device: the ``full`` mask under the Triton backend (its key mask
+    ``[B, 1, 1, N]`` comes from the segments: plain attention with lengths), and both dense masks on CPU when the
+    C++ path cannot write them into one output (v's head dim unlike q's): ``(out [B, H, N, Dv], nonempty [B, N])``.
 
     Rows with no allowed key are given every key (so the softmax stays finite) and then multiplied by zero:
     their outputs and gradients are exactly zero.
@@ -187,10 +190,10 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             ``TreeCollator(masks=...)``, to avoid it).
         masks: the :class:`syntaxkernels.MaskSpec`; M = ``masks.num_masks``, outputs in ``masks.names`` order.
         scale: score scale, default ``1/sqrt(D)``.
-        backend: "auto" (C++ edge kernels + SDPA on CPU; Triton edge kernels + the fused dense kernel on CUDA),
-            "triton" (the Triton edge kernels; on CPU only under ``TRITON_INTERPRET=1``, dense masks by SDPA)
-            or "reference". Inputs the Triton kernels do not take (float64, head dims above 128) fall back to
-            the reference under "auto" and raise ValueError under "triton".
+        backend: "auto" (on CPU the C++ edge kernels + SDPA; on CUDA the Triton edge kernels, the fused LUT
+            kernel for ``pairwise`` and SDPA for ``full``), "triton" (as "auto" on CUDA, also for CPU tensors under
+            ``TRITON_INTERPRET=1``) or "reference". Inputs the Triton kernels do not take (float64, head dims
+            above 128) fall back to the reference under "auto" and raise ValueError under "triton".
     Returns:
         ``out [B, M, H, N, Dv]`` in q's dtype (zero where a token's mask is empty; such rows get zero
         gradients) and ``nonempty bool [B, M, N]``.
