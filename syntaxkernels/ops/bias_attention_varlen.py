@@ -672,7 +672,6 @@ def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float]
     the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
     tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
     from .edge_attention import edge_list_attention, resolve_edge_backend
-    from .subnetwork_attention import dense_mask_kinds
 
     _check_packed_qkv(q, k, v, trees)
     chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
@@ -682,13 +681,13 @@ def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float]
     if chosen == "reference" or T == 0:
         return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
     outs, flags = [], []
-    if masks.parent or masks.child or masks.sibling:
+    if masks.num_relations:
         out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                             v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
                                             backend="triton" if chosen == "triton" else "auto")
         outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
         flags.append(nonempty[0].transpose(0, 1))  # [T, R]
-    for kind in dense_mask_kinds(masks):
+    for kind in masks.dense_kinds:
         if chosen == "triton":
             o = _VarlenLut.apply(q, k, v, trees.distance, _dense_lut2(kind, q.device), trees.cu_seqlens, float(scale))
         else:

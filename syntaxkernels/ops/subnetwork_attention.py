@@ -40,12 +40,9 @@ __all__ = ["syntax_subnetwork_attention", "dense_mask_kinds", "subnetwork_edge_s
 
 
 def dense_mask_kinds(masks: MaskSpec) -> Tuple[str, ...]:
-    """The dense masks of ``masks`` in output order: ``("pairwise", "full")``, those enabled."""
-    return tuple(kind for kind, enabled in (("pairwise", masks.pairwise), ("full", masks.full)) if enabled)
-
-
-def _has_relations(masks: MaskSpec) -> bool:
-    return masks.parent or masks.child or masks.sibling
+    """The dense masks of ``masks`` in output order: ``("pairwise", "full")``, those enabled
+    (``MaskSpec.dense_kinds``)."""
+    return masks.dense_kinds
 
 
 def _valid(trees: TreeBatch) -> torch.Tensor:
@@ -218,12 +215,12 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if chosen == "cpp" and kinds and q.shape[-1] == v.shape[-1]:
         return _cpu_one_pass(q, k, v, trees, masks, kinds, float(scale))
     outs, flags = [], []
-    if _has_relations(masks):
+    if masks.num_relations:
         out, nonempty = edge_list_attention(q, k, v, trees.relation_lists(masks), scale=scale,
                                             backend="triton" if chosen == "triton" else "auto")
         outs.append(out)
         flags.append(nonempty)
-    for kind in dense_mask_kinds(masks):
+    for kind in kinds:
         # ``full`` is plain attention over the valid keys (SDPA with a key mask from the segments: the distance is
         # never read); ``pairwise`` needs the distance (the fused LUT kernel on Triton devices).
         dense = _dense_fused if chosen == "triton" and kind == "pairwise" else _dense_cpu
@@ -238,7 +235,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _cpu_one_pass(q, k, v, trees: TreeBatch, masks: MaskSpec, kinds, scale: float):
     """The C++ + SDPA path into one output tensor (:class:`_SubnetworkCPU`)."""
     flags = []
-    if _has_relations(masks):
+    if masks.num_relations:
         lists = trees.relation_lists(masks)
         tensors = (lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col, lists.t_rel)
         R = lists.num_relations
@@ -267,7 +264,7 @@ def subnetwork_edge_stats(trees: TreeBatch, masks: MaskSpec) -> Dict[str, float]
     valid_pairs = float((lengths * lengths).sum())
     tokens = float(lengths.sum())
     stats: Dict[str, float] = dict(edges=0.0, edges_per_token=0.0, valid_pairs=valid_pairs, relation_density=0.0)
-    if _has_relations(masks):
+    if masks.num_relations:
         lists = trees.relation_lists(masks)
         counts = (lists.row_ptr[1:] - lists.row_ptr[:-1]).view(lists.batch_size, lists.max_len, -1).sum(dim=(0, 1))
         for name, count in zip(lists.names, counts.tolist()):
