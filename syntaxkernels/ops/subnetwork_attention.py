@@ -34,6 +34,7 @@ from .. import _validation as V
 from .. import reference
 from ..specs import MaskSpec
 from ..trees.batch import TreeBatch
+from ._dispatch import device_constant
 from .edge_attention import edge_list_attention, resolve_edge_backend
 
 __all__ = ["syntax_subnetwork_attention", "dense_mask_kinds", "subnetwork_edge_stats"]
@@ -61,41 +62,41 @@ def _pairwise_nonempty(trees: TreeBatch) -> torch.Tensor:
     return valid & (valid.sum(dim=1, keepdim=True) > same_tree)
 
 
-def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One dense mask with SDPA (any device; on CUDA the ``full`` mask, whose key mask ``[B, 1, 1, N]`` comes
-    from the segments: plain attention with lengths): ``(out [B, H, N, Dv], nonempty [B, N])``.
-
-    Rows with no allowed key are given every key (so the softmax stays finite) and then multiplied by zero:
-    their outputs and gradients are exactly zero.
-    """
+def _dense_allowed(trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(allowed, nonempty)`` of a dense mask: bool ``allowed`` ``[B, 1, 1, N]`` for full (a key mask from the
+    segments: plain attention with lengths), ``[B, 1, N, N]`` for pairwise, and ``nonempty [B, N]``, the rows with
+    an allowed key. Rows with no allowed key are given every key (so the softmax stays finite); the callers then
+    multiply them by zero: their outputs and gradients are exactly zero."""
     valid = _valid(trees)
     if kind == "full":
-        nonempty = valid
         keys = valid | ~valid.any(dim=1, keepdim=True)  # an empty item: any key (its rows are zeroed)
-        mask = keys[:, None, None, :]
-    else:
-        segment = trees.segment
-        allowed = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
-        nonempty = allowed.any(dim=-1)
-        mask = (allowed | ~nonempty[:, :, None])[:, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return keys[:, None, None, :], valid
+    segment = trees.segment
+    pairs = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
+    nonempty = pairs.any(dim=-1)
+    return (pairs | ~nonempty[:, :, None])[:, None], nonempty
+
+
+def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One dense mask with SDPA and the boolean mask of :func:`_dense_allowed` (any device; on CUDA the ``full``
+    mask): ``(out [B, H, N, Dv], nonempty [B, N])``."""
+    allowed, nonempty = _dense_allowed(trees, kind)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     return out * nonempty[:, None, :, None].to(out.dtype), nonempty
 
 
-_LUTS: Dict[Tuple[str, torch.device], torch.Tensor] = {}
-
-
-def _lut(kind: str, device: torch.device) -> torch.Tensor:
-    """The cached float32 ``[256]`` bias of a dense mask per distance value (built on the CPU, moved once)."""
-    key = (kind, device)
-    if key not in _LUTS:
+def _dense_lut(kind: str, like: torch.Tensor) -> torch.Tensor:
+    """The float32 ``[256]`` bias of a dense mask per distance value on ``like``'s device, built once per device
+    (:func:`~syntaxkernels.ops._dispatch.device_constant`): ``full`` 0 everywhere, ``pairwise`` -inf except
+    distance 255 (valid pairs in different trees are exactly the valid pairs at distance 255)."""
+    def build() -> torch.Tensor:
         if kind == "full":
-            lut = torch.zeros(256, dtype=torch.float32)
-        else:  # valid pairs in different trees are exactly the valid pairs at distance 255
-            lut = torch.full((256,), float("-inf"), dtype=torch.float32)
-            lut[255] = 0.0
-        _LUTS[key] = lut.to(device)
-    return _LUTS[key]
+            return torch.zeros(256, dtype=torch.float32)
+        lut = torch.full((256,), float("-inf"), dtype=torch.float32)
+        lut[255] = 0.0
+        return lut
+
+    return device_constant(("dense mask lut", kind), like, build)
 
 
 def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -103,25 +104,16 @@ def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[to
     nonempty [B, N])``."""
     from .bias_attention import lut_attention
 
-    out = lut_attention(q, k, v, trees.distance, _lut(kind, q.device), trees.lengths, scale, symmetric=True)
+    out = lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), trees.lengths, scale, symmetric=True)
     nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
     return out, nonempty
 
 
 def _additive_mask(q: torch.Tensor, trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask, keep)`` of a dense mask for the SDPA CPU kernel: an additive mask in q's dtype (0 allowed, -inf
-    not; ``[B, 1, 1, N]`` for full, ``[B, 1, N, N]`` for pairwise; rows with no allowed key allow every key so the
-    softmax stays finite) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the others are
-    multiplied by 0: output and gradients exactly zero)."""
-    valid = _valid(trees)
-    if kind == "full":
-        nonempty = valid
-        allowed = (valid | ~valid.any(dim=1, keepdim=True))[:, None, None, :]
-    else:
-        segment = trees.segment
-        pairs = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
-        nonempty = pairs.any(dim=-1)
-        allowed = (pairs | ~nonempty[:, :, None])[:, None]
+    not, from :func:`_dense_allowed`) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the
+    others are multiplied by 0: output and gradients exactly zero)."""
+    allowed, nonempty = _dense_allowed(trees, kind)
     mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
     return mask, nonempty[:, None, :, None].to(q.dtype)
 
