@@ -2,12 +2,12 @@
 device tensors the ops share (:func:`device_constant`)."""
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
 from .. import _validation as V
+from .._interpreter import interpreting
 
 _triton_status: Optional[str] = None
 
@@ -34,10 +34,6 @@ def triton_status() -> str:
         except Exception as exc:  # pragma: no cover - depends on the install
             _triton_status = f"triton is not importable ({exc!r})"
     return _triton_status
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 _CONSTANTS: Dict[Tuple[Hashable, str], torch.Tensor] = {}
