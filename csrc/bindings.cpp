@@ -7,9 +7,10 @@
 //     -> (heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of
 //        list/tuple rows of Python ints or NumPy integers (padded with -1), or None when some row is not
 //        a plain list or tuple (the caller then takes the Python path, which converts such rows).
-// edge_lists(heads int64 [B, N] CPU, lengths int64 [B] CPU, max_distance, parent, child, sibling, window,
-//     num_threads) -> (row_ptr, col, rel, t_ptr, t_col, t_rel), int32 CSR lists of the tree relations (window
-//     -1) or of the tree window (window >= 0); see relation_lists.h.
+// edge_lists(heads int64 [B, N] CPU, lengths int64 [B] CPU, max_distance, relations, window, num_threads)
+//     -> (row_ptr, col, rel, t_ptr, t_col, t_rel), int32 CSR lists of the tree relations (window -1; relations:
+//     the kinds' names in output order, MaskSpec.relation_kinds) or of the tree window (window >= 0); see
+//     relation_lists.h.
 // edge_attention_forward(q, k, v, row_ptr, col, scale, out, lse) and
 // edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv):
 //     CPU edge-list attention writing into the given tensors; see edge_attention.h.
@@ -290,17 +291,16 @@ py::object packed_tree_distance_lists(py::handle rows, int64_t num_threads) {
 
 // The relation (or window) lists of a batch as int32 tensors: validates like tree_distance_cpu.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> edge_lists_cpu(
-    const at::Tensor& heads_in, const at::Tensor& lengths_in, int64_t max_distance, bool parent, bool child,
-    bool sibling, int64_t window, int64_t num_threads) {
+    const at::Tensor& heads_in, const at::Tensor& lengths_in, int64_t max_distance,
+    const std::vector<std::string>& relations, int64_t window, int64_t num_threads) {
   if (heads_in.defined() && !heads_in.device().is_cpu()) {
     throw std::invalid_argument("edge_lists needs CPU tensors, got heads on " + heads_in.device().str());
   }
   auto [heads, lengths] = check_inputs(heads_in, lengths_in);
   ListSpec spec;
   spec.max_distance = static_cast<int32_t>(std::clamp<int64_t>(max_distance, -1, 1 << 20));
-  spec.parent = parent;
-  spec.child = child;
-  spec.sibling = sibling;
+  const std::string unknown = relation_kinds_of(relations, spec.relations);
+  if (!unknown.empty()) throw std::invalid_argument(unknown);
   spec.window = static_cast<int32_t>(std::clamp<int64_t>(window, -2, 1 << 20));
   if (num_threads <= 0) num_threads = at::get_num_threads();
   EdgeLists lists;
@@ -371,11 +371,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "list/tuple rows of ints (padded with -1; lengths: None = the row lengths, or an integer tensor [B]), "
         "or None when some row is not a plain list or tuple. Raises ValueError with the Python path's messages.");
   m.def("edge_lists", &syntaxkernels::edge_lists_cpu, pybind11::arg("heads"), pybind11::arg("lengths"),
-        pybind11::arg("max_distance"), pybind11::arg("parent"), pybind11::arg("child"), pybind11::arg("sibling"),
-        pybind11::arg("window") = -1, pybind11::arg("num_threads") = 0,
-        "(row_ptr, col, rel, t_ptr, t_col, t_rel) int32 CSR lists over rows (b, i, r) of the parent_d, child_d, "
-        "sibling_d relations (window = -1) or of the pairs within `window` edges (window >= 0), with the "
-        "transposed lists over rows (b, j, r). Validates like tree_distance (ValueError). Releases the GIL.");
+        pybind11::arg("max_distance"), pybind11::arg("relations"), pybind11::arg("window") = -1,
+        pybind11::arg("num_threads") = 0,
+        "(row_ptr, col, rel, t_ptr, t_col, t_rel) int32 CSR lists over rows (b, i, r) of the relations of the "
+        "kinds named in `relations` (e.g. ['parent', 'child', 'sibling']: parent_1..D, child_1..D, sibling_2..D+1, "
+        "in that order; window = -1) or of the pairs within `window` edges (window >= 0), with the transposed lists "
+        "over rows (b, j, r). Validates like tree_distance (ValueError). Releases the GIL.");
   m.def("edge_schedule", &syntaxkernels::edge_schedule_cpu, pybind11::arg("row_ptr"), pybind11::arg("t_ptr"),
         pybind11::arg("B"), pybind11::arg("N"), pybind11::arg("R"), pybind11::arg("chunk"),
         "The GPU edge kernels' balanced schedule of int32 CPU lists: (f_items [6, I], merge_rows, merge_ptr, "

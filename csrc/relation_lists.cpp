@@ -4,6 +4,7 @@
 #include "batch_items.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -13,6 +14,31 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kUnlimited = std::numeric_limits<int32_t>::max();
+
+// By RelationKind.
+constexpr std::array<const char*, kNumRelationKinds> kRelationKindNames{"parent", "child", "sibling"};
+
+// The first relation of each kind (its position in spec.relations times D), -1 for a kind not listed.
+using RelationOffsets = std::array<int32_t, kNumRelationKinds>;
+
+RelationOffsets relation_offsets(const ListSpec& spec) {
+  RelationOffsets offsets;
+  offsets.fill(-1);
+  for (size_t n = 0; n < spec.relations.size(); ++n) {
+    offsets[static_cast<size_t>(spec.relations[n])] = static_cast<int32_t>(n) * spec.max_distance;
+  }
+  return offsets;
+}
+
+// "parent, child and sibling": every kind's name.
+std::string every_kind() {
+  std::string out;
+  for (int k = 0; k < kNumRelationKinds; ++k) {
+    out += (k == 0 ? "" : k + 1 == kNumRelationKinds ? " and " : ", ");
+    out += kRelationKindNames[static_cast<size_t>(k)];
+  }
+  return out;
+}
 
 // The lists of one batch item, rows (i, r) for i < length only.
 struct ItemLists {
@@ -52,9 +78,9 @@ void walk_down(int32_t top, int32_t skip, int32_t max_depth, const int32_t* chil
   }
 }
 
-// Fills workspace.bucket[r] with the keys of query i for every relation r (unsorted).
-void enumerate_row(int32_t i, const int64_t* heads, const ListSpec& spec, const int32_t* child_start,
-                   const int32_t* children, ItemWorkspace& ws) {
+// Fills workspace.bucket[r] with the keys of query i for every relation r (unsorted): one walk per relation kind.
+void enumerate_row(int32_t i, const int64_t* heads, const ListSpec& spec, const RelationOffsets& offsets,
+                   const int32_t* child_start, const int32_t* children, ItemWorkspace& ws) {
   auto& stack = ws.stack;
   if (spec.window >= 0) {
     // Every token within `window` edges: walk up the ancestors a_u (distance u) and, from each, down into
@@ -73,23 +99,23 @@ void enumerate_row(int32_t i, const int64_t* heads, const ListSpec& spec, const 
     return;
   }
   const int32_t D = spec.max_distance;
-  const int32_t parent_offset = 0;
-  const int32_t child_offset = spec.parent ? D : 0;
-  const int32_t sibling_offset = child_offset + (spec.child ? D : 0);
-  if (spec.parent) {  // i is an ancestor of j: the tokens d levels below i
+  const int32_t parent = offsets[static_cast<size_t>(RelationKind::kParent)];
+  const int32_t child = offsets[static_cast<size_t>(RelationKind::kChild)];
+  const int32_t sibling = offsets[static_cast<size_t>(RelationKind::kSibling)];
+  if (parent >= 0) {  // parent_d: i is an ancestor of j, the tokens d levels below i
     walk_down(i, -1, D, child_start, children, stack,
-              [&](int32_t j, int32_t k) { ws.bucket[parent_offset + k - 1].push_back(j); });
+              [&](int32_t j, int32_t k) { ws.bucket[parent + k - 1].push_back(j); });
   }
-  if (!spec.child && !spec.sibling) return;
+  if (child < 0 && sibling < 0) return;
   int32_t a = i;
   for (int32_t u = 1; u <= D && heads[a] >= 0; ++u) {
     const int32_t from = a;
     a = static_cast<int32_t>(heads[a]);
-    if (spec.child) ws.bucket[child_offset + u - 1].push_back(a);  // i is a descendant of a at distance u
-    if (spec.sibling) {
-      // Below a, outside the branch of i: lowest common ancestor a, distance u + k in 2..D+1.
+    if (child >= 0) ws.bucket[child + u - 1].push_back(a);  // child_u: i is a descendant of a at distance u
+    if (sibling >= 0) {
+      // sibling_d: below a, outside the branch of i (lowest common ancestor a), distance d = u + k in 2..D+1.
       walk_down(a, from, D + 1 - u, child_start, children, stack,
-                [&](int32_t j, int32_t k) { ws.bucket[sibling_offset + u + k - 2].push_back(j); });
+                [&](int32_t j, int32_t k) { ws.bucket[sibling + u + k - 2].push_back(j); });
     }
   }
 }
@@ -111,10 +137,11 @@ std::string build_item_lists(int64_t b, const int64_t* heads, int64_t length, co
   const int32_t* child_start = ws.tree.child_start.data();
   const int32_t* children = ws.tree.children.data();
   ws.bucket.resize(static_cast<size_t>(R));
+  const RelationOffsets offsets = relation_offsets(spec);
 
   for (int64_t i = 0; i < length; ++i) {
     for (auto& keys : ws.bucket) keys.clear();
-    enumerate_row(static_cast<int32_t>(i), heads, spec, child_start, children, ws);
+    enumerate_row(static_cast<int32_t>(i), heads, spec, offsets, child_start, children, ws);
     for (int64_t r = 0; r < R; ++r) {
       std::vector<int32_t>& keys = ws.bucket[static_cast<size_t>(r)];
       if (!std::is_sorted(keys.begin(), keys.end())) std::sort(keys.begin(), keys.end());
@@ -183,6 +210,20 @@ void assemble(const std::vector<ItemLists>& items, const int64_t* lengths, int64
 
 }  // namespace
 
+const char* relation_kind_name(RelationKind kind) { return kRelationKindNames[static_cast<size_t>(kind)]; }
+
+std::string relation_kinds_of(const std::vector<std::string>& names, std::vector<RelationKind>& kinds) {
+  kinds.clear();
+  for (const std::string& name : names) {
+    const auto* found = std::find(kRelationKindNames.begin(), kRelationKindNames.end(), name);
+    if (found == kRelationKindNames.end()) {
+      return "unknown relation kind '" + name + "' (the builder walks " + every_kind() + ")";
+    }
+    kinds.push_back(static_cast<RelationKind>(found - kRelationKindNames.begin()));
+  }
+  return "";
+}
+
 std::string check_list_spec(const ListSpec& spec) {
   if (spec.window < -1 || spec.window > kMaxDistance) {
     return "window must be in 0..254 (or -1 for the relation lists), got " + std::to_string(spec.window);
@@ -191,8 +232,15 @@ std::string check_list_spec(const ListSpec& spec) {
   if (spec.max_distance < 1 || spec.max_distance > 64) {
     return "max_distance must be in 1..64, got " + std::to_string(spec.max_distance);
   }
-  if (!spec.parent && !spec.child && !spec.sibling) {
-    return "no relation enabled (parent, child and sibling are all off)";
+  if (spec.relations.empty()) return "no relation enabled (" + every_kind() + " are all off)";
+  RelationOffsets seen;
+  seen.fill(0);
+  for (const RelationKind kind : spec.relations) {
+    const int k = static_cast<int>(kind);
+    if (k < 0 || k >= kNumRelationKinds) return "unknown relation kind " + std::to_string(k);
+    if (seen[static_cast<size_t>(k)]++) {
+      return std::string("relation kind '") + relation_kind_name(kind) + "' listed twice";
+    }
   }
   return "";
 }

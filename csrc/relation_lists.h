@@ -15,7 +15,8 @@
 //   t_col   int32 [E]               the query token i
 //   t_rel   int32 [E]               the relation r
 //
-// Relations (query i, key j; docs/semantics.md, "Syntax-BERT masks"), in MaskSpec order, those enabled:
+// Relations (query i, key j; docs/semantics.md, "Syntax-BERT masks"): the kinds the spec lists, in its order
+// (from Python, MaskSpec.relation_kinds: the order of syntaxkernels.specs.RELATIONS), D relations each:
 //   parent_d  (d = 1..D):   i is an ancestor of j at distance d   (the descendants of i d levels down)
 //   child_d   (d = 1..D):   i is a descendant of j at distance d  (at most one key: i's ancestor d levels up)
 //   sibling_d (d = 2..D+1): same tree, neither an ancestor of the other, distance d
@@ -36,17 +37,27 @@
 
 namespace syntaxkernels {
 
+// The relation kinds the builder walks (each has its walk in enumerate_row), named as in
+// syntaxkernels.specs.RELATIONS. A new kind: an entry here and in kRelationKindNames (relation_lists.cpp), and its
+// walk.
+enum class RelationKind : int32_t { kParent = 0, kChild = 1, kSibling = 2 };
+constexpr int kNumRelationKinds = 3;
+
+// The name of a kind ("parent", ...).
+const char* relation_kind_name(RelationKind kind);
+
+// The kinds of `names` (Python's MaskSpec.relation_kinds) into `kinds`, in order; "" or why not (an unknown name).
+std::string relation_kinds_of(const std::vector<std::string>& names, std::vector<RelationKind>& kinds);
+
 struct ListSpec {
   int32_t max_distance = 3;  // D of the relation masks (1..64)
-  bool parent = true;
-  bool child = true;
-  bool sibling = true;
-  int32_t window = -1;  // >= 0: window mode (0..254); the relation flags are then ignored
+  std::vector<RelationKind> relations;  // the kinds in output order: the n-th gives relations n * D .. n * D + D - 1
+  int32_t window = -1;  // >= 0: window mode (0..254); the relation kinds are then ignored
 
   // R: the number of relations (1 in window mode).
   int64_t num_relations() const {
     if (window >= 0) return 1;
-    return static_cast<int64_t>(max_distance) * ((parent ? 1 : 0) + (child ? 1 : 0) + (sibling ? 1 : 0));
+    return static_cast<int64_t>(max_distance) * static_cast<int64_t>(relations.size());
   }
 };
 
@@ -56,7 +67,8 @@ struct EdgeLists {
   std::vector<int32_t> t_ptr, t_col, t_rel;
 };
 
-// "" or why the spec is invalid (max_distance outside 1..64, window outside -1..254, no relation enabled).
+// "" or why the spec is invalid (max_distance outside 1..64, window outside -1..254, no relation kind, a kind
+// listed twice).
 std::string check_list_spec(const ListSpec& spec);
 
 // The lists of one batch on up to num_threads threads (<= 1: the calling thread). Validates the spec, every

@@ -312,3 +312,21 @@ def test_cuda_real_sizes(dtype, head_dim):
     rng = random.Random(1)
     rows = [random_document(rng, [rng.randint(5, 40) for _ in range(20)])[:512] for _ in range(4)]
     check(sk.TreeBatch.from_heads(rows), ALL, "auto", "cuda", dtype, H=4, D=head_dim)
+
+
+def test_constant_device_tensors_are_built_once_and_never_while_tracing():
+    """The dense masks' LUT (and every constant the ops cache, ops._dispatch.device_constant) is built once per
+    device; while tracing with fake tensors a fresh one is built and nothing is remembered."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    from syntaxkernels.ops import _dispatch
+
+    q = torch.zeros(1)
+    lut = subnet._dense_lut("pairwise", q)
+    assert subnet._dense_lut("pairwise", q) is lut and lut.shape == (256,) and lut[255] == 0
+    assert bool(torch.isinf(lut[:255]).all()) and bool((subnet._dense_lut("full", q) == 0).all())
+    before = dict(_dispatch._CONSTANTS)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+        built = _dispatch.device_constant(("a key only used here",), fake, lambda: torch.ones(3))
+        assert is_fake(built)
+    assert _dispatch._CONSTANTS == before

@@ -605,6 +605,48 @@ def test_list_builder_rejects_bad_specs():
         TreeBatch.from_heads([[-1, 0]]).relation_lists("parent")
 
 
+def test_mask_spec_is_the_one_list_of_relations():
+    """Names, order, R and the lists' cache key all come from MaskSpec (specs.RELATIONS, then DENSE_MASKS)."""
+    from syntaxkernels.specs import DENSE_MASKS, RELATIONS
+
+    assert [kind for kind, _ in RELATIONS] == ["parent", "child", "sibling"] and DENSE_MASKS == ("pairwise", "full")
+    masks = sk.MaskSpec(max_distance=2, child=False, pairwise=True)
+    assert masks.relation_kinds == ("parent", "sibling") and masks.dense_kinds == ("pairwise", "full")
+    assert masks.num_relations == 4 and masks.num_masks == 6
+    assert masks.relation_names == ("parent_1", "parent_2", "sibling_2", "sibling_3")
+    assert masks.names == [*masks.relation_names, "pairwise", "full"]
+    assert masks.kinds() == [("parent", 1), ("parent", 2), ("sibling", 2), ("sibling", 3), ("pairwise", 0), ("full", 0)]
+    assert masks.relation_key() == sk.MaskSpec(max_distance=2, child=False, full=False).relation_key()
+    assert masks.relation_key() != sk.MaskSpec(max_distance=3, child=False).relation_key()
+    dense_only = sk.MaskSpec(parent=False, child=False, sibling=False)
+    assert dense_only.num_relations == 0 and dense_only.relation_names == () and dense_only.names == ["full"]
+
+
+@requires_cpp
+def test_cpp_list_builder_walks_the_kinds_it_is_given():
+    """The C++ builder takes the relation kinds by name, in the spec's order, and rejects unknown or repeated ones."""
+    module = _ext.load()
+    heads, lengths = torch.tensor([[-1, 0, 1, 0, 3]]), torch.tensor([5])
+    batch = TreeBatch.from_heads(heads, lengths)
+    for kinds in (["parent", "child", "sibling"], ["sibling", "parent"], ["child"]):
+        row_ptr, col, *_ = module.edge_lists(heads, lengths, 2, kinds, -1, 1)
+        R = 2 * len(kinds)
+        names = [f"{kind}_{d + (kind == 'sibling')}" for kind in kinds for d in (1, 2)]
+        dense = torch.zeros(5 * R * 5, dtype=torch.bool)
+        rows = torch.repeat_interleave(torch.arange(5 * R), (row_ptr[1:] - row_ptr[:-1]).long())
+        dense[rows * 5 + col.long()] = True
+        got = dense.view(5, R, 5).permute(1, 0, 2)
+        want = torch.stack([sk.reference.syntax_masks(batch, sk.MaskSpec(max_distance=2, full=False))[
+            0, sk.MaskSpec(max_distance=2, full=False).names.index(name)] for name in names])
+        assert torch.equal(got, want), kinds
+    with pytest.raises(ValueError, match="unknown relation kind 'uncle'"):
+        module.edge_lists(heads, lengths, 2, ["parent", "uncle"], -1, 1)
+    with pytest.raises(ValueError, match="relation kind 'parent' listed twice"):
+        module.edge_lists(heads, lengths, 2, ["parent", "parent"], -1, 1)
+    with pytest.raises(ValueError, match="no relation enabled"):
+        module.edge_lists(heads, lengths, 2, [], -1, 1)
+
+
 def test_tree_batch_caches_lists_and_carries_them():
     batch = TreeBatch.from_heads([[-1, 0, 0, 1], [1, -1]])
     masks = sk.MaskSpec(max_distance=2)

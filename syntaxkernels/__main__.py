@@ -331,7 +331,9 @@ def _run_verify(args) -> int:
     device = _resolve_device("verify", args.device)
     if device is None:
         return 2
-    if device == "cpu" and not args.no_interpret and os.environ.get("TRITON_INTERPRET") != "1":
+    from ._interpreter import interpreting
+
+    if device == "cpu" and not args.no_interpret and not interpreting():
         # The Triton kernels run on CPU only under the interpreter, which must be chosen before triton is
         # imported: run the checks in a fresh process with it on.
         import subprocess
@@ -342,7 +344,7 @@ def _run_verify(args) -> int:
 
     mode = ""
     if device == "cpu":
-        mode = " (Triton kernels under TRITON_INTERPRET=1)" if os.environ.get("TRITON_INTERPRET") == "1" else \
+        mode = " (Triton kernels under TRITON_INTERPRET=1)" if interpreting() else \
             " (Triton kernels skipped: --no-interpret)"
     print(f"syntaxkernels verify on {device}{mode}", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -474,7 +476,9 @@ INSPECT_LEGEND = (
 
 
 def _reexec_without_interpreter(args) -> Optional[int]:
-    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+    from ._interpreter import interpreting
+
+    if not interpreting():
         return None
     import subprocess
 

@@ -121,6 +121,43 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     return masked_attention(scores, allowed, v)
 
 
+def _mask_pairs(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tensor,
+                valid: Optional[torch.Tensor] = None):
+    """``pairs(kind, d)`` -> bool ``[B, N, N]``: ``[b, i, j]`` is True when key j is in query i's mask
+    ``<kind>_<d>`` (``d`` 0 for pairwise and full; docs/semantics.md, "Syntax-BERT masks"). The definition of
+    each mask kind, for :func:`syntax_masks` and the PyTorch list builder
+    (:func:`syntaxkernels.trees.batch.python_edge_lists`).
+
+    From the tree tensors: i is an ancestor of j iff they are in the same tree and ``depth[j] - depth[i] ==
+    d(i, j)``. ``valid`` (bool ``[B, N]``, default ``segment >= 0``): the tokens that take part.
+    """
+    dist = distance.to(torch.int32)
+    depth = depth.to(torch.int32)
+    segment = segment.to(torch.int32)
+    if valid is None:
+        valid = segment >= 0
+    pair_valid = valid[:, :, None] & valid[:, None, :]
+    same_tree = pair_valid & (segment[:, :, None] == segment[:, None, :])
+    depth_gap = depth[:, None, :] - depth[:, :, None]  # depth[j] - depth[i]
+    ancestor = same_tree & (depth_gap == dist)  # i is an ancestor of j (or i == j)
+    descendant = same_tree & (-depth_gap == dist)  # i is a descendant of j (or i == j)
+
+    def pairs(kind: str, d: int) -> torch.Tensor:
+        if kind == "parent":
+            return ancestor & (dist == d)
+        if kind == "child":
+            return descendant & (dist == d)
+        if kind == "sibling":
+            return same_tree & ~ancestor & ~descendant & (dist == d)
+        if kind == "pairwise":
+            return pair_valid & ~same_tree
+        if kind == "full":
+            return pair_valid
+        raise ValueError(f"unknown mask kind {kind!r}")
+
+    return pairs
+
+
 def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
     """bool ``[B, M, N, N]``: ``[b, m, i, j]`` is True when key j is in query i's mask m (docs/semantics.md,
     "Syntax-BERT masks").
@@ -129,28 +166,8 @@ def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
     are in the same tree and ``depth[j] - depth[i] == d(i, j)``.
     """
     V.check_masks(masks)
-    dist = trees.distance.to(torch.int32)
-    depth = trees.depth.to(torch.int32)
-    segment = trees.segment.to(torch.int32)
-    valid = segment >= 0
-    pair_valid = valid[:, :, None] & valid[:, None, :]
-    same_tree = pair_valid & (segment[:, :, None] == segment[:, None, :])
-    depth_gap = depth[:, None, :] - depth[:, :, None]  # depth[j] - depth[i]
-    ancestor = same_tree & (depth_gap == dist)  # i is an ancestor of j (or i == j)
-    descendant = same_tree & (-depth_gap == dist)  # i is a descendant of j (or i == j)
-    out = []
-    for kind, d in masks.kinds():
-        if kind == "parent":
-            out.append(ancestor & (dist == d))
-        elif kind == "child":
-            out.append(descendant & (dist == d))
-        elif kind == "sibling":
-            out.append(same_tree & ~ancestor & ~descendant & (dist == d))
-        elif kind == "pairwise":
-            out.append(pair_valid & ~same_tree)
-        else:
-            out.append(pair_valid)
-    return torch.stack(out, dim=1)
+    pairs = _mask_pairs(trees.distance, trees.depth, trees.segment)
+    return torch.stack([pairs(kind, d) for kind, d in masks.kinds()], dim=1)
 
 
 def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees, masks: MaskSpec, *,

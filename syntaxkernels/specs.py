@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
 UNREACHABLE = 255
 MAX_PATH = 254
 
-__all__ = ["BucketSpec", "MaskSpec", "UNREACHABLE", "MAX_PATH"]
+__all__ = ["BucketSpec", "MaskSpec", "RELATIONS", "DENSE_MASKS", "UNREACHABLE", "MAX_PATH"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,16 @@ class BucketSpec:
         return names
 
 
+#: The relation masks, in output order: each kind and the distance of its first mask. An enabled kind gives
+#: ``max_distance`` masks, ``<kind>_<first>`` .. ``<kind>_<first + max_distance - 1>``. The one list the Python
+#: and C++ list builders take their relation names, their order, R and their cache keys from (a new kind: an entry
+#: here and a field of :class:`MaskSpec`, its walk in csrc/relation_lists.cpp, its pairs in
+#: :func:`syntaxkernels.reference.syntax_masks`).
+RELATIONS = (("parent", 1), ("child", 1), ("sibling", 2))
+#: The dense masks (no key lists), after the relations, in output order.
+DENSE_MASKS = ("pairwise", "full")
+
+
 @dataclass(frozen=True)
 class MaskSpec:
     """Which Syntax-BERT relation masks a sub-network attention uses, and their order.
@@ -104,7 +114,9 @@ class MaskSpec:
     - ``pairwise``: i and j are in different trees (segments);
     - ``full``: every valid key.
 
-    ``names`` lists them in output order; ``num_masks`` is their count M.
+    ``names`` lists them in output order (:data:`RELATIONS`, then :data:`DENSE_MASKS`); ``num_masks`` is their
+    count M. The relation masks come first: ``relation_kinds`` (the enabled kinds), ``num_relations`` (R) and
+    ``relation_names``; then ``dense_kinds``.
     """
 
     max_distance: int = 3
@@ -123,34 +135,41 @@ class MaskSpec:
             raise ValueError("MaskSpec enables no mask: turn on at least one of parent/child/sibling/pairwise/full")
 
     @property
-    def names(self) -> List[str]:
-        out: List[str] = []
-        r = range(1, self.max_distance + 1)
-        if self.parent:
-            out += [f"parent_{d}" for d in r]
-        if self.child:
-            out += [f"child_{d}" for d in r]
-        if self.sibling:
-            out += [f"sibling_{d + 1}" for d in r]
-        if self.pairwise:
-            out.append("pairwise")
-        if self.full:
-            out.append("full")
-        return out
+    def relation_kinds(self) -> Tuple[str, ...]:
+        """The enabled relation kinds in output order (what the C++ list builder walks)."""
+        return tuple(kind for kind, _ in RELATIONS if getattr(self, kind))
 
     @property
-    def num_masks(self) -> int:
-        d = self.max_distance
-        return d * (int(self.parent) + int(self.child) + int(self.sibling)) + int(self.pairwise) + int(self.full)
+    def num_relations(self) -> int:
+        """R: the relation masks (``max_distance`` per enabled kind)."""
+        return self.max_distance * len(self.relation_kinds)
+
+    @property
+    def dense_kinds(self) -> Tuple[str, ...]:
+        """The enabled dense masks in output order: ``("pairwise", "full")``, those enabled."""
+        return tuple(kind for kind in DENSE_MASKS if getattr(self, kind))
 
     def kinds(self) -> List[tuple]:
         """``[(kind, d), ...]`` in output order; kind is one of parent/child/sibling/pairwise/full, d the
         distance (0 for pairwise and full)."""
-        out = []
-        for name in self.names:
-            if "_" in name:
-                kind, d = name.split("_")
-                out.append((kind, int(d)))
-            else:
-                out.append((name, 0))
-        return out
+        first = dict(RELATIONS)
+        relations = [(kind, first[kind] + step) for kind in self.relation_kinds for step in range(self.max_distance)]
+        return relations + [(kind, 0) for kind in self.dense_kinds]
+
+    @property
+    def names(self) -> List[str]:
+        return [f"{kind}_{d}" if d else kind for kind, d in self.kinds()]
+
+    @property
+    def relation_names(self) -> Tuple[str, ...]:
+        """The names of the R relation masks (the first R of ``names``)."""
+        return tuple(self.names[:self.num_relations])
+
+    @property
+    def num_masks(self) -> int:
+        return self.num_relations + len(self.dense_kinds)
+
+    def relation_key(self) -> tuple:
+        """What the relation lists of this spec depend on (a batch caches its lists under it): specs that differ
+        only in their dense masks share them."""
+        return ("relations", self.max_distance, self.relation_kinds)

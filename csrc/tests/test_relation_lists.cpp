@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relation_lists.h"
@@ -15,6 +16,7 @@ int run_relation_list_tests();
 
 namespace {
 
+using syntaxkernels::RelationKind;
 using syntaxkernels_test::failures;
 using syntaxkernels_test::Rows;
 
@@ -37,6 +39,12 @@ int64_t position(const std::vector<int64_t>& values, int64_t x) {
   return it == values.end() ? -1 : it - values.begin();
 }
 
+// The first relation of `kind` in the spec's order (its position times D), or -1 when it is not listed.
+int64_t offset_of(const syntaxkernels::ListSpec& spec, RelationKind kind) {
+  const auto it = std::find(spec.relations.begin(), spec.relations.end(), kind);
+  return it == spec.relations.end() ? -1 : (it - spec.relations.begin()) * spec.max_distance;
+}
+
 // Brute-force relation index of the pair (i, j), or -1 (the definitions of docs/semantics.md, from the head chains).
 int64_t relation_of(const std::vector<int64_t>& heads, int64_t i, int64_t j, const syntaxkernels::ListSpec& spec) {
   const auto ci = chain(heads, i), cj = chain(heads, j);
@@ -49,23 +57,18 @@ int64_t relation_of(const std::vector<int64_t>& heads, int64_t i, int64_t j, con
     return -1;
   }
   const int64_t D = spec.max_distance;
-  int64_t offset = 0;
+  const int64_t parent = offset_of(spec, RelationKind::kParent), child = offset_of(spec, RelationKind::kChild),
+                sibling = offset_of(spec, RelationKind::kSibling);
   const int64_t up = position(cj, i);  // i is an ancestor of j at distance up
-  if (spec.parent) {
-    if (up >= 1 && up <= D) return offset + up - 1;
-    offset += D;
-  }
+  if (parent >= 0 && up >= 1 && up <= D) return parent + up - 1;
   const int64_t down = position(ci, j);  // j is an ancestor of i
-  if (spec.child) {
-    if (down >= 1 && down <= D) return offset + down - 1;
-    offset += D;
-  }
-  if (spec.sibling && up < 0 && down < 0 && ci.back() == cj.back()) {
+  if (child >= 0 && down >= 1 && down <= D) return child + down - 1;
+  if (sibling >= 0 && up < 0 && down < 0 && ci.back() == cj.back()) {
     for (size_t u = 0; u < ci.size(); ++u) {
       const int64_t k = position(cj, ci[u]);
       if (k >= 0) {
         const int64_t d = static_cast<int64_t>(u) + k;
-        return d >= 2 && d <= D + 1 ? offset + d - 2 : -1;
+        return d >= 2 && d <= D + 1 ? sibling + d - 2 : -1;
       }
     }
   }
@@ -108,12 +111,20 @@ void expect_matches_brute_force(const Rows& rows, const Padded& batch, const syn
   }
 }
 
+// The kinds in the order of syntaxkernels.specs.RELATIONS, as MaskSpec.relation_kinds gives them.
 syntaxkernels::ListSpec relations(int32_t D, bool parent = true, bool child = true, bool sibling = true) {
   syntaxkernels::ListSpec spec;
   spec.max_distance = D;
-  spec.parent = parent;
-  spec.child = child;
-  spec.sibling = sibling;
+  if (parent) spec.relations.push_back(RelationKind::kParent);
+  if (child) spec.relations.push_back(RelationKind::kChild);
+  if (sibling) spec.relations.push_back(RelationKind::kSibling);
+  return spec;
+}
+
+syntaxkernels::ListSpec in_order(int32_t D, std::vector<RelationKind> kinds) {
+  syntaxkernels::ListSpec spec;
+  spec.max_distance = D;
+  spec.relations = std::move(kinds);
   return spec;
 }
 
@@ -180,7 +191,10 @@ void test_random_against_brute_force() {
     const Padded batch(rows, 41);
     for (const auto& spec : {relations(3), relations(1), relations(4, true, false, true),
                              relations(2, false, true, false), relations(3, false, false, true), window(0), window(2),
-                             window(4), window(254)}) {
+                             window(4), window(254),
+                             // The builder follows the order it is given.
+                             in_order(2, {RelationKind::kSibling, RelationKind::kParent}),
+                             in_order(3, {RelationKind::kChild, RelationKind::kSibling, RelationKind::kParent})}) {
       expect_matches_brute_force(rows, batch, batch.build(spec, threads), spec);
     }
   }
@@ -213,6 +227,14 @@ void test_errors() {
   EXPECT(error_of(fine, relations(2, false, false, false)) ==
         "no relation enabled (parent, child and sibling are all off)");
   EXPECT(error_of(fine, window(255)) == "window must be in 0..254 (or -1 for the relation lists), got 255");
+  EXPECT(error_of(fine, in_order(2, {RelationKind::kChild, RelationKind::kChild})) ==
+         "relation kind 'child' listed twice");
+  std::vector<RelationKind> kinds;
+  EXPECT(syntaxkernels::relation_kinds_of({"sibling", "parent"}, kinds).empty() &&
+         (kinds == std::vector<RelationKind>{RelationKind::kSibling, RelationKind::kParent}));
+  EXPECT(syntaxkernels::relation_kinds_of({"parent", "uncle"}, kinds) ==
+         "unknown relation kind 'uncle' (the builder walks parent, child and sibling)");
+  EXPECT(std::string(syntaxkernels::relation_kind_name(RelationKind::kSibling)) == "sibling");
   // The lowest bad item is reported whatever the thread count.
   Rows many(100, std::vector<int64_t>(50, 0));
   for (auto& row : many) row[0] = -1;

@@ -173,9 +173,9 @@ def shuffled_program_order(seed: int) -> Iterator[None]:
     is not the one this was written for (Triton 3.x); every launch checks that its programs were visited in
     index order before they were remapped.
     """
-    import os
+    from .._interpreter import interpreting
 
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not interpreting():
         raise Skip("shuffling the program order needs TRITON_INTERPRET=1")
     try:
         from triton.runtime import interpreter

@@ -8,18 +8,18 @@ and forward times on CUDA, each size checked against the reference before it is 
 """
 from __future__ import annotations
 
-import os
 import random
 
 import torch
 
 from . import Bench, Check, Skip
 from .. import workloads
+from .._interpreter import interpreting
 from ..workloads import random_document
 
 
 def _usable(device: str, backend: str) -> None:
-    if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "triton" and device == "cpu" and not interpreting():
         raise Skip("the Triton kernels run on CPU only under TRITON_INTERPRET=1")
     if backend == "auto" and device != "cpu":
         raise Skip("the C++ path takes CPU tensors (run verify on the CPU)")

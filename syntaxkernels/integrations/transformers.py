@@ -203,21 +203,18 @@ def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, sca
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
-_ZERO_TABLES: Dict[str, torch.Tensor] = {}
-
-
 def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float]):
     """Ordinary softmax attention within each sequence of a packed row (``q, k, v [1, H, T, D]``): the varlen
     fused kernel with a zero bias (on CPU the reference sequence by sequence); attention dropout is applied to
     the output, as on the syntax layers."""
     from ..ops import syntax_bias_attention
+    from ..ops._dispatch import device_constant
 
     buckets = BucketSpec(max_distance=1)
-    key = str(q.device)
-    if key not in _ZERO_TABLES:
-        _ZERO_TABLES[key] = torch.zeros(buckets.num_buckets, device=q.device)
+    dtype = torch.get_default_dtype()
+    zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    out = syntax_bias_attention(q3, k3, v3, trees.distance, _ZERO_TABLES[key], buckets=buckets, scale=scale,
+    out = syntax_bias_attention(q3, k3, v3, trees.distance, zeros, buckets=buckets, scale=scale,
                                 cu_seqlens=trees.cu_seqlens, max_seqlen=trees.max_seqlen)
     out = out.transpose(0, 1)[None]
     return F.dropout(out, p=dropout, training=True) if dropout > 0.0 else out

@@ -1,12 +1,13 @@
-"""Choosing between the Triton kernels and the reference (``backend=`` of every public op)."""
+"""Choosing between the Triton kernels and the reference (``backend=`` of every public op), and the constant
+device tensors the ops share (:func:`device_constant`)."""
 from __future__ import annotations
 
-import os
-from typing import Optional
+from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
 from .. import _validation as V
+from .._interpreter import interpreting
 
 _triton_status: Optional[str] = None
 
@@ -35,8 +36,25 @@ def triton_status() -> str:
     return _triton_status
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+_CONSTANTS: Dict[Tuple[Hashable, str], torch.Tensor] = {}
+
+
+def device_constant(key: Hashable, like: torch.Tensor, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``build()`` (a CPU tensor that depends on ``key`` only) on ``like``'s device, built and moved once per
+    (key, device) and handed out again afterwards: no host-to-device copy per call.
+
+    While ``torch.compile`` traces, or for a fake ``like``, a fresh tensor is built instead (a traced or fake
+    tensor must never be remembered for the calls that follow).
+    """
+    from torch._subclasses.fake_tensor import is_fake
+
+    if V.compiling() or is_fake(like):
+        return build().to(like.device)
+    full_key = (key, str(like.device))
+    value = _CONSTANTS.get(full_key)
+    if value is None:
+        value = _CONSTANTS[full_key] = build().to(like.device)
+    return value
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:

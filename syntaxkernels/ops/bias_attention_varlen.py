@@ -635,23 +635,6 @@ class _VarlenLut(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-_DENSE_LUTS: Dict[Tuple[str, str], torch.Tensor] = {}
-
-
-def _dense_lut2(kind: str, device) -> torch.Tensor:
-    """The log2-domain LUT of a dense sub-network mask: ``full`` 0 everywhere (every key of the sequence, other
-    trees of it included), ``pairwise`` -inf except 255 (keys in another tree of the same sequence)."""
-    key = (kind, str(device))
-    if key not in _DENSE_LUTS:
-        if kind == "full":
-            lut = torch.zeros(1, 256, dtype=torch.float32)
-        else:
-            lut = torch.full((1, 256), float("-inf"), dtype=torch.float32)
-            lut[0, 255] = 0.0
-        _DENSE_LUTS[key] = lut.to(device)
-    return _DENSE_LUTS[key]
-
-
 def _pairwise_nonempty_packed(trees) -> torch.Tensor:
     """bool ``[T]``: the token's sequence has a token in another tree (per-tree counts, no ``T x T`` tensor)."""
     T = trees.num_tokens
@@ -672,7 +655,7 @@ def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float]
     the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
     tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
     from .edge_attention import edge_list_attention, resolve_edge_backend
-    from .subnetwork_attention import dense_mask_kinds
+    from .subnetwork_attention import _dense_lut
 
     _check_packed_qkv(q, k, v, trees)
     chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
@@ -682,15 +665,18 @@ def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float]
     if chosen == "reference" or T == 0:
         return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
     outs, flags = [], []
-    if masks.parent or masks.child or masks.sibling:
+    if masks.num_relations:
         out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                             v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
                                             backend="triton" if chosen == "triton" else "auto")
         outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
         flags.append(nonempty[0].transpose(0, 1))  # [T, R]
-    for kind in dense_mask_kinds(masks):
+    for kind in masks.dense_kinds:
         if chosen == "triton":
-            o = _VarlenLut.apply(q, k, v, trees.distance, _dense_lut2(kind, q.device), trees.cu_seqlens, float(scale))
+            # The log2-domain LUT [1, 256] of the dense mask: full, every key of the sequence (other trees of it
+            # included); pairwise, keys in another tree of the same sequence (distance 255).
+            lut2 = _dense_lut(kind, q).view(1, 256)
+            o = _VarlenLut.apply(q, k, v, trees.distance, lut2, trees.cu_seqlens, float(scale))
         else:
             o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
         nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"

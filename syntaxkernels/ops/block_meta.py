@@ -21,7 +21,6 @@ only where ``min <= d <= max``.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -29,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._primitives import launch, load_distance_tile
+from ._primitives import interpreting, launch, load_distance_tile
 
 __all__ = ["BlockMeta", "block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows", "build_block_meta",
            "boundary_tiles", "split_lists"]
@@ -170,7 +169,7 @@ def _without_triton(distance: torch.Tensor) -> bool:
     """CPU tensors outside the Triton interpreter (and not being compiled for the inspection report)."""
     from . import _primitives
 
-    return (distance.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    return (distance.device.type == "cpu" and not interpreting()
             and _primitives._LAUNCH_HOOK is None)
 
 

@@ -40,7 +40,7 @@ from .. import _ext
 from .. import _validation as V
 from .. import reference
 from ..trees.batch import EDGE_CHUNK, EdgeLists, TreeBatch, python_edge_lists
-from ._dispatch import kernels_or_reference, resolve_backend, triton_status
+from ._dispatch import device_constant, kernels_or_reference, resolve_backend, triton_status
 
 __all__ = ["edge_list_attention", "syntax_window_attention", "edge_config", "edge_attention_forward",
            "edge_attention_backward", "edge_attention_cpu_forward", "edge_attention_cpu_forward_into",
@@ -807,9 +807,6 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
     return out, lists.nonempty
 
 
-_ZERO_TABLES = {}
-
-
 def window_costs(lists: EdgeLists, head_dim: int) -> Tuple[float, float]:
     """``(edge, dense)``: the model's instructions per head for one forward + backward of the window on these lists
     by the edge kernels (``EDGE_SLOT_COST`` per edge, as the balanced schedule walks close to one slot per edge,
@@ -908,10 +905,9 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
 
         if lengths is None and isinstance(trees, TreeBatch):
             lengths = trees.lengths
-        key = (q.device, q.dtype)
-        if key not in _ZERO_TABLES:
-            _ZERO_TABLES[key] = torch.zeros(BucketSpec(max_distance=1).num_buckets, dtype=q.dtype, device=q.device)
-        return syntax_bias_attention(q, k, v, distance, _ZERO_TABLES[key], buckets=BucketSpec(max_distance=1),
+        zeros = device_constant(("zero table", q.dtype), q,
+                                lambda: torch.zeros(BucketSpec(max_distance=1).num_buckets, dtype=q.dtype))
+        return syntax_bias_attention(q, k, v, distance, zeros, buckets=BucketSpec(max_distance=1),
                                      scale=scale, lengths=lengths, window=window, backend="triton",
                                      symmetric=True if isinstance(trees, TreeBatch) else None)
     out, _ = edge_list_attention(q, k, v, lists, scale=scale, backend="triton" if chosen == "triton" else "auto")

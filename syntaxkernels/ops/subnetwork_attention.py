@@ -36,18 +36,16 @@ from .. import _validation as V
 from .. import reference
 from ..specs import MaskSpec
 from ..trees.batch import TreeBatch
+from ._dispatch import device_constant
 from .edge_attention import edge_list_attention, resolve_edge_backend
 
 __all__ = ["syntax_subnetwork_attention", "dense_mask_kinds", "subnetwork_edge_stats"]
 
 
 def dense_mask_kinds(masks: MaskSpec) -> Tuple[str, ...]:
-    """The dense masks of ``masks`` in output order: ``("pairwise", "full")``, those enabled."""
-    return tuple(kind for kind, enabled in (("pairwise", masks.pairwise), ("full", masks.full)) if enabled)
-
-
-def _has_relations(masks: MaskSpec) -> bool:
-    return masks.parent or masks.child or masks.sibling
+    """The dense masks of ``masks`` in output order: ``("pairwise", "full")``, those enabled
+    (``MaskSpec.dense_kinds``)."""
+    return masks.dense_kinds
 
 
 def _valid(trees: TreeBatch) -> torch.Tensor:
@@ -66,42 +64,42 @@ def _pairwise_nonempty(trees: TreeBatch) -> torch.Tensor:
     return valid & (valid.sum(dim=1, keepdim=True) > same_tree)
 
 
-def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One dense mask with SDPA, on any device: the ``full`` mask under the Triton backend (its key mask
-    ``[B, 1, 1, N]`` comes from the segments: plain attention with lengths), and both dense masks on CPU when the
-    C++ path cannot write them into one output (v's head dim unlike q's): ``(out [B, H, N, Dv], nonempty [B, N])``.
-
-    Rows with no allowed key are given every key (so the softmax stays finite) and then multiplied by zero:
-    their outputs and gradients are exactly zero.
-    """
+def _dense_allowed(trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(allowed, nonempty)`` of a dense mask: bool ``allowed`` ``[B, 1, 1, N]`` for full (a key mask from the
+    segments: plain attention with lengths), ``[B, 1, N, N]`` for pairwise, and ``nonempty [B, N]``, the rows with
+    an allowed key. Rows with no allowed key are given every key (so the softmax stays finite); the callers then
+    multiply them by zero: their outputs and gradients are exactly zero."""
     valid = _valid(trees)
     if kind == "full":
-        nonempty = valid
         keys = valid | ~valid.any(dim=1, keepdim=True)  # an empty item: any key (its rows are zeroed)
-        mask = keys[:, None, None, :]
-    else:
-        segment = trees.segment
-        allowed = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
-        nonempty = allowed.any(dim=-1)
-        mask = (allowed | ~nonempty[:, :, None])[:, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return keys[:, None, None, :], valid
+    segment = trees.segment
+    pairs = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
+    nonempty = pairs.any(dim=-1)
+    return (pairs | ~nonempty[:, :, None])[:, None], nonempty
+
+
+def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One dense mask with SDPA and the boolean mask of :func:`_dense_allowed`, on any device: the ``full`` mask
+    under the Triton backend, and both dense masks on CPU when the C++ path cannot write them into one output
+    (v's head dim unlike q's): ``(out [B, H, N, Dv], nonempty [B, N])``."""
+    allowed, nonempty = _dense_allowed(trees, kind)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     return out * nonempty[:, None, :, None].to(out.dtype), nonempty
 
 
-_LUTS: Dict[Tuple[str, torch.device], torch.Tensor] = {}
-
-
-def _lut(kind: str, device: torch.device) -> torch.Tensor:
-    """The cached float32 ``[256]`` bias of a dense mask per distance value (built on the CPU, moved once)."""
-    key = (kind, device)
-    if key not in _LUTS:
+def _dense_lut(kind: str, like: torch.Tensor) -> torch.Tensor:
+    """The float32 ``[256]`` bias of a dense mask per distance value on ``like``'s device, built once per device
+    (:func:`~syntaxkernels.ops._dispatch.device_constant`): ``full`` 0 everywhere, ``pairwise`` -inf except
+    distance 255 (valid pairs in different trees are exactly the valid pairs at distance 255)."""
+    def build() -> torch.Tensor:
         if kind == "full":
-            lut = torch.zeros(256, dtype=torch.float32)
-        else:  # valid pairs in different trees are exactly the valid pairs at distance 255
-            lut = torch.full((256,), float("-inf"), dtype=torch.float32)
-            lut[255] = 0.0
-        _LUTS[key] = lut.to(device)
-    return _LUTS[key]
+            return torch.zeros(256, dtype=torch.float32)
+        lut = torch.full((256,), float("-inf"), dtype=torch.float32)
+        lut[255] = 0.0
+        return lut
+
+    return device_constant(("dense mask lut", kind), like, build)
 
 
 def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -109,25 +107,16 @@ def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[to
     nonempty [B, N])``."""
     from .bias_attention import lut_attention
 
-    out = lut_attention(q, k, v, trees.distance, _lut(kind, q.device), trees.lengths, scale, symmetric=True)
+    out = lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), trees.lengths, scale, symmetric=True)
     nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
     return out, nonempty
 
 
 def _additive_mask(q: torch.Tensor, trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask, keep)`` of a dense mask for the SDPA CPU kernel: an additive mask in q's dtype (0 allowed, -inf
-    not; ``[B, 1, 1, N]`` for full, ``[B, 1, N, N]`` for pairwise; rows with no allowed key allow every key so the
-    softmax stays finite) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the others are
-    multiplied by 0: output and gradients exactly zero)."""
-    valid = _valid(trees)
-    if kind == "full":
-        nonempty = valid
-        allowed = (valid | ~valid.any(dim=1, keepdim=True))[:, None, None, :]
-    else:
-        segment = trees.segment
-        pairs = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
-        nonempty = pairs.any(dim=-1)
-        allowed = (pairs | ~nonempty[:, :, None])[:, None]
+    not, from :func:`_dense_allowed`) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the
+    others are multiplied by 0: output and gradients exactly zero)."""
+    allowed, nonempty = _dense_allowed(trees, kind)
     mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
     return mask, nonempty[:, None, :, None].to(q.dtype)
 
@@ -221,12 +210,12 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if chosen == "cpp" and kinds and q.shape[-1] == v.shape[-1]:
         return _cpu_one_pass(q, k, v, trees, masks, kinds, float(scale))
     outs, flags = [], []
-    if _has_relations(masks):
+    if masks.num_relations:
         out, nonempty = edge_list_attention(q, k, v, trees.relation_lists(masks), scale=scale,
                                             backend="triton" if chosen == "triton" else "auto")
         outs.append(out)
         flags.append(nonempty)
-    for kind in dense_mask_kinds(masks):
+    for kind in kinds:
         # ``full`` is plain attention over the valid keys (SDPA with a key mask from the segments: the distance is
         # never read); ``pairwise`` needs the distance (the fused LUT kernel on Triton devices).
         dense = _dense_fused if chosen == "triton" and kind == "pairwise" else _dense_cpu
@@ -241,7 +230,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _cpu_one_pass(q, k, v, trees: TreeBatch, masks: MaskSpec, kinds, scale: float):
     """The C++ + SDPA path into one output tensor (:class:`_SubnetworkCPU`)."""
     flags = []
-    if _has_relations(masks):
+    if masks.num_relations:
         lists = trees.relation_lists(masks)
         tensors = (lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col, lists.t_rel)
         R = lists.num_relations
@@ -270,7 +259,7 @@ def subnetwork_edge_stats(trees: TreeBatch, masks: MaskSpec) -> Dict[str, float]
     valid_pairs = float((lengths * lengths).sum())
     tokens = float(lengths.sum())
     stats: Dict[str, float] = dict(edges=0.0, edges_per_token=0.0, valid_pairs=valid_pairs, relation_density=0.0)
-    if _has_relations(masks):
+    if masks.num_relations:
         lists = trees.relation_lists(masks)
         counts = (lists.row_ptr[1:] - lists.row_ptr[:-1]).view(lists.batch_size, lists.max_len, -1).sum(dim=(0, 1))
         for name, count in zip(lists.names, counts.tolist()):

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from .. import _ext
-from ..specs import MAX_PATH, UNREACHABLE, MaskSpec
+from ..reference import _mask_pairs
+from ..specs import MAX_PATH, RELATIONS, UNREACHABLE, MaskSpec
 
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
@@ -464,7 +465,7 @@ class EdgeLists:
         row_ptr, t_ptr: int32 ``[B * N * R + 1]``.
         col, rel, t_col, t_rel: int32 ``[E]``.
         nonempty: bool ``[B, R, N]``: row (b, i, r) has at least one key.
-        names: the relation names, in order (``MaskSpec.names`` of the relation masks, or ``window_<w>``).
+        names: the relation names, in order (``MaskSpec.relation_names``, or ``window_<w>``).
     """
 
     row_ptr: torch.Tensor
@@ -698,10 +699,15 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
                            dk_slots, chunk)
 
 
-def _relation_names(max_distance: int, parent: bool, child: bool, sibling: bool) -> Tuple[str, ...]:
-    r = range(1, max_distance + 1)
-    return tuple(([f"parent_{d}" for d in r] if parent else []) + ([f"child_{d}" for d in r] if child else [])
-                 + ([f"sibling_{d + 1}" for d in r] if sibling else []))
+def _relation_spec(max_distance: int, parent: bool, child: bool, sibling: bool) -> MaskSpec:
+    """The relation masks of the list builders' arguments as a :class:`MaskSpec` (no dense masks), which gives
+    their names, order and R (after :func:`_check_list_spec`)."""
+    return MaskSpec(max_distance, parent=parent, child=child, sibling=sibling, pairwise=False, full=False)
+
+
+def _relation_arguments(masks: MaskSpec) -> dict:
+    """The :func:`build_edge_lists` keywords of the relation masks of ``masks``."""
+    return dict(max_distance=masks.max_distance, **{kind: kind in masks.relation_kinds for kind, _ in RELATIONS})
 
 
 def _check_list_spec(max_distance: int, parent: bool, child: bool, sibling: bool, window: Optional[int]) -> None:
@@ -715,8 +721,8 @@ def _check_list_spec(max_distance: int, parent: bool, child: bool, sibling: bool
         raise ValueError("no relation enabled: at least one of parent, child, sibling must be True")
 
 
-def _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B: int, N: int, R: int, names) -> EdgeLists:
-    nonempty = (row_ptr[1:] > row_ptr[:-1]).view(B, N, R).permute(0, 2, 1).contiguous()
+def _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B: int, N: int, names) -> EdgeLists:
+    nonempty = (row_ptr[1:] > row_ptr[:-1]).view(B, N, len(names)).permute(0, 2, 1).contiguous()
     return EdgeLists(row_ptr, col, rel, t_ptr, t_col, t_rel, nonempty, tuple(names))
 
 
@@ -734,29 +740,18 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
     _check_list_spec(max_distance, parent, child, sibling, window)
     B, N, _ = distance.shape
     device = distance.device
-    dist = distance.to(torch.int32)
-    seg = segment.to(torch.int32)
-    valid = seg >= 0
+    valid = segment.to(torch.int32) >= 0
     if lengths is not None:
         valid = valid & (torch.arange(N, device=device)[None, :] < lengths.to(device)[:, None])
-    pair_valid = valid[:, :, None] & valid[:, None, :]
-    masks = []
     if window is not None:
         names = (f"window_{window}",)
-        masks.append(lambda: pair_valid & (dist <= window))
+        dist = distance.to(torch.int32)
+        masks = [lambda: valid[:, :, None] & valid[:, None, :] & (dist <= window)]
     else:
-        names = _relation_names(max_distance, parent, child, sibling)
-        same_tree = pair_valid & (seg[:, :, None] == seg[:, None, :])
-        gap = depth.to(torch.int32)[:, None, :] - depth.to(torch.int32)[:, :, None]  # depth[j] - depth[i]
-        ancestor = same_tree & (gap == dist)
-        descendant = same_tree & (-gap == dist)
-        other = same_tree & ~ancestor & ~descendant
-        for kind, enabled, first in (("parent", parent, 1), ("child", child, 1), ("sibling", sibling, 2)):
-            if not enabled:
-                continue
-            relation = {"parent": ancestor, "child": descendant, "sibling": other}[kind]
-            for d in range(first, first + max_distance):
-                masks.append(lambda relation=relation, d=d: relation & (dist == d))
+        spec = _relation_spec(max_distance, parent, child, sibling)
+        names = spec.relation_names
+        pairs = _mask_pairs(distance, depth, segment, valid)
+        masks = [lambda kind=kind, d=d: pairs(kind, d) for kind, d in spec.kinds()]
     R = len(masks)
     keys, tkeys = [], []
     for r, make in enumerate(masks):
@@ -778,7 +773,7 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
 
     row_ptr, col, rel = csr(key)
     t_ptr, t_col, t_rel = csr(tkey)
-    return _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B, N, R, names)
+    return _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B, N, names)
 
 
 def _prepared(lists: EdgeLists) -> EdgeLists:
@@ -797,8 +792,8 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
 
     Args:
         heads: int ``[B, N]`` 0-based heads (-1 = root); lengths: int ``[B]``.
-        max_distance, parent, child, sibling: the relation masks (as in :class:`MaskSpec`); R = max_distance x
-            the number enabled, in ``MaskSpec.names`` order (parent_1..D, child_1..D, sibling_2..D+1).
+        max_distance, parent, child, sibling: the relation masks (as in :class:`MaskSpec`); R =
+            ``MaskSpec.num_relations``, in ``MaskSpec.names`` order (parent_1..D, child_1..D, sibling_2..D+1).
         window: instead, one relation: every key within ``window`` edges (0..254; the token itself included).
         num_threads: C++ threads (0 = torch's intra-op thread count).
     Returns:
@@ -819,11 +814,14 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     heads_cpu = heads.to("cpu", torch.int64).contiguous()
     lengths_cpu = lengths.to("cpu", torch.int64).contiguous()
     B, N = heads_cpu.shape
-    lists = module.edge_lists(heads_cpu, lengths_cpu, max_distance, parent, child, sibling,
-                              -1 if window is None else window, int(num_threads))
-    R = 1 if window is not None else max_distance * (int(parent) + int(child) + int(sibling))
-    names = (f"window_{window}",) if window is not None else _relation_names(max_distance, parent, child, sibling)
-    built = _prepared(_finish_lists(*lists, B, N, R, names))
+    if window is None:
+        spec = _relation_spec(max_distance, parent, child, sibling)
+        relations, names = spec.relation_kinds, spec.relation_names
+    else:
+        relations, names = (), (f"window_{window}",)
+    lists = module.edge_lists(heads_cpu, lengths_cpu, max_distance, list(relations), -1 if window is None else window,
+                              int(num_threads))
+    built = _prepared(_finish_lists(*lists, B, N, names))
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
 
 
@@ -917,10 +915,9 @@ class TreeBatch:
         lists). Raises ValueError when ``masks`` enables none of parent, child, sibling."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
-        key = ("relations", masks.max_distance, masks.parent, masks.child, masks.sibling)
+        key = masks.relation_key()
         if key not in self._edge_lists:
-            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, max_distance=masks.max_distance,
-                                                     parent=masks.parent, child=masks.child, sibling=masks.sibling)
+            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, **_relation_arguments(masks))
         return self._edge_lists[key]
 
     def window_lists(self, window: int) -> EdgeLists:

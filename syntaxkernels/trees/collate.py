@@ -246,7 +246,7 @@ class TreeCollator:
 
     def _with_lists(self, trees):
         """Build (and cache on ``trees``) the edge lists asked for by ``masks`` and ``windows``."""
-        if self.masks is not None and (self.masks.parent or self.masks.child or self.masks.sibling):
+        if self.masks is not None and self.masks.num_relations:
             trees.relation_lists(self.masks)
         for window in self.windows:
             trees.window_lists(window)

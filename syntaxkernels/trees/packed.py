@@ -31,8 +31,8 @@ import torch
 
 from .. import _ext
 from ..specs import MaskSpec
-from .batch import (EdgeLists, TreeBatch, _check_list_spec, _move_arguments, _pad_rows, _sentence_tensors,
-                    build_edge_lists)
+from .batch import (EdgeLists, TreeBatch, _check_list_spec, _move_arguments, _pad_rows, _relation_arguments,
+                    _sentence_tensors, build_edge_lists)
 
 __all__ = ["PackedTreeBatch", "packed_tree_tensors", "pack_padded"]
 
@@ -305,12 +305,10 @@ class PackedTreeBatch:
         (relations never cross sequences), cached."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
-        key = ("relations", masks.max_distance, masks.parent, masks.child, masks.sibling)
+        key = masks.relation_key()
         if key not in self._edge_lists:
             heads, lengths = self._forest()
-            self._edge_lists[key] = build_edge_lists(heads, lengths, max_distance=masks.max_distance,
-                                                     parent=masks.parent, child=masks.child,
-                                                     sibling=masks.sibling).to(self.device)
+            self._edge_lists[key] = build_edge_lists(heads, lengths, **_relation_arguments(masks)).to(self.device)
         return self._edge_lists[key]
 
     def window_lists(self, window: int) -> EdgeLists:
