@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from syntaxkernels import inspection as I
 
@@ -95,7 +96,8 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
     # Rows of at most 64 tokens: the short-row backward (one tile a sequence, every head a program); of 65..128:
     # the two-block one (a program per query block, its shares added by a second kernel). Their table kernel
     # forms each tile's bucket set itself (no metadata launch).
-    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}
+    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}  # (sm_90)
+    short_t = {"_bias_fwd_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel"}  # (mma.sync: keys-major)
     short2 = {"_bias_fwd_kernel", "_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
               "_bias_bwd_short_table_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
@@ -103,7 +105,9 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
     for case, arch in cases:
         group = [r for r in workload_reports if (r.case, r.arch) == (case, arch)]
         rows = I._workload(case.split()[0]).N
-        expected = short if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
+        keys_major = op.select_config("short", torch.bfloat16, int(case.split("D")[-1]), arch=arch).get("KEYS_MAJOR")
+        one_tile = short_t if keys_major else short
+        expected = one_tile if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
         assert {r.kernel for r in group} == expected, (case, arch, {r.kernel for r in group})
         for r in group:
             assert r.shared_limit == I.SHARED_LIMIT[arch]
@@ -124,11 +128,11 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
                 assert r.cost["plain_instr"] and r.cost["plain_instr"] < r.cost["instr"], r  # the bias-free twin
             if r.kernel in I._HEAD_PROGRAMS:  # one tile a sequence, a loop over the 12 heads, the rest once
                 t = r.tiles
-                if r.kernel == "_bias_bwd_short_kernel":
+                if r.kernel in I._ONE_TILE:
                     assert t["grid"] == t["boundary"] and t["skipped"] == 0, r
                 assert r.heads == I.WORKLOAD_HEADS and r.once_other > 0 and r.once_all >= r.once_other, r
                 assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
-                if r.kernel == "_bias_bwd_short_kernel":
+                if r.kernel in I._ONE_TILE:
                     assert r.main_tensor_core > 0, r
                 else:  # every tile holding an allowed pair reduces its dS per bucket; the others are skipped
                     assert t["one_bucket"] + t["mixed"] == t["boundary"], r

@@ -231,6 +231,10 @@ FAMILY_CASES = [
     ("N129-bf16-D32-window2", (2, 2, 129, 32), torch.bfloat16, dict(roots=3), dict(window=2)),
     ("N33-fp32-D64-directed", None, torch.float32, None, dict()),
     ("N57-bf16-D128-short-rows", (2, 2, 57, 128), torch.bfloat16, dict(lengths=[57, 20]), dict()),  # one tile a row
+    # one tile a row, causal and a window (keys-major tiles on sm_80 and the small family)
+    ("N40-fp16-D64-short-rows-causal-window3", (2, 2, 40, 64), torch.float16, dict(lengths=[40, 9]),
+     dict(causal=True, window=3)),
+    ("N100-bf16-D64-two-blocks", (3, 2, 100, 64), torch.bfloat16, dict(lengths=[100, 64, 70]), dict()),
 ]
 
 
@@ -394,3 +398,28 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     args = (torch.randn_like(out), q, k, v, lse, trees.distance, lut, lengths, buckets.lut(), buckets.num_buckets,
             0.25, -1, False, True)
     _assert_fake_matches_real(torch.ops.syntaxkernels.bias_attention_cpu_bwd, args)
+
+
+@needs_triton
+@pytest.mark.skipif(DEVICE != "cpu", reason="a real GPU runs its own family's configs")
+@pytest.mark.parametrize("arch,kernel", [(80, "_bias_bwd_short_t_kernel"), (86, "_bias_bwd_short_t_kernel"),
+                                         (90, "_bias_bwd_short_kernel")])
+def test_short_rows_take_each_familys_tiles_with_a_directed_distance(monkeypatch, arch, kernel):
+    """Rows of at most 64 tokens: mma.sync families (sm_80, the small one) run the keys-major one-tile kernel
+    (its table gradient reads keys-major dS tiles), sm_90 the queries-major one; both read each pair at
+    ``distance[b, i, j]`` only, so a directed distance is exact, with causality."""
+    names = []
+    real_launch = ba.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        names.append(fn.fn.__name__)
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(ba, "launch", spy)
+    previous = P.interpret_as(arch)
+    try:
+        case = _directed_case(N=45, dtype=torch.bfloat16, seed=2)
+        check_against_reference(case, causal=True)
+    finally:
+        P.interpret_as(previous)
+    assert kernel in names and "_bias_bwd_short_table_kernel" in names, names

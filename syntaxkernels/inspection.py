@@ -765,7 +765,9 @@ def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, row
 
 
 def _require_compiler() -> None:
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    from ._interpreter import interpreting
+
+    if interpreting():
         raise RuntimeError("kernel inspection compiles for real GPUs: run it with TRITON_INTERPRET unset")
 
 
@@ -968,7 +970,9 @@ _TABLE_PROGRAMS = ("_bias_bwd_table_kernel",)
 _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
 #: The short-row backward: one program per batch item, its sequence one tile, a loop over the heads (the second
 #: sums the heads' dS and reduces it per bucket once, after its loop).
-_HEAD_PROGRAMS = ("_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel")
+_HEAD_PROGRAMS = ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel")
+#: The one-tile kernels (queries-major on sm_90 and newer, keys-major on mma.sync GPUs).
+_ONE_TILE = ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel")
 #: The two-block short-row backward (rows of 65..128 tokens): one program per batch item and query block of 64,
 #: two passes over the key blocks its rows reach, each with a loop over the heads inside.
 _SHORT2_PROGRAMS = ("_bias_bwd_short2_kernel",)
@@ -1159,7 +1163,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     if kernel in _TILE_PROGRAMS:
         out["interior"] = grid
         return out
-    if kernel == "_bias_bwd_short_kernel":  # every program walks its one tile (masked), an empty row's too
+    if kernel in _ONE_TILE:  # every program walks its one tile (masked), an empty row's too
         out["boundary"] = grid
         return out
     if kernel == "_bias_bwd_short_table_kernel":  # a program per tile; tiles without an allowed pair: skipped
@@ -1474,7 +1478,7 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
                          fwd_area=total(forward, "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel", "_bias_bwd_short_kernel") + _SHORT2_PROGRAMS
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE + _SHORT2_PROGRAMS
                                          + _VARLEN_KEY_PROGRAMS,
                                          "area")))
         last = rows[-1]
@@ -1572,9 +1576,10 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, None)
-                if short is not None:  # rows of at most 64 tokens: the short-row kernels, one tile a sequence
+                if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
-                    b = workload_tiles("_bias_bwd_short_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
+                    b = workload_tiles("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT
+                                       else "_bias_bwd_short2_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
                     t = workload_tiles("_bias_bwd_short_table_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
                 else:
                     dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
