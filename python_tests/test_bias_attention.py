@@ -281,6 +281,7 @@ def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, 
     check_against_reference(make_case(*shape, dtype, **opts), **kw)
     backward = [n for n in names if n.startswith("_bias_bwd")]
     assert backward == ["_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"], names
+    assert [n for n in names if n.startswith("_bias_fwd")] == ["_bias_fwd_short_kernel"], names
 
 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT2_CASES], ids=[c[0] for c in SHORT2_CASES])

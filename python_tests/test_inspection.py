@@ -96,8 +96,8 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
     # Rows of at most 64 tokens: the short-row backward (one tile a sequence, every head a program); of 65..128:
     # the two-block one (a program per query block, its shares added by a second kernel). Their table kernel
     # forms each tile's bucket set itself (no metadata launch).
-    short = {"_bias_fwd_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}  # (sm_90)
-    short_t = {"_bias_fwd_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel"}  # (mma.sync: keys-major)
+    short = {"_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}  # (sm_90)
+    short_t = {"_bias_fwd_short_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel"}  # (keys-major)
     short2 = {"_bias_fwd_kernel", "_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
               "_bias_bwd_short_table_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
@@ -134,6 +134,7 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
                 assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
                 if r.kernel in I._ONE_TILE:
                     assert r.main_tensor_core > 0, r
+                    assert r.cost["area"] == t["area"] * t["grid"] / t["valid_pairs"], r  # one 64 x 64 tile a row
                 else:  # every tile holding an allowed pair reduces its dS per bucket; the others are skipped
                     assert t["one_bucket"] + t["mixed"] == t["boundary"], r
             if r.kernel in I._SHORT2_PROGRAMS:  # three head loops (first pass, two key blocks), all modelled

@@ -676,7 +676,10 @@ def test_transformers_packed_equals_padded(method, kwargs):
                                atol=1e-5)
     assert grads_pad.keys() == grads_pack.keys()
     for name in grads_pad:
-        torch.testing.assert_close(grads_pack[name], grads_pad[name], rtol=1e-4, atol=1e-5, msg=name)
+        # Packed and padded rows add the same per-token gradients in another order: an entry that sums many
+        # large terms differs at fp32 rounding of the tensor's largest entries (the embeddings: ~1e3, 6e-5 apart).
+        atol = max(1e-5, 1e-7 * grads_pad[name].abs().max().item())
+        torch.testing.assert_close(grads_pack[name], grads_pad[name], rtol=1e-4, atol=atol, msg=name)
 
 
 def test_transformers_packed_trees_must_match_the_row():

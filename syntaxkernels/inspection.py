@@ -968,11 +968,13 @@ _KEY_PROGRAMS = ("_bias_bwd_dkdv_kernel",)
 _TABLE_PROGRAMS = ("_bias_bwd_table_kernel",)
 #: Kernels with one program per tile of the whole grid (no loop), shared by every head of a call.
 _TILE_PROGRAMS = ("_block_bucket_mask_kernel", "_block_distance_range_kernel")
-#: The short-row backward: one program per batch item, its sequence one tile, a loop over the heads (the second
-#: sums the heads' dS and reduces it per bucket once, after its loop).
-_HEAD_PROGRAMS = ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel")
-#: The one-tile kernels (queries-major on sm_90 and newer, keys-major on mma.sync GPUs).
-_ONE_TILE = ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel")
+#: The short-row kernels: one program per batch item, its sequence one tile, a loop over the heads: the forward
+#: (first here), the backward, and the table kernel (it sums the heads' dS and reduces it per bucket once, after
+#: its loop).
+_HEAD_PROGRAMS = ("_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel",
+                  "_bias_bwd_short_table_kernel")
+#: The one-tile kernels (the forward; the backward queries-major on sm_90 and newer, keys-major on mma.sync GPUs).
+_ONE_TILE = ("_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel")
 #: The two-block short-row backward (rows of 65..128 tokens): one program per batch item and query block of 64,
 #: two passes over the key blocks its rows reach, each with a loop over the heads inside.
 _SHORT2_PROGRAMS = ("_bias_bwd_short2_kernel",)
@@ -1466,9 +1468,9 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
             values = [v for v in values if v is not None]
             return sum(values) if values else None
 
-        forward = ("_bias_fwd_kernel",) + _VARLEN_QUERY_PROGRAMS[:1]
+        forward = ("_bias_fwd_kernel", "_bias_fwd_short_kernel") + _VARLEN_QUERY_PROGRAMS[:1]
         backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
-                    + _HEAD_PROGRAMS + _SHORT2_PROGRAMS + _SHORT2_SUM + _VARLEN_QUERY_PROGRAMS[1:]
+                    + _HEAD_PROGRAMS[1:] + _SHORT2_PROGRAMS + _SHORT2_SUM + _VARLEN_QUERY_PROGRAMS[1:]
                     + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
@@ -1478,7 +1480,7 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
                          fwd_area=total(forward, "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE + _SHORT2_PROGRAMS
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE[1:] + _SHORT2_PROGRAMS
                                          + _VARLEN_KEY_PROGRAMS,
                                          "area")))
         last = rows[-1]
@@ -1573,8 +1575,12 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 t = dict(one_bucket=0, mixed=0, buckets_mixed=0)
                 walked = 1
             else:
-                fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
-                f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
+                if workload.N <= op.SHORT_ROW_LIMIT:  # one tile a sequence
+                    fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family)
+                    f = workload_tiles("_bias_fwd_short_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
+                else:
+                    fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
+                    f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, None)
                 if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
