@@ -290,6 +290,90 @@ def _bias_fwd_short_kernel(
 
 
 @triton.jit
+def _bias_fwd_short2_kernel(
+    Q, K, V, DIST, LUT, LENGTHS, OUT, LSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_db, stride_di, stride_dj, stride_row,
+    N, N_OUT, D, DV, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The forward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens with a LUT shared by the heads: one program
+    per batch item and query block of ``BLOCK_M = BLOCK_N`` rows, every head inside.
+
+    The first key block's bias tile is gathered once for all heads (the second's per head, from its distances).
+    Per head the
+    first key block's softmax is exact in the tile; a second key block (an item longer than ``BLOCK_M``) updates
+    it online (one rescale). Rows past the length or without an allowed key are 0 with ``lse = +inf``; a query
+    block past the length stores only that. Grid: ``(B, 2)``.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    q_block = tl.program_id(1)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_j = tl.arange(0, BLOCK_N)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    num_k = (length + BLOCK_N - 1) // BLOCK_N
+    if CAUSAL:
+        num_k = tl.minimum(num_k, q_block + 1)
+    if q_block * BLOCK_M >= length:
+        num_k = 0
+    bias0 = tl.where(_allowed(offs_m, offs_j, length, CAUSAL) & (num_k > 0),
+                     tl.load(LUT + distance_tile(DIST + b * stride_db, offs_m, offs_j, stride_di, stride_dj, N, True,
+                                                 EVEN_N).to(tl.int32)), float("-inf"))
+    # The second key block's distances (a byte a pair) are kept and its bias gathered per head: holding a second
+    # fp32 bias tile across the head loop spills at D = 128.
+    dist1 = distance_tile(DIST + b * stride_db, offs_m, BLOCK_N + offs_j, stride_di, stride_dj, N, True, EVEN_N)
+    for h in range(0, HEADS):
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        for kb in tl.static_range(2):
+            if kb < num_k:
+                offs_n = kb * BLOCK_N + offs_j
+                for c in tl.static_range(0, BLOCK_D, CHUNK):
+                    offs_c = c + tl.arange(0, CHUNK)
+                    q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+                    k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+                    if c == 0:
+                        scores = mma(q, tl.trans(k), DOT_PRECISION)
+                    else:
+                        scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+                if kb == 0:
+                    scores = scores * qk_scale2 + bias0
+                else:
+                    scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL),
+                                      scores * qk_scale2 + tl.load(LUT + dist1.to(tl.int32)), float("-inf"))
+                m_new = tl.maximum(m, tl.max(scores, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(scores - m_safe[:, None])
+                if kb == 0:
+                    l = tl.sum(p, 1)
+                else:
+                    alpha = tl.exp2(m - m_safe)
+                    l = l * alpha + tl.sum(p, 1)
+                    acc = acc * alpha[:, None]
+                v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+                acc = mma_acc(p.to(v.dtype), v, acc, DOT_PRECISION)
+                m = m_new
+        valid = (offs_m < length) & (l > 0.0)
+        denom = tl.where(valid, l, 1.0)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(LSE + (b * HEADS + h) * stride_row + offs_m, tl.where(valid, m + tl.log2(denom), float("inf")),
+                 mask=offs_m < N)
+        out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
+        tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od,
+                 out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
                stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
@@ -1302,6 +1386,11 @@ for _arch in ("sm90", "sm80", "small"):
         CONFIGS[("fwd_short", _arch, "half", _dim)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=chunk, OUT_CHUNK=chunk,
                                                         num_warps=4, num_stages=1)
 
+# Its two-block form (``64 < N <= 128``, :func:`_bias_fwd_short2_kernel`): the same tiles.
+for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
+    if _kind == "fwd_short":
+        CONFIGS[("fwd_short2", _arch, _cls, _dim)] = dict(_config)
+
 # Rows of 65..128 tokens (:func:`_bias_bwd_short2_kernel`: a program per query block of 64, two key blocks):
 # the one-tile kernel's tiles, but for score and dP products over head-dim chunks of 32 on sm_90 at D = 64, of 16
 # on sm_80 at D = 128 and of 16 with dQ not transposed on the small family (the spill-free choices: with the
@@ -1373,12 +1462,12 @@ def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, fami
 
 
 def _short_forward_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int) -> Optional[dict]:
-    """The short-row forward's configuration (rows of at most :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT
-    row), or None where :func:`_bias_fwd_kernel` runs."""
-    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
+    """The short-row forward's configuration (rows of at most twice :data:`SHORT_ROW_LIMIT` tokens: one tile or
+    two blocks a sequence; fp16/bf16, one LUT row), or None where :func:`_bias_fwd_kernel` runs."""
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > 2 * SHORT_ROW_LIMIT or dtype == torch.float32
             or lut_rows != 1):
         return None
-    return select_config("fwd_short", dtype, head_dim)
+    return select_config("fwd_short" if N <= SHORT_ROW_LIMIT else "fwd_short2", dtype, head_dim)
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -1474,6 +1563,15 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     distance = aligned_distance(distance)
     lut = lut.contiguous()
     short = _short_forward_config(N, q.dtype, max(D, DV), lut.shape[0])
+    if short is not None and N > short["BLOCK_M"]:  # two blocks a sequence, every head in one program a block
+        launch(_bias_fwd_short2_kernel, (B, 2),
+               q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+               *distance.stride(), lse.stride(1), _padded(N), N, D, DV, scale * LOG2E, HEADS=H,
+               BLOCK_M=short["BLOCK_M"], BLOCK_N=short["BLOCK_N"], BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+               CHUNK=min(short["CHUNK"], head_block(D)), EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV,
+               EVEN_N=_even(_padded(N), short), CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
+               num_warps=short["num_warps"], num_stages=short["num_stages"])
+        return out, lse
     if short is not None:  # one tile a sequence, every head in one program
         launch(_bias_fwd_short_kernel, (B,),
                q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
