@@ -211,6 +211,24 @@ def opaque_int32(x, like, INTERPRETED: tl.constexpr):
     return result
 
 
+@triton.jit
+def opaque_f32(x, INTERPRETED: tl.constexpr):
+    """``x`` (an fp32 tile) through an opaque ``mov`` that Triton's layout passes do not look through.
+
+    Triton 3.6 picks the ``kWidth`` of a dot's register operands (mma.sync) from the narrowest load in the
+    operands' backward slice: a product of P (or dS) whose bias was gathered by a uint8 distance gets the
+    8-bit ``kWidth = 4``, which turns the accumulator-to-operand conversion into shuffles and selects and
+    every ``ldmatrix.trans`` operand into register moves. A non-pure inline ``mov`` ends the slice (ptxas
+    drops the move). The interpreter has no inline assembly; there it is the identity.
+    """
+    if INTERPRETED:
+        result = x
+    else:
+        result = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False,
+                                           pack=1)
+    return result
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Host helpers
 # ---------------------------------------------------------------------------------------------------------
