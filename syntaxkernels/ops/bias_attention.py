@@ -972,7 +972,7 @@ def _bias_bwd_short2_kernel(
     key blocks: a first pass over the second key block stores each head's row sums of ``P * dP`` there
     (``DELTA``), the first key block adds its own in the tile (exact delta: every row of dS sums to zero up to
     fp32 rounding), and the second is then walked again (two extra products on half the tiles). Such an item's
-    products are shares, each from one tile, stored in fp32 (``*_PART[q_block or k_block, b, h]``, transposed
+    products are shares, each from one tile, stored in fp32 (``*_PART[b, h, q_block or k_block]``, transposed
     ``[BLOCK_D, 2 * BLOCK_M]`` but dQ without DQ_T), which :func:`_bias_bwd_short2_sum_kernel` adds in a fixed
     order (deterministic, no atomics). With TABLE_GRAD each head's dS goes to ``DS_OUT`` (fp32
     ``[B, H, 2, 2, BLOCK_M, BLOCK_N]``) for :func:`_bias_bwd_short_table_kernel`. Each pair is read at
@@ -995,10 +995,10 @@ def _bias_bwd_short2_kernel(
         num_k = tl.minimum(num_k, q_block + 1)
     if q_block * BLOCK_M >= length:
         num_k = 0
-    part_d = b * HEADS * (BLOCK_D * 2 * BLOCK_N)  # this item's head 0 in one share
-    part_dv = b * HEADS * (BLOCK_DV * 2 * BLOCK_N)
-    share_d = B * HEADS * (BLOCK_D * 2 * BLOCK_N)  # one share to the next
-    share_dv = B * HEADS * (BLOCK_DV * 2 * BLOCK_N)
+    share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_N  # one share to the next (a head's two are adjacent)
+    share_dv: tl.constexpr = BLOCK_DV * 2 * BLOCK_N
+    part_d = b * HEADS * (2 * share_d)  # this item's head 0
+    part_dv = b * HEADS * (2 * share_dv)
     delta_rows = DELTA + b * HEADS * stride_row + offs_m
     lse_rows = LSE + b * HEADS * stride_row + offs_m
 
@@ -1045,7 +1045,11 @@ def _bias_bwd_short2_kernel(
                              + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
                 p_in = p.to(Q.dtype.element_ty)
                 ds_in = ds.to(Q.dtype.element_ty)
-                dv_share = DV_PART + q_block * share_dv + part_dv + h * (BLOCK_DV * 2 * BLOCK_N)
+                # (the two orders of the share offsets: the spill-free one for each family's tiles)
+                if DQ_T:
+                    dv_share = DV_PART + part_dv + h * (2 * share_dv) + q_block * share_dv
+                else:
+                    dv_share = DV_PART + q_block * share_dv + part_dv + h * (2 * share_dv)
                 for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
                     offs_c = c + tl.arange(0, OUT_CHUNK)
                     do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
@@ -1056,8 +1060,12 @@ def _bias_bwd_short2_kernel(
                         tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
                                  + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
                                  mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
-                dq_share = DQ_PART + kb * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
-                dk_share = DK_PART + q_block * share_d + part_d + h * (BLOCK_D * 2 * BLOCK_N)
+                if DQ_T:
+                    dq_share = DQ_PART + part_d + h * (2 * share_d) + kb * share_d
+                    dk_share = DK_PART + part_d + h * (2 * share_d) + q_block * share_d
+                else:
+                    dq_share = DQ_PART + kb * share_d + part_d + h * (2 * share_d)
+                    dk_share = DK_PART + q_block * share_d + part_d + h * (2 * share_d)
                 for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
                     offs_c = c + tl.arange(0, OUT_CHUNK)
                     k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
@@ -1122,10 +1130,10 @@ def _bias_bwd_short2_sum_kernel(
     if length > BLOCK_M:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        share_d = B * HEADS * (BLOCK_D * 2 * BLOCK_M)
-        share_dv = B * HEADS * (BLOCK_DV * 2 * BLOCK_M)
-        head_d = bh * (BLOCK_D * 2 * BLOCK_M)
-        head_dv = bh * (BLOCK_DV * 2 * BLOCK_M)
+        share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_M  # a head's two shares are adjacent
+        share_dv: tl.constexpr = BLOCK_DV * 2 * BLOCK_M
+        head_d = bh * (2 * share_d)
+        head_dv = bh * (2 * share_dv)
         for blk in tl.static_range(2):
             rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
             # dQ rows of query block blk: shares of key blocks 0 and 1; dK, dV rows of key block blk: shares of
@@ -1826,12 +1834,13 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     f32 = dict(dtype=torch.float32, device=q.device)
     for grad in (dq, dk, dv):  # rows past an item's first block stay 0 where the item ends in it
         grad.zero_()
-    # Shares [2, B, H, BLOCK_D, 2 * BLOCK] (the transposed products store contiguous rows), dQ's
-    # [2, B, H, 2 * BLOCK, BLOCK_D] unless it is formed transposed; read only for items longer than BLOCK.
+    # Shares [B, H, 2, BLOCK_D, 2 * BLOCK] (a head's two adjacent: the sum kernel reads both from one address; the
+    # transposed products store contiguous rows), dQ's [B, H, 2, 2 * BLOCK, BLOCK_D] unless it is formed transposed;
+    # read only for items longer than BLOCK.
     dq_t = config["DQ_T"]
-    dq_part = torch.empty((2, B, H, block_d, 2 * block) if dq_t else (2, B, H, 2 * block, block_d), **f32)
-    dk_part = torch.empty((2, B, H, block_d, 2 * block), **f32)
-    dv_part = torch.empty((2, B, H, block_dv, 2 * block), **f32)
+    dq_part = torch.empty((B, H, 2, block_d, 2 * block) if dq_t else (B, H, 2, 2 * block, block_d), **f32)
+    dk_part = torch.empty((B, H, 2, block_d, 2 * block), **f32)
+    dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
     delta = _row_buffer(B, H, N, q.device)  # (the caller gave lse the same row stride)
     # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
@@ -1848,7 +1857,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
            B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
-           CAUSAL=causal, num_warps=4, num_stages=1)
+           CAUSAL=causal, num_warps=2 if max(block_d, block_dv) <= 64 else 4, num_stages=1)  # (2: fewer instructions)
     if not table_grad:
         return dq, dk, dv, torch.zeros((1, T), **f32)
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2)
