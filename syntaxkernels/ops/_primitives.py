@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit", "set_launch_hook",
-           "launch_grid", "head_block", "dot_precision", "arch_family", "current_arch", "interpret_as", "SHARED_LIMIT",
+           "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family", "current_arch", "interpret_as", "SHARED_LIMIT",
            "ARCH_FAMILY", "interpreting"]
 
 
@@ -227,6 +227,20 @@ def opaque_f32(x, INTERPRETED: tl.constexpr):
         result = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False,
                                            pack=1)
     return result
+
+
+@triton.jit
+def lut_bias(lut_ptr, dist, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 tile ``lut[dist]``: the bias of each pair, gathered from a 256-entry LUT at its uint8 distance.
+
+    ``OPAQUE_BIAS`` (the launchers set it on GPUs whose products lower to ``mma.sync``: sm_80 and the small
+    family) passes the gathered tile through :func:`opaque_f32`, so that the products of P and dS, which carry
+    the bias, get 16-bit operand layouts instead of the uint8 distance's.
+    """
+    bias = tl.load(lut_ptr + dist.to(tl.int32))
+    if OPAQUE_BIAS:
+        bias = opaque_f32(bias, INTERPRETED)
+    return bias
 
 
 # ---------------------------------------------------------------------------------------------------------

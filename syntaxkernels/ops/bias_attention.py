@@ -62,7 +62,7 @@ from ..specs import BucketSpec
 from ._dispatch import device_constant, kernels_or_reference, resolve_backend, triton_unsupported
 from ._primitives import (LOG2E, arch_family, bucket_from_distance, current_arch, distance_tile, dot_precision,
                           head_block, in_bucket, interpreting, KernelDoesNotFit, launch, launch_grid, load_rows,
-                          mma, mma_acc, opaque_f32, opaque_int32, per_batch, program_ids)
+                          lut_bias, mma, mma_acc, opaque_int32, per_batch, program_ids)
 from .block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ..trees.batch import aligned_distance, known_symmetric
 
@@ -88,12 +88,13 @@ def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr):
 @triton.jit
 def _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn, stride_kd,
                  stride_di, stride_dj, qk_scale2, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr, MASK: tl.constexpr,
-                 SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False,
+                 INTERPRETED: tl.constexpr = False):
     """``(scores, k)`` of one query-row tile: the log2-domain ``q k^T * scale * log2(e) + lut[d]`` (the distance
     tile and its bias are read first, the key tile after) and the key tile, for the forward and the dQ kernel."""
     if SYNTAX:
         dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
-        bias = tl.load(lut_row + dist.to(tl.int32))
+        bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)
     k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D, MASK, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
@@ -105,11 +106,13 @@ def _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, 
 def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, offs_m, offs_d, offs_dv, length, N,
               D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
     """One key tile of the forward's online softmax (log2 domain)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
-                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION)
+                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
+                             OPAQUE_BIAS, INTERPRETED)
     if MASK:
         scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -169,7 +172,7 @@ def _bias_fwd_kernel(
     H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True,
+    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -211,12 +214,14 @@ def _bias_fwd_kernel(
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
-                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION)
+                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
+                                  OPAQUE_BIAS, INTERPRETED)
     for i in range(interior, total):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
-                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION)
+                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
+                                  OPAQUE_BIAS, INTERPRETED)
 
     # Epilogue: normalise; rows past the length or without an allowed key are 0 with lse = +inf.
     valid = (offs_m < length) & (l_i > 0.0)
@@ -239,7 +244,8 @@ def _bias_fwd_short_kernel(
     N, N_OUT, D, DV, qk_scale2, HEADS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and every head.
@@ -257,7 +263,8 @@ def _bias_fwd_short_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), tl.load(LUT + dist.to(tl.int32)), float("-inf"))
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+                    float("-inf"))
     for h in range(0, HEADS):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
@@ -290,102 +297,18 @@ def _bias_fwd_short_kernel(
 
 
 @triton.jit
-def _bias_fwd_short2_kernel(
-    Q, K, V, DIST, LUT, LENGTHS, OUT, LSE,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    stride_db, stride_di, stride_dj, stride_row,
-    N, N_OUT, D, DV, qk_scale2, HEADS,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """The forward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens with a LUT shared by the heads: one program
-    per batch item and query block of ``BLOCK_M = BLOCK_N`` rows, every head inside.
-
-    The first key block's bias tile is gathered once for all heads (the second's per head, from its distances).
-    Per head the
-    first key block's softmax is exact in the tile; a second key block (an item longer than ``BLOCK_M``) updates
-    it online (one rescale). Rows past the length or without an allowed key are 0 with ``lse = +inf``; a query
-    block past the length stores only that. Grid: ``(B, 2)``.
-    """
-    b = tl.program_id(0).to(tl.int64)
-    q_block = tl.program_id(1)
-    length = tl.minimum(tl.load(LENGTHS + b), N)
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_j = tl.arange(0, BLOCK_N)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    num_k = (length + BLOCK_N - 1) // BLOCK_N
-    if CAUSAL:
-        num_k = tl.minimum(num_k, q_block + 1)
-    if q_block * BLOCK_M >= length:
-        num_k = 0
-    bias0 = tl.where(_allowed(offs_m, offs_j, length, CAUSAL) & (num_k > 0),
-                     tl.load(LUT + distance_tile(DIST + b * stride_db, offs_m, offs_j, stride_di, stride_dj, N, True,
-                                                 EVEN_N).to(tl.int32)), float("-inf"))
-    # The second key block's distances (a byte a pair) are kept and its bias gathered per head: holding a second
-    # fp32 bias tile across the head loop spills at D = 128.
-    dist1 = distance_tile(DIST + b * stride_db, offs_m, BLOCK_N + offs_j, stride_di, stride_dj, N, True, EVEN_N)
-    for h in range(0, HEADS):
-        q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
-        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        for kb in tl.static_range(2):
-            if kb < num_k:
-                offs_n = kb * BLOCK_N + offs_j
-                for c in tl.static_range(0, BLOCK_D, CHUNK):
-                    offs_c = c + tl.arange(0, CHUNK)
-                    q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
-                    k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
-                    if c == 0:
-                        scores = mma(q, tl.trans(k), DOT_PRECISION)
-                    else:
-                        scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
-                if kb == 0:
-                    scores = scores * qk_scale2 + bias0
-                else:
-                    scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL),
-                                      scores * qk_scale2 + tl.load(LUT + dist1.to(tl.int32)), float("-inf"))
-                m_new = tl.maximum(m, tl.max(scores, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(scores - m_safe[:, None])
-                if kb == 0:
-                    l = tl.sum(p, 1)
-                else:
-                    alpha = tl.exp2(m - m_safe)
-                    l = l * alpha + tl.sum(p, 1)
-                    acc = acc * alpha[:, None]
-                v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, True, EVEN_DV)
-                acc = mma_acc(p.to(v.dtype), v, acc, DOT_PRECISION)
-                m = m_new
-        valid = (offs_m < length) & (l > 0.0)
-        denom = tl.where(valid, l, 1.0)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(LSE + (b * HEADS + h) * stride_row + offs_m, tl.where(valid, m + tl.log2(denom), float("inf")),
-                 mask=offs_m < N)
-        out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
-        tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od,
-                 out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_dv[None, :] < DV))
-
-
-@triton.jit
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
                stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
     """One query tile of the dK/dV backward in transposed orientation (keys are rows)."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if SYNTAX:
         # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
         # distance is symmetric (tree distances are), so this tile is contiguous along the queries.
         dist_t = distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
-        bias_t = tl.load(lut_row + dist_t.to(tl.int32))
+        bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
     q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, MASK, EVEN_D)
     if MASK:
         lse = tl.load(lse_base + offs_m, mask=offs_m < N, other=float("inf"))
@@ -426,6 +349,7 @@ def _bias_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
@@ -466,12 +390,12 @@ def _bias_bwd_dkdv_kernel(
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
                                 tl.load(list_base + i), offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn,
                                 stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D,
-                                EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION)
+                                EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED)
         for i in range(interior, total):
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
                                 tl.load(list_base + i), offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn,
                                 stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D,
-                                EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION)
+                                EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED)
     else:
         # Query blocks [first, total): masked where they cross the causal diagonal ([first, diagonal_end)) or
         # run past the length ([tail, total)); the ones in between are interior.
@@ -488,14 +412,14 @@ def _bias_bwd_dkdv_kernel(
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
                                 offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn,
                                 stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False,
-                                CAUSAL, SYNTAX, DOT_PRECISION)
+                                CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED)
         num_diagonal = tl.maximum(diagonal_end - first, 0)
         for i in range(0, num_diagonal + tl.maximum(total - tail, 0)):
             q_block = tl.where(i < num_diagonal, first + i, tail + i - num_diagonal)
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
                                 offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn,
                                 stride_gd, stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True,
-                                CAUSAL, SYNTAX, DOT_PRECISION)
+                                CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
@@ -578,12 +502,12 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
     them, then added to the per-bucket sums once (:func:`_bucket_sums`)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
-    bias = tl.load(lut_row + dist.to(tl.int32))  # the LUT row is the same for every head of the program
+    bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
     if MASK:
         allowed = _allowed(offs_m, offs_n, length, CAUSAL)
     ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -634,6 +558,7 @@ def _bias_bwd_table_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OPAQUE_BIAS: tl.constexpr = False,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -681,7 +606,7 @@ def _bias_bwd_table_kernel(
                                stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
     for i in range(interior, total):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -693,7 +618,7 @@ def _bias_bwd_table_kernel(
                                stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION)
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -746,9 +671,8 @@ def _bias_bwd_short_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
     # Once for every head: the bias, -inf where the length or causality excludes the pair.
-    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), tl.load(LUT + dist.to(tl.int32)), float("-inf"))
-    if OPAQUE_BIAS:  # (mma.sync: P's and dS's products then take 16-bit operand layouts, not the uint8 distance's)
-        bias = opaque_f32(bias, INTERPRETED)
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+                    float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
     for h in range(0, HEADS):
         q_base = Q + b * stride_qb + h * stride_qh
@@ -851,9 +775,7 @@ def _bias_bwd_short_t_kernel(
     allowed_t = (offs_n[:, None] < length) & (offs_m[None, :] < length)
     if CAUSAL:
         allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
-    bias_t = tl.where(allowed_t, tl.load(LUT + dist_t.to(tl.int32)), float("-inf"))
-    if OPAQUE_BIAS:  # (mma.sync: P's and dS's products then take 16-bit operand layouts, not the uint8 distance's)
-        bias_t = opaque_f32(bias_t, INTERPRETED)
+    bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
     for h in range(0, HEADS):
         q_base = Q + b * stride_qb + h * stride_qh
@@ -937,11 +859,12 @@ def _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, leng
 
 @triton.jit
 def _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL: tl.constexpr,
-                 EVEN_N: tl.constexpr):
+                 EVEN_N: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
     """The bias of one tile of :func:`_bias_bwd_short2_kernel` for every head: the LUT gathered at the distance,
     -inf where the length or causality excludes the pair."""
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL), tl.load(LUT + dist.to(tl.int32)), float("-inf"))
+    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+                    float("-inf"))
 
 
 @triton.jit
@@ -959,7 +882,7 @@ def _bias_bwd_short2_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
     fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
@@ -1006,7 +929,7 @@ def _bias_bwd_short2_kernel(
     if num_k == 2:
         offs_n = BLOCK_N + offs_j
         bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
-                            EVEN_N)
+                            EVEN_N, OPAQUE_BIAS, INTERPRETED)
         for h in range(0, HEADS):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
             p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
@@ -1021,7 +944,7 @@ def _bias_bwd_short2_kernel(
         if kb < num_k:
             offs_n = kb * BLOCK_N + offs_j
             bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
-                                EVEN_N)
+                                EVEN_N, OPAQUE_BIAS, INTERPRETED)
             for h in range(0, HEADS):
                 q_base = Q + b * stride_qb + h * stride_qh
                 k_base = K + b * stride_kb + h * stride_kh
@@ -1214,11 +1137,12 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
              offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, TABLE_GRAD: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
+             DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
     """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
-                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION)
+                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
+                             OPAQUE_BIAS, INTERPRETED)
     exponent = scores - lse[:, None]
     if MASK:  # masked before exp2: an excluded pair's exponent may be large
         exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), exponent, float("-inf"))
@@ -1246,7 +1170,7 @@ def _bias_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True,
+    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1296,12 +1220,14 @@ def _bias_bwd_dq_kernel(
         dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
-                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
+                                 OPAQUE_BIAS, INTERPRETED)
     for i in range(interior, total):
         dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
-                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION)
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
+                                 OPAQUE_BIAS, INTERPRETED)
 
     # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
     row_ok = offs_m < length
@@ -1400,11 +1326,6 @@ for _arch in ("sm90", "sm80", "small"):
         CONFIGS[("fwd_short", _arch, "half", _dim)] = _C(BLOCK_M=64, BLOCK_N=64, CHUNK=chunk, OUT_CHUNK=chunk,
                                                         num_warps=4, num_stages=1)
 
-# Its two-block form (``64 < N <= 128``, :func:`_bias_fwd_short2_kernel`): the same tiles.
-for (_kind, _arch, _cls, _dim), _config in list(CONFIGS.items()):
-    if _kind == "fwd_short":
-        CONFIGS[("fwd_short2", _arch, _cls, _dim)] = dict(_config)
-
 # Rows of 65..128 tokens (:func:`_bias_bwd_short2_kernel`: a program per query block of 64, two key blocks):
 # the one-tile kernel's tiles, but for score and dP products over head-dim chunks of 32 on sm_90 at D = 64, of 16
 # on sm_80 at D = 128 and of 16 with dQ not transposed on the small family (the spill-free choices: with the
@@ -1424,15 +1345,20 @@ for _dim in (64, 128):
 CONFIGS[("short", "sm80", "half", 64)].update(KEYS_MAJOR=True, DQ_T=False)
 CONFIGS[("short", "sm80", "half", 128)].update(KEYS_MAJOR=True, DQ_T=False, CHUNK=16)
 CONFIGS[("short", "small", "half", 64)].update(KEYS_MAJOR=True, DQ_T=False)
-# OPAQUE_BIAS (mma.sync GPUs): the bias tile passes through an opaque move (:func:`opaque_f32`), so that Triton gives
-# the products of P and dS 16-bit operand layouts (kWidth 2) instead of the uint8 distance's (kWidth 4: shuffles and
-# selects to form each register operand, a register move per ldmatrix.trans operand): sm_80 sentences backward
-# 46.5 -> 36.4 per element at D = 64 and 65.6 -> 49.1 at D = 128 (model). The small family at D = 128 then takes
-# chunks of 16 (spill-free with the narrower layouts; chunks of 32 spill 8 B on sm_86 and sm_89).
-for _arch in ("sm80", "small"):
-    for _dim in (64, 128):
-        CONFIGS[("short", _arch, "half", _dim)]["OPAQUE_BIAS"] = True
+# The small family at D = 128 takes chunks of 16 (with the opaque bias of :func:`_opaque_bias`, chunks of 32 spill
+# 8 B on sm_86 and sm_89).
 CONFIGS[("short", "small", "half", 128)]["CHUNK"] = 16
+
+
+def _opaque_bias(family: str) -> bool:
+    """Whether the kernels pass the gathered bias through an opaque move (``OPAQUE_BIAS``,
+    :func:`~syntaxkernels.ops._primitives.lut_bias`): on GPUs whose products lower to ``mma.sync`` (sm_80 and the
+    small family). Triton 3.6 sizes a dot's register operands from the narrowest load in their backward slice;
+    P and dS carry the bias, gathered at the uint8 distance, so without the move their products take 8-bit
+    operand layouts (shuffles and selects to form each register operand from the accumulator, a register move for
+    every transposed operand load): sm_80 sentences backward 46.5 -> 36.4 per element at D = 64 in the model.
+    On sm_90 and newer (wgmma, tcgen05) it changes nothing."""
+    return family in ("sm80", "small")
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
 # ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
@@ -1442,6 +1368,12 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
     ("table", "half", 128): _C(num_stages=1),
     ("table_extra", "half", 64): _C(num_stages=1),
     ("table_extra", "half", 128): _C(num_stages=1),
+}
+# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
+# Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
+# (:func:`_opaque_bias`) whatever its chunks; without it, it is spill-free.
+CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("short2", "half", 128): _C(OPAQUE_BIAS=False),
 }
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
@@ -1455,7 +1387,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
                   arch: Optional[int] = None) -> dict:
     """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table", "table_extra") kernel for ``family`` (default:
     the current GPU's); ``arch`` (default: the current GPU when no family is given) applies
-    :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family."""
+    :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family and :data:`CONSUMER_BLACKWELL_CONFIGS` on sm_120
+    and newer in the small family."""
     if family is None and arch is None:
         arch = current_arch()
     family = family or arch_family(arch)
@@ -1467,6 +1400,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
     config = dict(CONFIGS[(kind, family, cls, dim_class)])
     if arch is not None and arch >= 100 and family == "sm90":
         config.update(BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
+    if arch is not None and arch >= 120 and family == "small":
+        config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
@@ -1485,12 +1420,15 @@ def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, fami
 
 
 def _short_forward_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int) -> Optional[dict]:
-    """The short-row forward's configuration (rows of at most twice :data:`SHORT_ROW_LIMIT` tokens: one tile or
-    two blocks a sequence; fp16/bf16, one LUT row), or None where :func:`_bias_fwd_kernel` runs."""
-    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > 2 * SHORT_ROW_LIMIT or dtype == torch.float32
+    """The short-row forward's configuration (rows of at most :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT
+    row), or None where :func:`_bias_fwd_kernel` runs. (A two-block form for rows of up to 128 tokens, a program
+    per query block with the heads inside and an online softmax over two key blocks, was tried: fewer
+    instructions per valid pair on pairs of sentences, more on the odd-77 batch, and more per element than the
+    tiled kernel on both.)"""
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
             or lut_rows != 1):
         return None
-    return select_config("fwd_short" if N <= SHORT_ROW_LIMIT else "fwd_short2", dtype, head_dim)
+    return select_config("fwd_short", dtype, head_dim)
 
 
 def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
@@ -1585,16 +1523,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         return out, lse
     distance = aligned_distance(distance)
     lut = lut.contiguous()
+    bias_args = dict(OPAQUE_BIAS=_opaque_bias(arch_family(current_arch())), INTERPRETED=interpreting())
     short = _short_forward_config(N, q.dtype, max(D, DV), lut.shape[0])
-    if short is not None and N > short["BLOCK_M"]:  # two blocks a sequence, every head in one program a block
-        launch(_bias_fwd_short2_kernel, (B, 2),
-               q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-               *distance.stride(), lse.stride(1), _padded(N), N, D, DV, scale * LOG2E, HEADS=H,
-               BLOCK_M=short["BLOCK_M"], BLOCK_N=short["BLOCK_N"], BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-               CHUNK=min(short["CHUNK"], head_block(D)), EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV,
-               EVEN_N=_even(_padded(N), short), CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
-               num_warps=short["num_warps"], num_stages=short["num_stages"])
-        return out, lse
     if short is not None:  # one tile a sequence, every head in one program
         launch(_bias_fwd_short_kernel, (B,),
                q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -1603,7 +1533,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                CHUNK=min(short["CHUNK"], head_block(D)), OUT_CHUNK=min(short["OUT_CHUNK"], head_block(DV)),
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), num_warps=short["num_warps"],
-               num_stages=short["num_stages"])
+               num_stages=short["num_stages"], **bias_args)
         return out, lse
     config = select_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -1616,8 +1546,9 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(1), H, _padded(N), N, D, DV, num_q, num_k,
            scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config), USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
+           USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
+           num_warps=config["num_warps"], num_stages=config["num_stages"], **bias_args)
     return out, lse
 
 
@@ -1699,6 +1630,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
+    bias_args = dict(OPAQUE_BIAS=_opaque_bias(family), INTERPRETED=interpreting())
 
     delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
@@ -1724,7 +1656,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
-           num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"])
+           num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"], **bias_args)
 
     # dK and dV: programs own key blocks.
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
@@ -1737,7 +1669,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
-           DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"])
+           DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
+           **bias_args)
     if not table_grad:
         return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
 
@@ -1765,7 +1698,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=min(64, block_d, block_dv),
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
-           num_warps=table_config["num_warps"], num_stages=table_config["num_stages"])
+           num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
+           OPAQUE_BIAS=bias_args["OPAQUE_BIAS"])
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     bucket_grad = partials.view(B, groups, num_q, T).sum(dim=(0, 2))
     return dq, dk, dv, bucket_grad
@@ -1795,7 +1729,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           INTERPRETED=interpreting(), OPAQUE_BIAS=config.get("OPAQUE_BIAS", False),
+           INTERPRETED=interpreting(), OPAQUE_BIAS=_opaque_bias(arch_family(current_arch())),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
         return dq, dk, dv, torch.zeros((1, T), dtype=torch.float32, device=q.device)
@@ -1853,7 +1787,8 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
+           OPAQUE_BIAS=config.get("OPAQUE_BIAS", _opaque_bias(arch_family(current_arch()))))
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
            B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
