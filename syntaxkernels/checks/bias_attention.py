@@ -137,21 +137,36 @@ def check_fp32_window(device):
     return _compare(device, shape, torch.float32, window=3)
 
 
-def check_short_rows(device):
-    """Sentence-sized rows (N = 57 <= 64, ragged, one empty) with a shared table: the short-row backward where
-    this GPU family has it (sm_90 and newer; the interpreter runs the sm_90 family), else the tiled kernels; the
-    detail says which ran."""
+def _short_rows_check(device, shape):
     from ..ops import bias_attention as op
     from ..ops._primitives import arch_family, current_arch
 
     _usable(device)
-    shape = _shape(device, (3, 4, 57, 64), (32, 12, 57, 64))
     arch = current_arch()
-    short = op._short_config(shape[2], torch.bfloat16, shape[3], 1, arch_family(arch), arch) is not None
+    config = op._short_config(shape[2], torch.bfloat16, shape[3], 1, arch_family(arch), arch)
     lengths = [shape[2], 0] + [shape[2] // 2 - b for b in range(shape[0] - 2)]
     ok, detail = _compare(device, shape, torch.bfloat16, lengths=lengths)
-    path = "short-row backward" if short else "tiled kernels (no short-row tiles for this GPU family)"
+    if config is None:
+        path = "tiled kernels (no short-row tiles for this GPU family)"
+    elif shape[2] > op.SHORT_ROW_LIMIT:
+        path = "two-block short-row backward"
+    else:
+        path = ("short-row forward, keys-major short-row backward" if config.get("KEYS_MAJOR")
+                else "short-row forward and backward")
     return ok, f"{path}; {detail}"
+
+
+def check_short_rows(device):
+    """Sentence-sized rows (N = 57 <= 64, ragged, one empty) with a shared table: the short-row forward and
+    backward (one tile a sequence) where this GPU family has them, else the tiled kernels; the detail says which
+    ran."""
+    return _short_rows_check(device, _shape(device, (3, 4, 57, 64), (32, 12, 57, 64)))
+
+
+def check_two_block_rows(device):
+    """Rows of 65..128 tokens (N = 100, two sentences of a pair; ragged, one empty, some of at most 64) with a
+    shared table: the two-block short-row backward where this GPU family has it; the detail says which ran."""
+    return _short_rows_check(device, _shape(device, (4, 2, 100, 64), (32, 12, 100, 64)))
 
 
 def _runs(device, count, run):
@@ -207,6 +222,7 @@ CHECKS = [
     Check("bias_attention.triton_fp16_perhead_causal", check_fp16_perhead_causal),
     Check("bias_attention.triton_fp32_window", check_fp32_window),
     Check("bias_attention.triton_bf16_short_rows", check_short_rows),
+    Check("bias_attention.triton_bf16_two_block_rows", check_two_block_rows),
     Check("bias_attention.deterministic", check_deterministic),
 ]
 
@@ -292,7 +308,8 @@ def bench_workloads(device, quick):
     rows = inspection.workload_overview(workloads.WORKLOADS, "sm90", (64,) if quick else (64, 128))
     for row in rows:
         row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
-                       "kernel (rows of at most 64 tokens: the short-row kernel, one 64x64 tile a sequence) "
+                       "kernel (rows of at most 128 tokens: the short-row kernels, one or two 64-token blocks a "
+                       "sequence) "
                        "compute per valid pair; bnd: that kernel's walked tiles that are boundary tiles; one, "
                        "mixed: the table kernel's walked tiles in one bucket or in several (dS summed over the "
                        "heads, reduced per bucket once a tile); bkts: buckets per mixed tile. No compile: the cost "
