@@ -1106,26 +1106,31 @@ def _bias_bwd_short_table_kernel(
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
-    bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
-    if STATIC_BUCKETS:
-        present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
-        walk = present != 0
-    else:  # lowest + 256 * highest; lowest > highest: no allowed pair
-        lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
-        highest = tl.max(tl.where(allowed, bucket, 0))
-        present = lowest + 256 * highest
-        walk = lowest <= highest
     sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    if walk:
-        ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
-                + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
-        ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for h in range(0, HEADS):
-            ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
-        sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
-                            UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+    # A tile past the length (the second block of a short sequence) or above the causal diagonal: nothing to read.
+    reach = (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length)
+    if CAUSAL:
+        reach = reach & (k_block * BLOCK_N < (q_block + 1) * BLOCK_M)
+    if reach:
+        dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+        allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
+        bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
+        if STATIC_BUCKETS:
+            present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
+            walk = present != 0
+        else:  # lowest + 256 * highest; lowest > highest: no allowed pair
+            lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
+            highest = tl.max(tl.where(allowed, bucket, 0))
+            present = lowest + 256 * highest
+            walk = lowest <= highest
+        if walk:
+            ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
+                    + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+            ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for h in range(0, HEADS):
+                ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
+            sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                                UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
     bucket_ids = tl.arange(0, BUCKETS_PAD)
     totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     tl.store(BUCKET_PARTIALS + tile * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
