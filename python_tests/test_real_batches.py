@@ -12,7 +12,7 @@ from syntaxkernels.trees import batch as tb
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import needs_triton
-from test_bias_attention import check_against_reference, make_case
+from test_bias_attention import _spy_launches, check_against_reference, make_case
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -406,16 +406,9 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
                                          (90, "_bias_bwd_short_kernel")])
 def test_short_rows_take_each_familys_tiles_with_a_directed_distance(monkeypatch, arch, kernel):
     """Rows of at most 64 tokens: mma.sync families (sm_80, the small one) run the keys-major one-tile kernel
-    (its table gradient reads keys-major dS tiles), sm_90 the queries-major one; both read each pair at
-    ``distance[b, i, j]`` only, so a directed distance is exact, with causality."""
-    names = []
-    real_launch = ba.launch
-
-    def spy(fn, grid, *args, **kwargs):
-        names.append(fn.fn.__name__)
-        real_launch(fn, grid, *args, **kwargs)
-
-    monkeypatch.setattr(ba, "launch", spy)
+    (it writes each head's dS queries-major, for the same table kernel), sm_90 the queries-major one; both read
+    each pair at ``distance[b, i, j]`` only, so a directed distance is exact, with causality."""
+    names = _spy_launches(monkeypatch)
     previous = P.interpret_as(arch)
     try:
         case = _directed_case(N=45, dtype=torch.bfloat16, seed=2)
