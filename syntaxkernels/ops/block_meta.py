@@ -21,7 +21,6 @@ only where ``min <= d <= max``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -30,7 +29,7 @@ import triton.language as tl
 
 from ._primitives import interpreting, launch, load_distance_tile
 
-__all__ = ["BlockMeta", "block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows", "build_block_meta",
+__all__ = ["block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows",
            "boundary_tiles", "split_lists"]
 
 
@@ -229,45 +228,6 @@ def compact_rows(mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     indices = torch.where(ordered < C, ordered, torch.zeros_like(ordered)).to(torch.int32)
     counts = mask.sum(dim=-1, dtype=torch.int32)
     return indices.contiguous(), counts.contiguous()
-
-
-@dataclass
-class BlockMeta:
-    """Tile metadata for one ``(block_m, block_n)`` tiling.
-
-    Attributes:
-        min_distance, max_distance: ``uint8 [B, nQ, nK]`` (see :func:`block_distance_range`).
-        live: bool ``[B, nQ, nK]``.
-        kv_blocks, kv_counts: per query block, its live key blocks (``int32 [B, nQ, nK]``, ``[B, nQ]``).
-        q_blocks, q_counts: per key block, its live query blocks (``int32 [B, nK, nQ]``, ``[B, nK]``);
-            ``None`` unless built with ``transposed=True``.
-    """
-
-    block_m: int
-    block_n: int
-    min_distance: torch.Tensor
-    max_distance: torch.Tensor
-    live: torch.Tensor
-    kv_blocks: torch.Tensor
-    kv_counts: torch.Tensor
-    q_blocks: Optional[torch.Tensor] = None
-    q_counts: Optional[torch.Tensor] = None
-
-    def density(self) -> float:
-        """Fraction of live tiles (host sync; for benchmarks and tests)."""
-        return float(self.live.float().mean()) if self.live.numel() else 0.0
-
-
-def build_block_meta(distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int,
-                     window: Optional[int] = None, causal: bool = False, transposed: bool = False) -> BlockMeta:
-    """All of the above in one call (see the module docstring)."""
-    smallest, largest = block_distance_range(distance, lengths, block_m, block_n)
-    live = live_blocks(smallest, lengths, block_m, block_n, window, causal)
-    kv_blocks, kv_counts = compact_rows(live)
-    q_blocks = q_counts = None
-    if transposed:
-        q_blocks, q_counts = compact_rows(live.transpose(1, 2))
-    return BlockMeta(block_m, block_n, smallest, largest, live, kv_blocks, kv_counts, q_blocks, q_counts)
 
 
 def boundary_tiles(lengths: torch.Tensor, num_q: int, num_k: int, block_m: int, block_n: int, causal: bool,
