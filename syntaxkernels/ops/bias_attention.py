@@ -1393,7 +1393,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
     """The launch configuration of the ``kind`` ("fwd", "dkdv", "dq", "table", "table_extra") kernel for ``family`` (default:
     the current GPU's); ``arch`` (default: the current GPU when no family is given) applies
     :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family and :data:`CONSUMER_BLACKWELL_CONFIGS` on sm_120
-    and newer in the small family."""
+    and newer in the small family. ``OPAQUE_BIAS`` is the family's :func:`_opaque_bias` unless an entry says
+    otherwise."""
     if family is None and arch is None:
         arch = current_arch()
     family = family or arch_family(arch)
@@ -1407,6 +1408,7 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
         config.update(BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     if arch is not None and arch >= 120 and family == "small":
         config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
+    config.setdefault("OPAQUE_BIAS", _opaque_bias(family))
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
@@ -1528,7 +1530,6 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         return out, lse
     distance = aligned_distance(distance)
     lut = lut.contiguous()
-    bias_args = dict(OPAQUE_BIAS=_opaque_bias(arch_family(current_arch())), INTERPRETED=interpreting())
     short = _short_forward_config(N, q.dtype, max(D, DV), lut.shape[0])
     if short is not None:  # one tile a sequence, every head in one program
         launch(_bias_fwd_short_kernel, (B,),
@@ -1538,7 +1539,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                CHUNK=min(short["CHUNK"], head_block(D)), OUT_CHUNK=min(short["OUT_CHUNK"], head_block(DV)),
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), num_warps=short["num_warps"],
-               num_stages=short["num_stages"], **bias_args)
+               num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"], INTERPRETED=interpreting())
         return out, lse
     config = select_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -1553,7 +1554,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
            USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"], **bias_args)
+           num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
+           INTERPRETED=interpreting())
     return out, lse
 
 
@@ -1635,7 +1637,6 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     dq_config = select_config("dq", q.dtype, max(D, DV), family)
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
-    bias_args = dict(OPAQUE_BIAS=_opaque_bias(family), INTERPRETED=interpreting())
 
     delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
@@ -1643,7 +1644,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     short = _short_config(N, q.dtype, max(D, DV), rows, family, arch)
     if short is not None:
         return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
-                               short, dq, dk, dv)
+                               short, dq, dk, dv, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
     strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,
                  delta.stride(1))
@@ -1661,7 +1662,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
-           num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"], **bias_args)
+           num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting())
 
     # dK and dV: programs own key blocks.
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
@@ -1675,7 +1677,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           **bias_args)
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting())
     if not table_grad:
         return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
 
@@ -1704,14 +1706,14 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=bias_args["OPAQUE_BIAS"])
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"])
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     bucket_grad = partials.view(B, groups, num_q, T).sum(dim=(0, 2))
     return dq, dk, dv, bucket_grad
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                    dq, dk, dv):
+                    dq, dk, dv, delta):
     """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
     (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
     :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once)."""
@@ -1722,7 +1724,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
     block_d, block_dv = head_block(D), head_block(DV)
     if N > block:
         return _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                table_grad, config, dq, dk, dv)
+                                table_grad, config, dq, dk, dv, delta)
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
     launch(_bias_bwd_short_t_kernel if config.get("KEYS_MAJOR") else _bias_bwd_short_kernel, (B,),
@@ -1734,7 +1736,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           INTERPRETED=interpreting(), OPAQUE_BIAS=_opaque_bias(arch_family(current_arch())),
+           INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"],
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
         return dq, dk, dv, torch.zeros((1, T), dtype=torch.float32, device=q.device)
@@ -1760,11 +1762,12 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
 
 
 def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                     dq, dk, dv):
+                     dq, dk, dv, delta):
     """:func:`bias_attention_backward` for rows of 65..128 tokens: :func:`_bias_bwd_short2_kernel` (every head
     of one batch item and query block a program; items of at most 64 tokens store their gradients, longer ones
     fp32 shares), :func:`_bias_bwd_short2_sum_kernel` (the shares added in a fixed order), then with
-    ``table_grad`` the heads' dS summed and reduced per bucket once per tile."""
+    ``table_grad`` the heads' dS summed and reduced per bucket once per tile. ``delta``: the caller's row buffer
+    (lse's row stride), for the first pass's row sums."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     T = spec.num_buckets
@@ -1780,7 +1783,6 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     dq_part = torch.empty((B, H, 2, block_d, 2 * block) if dq_t else (B, H, 2, 2 * block, block_d), **f32)
     dk_part = torch.empty((B, H, 2, block_d, 2 * block), **f32)
     dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
-    delta = _row_buffer(B, H, N, q.device)  # (the caller gave lse the same row stride)
     # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
     launch(_bias_bwd_short2_kernel, (B, 2),
@@ -1793,7 +1795,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config.get("OPAQUE_BIAS", _opaque_bias(arch_family(current_arch()))))
+           OPAQUE_BIAS=config["OPAQUE_BIAS"])
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
            B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
