@@ -603,6 +603,14 @@ def test_list_builder_rejects_bad_specs():
         TreeBatch.from_heads([[-1, 0]]).window_lists(-1)
     with pytest.raises(TypeError, match="MaskSpec"):
         TreeBatch.from_heads([[-1, 0]]).relation_lists("parent")
+    def _tensors(heads):
+        batch = TreeBatch.from_heads(heads)
+        return batch.distance, batch.depth, batch.segment
+
+    # the relation keywords are the kinds of specs.RELATIONS, nothing else (both builders)
+    for builder, inputs in ((build_edge_lists, (heads, lengths)), (python_edge_lists, _tensors(heads))):
+        with pytest.raises(TypeError, match="'sibbling' .*parent, child, sibling"):
+            builder(*inputs, sibbling=False)
 
 
 def test_mask_spec_is_the_one_list_of_relations():

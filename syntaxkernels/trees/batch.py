@@ -699,26 +699,32 @@ def build_edge_schedule(row_ptr: torch.Tensor, t_ptr: torch.Tensor, B: int, N: i
                            dk_slots, chunk)
 
 
-def _relation_spec(max_distance: int, parent: bool, child: bool, sibling: bool) -> MaskSpec:
-    """The relation masks of the list builders' arguments as a :class:`MaskSpec` (no dense masks), which gives
-    their names, order and R (after :func:`_check_list_spec`)."""
-    return MaskSpec(max_distance, parent=parent, child=child, sibling=sibling, pairwise=False, full=False)
-
-
 def _relation_arguments(masks: MaskSpec) -> dict:
     """The :func:`build_edge_lists` keywords of the relation masks of ``masks``."""
     return dict(max_distance=masks.max_distance, **{kind: kind in masks.relation_kinds for kind, _ in RELATIONS})
 
 
-def _check_list_spec(max_distance: int, parent: bool, child: bool, sibling: bool, window: Optional[int]) -> None:
+def _list_spec(max_distance: int, relations: Dict[str, bool], window: Optional[int]) -> Optional[MaskSpec]:
+    """Checks the list builders' arguments; returns their relation masks as a :class:`MaskSpec` (no dense masks:
+    it gives the lists' names, order and R), or None for a window.
+
+    ``relations`` holds the builders' relation keywords: one per kind of :data:`~syntaxkernels.specs.RELATIONS`,
+    each True unless given, so a new kind needs no new keyword here.
+    """
+    kinds = [kind for kind, _ in RELATIONS]
+    unknown = sorted(set(relations) - set(kinds))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r} (the relation kinds are {', '.join(kinds)})")
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= MAX_PATH:
             raise ValueError(f"window must be an int in 0..{MAX_PATH}, got {window!r}")
-        return
+        return None
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or not 1 <= max_distance <= 64:
         raise ValueError(f"max_distance must be an int in 1..64, got {max_distance!r}")
-    if not (parent or child or sibling):
-        raise ValueError("no relation enabled: at least one of parent, child, sibling must be True")
+    flags = {kind: relations.get(kind, True) for kind in kinds}
+    if not any(flags.values()):
+        raise ValueError(f"no relation enabled: at least one of {', '.join(kinds)} must be True")
+    return MaskSpec(max_distance, **flags, pairwise=False, full=False)
 
 
 def _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B: int, N: int, names) -> EdgeLists:
@@ -727,17 +733,18 @@ def _finish_lists(row_ptr, col, rel, t_ptr, t_col, t_rel, B: int, N: int, names)
 
 
 def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tensor, *, max_distance: int = 3,
-                      parent: bool = True, child: bool = True, sibling: bool = True,
-                      window: Optional[int] = None, lengths: Optional[torch.Tensor] = None) -> EdgeLists:
+                      window: Optional[int] = None, lengths: Optional[torch.Tensor] = None,
+                      **relations: bool) -> EdgeLists:
     """The edge lists from the distance, depth and segment tensors with PyTorch ops (any device).
 
     The fallback of :func:`build_edge_lists` (no C++ extension) and the way to get window lists from a bare
     distance tensor: relation r of pair (i, j) follows docs/semantics.md (i is an ancestor of j iff same
     segment and ``depth[j] - depth[i] == d(i, j)``); a window keeps ``d(i, j) <= window``. One ``[B, N, N]``
     boolean mask exists at a time (the size of the distance tensor itself). ``lengths`` (int ``[B]``, windows
-    only) additionally drops tokens at ``>= lengths[b]``. On CUDA it synchronises (``nonzero``).
+    only) additionally drops tokens at ``>= lengths[b]``. On CUDA it synchronises (``nonzero``). The relation
+    keywords are those of :func:`build_edge_lists`.
     """
-    _check_list_spec(max_distance, parent, child, sibling, window)
+    spec = _list_spec(max_distance, relations, window)
     B, N, _ = distance.shape
     device = distance.device
     valid = segment.to(torch.int32) >= 0
@@ -748,7 +755,6 @@ def python_edge_lists(distance: torch.Tensor, depth: torch.Tensor, segment: torc
         dist = distance.to(torch.int32)
         masks = [lambda: valid[:, :, None] & valid[:, None, :] & (dist <= window)]
     else:
-        spec = _relation_spec(max_distance, parent, child, sibling)
         names = spec.relation_names
         pairs = _mask_pairs(distance, depth, segment, valid)
         masks = [lambda kind=kind, d=d: pairs(kind, d) for kind, d in spec.kinds()]
@@ -785,15 +791,16 @@ def _prepared(lists: EdgeLists) -> EdgeLists:
     return lists
 
 
-def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance: int = 3, parent: bool = True,
-                     child: bool = True, sibling: bool = True, window: Optional[int] = None,
-                     num_threads: int = 0) -> EdgeLists:
+def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance: int = 3,
+                     window: Optional[int] = None, num_threads: int = 0, **relations: bool) -> EdgeLists:
     """The relation lists (``window=None``) or window lists of a batch, by the C++ builder, on the heads' device.
 
     Args:
         heads: int ``[B, N]`` 0-based heads (-1 = root); lengths: int ``[B]``.
-        max_distance, parent, child, sibling: the relation masks (as in :class:`MaskSpec`); R =
-            ``MaskSpec.num_relations``, in ``MaskSpec.names`` order (parent_1..D, child_1..D, sibling_2..D+1).
+        max_distance, **relations: the relation masks (as in :class:`MaskSpec`): one keyword per kind of
+            :data:`~syntaxkernels.specs.RELATIONS` (``parent``, ``child``, ``sibling``), each True unless set
+            False; R = ``MaskSpec.num_relations``, in ``MaskSpec.names`` order (parent_1..D, child_1..D,
+            sibling_2..D+1). Another keyword raises TypeError.
         window: instead, one relation: every key within ``window`` edges (0..254; the token itself included).
         num_threads: C++ threads (0 = torch's intra-op thread count).
     Returns:
@@ -804,22 +811,21 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     Raises ValueError for bad heads or lengths (the tree builder's messages) or a bad spec. Without the C++
     extension, builds the tree tensors and uses :func:`python_edge_lists`.
     """
-    _check_list_spec(max_distance, parent, child, sibling, window)
+    spec = _list_spec(max_distance, relations, window)
     device = heads.device
     module = _ext.load()
     if module is None or not hasattr(module, "edge_lists"):
         batch = TreeBatch.from_heads(heads, lengths)
         return _prepared(python_edge_lists(batch.distance, batch.depth, batch.segment, max_distance=max_distance,
-                                           parent=parent, child=child, sibling=sibling, window=window)).to(device)
+                                           window=window, **relations)).to(device)
     heads_cpu = heads.to("cpu", torch.int64).contiguous()
     lengths_cpu = lengths.to("cpu", torch.int64).contiguous()
     B, N = heads_cpu.shape
-    if window is None:
-        spec = _relation_spec(max_distance, parent, child, sibling)
-        relations, names = spec.relation_kinds, spec.relation_names
+    if spec is not None:
+        kinds, names = spec.relation_kinds, spec.relation_names
     else:
-        relations, names = (), (f"window_{window}",)
-    lists = module.edge_lists(heads_cpu, lengths_cpu, max_distance, list(relations), -1 if window is None else window,
+        kinds, names = (), (f"window_{window}",)
+    lists = module.edge_lists(heads_cpu, lengths_cpu, max_distance, list(kinds), -1 if window is None else window,
                               int(num_threads))
     built = _prepared(_finish_lists(*lists, B, N, names))
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
@@ -923,7 +929,7 @@ class TreeBatch:
     def window_lists(self, window: int) -> EdgeLists:
         """The :class:`EdgeLists` of the tree window ``d(i, j) <= window`` (one relation; the GAT's attention),
         built once per batch and cached."""
-        _check_list_spec(1, True, True, True, window)
+        _list_spec(1, {}, window)
         key = ("window", window)
         if key not in self._edge_lists:
             self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, window=window)

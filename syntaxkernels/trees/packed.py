@@ -31,7 +31,7 @@ import torch
 
 from .. import _ext
 from ..specs import MaskSpec
-from .batch import (EdgeLists, TreeBatch, _check_list_spec, _move_arguments, _pad_rows, _relation_arguments,
+from .batch import (EdgeLists, TreeBatch, _list_spec, _move_arguments, _pad_rows, _relation_arguments,
                     _sentence_tensors, build_edge_lists)
 
 __all__ = ["PackedTreeBatch", "packed_tree_tensors", "pack_padded"]
@@ -313,7 +313,7 @@ class PackedTreeBatch:
 
     def window_lists(self, window: int) -> EdgeLists:
         """The window :class:`EdgeLists` (``d(i, j) <= window`` within a sequence) over one ``[1, T]`` row, cached."""
-        _check_list_spec(1, True, True, True, window)
+        _list_spec(1, {}, window)
         key = ("window", window)
         if key not in self._edge_lists:
             heads, lengths = self._forest()
