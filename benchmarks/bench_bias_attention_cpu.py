@@ -31,7 +31,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from syntaxkernels.checks import bias_attention_cpu as bench  # noqa: E402
+from syntaxkernels.tools.checks import bias_attention_cpu as bench  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -57,7 +57,7 @@ MODES = ("padded", "packed")
 
 def sentence_items(count: Optional[int], seed: int = 0):
     """``(items, source)``: ``count`` (None: all) collator items (``[CLS] words [SEP]`` heads, random ids and labels)."""
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     sentences, source = workloads.sentence_source()
     rows = [workloads._with_cls([[s]]) for s in sentences if len(s) > 0][:count]

@@ -170,8 +170,8 @@ def test_cli_info_and_verify(tmp_path):
 
 
 def test_cli_verify_fails_on_mismatch(monkeypatch):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     class Fake:
         CHECKS = [Check("always-wrong", lambda device: (False, "planted mismatch"))]
@@ -183,8 +183,8 @@ def test_cli_verify_fails_on_mismatch(monkeypatch):
 
 
 def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, capsys):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     detail = ", ".join(f"d{i} {i}.123456e-02/{i}.654321e-01" for i in range(12))
 
@@ -202,8 +202,8 @@ def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, cap
 
 
 def test_cli_verify_prints_the_bias_legend_only_when_a_bias_check_ran(monkeypatch, capsys):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     def fake(names):
         class Fake:
@@ -315,8 +315,8 @@ def test_cli_bench_runs(block_scipy, tmp_path):
 
 
 def test_bench_reports_a_missing_optional_module_and_keeps_going(monkeypatch):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Bench
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Bench
 
     def needs_missing():
         raise ModuleNotFoundError("No module named 'networkx'", name="networkx")
@@ -339,7 +339,7 @@ def test_bench_reports_a_missing_optional_module_and_keeps_going(monkeypatch):
 
 def test_bias_scale_gradient_is_checked():
     """A missing, zero, wrongly signed or wrongly scaled bias-scale gradient fails the comparison."""
-    from syntaxkernels.checks import bias_attention as check
+    from syntaxkernels.tools.checks import bias_attention as check
 
     inp = check._inputs("cpu", 2, 2, 9, 8, torch.float32, lengths=[9, 5])
     grad_out = torch.randn(2, 2, 9, 8, generator=torch.Generator().manual_seed(1))
@@ -395,9 +395,9 @@ def test_timing_benches_check_each_size_before_timing_it(monkeypatch):
     reference: a wrong kernel raises instead of giving a row."""
     import syntaxkernels as sk
     from conftest import KERNEL_DEVICE
-    from syntaxkernels import workloads
-    from syntaxkernels.checks import bias_attention as bias_check
-    from syntaxkernels.checks import subnetwork_attention as subnet_check
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.tools.checks import bias_attention as bias_check
+    from syntaxkernels.tools.checks import subnetwork_attention as subnet_check
 
     rows = bias_check.time_rows(KERNEL_DEVICE, [24], _once_ms, heads=1, dim=16, tokens=48)
     assert [r["backend"] for r in rows] == ["triton", "reference"] and all(r["fwd_bwd_ms"] > 0 for r in rows)
@@ -430,7 +430,7 @@ def test_shuffled_program_order_runs_every_program_once_in_another_order():
     import triton
     import triton.language as tl
 
-    from syntaxkernels.checks import shuffled_program_order
+    from syntaxkernels.tools.checks import shuffled_program_order
 
     @triton.jit
     def arrival(COUNTER, ORDER, TOTAL, BLOCK: tl.constexpr):
@@ -466,7 +466,7 @@ def test_shuffled_order_exposes_an_order_dependent_float_sum():
     import triton
     import triton.language as tl
 
-    from syntaxkernels.checks import shuffled_program_order
+    from syntaxkernels.tools.checks import shuffled_program_order
 
     @triton.jit
     def accumulate(X, OUT):
@@ -485,7 +485,7 @@ def test_shuffled_order_exposes_an_order_dependent_float_sum():
 
 
 def test_determinism_check_fails_when_runs_differ(monkeypatch):
-    from syntaxkernels.checks import bias_attention as check
+    from syntaxkernels.tools.checks import bias_attention as check
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check's CPU path (the fake below runs no kernel)
     calls = []
@@ -563,7 +563,7 @@ def test_license_version_changelog_and_extras():
 @pytest.mark.parametrize("slower", [True, False])
 def test_bench_says_why_more_threads_are_slower(monkeypatch, slower):
     from syntaxkernels import _ext
-    from syntaxkernels.checks import trees as tree_checks
+    from syntaxkernels.tools.checks import trees as tree_checks
 
     if not _ext.available():
         pytest.skip("needs the C++ extension")

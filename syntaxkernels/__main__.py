@@ -340,7 +340,7 @@ def _run_verify(args) -> int:
 
         env = dict(os.environ, TRITON_INTERPRET="1")
         return subprocess.call([sys.executable, "-m", "syntaxkernels", *args.argv], env=env)
-    from .checks import check_names, run_checks
+    from .tools.checks import check_names, run_checks
 
     mode = ""
     if device == "cpu":
@@ -425,7 +425,7 @@ def _run_bench(args) -> int:
         return 2
     import torch
 
-    from .checks import bench_names, run_benches
+    from .tools.checks import bench_names, run_benches
 
     print(f"syntaxkernels bench on {device} ({'full' if args.full else 'quick'})", flush=True)
     rows = run_benches(device, quick=not args.full, select=args.select)
@@ -504,7 +504,7 @@ def _package_version() -> str:
 
 
 def _run_inspect_workloads(args, I) -> int:
-    from . import workloads as W
+    from .tools import workloads as W
 
     try:
         names = W.workload_names(args.workload)
@@ -586,7 +586,7 @@ def _run_inspect(args) -> int:
     code = _reexec_without_interpreter(args)
     if code is not None:  # the interpreter replaces @triton.jit: compile in a fresh process without it
         return code
-    from . import inspection as I
+    from .tools import inspection as I
 
     if args.edges:
         return _run_inspect_edges(args, I)
