@@ -5,6 +5,8 @@ every module outside this folder) never imports this subpackage; the one way in 
 command line, ``syntaxkernels/__main__.py``, which imports a tool only when its command runs.
 Tests, benchmarks and the GPU suite import these modules directly.
 
+- :mod:`.commands`: the ``verify``, ``bench`` and ``inspect`` commands (``__main__`` parses their arguments and
+  calls the function of the command's name here);
 - :mod:`.checks`: the self-checks and quick benchmarks behind ``verify`` and ``bench``;
 - :mod:`.inspection`: every fused kernel compiled as launched for GPUs this machine lacks, and a cost model
   read from its SASS (``inspect``);
@@ -12,5 +14,6 @@ Tests, benchmarks and the GPU suite import these modules directly.
   use (treebank sentences or generated trees).
 
 Modules here reach the runtime by absolute imports (``from syntaxkernels.ops import ...``), and each other
-by relative ones.
+by relative ones. Their tables are printed by ``syntaxkernels._table.table`` (the command line's ``info`` prints
+one too, without the tools).
 """
