@@ -33,7 +33,7 @@ by ``ex2`` (``e`` per element), against the tensor-core bound; the smallest of t
 Memory stalls, latency and occupancy are not in the model: only a GPU measures time.
 
 Runs with ``TRITON_INTERPRET`` unset (the interpreter replaces ``@triton.jit``); the CLI re-executes itself
-without it when needed.
+without it when needed (:func:`syntaxkernels._interpreter.environment`).
 """
 from __future__ import annotations
 
@@ -202,27 +202,25 @@ class Loop:
     wgmma: bool = False
 
 
-def _sass(cubin: bytes) -> str:
+def _disassemble(cubin: bytes) -> Tuple[str, Dict[str, int]]:
+    """One ``cuobjdump -sass -res-usage`` of a cubin: its SASS, and its resources (``REG``, ``STACK``, ``SHARED``,
+    ``LOCAL``; -1 when not reported). The resource block comes first; the SASS lines after it are what
+    ``-sass`` alone prints."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        return subprocess.run([tool_path("cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
-
-
-def _resources(cubin: bytes) -> Dict[str, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        text = subprocess.run([tool_path("cuobjdump"), "-res-usage", path], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run([tool_path("cuobjdump"), "-sass", "-res-usage", path], capture_output=True,
+                              text=True, check=True).stdout
     found = {}
     for key in ("REG", "STACK", "SHARED", "LOCAL"):  # STACK > 0 or LOCAL > 0: registers spilled
         match = re.search(rf"\b{key}:(\d+)", text)
         found[key] = int(match.group(1)) if match else -1
-    return found
+    return text, found
+
+
+def _sass(cubin: bytes) -> str:
+    return _disassemble(cubin)[0]
 
 
 def _shortest_path(instructions, start: int, end: int, weight=None, skip: Optional[Tuple[int, int]] = None) -> int:
@@ -291,7 +289,11 @@ def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
 
     ``NOP`` padding is not counted. Loops are returned outermost-first by start address.
     """
-    instructions = _instructions(sass)
+    return _analyse(_instructions(sass))
+
+
+def _analyse(instructions: List[Tuple[int, str, str, bool]]) -> Tuple[List[Tuple[int, str]], List[Loop]]:
+    """:func:`analyse_sass` of instructions already read by :func:`_instructions`."""
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
     loops: List[Loop] = []
     for i, (address, opcode, operands, _) in enumerate(instructions):
@@ -410,7 +412,7 @@ class KernelReport:
         return data
 
 
-def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
+def _work_per_iteration(kwargs: dict) -> Tuple[int, str]:
     """Units of work one main-loop iteration does, and their name."""
     if "BLOCK_E" in kwargs:
         return int(kwargs["BLOCK_E"]), "edge"
@@ -419,9 +421,9 @@ def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
     return 0, "element"
 
 
-def _loop_figures(compiled, kwargs: dict, kernel_name: str, analysed=None):
+def _loop_figures(compiled, kwargs: dict, analysed=None):
     _, loops = analysed if analysed is not None else analyse_sass(_sass(compiled.asm["cubin"]))
-    units, unit = _work_per_iteration(kernel_name, kwargs)
+    units, unit = _work_per_iteration(kwargs)
     threads = 32 * int(compiled.metadata.num_warps)
     with_tc = [l for l in loops if l.tensor_core]
     main = max(with_tc, key=lambda l: (l.tensor_core, -l.start)) if with_tc else (
@@ -457,18 +459,17 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             report.tile = f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']}"
         elif "BLOCK_E" in kwargs:
             report.tile = f"E{kwargs['BLOCK_E']}"
-        resources = _resources(compiled.asm["cubin"])
+        sass, resources = _disassemble(compiled.asm["cubin"])
         report.registers = resources["REG"]
         report.local_bytes = resources["LOCAL"]
         report.stack_bytes = resources["STACK"]
-        sass = _sass(compiled.asm["cubin"])
-        analysed = analyse_sass(sass)
         analysed_instructions = _instructions(sass)
+        analysed = _analyse(analysed_instructions)
         report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
         report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
         report.shared_limit = SHARED_LIMIT.get(arch, 0)
         report.spill_instructions = len(re.findall(r"\*/\s+(?:@!?P\w+\s+)?(?:STL|LDL)\b", sass))
-        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name, analysed)
+        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, analysed)
         report.unit, report.units_per_iteration, report.loops = unit, units, len(loops)
         if main is not None:
             report.main_tensor_core = main.tensor_core
@@ -527,7 +528,7 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                             if o is not l and l.start <= o.start and o.end < l.end]
                 report.worst_per_unit = max(head_all) + max(report.loop_all) / report.heads
         if plain is not None:
-            plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs, name)
+            plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs)
             if plain_main is not None:
                 report.plain_other_per_unit = plain_per(plain_main.shortest_other)
                 report.plain_ex2_per_unit = plain_per(plain_main.ex2)
@@ -1836,13 +1837,13 @@ def format_edge_report(rows: Sequence[dict], arch: int = 90, dtype: str = "bf16"
 
 
 def _edge_main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m syntaxkernels.inspection edges [--arch 90] [--dtype bf16] [--head-dim 64] [--workload a,b]``."""
+    """``python -m syntaxkernels.tools.inspection edges [--arch 90] [--dtype bf16] [--head-dim 64] [--workload a,b]``."""
     import argparse
     import json
     import sys
     import time
 
-    parser = argparse.ArgumentParser(prog="python -m syntaxkernels.inspection edges")
+    parser = argparse.ArgumentParser(prog="python -m syntaxkernels.tools.inspection edges")
     parser.add_argument("command", choices=["edges"])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -1866,10 +1867,12 @@ def _edge_main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m syntaxkernels.inspection edges
-    if os.environ.get("TRITON_INTERPRET"):
+if __name__ == "__main__":  # python -m syntaxkernels.tools.inspection edges
+    from syntaxkernels import _interpreter
+
+    if _interpreter.interpreting():  # the interpreter replaces @triton.jit: compile in a fresh process without it
         import sys
 
         os.execvpe(sys.executable, [sys.executable, "-m", "syntaxkernels.tools.inspection"] + sys.argv[1:],
-                   {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+                   _interpreter.environment(interpret=False))
     raise SystemExit(_edge_main())
