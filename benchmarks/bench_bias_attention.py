@@ -14,7 +14,7 @@ reference before it is timed (a provider that disagrees is reported, not timed).
     python benchmarks/bench_bias_attention.py [--quick] [--json out.json]
 
 With ``--workloads sentences,pairs,...`` it times the named workloads of the inspection report instead
-(:mod:`syntaxkernels.workloads`: real batches, padded to the batch's longest or to a fixed N, ragged lengths;
+(:mod:`syntaxkernels.tools.workloads`: real batches, padded to the batch's longest or to a fixed N, ragged lengths;
 12 heads of 64, a shared ``BucketSpec()`` table): syntaxkernels with the batch's lengths against SDPA with the
 same bias and the padding masked (-inf for keys past the length), each checked against the reference on the
 valid rows first, and reports valid (query, key) pairs per second beside the time.

@@ -7,7 +7,7 @@
                                                            # (for whole-process timers, A/B pairs)
 
 Sentences: UD English-EWT dev (``$SYNTAXKERNELS_UD``, file order) when the file is there, else generated
-sentence-like trees (named in the output); each is ``[CLS] words [SEP]`` (``syntaxkernels.workloads``: one token
+sentence-like trees (named in the output); each is ``[CLS] words [SEP]`` (``syntaxkernels.tools.workloads``: one token
 per word, ``[CLS]`` roots it), batches of 32 consecutive sentences, random ids (vocab 1,000) and labels (17).
 
 *Padded*: ``TreeCollator()`` (input_ids / attention_mask ``[32, N]``, N the batch's longest; a ``TreeBatch``).

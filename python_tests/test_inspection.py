@@ -1,5 +1,5 @@
 """Every fused kernel, compiled as a real launch specialises it for sm_80 and sm_90 (no GPU), stays spill-free and
-within the instruction targets of its main loop (:mod:`syntaxkernels.inspection`).
+within the instruction targets of its main loop (:mod:`syntaxkernels.tools.inspection`).
 
 The compilation runs once per module, in a subprocess without TRITON_INTERPRET (the interpreter replaces
 ``@triton.jit``), on the launch cases flagged ``ci``: the bf16 target cases (D64/D128, dense, N = 1024), the

@@ -85,7 +85,8 @@ def _verify_progress(index: int, total: int, name: str, row: Optional[dict]) -> 
 
 
 def _print_verify_table(rows: List[dict]) -> None:
-    shown = [dict(check=r["check"], status=r["status"], seconds=f"{r['seconds']:.1f}", detail=r["detail"]) for r in rows]
+    shown = [dict(check=r["check"], status=r["status"], seconds=f"{r['seconds']:.1f}", detail=r["detail"])
+             for r in rows]
     for line in table(shown, ["check", "status", "seconds"], right=["seconds"],
                       below=lambda r: _detail_lines(r["detail"], WIDTH - 4)):
         print(line)
@@ -267,10 +268,12 @@ def _run_inspect_workloads(args, I) -> int:
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True))
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
-                  f"{triton.__version__}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+                  f"{triton.__version__}, torch {torch.__version__}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                   f"{len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} x "
                   f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
-                  f"{I.WORKLOAD_HEADS}, BucketSpec() table and strength with their gradients, no window) compiled as launched, no GPU; a cost model read from the SASS")
+                  f"{I.WORKLOAD_HEADS}, BucketSpec() table and strength with their gradients, no window) compiled as "
+                  "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)
     print()
