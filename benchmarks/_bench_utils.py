@@ -5,7 +5,8 @@ tree-distance and end-to-end benchmarks time whole CPU pipelines their own way):
 ``triton.testing.do_bench`` (median and 20/80% quantiles), ``peak_memory_mib`` measures the peak
 allocation of one call, ``attention_tflops`` follows the FlashAttention convention (forward
 ``4 * B * H * N^2 * D`` FLOPs, backward 2.5x that, fwd+bwd 3.5x, scaled by the visited-block density for
-sparse ops), and ``write_results`` prints a table with the conditions and writes JSON.
+sparse ops), and ``write_results`` prints a table with the conditions (``syntaxkernels._table.table``) and
+writes JSON.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import sys
 from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
+
+from syntaxkernels._table import table
 
 MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
@@ -94,12 +97,8 @@ def write_results(rows: List[dict], path: Optional[str], title: str, columns: It
     info = conditions()
     print(f"# {title}")
     print("  ".join(f"{k}={v}" for k, v in info.items()))
-    columns = list(columns)
-    shown = [{c: (f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, ""))) for c in columns} for r in rows]
-    widths = [max([len(c)] + [len(s[c]) for s in shown]) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for s in shown:
-        print("  ".join(s[c].ljust(w) for c, w in zip(columns, widths)))
+    for line in table(rows, list(columns), width=None):  # the package's one table printer, never cut here
+        print(line)
     if path:
         save_rows(rows, path, title, complete=True)
         print(f"wrote {path}", file=sys.stderr)

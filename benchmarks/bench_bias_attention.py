@@ -14,7 +14,7 @@ reference before it is timed (a provider that disagrees is reported, not timed).
     python benchmarks/bench_bias_attention.py [--quick] [--json out.json]
 
 With ``--workloads sentences,pairs,...`` it times the named workloads of the inspection report instead
-(:mod:`syntaxkernels.workloads`: real batches, padded to the batch's longest or to a fixed N, ragged lengths;
+(:mod:`syntaxkernels.tools.workloads`: real batches, padded to the batch's longest or to a fixed N, ragged lengths;
 12 heads of 64, a shared ``BucketSpec()`` table): syntaxkernels with the batch's lengths against SDPA with the
 same bias and the padding masked (-inf for keys past the length), each checked against the reference on the
 valid rows first, and reports valid (query, key) pairs per second beside the time.
@@ -137,7 +137,7 @@ WORKLOAD_PROVIDERS = ("syntaxkernels", "sdpa_dense_bias")
 
 def workload_inputs(name, H=12, D=64, dtype=torch.bfloat16, seed=0):
     """q, k, v, the trees and a learnable table for one named workload's whole batch, on the GPU."""
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     import syntaxkernels as sk
 
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
                         help=f"comma-separated subset of {','.join(PROVIDERS)}")
     parser.add_argument("--modes", type=_names(MODES), default=list(MODES),
                         help=f"comma-separated subset of {','.join(MODES)}")
-    from syntaxkernels.workloads import WORKLOADS
+    from syntaxkernels.tools.workloads import WORKLOADS
 
     parser.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
                         help="time these named workloads (comma-separated) instead of the N grid: "

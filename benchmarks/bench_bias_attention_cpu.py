@@ -10,7 +10,7 @@ named in the output) packed whole into rows of N = 512 (B = 4) and N = 2048 (B =
 without a mask, and ``backend="reference"``. Each size is checked against the fp64 reference (forward and every
 gradient) before anything is timed. Times are medians of interleaved rounds (the machine may be shared: only the
 ratios are meaningful); peak memory is the resident-size peak of one forward + backward in a fresh process
-(:func:`syntaxkernels.checks.bias_attention_cpu.peak_bytes`). The rows are those of
+(:func:`syntaxkernels.tools.checks.bias_attention_cpu.peak_bytes`). The rows are those of
 ``python -m syntaxkernels bench --select "bias_attention cpu"``.
 
 ``--run PROVIDER`` instead builds the inputs once and runs ``--steps`` forward + backward steps of one provider
@@ -31,7 +31,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from syntaxkernels.checks import bias_attention_cpu as bench  # noqa: E402
+from syntaxkernels.tools.checks import bias_attention_cpu as bench  # noqa: E402
 
 
 def main(argv=None) -> int:

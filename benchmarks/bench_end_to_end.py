@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import _ext  # noqa: E402
-from syntaxkernels import workloads  # noqa: E402
+from syntaxkernels.tools import workloads  # noqa: E402
 
 SIZES = {
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512, vocab_size=2000),

@@ -7,7 +7,7 @@
                                                            # (for whole-process timers, A/B pairs)
 
 Sentences: UD English-EWT dev (``$SYNTAXKERNELS_UD``, file order) when the file is there, else generated
-sentence-like trees (named in the output); each is ``[CLS] words [SEP]`` (``syntaxkernels.workloads``: one token
+sentence-like trees (named in the output); each is ``[CLS] words [SEP]`` (``syntaxkernels.tools.workloads``: one token
 per word, ``[CLS]`` roots it), batches of 32 consecutive sentences, random ids (vocab 1,000) and labels (17).
 
 *Padded*: ``TreeCollator()`` (input_ids / attention_mask ``[32, N]``, N the batch's longest; a ``TreeBatch``).
@@ -57,7 +57,7 @@ MODES = ("padded", "packed")
 
 def sentence_items(count: Optional[int], seed: int = 0):
     """``(items, source)``: ``count`` (None: all) collator items (``[CLS] words [SEP]`` heads, random ids and labels)."""
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     sentences, source = workloads.sentence_source()
     rows = [workloads._with_cls([[s]]) for s in sentences if len(s) > 0][:count]

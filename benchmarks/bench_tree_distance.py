@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import _ext  # noqa: E402
-from syntaxkernels import workloads  # noqa: E402
-from syntaxkernels.checks import trees as tree_checks  # noqa: E402
+from syntaxkernels.tools import workloads  # noqa: E402
+from syntaxkernels.tools.checks import trees as tree_checks  # noqa: E402
 
 SLOW_BATCHES = 4  # networkx and the LCA walk run on the first few batches only
 

@@ -60,7 +60,7 @@ def load_sentences(path: pathlib.Path):
         except ImportError:
             return _minimal_conllu(path), f"{path.name} (minimal reader)"
     rng = random.Random(0)
-    from syntaxkernels.workloads import random_forest
+    from syntaxkernels.tools.workloads import random_forest
 
     sentences = []
     for _ in range(2000):

@@ -51,7 +51,7 @@ def trees_of_kind(kind: str, n: int, seed: int = 0):
     """A small CPU TreeBatch of at most ``n`` tokens per item, of one kind of tree; ragged, with an empty item
     for most kinds."""
     import syntaxkernels as sk
-    from syntaxkernels.workloads import random_document, random_forest
+    from syntaxkernels.tools.workloads import random_document, random_forest
 
     rng = random.Random(seed)
     if kind == "random":  # one random tree per item, ragged, one empty item

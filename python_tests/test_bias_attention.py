@@ -16,8 +16,8 @@ import triton.language as tl
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.checks import shuffled_program_order
-from syntaxkernels.workloads import random_document, random_forest
+from syntaxkernels.tools.checks import shuffled_program_order
+from syntaxkernels.tools.workloads import random_document, random_forest
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
@@ -392,7 +392,7 @@ def test_deterministic_bit_identical(monkeypatch):
     they are plain repeats. Tiles of 32 query rows: with the launcher's 128-row tiles N = 100 is one query block,
     so each table row would sum only B = 2 programs' partials, and a sum of two is the same in either order; here
     8 programs add to each row."""
-    from syntaxkernels.checks import shuffled_program_order
+    from syntaxkernels.tools.checks import shuffled_program_order
 
     monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (32, 64))
     case = make_case(2, 2, 100, 32, torch.bfloat16, lengths=[100, 80], per_head=True)

@@ -10,11 +10,11 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.checks.bias_attention import BIAS_SCALE, _scale_gradient
+from syntaxkernels.tools.checks.bias_attention import BIAS_SCALE, _scale_gradient
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops import bias_attention_cpu as C
 from syntaxkernels.testing import assert_close_to_reference
-from syntaxkernels.workloads import random_document, random_forest
+from syntaxkernels.tools.workloads import random_document, random_forest
 
 from conftest import HAS_EDGE_CPP
 
@@ -299,7 +299,7 @@ def test_torch_compile_fullgraph():
 
 def test_treebank_batch_matches_the_reference(ud_dev_path):
     """Real sentences packed into rows of N = 256 (forests), shared table: forward and every gradient."""
-    from syntaxkernels.workloads import pack_sentences, treebank_heads
+    from syntaxkernels.tools.workloads import pack_sentences, treebank_heads
 
     rows = pack_sentences(treebank_heads(ud_dev_path, limit=200), 256, rows=2)
     lengths = [len(r) for r in rows]
@@ -310,7 +310,7 @@ def test_treebank_batch_matches_the_reference(ud_dev_path):
 def test_cpu_bench_checks_each_size_before_timing_it(monkeypatch):
     """The CPU bench rows (``python -m syntaxkernels bench``) at a toy size: each size is checked against the fp64
     reference first, and a wrong kernel raises instead of giving a row."""
-    from syntaxkernels.checks import bias_attention_cpu as bench
+    from syntaxkernels.tools.checks import bias_attention_cpu as bench
 
     rows = bench.cpu_rows([(64, 2)], rounds=1, memory=False)
     assert len(rows) == 1 and rows[0]["fwd_bwd_vs_sdpa"] > 0 and rows[0]["reference_vs_cpp"] > 0

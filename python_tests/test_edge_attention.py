@@ -476,7 +476,7 @@ def test_window_path_model_decides_on_live_tiles_not_global_density():
     B N^2 pairs, where the old global-density rule (E <= B N^2 / 16) put both on the edges."""
     import random
 
-    from syntaxkernels.workloads import chain_sentences, connect_sentences, generated_sentences
+    from syntaxkernels.tools.workloads import chain_sentences, connect_sentences, generated_sentences
 
     rng = random.Random(0)
     scattered = _heads([[-1] + [rng.randrange(i) for i in range(1, 2048)]], 2048).window_lists(1)

@@ -19,7 +19,7 @@ import syntaxkernels as sk
 from syntaxkernels import _validation
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.testing import count_host_reads
-from syntaxkernels.workloads import random_document
+from syntaxkernels.tools.workloads import random_document
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import requires_cuda

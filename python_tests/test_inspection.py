@@ -1,5 +1,5 @@
 """Every fused kernel, compiled as a real launch specialises it for sm_80 and sm_90 (no GPU), stays spill-free and
-within the instruction targets of its main loop (:mod:`syntaxkernels.inspection`).
+within the instruction targets of its main loop (:mod:`syntaxkernels.tools.inspection`).
 
 The compilation runs once per module, in a subprocess without TRITON_INTERPRET (the interpreter replaces
 ``@triton.jit``), on the launch cases flagged ``ci``: the bf16 target cases (D64/D128, dense, N = 1024), the
@@ -19,13 +19,13 @@ import textwrap
 import pytest
 import torch
 
-from syntaxkernels import inspection as I
+from syntaxkernels.tools import inspection as I
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
     import json, sys
-    from syntaxkernels import inspection as I
+    from syntaxkernels.tools import inspection as I
     if __name__ == "__main__":
         reports = I.inspect_kernels(processes=2, ci=True,
                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -42,7 +42,7 @@ CI_WORKLOAD_ARCHS = (80, 90)
 
 WORKLOAD_SCRIPT = textwrap.dedent("""
     import json, sys
-    from syntaxkernels import inspection as I
+    from syntaxkernels.tools import inspection as I
     if __name__ == "__main__":
         reports = []
         jobs = [(name, "bf16", d, a) for name, d in %r for a in %r]
@@ -191,7 +191,7 @@ def test_table_gradient_tiles_on_generated_trees():
     (unreachable), while under one root token every pair is a few edges apart and tiles are mixed."""
     import random
 
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     rng = random.Random(0)
     sentences = [workloads.random_forest(rng, rng.randint(5, 30)) for _ in range(300)]
@@ -261,7 +261,7 @@ def test_check_targets_flags_every_rule():
 
 
 def _generated():
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     return workloads.generated_sentences(400, seed=3, max_length=40), "generated trees (test)"
 
@@ -269,7 +269,7 @@ def _generated():
 @pytest.mark.parametrize("name", ["sentences", "pairs", "finetune-128", "finetune-512", "packed", "long-4096",
                                   "odd-77", "odd-1000"])
 def test_named_workloads_are_the_batches_they_say(name):
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     sentences, source = _generated()
     w = workloads.named_workload(name, sentences, source)
@@ -297,7 +297,7 @@ def test_named_workloads_are_the_batches_they_say(name):
 
 
 def test_workload_names_and_groups():
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     assert workloads.workload_names("long,odd-77") == ["long-4096", "long-8192", "odd-77"]
     assert workloads.workload_names("all") == list(workloads.WORKLOADS)
@@ -308,7 +308,7 @@ def test_workload_names_and_groups():
 def test_tile_presence_matches_the_block_metadata():
     import torch
 
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
     from syntaxkernels.ops.block_meta import block_bucket_masks_torch
     from syntaxkernels.specs import BucketSpec
 
@@ -322,7 +322,7 @@ def test_tile_presence_matches_the_block_metadata():
 
 
 def test_workload_tiles_follow_padding_and_lengths():
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     sentences, source = _generated()
     padded = workloads.named_workload("finetune-128", sentences, source)
@@ -449,8 +449,8 @@ def test_inspect_rejects_an_unknown_workload_without_compiling():
 
 def test_bench_workloads_summary_without_a_gpu(monkeypatch):
     """``bench`` on a CPU machine: every workload with its valid-pair fraction and tile coverage, no compile."""
-    from syntaxkernels import workloads
-    from syntaxkernels.checks import bias_attention as checks
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.tools.checks import bias_attention as checks
 
     sentences, source = _generated()
     monkeypatch.setattr(workloads, "sentence_source", lambda: (sentences, source))
@@ -469,7 +469,7 @@ def test_bench_workloads_summary_without_a_gpu(monkeypatch):
 
 def _generated_source(monkeypatch):
     """The edge workloads from generated sentences, whatever SYNTAXKERNELS_UD says (fast, the same everywhere)."""
-    from syntaxkernels import workloads as W
+    from syntaxkernels.tools import workloads as W
 
     monkeypatch.setattr(W, "sentence_source", lambda: (W.generated_sentences(600, seed=0, max_length=40),
                                                        "generated"))

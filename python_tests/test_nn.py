@@ -9,7 +9,7 @@ from torch.autograd import gradcheck
 
 import syntaxkernels as sk
 from syntaxkernels import reference as R
-from syntaxkernels.workloads import random_forest
+from syntaxkernels.tools.workloads import random_forest
 from syntaxkernels.nn import (StructuralProbeLoss, SyntaxBertSelfAttention, SyntaxBiasedSelfAttention, SyntaxGAT,
                               SyntaxHeadSelfAttention, SyntaxTransformerEncoderLayer, TopicalAttention)
 

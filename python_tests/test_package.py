@@ -170,8 +170,8 @@ def test_cli_info_and_verify(tmp_path):
 
 
 def test_cli_verify_fails_on_mismatch(monkeypatch):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     class Fake:
         CHECKS = [Check("always-wrong", lambda device: (False, "planted mismatch"))]
@@ -183,8 +183,8 @@ def test_cli_verify_fails_on_mismatch(monkeypatch):
 
 
 def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, capsys):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     detail = ", ".join(f"d{i} {i}.123456e-02/{i}.654321e-01" for i in range(12))
 
@@ -202,8 +202,8 @@ def test_cli_verify_table_wraps_details_without_cutting_figures(monkeypatch, cap
 
 
 def test_cli_verify_prints_the_bias_legend_only_when_a_bias_check_ran(monkeypatch, capsys):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Check
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Check
 
     def fake(names):
         class Fake:
@@ -315,8 +315,8 @@ def test_cli_bench_runs(block_scipy, tmp_path):
 
 
 def test_bench_reports_a_missing_optional_module_and_keeps_going(monkeypatch):
-    from syntaxkernels import checks
-    from syntaxkernels.checks import Bench
+    from syntaxkernels.tools import checks
+    from syntaxkernels.tools.checks import Bench
 
     def needs_missing():
         raise ModuleNotFoundError("No module named 'networkx'", name="networkx")
@@ -339,7 +339,7 @@ def test_bench_reports_a_missing_optional_module_and_keeps_going(monkeypatch):
 
 def test_bias_scale_gradient_is_checked():
     """A missing, zero, wrongly signed or wrongly scaled bias-scale gradient fails the comparison."""
-    from syntaxkernels.checks import bias_attention as check
+    from syntaxkernels.tools.checks import bias_attention as check
 
     inp = check._inputs("cpu", 2, 2, 9, 8, torch.float32, lengths=[9, 5])
     grad_out = torch.randn(2, 2, 9, 8, generator=torch.Generator().manual_seed(1))
@@ -395,9 +395,9 @@ def test_timing_benches_check_each_size_before_timing_it(monkeypatch):
     reference: a wrong kernel raises instead of giving a row."""
     import syntaxkernels as sk
     from conftest import KERNEL_DEVICE
-    from syntaxkernels import workloads
-    from syntaxkernels.checks import bias_attention as bias_check
-    from syntaxkernels.checks import subnetwork_attention as subnet_check
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.tools.checks import bias_attention as bias_check
+    from syntaxkernels.tools.checks import subnetwork_attention as subnet_check
 
     rows = bias_check.time_rows(KERNEL_DEVICE, [24], _once_ms, heads=1, dim=16, tokens=48)
     assert [r["backend"] for r in rows] == ["triton", "reference"] and all(r["fwd_bwd_ms"] > 0 for r in rows)
@@ -430,7 +430,7 @@ def test_shuffled_program_order_runs_every_program_once_in_another_order():
     import triton
     import triton.language as tl
 
-    from syntaxkernels.checks import shuffled_program_order
+    from syntaxkernels.tools.checks import shuffled_program_order
 
     @triton.jit
     def arrival(COUNTER, ORDER, TOTAL, BLOCK: tl.constexpr):
@@ -466,7 +466,7 @@ def test_shuffled_order_exposes_an_order_dependent_float_sum():
     import triton
     import triton.language as tl
 
-    from syntaxkernels.checks import shuffled_program_order
+    from syntaxkernels.tools.checks import shuffled_program_order
 
     @triton.jit
     def accumulate(X, OUT):
@@ -485,7 +485,7 @@ def test_shuffled_order_exposes_an_order_dependent_float_sum():
 
 
 def test_determinism_check_fails_when_runs_differ(monkeypatch):
-    from syntaxkernels.checks import bias_attention as check
+    from syntaxkernels.tools.checks import bias_attention as check
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check's CPU path (the fake below runs no kernel)
     calls = []
@@ -563,7 +563,7 @@ def test_license_version_changelog_and_extras():
 @pytest.mark.parametrize("slower", [True, False])
 def test_bench_says_why_more_threads_are_slower(monkeypatch, slower):
     from syntaxkernels import _ext
-    from syntaxkernels.checks import trees as tree_checks
+    from syntaxkernels.tools.checks import trees as tree_checks
 
     if not _ext.available():
         pytest.skip("needs the C++ extension")
@@ -596,7 +596,7 @@ def test_treebatch_repr_is_a_summary():
 def test_bench_prints_the_data_of_rows_that_carry_a_note(capsys):
     """A bench row with figures and a note shows its figures in the table and its note once, under it; a row that
     is only a note is a note (and is not counted as a row)."""
-    from syntaxkernels.__main__ import _print_bench
+    from syntaxkernels.tools.commands import _print_bench
 
     rows = [dict(bench="b", kernel="fwd", instr=14.6, note="model, not a measurement"),
             dict(bench="b", kernel="dq", instr=14.4, note="model, not a measurement"),
@@ -605,3 +605,112 @@ def test_bench_prints_the_data_of_rows_that_carry_a_note(capsys):
     out = capsys.readouterr().out
     assert "14.6" in out and "14.4" in out
     assert out.count("model, not a measurement") == 1 and "C++: note: only a note" in out
+
+
+def _runtime_modules():
+    """Every module of the package outside its tooling (``syntaxkernels/tools/``) and the command line."""
+    package = os.path.join(ROOT, "syntaxkernels")
+    names = []
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d not in ("tools", "__pycache__"))
+        for f in sorted(files):
+            if f.endswith(".py") and f != "__main__.py":
+                parts = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].split(os.sep)
+                names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_the_runtime_never_imports_the_tools():
+    """Importing every runtime module, running the ops on CPU tensors (forward and backward) and ``info`` loads
+    nothing of ``syntaxkernels.tools``: the tooling is reached only through the verify/bench/inspect commands."""
+    modules = _runtime_modules()
+    assert "syntaxkernels.ops" in modules and "syntaxkernels.nn" in modules and len(modules) > 20, modules
+    code = textwrap.dedent(
+        f"""
+        import contextlib, importlib, io, sys
+        import torch
+        skipped = []
+        for name in {modules!r}:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:  # an optional dependency (transformers, ...): its module is skipped
+                if (exc.name or "").startswith("syntaxkernels"):
+                    raise
+                skipped.append(name)
+        import syntaxkernels as sk
+        from syntaxkernels.__main__ import main
+
+        trees = sk.TreeBatch.from_heads([[1, -1, 1, 2], [-1, 0]])
+        q = torch.randn(2, 2, 4, 16, requires_grad=True)
+        table = torch.zeros(sk.BucketSpec().num_buckets, requires_grad=True)
+        out = sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), lengths=trees.lengths)
+        sub, _ = sk.syntax_subnetwork_attention(q, q, q, trees, sk.MaskSpec())
+        layer = sk.nn.SyntaxBiasedSelfAttention(16, 2)
+        y = layer(torch.randn(2, 4, 16), trees)
+        (out.sum() + sub.sum() + y.sum()).backward()
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["info"]) == 0
+        loaded = sorted(m for m in sys.modules if m.startswith("syntaxkernels.tools"))
+        assert not loaded, loaded
+        print("OK", skipped)
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def _imports_of_tools(tree, package):
+    """``(line, inside a function)`` of every import in ``tree`` (a module of ``package``) that reaches
+    ``syntaxkernels.tools``, absolute or relative, and of every string that names a tools module."""
+    import ast
+
+    def is_tools(name):
+        return name == "syntaxkernels.tools" or name.startswith("syntaxkernels.tools.")
+
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            names = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in child.names]
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str):
+                names = [child.value]
+            if any(is_tools(n) for n in names):
+                found.append((child.lineno, nested))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def test_no_runtime_file_imports_the_tools():
+    """The seam, read from the sources: no file of the package outside ``syntaxkernels/tools/`` imports the tools
+    (nor names a tools module to import), except ``__main__.py``, and it only inside a function (when a tool
+    command runs)."""
+    import ast
+
+    package = os.path.join(ROOT, "syntaxkernels")
+    offenders = []
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = [d for d in dirs if d not in ("tools", "__pycache__")]
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            with open(path, encoding="utf-8") as source:
+                tree = ast.parse(source.read(), path)
+            package_name = os.path.relpath(folder, ROOT).replace(os.sep, ".")
+            for line, in_function in _imports_of_tools(tree, package_name):
+                if not (f == "__main__.py" and folder == package and in_function):
+                    offenders.append(f"{os.path.relpath(path, ROOT)}:{line}")
+    assert not offenders, offenders
+    with open(os.path.join(package, "__main__.py"), encoding="utf-8") as source:
+        assert _imports_of_tools(ast.parse(source.read()), "syntaxkernels"), "__main__ no longer reaches the tools"

@@ -16,7 +16,7 @@ from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention_varlen as bv
 from syntaxkernels.testing import assert_close_to_reference, count_host_reads
 from syntaxkernels.trees import PackedTreeBatch
-from syntaxkernels.workloads import random_forest
+from syntaxkernels.tools.workloads import random_forest
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import needs_triton
@@ -406,7 +406,7 @@ def _valid_share(workload, family="sm90"):
 
 
 def test_sentences_packed_workload_fills_a_quarter_of_its_tiles_generated():
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     sentences = workloads.generated_sentences(400, seed=3, max_length=40)
     w = workloads.named_workload("sentences-packed", sentences, "generated (test)")
@@ -418,7 +418,7 @@ def test_sentences_packed_workload_fills_a_quarter_of_its_tiles_generated():
 
 
 def test_sentences_packed_workload_on_the_treebank(ud_dev_path):
-    from syntaxkernels import workloads
+    from syntaxkernels.tools import workloads
 
     w = workloads.named_workload("sentences-packed", workloads.treebank_heads(ud_dev_path), "treebank")
     share = _valid_share(w)
@@ -431,7 +431,7 @@ def test_sentences_packed_workload_on_the_treebank(ud_dev_path):
 
 COMPILE_SCRIPT = """
 import json, sys
-from syntaxkernels import inspection as I
+from syntaxkernels.tools import inspection as I
 reports = []
 for arch in (80, 90):
     reports += I.inspect_workload("sentences-packed", "bf16", 64, arch)

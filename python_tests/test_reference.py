@@ -9,8 +9,8 @@ from torch.autograd import gradcheck
 
 import syntaxkernels as sk
 from syntaxkernels import reference as R
-from syntaxkernels.checks.reference import brute_force_masks
-from syntaxkernels.workloads import random_forest
+from syntaxkernels.tools.checks.reference import brute_force_masks
+from syntaxkernels.tools.workloads import random_forest
 from syntaxkernels.specs import UNREACHABLE
 
 f64 = torch.float64

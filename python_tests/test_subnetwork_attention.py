@@ -11,7 +11,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.workloads import random_document
+from syntaxkernels.tools.workloads import random_document
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.testing import assert_close_to_reference
@@ -129,7 +129,7 @@ def test_treebank_sentences_under_one_root_with_split_rows(ud_dev_path, monkeypa
     """Real sentences (UD English-EWT) under one [CLS]-like root, ~90 tokens, every mask kind, on the Triton path
     with work items of 4 edges, so the root's and the sentence roots' rows are split and merged."""
     from syntaxkernels.ops import edge_attention
-    from syntaxkernels.workloads import connect_sentences
+    from syntaxkernels.tools.workloads import connect_sentences
 
     monkeypatch.setattr(edge_attention, "SCHEDULE_CHUNK", 4)
     sentences = [s.heads for s in sk.trees.read_conllu(ud_dev_path)[:12]]

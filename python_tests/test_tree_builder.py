@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import syntaxkernels as sk
 from syntaxkernels import _ext
-from syntaxkernels import workloads
-from syntaxkernels.checks import trees as oracles
+from syntaxkernels.tools import workloads
+from syntaxkernels.tools.checks import trees as oracles
 from syntaxkernels.trees import TreeBatch, build_tree_tensors, python_tree_tensors
 
 HAS_CPP = _ext.available()
@@ -496,7 +496,7 @@ def test_concurrent_calls_from_python_threads():
 
 # ------------------------------------------------------------------------------- relation and window lists
 
-from syntaxkernels.checks.reference import brute_force_masks  # noqa: E402
+from syntaxkernels.tools.checks.reference import brute_force_masks  # noqa: E402
 from syntaxkernels.trees.batch import EdgeLists, build_edge_lists, python_edge_lists  # noqa: E402
 
 LIST_SPECS = [sk.MaskSpec(max_distance=3), sk.MaskSpec(max_distance=1, sibling=False),

@@ -747,8 +747,9 @@ def test_collate_in_dataloader_workers_and_pin_memory(tokenizer):
 
 
 def test_treebank_path_follows_the_environment(tmp_path, monkeypatch):
-    from syntaxkernels import data, workloads
-    from syntaxkernels.checks import trees as tree_checks
+    from syntaxkernels import data
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.tools.checks import trees as tree_checks
 
     small = tmp_path / "tiny.conllu"
     small.write_text(HAND)
@@ -766,8 +767,8 @@ def test_treebank_path_follows_the_environment(tmp_path, monkeypatch):
 
 def test_a_missing_treebank_says_how_to_provide_it(tmp_path, monkeypatch):
     from syntaxkernels import data
-    from syntaxkernels.checks import Skip
-    from syntaxkernels.checks import trees as tree_checks
+    from syntaxkernels.tools.checks import Skip
+    from syntaxkernels.tools.checks import trees as tree_checks
 
     monkeypatch.setenv(data.ENV_VAR, str(tmp_path / "absent.conllu"))
     assert not data.treebank_available()
@@ -838,7 +839,7 @@ def test_parse_with_stanza_without_stanza_says_how_to_install_it(tmp_path, monke
 def test_verify_reports_a_listed_check_module_that_does_not_exist(monkeypatch):
     """A module listed in checks.MODULES that cannot be imported, even because it does not exist, is a failed
     check (it is never skipped silently)."""
-    from syntaxkernels import checks
+    from syntaxkernels.tools import checks
 
     monkeypatch.setattr(checks, "MODULES", ["syntaxkernels.checks.no_such_module"])
     [(name, module, error)] = list(checks._modules())

@@ -33,7 +33,7 @@ by ``ex2`` (``e`` per element), against the tensor-core bound; the smallest of t
 Memory stalls, latency and occupancy are not in the model: only a GPU measures time.
 
 Runs with ``TRITON_INTERPRET`` unset (the interpreter replaces ``@triton.jit``); the CLI re-executes itself
-without it when needed.
+without it when needed (:func:`syntaxkernels._interpreter.environment`).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ SM80_SLACK = 1.25
 KNOWN_SPILLS = {("bias_attention", "fp32", 128)}
 # Dynamic shared memory one block may use (bytes, opt-in maximum), per compute capability: the table the configs
 # are chosen against (T4, A100, the ~100 KB GPUs sm_86/sm_89/sm_120, H100/H200 and B200, ...).
-from .ops._primitives import SHARED_LIMIT  # noqa: E402
+from syntaxkernels.ops._primitives import SHARED_LIMIT  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def capture_launches(keep_going: bool = False):
     With ``keep_going`` a launch that does not compile is recorded with its error and the op goes on (its
     outputs are allocated before the launch), so the other kernels of the call are still compiled.
     """
-    from .ops import _primitives
+    from syntaxkernels.ops import _primitives
 
     launches: List[Launch] = []
 
@@ -202,27 +202,25 @@ class Loop:
     wgmma: bool = False
 
 
-def _sass(cubin: bytes) -> str:
+def _disassemble(cubin: bytes) -> Tuple[str, Dict[str, int]]:
+    """One ``cuobjdump -sass -res-usage`` of a cubin: its SASS, and its resources (``REG``, ``STACK``, ``SHARED``,
+    ``LOCAL``; -1 when not reported). The resource block comes first; the SASS lines after it are what
+    ``-sass`` alone prints."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        return subprocess.run([tool_path("cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
-
-
-def _resources(cubin: bytes) -> Dict[str, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        text = subprocess.run([tool_path("cuobjdump"), "-res-usage", path], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run([tool_path("cuobjdump"), "-sass", "-res-usage", path], capture_output=True,
+                              text=True, check=True).stdout
     found = {}
     for key in ("REG", "STACK", "SHARED", "LOCAL"):  # STACK > 0 or LOCAL > 0: registers spilled
         match = re.search(rf"\b{key}:(\d+)", text)
         found[key] = int(match.group(1)) if match else -1
-    return found
+    return text, found
+
+
+def _sass(cubin: bytes) -> str:
+    return _disassemble(cubin)[0]
 
 
 def _shortest_path(instructions, start: int, end: int, weight=None, skip: Optional[Tuple[int, int]] = None) -> int:
@@ -291,7 +289,11 @@ def analyse_sass(sass: str) -> Tuple[List[Tuple[int, str]], List[Loop]]:
 
     ``NOP`` padding is not counted. Loops are returned outermost-first by start address.
     """
-    instructions = _instructions(sass)
+    return _analyse(_instructions(sass))
+
+
+def _analyse(instructions: List[Tuple[int, str, str, bool]]) -> Tuple[List[Tuple[int, str]], List[Loop]]:
+    """:func:`analyse_sass` of instructions already read by :func:`_instructions`."""
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
     loops: List[Loop] = []
     for i, (address, opcode, operands, _) in enumerate(instructions):
@@ -410,7 +412,7 @@ class KernelReport:
         return data
 
 
-def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
+def _work_per_iteration(kwargs: dict) -> Tuple[int, str]:
     """Units of work one main-loop iteration does, and their name."""
     if "BLOCK_E" in kwargs:
         return int(kwargs["BLOCK_E"]), "edge"
@@ -419,9 +421,9 @@ def _work_per_iteration(kernel_name: str, kwargs: dict) -> Tuple[int, str]:
     return 0, "element"
 
 
-def _loop_figures(compiled, kwargs: dict, kernel_name: str, analysed=None):
+def _loop_figures(compiled, kwargs: dict, analysed=None):
     _, loops = analysed if analysed is not None else analyse_sass(_sass(compiled.asm["cubin"]))
-    units, unit = _work_per_iteration(kernel_name, kwargs)
+    units, unit = _work_per_iteration(kwargs)
     threads = 32 * int(compiled.metadata.num_warps)
     with_tc = [l for l in loops if l.tensor_core]
     main = max(with_tc, key=lambda l: (l.tensor_core, -l.start)) if with_tc else (
@@ -457,18 +459,17 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             report.tile = f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']}"
         elif "BLOCK_E" in kwargs:
             report.tile = f"E{kwargs['BLOCK_E']}"
-        resources = _resources(compiled.asm["cubin"])
+        sass, resources = _disassemble(compiled.asm["cubin"])
         report.registers = resources["REG"]
         report.local_bytes = resources["LOCAL"]
         report.stack_bytes = resources["STACK"]
-        sass = _sass(compiled.asm["cubin"])
-        analysed = analyse_sass(sass)
         analysed_instructions = _instructions(sass)
+        analysed = _analyse(analysed_instructions)
         report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
         report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
         report.shared_limit = SHARED_LIMIT.get(arch, 0)
         report.spill_instructions = len(re.findall(r"\*/\s+(?:@!?P\w+\s+)?(?:STL|LDL)\b", sass))
-        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, name, analysed)
+        loops, main, with_tc, per, units, unit = _loop_figures(compiled, kwargs, analysed)
         report.unit, report.units_per_iteration, report.loops = unit, units, len(loops)
         if main is not None:
             report.main_tensor_core = main.tensor_core
@@ -527,7 +528,7 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                             if o is not l and l.start <= o.start and o.end < l.end]
                 report.worst_per_unit = max(head_all) + max(report.loop_all) / report.heads
         if plain is not None:
-            plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs, name)
+            plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs)
             if plain_main is not None:
                 report.plain_other_per_unit = plain_per(plain_main.shortest_other)
                 report.plain_ex2_per_unit = plain_per(plain_main.ex2)
@@ -567,8 +568,8 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
     def run():
         import torch
 
-        from .ops import bias_attention as op
-        from .specs import BucketSpec
+        from syntaxkernels.ops import bias_attention as op
+        from syntaxkernels.specs import BucketSpec
 
         dt = _torch_dtype(dtype)
         q = torch.zeros(B, H, N, head_dim, dtype=dt)
@@ -600,9 +601,9 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
         import torch
 
         from . import workloads
-        from .ops import edge_attention as op
-        from .specs import MaskSpec
-        from .trees import TreeBatch
+        from syntaxkernels.ops import edge_attention as op
+        from syntaxkernels.specs import MaskSpec
+        from syntaxkernels.trees import TreeBatch
 
         dt = _torch_dtype(dtype)
         rng = random.Random(0)
@@ -674,10 +675,10 @@ def table_gradient_tiles(rows, N: int, head_dim: int = 64, dtype: str = "bf16", 
     """
     import torch
 
-    from .ops import bias_attention as op
-    from .ops.block_meta import block_bucket_masks_torch
-    from .specs import BucketSpec
-    from .trees import tree_distance
+    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.block_meta import block_bucket_masks_torch
+    from syntaxkernels.specs import BucketSpec
+    from syntaxkernels.trees import tree_distance
 
     spec = buckets or BucketSpec()
     lengths = torch.tensor([len(r) for r in rows])
@@ -722,8 +723,9 @@ def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, row
     sentences, sentences chained into one tree, sentences under one root token), the tile fractions of
     :func:`table_gradient_tiles` and :func:`weighted_table_cost`. Returns ``{"rows": [...], "text": str}``.
     """
-    from . import data, workloads
-    from .specs import BucketSpec
+    from syntaxkernels import data
+    from . import workloads
+    from syntaxkernels.specs import BucketSpec
 
     if not data.treebank_available():
         return dict(rows=[], text=f"table-gradient tiles: skipped, {data.missing_message()}")
@@ -765,7 +767,7 @@ def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, row
 
 
 def _require_compiler() -> None:
-    from ._interpreter import interpreting
+    from syntaxkernels._interpreter import interpreting
 
     if interpreting():
         raise RuntimeError("kernel inspection compiles for real GPUs: run it with TRITON_INTERPRET unset")
@@ -989,8 +991,8 @@ def _kernels_on_cpu_tensors():
     """Let ``syntax_bias_attention(backend="triton")`` take CPU tensors, so the inspection drives the public
     call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching. The
     call's own resources stay as a GPU call would make them (nothing runs: the outputs are never read)."""
-    from .ops import bias_attention as op
-    from .ops import bias_attention_varlen as varlen
+    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops import bias_attention_varlen as varlen
 
     previous, previous_varlen = op.resolve_backend, varlen.resolve_backend
     op.resolve_backend = varlen.resolve_backend = lambda backend, device: "triton"
@@ -1007,7 +1009,7 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) ->
     not causal; the output merged back to ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
     import torch
 
-    from .nn import DistanceBias
+    from syntaxkernels.nn import DistanceBias
 
     dt = _torch_dtype(dtype)
     B, N = batch.distance.shape[0], batch.distance.shape[1]
@@ -1030,8 +1032,8 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
     gradients), no window, not causal."""
     import torch
 
-    from .ops import syntax_bias_attention
-    from .specs import BucketSpec
+    from syntaxkernels.ops import syntax_bias_attention
+    from syntaxkernels.specs import BucketSpec
 
     dt = _torch_dtype(dtype)
     T = batch.num_tokens
@@ -1058,7 +1060,7 @@ _VARLEN_KEY_PROGRAMS = ("_varlen_dkdv_kernel",)
 def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int) -> dict:
     """:func:`workload_tiles` of a varlen kernel on a packed workload: every walked tile is masked (it may hold
     several sequences: *boundary*); the grid is the ``nQ x nK`` tiles of one ``T x T`` row (most never walked)."""
-    from .ops.bias_attention_varlen import walked_tiles
+    from syntaxkernels.ops.bias_attention_varlen import walked_tiles
 
     T = sum(workload.lengths)
     if kernel in _VARLEN_QUERY_PROGRAMS:
@@ -1109,7 +1111,7 @@ def tile_presence(distance, lengths, block_m: int, block_n: int, bucket_lut):
 def _presence(workload, block_m: int, block_n: int):
     import torch
 
-    from .specs import BucketSpec
+    from syntaxkernels.specs import BucketSpec
 
     key = (workload.name, block_m, block_n)
     if key not in _PRESENCE_CACHE:
@@ -1145,8 +1147,8 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     """
     import torch
 
-    from .ops import bias_attention as op
-    from .specs import BucketSpec
+    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.specs import BucketSpec
 
     if kernel in _VARLEN_QUERY_PROGRAMS + _VARLEN_KEY_PROGRAMS:
         return _varlen_tiles(kernel, workload, block_m, block_n) if block_m and block_n else None
@@ -1232,7 +1234,7 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
       (the block metadata) count all their instructions per program; they run once per call for every head, so their figure is
       divided by the head count (``heads``) to be per head like the others.
     """
-    from .specs import BucketSpec
+    from syntaxkernels.specs import BucketSpec
 
     if tiles is None or report.error or not tiles["valid_pairs"]:
         return None
@@ -1368,7 +1370,7 @@ def _kib(value: int) -> str:
 def workload_problems(reports: Iterable[KernelReport]) -> List[str]:
     """What a workload inspection found wrong: launches that do not compile, spills, shared memory over the
     family's limit. Every report counts (the workload cases have no known exceptions)."""
-    from .ops._primitives import arch_family
+    from syntaxkernels.ops._primitives import arch_family
 
     problems = []
     for r in reports:
@@ -1389,7 +1391,7 @@ def workload_problems(reports: Iterable[KernelReport]) -> List[str]:
 def workload_unsupported(reports: Iterable[KernelReport]) -> List[int]:
     """The inspected GPUs that have no Triton configs (``arch_family(arch) == "unsupported"``: sm_75 and older),
     where ``backend="auto"`` runs the reference and ``"triton"`` raises a ValueError."""
-    from .ops._primitives import arch_family
+    from syntaxkernels.ops._primitives import arch_family
 
     return sorted({r.arch for r in reports if arch_family(r.arch) == "unsupported"})
 
@@ -1559,10 +1561,10 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
     path), ``bkts`` (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
-    from .ops import bias_attention as op
+    from syntaxkernels.ops import bias_attention as op
 
     rows = []
-    from .ops import bias_attention_varlen as varlen
+    from syntaxkernels.ops import bias_attention_varlen as varlen
 
     for name in names:
         workload = _workload(name)
@@ -1627,7 +1629,7 @@ LOCKSTEP_SLOT_COST = {32: (344.0, 498.0, 496.0), 64: (692.0, 1032.0, 1024.0), 12
 def edge_workload_batch(name: str):
     """``(TreeBatch, source)`` of an :data:`EDGE_WORKLOADS` batch (the treebank's sentences, or generated ones)."""
     from . import workloads as W
-    from .trees import TreeBatch
+    from syntaxkernels.trees import TreeBatch
 
     if name in ("packed-4x1024", "cls-4x1024"):
         sentences, source = W.sentence_source()
@@ -1648,7 +1650,7 @@ def edge_workload_batch(name: str):
 
 
 def _edge_lists(batch, which: str):
-    from .specs import MaskSpec
+    from syntaxkernels.specs import MaskSpec
 
     if which == "relations":
         return batch.relation_lists(MaskSpec())
@@ -1693,7 +1695,7 @@ def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relat
     instructions (prologue and epilogue, once per program), BLOCK_E."""
     import torch
 
-    from .ops import edge_attention as op
+    from syntaxkernels.ops import edge_attention as op
 
     batch, _ = edge_workload_batch("cls-4x1024")
     lists = _edge_lists(batch, which)
@@ -1726,7 +1728,7 @@ def edge_cost(lists, costs: Dict[str, dict]) -> Dict[str, float]:
     """Instructions per head of the balanced kernels on these lists (the model): each kernel's main loop per slot
     walked plus its prologue/epilogue once per program, forward (with the merge of split rows) and backward (delta,
     dQ, dK/dV and the sums of split tokens). Also the slots and the loop-only figures."""
-    from .ops import edge_attention as op
+    from syntaxkernels.ops import edge_attention as op
 
     schedule = lists.schedule(op.SCHEDULE_CHUNK)
     B, R, N = lists.nonempty.shape
@@ -1773,7 +1775,7 @@ def edge_report(names: Sequence[str] = EDGE_WORKLOADS, lists_kinds: Sequence[str
     (:func:`schedule_slots`), instructions per real edge before (main loops only, :data:`LOCKSTEP_SLOT_COST`) and
     after (main loops, and with prologues/epilogues and the merge/sum kernels), and for windows the fused LUT
     kernel on live 64 x 64 tiles (``ops.edge_attention.window_costs``) with the path the model picks."""
-    from .ops import edge_attention as op
+    from syntaxkernels.ops import edge_attention as op
 
     costs = {kind: _edge_kernel_costs(arch, dtype, head_dim, kind) for kind in ("relations", "window-4")}
     dim = min(128, max(32, 1 << max(0, (head_dim - 1).bit_length())))
@@ -1835,13 +1837,13 @@ def format_edge_report(rows: Sequence[dict], arch: int = 90, dtype: str = "bf16"
 
 
 def _edge_main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m syntaxkernels.inspection edges [--arch 90] [--dtype bf16] [--head-dim 64] [--workload a,b]``."""
+    """``python -m syntaxkernels.tools.inspection edges [--arch 90] [--dtype bf16] [--head-dim 64] [--workload a,b]``."""
     import argparse
     import json
     import sys
     import time
 
-    parser = argparse.ArgumentParser(prog="python -m syntaxkernels.inspection edges")
+    parser = argparse.ArgumentParser(prog="python -m syntaxkernels.tools.inspection edges")
     parser.add_argument("command", choices=["edges"])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -1865,10 +1867,12 @@ def _edge_main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m syntaxkernels.inspection edges
-    if os.environ.get("TRITON_INTERPRET"):
+if __name__ == "__main__":  # python -m syntaxkernels.tools.inspection edges
+    from syntaxkernels import _interpreter
+
+    if _interpreter.interpreting():  # the interpreter replaces @triton.jit: compile in a fresh process without it
         import sys
 
-        os.execvpe(sys.executable, [sys.executable, "-m", "syntaxkernels.inspection"] + sys.argv[1:],
-                   {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+        os.execvpe(sys.executable, [sys.executable, "-m", "syntaxkernels.tools.inspection"] + sys.argv[1:],
+                   _interpreter.environment(interpret=False))
     raise SystemExit(_edge_main())

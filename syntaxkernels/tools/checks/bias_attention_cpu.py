@@ -26,7 +26,7 @@ ROUNDS = (5, 9)
 
 
 def _usable() -> None:
-    from ..ops.bias_attention_cpu import cpu_kernels_take
+    from syntaxkernels.ops.bias_attention_cpu import cpu_kernels_take
 
     probe = torch.empty(1, 1, 1, 8)
     if not cpu_kernels_take(probe, probe):
@@ -110,7 +110,7 @@ CHECKS = [
 def treebank_rows(N: int, B: int):
     """``(heads rows, source)``: B rows of whole treebank sentences packed one after another (at most N tokens),
     or generated sentences when the treebank is absent."""
-    from .. import data
+    from syntaxkernels import data
     from ..workloads import generated_sentences, pack_sentences, treebank_heads
 
     if data.treebank_available():
@@ -123,7 +123,7 @@ def treebank_rows(N: int, B: int):
 _PEAK_SCRIPT = """
 import gc, sys, torch
 torch.set_num_threads(1)
-from syntaxkernels.checks.bias_attention_cpu import _step_for
+from syntaxkernels.tools.checks.bias_attention_cpu import _step_for
 step = _step_for(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 step()
 gc.collect()

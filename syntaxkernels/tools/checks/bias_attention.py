@@ -18,7 +18,7 @@ import random
 import torch
 
 from . import Bench, Check, Skip, shuffled_program_order
-from .._interpreter import interpreting
+from syntaxkernels._interpreter import interpreting
 
 #: Names of what :func:`_grads` returns, in order.
 OUTPUTS = ("out", "dq", "dk", "dv", "dtable", "dscale")
@@ -78,7 +78,7 @@ def _scale_gradient(inp, got, ref64, reflp):
     (a single scalar of the low-precision reference can be accurate by luck, which makes that rule alone
     fragile).
     """
-    from ..testing import compare_to_reference
+    from syntaxkernels.testing import compare_to_reference
 
     _, _, dtable_bound = compare_to_reference(got[4], ref64[4], reflp[4])
     _, err, rule_bound = compare_to_reference(got[5], ref64[5], reflp[5])
@@ -94,7 +94,7 @@ def _scale_gradient(inp, got, ref64, reflp):
 def _against_reference(inp, dtype, grad_out, got, **kw):
     """``(ok, detail)``: each of :data:`OUTPUTS` of ``got`` against the fp64 reference, as ``name err/bound``
     (``dscale`` by :func:`_scale_gradient`, its identity mismatch in brackets)."""
-    from ..testing import compare_to_reference
+    from syntaxkernels.testing import compare_to_reference
 
     ref64 = _grads(inp, torch.float64, "reference", grad_out, **kw)
     reflp = _grads(inp, dtype, "reference", grad_out, **kw)
@@ -140,8 +140,8 @@ def check_fp32_window(device):
 
 
 def _short_rows_check(device, shape):
-    from ..ops import bias_attention as op
-    from ..ops._primitives import arch_family, current_arch
+    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops._primitives import arch_family, current_arch
 
     _usable(device)
     arch = current_arch()
@@ -206,7 +206,7 @@ def check_deterministic(device):
 @contextlib.contextmanager
 def _tiles(blocks):
     """The bias op's tiles forced to ``blocks`` (``BLOCK_M, BLOCK_N``) inside (the interpreter's small shapes)."""
-    from ..ops import bias_attention as op
+    from syntaxkernels.ops import bias_attention as op
 
     previous = op._BLOCK_OVERRIDE
     op._BLOCK_OVERRIDE = blocks

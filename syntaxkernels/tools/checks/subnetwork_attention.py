@@ -14,7 +14,7 @@ import torch
 
 from . import Bench, Check, Skip
 from .. import workloads
-from .._interpreter import interpreting
+from syntaxkernels._interpreter import interpreting
 from ..workloads import random_document
 
 
@@ -24,7 +24,7 @@ def _usable(device: str, backend: str) -> None:
     if backend == "auto" and device != "cpu":
         raise Skip("the C++ path takes CPU tensors (run verify on the CPU)")
     if backend == "auto":
-        from .. import _ext
+        from syntaxkernels import _ext
 
         if not _ext.available():
             raise Skip("the C++ extension is not built")
@@ -68,7 +68,7 @@ def _check(device: str, backend: str, dtype: torch.dtype, n: int, pairwise: bool
 def _sentences():
     """``(heads of every sentence, what they are)``: the treebank's sentences, or generated forests of 1-40 tokens
     (mostly one tree, like parsed sentences) when ``SYNTAXKERNELS_UD`` names no file."""
-    from .. import data
+    from syntaxkernels import data
 
     if data.treebank_available():
         return workloads.treebank_heads(), "treebank sentences"

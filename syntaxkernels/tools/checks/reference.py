@@ -71,7 +71,7 @@ def _rand(*shape, device, gen, requires_grad=False):
 
 
 def _check_zero_table_is_sdpa(device):
-    from .. import BucketSpec, TreeBatch, reference
+    from syntaxkernels import BucketSpec, TreeBatch, reference
 
     gen = torch.Generator().manual_seed(1)
     rng = random.Random(1)
@@ -89,7 +89,7 @@ def _check_zero_table_is_sdpa(device):
 
 
 def _check_masks_brute_force(device):
-    from .. import MaskSpec, TreeBatch, reference
+    from syntaxkernels import MaskSpec, TreeBatch, reference
 
     rng = random.Random(2)
     masks = MaskSpec(max_distance=3, pairwise=True)
@@ -102,7 +102,7 @@ def _check_masks_brute_force(device):
 
 
 def _check_gradcheck(device):
-    from .. import BucketSpec, MaskSpec, TreeBatch, reference
+    from syntaxkernels import BucketSpec, MaskSpec, TreeBatch, reference
 
     gen = torch.Generator().manual_seed(3)
     trees = TreeBatch.from_heads([[1, -1, 1, 2, -1], [-1, 0, 1]]).to(device)
@@ -129,7 +129,7 @@ def _check_gradcheck(device):
 
 
 def _check_empty_rows(device):
-    from .. import BucketSpec, TreeBatch, reference
+    from syntaxkernels import BucketSpec, TreeBatch, reference
 
     gen = torch.Generator().manual_seed(4)
     trees = TreeBatch.from_heads([[-1, 0, -1], [-1, 0, 0]], lengths=[3, 0]).to(device)
@@ -145,7 +145,7 @@ def _check_empty_rows(device):
 
 
 def _check_topical_average(device):
-    from .. import MaskSpec, TreeBatch, reference
+    from syntaxkernels import MaskSpec, TreeBatch, reference
 
     gen = torch.Generator().manual_seed(5)
     trees = TreeBatch.from_heads([[-1, 0, 0, 1, 3, -1], [-1]], lengths=[6, 1]).to(device)
@@ -160,7 +160,7 @@ def _check_topical_average(device):
 
 
 def _check_probe_gram(device):
-    from .. import TreeBatch, reference
+    from syntaxkernels import TreeBatch, reference
 
     gen = torch.Generator().manual_seed(6)
     trees = TreeBatch.from_heads([[-1, 0, 1, 1, -1, 4], [2, 2, -1, 2]]).to(device)
@@ -190,8 +190,8 @@ def _copy_into_torch_layer(ours, theirs):
 
 
 def _check_encoder_layer_matches_torch(device):
-    from .. import TreeBatch
-    from ..nn import SyntaxTransformerEncoderLayer
+    from syntaxkernels import TreeBatch
+    from syntaxkernels.nn import SyntaxTransformerEncoderLayer
 
     torch.manual_seed(7)
     trees = TreeBatch.from_heads([[-1, 0, 0, 2, 3, 0, 5], [1, -1, 1, 1]]).to(device)

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional
 
 MODULES = [
-    "syntaxkernels.checks.trees",
-    "syntaxkernels.checks.reference",
-    "syntaxkernels.checks.bias_attention",
-    "syntaxkernels.checks.bias_attention_cpu",
-    "syntaxkernels.checks.subnetwork_attention",
+    "syntaxkernels.tools.checks.trees",
+    "syntaxkernels.tools.checks.reference",
+    "syntaxkernels.tools.checks.bias_attention",
+    "syntaxkernels.tools.checks.bias_attention_cpu",
+    "syntaxkernels.tools.checks.subnetwork_attention",
 ]
 
 
@@ -173,7 +173,7 @@ def shuffled_program_order(seed: int) -> Iterator[None]:
     is not the one this was written for (Triton 3.x); every launch checks that its programs were visited in
     index order before they were remapped.
     """
-    from .._interpreter import interpreting
+    from syntaxkernels._interpreter import interpreting
 
     if not interpreting():
         raise Skip("shuffling the program order needs TRITON_INTERPRET=1")

@@ -36,7 +36,7 @@ def benchmark_batches(batch_size: int = 32, count: Optional[int] = None) -> Tupl
         sentences = treebank_heads()
         source = f"UD English-EWT dev ({len(sentences)} sentences)"
     except FileNotFoundError:
-        from ..data import ENV_VAR
+        from syntaxkernels.data import ENV_VAR
 
         sentences = generated_sentences(2000)
         source = f"generated forests (2000 sentences, lengths 1-40; no treebank: set {ENV_VAR})"
@@ -48,7 +48,7 @@ def benchmark_batches(batch_size: int = 32, count: Optional[int] = None) -> Tupl
 
 def padded(sentences: Sequence[Heads]) -> Tuple[torch.Tensor, torch.Tensor]:
     """``heads int64 [B, N]`` (padded with -1) and ``lengths int64 [B]`` of ragged head lists."""
-    from ..trees import normalize_heads
+    from syntaxkernels.trees import normalize_heads
 
     return normalize_heads([list(s) for s in sentences])
 
@@ -171,7 +171,7 @@ def lca_tree_distance(sentences: Sequence[Heads], n: Optional[int] = None) -> np
 # --------------------------------------------------------------------------------------------- checks
 
 def _extension():
-    from .. import _ext
+    from syntaxkernels import _ext
 
     module = _ext.load()
     if module is None:
@@ -180,7 +180,7 @@ def _extension():
 
 
 def _compare_builders(sentences: Sequence[Heads], pad: int, use_cpp: bool) -> Tuple[bool, str]:
-    from ..trees import python_tree_tensors
+    from syntaxkernels.trees import python_tree_tensors
 
     heads, lengths = padded(sentences)
     if pad:
@@ -226,7 +226,7 @@ def has_scipy() -> bool:
 
 
 def check_treebank(device: str) -> Tuple[bool, str]:
-    from ..trees import tree_distance
+    from syntaxkernels.trees import tree_distance
 
     try:
         sentences = treebank_heads()
@@ -239,7 +239,7 @@ def check_treebank(device: str) -> Tuple[bool, str]:
         want = oracle(batch)
         if not np.array_equal(got, want):
             return False, f"batch {k}: tree_distance differs from {oracle_name} at {tuple(np.argwhere(got != want)[0])}"
-    from .. import _ext
+    from syntaxkernels import _ext
 
     builder = "C++" if _ext.available() else "Python"
     return True, f"{len(sentences)} treebank sentences ({builder} builder) == {oracle_name}"
@@ -257,7 +257,7 @@ BAD_INPUTS = [
 
 
 def check_errors(device: str) -> Tuple[bool, str]:
-    from ..trees import normalize_heads, python_tree_tensors
+    from syntaxkernels.trees import normalize_heads, python_tree_tensors
 
     module = _extension()
     for heads, lengths in BAD_INPUTS:
@@ -277,7 +277,7 @@ def check_errors(device: str) -> Tuple[bool, str]:
 
 
 def check_cuda(device: str) -> Tuple[bool, str]:
-    from .. import _ext
+    from syntaxkernels import _ext
 
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise Skip("needs a CUDA device")
@@ -349,8 +349,8 @@ def bench_tree_distance(device: str, quick: bool) -> List[dict]:
     Without scipy (an optional dependency) the builders are still checked (against the BFS oracle) and timed;
     the scipy row says why it is missing and no row has ``vs_scipy``.
     """
-    from .. import _ext
-    from ..trees import python_tree_tensors
+    from syntaxkernels import _ext
+    from syntaxkernels.trees import python_tree_tensors
 
     source, batch_list = benchmark_batches(32, count=8 if quick else None)
     tensors = [padded(b) for b in batch_list]

@@ -74,8 +74,8 @@ def treebank_heads(path=None, limit: Optional[int] = None) -> List[List[int]]:
     """
     from pathlib import Path
 
-    from . import data
-    from .trees import read_conllu
+    from syntaxkernels import data
+    from syntaxkernels.trees import read_conllu
 
     if path is None:
         path = data.require_treebank()
@@ -201,7 +201,7 @@ class Workload:
     def tree_batch(self, rows: Optional[Sequence[int]] = None):
         """The :class:`~syntaxkernels.trees.TreeBatch` of these rows, built as a data loader builds it
         (``TreeBatch.from_heads(heads, lengths)``): its ``distance`` and ``lengths`` are what a call receives."""
-        from .trees import TreeBatch
+        from syntaxkernels.trees import TreeBatch
 
         heads, lengths = self.padded_heads(rows)
         return TreeBatch.from_heads(heads, lengths)
@@ -209,7 +209,7 @@ class Workload:
     def packed_batch(self):
         """The :class:`~syntaxkernels.trees.PackedTreeBatch` of every row (a sequence each), end to end, as
         ``TreeCollator(packed=True)`` builds it."""
-        from .trees import PackedTreeBatch
+        from syntaxkernels.trees import PackedTreeBatch
 
         return PackedTreeBatch.from_heads(self.heads)
 
@@ -252,7 +252,7 @@ _SOURCE_CACHE: Dict[str, Tuple[List[List[int]], str]] = {}
 def sentence_source() -> Tuple[List[List[int]], str]:
     """``(sentences, label)``: the treebank's sentences (``$SYNTAXKERNELS_UD``) when the file is there, else
     generated sentence-like trees (4,000, 1..40 tokens, seed 0), labelled as such."""
-    from . import data
+    from syntaxkernels import data
 
     path = data.treebank_path()
     key = str(path)
@@ -277,7 +277,7 @@ def _with_cls(texts: Sequence[Sequence[Sequence[int]]]) -> List[int]:
     """``[CLS] text_a [SEP] (text_b [SEP])`` with one token per word, through ``align_to_tokens`` as a tokenizer's
     ``word_ids()`` / ``sequence_ids()`` would drive it: ``[CLS]`` roots the sequence, every sentence root and
     every ``[SEP]`` hangs under it."""
-    from .trees import align_to_tokens
+    from syntaxkernels.trees import align_to_tokens
 
     word_ids: List[Optional[int]] = [None]
     sequence_ids: List[Optional[int]] = [None]
