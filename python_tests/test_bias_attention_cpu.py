@@ -18,16 +18,9 @@ from syntaxkernels.workloads import random_document
 from conftest import HAS_EDGE_CPP
 
 HAS_BIAS_CPP = HAS_EDGE_CPP and hasattr(sk._ext.load(), "bias_attention_forward")
-pytestmark = pytest.mark.skipif(not HAS_BIAS_CPP, reason="C++ extension not built")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread (the shared 2-core machine); the thread-count test sets its own."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One torch thread (conftest's fixture: the shared 2-core machine); the thread-count test sets its own.
+pytestmark = [pytest.mark.skipif(not HAS_BIAS_CPP, reason="C++ extension not built"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 def make_case(B, H, N, D, dtype, **opts):
