@@ -19,7 +19,7 @@ import torch
 
 from . import Bench, Check, Skip, shuffled_program_order
 from .._interpreter import interpreting
-from ..testing import GRADIENTS, bias_attention_case, bias_attention_grads, compare_bias_attention
+from syntaxkernels.testing import GRADIENTS, bias_attention_case, bias_attention_grads, compare_bias_attention
 
 #: Names of what :func:`_grads` returns, in order (the gradients are :data:`syntaxkernels.testing.GRADIENTS`).
 OUTPUTS = ("out", "dq", "dk", "dv", "dtable", "dscale")

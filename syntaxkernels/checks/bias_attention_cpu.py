@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from . import Bench, Check, Skip
-from ..testing import bias_attention_case
+from syntaxkernels.testing import bias_attention_case
 from .bias_attention import BIAS_SCALE, OUTPUTS, _against_reference, _bits_differ
 
 #: Rounds of the interleaved timing per provider (quick, full).

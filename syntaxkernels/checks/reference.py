@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import Check
-from ..testing import copy_into_torch_layer
+from syntaxkernels.testing import copy_into_torch_layer
 from ..workloads import random_forest  # the one tree generator
 
 __all__ = ["brute_force_masks", "CHECKS"]
