@@ -97,9 +97,9 @@ def provider_fn(name, inputs):
 
 
 def check_provider(name, fn, inputs):
-    """(ok, detail): the provider's forward against the reference (bf16 tolerance of syntaxkernels.testing)."""
+    """(ok, detail): the provider's forward against the reference (bf16 tolerance of syntaxkernels.tools.testing)."""
     import syntaxkernels as sk
-    from syntaxkernels.testing import compare_to_reference
+    from syntaxkernels.tools.testing import compare_to_reference
 
     q, k, v, t = inputs["q"], inputs["k"], inputs["v"], inputs["table"]
     if name == "sdpa_flash":
@@ -179,7 +179,7 @@ def workload_fn(name, inputs):
 def check_workload_provider(fn, inputs):
     """(ok, detail): the forward on the valid rows against the reference with the batch's lengths."""
     import syntaxkernels as sk
-    from syntaxkernels.testing import compare_to_reference
+    from syntaxkernels.tools.testing import compare_to_reference
 
     q, k, v, t = inputs["q"], inputs["k"], inputs["v"], inputs["table"]
     kw = dict(buckets=inputs["buckets"], lengths=inputs["lengths"])

@@ -45,7 +45,7 @@ import torch.nn.functional as F  # noqa: E402
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import reference, workloads  # noqa: E402
 from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
-from syntaxkernels.testing import compare_to_reference  # noqa: E402
+from syntaxkernels.tools.testing import compare_to_reference  # noqa: E402
 from _bench_utils import base_parser, conditions, save_rows, write_results  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ tiles (interior/boundary splits, one-bucket and mixed tiles of the table gradien
 tests at the bottom run real sizes.
 """
 import contextlib
+import functools
 import random
 
 import pytest
@@ -17,64 +18,33 @@ import triton.language as tl
 import syntaxkernels as sk
 from syntaxkernels import reference
 from syntaxkernels.tools.checks import shuffled_program_order
-from syntaxkernels.tools.workloads import random_document, random_forest
+from syntaxkernels.tools.workloads import random_document
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
-from syntaxkernels.testing import assert_close_to_reference
+from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import requires_cuda
 
 
-def make_case(B, H, N, D, dtype, *, lengths=None, per_head=False, buckets=None, seed=0, roots=2, heads=None):
-    """Random trees (``roots`` trees per item) or the given ``heads`` rows, and random q, k, v, table."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [N] * B if lengths is None else list(lengths)
-    if heads is None:
-        heads = [random_forest(rng, L, num_trees=roots) if L else [] for L in lengths]
-    buckets = buckets or sk.BucketSpec()
-    distance = torch.full((B, N, N), 255, dtype=torch.uint8)
-    if N:
-        built = sk.tree_distance(heads, torch.tensor(lengths))
-        distance[:, :built.shape[-1], :built.shape[-1]] = built
-    q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
-    T = buckets.num_buckets
-    table = torch.randn((H, T) if per_head else (T,), generator=gen)
-    return dict(q=q, k=k, v=v, distance=distance, table=table, bias_scale=torch.tensor([0.8]),
-                lengths=torch.tensor(lengths), buckets=buckets, dtype=dtype)
+def make_case(B, H, N, D, dtype, **opts):
+    """The shared case (:func:`syntaxkernels.tools.testing.bias_attention_case`: random trees, ``roots`` per item, or
+    the given ``heads`` rows; random q, k, v, table) with bias scale c = 0.8, to run in ``dtype``."""
+    return bias_attention_case(B, H, N, D, dtype, bias_scale=0.8, **opts)
 
 
 def _run(case, dtype, backend, grad_out, **kw):
-    """Forward + backward; returns (out, grads dict) with inputs cast to ``dtype`` (table/scale in fp32 or fp64)."""
-    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v = (case[n].to(DEVICE, dtype).requires_grad_() for n in ("q", "k", "v"))
-    table = case["table"].to(DEVICE, pdtype).requires_grad_()
-    c = case["bias_scale"].to(DEVICE, pdtype).requires_grad_()
-    out = sk.syntax_bias_attention(q, k, v, case["distance"].to(DEVICE), table, buckets=case["buckets"],
-                                   bias_scale=c, lengths=case["lengths"].to(DEVICE), backend=backend, **kw)
-    grads = torch.autograd.grad(out, (q, k, v, table, c), grad_out.to(DEVICE, dtype))
-    return out, dict(zip(("dq", "dk", "dv", "dtable", "dbias_scale"), grads))
-
-
-def check_bias_scale_grad(case, grads, grads64, gradslp):
-    """``d c = sum_t table[t] G[t]`` is one scalar summing every bucket's error, so with half inputs the
-    "2x the same-dtype reference" rule on it alone is a coin toss. Check instead (1) that it equals
-    ``sum(table * d table) / c`` computed from the kernel's own table gradient (checked element-wise
-    against the reference), and (2) that its error is within the error that the reference's per-bucket
-    errors, weighted by |table|, allow."""
-    table = case["table"].to(DEVICE, torch.float64)
-    c = float(case["bias_scale"].detach())
-    from_table = (table * grads["dtable"].double()).sum() / c
-    torch.testing.assert_close(grads["dbias_scale"].double().reshape(()), from_table, rtol=1e-5, atol=1e-5)
-    bucket_err = (gradslp["dtable"].double() - grads64["dtable"].double()).abs()
-    bound = 2 * (table.abs() * bucket_err).sum() / c + 1e-4 * grads64["dbias_scale"].abs().max()
-    err = (grads["dbias_scale"].double() - grads64["dbias_scale"].double()).abs().max()
-    assert err <= bound, f"dbias_scale: error {err:.3e} > bound {bound:.3e}"
+    """Forward + backward on ``DEVICE``; returns (out, grads dict) with inputs cast to ``dtype`` (table/scale in fp32
+    or fp64)."""
+    op = functools.partial(sk.syntax_bias_attention, backend=backend)
+    return bias_attention_grads(op, case, dtype, grad_out, DEVICE, **kw)
 
 
 def check_against_reference(case, **kw):
+    """Forward and every gradient against the float64 reference (the rule of :mod:`syntaxkernels.tools.testing`, the
+    bias-scale gradient by its own rule), no gradient all zeros where the reference's is not, and query rows at
+    or past the length exactly zero."""
     dtype = case["dtype"]
     B, H, N, D = case["q"].shape
     grad_out = torch.randn(B, H, N, case["v"].shape[-1], generator=torch.Generator().manual_seed(1))
@@ -82,12 +52,8 @@ def check_against_reference(case, **kw):
     out64, grads64 = _run(case, torch.float64, "reference", grad_out, **kw)
     outlp, gradslp = _run(case, dtype, "reference", grad_out, **kw)
     assert out.dtype == dtype and out.shape == out64.shape
-    assert_close_to_reference(out, out64, outlp, "out")
+    assert_bias_attention_close(case, (out, grads), (out64, grads64), (outlp, gradslp), dtype)
     for name in grads:
-        if name == "dbias_scale" and dtype != torch.float32:
-            check_bias_scale_grad(case, grads, grads64, gradslp)
-        else:
-            assert_close_to_reference(grads[name], grads64[name], gradslp[name], name)
         if grads64[name].abs().max() > 1e-3:
             assert grads[name].abs().max() > 0, f"{name} is all zeros"
     # Query rows at or past the length are exactly zero.

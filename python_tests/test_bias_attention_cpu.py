@@ -10,86 +10,47 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.tools.checks.bias_attention import BIAS_SCALE, _scale_gradient
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops import bias_attention_cpu as C
-from syntaxkernels.testing import assert_close_to_reference
-from syntaxkernels.tools.workloads import random_document, random_forest
+from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
+from syntaxkernels.tools.workloads import random_document
 
 from conftest import HAS_EDGE_CPP
 
 HAS_BIAS_CPP = HAS_EDGE_CPP and hasattr(sk._ext.load(), "bias_attention_forward")
-pytestmark = pytest.mark.skipif(not HAS_BIAS_CPP, reason="C++ extension not built")
+# One torch thread (conftest's fixture: the shared 2-core machine); the thread-count test sets its own.
+pytestmark = [pytest.mark.skipif(not HAS_BIAS_CPP, reason="C++ extension not built"),
+              pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread (the shared 2-core machine); the thread-count test sets its own."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_case(B, H, N, D, dtype, *, Dv=None, lengths=None, per_head=False, buckets=None, seed=0, roots=2,
-              heads=None, isolated=()):
-    """Random trees (``roots`` per item, or the given ``heads`` rows) and random q, k, v, table, bias scale.
-    ``isolated``: (b, i) tokens made unreachable from everything, themselves included (with a window their rows
-    have no allowed key)."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    lengths = [N] * B if lengths is None else list(lengths)
-    if heads is None:
-        heads = [random_forest(rng, L, num_trees=roots) if L else [] for L in lengths]
-    buckets = buckets or sk.BucketSpec()
-    distance = torch.full((B, N, N), 255, dtype=torch.uint8)
-    if N and max(lengths):
-        built = sk.tree_distance(heads, torch.tensor(lengths))
-        distance[:, :built.shape[-1], :built.shape[-1]] = built
-    for b, i in isolated:
-        distance[b, i, :] = 255
-        distance[b, :, i] = 255
-    q, k = (torch.randn(B, H, N, D, generator=gen) for _ in range(2))
-    v = torch.randn(B, H, N, Dv or D, generator=gen)
-    T = buckets.num_buckets
-    table = torch.randn((H, T) if per_head else (T,), generator=gen)
-    return dict(q=q, k=k, v=v, distance=distance, table=table, bias_scale=torch.tensor([BIAS_SCALE]),
-                lengths=torch.tensor(lengths), buckets=buckets)
+def make_case(B, H, N, D, dtype, **opts):
+    """The shared case (:func:`syntaxkernels.tools.testing.bias_attention_case`: random trees, ``roots`` per item, or the
+    given ``heads`` rows, ``isolated`` tokens; random q, k, v, table) with bias scale c = 0.9."""
+    return bias_attention_case(B, H, N, D, dtype, bias_scale=0.9, **opts)
 
 
 def run(case, dtype, kernel, grad_out, **kw):
     """Forward + backward of the C++ op (``kernel``) or the reference, inputs in ``dtype`` (table and bias scale
     in float32, or float64 for float64): (out, dict of the five gradients)."""
-    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v = (case[n].to(dtype).requires_grad_() for n in ("q", "k", "v"))
-    table = case["table"].to(pdtype).requires_grad_()
-    c = case["bias_scale"].to(pdtype).requires_grad_()
     fn = C.cpu_bias_attention if kernel else reference.syntax_bias_attention
-    out = fn(q, k, v, case["distance"], table, buckets=case["buckets"], bias_scale=c, lengths=case["lengths"], **kw)
-    grads = torch.autograd.grad(out, (q, k, v, table, c), grad_out.to(dtype))
-    return out, dict(zip(("dq", "dk", "dv", "dtable", "dbias_scale"), grads))
+    return bias_attention_grads(fn, case, dtype, grad_out, **kw)
 
 
 def check_against_reference(case, dtype, **kw):
+    """Forward and every gradient against the float64 reference (the rule of :mod:`syntaxkernels.tools.testing`, the
+    bias-scale gradient by its own rule: one scalar summing every bucket's error, checked through the table
+    gradient and ``c * dscale == sum(table * dtable)``), gradients in the reference's dtypes, none all zeros where
+    the reference's is not, and query rows at or past the length and their gradients exactly zero."""
     B, H, N, _ = case["q"].shape
     grad_out = torch.randn(B, H, N, case["v"].shape[-1], generator=torch.Generator().manual_seed(1))
     out, grads = run(case, dtype, True, grad_out, **kw)
     out64, grads64 = run(case, torch.float64, False, grad_out, **kw)
     outlp, gradslp = run(case, dtype, False, grad_out, **kw)
     assert out.dtype == dtype and out.shape == out64.shape
-    assert_close_to_reference(out, out64, outlp, "out")
+    assert_bias_attention_close(case, (out, grads), (out64, grads64), (outlp, gradslp), dtype)
     for name in grads:
         assert grads[name].dtype == gradslp[name].dtype
-        if name == "dbias_scale":
-            # One scalar summing every bucket's error (with cancellation): the low-precision reference can be
-            # right by luck, so check it through the table gradient, and c * dscale == sum(table * dtable) (the
-            # verify command's rule).
-            lists = [[out, *g.values()] for g in (grads, grads64, gradslp)]
-            ok, err, bound, mismatch = _scale_gradient(case, lists[0], [out64, *lists[1][1:]], [outlp, *lists[2][1:]])
-            assert ok, f"dbias_scale: error {err:.3e} > bound {bound:.3e} or identity mismatch {mismatch:.1e}"
-            continue
-        assert_close_to_reference(grads[name], grads64[name], gradslp[name], name)
-        if grads64[name].abs().max() > 1e-3:
+        if name != "dbias_scale" and grads64[name].abs().max() > 1e-3:
             assert grads[name].abs().max() > 0, f"{name} is all zeros"
     # Query rows at or past the length are exactly zero, and so are their gradients.
     for b, L in enumerate(case["lengths"].tolist()):

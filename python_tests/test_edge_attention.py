@@ -10,7 +10,7 @@ import syntaxkernels as sk
 from syntaxkernels import reference
 from syntaxkernels.ops import edge_attention as E
 from syntaxkernels.ops._dispatch import interpreting
-from syntaxkernels.testing import assert_close_to_reference
+from syntaxkernels.tools.testing import assert_close_to_reference
 
 from conftest import CPP, HAS_EDGE_CPP, KERNEL_DEVICE, TRITON, needs_cpp, needs_triton, trees_of_kind
 

@@ -2,7 +2,7 @@
 or backward: the package's one check of host synchronisation (the GPU suite's sync-free step runs this file).
 
 On a GPU every read of a device tensor's value (``bool(t)``, ``.item()``, ``.tolist()``, ...) stalls the stream
-and breaks CUDA-graph capture. :func:`syntaxkernels.testing.count_host_reads` records the reads the package's own
+and breaks CUDA-graph capture. :func:`syntaxkernels.tools.testing.count_host_reads` records the reads the package's own
 code makes; the inputs' checks that would read (lengths in range, a key-padding mask that pads a suffix) are
 made to take their device path (``_validation._on_host`` patched), as they do for GPU tensors, where they
 become device-side assertions. Runs on the kernel device (CUDA when present, else the interpreter). On CUDA each
@@ -18,7 +18,7 @@ import torch
 import syntaxkernels as sk
 from syntaxkernels import _validation
 from syntaxkernels.ops import bias_attention as ba
-from syntaxkernels.testing import count_host_reads
+from syntaxkernels.tools.testing import count_host_reads
 from syntaxkernels.tools.workloads import random_document
 
 from conftest import KERNEL_DEVICE as DEVICE

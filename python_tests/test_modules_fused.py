@@ -7,7 +7,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels.ops._dispatch import interpreting
-from syntaxkernels.testing import assert_close_to_reference
+from syntaxkernels.tools.testing import assert_close_to_reference
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
                                 reason="needs CUDA or TRITON_INTERPRET=1")

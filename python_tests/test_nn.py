@@ -12,6 +12,7 @@ from syntaxkernels import reference as R
 from syntaxkernels.tools.workloads import random_forest
 from syntaxkernels.nn import (StructuralProbeLoss, SyntaxBertSelfAttention, SyntaxBiasedSelfAttention, SyntaxGAT,
                               SyntaxHeadSelfAttention, SyntaxTransformerEncoderLayer, TopicalAttention)
+from syntaxkernels.tools.testing import copy_into_torch_layer
 
 f64 = torch.float64
 
@@ -459,16 +460,6 @@ def test_wrong_types_raise_type_error_wrong_values_value_error():
 
 
 # ---------------------------------------------------------------- the encoder layer
-
-
-def copy_into_torch_layer(ours, theirs):
-    attn = ours.self_attn
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        theirs.self_attn.out_proj.load_state_dict(attn.out_proj.state_dict())
-        for name in ("linear1", "linear2", "norm1", "norm2"):
-            getattr(theirs, name).load_state_dict(getattr(ours, name).state_dict())
 
 
 @pytest.mark.parametrize("method", ["bias", "gat", "subnetwork"])

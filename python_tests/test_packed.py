@@ -2,7 +2,7 @@
 
 The reference of a packed op is the padded-batch reference run sequence by sequence (``[1, H, n, D]`` each with
 its own ``n x n`` distance), computed in float64 and in the kernel's dtype (the tolerance rule of
-:mod:`syntaxkernels.testing`). The Triton kernels run on ``DEVICE`` (CUDA, or the CPU under TRITON_INTERPRET=1);
+:mod:`syntaxkernels.tools.testing`). The Triton kernels run on ``DEVICE`` (CUDA, or the CPU under TRITON_INTERPRET=1);
 sizes are small so the file stays well under a minute on two cores.
 """
 import random
@@ -14,7 +14,7 @@ import syntaxkernels as sk
 from syntaxkernels import _ext
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention_varlen as bv
-from syntaxkernels.testing import assert_close_to_reference, count_host_reads
+from syntaxkernels.tools.testing import assert_bias_attention_close, count_host_reads
 from syntaxkernels.trees import PackedTreeBatch
 from syntaxkernels.tools.workloads import random_forest
 
@@ -171,31 +171,16 @@ def _run_packed(case, dtype, backend, **kw):
     return out, dict(zip(("dq", "dk", "dv", "dtable", "dbias_scale"), grads))
 
 
-def check_bias_scale_grad(case, grads, grads64, gradslp):
-    """d c = sum_t table[t] G[t] is one scalar summing every bucket's error (with half inputs the 2x rule on it
-    alone is a coin toss, as in test_bias_attention.py): it must equal sum(table * d table) / c from the kernel's
-    own table gradient (checked element-wise), within the error the reference's per-bucket errors allow."""
-    table = case["table"].to(DEVICE, torch.float64)
-    c = float(case["bias_scale"])
-    from_table = (table * grads["dtable"].double()).sum() / c
-    torch.testing.assert_close(grads["dbias_scale"].double().reshape(()), from_table, rtol=1e-5, atol=1e-5)
-    bucket_err = (gradslp["dtable"].double() - grads64["dtable"].double()).abs()
-    bound = 2 * (table.abs() * bucket_err).sum() / c + 1e-4 * grads64["dbias_scale"].abs().max()
-    err = (grads["dbias_scale"].double() - grads64["dbias_scale"].double()).abs().max()
-    assert err <= bound, f"dbias_scale: error {err:.3e} > bound {bound:.3e}"
-
-
 def check_packed(case, dtype, **kw):
+    """Forward and every gradient against the sequence-by-sequence reference in float64 (the rule of
+    :mod:`syntaxkernels.tools.testing`, the bias-scale gradient by its own rule), none all zeros where the reference's
+    is not."""
     out, grads = _run_packed(case, dtype, "triton", **kw)
     out64, grads64 = _run_packed(case, torch.float64, "spec", **kw)
     outlp, gradslp = _run_packed(case, dtype, "spec", **kw)
     assert out.dtype == dtype and out.shape == out64.shape
-    assert_close_to_reference(out, out64, outlp, "out")
+    assert_bias_attention_close(case, (out, grads), (out64, grads64), (outlp, gradslp), dtype)
     for name in grads:
-        if name == "dbias_scale" and dtype != torch.float32:
-            check_bias_scale_grad(case, grads, grads64, gradslp)
-        else:
-            assert_close_to_reference(grads[name], grads64[name], gradslp[name], name)
         if grads64[name].abs().max() > 1e-3:
             assert grads[name].abs().max() > 0, f"{name} is all zeros"
     return out, grads

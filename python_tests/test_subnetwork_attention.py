@@ -14,7 +14,7 @@ from syntaxkernels import reference
 from syntaxkernels.tools.workloads import random_document
 from syntaxkernels.ops import subnetwork_attention as subnet
 from syntaxkernels.ops._dispatch import interpreting
-from syntaxkernels.testing import assert_close_to_reference
+from syntaxkernels.tools.testing import assert_close_to_reference
 from syntaxkernels.trees import batch as tree_batch_module
 
 from conftest import CPP, KERNEL_DEVICE, TRITON, needs_cpp, needs_triton, trees_of_kind

@@ -841,10 +841,10 @@ def test_verify_reports_a_listed_check_module_that_does_not_exist(monkeypatch):
     check (it is never skipped silently)."""
     from syntaxkernels.tools import checks
 
-    monkeypatch.setattr(checks, "MODULES", ["syntaxkernels.checks.no_such_module"])
+    monkeypatch.setattr(checks, "MODULES", ["syntaxkernels.tools.checks.no_such_module"])
     [(name, module, error)] = list(checks._modules())
-    assert name == "syntaxkernels.checks.no_such_module" and module is None
+    assert name == "syntaxkernels.tools.checks.no_such_module" and module is None
     assert isinstance(error, ModuleNotFoundError) and not isinstance(error, checks.Skip)
     rows = checks.run_checks("cpu", select="something else")
-    assert [(r["check"], r["status"]) for r in rows] == [("syntaxkernels.checks.no_such_module", "FAIL")]
+    assert [(r["check"], r["status"]) for r in rows] == [("syntaxkernels.tools.checks.no_such_module", "FAIL")]
     assert "no_such_module" in rows[0]["detail"]

@@ -719,7 +719,7 @@ def table_gradient_summary(reports: Sequence["KernelReport"], N: int = 1024, row
     """The weighted cost of the table kernel on treebank trees (None without the treebank).
 
     For each dense bf16 target report of ``_bias_bwd_table_kernel`` (D = 64, 128; every arch inspected) and
-    three workloads built from the treebank's sentences at N tokens (:mod:`syntaxkernels.workloads`: packed
+    three workloads built from the treebank's sentences at N tokens (:mod:`syntaxkernels.tools.workloads`: packed
     sentences, sentences chained into one tree, sentences under one root token), the tile fractions of
     :func:`table_gradient_tiles` and :func:`weighted_table_cost`. Returns ``{"rows": [...], "text": str}``.
     """
@@ -1616,7 +1616,7 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
 # ---------------------------------------------------------------------------------------------------------
 
 #: The batches the edge report walks: two of its own (the lists of 4 x 1024 tokens of whole sentences, packed
-#: as a forest or under one [CLS]-like root) and named workloads of :mod:`syntaxkernels.workloads`.
+#: as a forest or under one [CLS]-like root) and named workloads of :mod:`syntaxkernels.tools.workloads`.
 EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")
 #: The lists per batch: the relation masks of ``MaskSpec()`` and the GAT windows 1..4.
 EDGE_LISTS = ("relations", "window-1", "window-2", "window-3", "window-4")

@@ -4,14 +4,14 @@ CHECKS: the Triton kernels against the fp64 reference (forward and the q, k, v, 
 gradients) on the current device: CUDA at real sizes, or CPU under ``TRITON_INTERPRET=1`` at small sizes
 (skipped otherwise); and ``deterministic=True``: close to the reference, and bit-identical over repeated runs
 (on CPU the interpreter runs the programs in shuffled orders, see
-:func:`syntaxkernels.checks.shuffled_program_order`, since in index order every run is trivially the same).
+:func:`syntaxkernels.tools.checks.shuffled_program_order`, since in index order every run is trivially the same).
 BENCHES: forward and forward+backward times of the kernel and the reference on CUDA, each size checked against
 the reference before it is timed (skipped on CPU, where the cost model of the compiled kernels is reported).
 """
 from __future__ import annotations
 
 import contextlib
-
+import functools
 import os
 import random
 
@@ -19,13 +19,12 @@ import torch
 
 from . import Bench, Check, Skip, shuffled_program_order
 from syntaxkernels._interpreter import interpreting
+from syntaxkernels.tools.testing import GRADIENTS, bias_attention_case, bias_attention_grads, compare_bias_attention
 
-#: Names of what :func:`_grads` returns, in order.
+#: Names of what :func:`_grads` returns, in order (the gradients are :data:`syntaxkernels.tools.testing.GRADIENTS`).
 OUTPUTS = ("out", "dq", "dk", "dv", "dtable", "dscale")
 #: The bias strength c (``bias_scale``) every check differentiates.
 BIAS_SCALE = 0.9
-#: Largest relative mismatch allowed in ``c * dscale == sum(table * dtable)`` (fp32 sums in another order).
-IDENTITY_TOLERANCE = 1e-3
 
 
 def _usable(device: str) -> None:
@@ -34,79 +33,38 @@ def _usable(device: str) -> None:
 
 
 def _inputs(device, B, H, N, D, dtype, lengths=None, per_head=False, seed=0):
-    import syntaxkernels as sk
-
+    """The shared case (:func:`syntaxkernels.tools.testing.bias_attention_case`, c = :data:`BIAS_SCALE`) on one random
+    tree per item (each token's head an earlier token), with ``distance`` and ``lengths`` on ``device`` and the
+    ``device`` named."""
     rng = random.Random(seed)
     lengths = lengths or [N] * B
     heads = [[-1] + [rng.randrange(0, i) for i in range(1, L)] if L else [] for L in lengths]
-    distance = sk.tree_distance(heads, torch.tensor(lengths))
-    if distance.shape[-1] < N:
-        padded = torch.full((B, N, N), 255, dtype=torch.uint8)
-        padded[:, :distance.shape[-1], :distance.shape[-1]] = distance
-        distance = padded
-    gen = torch.Generator().manual_seed(seed)
-    buckets = sk.BucketSpec()
-    q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
-    table = torch.randn((H, buckets.num_buckets) if per_head else (buckets.num_buckets,), generator=gen)
-    return dict(q=q, k=k, v=v, distance=distance.to(device), table=table, buckets=buckets,
-                lengths=torch.tensor(lengths, device=device), device=device)
+    case = bias_attention_case(B, H, N, D, dtype, lengths=lengths, per_head=per_head, seed=seed, heads=heads,
+                               bias_scale=BIAS_SCALE)
+    return dict(case, distance=case["distance"].to(device), lengths=case["lengths"].to(device), device=device)
 
 
 def _grads(inp, dtype, backend, grad_out, **kw):
+    """``[out, dq, dk, dv, dtable, dscale]`` of ``syntax_bias_attention(backend=backend)`` on ``inp``."""
     import syntaxkernels as sk
 
-    device = inp["device"]
-    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
-    q, k, v = (inp[n].to(device, dtype).requires_grad_() for n in ("q", "k", "v"))
-    table = inp["table"].to(device, pdtype).requires_grad_()
-    c = torch.tensor([BIAS_SCALE], device=device, dtype=pdtype, requires_grad=True)
-    out = sk.syntax_bias_attention(q, k, v, inp["distance"], table, buckets=inp["buckets"], bias_scale=c,
-                                   lengths=inp["lengths"], backend=backend, **kw)
-    grads = torch.autograd.grad(out, (q, k, v, table, c), grad_out.to(device, dtype))
-    return [out, *grads]
-
-
-def _scale_gradient(inp, got, ref64, reflp):
-    """``(ok, err, bound, mismatch)`` for the bias-scale gradient ``dscale`` (one scalar).
-
-    With ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]`` and ``G[t]`` the sum of dS over the pairs in
-    bucket t, ``dtable = c * G`` and ``dscale = sum_t table[t] * G[t]``. So (1) ``c * dscale`` must equal
-    ``sum(table * dtable)`` of the same run up to fp32 summation order (``mismatch``, relative to
-    ``sum |table * dtable|``): a scale gradient that is missing, zero, of the wrong sign or computed from
-    other sums fails this; and (2) ``dscale`` must be as close to the fp64 reference as the dtable bound allows
-    once propagated through that sum (``||table||_1 * bound(dtable) / |c|``), or as the usual rule allows
-    (a single scalar of the low-precision reference can be accurate by luck, which makes that rule alone
-    fragile).
-    """
-    from syntaxkernels.testing import compare_to_reference
-
-    _, _, dtable_bound = compare_to_reference(got[4], ref64[4], reflp[4])
-    _, err, rule_bound = compare_to_reference(got[5], ref64[5], reflp[5])
-    table = inp["table"].to(got[4].device, torch.float64)
-    propagated = table.abs().sum().item() * dtable_bound / abs(BIAS_SCALE)
-    bound = max(rule_bound, propagated)
-    products = table * got[4].detach().double()
-    mismatch = abs(BIAS_SCALE * got[5].detach().double().sum().item() - products.sum().item())
-    mismatch /= max(products.abs().sum().item(), 1e-30)
-    return err <= bound and mismatch <= IDENTITY_TOLERANCE, err, bound, mismatch
+    op = functools.partial(sk.syntax_bias_attention, backend=backend)
+    out, grads = bias_attention_grads(op, inp, dtype, grad_out, inp["device"], **kw)
+    return [out, *grads.values()]
 
 
 def _against_reference(inp, dtype, grad_out, got, **kw):
     """``(ok, detail)``: each of :data:`OUTPUTS` of ``got`` against the fp64 reference, as ``name err/bound``
-    (``dscale`` by :func:`_scale_gradient`, its identity mismatch in brackets)."""
-    from syntaxkernels.testing import compare_to_reference
-
+    (:func:`syntaxkernels.tools.testing.compare_bias_attention`: ``dscale`` by the bias-scale gradient rule, its
+    identity mismatch in brackets)."""
     ref64 = _grads(inp, torch.float64, "reference", grad_out, **kw)
     reflp = _grads(inp, dtype, "reference", grad_out, **kw)
+    runs = [(run[0], dict(zip(GRADIENTS, run[1:]))) for run in (got, ref64, reflp)]
     details, ok = [], True
-    for name, a, r64, rlp in zip(OUTPUTS[:5], got, ref64, reflp):
-        good, err, bound = compare_to_reference(a, r64, rlp)
+    for name, (_, good, err, bound, mismatch) in zip(OUTPUTS, compare_bias_attention(inp, *runs, dtype)):
         ok &= good
-        details.append(f"{name} {err:.1e}/{bound:.1e}" + ("" if good else " FAIL"))
-    good, err, bound, mismatch = _scale_gradient(inp, got, ref64, reflp)
-    ok &= good
-    details.append(f"dscale {err:.1e}/{bound:.1e} [c*dscale vs sum(table*dtable): {mismatch:.0e}]"
-                   + ("" if good else " FAIL"))
+        identity = "" if mismatch is None else f" [c*dscale vs sum(table*dtable): {mismatch:.0e}]"
+        details.append(f"{name} {err:.1e}/{bound:.1e}{identity}" + ("" if good else " FAIL"))
     return ok, ", ".join(details)
 
 

@@ -12,14 +12,14 @@ the torch profiler's allocator events.
 """
 from __future__ import annotations
 
-import random
 import time
 from typing import Callable, Dict, List, Optional
 
 import torch
 
 from . import Bench, Check, Skip
-from .bias_attention import OUTPUTS, _against_reference, _bits_differ
+from syntaxkernels.tools.testing import bias_attention_case
+from .bias_attention import BIAS_SCALE, OUTPUTS, _against_reference, _bits_differ
 
 #: Rounds of the interleaved timing per provider (quick, full).
 ROUNDS = (5, 9)
@@ -34,22 +34,11 @@ def _usable() -> None:
 
 
 def _inputs(B, H, N, D, lengths=None, per_head=False, seed=0, heads=None):
-    import syntaxkernels as sk
-    from ..workloads import random_forest
-
-    rng = random.Random(seed)
+    """The shared case (:func:`syntaxkernels.tools.testing.bias_attention_case`: two random trees per item, or the given
+    ``heads`` rows; c = :data:`BIAS_SCALE`) on the CPU."""
     lengths = lengths or ([len(h) for h in heads] if heads else [N] * B)
-    if heads is None:
-        heads = [random_forest(rng, L, num_trees=2) if L else [] for L in lengths]
-    distance = torch.full((B, N, N), 255, dtype=torch.uint8)
-    built = sk.tree_distance(heads, torch.tensor(lengths))
-    distance[:, :built.shape[-1], :built.shape[-1]] = built
-    gen = torch.Generator().manual_seed(seed)
-    buckets = sk.BucketSpec()
-    q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
-    table = torch.randn((H, buckets.num_buckets) if per_head else (buckets.num_buckets,), generator=gen)
-    return dict(q=q, k=k, v=v, distance=distance, table=table, buckets=buckets, lengths=torch.tensor(lengths),
-                device="cpu")
+    return dict(bias_attention_case(B, H, N, D, lengths=lengths, per_head=per_head, seed=seed, heads=heads,
+                                    bias_scale=BIAS_SCALE), device="cpu")
 
 
 def _cpp(inp, dtype, grad_out, **kw):

@@ -6,7 +6,7 @@ the head pointers, the structural-probe loss computed from an explicit ``[B, N, 
 ``gradcheck`` in float64, and ``nn.TransformerEncoderLayer`` for the encoder layer.
 
 :func:`brute_force_masks` (the masks from the head pointers alone) is shared with the tests; the random trees come
-from :mod:`syntaxkernels.workloads`.
+from :mod:`syntaxkernels.tools.workloads`.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import Check
+from syntaxkernels.tools.testing import copy_into_torch_layer
 from ..workloads import random_forest  # the one tree generator
 
 __all__ = ["brute_force_masks", "CHECKS"]
@@ -178,17 +179,6 @@ def _check_probe_gram(device):
     return err < 1e-10, f"max |gram-form - explicit| = {err:.2e}"
 
 
-def _copy_into_torch_layer(ours, theirs):
-    attn = ours.self_attn
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        theirs.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
-        theirs.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
-        for name in ("linear1", "linear2", "norm1", "norm2"):
-            getattr(theirs, name).load_state_dict(getattr(ours, name).state_dict())
-
-
 def _check_encoder_layer_matches_torch(device):
     from syntaxkernels import TreeBatch
     from syntaxkernels.nn import SyntaxTransformerEncoderLayer
@@ -201,7 +191,7 @@ def _check_encoder_layer_matches_torch(device):
                                              backend="reference").to(device).double()
         theirs = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first,
                                                   batch_first=True).to(device).double()
-        _copy_into_torch_layer(ours, theirs)
+        copy_into_torch_layer(ours, theirs)
         x = torch.randn(2, 7, 16, dtype=torch.float64, device=device)
         padding = trees.key_padding_mask()
         got = ours(x, trees, src_key_padding_mask=padding)

@@ -33,7 +33,7 @@ def _usable(device: str, backend: str) -> None:
 def _check(device: str, backend: str, dtype: torch.dtype, n: int, pairwise: bool):
     import syntaxkernels as sk
     from syntaxkernels import reference
-    from syntaxkernels.testing import compare_to_reference
+    from syntaxkernels.tools.testing import compare_to_reference
 
     _usable(device, backend)
     rng = random.Random(0)
@@ -98,7 +98,7 @@ def time_rows(device: str, sentences, sizes, timer, heads: int = 12, dim: int = 
     timed."""
     import syntaxkernels as sk
     from syntaxkernels import reference
-    from syntaxkernels.testing import compare_to_reference
+    from syntaxkernels.tools.testing import compare_to_reference
 
     masks = sk.MaskSpec()
     rows = []
