@@ -18,7 +18,7 @@ import random
 import torch
 
 from . import Bench, Check, Skip, shuffled_program_order
-from syntaxkernels._interpreter import interpreting
+from syntaxkernels._interpreter import environment, interpreting
 from syntaxkernels.tools.testing import GRADIENTS, bias_attention_case, bias_attention_grads, compare_bias_attention
 
 #: Names of what :func:`_grads` returns, in order (the gradients are :data:`syntaxkernels.tools.testing.GRADIENTS`).
@@ -257,7 +257,7 @@ def bench_inspect(device, quick):
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/inspect.json"
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env = environment(interpret=False)
         proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--arch", "90", "--processes", "1",
                                "--select", "bias_attention bf16 D64 N1024 dense", "--json", out], env=env,
                               capture_output=True, text=True)
