@@ -140,7 +140,7 @@ def check_fp32_window(device):
 
 
 def _short_rows_check(device, shape):
-    from ..ops import bias_attention as op
+    from ..ops.bias_attention import configs as op
     from ..ops._primitives import arch_family, current_arch
 
     _usable(device)
@@ -206,7 +206,7 @@ def check_deterministic(device):
 @contextlib.contextmanager
 def _tiles(blocks):
     """The bias op's tiles forced to ``blocks`` (``BLOCK_M, BLOCK_N``) inside (the interpreter's small shapes)."""
-    from ..ops import bias_attention as op
+    from ..ops.bias_attention import configs as op
 
     previous = op._BLOCK_OVERRIDE
     op._BLOCK_OVERRIDE = blocks
