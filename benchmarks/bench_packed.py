@@ -260,7 +260,7 @@ def bias_call(mode, b, table, buckets, q, k, v):
 
 def check_bias(mode, data, table, buckets):
     """``(ok, detail)``: every batch's forward against the fp64 reference (valid rows)."""
-    from syntaxkernels.ops.bias_attention_varlen import reference_bias_attention_varlen
+    from syntaxkernels.ops.bias_attention._varlen import reference_bias_attention_varlen
     from syntaxkernels.tools.testing import compare_to_reference
 
     all_ok, worst = True, (0.0, 1.0)

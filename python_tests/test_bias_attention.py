@@ -21,6 +21,7 @@ from syntaxkernels.tools.checks import shuffled_program_order
 from syntaxkernels.tools.workloads import random_document
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
+from syntaxkernels.ops.bias_attention import _autograd, _host, _launch, configs
 from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
@@ -134,7 +135,7 @@ SMALL_TILE_CASES = [
 def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
     """16x16 tiles at N = 96: interior and boundary loops, one-bucket tiles (one row sum of dS) and tiles
     spanning several buckets (per-bucket sums) in the table kernel, live-tile lists for windows."""
-    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
     B, N = 2, 96
     opts = dict(opts)
     lengths = opts.pop("lengths", [N] * B)
@@ -145,10 +146,10 @@ def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
         heads = [_documents(1, L, kind[0], seed=b, chains=kind[1])[0] for b, L in enumerate(lengths)]
     case = make_case(B, 1, N, 32, dtype, lengths=lengths, heads=heads, **opts)
     # The case reaches the table-gradient paths: tiles in several buckets, and (without a window) in one.
-    tile_buckets = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16,
-                                    kw.get("window", -1), kw.get("causal", False), case["buckets"])
+    tile_buckets = _launch._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16,
+                                         kw.get("window", -1), kw.get("causal", False), case["buckets"])
     tile_buckets = tile_buckets.cpu()
-    if case["buckets"].num_buckets <= ba.STATIC_BUCKET_LIMIT:
+    if case["buckets"].num_buckets <= configs.STATIC_BUCKET_LIMIT:
         count = sum((tile_buckets >> t) & 1 for t in range(31))
     else:
         count = (tile_buckets // 256 - tile_buckets % 256 + 1).clamp(min=0)
@@ -164,12 +165,12 @@ def test_table_kernel_skips_the_most_frequent_one_bucket_tiles(monkeypatch, per_
     bucket gets minus everything walked. Two 48-token chains in a row at 16 x 16 tiles: far tiles inside a chain
     (the last distance bucket) and tiles between the chains (unreachable); each row of tiles skips one kind and
     walks the other on the one-bucket path, and the gradients equal the float64 reference's."""
-    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
     chains = [[-1] + list(range(47)) + [-1] + list(range(48, 95))] * 2
     case = make_case(2, 2, 96, 32, torch.bfloat16, heads=chains, per_head=per_head)
-    tiles = ba._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16, -1, False,
-                             case["buckets"])
-    skip = ba._skip_buckets(tiles, case["buckets"].num_buckets).cpu()
+    tiles = _launch._tile_buckets(case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32), 16, 16, -1,
+                                  False, case["buckets"])
+    skip = _launch._skip_buckets(tiles, case["buckets"].num_buckets).cpu()
     tiles = tiles.cpu()
     one_bucket = (tiles > 0) & ((tiles & (tiles - 1)) == 0)
     skipped = one_bucket & (tiles == (1 << skip.clamp(min=0))[..., None]) & (skip >= 0)[..., None]
@@ -182,16 +183,16 @@ def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head)
     """A table shared by the heads gets its gradient from one program per query block that sums the heads' dS
     before the per-bucket reduction (``HEADS = H``); a per-head table from one program per head. 3 heads,
     16x16 tiles (one-bucket and mixed ones), ragged, against the float64 reference."""
-    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (16, 16))
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
     launched = []
-    real_launch = ba.launch
+    real_launch = _launch.launch
 
     def spy(fn, grid, *args, **kwargs):
         if fn.fn.__name__ == "_bias_bwd_table_kernel":
             launched.append((grid, kwargs["HEADS"]))
         real_launch(fn, grid, *args, **kwargs)
 
-    monkeypatch.setattr(ba, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)
     heads = [_documents(1, L, 12, seed=b)[0] for b, L in enumerate([64, 41])]
     case = make_case(2, 3, 64, 32, torch.bfloat16, lengths=[64, 41], heads=heads, per_head=per_head)
     check_against_reference(case)
@@ -228,13 +229,13 @@ SHORT2_CASES = [
 
 def _spy_launches(monkeypatch):
     names = []
-    real_launch = ba.launch
+    real_launch = _launch.launch
 
     def spy(fn, grid, *args, **kwargs):
         names.append(fn.fn.__name__)
         real_launch(fn, grid, *args, **kwargs)
 
-    monkeypatch.setattr(ba, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)
     return names
 
 
@@ -289,7 +290,7 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
     assert kernel in names
     for name in short[0][1]:
         assert torch.equal(short[0][1][name], short[1][1][name]), name
-    monkeypatch.setattr(ba, "_SHORT_ROWS", False)
+    monkeypatch.setattr(configs, "_SHORT_ROWS", False)
     names.clear()
     tiled = _run(case, torch.bfloat16, "triton", grad_out)
     assert kernel not in names and "_bias_bwd_dkdv_kernel" in names
@@ -312,7 +313,7 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
     (57, torch.bfloat16, 1, "small", 120, True),
 ])
 def test_short_row_dispatch(N, dtype, rows, family, arch, takes):
-    config = ba._short_config(N, dtype, 64, rows, family, arch)
+    config = configs._short_config(N, dtype, 64, rows, family, arch)
     assert (config is not None) == takes
     if takes:
         assert config["BLOCK_M"] == config["BLOCK_N"] and 2 * config["BLOCK_M"] >= N
@@ -327,7 +328,7 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
     heads = [_documents(1, L, 10, seed=b)[0] for b, L in enumerate([80, 45])]
     case = make_case(B, 1, N, 32, torch.float32, lengths=[80, 45], heads=heads, buckets=spec)
     distance, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32)
-    tile_buckets = ba._tile_buckets(distance, lengths, bm, bn, window, causal, spec).cpu()  # [B, nQ, nK]
+    tile_buckets = _launch._tile_buckets(distance, lengths, bm, bn, window, causal, spec).cpu()  # [B, nQ, nK]
     allowed = reference.allowed_pairs(distance.cpu(), lengths.cpu(), None if window < 0 else window, causal)
     buckets = spec.lut()[distance.cpu().long()]
     for b in range(B):
@@ -336,7 +337,7 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
                 tile = (slice(qi * bm, (qi + 1) * bm), slice(ki * bn, (ki + 1) * bn))
                 present = set(buckets[b][tile][allowed[b][tile]].tolist())
                 value = int(tile_buckets[b, qi, ki])
-                if spec.num_buckets <= ba.STATIC_BUCKET_LIMIT:
+                if spec.num_buckets <= configs.STATIC_BUCKET_LIMIT:
                     assert {t for t in range(31) if value >> t & 1} == present
                 elif present:
                     assert value % 256 <= min(present) and max(present) <= value // 256
@@ -346,7 +347,7 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
 
 def test_real_block_size_with_padding_and_causal():
     """The launcher's own tile sizes on N just over one tile, ragged and causal."""
-    assert ba._BLOCK_OVERRIDE is None
+    assert configs._BLOCK_OVERRIDE is None
     case = make_case(2, 1, 70, 64, torch.float32, lengths=[70, 66])
     check_against_reference(case, causal=True)
 
@@ -360,7 +361,7 @@ def test_deterministic_bit_identical(monkeypatch):
     8 programs add to each row."""
     from syntaxkernels.tools.checks import shuffled_program_order
 
-    monkeypatch.setattr(ba, "_BLOCK_OVERRIDE", (32, 64))
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (32, 64))
     case = make_case(2, 2, 100, 32, torch.bfloat16, lengths=[100, 80], per_head=True)
     grad_out = torch.randn(2, 2, 100, 32)
 
@@ -422,7 +423,7 @@ def test_bias_lut_and_in_kernel_buckets_equal_the_spec(spec):
     kernel's compile-time bucket ranges select exactly the distances ``BucketSpec.lut()`` maps to each bucket."""
     table = torch.randn(2, spec.num_buckets, device=DEVICE)
     c = torch.tensor([0.7], device=DEVICE)
-    lut = ba.bias_lut(table, c, spec, window=6)
+    lut = _host.bias_lut(table, c, spec, window=6)
     expect = table[:, spec.lut().to(DEVICE)] * 0.7 * 1.4426950408889634
     expect[:, 7:] = float("-inf")
     torch.testing.assert_close(lut, expect)
@@ -642,7 +643,7 @@ def test_lut_attention_full_and_pairwise_masks():
 
 def _op_args(case, dtype=torch.float32):
     lengths = case["lengths"].to(DEVICE, torch.int32)
-    lut = ba.bias_lut(case["table"].to(DEVICE), case["bias_scale"].to(DEVICE), case["buckets"], 3)
+    lut = _host.bias_lut(case["table"].to(DEVICE), case["bias_scale"].to(DEVICE), case["buckets"], 3)
     return (case["q"].to(DEVICE, dtype), case["k"].to(DEVICE, dtype), case["v"].to(DEVICE, dtype),
             case["distance"].to(DEVICE), lut, lengths, 0.2, 3, False)
 
@@ -662,7 +663,7 @@ def test_opcheck_forward_and_backward():
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
     out, lse = torch.ops.syntaxkernels.bias_attention_fwd(*args)
     dout = torch.randn_like(out)
-    bwd_args = (dout, *args[:3], out, lse, *args[3:], *ba.bucket_args(case["buckets"]), True)
+    bwd_args = (dout, *args[:3], out, lse, *args[3:], *_host.bucket_args(case["buckets"]), True)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd_args, test_utils=utils)
 
 
@@ -711,8 +712,8 @@ def test_cuda_real_sizes(case_def):
 def test_cuda_auto_backend_uses_triton(monkeypatch):
     case = make_case(2, 2, 128, 64, torch.bfloat16)
     called = []
-    original = ba._SyntaxBiasAttention.apply
-    monkeypatch.setattr(ba._SyntaxBiasAttention, "apply", lambda *a: called.append(1) or original(*a))
+    original = _autograd._SyntaxBiasAttention.apply
+    monkeypatch.setattr(_autograd._SyntaxBiasAttention, "apply", lambda *a: called.append(1) or original(*a))
     q = case["q"].cuda().bfloat16()
     sk.syntax_bias_attention(q, q, q, case["distance"].cuda(), case["table"].cuda(), buckets=case["buckets"])
     assert called

@@ -10,8 +10,8 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.ops import bias_attention as ba
-from syntaxkernels.ops import bias_attention_cpu as C
+from syntaxkernels.ops.bias_attention import _cpu as C
+from syntaxkernels.ops.bias_attention import _host
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 from syntaxkernels.tools.workloads import random_document
 
@@ -218,7 +218,7 @@ def test_bad_inputs_raise_the_same_value_errors(bad, match):
 
 def test_kernel_rejects_inconsistent_tensors():
     case = make_case(1, 2, 8, 16, torch.float32)
-    lut = ba.bias_lut(case["table"], case["bias_scale"], case["buckets"], -1)
+    lut = _host.bias_lut(case["table"], case["bias_scale"], case["buckets"], -1)
     lengths = case["lengths"].to(torch.int32)
     with pytest.raises(RuntimeError, match="lut"):
         C.bias_attention_cpu_forward(case["q"], case["k"], case["v"], case["distance"], lut[:, :100], lengths, 0.25,
@@ -230,7 +230,7 @@ def test_kernel_rejects_inconsistent_tensors():
 
 def test_opcheck_forward_and_backward():
     case = make_case(2, 2, 20, 32, torch.float32, lengths=[20, 11], per_head=True)
-    lut = ba.bias_lut(case["table"], case["bias_scale"], case["buckets"], 3)
+    lut = _host.bias_lut(case["table"], case["bias_scale"], case["buckets"], 3)
     args = (case["q"], case["k"], case["v"], case["distance"], lut, case["lengths"].to(torch.int32), 0.2, 3, True)
     utils = ("test_schema", "test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_cpu_fwd, args, test_utils=utils)

@@ -9,6 +9,8 @@ import torch
 import syntaxkernels as sk
 from syntaxkernels import reference
 from syntaxkernels.ops import edge_attention as E
+from syntaxkernels.ops.edge_attention import _kernels as EK
+from syntaxkernels.ops.edge_attention import configs as EC
 from syntaxkernels.ops._dispatch import interpreting
 from syntaxkernels.tools.testing import assert_close_to_reference
 
@@ -119,7 +121,7 @@ def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
 @needs_triton
 def test_int64_row_offsets_match_reference(monkeypatch):
     """Tensors spanning 2^31 elements or more take the int64 offsets: forced here by lowering the limit."""
-    monkeypatch.setattr(E, "_INT32_LIMIT", 0)
+    monkeypatch.setattr(EK, "_INT32_LIMIT", 0)
     monkeypatch.setattr(E, "SCHEDULE_CHUNK", 3)
     check_against_reference(trees_of_kind("packed", 15, seed=14), MASKS, "triton", KERNEL_DEVICE, torch.float32)
 
@@ -223,7 +225,7 @@ def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
 def test_rows_over_several_threads_match_reference(dtype, D, DV):
     """Head dims whose rows the kernels spread over 2 or 4 threads (``edge_config``'s TPR; the forward's half
     types over half as many), padded ones included: the row tiles' column order covers every element once."""
-    cfg = E.edge_config(dtype, max(D, DV))
+    cfg = EC.edge_config(dtype, max(D, DV))
     assert cfg["TPR"] > 1
     check_against_reference(trees_of_kind("star", 15, seed=7), MASKS, "triton", KERNEL_DEVICE, dtype, D=D, DV=DV)
 
@@ -312,7 +314,7 @@ def test_auto_backend_on_cpu_runs_the_cpp_kernels(monkeypatch):
     trees = trees_of_kind("random", 12)
     lists = trees.relation_lists(MASKS)
     q, k, v = (torch.randn(3, 1, 12, 8) for _ in range(3))
-    assert E.resolve_edge_backend("auto", q, v) == ("cpp" if HAS_EDGE_CPP else "reference")
+    assert E.implementation(q, v, "auto") == ("cpp" if HAS_EDGE_CPP else "reference")
     if HAS_EDGE_CPP:
         monkeypatch.setattr(E, "_reference_edge_attention", lambda *a: pytest.fail("the reference ran"))
         E.edge_list_attention(q, k, v, lists)

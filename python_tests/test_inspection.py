@@ -89,7 +89,7 @@ def test_workload_kernels_compile_without_spills_and_fit_shared_memory(workload_
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
 def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports):
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import configs as op
 
     tiled = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
              "_block_bucket_mask_kernel"}

@@ -53,7 +53,15 @@ def test_import_without_triton_falls_back_to_reference():
         out = sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), lengths=trees.lengths)
         ref = sk.reference.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(),
                                                  lengths=trees.lengths)
-        assert torch.equal(out, ref)
+        # float32 on CPU: the C++ kernels, as with Triton (float64 and inputs they do not take: the reference)
+        from syntaxkernels import _ext
+        assert sk.ops.bias_attention.implementation(q, q) == ("cpp" if _ext.available() else "reference")
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+        assert torch.equal(sk.syntax_bias_attention(q.double(), q.double(), q.double(), trees.distance, table.double(),
+                                                    buckets=sk.BucketSpec(), lengths=trees.lengths),
+                           sk.reference.syntax_bias_attention(q.double(), q.double(), q.double(), trees.distance,
+                                                              table.double(), buckets=sk.BucketSpec(),
+                                                              lengths=trees.lengths))
         out, nonempty = sk.syntax_subnetwork_attention(q, q, q, trees, sk.MaskSpec())
         assert out.shape == (2, sk.MaskSpec().num_masks, 2, 3, 8)
         try:
@@ -136,6 +144,49 @@ def test_packed_calls_without_triton_match_the_padded_reference():
         else:
             raise AssertionError("a short packed distance must raise")
         assert "triton" not in sys.modules
+        print("OK")
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_without_triton_each_op_runs_its_cpp_path_and_info_says_so():
+    """Without Triton every op still runs what it runs with Triton on CPU tensors: the sub-network op (relation
+    masks and dense masks) takes the C++ edge kernels and the SDPA CPU kernel, not the reference; each op's
+    ``implementation`` says so, and ``info`` reports what runs (asked from those functions)."""
+    from syntaxkernels import _ext
+
+    if not (_ext.available() and hasattr(_ext.load(), "edge_attention_forward")):
+        pytest.skip("the C++ extension is not built")
+    code = BLOCK_TRITON + textwrap.dedent(
+        """
+        import warnings, torch
+        warnings.simplefilter("ignore")
+        import syntaxkernels as sk
+        from syntaxkernels import reference
+        from syntaxkernels.__main__ import _backends
+        from syntaxkernels.ops import subnetwork_attention
+        trees = sk.TreeBatch.from_heads([[1, -1, 1, 2], [-1, 0]])
+        q, k, v = (torch.randn(2, 2, 4, 8, requires_grad=True) for _ in range(3))
+        for name, implementation in sk.ops.IMPLEMENTATION.items():
+            assert implementation(q, v) == "cpp", name
+            assert implementation(q.double(), v.double()) == ("reference" if name == "syntax_bias_attention"
+                                                              else "cpp"), name
+        want, want_flags = reference.syntax_subnetwork_attention(q, k, v, trees, sk.MaskSpec())
+        ran = []
+        real = subnetwork_attention._SubnetworkCPU.apply
+        subnetwork_attention._SubnetworkCPU.apply = lambda *a: ran.append(1) or real(*a)
+        reference.syntax_subnetwork_attention = None  # the reference must not run
+        out, flags = sk.syntax_subnetwork_attention(q, k, v, trees, sk.MaskSpec())
+        assert ran == [1]
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(flags, want_flags)
+        out.sum().backward()
+        assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+        rows = {name: (cpu, gpu) for name, cpu, gpu in _backends(torch, False)}
+        for name in sk.ops.__all__:
+            assert rows[name][0].startswith("C++ kernels"), rows[name]
         print("OK")
         """
     )

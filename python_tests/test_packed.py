@@ -13,7 +13,8 @@ import torch
 import syntaxkernels as sk
 from syntaxkernels import _ext
 from syntaxkernels.ops import _primitives as P
-from syntaxkernels.ops import bias_attention_varlen as bv
+from syntaxkernels.ops.bias_attention import _host, _varlen
+from syntaxkernels.ops.bias_attention import _varlen_kernels as bv
 from syntaxkernels.tools.testing import assert_bias_attention_close, count_host_reads
 from syntaxkernels.trees import PackedTreeBatch
 from syntaxkernels.tools.workloads import random_forest
@@ -161,8 +162,8 @@ def _run_packed(case, dtype, backend, **kw):
     table = case["table"].to(DEVICE, pdtype).detach().requires_grad_()
     c = case["bias_scale"].to(DEVICE, pdtype).detach().requires_grad_()
     if backend == "spec":  # the reference sequence by sequence
-        out = bv.reference_bias_attention_varlen(q, k, v, packed.distance, table, buckets=case["buckets"],
-                                                 cu_seqlens=packed.cu_seqlens, bias_scale=c, **kw)
+        out = _varlen.reference_bias_attention_varlen(q, k, v, packed.distance, table, buckets=case["buckets"],
+                                                      cu_seqlens=packed.cu_seqlens, bias_scale=c, **kw)
     else:
         out = sk.syntax_bias_attention(q, k, v, packed.distance, table, buckets=case["buckets"], bias_scale=c,
                                        cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen, backend=backend,
@@ -308,7 +309,7 @@ def test_deterministic_and_without_host_reads():
     with count_host_reads() as reads:  # the op past the host-side input checks: forward and backward
         out = bv._VarlenBiasAttention.apply(q, k, v, packed.distance, table, torch.ones(1, device=DEVICE),
                                             packed.cu_seqlens, 0.125, -1, False,
-                                            sk.ops.bias_attention.bucket_args(case["buckets"]))
+                                            _host.bucket_args(case["buckets"]))
         out.sum().backward()
     assert reads == [], reads
     assert q.grad is not None and table.grad is not None
@@ -324,7 +325,7 @@ def test_auto_on_cpu_runs_the_cpp_kernels_and_matches_the_reference(opts):
     opts = dict(opts)
     kw = {k: opts.pop(k) for k in ("window", "causal") if k in opts}
     case = make_packed_case([6, 0, 11, 1, 23], 2, 16, seed=10, **opts)
-    from syntaxkernels.ops import bias_attention_cpu
+    from syntaxkernels.ops.bias_attention import _cpu as bias_attention_cpu
 
     calls = []
     original = bias_attention_cpu.cpu_bias_attention
@@ -381,12 +382,12 @@ def test_walked_tiles_model_matches_a_brute_force_count():
         for start in range(0, T, block):
             first, last = seq[start], seq[min(start + block, T) - 1]
             walked += -(-(cu[last + 1] - cu[first]) // step)
-        assert bv.walked_tiles(lengths, block, step) == (-(-T // block), walked)
+        assert _varlen.walked_tiles(lengths, block, step) == (-(-T // block), walked)
 
 
 def _valid_share(workload, family="sm90"):
     config = bv.select_varlen_config("fwd", torch.bfloat16, 64, family)
-    _, walked = bv.walked_tiles(workload.lengths, config["BLOCK_M"], config["BLOCK_N"])
+    _, walked = _varlen.walked_tiles(workload.lengths, config["BLOCK_M"], config["BLOCK_N"])
     return workload.valid_pairs() / (walked * config["BLOCK_M"] * config["BLOCK_N"])
 
 
@@ -755,11 +756,11 @@ def test_torch_compile_fullgraph_and_opcheck():
     compiled = torch.compile(f, fullgraph=True, backend="inductor" if DEVICE == "cuda" else "eager")
     out = compiled(q, k, v, packed.distance, table, packed.cu_seqlens)
     out.sum().backward()
-    ref = bv.reference_bias_attention_varlen(q.detach(), k, v, packed.distance, table.detach(),
-                                             buckets=sk.BucketSpec(), cu_seqlens=packed.cu_seqlens, window=3)
+    ref = _varlen.reference_bias_attention_varlen(q.detach(), k, v, packed.distance, table.detach(),
+                                                  buckets=sk.BucketSpec(), cu_seqlens=packed.cu_seqlens, window=3)
     torch.testing.assert_close(out.detach(), ref, atol=2e-5, rtol=1e-5)
     assert table.grad is not None and table.grad.abs().max() > 0
-    lut = sk.ops.bias_attention.bias_lut(table.detach(), torch.ones(1, device=DEVICE), sk.BucketSpec(), 3)
+    lut = _host.bias_lut(table.detach(), torch.ones(1, device=DEVICE), sk.BucketSpec(), 3)
     args = (q.detach(), k, v, packed.distance, lut, packed.cu_seqlens, 0.2, False)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_varlen_fwd, args,
                           test_utils=("test_schema", "test_faketensor"))

@@ -7,7 +7,7 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels.ops import _primitives as P
-from syntaxkernels.ops import bias_attention as ba
+from syntaxkernels.ops.bias_attention import _backward, _forward, _host, _launch, configs
 from syntaxkernels.trees import batch as tb
 
 from conftest import KERNEL_DEVICE as DEVICE
@@ -73,7 +73,7 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
             seen.append((name, distance.data_ptr(), distance.stride()))
         real_launch(kernel, grid, *args, **kwargs)
 
-    monkeypatch.setattr(ba, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)
     table = torch.randn(sk.BucketSpec().num_buckets, device=DEVICE, requires_grad=True)
     out = sk.syntax_bias_attention(q, k, v, d, table, buckets=sk.BucketSpec(), lengths=trees.lengths.to(DEVICE),
                                    backend="triton")
@@ -82,9 +82,9 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
                                              "_bias_bwd_table_kernel"}
     for name, ptr, stride in seen:
         assert ptr == d.data_ptr() and stride == d.stride(), name
-    _, lse = ba.bias_attention_forward(q.detach(), k, v, d, ba.bias_lut(torch.zeros(12, device=DEVICE),
-                                       torch.ones(1, device=DEVICE), sk.BucketSpec(), -1),
-                                       trees.lengths.to(DEVICE, torch.int32), 0.1, -1, False)
+    _, lse = _launch.bias_attention_forward(q.detach(), k, v, d, _host.bias_lut(torch.zeros(12, device=DEVICE),
+                                            torch.ones(1, device=DEVICE), sk.BucketSpec(), -1),
+                                            trees.lengths.to(DEVICE, torch.int32), 0.1, -1, False)
     assert lse.shape == (2, 2, N) and lse.stride(1) % 16 == 0
 
 
@@ -192,15 +192,16 @@ def test_backward_tensor_core_work_follows_the_length(monkeypatch, table_grad):
             return f(a, b, *rest)
         return product
 
-    real_launch = ba.launch
+    real_launch = _launch.launch
 
     def spy(fn, grid, *args, **kwargs):
         kernel[0] = fn.fn.__name__
         real_launch(fn, grid, *args, **kwargs)
 
-    monkeypatch.setattr(ba, "mma", counting(ba.mma))
-    monkeypatch.setattr(ba, "mma_acc", counting(ba.mma_acc))
-    monkeypatch.setattr(ba, "launch", spy)
+    for kernels in (_forward, _backward):  # the backward's kernels and the query-row helpers they share
+        monkeypatch.setattr(kernels, "mma", counting(kernels.mma))
+        monkeypatch.setattr(kernels, "mma_acc", counting(kernels.mma_acc))
+    monkeypatch.setattr(_launch, "launch", spy)
 
     def backward_work(N, L):
         work.clear()
@@ -245,7 +246,7 @@ FAMILY_CASES = [
 def test_every_family_configs_match_the_reference(arch, name, shape, dtype, make, opts):
     previous = P.interpret_as(arch)
     try:
-        assert ba.select_config("dkdv", dtype, 64) == ba.select_config("dkdv", dtype, 64, P.arch_family(arch))
+        assert configs.select_config("dkdv", dtype, 64) == configs.select_config("dkdv", dtype, 64, P.arch_family(arch))
         case = _directed_case(N=33) if shape is None else make_case(*shape, dtype, **make)
         check_against_reference(case, **opts)
     finally:
@@ -264,7 +265,7 @@ def test_families_and_shared_memory_limits():
     with pytest.raises(ValueError, match="sm_80 or newer"):
         previous = P.interpret_as(75)
         try:
-            ba.select_config("fwd", torch.bfloat16, 64)
+            configs.select_config("fwd", torch.bfloat16, 64)
         finally:
             P.interpret_as(previous)
 
@@ -301,9 +302,9 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     import gc
 
     built = []
-    real_lists, real_buckets = ba._build_lists, ba._tile_buckets
-    monkeypatch.setattr(ba, "_build_lists", lambda *a, **k: built.append("lists") or real_lists(*a, **k))
-    monkeypatch.setattr(ba, "_tile_buckets", lambda *a, **k: built.append("buckets") or real_buckets(*a, **k))
+    real_lists, real_buckets = _launch._build_lists, _launch._tile_buckets
+    monkeypatch.setattr(_launch, "_build_lists", lambda *a, **k: built.append("lists") or real_lists(*a, **k))
+    monkeypatch.setattr(_launch, "_tile_buckets", lambda *a, **k: built.append("buckets") or real_buckets(*a, **k))
     trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2, 3, 4], [-1, 0, 1, 2]]).to(DEVICE)
     buckets = sk.BucketSpec()
 
@@ -345,10 +346,8 @@ def test_a_launch_that_does_not_fit_falls_back_or_says_why(monkeypatch):
     with pytest.raises(P.KernelDoesNotFit, match="does not fit this GPU.*shared memory.*backend='reference'"):
         sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="triton")
     # "auto" picks the Triton kernels only for CUDA tensors (the C++ ones on CPU): emulate that choice here.
-    from syntaxkernels.ops import bias_attention_cpu
-
-    monkeypatch.setattr(ba, "resolve_backend", lambda backend, device: "triton")
-    monkeypatch.setattr(bias_attention_cpu, "cpu_kernels_take", lambda q, v: False)
+    monkeypatch.setattr(_host, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(_host, "cpu_kernels_take", lambda q, v: False)
     with pytest.warns(RuntimeWarning, match="runs the reference on this GPU"):
         out = sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="auto")
     ref = sk.reference.syntax_bias_attention(*args, buckets=case["buckets"])
@@ -384,7 +383,7 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     transposed q, k, v the modules pass: torch.compile's backward graph relies on it."""
     from conftest import HAS_EDGE_CPP
 
-    from syntaxkernels.ops import bias_attention_cpu  # noqa: F401  (registers the ops)
+    from syntaxkernels.ops.bias_attention import _cpu  # noqa: F401  (registers the ops)
 
     if not HAS_EDGE_CPP:
         pytest.skip("C++ extension not built")
@@ -392,7 +391,7 @@ def test_cpu_bias_backward_fake_has_the_real_strides():
     x = torch.randn(2, 7, 2, 16)
     q, k, v = (x.transpose(1, 2) for _ in range(3))
     buckets = sk.BucketSpec()
-    lut = ba.bias_lut(torch.zeros(buckets.num_buckets), torch.ones(1), buckets, -1)
+    lut = _host.bias_lut(torch.zeros(buckets.num_buckets), torch.ones(1), buckets, -1)
     lengths = trees.lengths.to(torch.int32)
     out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(q, k, v, trees.distance, lut, lengths, 0.25, -1, False)
     args = (torch.randn_like(out), q, k, v, lse, trees.distance, lut, lengths, buckets.lut(), buckets.num_buckets,

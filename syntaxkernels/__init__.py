@@ -10,8 +10,8 @@ Public API (docs/api.md)::
     sk.reference.<same names>, sk.trees, sk.nn
 
 Names load on first use (PEP 562), so ``import syntaxkernels`` and ``python -m syntaxkernels --help`` do not
-import torch or Triton; the first use of an op imports them (and, without Triton, warns once that the ops run
-the reference).
+import torch or Triton; the first use of an op imports them (and, without Triton, warns once that only the C++
+kernels and the reference run).
 """
 import importlib
 

@@ -130,14 +130,13 @@ def _version(module: str) -> str:
 
 
 def _backends(torch, cuda: bool) -> List[tuple]:
-    """(what, on CPU tensors, on CUDA tensors) for the tree builder and every public fused op, backend="auto"."""
+    """(what, on CPU tensors, on CUDA tensors) for the tree builder and every public fused op, backend="auto": what
+    each op's own ``implementation`` says it runs (``ops.IMPLEMENTATION``) for a typical input (D = 64; float32 on
+    CPU, with what float64 runs where it differs; bfloat16 on CUDA)."""
     from . import _ext, ops
-    from .ops._dispatch import kernels_or_reference, resolve_backend, triton_status, triton_unsupported
-
-    from .ops.edge_attention import resolve_edge_backend
+    from .ops._dispatch import triton_status, triton_unsupported
 
     names = {"triton": "Triton kernels", "reference": "PyTorch reference", "cpp": "C++ kernels"}
-    status = triton_status()
     no_cuda = "n/a (no CUDA here)"
     rows = []
     if _ext.available():
@@ -151,30 +150,20 @@ def _backends(torch, cuda: bool) -> List[tuple]:
     else:
         gpu_builder = "C++ builder after a copy (no CUDA builder)"
     rows.append(("tree_distance / TreeBatch", cpu_builder, gpu_builder))
+    on_cpu_probe = torch.empty(1, 1, 1, 64)
     for name in ops.__all__:
-        if name == "syntax_bias_attention":
-            on_cpu = names[resolve_backend("auto", torch.device("cpu"))]
-            if status == "ok":  # the fused C++ kernels (ops/bias_attention_cpu.py) for fp32, bf16 and fp16
-                from .ops.bias_attention_cpu import cpu_kernels_take
-
-                probe = torch.empty(1, 1, 1, 64)
-                if cpu_kernels_take(probe, probe):
-                    on_cpu = "C++ kernels (float64: reference)"
-            on_gpu = no_cuda
-            if cuda:  # what the op itself decides for a typical input (bf16, D = 64) on this GPU
-                probe = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
-                chosen = kernels_or_reference("auto", resolve_backend("auto", probe.device), probe, probe)
-                on_gpu = names[chosen]
-        else:  # the edge-list ops: C++ kernels on CPU tensors (bf16, D = 64 stands for a typical input)
-            q = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16)
-            on_cpu = names[resolve_edge_backend("auto", q, q)]
-            on_gpu = names[resolve_edge_backend("auto", q.cuda(), q.cuda())] if cuda else no_cuda
-        if cuda and status != "ok":
-            on_gpu += " (no Triton)"
-        elif cuda and on_gpu == names["reference"]:  # e.g. a T4 (sm_75): say why
+        implementation = ops.IMPLEMENTATION[name]
+        on_cpu = names[implementation(on_cpu_probe, on_cpu_probe)]
+        float64 = implementation(on_cpu_probe.double(), on_cpu_probe.double())
+        if names[float64] != on_cpu:
+            on_cpu += f" (float64: {float64})"
+        on_gpu = no_cuda
+        if cuda:
             probe = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
-            why = triton_unsupported(probe, probe)
-            if why:
+            on_gpu = names[implementation(probe, probe)]
+            if triton_status() != "ok":
+                on_gpu += " (no Triton)"
+            elif on_gpu == names["reference"] and triton_unsupported(probe, probe):  # e.g. a T4 (sm_75): say why
                 major, minor = torch.cuda.get_device_capability()
                 on_gpu += f" (sm_{major}{minor}: the kernels need sm_80+)"
         rows.append((name, on_cpu, on_gpu))

@@ -10,29 +10,25 @@ Device helpers (``@triton.jit``):
   resolved at compile time): equal to ``BucketSpec.lut()``;
 - :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source.
 
-Host helpers: :func:`per_batch` (what an op derives from a batch's trees, computed once for all layers),
-:func:`launch` (through ``torch.library.wrap_triton``; :func:`set_launch_hook` lets the inspection
-report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
+Host helpers: :func:`per_batch` and ``LOG2E`` (from :mod:`._dispatch`, which needs no Triton: what an op derives
+from a batch's trees, computed once for all layers), :func:`launch` (through ``torch.library.wrap_triton``;
+:func:`set_launch_hook` lets the inspection report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
 :func:`arch_family` / :func:`current_arch` (the GPU families, :data:`ARCH_FAMILY`, and their shared-memory
-limits, :data:`SHARED_LIMIT`), ``LOG2E``.
+limits, :data:`SHARED_LIMIT`), :func:`launches_on` (whether a kernel launch for a tensor runs or is captured).
 
 Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``), so softmaxes use
 ``exp2``; distance tiles are uint8, 255 = unreachable (and out of range).
 """
-import weakref
-
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ._dispatch import interpreting
-
-LOG2E = 1.4426950408889634
+from ._dispatch import LOG2E, _BATCH_CACHE, interpreting, per_batch  # noqa: F401 (the kernel layer's names)
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
-           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit", "set_launch_hook",
-           "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family", "current_arch", "interpret_as", "SHARED_LIMIT",
-           "ARCH_FAMILY", "interpreting"]
+           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit",
+           "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
+           "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -253,12 +249,19 @@ _LAUNCH_HOOK = None
 def set_launch_hook(hook):
     """Route every :func:`launch` to ``hook(kernel, grid, args, kwargs)`` instead (None restores launching).
 
-    Used by :mod:`syntaxkernels.inspection`, which compiles each launch for a GPU this machine lacks. Returns
+    Used by :mod:`syntaxkernels.tools.inspection`, which compiles each launch for a GPU this machine lacks. Returns
     the previous hook.
     """
     global _LAUNCH_HOOK
     previous, _LAUNCH_HOOK = _LAUNCH_HOOK, hook
     return previous
+
+
+def launches_on(tensor) -> bool:
+    """Whether :func:`launch` runs (or captures) kernels for ``tensor``: a CUDA tensor, the interpreter, or a
+    launch hook installed (the inspection report compiling launches for a GPU this machine lacks). Else the
+    caller computes in PyTorch (e.g. the block metadata of CPU tensors)."""
+    return tensor.device.type != "cpu" or interpreting() or _LAUNCH_HOOK is not None
 
 
 class KernelDoesNotFit(RuntimeError):
@@ -304,40 +307,6 @@ def _launch(kernel, grid, args, kwargs):
             torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
         return
     torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
-
-
-_BATCH_CACHE: dict = {}
-
-
-def per_batch(tensors, key, compute):
-    """``compute()``, remembered while every tensor of ``tensors`` lives unchanged (same object, same version).
-
-    For what the fused ops derive from a batch's trees (live-tile lists, tile bucket sets, an aligned or
-    transposed distance, int32 lengths): every layer of a step passes the same ``TreeBatch`` tensors, so the
-    first layer computes and the others reuse, without a host synchronisation (device tensors are computed
-    on the device once, then handed out again). ``key`` says what was computed (block sizes, window, ...). An
-    entry goes when one of its tensors is freed; an in-place change of one (its version) misses. Not used
-    while ``torch.compile`` traces or on tensors without a version counter (inference mode): then computed.
-    """
-    import torch
-    from torch._subclasses.fake_tensor import is_fake
-
-    if torch.compiler.is_compiling() or any(is_fake(t) or t.is_inference() for t in tensors):
-        return compute()
-    full_key = (tuple((id(t), t._version) for t in tensors), key)
-    hit = _BATCH_CACHE.get(full_key)
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-        return hit[1]
-    value = compute()
-    parts = value if isinstance(value, tuple) else (value,)
-    if any(part is t for part in parts for t in tensors):  # e.g. an already aligned distance: nothing to keep,
-        return value  # and an entry holding its own key would never be freed
-
-    def forget(_ref, full_key=full_key):
-        _BATCH_CACHE.pop(full_key, None)
-
-    _BATCH_CACHE[full_key] = (tuple(weakref.ref(t, forget) for t in tensors), value)
-    return value
 
 
 def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):

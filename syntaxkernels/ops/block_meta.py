@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._primitives import interpreting, launch, load_distance_tile
+from ._primitives import launch, launches_on, load_distance_tile
 
 __all__ = ["block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows",
            "boundary_tiles", "split_lists"]
@@ -82,7 +82,7 @@ def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m:
     B, N, _ = distance.shape
     num_q = triton.cdiv(N, block_m)
     num_k = triton.cdiv(N, block_n)
-    if _without_triton(distance):
+    if not launches_on(distance):
         return _block_distance_range_torch(distance, lengths, block_m, block_n)
     smallest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
     largest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
@@ -132,7 +132,7 @@ def block_bucket_masks(distance: torch.Tensor, lengths: torch.Tensor, bucket_lut
     """
     B, N, _ = distance.shape
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
-    if _without_triton(distance):
+    if not launches_on(distance):
         return block_bucket_masks_torch(distance, lengths, bucket_lut, block_m, block_n, window, causal)
     out = torch.empty(B, num_q, num_k, dtype=torch.int32, device=distance.device)
     if B * num_q * num_k:
@@ -162,14 +162,6 @@ def block_bucket_masks_torch(distance, lengths, bucket_lut, block_m, block_n, wi
     for t in range(int(bucket_lut.max()) + 1):
         present |= ((bits & (1 << t)) != 0).any(dim=4).any(dim=2).to(torch.int64) << t
     return present.to(torch.int32)
-
-
-def _without_triton(distance: torch.Tensor) -> bool:
-    """CPU tensors outside the Triton interpreter (and not being compiled for the inspection report)."""
-    from . import _primitives
-
-    return (distance.device.type == "cpu" and not interpreting()
-            and _primitives._LAUNCH_HOOK is None)
 
 
 def _block_distance_range_torch(distance: torch.Tensor, lengths: torch.Tensor, block_m: int,

@@ -4,9 +4,10 @@ One implementation per mask kind:
 
 - **Relation masks** (``parent_d``, ``child_d``, ``sibling_d``) run on per-row key lists
   (:meth:`TreeBatch.relation_lists`, built by the C++ tree builder once per batch) through
-  :func:`syntaxkernels.ops.edge_attention.edge_list_attention`: C++ kernels on CPU tensors, Triton kernels on
-  CUDA tensors (or on CPU under ``TRITON_INTERPRET=1`` with ``backend="triton"``). Work O(E * H * D) for the E
-  listed pairs: a ``child_d`` row holds at most one key, all ``parent_d`` rows together at most N keys.
+  :func:`syntaxkernels.ops.edge_attention.edge_list_attention`: C++ kernels on CPU tensors (with or without
+  Triton), Triton kernels on CUDA tensors (or on CPU under ``TRITON_INTERPRET=1`` with ``backend="triton"``). Work
+  O(E * H * D) for the E listed pairs: a ``child_d`` row holds at most one key, all ``parent_d`` rows together at
+  most N keys.
 - **Dense masks** (``full``: every valid key; ``pairwise``: keys in another tree of the sequence): ``full`` is
   plain attention over the valid keys, SDPA with a ``[B, 1, 1, N]`` key mask from the segments under every
   backend and on every device (the distance is not read); ``pairwise`` wherever the Triton kernels run (CUDA
@@ -14,6 +15,10 @@ One implementation per mask kind:
   :func:`syntaxkernels.ops.bias_attention.lut_attention` with a fixed bias per distance value (``-inf`` except
   distance 255, i.e. different trees; padding excluded by lengths), and under ``"auto"`` on CPU the SDPA CPU
   kernel with a ``[B, 1, N, N]`` mask.
+
+Packed batches (a :class:`~syntaxkernels.trees.PackedTreeBatch`, q, k, v ``[T, H, D]``):
+:func:`packed_subnetwork_attention`, the relation lists in packed numbering and the dense masks within each
+sequence. :func:`implementation` says what a call runs.
 
 The outputs come in ``MaskSpec.names`` order (relations, then pairwise, then full). The default CPU path
 (:class:`_SubnetworkCPU`) writes all M of them into one ``[B, M, H, N, D]`` tensor, the C++ edge kernels and
@@ -36,10 +41,21 @@ from .. import _validation as V
 from .. import reference
 from ..specs import MaskSpec
 from ..trees.batch import TreeBatch
+from . import bias_attention, edge_attention
 from ._dispatch import device_constant
-from .edge_attention import edge_list_attention, resolve_edge_backend
+from ._packed import check_packed_qkv, is_packed, per_sequence, sequences
+from .edge_attention import edge_list_attention
 
-__all__ = ["syntax_subnetwork_attention", "dense_mask_kinds", "subnetwork_edge_stats"]
+__all__ = ["syntax_subnetwork_attention", "packed_subnetwork_attention", "implementation", "dense_mask_kinds",
+           "subnetwork_edge_stats"]
+
+
+def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> str:
+    """What :func:`syntax_subnetwork_attention` runs for these q and v: "cpp" (the C++ edge kernels and the SDPA
+    CPU kernel: CPU tensors under "auto", with or without Triton), "triton" (the Triton edge kernels, the fused LUT
+    kernel for ``pairwise`` and SDPA for ``full``) or "reference"; the relation masks' choice
+    (:func:`syntaxkernels.ops.edge_attention.implementation`), raising as it does for ``backend="triton"``."""
+    return edge_attention.implementation(q, v, backend)
 
 
 def dense_mask_kinds(masks: MaskSpec) -> Tuple[str, ...]:
@@ -105,9 +121,8 @@ def _dense_lut(kind: str, like: torch.Tensor) -> torch.Tensor:
 def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """One dense mask with the fused LUT kernel (Triton: CUDA, or the interpreter): ``(out [B, H, N, Dv],
     nonempty [B, N])``."""
-    from .bias_attention import lut_attention
-
-    out = lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), trees.lengths, scale, symmetric=True)
+    out = bias_attention.lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), trees.lengths, scale,
+                                       symmetric=True)
     nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
     return out, nonempty
 
@@ -174,7 +189,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device.
         trees: a :class:`syntaxkernels.TreeBatch` on q's device (or a
             :class:`~syntaxkernels.trees.PackedTreeBatch` with q, k, v ``[T, H, D]``: then ``(out [T, M, H, Dv],
-            nonempty [T, M])``, see :func:`~syntaxkernels.ops.bias_attention_varlen.packed_subnetwork_attention`). Its relation lists are built on first use and
+            nonempty [T, M])``, see :func:`packed_subnetwork_attention`). Its relation lists are built on first use and
             cached on it (on a GPU that first build reads the heads back once; build them in the data pipeline,
             ``TreeCollator(masks=...)``, to avoid it).
         masks: the :class:`syntaxkernels.MaskSpec`; M = ``masks.num_masks``, outputs in ``masks.names`` order.
@@ -194,14 +209,10 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(M)], dim=1)
         nonempty = allowed.any(-1)
     """
-    from ..trees.packed import PackedTreeBatch
-
-    if isinstance(trees, PackedTreeBatch):  # packed batch: q, k, v [T, H, D] (bias_attention_varlen)
-        from .bias_attention_varlen import packed_subnetwork_attention
-
+    if is_packed(trees):  # packed batch: q, k, v [T, H, D]
         return packed_subnetwork_attention(q, k, v, trees, masks, scale=scale, backend=backend)
     V.check_subnetwork_inputs(q, k, v, trees, masks)
-    chosen = resolve_edge_backend(backend, q, v)
+    chosen = implementation(q, v, backend)
     if chosen == "reference" or q.numel() == 0 or v.numel() == 0:
         return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale)
     if scale is None:
@@ -268,3 +279,97 @@ def subnetwork_edge_stats(trees: TreeBatch, masks: MaskSpec) -> Dict[str, float]
         stats["edges_per_token"] = lists.num_edges / max(tokens, 1.0)
         stats["relation_density"] = lists.num_edges / max(lists.num_relations * valid_pairs, 1.0)
     return stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed batches
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _pairwise_nonempty_packed(trees) -> torch.Tensor:
+    """bool ``[T]``: the token's sequence has a token in another tree (per-tree counts, no ``T x T`` tensor)."""
+    T = trees.num_tokens
+    seq = trees.sequence.long()
+    cu = trees.cu_seqlens.to(torch.int64)
+    tree_key = cu[seq] + trees.segment.long()  # unique per (sequence, tree): segment < the sequence's length
+    per_tree = torch.bincount(tree_key, minlength=T)[tree_key]
+    per_sequence = (cu[1:] - cu[:-1])[seq]
+    return per_sequence > per_tree
+
+
+def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto"):
+    """:func:`syntax_subnetwork_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
+    q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``(out [T, M, H, Dv], nonempty bool [T, M])`` in ``masks.names`` order.
+
+    Relation masks: the relation lists in packed numbering (``trees.relation_lists(masks)``, one ``[1, T]`` row;
+    relations never cross sequences) through the existing edge-list kernels. Dense masks within each sequence:
+    the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
+    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
+    check_packed_qkv(q, k, v, trees)
+    chosen = implementation(q.transpose(0, 1)[None], v.transpose(0, 1)[None], backend)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    T, H = q.shape[:2]
+    if chosen == "reference" or T == 0:
+        return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
+    outs, flags = [], []
+    if masks.num_relations:
+        out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
+                                            backend="triton" if chosen == "triton" else "auto")
+        outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
+        flags.append(nonempty[0].transpose(0, 1))  # [T, R]
+    for kind in masks.dense_kinds:
+        if chosen == "triton":
+            # The fused LUT kernel with the dense mask's LUT: full, every key of the sequence (other trees of it
+            # included); pairwise, keys in another tree of the same sequence (distance 255).
+            o = bias_attention.lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), scale=float(scale),
+                                             cu_seqlens=trees.cu_seqlens)
+        else:
+            o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
+        nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"
+                    else _pairwise_nonempty_packed(trees))
+        outs.append(o[:, None])
+        flags.append(nonempty[:, None])
+    if len(outs) == 1:
+        return outs[0], flags[0]
+    return torch.cat(outs, dim=1), torch.cat(flags, dim=1)
+
+
+def _dense_by_sequence(q, k, v, trees, kind: str, scale: float) -> torch.Tensor:
+    """One dense mask, sequence by sequence (the CPU path): ``[T, H, Dv]``."""
+    outs = []
+    segment = trees.segment
+    for a, n, _ in sequences(trees):
+        if n == 0:
+            continue
+        qs, ks, vs = (per_sequence(x, a, n) for x in (q, k, v))
+        if kind == "full":
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        else:
+            seg = segment[a:a + n]
+            allowed = seg[:, None] != seg[None, :]
+            rows = allowed.any(-1)
+            mask = allowed | ~rows[:, None]
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+            o = o * rows[None, None, :, None].to(o.dtype)
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
+
+
+def _reference_subnetwork_packed(q, k, v, trees, masks, scale):
+    """The reference sub-network attention sequence by sequence: ``(out [T, M, H, Dv], nonempty [T, M])``."""
+    outs, flags = [], []
+    heads = trees.heads.cpu()
+    for a, n, _ in sequences(trees):
+        if n == 0:
+            continue
+        one = TreeBatch.from_heads([heads[a:a + n].tolist()]).to(q.device)
+        o, ne = reference.syntax_subnetwork_attention(per_sequence(q, a, n), per_sequence(k, a, n),
+                                                      per_sequence(v, a, n), one, masks, scale=scale)
+        outs.append(o[0].permute(2, 0, 1, 3))  # [n, M, H, Dv]
+        flags.append(ne[0].transpose(0, 1))
+    if not outs:
+        M = masks.num_masks
+        return q.new_zeros((0, M, q.shape[1], v.shape[-1])), torch.zeros((0, M), dtype=torch.bool, device=q.device)
+    return torch.cat(outs, 0), torch.cat(flags, 0)

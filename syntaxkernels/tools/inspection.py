@@ -73,7 +73,7 @@ TARGETS: Dict[str, Dict[str, float]] = {
 WORST_LIMIT = 80.0
 SM80_SLACK = 1.25
 # (op, dtype, head dim) whose spills are a known, documented limitation rather than a failure: exact fp32
-# products at D = 128 (see the CONFIGS comment in ops/bias_attention.py).
+# products at D = 128 (see the CONFIGS comment in ops/bias_attention/configs.py).
 KNOWN_SPILLS = {("bias_attention", "fp32", 128)}
 # Dynamic shared memory one block may use (bytes, opt-in maximum), per compute capability: the table the configs
 # are chosen against (T4, A100, the ~100 KB GPUs sm_86/sm_89/sm_120, H100/H200 and B200, ...).
@@ -568,7 +568,7 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
     def run():
         import torch
 
-        from syntaxkernels.ops import bias_attention as op
+        from syntaxkernels.ops.bias_attention import _host, _launch
         from syntaxkernels.specs import BucketSpec
 
         dt = _torch_dtype(dtype)
@@ -580,11 +580,11 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
         table = torch.zeros((H, T) if variant == "per-head" else (T,))
         window = 4 if variant == "window" else -1
         causal = variant == "causal"
-        lut = op.bias_lut(table, torch.ones(1), buckets, window)
+        lut = _host.bias_lut(table, torch.ones(1), buckets, window)
         lengths = torch.full((B,), N, dtype=torch.int32)
-        out, lse = op.bias_attention_forward(q, k, v, distance, lut, lengths, 0.125, window, causal)
-        op.bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, 0.125, window, causal,
-                                   *op.bucket_args(buckets), True)
+        out, lse = _launch.bias_attention_forward(q, k, v, distance, lut, lengths, 0.125, window, causal)
+        _launch.bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, 0.125, window, causal,
+                                        *_host.bucket_args(buckets), True)
 
     return run
 
@@ -602,6 +602,7 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
 
         from . import workloads
         from syntaxkernels.ops import edge_attention as op
+        from syntaxkernels.ops.edge_attention import _kernels as kernels
         from syntaxkernels.specs import MaskSpec
         from syntaxkernels.trees import TreeBatch
 
@@ -615,7 +616,7 @@ def _edge_case(dtype: str, head_dim: int, N: int = 1024, H: int = 2):
         lists = TreeBatch.from_heads([heads]).relation_lists(MaskSpec())
         q = torch.zeros(1, H, N, head_dim, dtype=dt)
         k, v = torch.zeros_like(q), torch.zeros_like(q)
-        _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
+        _edge_launches(kernels, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
 
     return run
 
@@ -675,7 +676,7 @@ def table_gradient_tiles(rows, N: int, head_dim: int = 64, dtype: str = "bf16", 
     """
     import torch
 
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import configs as op
     from syntaxkernels.ops.block_meta import block_bucket_masks_torch
     from syntaxkernels.specs import BucketSpec
     from syntaxkernels.trees import tree_distance
@@ -991,15 +992,14 @@ def _kernels_on_cpu_tensors():
     """Let ``syntax_bias_attention(backend="triton")`` take CPU tensors, so the inspection drives the public
     call (validation, lengths, the LUT, autograd) while the launch hook compiles instead of launching. The
     call's own resources stay as a GPU call would make them (nothing runs: the outputs are never read)."""
-    from syntaxkernels.ops import bias_attention as op
-    from syntaxkernels.ops import bias_attention_varlen as varlen
+    from syntaxkernels.ops.bias_attention import _host
 
-    previous, previous_varlen = op.resolve_backend, varlen.resolve_backend
-    op.resolve_backend = varlen.resolve_backend = lambda backend, device: "triton"
+    previous = _host.resolve_backend
+    _host.resolve_backend = lambda backend, device: "triton"
     try:
         yield
     finally:
-        op.resolve_backend, varlen.resolve_backend = previous, previous_varlen
+        _host.resolve_backend = previous
 
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
@@ -1052,7 +1052,7 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
     out.reshape(T, E).backward(torch.zeros(T, E, dtype=dt))
 
 
-#: The varlen (packed) kernels: query-block programs and key-block programs (ops/bias_attention_varlen.py).
+#: The varlen (packed) kernels: query-block programs and key-block programs (ops/bias_attention/_varlen_kernels.py).
 _VARLEN_QUERY_PROGRAMS = ("_varlen_fwd_kernel", "_varlen_dq_kernel")
 _VARLEN_KEY_PROGRAMS = ("_varlen_dkdv_kernel",)
 
@@ -1060,7 +1060,7 @@ _VARLEN_KEY_PROGRAMS = ("_varlen_dkdv_kernel",)
 def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int) -> dict:
     """:func:`workload_tiles` of a varlen kernel on a packed workload: every walked tile is masked (it may hold
     several sequences: *boundary*); the grid is the ``nQ x nK`` tiles of one ``T x T`` row (most never walked)."""
-    from syntaxkernels.ops.bias_attention_varlen import walked_tiles
+    from syntaxkernels.ops.bias_attention._varlen import walked_tiles
 
     T = sum(workload.lengths)
     if kernel in _VARLEN_QUERY_PROGRAMS:
@@ -1133,7 +1133,7 @@ def _popcount(x):
 def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optional[dict]:
     """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
 
-    A model of the kernels' loop bounds (``ops/bias_attention.py``, no window, not causal; keep it in step with
+    A model of the kernels' loop bounds (``ops/bias_attention/``, no window, not causal; keep it in step with
     them): the forward, dQ and table kernels walk, for every query block that starts inside the length, the
     key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
     (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
@@ -1147,7 +1147,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     """
     import torch
 
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import _launch as op
     from syntaxkernels.specs import BucketSpec
 
     if kernel in _VARLEN_QUERY_PROGRAMS + _VARLEN_KEY_PROGRAMS:
@@ -1561,10 +1561,10 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
     path), ``bkts`` (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import configs as op
 
     rows = []
-    from syntaxkernels.ops import bias_attention_varlen as varlen
+    from syntaxkernels.ops.bias_attention import _varlen_kernels as varlen
 
     for name in names:
         workload = _workload(name)
@@ -1696,6 +1696,7 @@ def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relat
     import torch
 
     from syntaxkernels.ops import edge_attention as op
+    from syntaxkernels.ops.edge_attention import _kernels as kernels
 
     batch, _ = edge_workload_batch("cls-4x1024")
     lists = _edge_lists(batch, which)
@@ -1708,7 +1709,7 @@ def _edge_kernel_costs(arch: int, dtype: str, head_dim: int, which: str = "relat
     _require_compiler()
     costs: Dict[str, dict] = {}
     with fake_gpu(arch), capture_launches() as launches:
-        _edge_launches(op, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
+        _edge_launches(kernels, q, k, v, lists, lists.schedule(op.SCHEDULE_CHUNK))
     for launch in launches:
         name = launch.kernel.fn.__name__
         if name in costs:
@@ -1776,11 +1777,12 @@ def edge_report(names: Sequence[str] = EDGE_WORKLOADS, lists_kinds: Sequence[str
     after (main loops, and with prologues/epilogues and the merge/sum kernels), and for windows the fused LUT
     kernel on live 64 x 64 tiles (``ops.edge_attention.window_costs``) with the path the model picks."""
     from syntaxkernels.ops import edge_attention as op
+    from syntaxkernels.ops.edge_attention import configs
 
     costs = {kind: _edge_kernel_costs(arch, dtype, head_dim, kind) for kind in ("relations", "window-4")}
     dim = min(128, max(32, 1 << max(0, (head_dim - 1).bit_length())))
     before_cost = LOCKSTEP_SLOT_COST[dim]
-    block_before = op.edge_config(_torch_dtype(dtype), head_dim)["BLOCK_E"]
+    block_before = configs.edge_config(_torch_dtype(dtype), head_dim)["BLOCK_E"]
     rows = []
     for name in names:
         batch, source = edge_workload_batch(name)

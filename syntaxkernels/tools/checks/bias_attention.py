@@ -98,7 +98,7 @@ def check_fp32_window(device):
 
 
 def _short_rows_check(device, shape):
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import configs as op
     from syntaxkernels.ops._primitives import arch_family, current_arch
 
     _usable(device)
@@ -164,7 +164,7 @@ def check_deterministic(device):
 @contextlib.contextmanager
 def _tiles(blocks):
     """The bias op's tiles forced to ``blocks`` (``BLOCK_M, BLOCK_N``) inside (the interpreter's small shapes)."""
-    from syntaxkernels.ops import bias_attention as op
+    from syntaxkernels.ops.bias_attention import configs as op
 
     previous = op._BLOCK_OVERRIDE
     op._BLOCK_OVERRIDE = blocks

@@ -26,7 +26,7 @@ ROUNDS = (5, 9)
 
 
 def _usable() -> None:
-    from syntaxkernels.ops.bias_attention_cpu import cpu_kernels_take
+    from syntaxkernels.ops.bias_attention._host import cpu_kernels_take
 
     probe = torch.empty(1, 1, 1, 8)
     if not cpu_kernels_take(probe, probe):

@@ -1,24 +1,23 @@
-"""Distance-bias attention on the CPU: the fused C++ kernels (``csrc/bias_attention.cpp``), forward and backward.
+"""The distance-bias op on the CPU: the fused C++ kernels (``csrc/bias_attention.cpp``), forward and backward.
 
 ``softmax(q k^T * scale + c * table[bucket(d)]) v`` over the allowed pairs, as
 :func:`syntaxkernels.reference.syntax_bias_attention`, without an ``[N, N]`` tensor per head: tiles of 128 queries x
 up to 512 keys (backward 64 x 256) with an online softmax, the bias gathered per score from the Triton kernels'
-per-head 256-entry LUT (:func:`syntaxkernels.ops.bias_attention.bias_lut`: log2 domain, ``-inf`` past the window);
-matrix products through
-the BLAS torch links, the rest vectorised (AVX2+FMA chosen at run time); key tiles with no pair inside the window
+per-head 256-entry LUT (:func:`._host.bias_lut`: log2 domain, ``-inf`` past the window); matrix products through the
+BLAS torch links, the rest vectorised (AVX2+FMA chosen at run time); key tiles with no pair inside the window
 skipped. The backward gives dq, dk, dv and the per-bucket sums of dS, from which the table and bias-scale gradients
 follow (``d table = c * G``, ``d c = sum(table * G)``). Deterministic: the same bits run to run and for any thread
 count (every output has one writer, every sum a fixed order).
 
 Limits: CPU tensors; float32, bfloat16 and float16 (computed in float32; bf16/fp16 inputs are converted once per
 call); float64 runs the reference; any head dim >= 1, any N. Parallel over batch, heads and query blocks in the
-forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool. The LUT
-builder lives in :mod:`.bias_attention`, which imports triton: without triton the package's fallback runs the
-reference on the CPU too.
+forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool. Needs no
+Triton (the LUT builder and the rest this path shares with the others live in :mod:`._host`).
 
 Layers: ``torch.library`` ops ``syntaxkernels::bias_attention_cpu_fwd`` / ``_cpu_bwd`` (with fake implementations),
 the autograd Function :class:`_SyntaxBiasAttentionCPU`, and :func:`cpu_bias_attention`, which
-:func:`syntaxkernels.syntax_bias_attention` calls for CPU tensors under ``backend="auto"``.
+:func:`syntaxkernels.syntax_bias_attention` calls for CPU tensors under ``backend="auto"`` (where
+:func:`._host.implementation` says "cpp": :func:`._host.cpu_kernels_take`).
 """
 from __future__ import annotations
 
@@ -26,21 +25,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import _ext
-from ..specs import BucketSpec
-from .bias_attention import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
+from ... import _ext
+from ...specs import BucketSpec
+from ._host import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
 
-__all__ = ["cpu_bias_attention", "cpu_kernels_take", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
-
-#: Dtypes the C++ kernels take (float64 runs the reference).
-CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def cpu_kernels_take(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the C++ kernels run these inputs: CPU tensors of a :data:`CPU_DTYPES` dtype, head dims >= 1, and
-    an extension built with them."""
-    return (q.device.type == "cpu" and q.dtype in CPU_DTYPES and q.shape[-1] > 0 and v.shape[-1] > 0
-            and _ext.available() and hasattr(_ext.load(), "bias_attention_forward"))
+__all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
 
 
 @torch.library.custom_op("syntaxkernels::bias_attention_cpu_fwd", mutates_args=(), device_types="cpu")
@@ -121,7 +110,7 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
                        table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None,
                        lengths=None, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
     """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
-    :func:`cpu_kernels_take` true). Same arguments and result; see that function.
+    :func:`._host.cpu_kernels_take` true). Same arguments and result; see that function.
 
     Equivalent PyTorch::
 

@@ -1,4 +1,4 @@
-"""Fused distance-bias attention on packed (varlen) batches: S sequences in T tokens, no padding.
+"""The Triton kernels of the distance-bias op on packed (varlen) batches: S sequences in T tokens, no padding.
 
 ``out[t] = softmax_j(q_t . k_j * scale + c * table[bucket(d(t, j))]) v`` over the keys j of t's own sequence, with
 q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
@@ -12,7 +12,7 @@ sequence)`` (tiles start there, not at multiples of BLOCK_N), and pairs of diffe
 (their token's sequence ids differ). The dK/dV kernel is the mirror image (a key block visits the query
 tiles of its sequences). The distance of a pair (i, j) of sequence s is gathered at
 ``offsets[s] + (i - start_s) * n_s + (j - start_s)``: one per-row base and a column offset, so each element
-costs one masked uint8 load and one LUT gather (the LUT of :func:`.bias_attention.bias_lut`). The tile sides
+costs one masked uint8 load and one LUT gather (the LUT of :func:`._host.bias_lut`). The tile sides
 are small (32 x 32) so that short sequences fill them: on UD English-EWT dev (median 10 words plus [CLS] and
 [SEP]) 31% of the pairs the tiles compute are valid, against 3.7% for batches of 32 padded to their longest with
 128 x 64 tiles (``python -m syntaxkernels inspect --workload sentences-packed`` reports the figure: 38% on its
@@ -30,27 +30,28 @@ Kernels:
 
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
 beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
+
+Also here: the kernels' configurations (:data:`VARLEN_CONFIGS`), the launchers (``torch.library`` Triton ops
+``syntaxkernels::bias_attention_varlen_fwd`` / ``_bwd``) and the autograd Functions (:class:`_VarlenBiasAttention`;
+:class:`_VarlenLut`, a fixed per-distance bias). The public function, the C++ path and the reference of packed
+batches: :mod:`._varlen`.
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..specs import BucketSpec
-from ._dispatch import kernels_or_reference, resolve_backend
-from ._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
-                          interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
-                          program_ids)
-from .bias_attention import STATIC_BUCKET_LIMIT, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
-from ._varlen_reference import (_check_packed_qkv, _check_varlen, _per_sequence, _reference_subnetwork_packed,  # noqa: F401 (re-exported)
-                                _sequences, packed_window_attention, reference_bias_attention_varlen)
+from ...specs import BucketSpec
+from .._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
+                           interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
+                           program_ids)
+from ._host import _spec, bias_lut, bucket_args, packed_distance_offsets, packed_sequence_ids, table_gradients
+from .configs import STATIC_BUCKET_LIMIT
 
-__all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "varlen_forward", "varlen_backward",
-           "select_varlen_config", "VARLEN_CONFIGS", "packed_sequence_ids", "packed_distance_offsets"]
+__all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "VARLEN_CONFIGS"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,22 +349,6 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
     return config
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Packed metadata (device tensors, no host synchronisation)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def packed_sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
-    """int32 ``[T]``: the sequence of every packed token (empty sequences own none), on cu_seqlens' device."""
-    cu = cu_seqlens.to(torch.int64)
-    return torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).to(torch.int32)
-
-
-def packed_distance_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """int64 ``[S + 1]``: where each sequence's ``n x n`` distance block starts (``sum_{r < s} n_r^2``)."""
-    cu = cu_seqlens.to(torch.int64)
-    sizes = (cu[1:] - cu[:-1]) ** 2
-    return torch.cat([torch.zeros(1, dtype=torch.int64, device=cu.device), torch.cumsum(sizes, 0)])
 
 
 def _metadata(cu_seqlens: torch.Tensor, T: int):
@@ -372,6 +357,7 @@ def _metadata(cu_seqlens: torch.Tensor, T: int):
         cu32 = cu_seqlens.to(torch.int32).contiguous()
         return cu32, packed_sequence_ids(cu_seqlens, T), packed_distance_offsets(cu_seqlens)
     return per_batch((cu_seqlens,), ("varlen metadata", T), compute)
+
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -464,7 +450,7 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
                        scale: float, causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool,
                        table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`.bias_attention.bucket_args`."""
+    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`."""
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale, causal,
                            _spec(max_distance, log_distance, unreachable_bucket), table_grad)
 
@@ -496,126 +482,6 @@ class _VarlenBiasAttention(torch.autograd.Function):
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
 
 
-def _cpu_layout(distance: torch.Tensor, cu_seqlens: torch.Tensor):
-    """``(sequence [T], position [T], lengths int32 [S], padded distance uint8 [S, N, N])`` of a packed CPU batch
-    (N its longest sequence), once per batch: the C++ CPU kernels' layout."""
-    from ..trees.batch import aligned_distance, mark_symmetric
-
-    def compute():
-        cu = cu_seqlens.to(torch.int64)
-        lengths = cu[1:] - cu[:-1]
-        S = lengths.shape[0]
-        N = int(lengths.max()) if S else 0
-        T = int(cu[-1])
-        sequence = packed_sequence_ids(cu_seqlens, T).long()
-        position = torch.arange(T) - cu[sequence]
-        padded = torch.full((S, N, N), 255, dtype=torch.uint8)
-        offsets = packed_distance_offsets(cu_seqlens).tolist()
-        for s_, n in enumerate(lengths.tolist()):
-            if n:
-                padded[s_, :n, :n] = distance[offsets[s_]:offsets[s_] + n * n].view(n, n)
-        padded = aligned_distance(padded)
-        mark_symmetric(padded)  # tree distances, one block per sequence
-        return sequence, position, lengths.to(torch.int32), padded
-    return per_batch((distance, cu_seqlens), "cpu layout", compute)
-
-
-def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window, causal):
-    """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
-    inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
-    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
-    from .bias_attention_cpu import cpu_bias_attention
-
-    sequence, position, lengths, padded = _cpu_layout(distance, cu_seqlens)
-    S, N = padded.shape[:2]
-
-    def lay_out(x):
-        y = x.new_zeros((S, N) + tuple(x.shape[1:]))
-        y = y.index_put((sequence, position), x)
-        return y.transpose(1, 2)  # [S, H, N, D]
-
-    out = cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
-                             bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
-    return out.transpose(1, 2)[sequence, position]
-
-
-def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
-                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
-                                 max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
-                                 window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
-                                 backend: str = "auto") -> torch.Tensor:
-    """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
-
-    Args:
-        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
-        distance: uint8 ``[sum n_s^2]``: a :class:`~syntaxkernels.trees.PackedTreeBatch`'s ``distance``.
-        table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
-            :func:`syntaxkernels.syntax_bias_attention` (causal: ``j <= i`` within each sequence).
-        cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
-            flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
-        deterministic: accepted; the Triton path is always deterministic (no atomics).
-        backend: "auto" (Triton on CUDA tensors; on CPU tensors the fused C++ CPU kernels of
-            :mod:`.bias_attention_cpu`, run on the sequences laid out ``[S, H, max n, D]`` inside the op; float64
-            and head dims above 128 on CUDA: the reference), "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or
-            "reference" (the reference, sequence by sequence).
-    Returns:
-        ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
-
-    Equivalent PyTorch (sequence by sequence, :func:`reference_bias_attention_varlen`)::
-
-        out = torch.cat([syntaxkernels.reference.syntax_bias_attention(
-                  q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
-                  distance[offset_s:offset_s + n * n].view(1, n, n), table, buckets=buckets, ...)[0].transpose(0, 1)
-              for each sequence s = [a, b) of n = b - a tokens])
-    """
-    _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
-    chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
-    if backend == "auto" and q.device.type == "cpu" and q.shape[0] > 0:  # the fused C++ kernels
-        from .bias_attention_cpu import cpu_kernels_take
-
-        if cpu_kernels_take(q, v):
-            return _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale,
-                                              window, causal)
-    if chosen == "reference":
-        return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
-                                               scale=scale, bias_scale=bias_scale, window=window, causal=causal)
-    _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
-    return _VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens, float(scale),
-                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
-
-
-def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:
-    """``(programs, tiles walked)`` over a packed batch of sequences of ``lengths`` (host ints), as the kernels
-    walk it: one program per ``block`` consecutive tokens, each walking the ``step``-wide tiles of the span of its
-    sequences (the forward and dQ: ``block = BLOCK_M, step = BLOCK_N``; dK/dV: ``block = BLOCK_N, step =
-    BLOCK_M``). Not causal. A model of the loop bounds above, for the inspection report (keep it in step)."""
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + int(n))
-    T = cu[-1]
-    if T == 0:
-        return 0, 0
-    import bisect
-
-    def sequence_of(t):  # the sequence holding token t (empty sequences hold none)
-        return bisect.bisect_right(cu, t) - 1
-
-    programs = -(-T // block)
-    walked = 0
-    for p in range(programs):
-        first, last = p * block, min(p * block + block, T) - 1
-        span = cu[sequence_of(last) + 1] - cu[sequence_of(first)]
-        walked += -(-span // step)
-    return programs, walked
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Packed trees through the other ops: thin wrappers (fixed-LUT varlen attention, edge lists on a [1, T] view)
-# ---------------------------------------------------------------------------------------------------------
-
-
 class _VarlenLut(torch.autograd.Function):
     """Varlen attention with a fixed per-distance bias (log2-domain ``lut2 [H or 1, 256]``, -inf = not allowed):
     gradients for q, k, v only."""
@@ -633,77 +499,3 @@ class _VarlenLut(torch.autograd.Function):
         dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
             dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(BucketSpec()), False)
         return dq, dk, dv, None, None, None, None
-
-
-def _pairwise_nonempty_packed(trees) -> torch.Tensor:
-    """bool ``[T]``: the token's sequence has a token in another tree (per-tree counts, no ``T x T`` tensor)."""
-    T = trees.num_tokens
-    seq = trees.sequence.long()
-    cu = trees.cu_seqlens.to(torch.int64)
-    tree_key = cu[seq] + trees.segment.long()  # unique per (sequence, tree): segment < the sequence's length
-    per_tree = torch.bincount(tree_key, minlength=T)[tree_key]
-    per_sequence = (cu[1:] - cu[:-1])[seq]
-    return per_sequence > per_tree
-
-
-def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto"):
-    """:func:`syntaxkernels.ops.syntax_subnetwork_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
-    q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``(out [T, M, H, Dv], nonempty bool [T, M])`` in ``masks.names`` order.
-
-    Relation masks: the relation lists in packed numbering (``trees.relation_lists(masks)``, one ``[1, T]`` row;
-    relations never cross sequences) through the existing edge-list kernels. Dense masks within each sequence:
-    the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
-    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
-    from .edge_attention import edge_list_attention, resolve_edge_backend
-    from .subnetwork_attention import _dense_lut
-
-    _check_packed_qkv(q, k, v, trees)
-    chosen = resolve_edge_backend(backend, q.transpose(0, 1)[None], v.transpose(0, 1)[None])
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    T, H = q.shape[:2]
-    if chosen == "reference" or T == 0:
-        return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
-    outs, flags = [], []
-    if masks.num_relations:
-        out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                            v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
-                                            backend="triton" if chosen == "triton" else "auto")
-        outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
-        flags.append(nonempty[0].transpose(0, 1))  # [T, R]
-    for kind in masks.dense_kinds:
-        if chosen == "triton":
-            # The log2-domain LUT [1, 256] of the dense mask: full, every key of the sequence (other trees of it
-            # included); pairwise, keys in another tree of the same sequence (distance 255).
-            lut2 = _dense_lut(kind, q).view(1, 256)
-            o = _VarlenLut.apply(q, k, v, trees.distance, lut2, trees.cu_seqlens, float(scale))
-        else:
-            o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
-        nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"
-                    else _pairwise_nonempty_packed(trees))
-        outs.append(o[:, None])
-        flags.append(nonempty[:, None])
-    if len(outs) == 1:
-        return outs[0], flags[0]
-    return torch.cat(outs, dim=1), torch.cat(flags, dim=1)
-
-
-def _dense_by_sequence(q, k, v, trees, kind: str, scale: float) -> torch.Tensor:
-    """One dense mask, sequence by sequence (the CPU path): ``[T, H, Dv]``."""
-    outs = []
-    segment = trees.segment
-    for a, n, _ in _sequences(trees):
-        if n == 0:
-            continue
-        qs, ks, vs = (_per_sequence(x, a, n) for x in (q, k, v))
-        if kind == "full":
-            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, scale=scale)
-        else:
-            seg = segment[a:a + n]
-            allowed = seg[:, None] != seg[None, :]
-            rows = allowed.any(-1)
-            mask = allowed | ~rows[:, None]
-            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
-            o = o * rows[None, None, :, None].to(o.dtype)
-        outs.append(o[0].transpose(0, 1))
-    return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))

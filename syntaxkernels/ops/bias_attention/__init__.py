@@ -1,0 +1,218 @@
+"""Fused distance-bias attention: ``softmax(q k^T * scale + c * table[bucket(d)]) v``, forward and backward.
+
+Limits: CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``); fp16, bf16, fp32 inputs (fp32
+accumulation; fp64 goes to the reference); head dims up to 128 (32, 64, 128 run unpadded; other sizes are
+masked to the next power of two >= 32 inside the kernel); any N; q, k, v, the output gradient and the distance
+are read through their strides (no copies; a distance whose rows are not 16-byte aligned is copied into padded
+rows, :func:`syntaxkernels.trees.aligned_distance`). The dK/dV kernel reads the pair (i, j) at
+``distance[b, j, i]`` so that its transposed tile is contiguous: the distance itself when it is known to be
+symmetric (tree distances are), else a transposed copy.
+
+How the bias reaches a score (one gather per element). Once per call, a 256-entry table per head is built
+on the device: ``lut[h, d] = c * table[h, bucket(d)] * log2(e)`` for every uint8 distance d, and ``-inf`` for
+``d > window``. A kernel loads the uint8 distance tile (vectorised, prefetched with K and V), gathers
+``lut[h, d]`` and adds it to ``q.k * scale * log2(e)``: the softmax runs in the log2 domain. The window costs
+nothing per element; padding and causality are masked only on the tiles that need it.
+
+Interior and boundary tiles. Each kernel walks its tiles in two loops: first the interior ones, whose pairs
+are all allowed by the sequence length and causality, with no mask at all; then the boundary ones (the key
+block that holds the end of the sequence, the causal diagonal) with masked loads and masked scores. Query
+rows past the length are zeroed in the epilogue (their log-sum-exp is ``+inf``, so their probabilities are
+0 in the backward).
+
+Where each part lives (this folder):
+
+- ``__init__.py`` (here): the public functions :func:`syntax_bias_attention` and :func:`lut_attention`, and
+  :func:`implementation`, what a call runs: the Triton kernels, the C++ kernels or the reference
+  (:func:`syntaxkernels.reference.syntax_bias_attention`, the specification).
+- ``configs.py``: every kernel's launch configuration, one table (:data:`.configs.CONFIGS`).
+- ``_forward.py``: ``_bias_fwd_kernel`` (output rows and their log2-sum-exp for one query block, online
+  softmax) and ``_bias_fwd_short_kernel`` (rows of at most 64 tokens: one tile a sequence, every head).
+- ``_backward.py``: ``_bias_bwd_dq_kernel`` (``delta = rowsum(dO * O)`` and dQ for one query block; it runs first
+  and owns whole rows, so it also corrects delta for the table gradient), ``_bias_bwd_dkdv_kernel`` (dK, dV for
+  one key block, walking query blocks: transposed tiles, no atomics), ``_bias_bwd_table_kernel`` (the table
+  gradient, one query block and every head of a shared table a program), and the short-row backward
+  (``_bias_bwd_short_kernel`` / ``_bias_bwd_short_t_kernel``, ``_bias_bwd_short2_kernel`` and
+  ``_bias_bwd_short_table_kernel``: rows of at most 128 tokens with a shared table, fp16/bf16: dQ, dK, dV and
+  each head's dS for every head of a sequence in one program, then the heads' dS summed and reduced per bucket
+  once).
+- ``_launch.py``: the ``torch.library`` Triton ops (launchers) and their host work; ``_autograd.py``: the
+  autograd Functions over them.
+- ``_cpu.py``: the C++ kernels' ops and autograd (CPU tensors); ``_varlen.py`` and ``_varlen_kernels.py``: packed
+  (varlen) batches (``cu_seqlens``); ``_host.py``: what every path shares (the LUT, the kernels' arguments, the
+  table gradient from the per-bucket sums, the choice of implementation).
+
+Only ``configs.py``, ``_forward.py``, ``_backward.py``, ``_launch.py``, ``_autograd.py`` and ``_varlen_kernels.py``
+import Triton; they are imported when Triton is (:func:`.._dispatch.triton_status`), so that without it the op
+still runs the C++ kernels on CPU tensors and the reference elsewhere.
+
+Table gradient. With ``G[t] = sum of dS over the pairs in bucket t``, ``d table = c * G`` and
+``d c = sum_t table[t] * G[t]``: one per-bucket reduction serves both. A table shared by the heads has one
+bucket pattern for every head, so the table kernel recomputes each head's dS for a tile (two tensor-core
+products), sums the heads' dS in registers and reduces the sum per bucket once: device metadata gives every
+tile's bucket set; a tile wholly in one bucket (every tile between two packed sentences, most tiles far from
+the diagonal of a long tree) adds its row sums there, a tile spanning several buckets sums dS for each bucket
+it holds (a compare, a select and an add per element and bucket, into one ``[BLOCK_M]`` accumulator per
+bucket), and that cost is shared by the H heads. A query block's most frequent one-bucket tiles are not
+walked at all: every row of dS sums to zero, so their bucket gets minus everything walked. Per-head tables take
+one head per program. Each program writes its ``[T]`` sums once; a fixed-order sum reduces them. No atomics:
+every gradient is bit-identical run to run (``deterministic=True`` costs nothing).
+
+Block skipping: with ``window`` set, :mod:`syntaxkernels.ops.block_meta` finds each tile's distance range
+on the device and the kernels walk compacted lists of live tiles (interior first).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+from ... import _validation as V
+from ... import reference
+from ...specs import BucketSpec
+from .._dispatch import LOG2E, triton_status, triton_unsupported
+from . import _cpu
+from ._host import _aligned, _int32_lengths, _symmetric, bucket_args, implementation, kernel_arguments
+from ._varlen import syntax_bias_attention_varlen
+
+if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
+    from .. import _primitives
+    from . import _autograd, _varlen_kernels
+else:
+    _primitives = _autograd = _varlen_kernels = None
+
+__all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
+
+
+def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
+    why = triton_unsupported(q, v)
+    if why is not None:
+        raise ValueError(why)
+
+
+def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
+                  lengths=None, scale: Optional[float] = None, *, symmetric: Optional[bool] = None,
+                  cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fused attention with a fixed bias per distance value: ``softmax(q k^T * scale + lut[d_ij]) v``.
+
+    For masks expressible by distance (the sub-network op's ``full`` and ``pairwise`` masks, windows): no
+    table gradient, gradients for q, k, v only. Triton only (CUDA tensors, or CPU under the interpreter); without
+    Triton it raises RuntimeError saying why.
+
+    Args:
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; distance: uint8 ``[B, N, N]``.
+        lut: float ``[256]`` or ``[H, 256]``: the natural-log bias of each distance value; ``-inf`` = pair not
+            allowed.
+        lengths: ``int [B]`` or a boolean key-padding mask; scale: default ``1 / sqrt(D)``.
+        symmetric: as in :func:`syntax_bias_attention`.
+        cu_seqlens: a packed batch, as in :func:`syntax_bias_attention`: q, k, v ``[T, H, D]`` and a
+            :class:`~syntaxkernels.trees.PackedTreeBatch`'s distance; attention stays within each sequence
+            (``lengths`` and ``symmetric`` do not apply).
+    Returns:
+        ``[B, H, N, Dv]`` (packed: ``[T, H, Dv]``) in q's dtype; rows with no allowed key (and rows past the
+        length) are 0.
+    """
+    if _autograd is None:
+        raise RuntimeError(f"lut_attention runs on the Triton kernels only: {triton_status()}")
+    if cu_seqlens is None:  # (a packed batch: the sub-network op's packed path checked it)
+        V.check_qkv(q, k, v)
+        V.check_distance(distance, q)
+    _check_head_dim(q, v)
+    if lut.shape[-1] != 256 or lut.dim() not in (1, 2) or (lut.dim() == 2 and lut.shape[0] != q.shape[1]):
+        raise ValueError(f"lut must have shape [256] or [H, 256], got {tuple(lut.shape)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    lut2 = (lut.to(torch.float32).reshape(-1, 256) * LOG2E).contiguous()
+    if cu_seqlens is not None:
+        return _varlen_kernels._VarlenLut.apply(q, k, v, distance, lut2, cu_seqlens, float(scale))
+    symmetric = _symmetric(symmetric, distance)
+    lengths = _int32_lengths(lengths, q)
+    return _autograd._LutAttention.apply(q, k, v, _aligned(distance), lut2, lengths, float(scale), symmetric)
+
+
+def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                          table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
+                          bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
+                          deterministic: bool = False, backend: str = "auto",
+                          symmetric: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None,
+                          max_seqlen: Optional[int] = None) -> torch.Tensor:
+    """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
+
+    Packed batches: with ``cu_seqlens`` (int32 ``[S + 1]``), q, k, v are ``[T, H, D]`` (flash-attention's varlen
+    layout), ``distance`` is a :class:`~syntaxkernels.trees.PackedTreeBatch`'s per-sequence distance (uint8
+    ``[sum n_s^2]``) and attention stays within each sequence; ``lengths`` and ``symmetric`` do not apply. See
+    :func:`._varlen.syntax_bias_attention_varlen`.
+
+    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
+
+    Args:
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device.
+        distance: ``uint8 [B, N, N]`` (255 = unreachable); any uint8 distance, symmetric or not (see
+            ``symmetric``). Rows whose start and stride are multiples of 16 bytes (a :class:`TreeBatch`'s) are read
+            in place; others are copied into such rows first (B x N x roundup(N, 16) bytes per call).
+        table: ``[T]`` shared or ``[H, T]`` per head, ``T = buckets.num_buckets``; gets a gradient.
+        buckets: :class:`syntaxkernels.BucketSpec`.
+        scale: default ``1 / sqrt(D)``.
+        bias_scale: the strength c: None (1), a float, or a one-element tensor (gets a gradient).
+        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding).
+        window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
+        causal: allow only ``j <= i``.
+        deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
+        symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): known for a
+            :class:`TreeBatch`'s distance and :func:`tree_distance`'s result, else taken as not symmetric. The
+            Triton backward reads the transposed distance; when it is not known to be symmetric, from a transposed
+            copy (one more B x N x N bytes), so a directed distance gets exact gradients. Passing True for a
+            distance that is not symmetric gives wrong dK, dV and table gradients there.
+        backend: "auto" (Triton on CUDA tensors, the C++ kernels of :mod:`._cpu` on CPU tensors, with or without
+            Triton; inputs the kernels do not take, float64 or head dims above 128 on CUDA, run the reference),
+            "triton" (raises ValueError for such inputs, RuntimeError where Triton cannot run) or "reference".
+            :func:`implementation` says which runs.
+    Returns:
+        ``[B, H, N, Dv]`` in q's dtype; query rows past the length and rows with no allowed key are 0.
+
+    Equivalent PyTorch::
+
+        bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
+        s = (q @ k.transpose(-1, -2)) * scale + bias
+        s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
+        out = torch.nan_to_num(s.softmax(-1)) @ v
+    """
+    if cu_seqlens is not None:  # packed (varlen) batches: their own kernels
+        if lengths is not None:
+            raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
+        return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
+                                            max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale,
+                                            window=window, causal=causal, deterministic=deterministic,
+                                            backend=backend)
+    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    symmetric = _symmetric(symmetric, distance)
+    chosen = implementation(q, v, backend)
+    if chosen == "cpp":  # the fused C++ kernels
+        return _cpu.cpu_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
+                                  lengths=lengths, window=window, causal=causal)
+    if chosen == "reference":
+        return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
+                                               bias_scale=bias_scale, lengths=lengths, window=window,
+                                               causal=causal)
+    lengths, scale, bias_scale = kernel_arguments(q, lengths, scale, bias_scale)
+    try:
+        return _autograd._SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths,
+                                                    float(scale), -1 if window is None else int(window),
+                                                    bool(causal), bucket_args(buckets), symmetric)
+    except _primitives.KernelDoesNotFit as error:
+        if backend != "auto":
+            raise
+        _warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
+        return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
+                                               bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+
+
+_WARNED = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,993 @@
+"""The backward kernels of the distance-bias op (recomputing P from the forward's log2-sum-exp).
+
+Tiled kernels, for any N:
+
+- :func:`_bias_bwd_dq_kernel`: ``delta = rowsum(dO * O)`` and dQ for one query block (it runs first and owns whole
+  rows, so it also corrects delta for the table gradient);
+- :func:`_bias_bwd_dkdv_kernel`: dK, dV for one key block, walking its query blocks (:func:`_query_block_range`)
+  in transposed tiles, no atomics;
+- :func:`_bias_bwd_table_kernel`: the table gradient, one query block and every head of a shared table a program
+  (per-bucket sums of dS: :func:`_bucket_sums`).
+
+Short rows (a table shared by the heads, fp16/bf16): :func:`_bias_bwd_short_kernel` and its keys-major twin
+:func:`_bias_bwd_short_t_kernel` (rows of at most 64 tokens, one tile a sequence), :func:`_bias_bwd_short2_kernel`
+and :func:`_bias_bwd_short2_sum_kernel` (65..128 tokens, two blocks), then :func:`_bias_bwd_short_table_kernel`
+(the heads' dS summed and reduced per bucket once). Launched by :mod:`._launch`.
+"""
+import triton
+import triton.language as tl
+
+from .._primitives import (bucket_from_distance, distance_tile, in_bucket, load_rows, lut_bias, mma, mma_acc,
+                           opaque_int32, program_ids)
+from ._forward import _allowed, _key_block, _key_block_range, _tile_scores
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row, q_block,
+               offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
+               stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+               EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+    """One query tile of the dK/dV backward in transposed orientation (keys are rows)."""
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    if SYNTAX:
+        # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
+        # distance is symmetric (tree distances are), so this tile is contiguous along the queries.
+        dist_t = distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
+        bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+    q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, MASK, EVEN_D)
+    if MASK:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < N, other=float("inf"))
+    else:
+        lse = tl.load(lse_base + offs_m)
+    scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
+    if SYNTAX:
+        scores_t += bias_t
+    # Query rows past the length have zero q (masked load) and lse = +inf, so their P is exactly 0 without a
+    # mask; only causality needs one.
+    exponent_t = scores_t - lse[None, :]
+    if MASK and CAUSAL:  # masked before exp2: an excluded pair's exponent may be large
+        exponent_t = tl.where(offs_n[:, None] <= offs_m[None, :], exponent_t, float("-inf"))
+    p_t = tl.exp2(exponent_t)
+    do = load_rows(do_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV, MASK, EVEN_DV)
+    dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+    if MASK:
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N, other=0.0)
+    else:
+        delta = tl.load(delta_base + offs_m)
+    dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _query_block_range(Q_LIST, Q_COUNT, b, k_block, length, num_q_blocks, num_k_blocks, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr):
+    """The query blocks one key block visits (the dK/dV kernel's :func:`_key_block_range`), ``(list_base,
+    interior, boundary, diagonal)``: ``interior`` and ``boundary`` are ``(begin, end)`` index ranges, the blocks
+    that need no mask and those that hold the causal diagonal or the sequence end; index i is the block
+    ``_query_block(list_base, i, diagonal, MASK, USE_LISTS)``.
+
+    With USE_LISTS they are the device-built live blocks (interior first). Else every query block up to the
+    length: the interior ones are their own indices (between the causal diagonal's blocks and the blocks past the
+    last full one), and ``diagonal = (first, num_diagonal, tail)`` maps boundary index i to the diagonal's block
+    ``first + i`` for ``i < num_diagonal``, then to the tail's ``tail + i - num_diagonal``.
+    """
+    if USE_LISTS:
+        row = b * num_k_blocks + k_block
+        list_base = Q_LIST + row * num_q_blocks
+        interior = tl.load(Q_COUNT + 2 * row)
+        total = tl.load(Q_COUNT + 2 * row + 1)
+        ranges = (0, interior), (interior, total)
+        diagonal = (0, 0, 0)
+    else:
+        list_base = Q_LIST
+        first = 0
+        diagonal_end = 0
+        if CAUSAL:
+            first = (k_block * BLOCK_N) // BLOCK_M
+            diagonal_end = tl.cdiv((k_block + 1) * BLOCK_N - 1, BLOCK_M)
+        total = tl.where(k_block * BLOCK_N < length, tl.cdiv(length, BLOCK_M), 0)
+        diagonal_end = tl.minimum(diagonal_end, total)
+        full = tl.minimum(length // BLOCK_M, total)  # a key block wholly past the length walks nothing
+        tail = tl.maximum(diagonal_end, full)
+        num_diagonal = tl.maximum(diagonal_end - first, 0)
+        ranges = (diagonal_end, full), (0, num_diagonal + tl.maximum(total - tail, 0))
+        diagonal = (first, num_diagonal, tail)
+    return list_base, ranges[0], ranges[1], diagonal
+
+
+@triton.jit
+def _query_block(list_base, i, diagonal, MASK: tl.constexpr, USE_LISTS: tl.constexpr):
+    """The query block of index i of :func:`_query_block_range` (MASK: an index of its boundary range)."""
+    q_block = i
+    if USE_LISTS:
+        q_block = tl.load(list_base + i)
+    elif MASK:
+        q_block = tl.where(i < diagonal[1], diagonal[0] + i, diagonal[2] + i - diagonal[1])
+    return q_block
+
+
+@triton.jit
+def _bias_bwd_dkdv_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, Q_LIST, Q_COUNT, LSE, DELTA, DK, DV_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+):
+    """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
+    gradient is :func:`_bias_bwd_table_kernel`'s).
+
+    Args:
+        Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided); DK, DV_OUT: like K, V (strides
+            ``stride_x*``, ``stride_y*``).
+        DIST: the distance read as ``[b, j, i]`` (the distance itself when symmetric, else its transpose).
+        Q_LIST, Q_COUNT: int32 ``[B, nK, nQ]`` live query blocks of each key block (interior first) and
+            ``[B, nK, 2]`` (read when USE_LISTS).
+        LSE, DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
+        N, N_OUT and the others as in the forward.
+    Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
+    """
+    k_block, bh, b, h = program_ids(num_k_blocks, H)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k = load_rows(K + b * stride_kb + h * stride_kh, offs_n, offs_d, stride_kn, stride_kd, length, D, True, EVEN_D)
+    v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_dv, stride_vn, stride_vd, length, DV, True,
+                  EVEN_DV)
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DOUT + b * stride_gb + h * stride_gh
+    lse_base = LSE + bh.to(tl.int64) * stride_row
+    delta_base = DELTA + bh.to(tl.int64) * stride_row
+    dist_base = DIST + b * stride_db
+    lut_row = LUT + h * stride_lh
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    list_base, interior, boundary, diagonal = _query_block_range(Q_LIST, Q_COUNT, b, k_block, length, num_q_blocks,
+                                                                 num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(interior[0], interior[1]):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                            _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv, length,
+                            N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
+                            BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
+                            INTERPRETED)
+    for i in range(boundary[0], boundary[1]):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                            _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv, length,
+                            N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
+                            BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
+                            INTERPRETED)
+
+    # Epilogue: dK carries the score scale; keys past the length get 0.
+    key_ok = offs_n < length
+    dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(key_ok[:, None], dv, 0.0)
+    dk_ptrs = DK + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    dv_ptrs = DV_OUT + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_d[None, :] < D))
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Add one tile of dS (summed over the program's heads) to the per-bucket, per-row sums.
+
+    Tables of up to 31 buckets (``STATIC_BUCKETS``): ``present`` is the bit set of the buckets of the tile's
+    allowed pairs (device metadata) and ``sums`` one ``[BLOCK_M]`` accumulator per bucket (a tuple indexed at
+    compile time). A tile wholly in one bucket adds its row sums of dS there (one add per element); a tile
+    holding several sums dS for each (a compare, a select and an add per element and bucket); a tile without
+    an allowed pair costs nothing. The cost is per tile, not per head: the heads' dS were summed first.
+
+    Larger tables: ``sums`` is ``[BLOCK_M, BUCKETS_PAD]`` and ``present = lowest + 256 * highest``; the tile
+    walks the buckets of that range (a loop whose length is the data's).
+    """
+    if STATIC_BUCKETS:
+        if (present & (present - 1)) == 0:  # one bucket (or none: nothing to add)
+            if present != 0:
+                rows = tl.sum(ds, 1)
+                for t in tl.static_range(NUM_BUCKETS):
+                    if present == (1 << t):
+                        sums = sums[:t] + (sums[t] + rows,) + sums[t + 1:]
+        else:
+            dist32 = opaque_int32(dist.to(tl.int32), ds, INTERPRETED)  # widened once, in dS's layout
+            for t in tl.static_range(NUM_BUCKETS):
+                if ((present >> t) & 1) != 0:
+                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
+                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds, 0.0), 1),) + sums[t + 1:]
+    else:
+        bucket = bucket_from_distance(dist.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
+        columns = tl.arange(0, BUCKETS_PAD)
+        for t in range(present & 255, (present >> 8) + 1):
+            part = tl.sum(tl.where(bucket == t, ds, 0.0), 1)
+            sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+    return sums
+
+
+@triton.jit
+def _bucket_accumulators(BLOCK_M: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                         BUCKETS_PAD: tl.constexpr):
+    """Zeroed per-row, per-bucket sums for :func:`_bucket_sums`: a tuple of ``[BLOCK_M]`` (``STATIC_BUCKETS``)
+    or ``[BLOCK_M, BUCKETS_PAD]``."""
+    if STATIC_BUCKETS:
+        sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
+    else:
+        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+    return sums
+
+
+@triton.jit
+def _bucket_totals(sums, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr):
+    """``[BUCKETS_PAD]``: the per-row sums of :func:`_bucket_sums` added over the rows (bucket t at index t)."""
+    if STATIC_BUCKETS:
+        bucket_ids = tl.arange(0, BUCKETS_PAD)
+        totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+        for t in tl.static_range(NUM_BUCKETS):
+            totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
+    else:
+        totals = tl.sum(sums, 0)
+    return totals
+
+
+@triton.jit
+def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b, h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh, stride_qn, stride_qd, stride_kb,
+                stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh,
+                stride_gn, stride_gd, stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+                MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+                LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False):
+    """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
+    them, then added to the per-bucket sums once (:func:`_bucket_sums`)."""
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
+    bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
+    if MASK:
+        allowed = _allowed(offs_m, offs_n, length, CAUSAL)
+    ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for j in range(0, HEADS):
+        h = h0 + j
+        row = (b * H + h) * stride_row
+        # The products run over head-dim chunks of at most 64 (two at D = 128): fewer operand registers live.
+        scores = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_c, stride_qn, stride_qd, length, D, True,
+                          EVEN_D)
+            k = load_rows(K + b * stride_kb + h * stride_kh, offs_n, offs_c, stride_kn, stride_kd, length, D, MASK,
+                          EVEN_D)
+            scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+        # Rows past the length: zero q and lse = +inf, so P is exactly 0 there without a mask.
+        lse = tl.load(LSE + row + offs_m, mask=offs_m < length, other=float("inf"))
+        exponent = scores * qk_scale2 + bias - lse[:, None]
+        if MASK:  # masked before exp2: an excluded pair's exponent may be large
+            exponent = tl.where(allowed, exponent, float("-inf"))
+        p = tl.exp2(exponent)
+        dp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(0, BLOCK_DV, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
+                           True, EVEN_DV)
+            v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, MASK,
+                          EVEN_DV)
+            dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        delta = tl.load(DELTA + row + offs_m, mask=offs_m < length, other=0.0)
+        ds += p * (dp - delta[:, None])
+    return _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                        UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+
+
+@triton.jit
+def _bias_bwd_table_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, TILE_BUCKETS, SKIP_BUCKET, LSE, DELTA, BUCKET_PARTIALS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
+    H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2, HEADS,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    LAST_DISTANCE_BUCKET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
+    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OPAQUE_BIAS: tl.constexpr = False,
+):
+    """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
+
+    A table shared by all heads (the default) has one bucket pattern for every head, so each program takes
+    all ``H`` heads of its query block (``HEADS = H``): per tile it recomputes dS for each head (two
+    tensor-core products, like the dQ kernel's first two), sums the heads' dS in registers and pays the
+    per-bucket reduction once, so that reduction's cost per score element is divided by the head count. A
+    per-head table takes one head per program (``HEADS = 1``, each head its own LUT row).
+
+    Args:
+        Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT: as in the dQ kernel (key lists at this
+            kernel's tiling).
+        TILE_BUCKETS: int32 ``[B, nQ, nK]``: per tile the bit set of its allowed pairs' buckets, or with more
+            than 31 buckets ``lowest + 256 * highest`` (see :func:`_bucket_sums`).
+        SKIP_BUCKET: int32 ``[B, nQ]``: per query block the bucket whose one-bucket tiles are skipped (the most
+            frequent; -1: none). Every row of dS sums to zero (the corrected delta), so what the skipped tiles
+            hold is minus the sum of everything walked: it is added to that bucket in the epilogue, and the far
+            tiles of a long tree or between packed sentences cost one compare each.
+        LSE: fp32 ``[B, H, N]``; DELTA: the dQ kernel's corrected delta (every row of dS then sums to zero, so
+            the bucket sums are exact up to fp32 rounding); both rows ``stride_row`` apart.
+        BUCKET_PARTIALS: fp32 ``[B * G * nQ, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each program's
+            sums, written once and reduced in a fixed order by the launcher.
+    Grid: ``(nQ * B * G,)``.
+    """
+    q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
+    h0 = g * HEADS
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dist_base = DIST + b * stride_db
+    lut_row = LUT + h0 * stride_lh
+    bucket_row = TILE_BUCKETS + (b * num_q_blocks + q_block) * num_k_blocks
+    skip = tl.load(SKIP_BUCKET + b * num_q_blocks + q_block)
+    skip_set = tl.where(skip >= 0, 1 << tl.maximum(skip, 0), -1)  # the bit set of a skipped tile (-1: none)
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
+                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(0, interior):
+        k_block = _key_block(list_base, i, USE_LISTS)
+        present = tl.load(bucket_row + k_block)
+        if present != skip_set:
+            sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
+                               h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                               stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb,
+                               stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd,
+                               stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                               CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
+                               NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
+    for i in range(interior, total):
+        k_block = _key_block(list_base, i, USE_LISTS)
+        present = tl.load(bucket_row + k_block)
+        if present != skip_set:
+            sums = _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
+                               h0, k_block, offs_m, length, N, H, HEADS, D, DV, stride_qb, stride_qh,
+                               stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb,
+                               stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gn, stride_gd,
+                               stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                               CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
+                               NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
+
+    # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
+    bucket_ids = tl.arange(0, BUCKETS_PAD)
+    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    # The skipped tiles' share: minus everything walked (the rows of dS sum to zero).
+    totals += tl.where(bucket_ids == skip, -tl.sum(totals, 0), 0.0)
+    program = bg.to(tl.int64) * num_q_blocks + q_block
+    tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
+
+
+@triton.jit
+def _bias_bwd_short_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False,
+):
+    """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
+    by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
+
+    The distance tile and its bias are read once and serve all ``HEADS`` heads. Per head: the scores and dP
+    (two tensor-core products), ``delta`` as the row sums of ``P * dP`` (exact: the tile holds whole rows, so
+    each row of dS sums to zero up to fp32 rounding; the output is not read), dS, and three products stored at
+    once, each complete because the tile holds every query and every key: ``dV^T = dO^T P``, ``dQ = dS K``,
+    ``dK^T = Q^T dS`` (five products a head, the fewest a backward can do). With TABLE_GRAD each head's dS
+    (carrying the score scale) goes to ``DS_OUT`` for :func:`_bias_bwd_short_table_kernel`: summed here in
+    registers it would spill. Each pair is read at ``distance[b, i, j]`` only: a directed distance is exact.
+
+    Args:
+        Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided). DIST: uint8 ``[B, N, N]``; LUT: fp32
+            ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
+        DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
+        DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
+    Grid: ``(B,)``.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    # Once for every head: the bias, -inf where the length or causality excludes the pair.
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+                    float("-inf"))
+    ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
+    for h in range(0, HEADS):
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        do_base = DOUT + b * stride_gb + h * stride_gh
+        # The products run over head-dim chunks of CHUNK columns; with one chunk the q and k tiles are read
+        # once for both of their products.
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            if c == 0:
+                scores = mma(q, tl.trans(k), DOT_PRECISION)
+            else:
+                scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+        # Rows past the length: zero q and lse = +inf, so P is exactly 0 there.
+        lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
+        p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
+        # dV^T = dO^T P first (P is then needed in fp32 only), then dP, dS, dQ = dS K and dK^T = Q^T dS: dS and
+        # P are the second operand of the transposed products (no transposed copy of either). Those run over
+        # OUT_CHUNK head-dim columns (their M: 64 keeps them on the warp-group instructions).
+        p_in = p.to(Q.dtype.element_ty)
+        if OUT_CHUNK != CHUNK:
+            for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
+                offs_c = c + tl.arange(0, OUT_CHUNK)
+                do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                dv = mma(tl.trans(do), p_in, DOT_PRECISION)
+                tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                         + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                         mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+        for c in tl.static_range(0, BLOCK_DV, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+            if OUT_CHUNK == CHUNK:
+                dv = mma(tl.trans(do), p_in, DOT_PRECISION)
+                tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                         + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                         mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+            v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+            if c == 0:
+                dp = mma(do, tl.trans(v), DOT_PRECISION)
+            else:
+                dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        # dS with the score scale folded in (a row constant): scale * P * (dP - delta) in two operations.
+        delta = tl.sum(p * dp, 1) * scale
+        ds = p * (dp * scale - delta[:, None])
+        if TABLE_GRAD:
+            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds)
+        ds_in = ds.to(Q.dtype.element_ty)
+        for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+            offs_c = c + tl.arange(0, OUT_CHUNK)
+            if OUT_CHUNK < BLOCK_D:
+                k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            if DQ_T:  # dQ^T = K^T dS^T: dS only ever a second operand (fewer registers at D = 128 on sm_90)
+                dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                         + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+            else:
+                dq = mma(ds_in, k, DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                         + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+            if OUT_CHUNK < BLOCK_D:
+                q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            dk = mma(tl.trans(q), ds_in, DOT_PRECISION)
+            tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn + offs_c[:, None] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
+
+
+@triton.jit
+def _bias_bwd_short_t_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False,
+):
+    """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
+    ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
+    ``dK = dS^T Q`` as they are (no layout change); only dQ needs dS transposed. Each head's dS goes to
+    ``DS_OUT`` queries-major, as the other kernel's (``[B, H, BLOCK_M, BLOCK_N]``). Grid: ``(B,)``."""
+    b = tl.program_id(0).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = tl.arange(0, BLOCK_M)  # queries: the columns
+    offs_n = tl.arange(0, BLOCK_N)  # keys: the rows
+    # dist^T[j, i] = distance[b, i, j] (read once for every head)
+    dist_t = distance_tile(DIST + b * stride_db, offs_n, offs_m, stride_dj, stride_di, N, True, EVEN_N)
+    allowed_t = (offs_n[:, None] < length) & (offs_m[None, :] < length)
+    if CAUSAL:
+        allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+    bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
+    ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
+    for h in range(0, HEADS):
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        do_base = DOUT + b * stride_gb + h * stride_gh
+        for c in tl.static_range(0, BLOCK_D, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            if c == 0:
+                scores_t = mma(k, tl.trans(q), DOT_PRECISION)
+            else:
+                scores_t = mma_acc(k, tl.trans(q), scores_t, DOT_PRECISION)
+        lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
+        p_t = tl.exp2(scores_t * qk_scale2 + bias_t - lse[None, :])
+        p_in = p_t.to(Q.dtype.element_ty)
+        for c in tl.static_range(0, BLOCK_DV, CHUNK):
+            offs_c = c + tl.arange(0, CHUNK)
+            do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+            dv = mma(p_in, do, DOT_PRECISION)  # dV = P^T dO [keys, CHUNK]
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[:, None] * stride_zn
+                     + offs_c[None, :] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                     mask=(offs_n[:, None] < N_OUT) & (offs_c[None, :] < DV))
+            v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+            if c == 0:
+                dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+            else:
+                dp_t = mma_acc(v, tl.trans(do), dp_t, DOT_PRECISION)
+        delta = tl.sum(p_t * dp_t, 0) * scale  # per query: the columns
+        ds_t = p_t * (dp_t * scale - delta[None, :])
+        if TABLE_GRAD:
+            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds_t)
+        ds_in = ds_t.to(Q.dtype.element_ty)
+        for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+            offs_c = c + tl.arange(0, OUT_CHUNK)
+            q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+            dk = mma(ds_in, q, DOT_PRECISION)  # dK = dS^T Q [keys, OUT_CHUNK]
+            tl.store(DK + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_c[None, :] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_c[None, :] < D))
+            k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+            if DQ_T:  # dQ^T = K^T dS^T
+                dq = mma(tl.trans(k), ds_in, DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                         + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+            else:
+                dq = mma(tl.trans(ds_in), k, DOT_PRECISION)
+                tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                         + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                         mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+
+
+@triton.jit
+def _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, length, D, DV, stride_qn, stride_qd,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """``(P, dP)`` of one head's tile in :func:`_bias_bwd_short2_kernel`: ``P = exp2(q k^T * scale * log2(e) +
+    bias - lse)`` (``bias``: the LUT's bias, -inf where excluded) and ``dP = dO V^T``, each product over head-dim
+    chunks of CHUNK columns."""
+    for c in tl.static_range(0, BLOCK_D, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+        k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+        if c == 0:
+            scores = mma(q, tl.trans(k), DOT_PRECISION)
+        else:
+            scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+    p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
+    for c in tl.static_range(0, BLOCK_DV, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+        v = load_rows(v_base, offs_n, offs_c, stride_vn, stride_vd, length, DV, True, EVEN_DV)
+        if c == 0:
+            dp = mma(do, tl.trans(v), DOT_PRECISION)
+        else:
+            dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+    return p, dp
+
+
+@triton.jit
+def _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL: tl.constexpr,
+                 EVEN_N: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+    """The bias of one tile of :func:`_bias_bwd_short2_kernel` for every head: the LUT gathered at the distance,
+    -inf where the length or causality excludes the pair."""
+    dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+                    float("-inf"))
+
+
+@triton.jit
+def _bias_bwd_short2_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DELTA, DQ, DK, DV_OUT, DQ_PART, DK_PART, DV_PART, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+):
+    """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
+    fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
+    of ``BLOCK_M = BLOCK_N`` rows walks the key blocks its rows reach and, inside each, every head (the tile's
+    bias gathered once for all of them).
+
+    An item of at most ``BLOCK_M`` tokens is one tile, as in :func:`_bias_bwd_short_kernel`: the first program
+    forms the exact ``delta`` (row sums of ``P * dP``) in the tile and stores dQ, dK, dV themselves (the outputs
+    come zeroed: the rows past the first block stay 0); the second does nothing. A longer item's rows reach two
+    key blocks: a first pass over the second key block stores each head's row sums of ``P * dP`` there
+    (``DELTA``), the first key block adds its own in the tile (exact delta: every row of dS sums to zero up to
+    fp32 rounding), and the second is then walked again (two extra products on half the tiles). Such an item's
+    products are shares, each from one tile, stored in fp32 (``*_PART[b, h, q_block or k_block]``, transposed
+    ``[BLOCK_D, 2 * BLOCK_M]`` but dQ without DQ_T), which :func:`_bias_bwd_short2_sum_kernel` adds in a fixed
+    order (deterministic, no atomics). With TABLE_GRAD each head's dS goes to ``DS_OUT`` (fp32
+    ``[B, H, 2, 2, BLOCK_M, BLOCK_N]``) for :func:`_bias_bwd_short_table_kernel`. Each pair is read at
+    ``distance[b, i, j]`` only: a directed distance is exact.
+
+    Args: as :func:`_bias_bwd_short_kernel`; DELTA: fp32 rows like LSE (``stride_row``), written then read;
+        DQ, DK, DV_OUT zeroed.
+    Grid: ``(B, 2)``.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    q_block = tl.program_id(1)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_j = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < length
+    two_blocks = length > BLOCK_M  # the item's products are shares
+    # Key blocks holding an allowed pair of these rows (none when the block starts past the length).
+    num_k = (length + BLOCK_N - 1) // BLOCK_N
+    if CAUSAL:
+        num_k = tl.minimum(num_k, q_block + 1)
+    if q_block * BLOCK_M >= length:
+        num_k = 0
+    share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_N  # one share to the next (a head's two are adjacent)
+    share_dv: tl.constexpr = BLOCK_DV * 2 * BLOCK_N
+    part_d = b * HEADS * (2 * share_d)  # this item's head 0
+    part_dv = b * HEADS * (2 * share_dv)
+    delta_rows = DELTA + b * HEADS * stride_row + offs_m
+    lse_rows = LSE + b * HEADS * stride_row + offs_m
+
+    # Rows reaching two key blocks: the row sums of P * dP over the second, stored per head.
+    if num_k == 2:
+        offs_n = BLOCK_N + offs_j
+        bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                            EVEN_N, OPAQUE_BIAS, INTERPRETED)
+        for h in range(0, HEADS):
+            lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
+            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
+                                V + b * stride_vb + h * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
+                                offs_m, offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd,
+                                stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK,
+                                EVEN_D, EVEN_DV, DOT_PRECISION)
+            tl.store(delta_rows + h * stride_row, tl.sum(p * dp, 1), mask=row_ok)
+        tl.debug_barrier()  # read back below in whatever layout the products leave the rows
+
+    for kb in tl.static_range(2):
+        if kb < num_k:
+            offs_n = kb * BLOCK_N + offs_j
+            bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                                EVEN_N, OPAQUE_BIAS, INTERPRETED)
+            for h in range(0, HEADS):
+                q_base = Q + b * stride_qb + h * stride_qh
+                k_base = K + b * stride_kb + h * stride_kh
+                do_base = DOUT + b * stride_gb + h * stride_gh
+                lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
+                p, dp = _short_p_dp(q_base, k_base, V + b * stride_vb + h * stride_vh, do_base, bias, lse, offs_m,
+                                    offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
+                                    stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
+                                    EVEN_DV, DOT_PRECISION)
+                if kb == 0:  # this block's row sums (plus the second block's, when the rows reach it)
+                    delta = tl.sum(p * dp, 1)
+                    if num_k == 2:
+                        delta += tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+                        tl.store(delta_rows + h * stride_row, delta, mask=row_ok)
+                else:
+                    delta = tl.load(delta_rows + h * stride_row, mask=row_ok, other=0.0)
+                # dS with the score scale folded in (a row constant), as in the one-tile kernel.
+                ds = p * (dp * scale - (delta * scale)[:, None])
+                if TABLE_GRAD:
+                    tl.store(DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
+                             + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
+                p_in = p.to(Q.dtype.element_ty)
+                ds_in = ds.to(Q.dtype.element_ty)
+                # (the two orders of the share offsets: the spill-free one for each family's tiles)
+                if DQ_T:
+                    dv_share = DV_PART + part_dv + h * (2 * share_dv) + q_block * share_dv
+                else:
+                    dv_share = DV_PART + q_block * share_dv + part_dv + h * (2 * share_dv)
+                for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
+                    offs_c = c + tl.arange(0, OUT_CHUNK)
+                    do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                    dv = mma(tl.trans(do), p_in, DOT_PRECISION)  # dV^T [OUT_CHUNK, BLOCK_N]
+                    if two_blocks:
+                        tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
+                    else:
+                        tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                                 + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                                 mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+                if DQ_T:
+                    dq_share = DQ_PART + part_d + h * (2 * share_d) + kb * share_d
+                    dk_share = DK_PART + part_d + h * (2 * share_d) + q_block * share_d
+                else:
+                    dq_share = DQ_PART + kb * share_d + part_d + h * (2 * share_d)
+                    dk_share = DK_PART + q_block * share_d + part_d + h * (2 * share_d)
+                for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+                    offs_c = c + tl.arange(0, OUT_CHUNK)
+                    k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+                    if DQ_T:  # dQ^T = K^T dS^T
+                        dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                        if two_blocks:
+                            tl.store(dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :], dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                                     + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+                    else:
+                        dq = mma(ds_in, k, DOT_PRECISION)
+                        if two_blocks:
+                            tl.store(dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :], dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                                     + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+                    q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
+                    dk = mma(tl.trans(q), ds_in, DOT_PRECISION)  # dK^T [OUT_CHUNK, BLOCK_N]
+                    if two_blocks:
+                        tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
+                    else:
+                        tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn
+                                 + offs_c[:, None] * stride_yd, dk.to(DK.dtype.element_ty),
+                                 mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
+
+
+@triton.jit
+def _short2_share(PART, share, head, rows, cols, stride_r, FIRST: tl.constexpr, SECOND: tl.constexpr):
+    """One head's ``[rows, cols]`` block of a gradient from its two shares (``PART[0]``, ``PART[1]`` are
+    ``share`` apart; contiguous columns), added in that order; only the shares the kernel stored are read."""
+    ptrs = PART + head + rows[:, None] * stride_r + cols[None, :]
+    if FIRST:
+        total = tl.load(ptrs)
+        if SECOND:
+            total += tl.load(ptrs + share)
+    else:
+        total = tl.load(ptrs + share)
+    return total
+
+
+@triton.jit
+def _bias_bwd_short2_sum_kernel(
+    LENGTHS, DQ_PART, DK_PART, DV_PART, DQ, DK, DV_OUT,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    B, N, N_OUT, D, DV, HEADS,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DQ_T: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """dQ, dK, dV of one head of an item longer than ``BLOCK_M`` from :func:`_bias_bwd_short2_kernel`'s shares:
+    each row block's two shares added in a fixed order (the first query or key block's first), a share of a
+    tile the kernel did not walk (causality) read as 0. Items of at most ``BLOCK_M`` tokens: nothing (the
+    kernel stored their gradients). Grid: ``(B * HEADS,)``."""
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // HEADS
+    h = bh % HEADS
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    if length > BLOCK_M:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_M  # a head's two shares are adjacent
+        share_dv: tl.constexpr = BLOCK_DV * 2 * BLOCK_M
+        head_d = bh * (2 * share_d)
+        head_dv = bh * (2 * share_dv)
+        for blk in tl.static_range(2):
+            rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+            # dQ rows of query block blk: shares of key blocks 0 and 1; dK, dV rows of key block blk: shares of
+            # query blocks 0 and 1. Causal: query block 0 does not reach key block 1.
+            later = (not CAUSAL) or blk == 1
+            if DQ_T:
+                dq = tl.trans(_short2_share(DQ_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, True, later))
+            else:
+                dq = _short2_share(DQ_PART, share_d, head_d, rows, offs_d, BLOCK_D, True, later)
+            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                     dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            earlier = (not CAUSAL) or blk == 0
+            dk = tl.trans(_short2_share(DK_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, earlier, True))
+            tl.store(DK + b * stride_yb + h * stride_yh + rows[:, None] * stride_yn + offs_d[None, :] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            dv = tl.trans(_short2_share(DV_PART, share_dv, head_dv, offs_dv, rows, 2 * BLOCK_M, earlier, True))
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + rows[:, None] * stride_zn
+                     + offs_dv[None, :] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def _bias_bwd_short_table_kernel(
+    DS, DIST, BUCKET_LUT, LENGTHS, BUCKET_PARTIALS, stride_db, stride_di, stride_dj, N, scale, window, HEADS,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    LAST_DISTANCE_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1,
+):
+    """The short-row table gradient: one dS tile of a batch item (:func:`_bias_bwd_short_kernel`'s or
+    :func:`_bias_bwd_short2_kernel`'s ``DS_OUT``, ``[B, H, BLOCKS, BLOCKS, BLOCK_M, BLOCK_N]``) summed over the
+    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`). The tile's bucket set comes from
+    its own distance tile (``BUCKET_LUT``: the bucket of each uint8 distance), over the pairs the length,
+    causality and ``window`` (-1: none) allow: up to 31 buckets their bit set (an OR over the tile), else the
+    lowest and highest; a tile without an allowed pair is not read. Writes
+    ``BUCKET_PARTIALS[(b * BLOCKS + q_block) * BLOCKS + k_block]`` (fp32 ``[NUM_BUCKETS]``).
+    Grid: ``(B, BLOCKS, BLOCKS)``."""
+    b = tl.program_id(0).to(tl.int64)
+    q_block = tl.program_id(1)
+    k_block = tl.program_id(2)
+    tile = (b * BLOCKS + q_block) * BLOCKS + k_block
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    # A tile past the length (the second block of a short sequence) or above the causal diagonal: nothing to read.
+    reach = (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length)
+    if CAUSAL:
+        reach = reach & (k_block * BLOCK_N < (q_block + 1) * BLOCK_M)
+    if reach:
+        dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+        allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
+        bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
+        if STATIC_BUCKETS:
+            present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
+            walk = present != 0
+        else:  # lowest + 256 * highest; lowest > highest: no allowed pair
+            lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
+            highest = tl.max(tl.where(allowed, bucket, 0))
+            present = lowest + 256 * highest
+            walk = lowest <= highest
+        if walk:
+            ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
+                    + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+            ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for h in range(0, HEADS):
+                ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
+            sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                                UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+    bucket_ids = tl.arange(0, BUCKETS_PAD)
+    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    tl.store(BUCKET_PARTIALS + tile * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
+             mask=bucket_ids < NUM_BUCKETS)
+
+
+@triton.jit
+def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row, k_block, offs_m, offs_d,
+             offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
+             MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, TABLE_GRAD: tl.constexpr,
+             DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+    """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``)."""
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
+                             stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
+                             OPAQUE_BIAS, INTERPRETED)
+    exponent = scores - lse[:, None]
+    if MASK:  # masked before exp2: an excluded pair's exponent may be large
+        exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), exponent, float("-inf"))
+    p = tl.exp2(exponent)
+    v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, MASK, EVEN_DV)
+    dp = mma(do, tl.trans(v), DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
+    if TABLE_GRAD:
+        row_error += tl.sum(ds, 1)
+    return dq, row_error
+
+
+@triton.jit
+def _bias_bwd_dq_kernel(
+    Q, K, V, DOUT, OUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, LSE, DQ, DELTA,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_db, stride_di, stride_dj, stride_lh, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, scale, qk_scale2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
+    CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+):
+    """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
+    runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
+
+    An exact softmax backward has rows of dS that sum to zero. ``delta`` is formed from a rounded output
+    (fp16/bf16), so its rows sum to a small ``row_error`` instead; per bucket those errors add up over
+    thousands of rows. With TABLE_GRAD the kernel writes ``delta + row_error`` (``dS - P * row_error``: rows
+    that sum to zero up to fp32 rounding) for the table kernel, which sums dS per bucket.
+
+    Args:
+        OUT: the forward's output, like DOUT (strides ``stride_o*``). DQ: like Q (strides ``stride_x*``).
+        DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart), written: delta, corrected with TABLE_GRAD; 0 for
+            rows past the length.
+        Others as in the dK/dV kernel (key lists as in the forward).
+    Grid: ``(nQ * B * H,)``.
+    """
+    q_block, bh, b, h = program_ids(num_q_blocks, H)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    # delta first, 32 columns at a time (a small transient before the loop's operands are live); 0 past the
+    # length (masked loads).
+    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c in tl.static_range(0, BLOCK_DV, 32):
+        offs_c = c + tl.arange(0, 32)
+        out = load_rows(OUT + b * stride_ob + h * stride_oh, offs_m, offs_c, stride_on, stride_od, length, DV, True,
+                        EVEN_DV)
+        dout = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
+                         True, EVEN_DV)
+        delta += tl.sum(out.to(tl.float32) * dout.to(tl.float32), axis=1)
+    q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
+    do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_dv, stride_gn, stride_gd, length, DV, True,
+                   EVEN_DV)
+    row_base = bh.to(tl.int64) * stride_row
+    lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    dist_base = DIST + b * stride_db
+    lut_row = LUT + h * stride_lh
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
+    list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
+                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    for i in range(0, interior):
+        dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
+                                 _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
+                                 OPAQUE_BIAS, INTERPRETED)
+    for i in range(interior, total):
+        dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
+                                 _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
+                                 BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
+                                 OPAQUE_BIAS, INTERPRETED)
+
+    # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
+    row_ok = offs_m < length
+    dq = tl.where(row_ok[:, None], dq * scale, 0.0)
+    dq_ptrs = DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_d[None, :] < D))
+    if TABLE_GRAD:
+        delta += row_error
+    tl.store(DELTA + row_base + offs_m, delta, mask=offs_m < N)

@@ -1,0 +1,146 @@
+"""The distance-bias op's host side that every path shares and Triton does not need: which implementation a call
+runs (:func:`implementation`), the per-distance LUT the kernels gather from (:func:`bias_lut`), the arguments the
+fused kernels take (:func:`kernel_arguments`, :func:`bucket_args`) and the table and bias-scale gradients from the
+per-bucket sums of dS (:func:`table_gradients`).
+
+Used by the Triton path (:mod:`._autograd`, :mod:`._launch`), the C++ path (:mod:`._cpu`) and the packed path
+(:mod:`._varlen`, :mod:`._varlen_kernels`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from ... import _ext
+from ... import _validation as V
+from ...specs import MAX_PATH, BucketSpec
+from ...trees.batch import aligned_distance, known_symmetric
+from .._dispatch import LOG2E, device_constant, kernels_or_reference, per_batch, resolve_backend
+
+#: Dtypes the C++ kernels take (float64 runs the reference).
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: The buckets of a LUT given per distance value (:func:`.lut_attention`): one bucket per uint8 distance, 255
+#: (unreachable) its own.
+LUT_BUCKETS = BucketSpec(max_distance=MAX_PATH)
+
+
+def cpu_kernels_take(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the C++ kernels run these inputs: CPU tensors of a :data:`CPU_DTYPES` dtype, head dims >= 1, and
+    an extension built with them."""
+    return (q.device.type == "cpu" and q.dtype in CPU_DTYPES and q.shape[-1] > 0 and v.shape[-1] > 0
+            and _ext.available() and hasattr(_ext.load(), "bias_attention_forward"))
+
+
+def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> str:
+    """What :func:`syntaxkernels.syntax_bias_attention` runs for these q and v (padded ``[B, H, N, D]`` or packed
+    ``[T, H, D]``): "triton", "cpp" or "reference".
+
+    "auto": the C++ kernels on CPU tensors they take (:func:`cpu_kernels_take`: float32, bfloat16, float16), the
+    Triton kernels on CUDA tensors they take (Triton importable, sm_80 or newer, head dims up to 128), the
+    reference otherwise. "triton" raises RuntimeError where Triton cannot run (not importable, or CPU tensors
+    without ``TRITON_INTERPRET=1``) and ValueError for inputs the kernels do not take; "reference" is the
+    reference. The op itself decides through this function.
+    """
+    chosen = kernels_or_reference(backend, resolve_backend(backend, q.device), q, v)
+    if backend == "auto" and q.device.type == "cpu" and cpu_kernels_take(q, v):
+        return "cpp"
+    return chosen
+
+
+def bucket_args(buckets: BucketSpec) -> Tuple[int, int, bool]:
+    """``(max_distance, log_distance or 0, unreachable_bucket)``: the BucketSpec as kernel constexprs."""
+    return buckets.max_distance, buckets.log_distance or 0, buckets.unreachable_bucket
+
+
+def _spec(max_distance: int, log_distance: int, unreachable_bucket: bool) -> BucketSpec:
+    return BucketSpec(max_distance, log_distance or None, unreachable_bucket)
+
+
+def _bucket_lut(spec: BucketSpec, like: torch.Tensor) -> torch.Tensor:
+    """``BucketSpec.lut()`` on ``like``'s device, built once per (spec, device) (:func:`device_constant`): no
+    host-to-device copy per call."""
+    return device_constant(("bucket lut", spec), like, spec.lut)
+
+
+def bias_lut(table: torch.Tensor, bias_scale: torch.Tensor, buckets: BucketSpec, window: int) -> torch.Tensor:
+    """The per-head distance LUT the kernels gather from: fp32 ``[H or 1, 256]``, log2 domain.
+
+    ``lut[h, d] = c * table[h, bucket(d)] * log2(e)``, ``-inf`` for ``d > window`` (``window < 0``: none).
+    Built on the table's device with a few small tensor ops (no host synchronisation).
+    """
+    rows = table.to(torch.float32).reshape(-1, table.shape[-1])
+    lut = rows[:, _bucket_lut(buckets, table)] * (bias_scale.to(torch.float32).reshape(1, 1) * LOG2E)
+    if window >= 0:
+        beyond = torch.arange(256, device=table.device) > window
+        lut = lut.masked_fill(beyond[None, :], float("-inf"))
+    return lut.contiguous()
+
+
+def kernel_arguments(q: torch.Tensor, lengths, scale: Optional[float], bias_scale):
+    """What the fused kernels (Triton and C++) take for the public arguments: int32 lengths on q's device (one
+    tensor per batch, :func:`_int32_lengths`), the float score scale (default ``1 / sqrt(D)``) and the bias
+    strength as a one-element tensor (a number or None becomes a constant one)."""
+    lengths = _int32_lengths(lengths, q)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
+        value = 1.0 if bias_scale is None else float(bias_scale)
+        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
+    return lengths, scale, bias_scale
+
+
+def table_gradients(bucket_grad: torch.Tensor, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
+                    want_scale: bool):
+    """``(d table, d bias_scale)`` (None where not wanted) from the per-bucket sums of dS ``G`` (``[H or 1, T]``,
+    what the backward kernels return): ``d table = c * G`` and ``d c = sum_t table[t] * G[t]``."""
+    bucket_grad = bucket_grad.reshape(table.shape)
+    c = bias_scale.to(torch.float32).reshape(())
+    dtable = (c * bucket_grad).to(table.dtype) if want_table else None
+    dscale = None
+    if want_scale:
+        dscale = (table.to(torch.float32) * bucket_grad).sum().reshape(bias_scale.shape).to(bias_scale.dtype)
+    return dtable, dscale
+
+
+def _int32_lengths(lengths, q: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B]`` lengths on q's device (validated); one tensor per batch (:func:`per_batch`), so the block
+    metadata computed from it is shared by every layer."""
+    B, _, N, _ = q.shape
+    if lengths is None:
+        return torch.full((B,), N, dtype=torch.int32, device=q.device)
+
+    def normalize():
+        normalized = V.normalize_lengths(lengths, q)
+        return normalized.to(torch.int32)
+
+    if not isinstance(lengths, torch.Tensor):
+        return normalize()
+    return per_batch((lengths,), ("int32 lengths", B, N, str(q.device)), normalize)
+
+
+def _aligned(distance: torch.Tensor) -> torch.Tensor:
+    """:func:`aligned_distance`, copied once per batch when it copies (a distance not from a TreeBatch)."""
+    return per_batch((distance,), "aligned", lambda: aligned_distance(distance))
+
+
+def _symmetric(symmetric: Optional[bool], distance: torch.Tensor) -> bool:
+    if symmetric is None:
+        return known_symmetric(distance)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"symmetric must be None or a bool, got {symmetric!r}")
+    return symmetric
+
+
+def packed_sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
+    """int32 ``[T]``: the sequence of every packed token (empty sequences own none), on cu_seqlens' device."""
+    cu = cu_seqlens.to(torch.int64)
+    return torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).to(torch.int32)
+
+
+def packed_distance_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S + 1]``: where each sequence's ``n x n`` distance block starts (``sum_{r < s} n_r^2``)."""
+    cu = cu_seqlens.to(torch.int64)
+    sizes = (cu[1:] - cu[:-1]) ** 2
+    return torch.cat([torch.zeros(1, dtype=torch.int64, device=cu.device), torch.cumsum(sizes, 0)])

@@ -1,0 +1,203 @@
+"""The distance-bias op on packed (varlen) batches: the public function (what ``syntax_bias_attention(...,
+cu_seqlens=...)`` runs), its argument checks, the C++ path and the reference; none of it needs Triton.
+
+``out[t] = softmax_j(q_t . k_j * scale + c * table[bucket(d(t, j))]) v`` over the keys j of t's own sequence, with
+q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
+``uint8 [sum n_s^2]`` of a :class:`~syntaxkernels.trees.PackedTreeBatch` (sequence s's ``n_s x n_s`` block at
+``sum_{r < s} n_r^2``, row stride ``n_s``). :func:`implementation <._host.implementation>` picks the path: the
+Triton kernels (:mod:`._varlen_kernels`, tiles shared by sequences: no padding, nothing of size ``T^2``) on CUDA,
+the C++ kernels of the padded op on the sequences laid out ``[S, H, max n, D]`` inside the op on CPU, else the
+reference sequence by sequence (:func:`reference_bias_attention_varlen`, the specification).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ... import _validation as V
+from ... import reference
+from ...specs import BucketSpec
+from .._dispatch import per_batch, triton_status
+from . import _cpu
+from ._host import bucket_args, implementation, kernel_arguments, packed_distance_offsets, packed_sequence_ids
+
+if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
+    from . import _varlen_kernels
+else:
+    _varlen_kernels = None
+
+__all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "walked_tiles"]
+
+
+def _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal):
+    if not isinstance(buckets, BucketSpec):
+        raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"packed {name} must be a tensor [T, H, D] (flash-attention's varlen layout), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if q.shape != k.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"packed q, k, v must be [T, H, D], [T, H, D], [T, H, Dv]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == distance.device == cu_seqlens.device):
+        raise ValueError("q, k, v, distance and cu_seqlens must be on one device")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError("cu_seqlens must be an int32 (or int64) tensor [S + 1]")
+    if distance.dtype != torch.uint8 or distance.dim() != 1:
+        raise ValueError(f"a packed distance must be uint8 [sum n_s^2] (PackedTreeBatch.distance), got {distance.dtype} "
+                         f"{tuple(distance.shape)}")
+    H = q.shape[1]
+    T_b = buckets.num_buckets
+    if table.shape not in ((T_b,), (H, T_b)):
+        raise ValueError(f"table must have shape [{T_b}] or [{H}, {T_b}], got {tuple(table.shape)}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
+        raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
+    if cu_seqlens.device.type == "cpu" and not V.compiling():  # checks that read cu_seqlens (never on a GPU: no
+        # host synchronisation; not while torch.compile traces)
+        cu = cu_seqlens.to(torch.int64)
+        if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {q.shape[0]}, got "
+                             f"{cu.tolist()[:8]}{'...' if cu.shape[0] > 8 else ''}")
+        need = int(((cu[1:] - cu[:-1]) ** 2).sum())
+        if distance.shape[0] != need:
+            raise ValueError(f"the packed distance has {distance.shape[0]} bytes but the sequences of cu_seqlens "
+                             f"need sum n_s^2 = {need}")
+
+
+def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
+                                    window=None, causal=False):
+    """The specification: :func:`syntaxkernels.reference.syntax_bias_attention` run sequence by sequence
+    (``[1, H, n, D]`` each, its ``n x n`` distance block), outputs concatenated back to ``[T, H, Dv]``. Rows of an
+    empty sequence do not exist; gradients flow through autograd."""
+    cu = cu_seqlens.to("cpu", torch.int64).tolist()
+    outs = []
+    offset = 0
+    for s in range(len(cu) - 1):
+        a, b = cu[s], cu[s + 1]
+        n = b - a
+        if n == 0:
+            continue
+        block = distance[offset:offset + n * n].view(1, n, n)
+        offset += n * n
+        qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        o = reference.syntax_bias_attention(qs, ks, vs, block, table, buckets=buckets, scale=scale,
+                                            bias_scale=bias_scale, window=window, causal=causal)
+        outs.append(o[0].transpose(0, 1))
+    if not outs:
+        return q.new_zeros((0, q.shape[1], v.shape[-1])) + 0 * v.sum()
+    return torch.cat(outs, 0)
+
+
+def _cpu_layout(distance: torch.Tensor, cu_seqlens: torch.Tensor):
+    """``(sequence [T], position [T], lengths int32 [S], padded distance uint8 [S, N, N])`` of a packed CPU batch
+    (N its longest sequence), once per batch: the C++ CPU kernels' layout."""
+    from ...trees.batch import aligned_distance, mark_symmetric
+
+    def compute():
+        cu = cu_seqlens.to(torch.int64)
+        lengths = cu[1:] - cu[:-1]
+        S = lengths.shape[0]
+        N = int(lengths.max()) if S else 0
+        T = int(cu[-1])
+        sequence = packed_sequence_ids(cu_seqlens, T).long()
+        position = torch.arange(T) - cu[sequence]
+        padded = torch.full((S, N, N), 255, dtype=torch.uint8)
+        offsets = packed_distance_offsets(cu_seqlens).tolist()
+        for s_, n in enumerate(lengths.tolist()):
+            if n:
+                padded[s_, :n, :n] = distance[offsets[s_]:offsets[s_] + n * n].view(n, n)
+        padded = aligned_distance(padded)
+        mark_symmetric(padded)  # tree distances, one block per sequence
+        return sequence, position, lengths.to(torch.int32), padded
+    return per_batch((distance, cu_seqlens), "cpu layout", compute)
+
+
+def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window, causal):
+    """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
+    inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
+    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
+    sequence, position, lengths, padded = _cpu_layout(distance, cu_seqlens)
+    S, N = padded.shape[:2]
+
+    def lay_out(x):
+        y = x.new_zeros((S, N) + tuple(x.shape[1:]))
+        y = y.index_put((sequence, position), x)
+        return y.transpose(1, 2)  # [S, H, N, D]
+
+    out = _cpu.cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
+                             bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+    return out.transpose(1, 2)[sequence, position]
+
+
+def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
+                                 max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
+                                 window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
+                                 backend: str = "auto") -> torch.Tensor:
+    """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
+
+    Args:
+        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
+        distance: uint8 ``[sum n_s^2]``: a :class:`~syntaxkernels.trees.PackedTreeBatch`'s ``distance``.
+        table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
+            :func:`syntaxkernels.syntax_bias_attention` (causal: ``j <= i`` within each sequence).
+        cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
+            flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
+        deterministic: accepted; the Triton path is always deterministic (no atomics).
+        backend: "auto" (Triton on CUDA tensors; on CPU tensors the fused C++ CPU kernels of
+            :mod:`._cpu`, run on the sequences laid out ``[S, H, max n, D]`` inside the op; float64
+            and head dims above 128 on CUDA: the reference), "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or
+            "reference" (the reference, sequence by sequence).
+    Returns:
+        ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
+
+    Equivalent PyTorch (sequence by sequence, :func:`reference_bias_attention_varlen`)::
+
+        out = torch.cat([syntaxkernels.reference.syntax_bias_attention(
+                  q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None],
+                  distance[offset_s:offset_s + n * n].view(1, n, n), table, buckets=buckets, ...)[0].transpose(0, 1)
+              for each sequence s = [a, b) of n = b - a tokens])
+    """
+    _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    chosen = implementation(q, v, backend)
+    if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
+        return _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window,
+                                          causal)
+    if chosen != "triton":
+        return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
+                                               scale=scale, bias_scale=bias_scale, window=window, causal=causal)
+    _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
+    return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens,
+                                                      float(scale),
+                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
+
+
+def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:
+    """``(programs, tiles walked)`` over a packed batch of sequences of ``lengths`` (host ints), as the kernels
+    walk it: one program per ``block`` consecutive tokens, each walking the ``step``-wide tiles of the span of its
+    sequences (the forward and dQ: ``block = BLOCK_M, step = BLOCK_N``; dK/dV: ``block = BLOCK_N, step =
+    BLOCK_M``). Not causal. A model of the loop bounds above, for the inspection report (keep it in step)."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + int(n))
+    T = cu[-1]
+    if T == 0:
+        return 0, 0
+    import bisect
+
+    def sequence_of(t):  # the sequence holding token t (empty sequences hold none)
+        return bisect.bisect_right(cu, t) - 1
+
+    programs = -(-T // block)
+    walked = 0
+    for p in range(programs):
+        first, last = p * block, min(p * block + block, T) - 1
+        span = cu[sequence_of(last) + 1] - cu[sequence_of(first)]
+        walked += -(-span // step)
+    return programs, walked

@@ -1,0 +1,258 @@
+"""The launch configurations of the bias op's Triton kernels: one flat table, and the rules that pick an entry.
+
+:data:`CONFIGS` holds every (kernel, GPU family, dtype class, head-dim class) entry written out: kernels "fwd",
+"dq", "dkdv", "table", "table_extra" (the tiled kernels), "fwd_short", "short", "short2" (rows of at most 64 and
+128 tokens) and the two small kernels after the short-row backward, "short_table" and "short2_sum"; families
+"sm90" (Hopper and newer), "sm80" (A100) and "small" (other GPUs with ~100 KB of shared memory a block:
+sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
+``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
+serve. :func:`select_config` reads an entry and applies the Blackwell overrides (:data:`BLACKWELL_CONFIGS`,
+:data:`CONSUMER_BLACKWELL_CONFIGS`) and the family's opaque-bias rule (:func:`_opaque_bias`).
+
+Each entry is compiled for its family by the inspection report (``python -m syntaxkernels inspect``), which checks
+registers, spills and the main loop's instruction mix; the choices are the spill-free ones with the fewest
+instructions per score element there.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .._primitives import arch_family, current_arch, head_block
+
+__all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "SHORT_ROW_LIMIT", "STATIC_BUCKET_LIMIT",
+           "select_config"]
+
+#: Rows up to this long take the short-row kernels (see :func:`_short_config`).
+SHORT_ROW_LIMIT = 64
+#: Tables up to this many buckets sum dS through compile-time accumulators.
+STATIC_BUCKET_LIMIT = 31
+
+CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    # The forward (:func:`._forward._bias_fwd_kernel`). fp32 inputs, here and in every tiled kernel, run exact fp32
+    # products (no tensor cores, no TF32): Triton 3.6 lowers them to FMA loops that hold whole operand rows per
+    # thread. 16x32 tiles are spill-free up to D = 64; at D = 128 every tiling tried spills (16x16 the least):
+    # correct, but not tuned (fp32 is not a performance target; use bf16/fp16 for speed). The small family takes
+    # A100's tiles unless said otherwise.
+    ("fwd", "sm90", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    ("fwd", "sm90", "half", 128): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    ("fwd", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("fwd", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("fwd", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("fwd", "sm80", "half", 128): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("fwd", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("fwd", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("fwd", "small", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("fwd", "small", "half", 128): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("fwd", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("fwd", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    # dQ (and delta). The small family at D = 128: 128x16 (A100's 128x32 tiles need 100 KB with two stages).
+    ("dq", "sm90", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    ("dq", "sm90", "half", 128): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
+    ("dq", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dq", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("dq", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("dq", "sm80", "half", 128): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("dq", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dq", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("dq", "small", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("dq", "small", "half", 128): dict(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2),
+    ("dq", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dq", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    # dK/dV: BLOCK_N is the key block a program owns and BLOCK_M the query block of one iteration. The small family
+    # at D = 64: one stage (sm_120's Blackwell ptxas spills with A100's two; one is spill-free on sm_86, sm_89 and
+    # sm_120).
+    ("dkdv", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+    ("dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
+    ("dkdv", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dkdv", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("dkdv", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("dkdv", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dkdv", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("dkdv", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1),
+    ("dkdv", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    # The table gradient, starting from dQ's tiles (its loop holds dQ's first two products): it holds two score
+    # tiles (this head's and the heads' sum of dS) and each head's operands. One stage on sm_90 at D = 64 and on
+    # the small family at D = 128: with the skipped-tile branch two stages spill. fp32 at D <= 64: on sm_80 16x32
+    # spills with one or two stages, 16x16 with one; on sm_90 16x16 spills with two stages, 16x32 with one does not.
+    ("table", "sm90", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1),
+    ("table", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("table", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
+    ("table", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("table", "small", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
+    ("table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    # The table kernel with a window (live-tile lists), log-spaced buckets or more than 31 buckets holds more
+    # state: where its plain tiles spill then, other tiles (sm_90 at D = 64); else the plain ones.
+    ("table_extra", "sm90", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("table_extra", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("table_extra", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("table_extra", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("table_extra", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table_extra", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table_extra", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
+    ("table_extra", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("table_extra", "small", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table_extra", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table_extra", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
+    ("table_extra", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    # The short-row forward (``N <= 64``, :func:`._forward._bias_fwd_short_kernel`): one 64 x 64 tile a sequence,
+    # every head in one program, four warps; whole 64-column products on sm_90, chunks of 32 on mma.sync GPUs
+    # (6-11% fewer instructions per element there).
+    ("fwd_short", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, num_warps=4, num_stages=1),
+    ("fwd_short", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, num_warps=4, num_stages=1),
+    ("fwd_short", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, num_warps=4, num_stages=1),
+    ("fwd_short", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, num_warps=4, num_stages=1),
+    ("fwd_short", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, num_warps=4, num_stages=1),
+    ("fwd_short", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32,
+                                              num_warps=4, num_stages=1),
+    # The short-row backward (``N <= 64``, a sequence one 64 x 64 tile: dQ, dK, dV and each head's dS in one
+    # kernel, :func:`._backward._bias_bwd_short_kernel`): four warps (on sm_90 one warp group: wider programs repeat
+    # the score tile on every group of warps). CHUNK: the head-dim columns of the score and dP products a step;
+    # OUT_CHUNK: of the dQ, dK, dV products (on sm_90 64: a transposed product of 32 rows leaves the warp-group
+    # instructions); DQ_T: dQ as dQ^T = K^T dS^T. The spill-free choices with the fewest instructions per element:
+    # on sm_90 D64 whole tiles, D128 chunks of 32 with dQ^T. On mma.sync GPUs (whose second operand every warp
+    # holds whole) keys-major tiles (KEYS_MAJOR, :func:`._backward._bias_bwd_short_t_kernel`: P^T and dS^T feed dV
+    # and dK as they are; dQ not transposed): on sm_80 8.5% (D = 64, chunks of 32) and 16% (D = 128, chunks of
+    # 16) fewer instructions per element than the queries-major tiles, 7% on the small family at D = 64. The
+    # small family at D = 128 keeps the queries-major kernel (every keys-major choice spills 8-56 B on sm_86 or
+    # sm_120) with chunks of 16 (with the opaque bias of :func:`_opaque_bias`, chunks of 32 spill 8 B on sm_86 and
+    # sm_89).
+    ("short", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, DQ_T=False,
+                                        num_warps=4, num_stages=1),
+    ("short", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
+                                         num_warps=4, num_stages=1),
+    ("short", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=False, KEYS_MAJOR=True,
+                                        num_warps=4, num_stages=1),
+    ("short", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=False, KEYS_MAJOR=True,
+                                         num_warps=4, num_stages=1),
+    ("short", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=False, KEYS_MAJOR=True,
+                                         num_warps=4, num_stages=1),
+    ("short", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=True,
+                                          num_warps=4, num_stages=1),
+    # Rows of 65..128 tokens (:func:`._backward._bias_bwd_short2_kernel`: a program per query block of 64, two key
+    # blocks): the one-tile kernel's queries-major tiles (chunks of 32 with dQ^T on mma.sync GPUs), but for score
+    # and dP products over head-dim chunks of 32 on sm_90 at D = 64, of 16 on sm_80 at D = 128 and of 16 with dQ
+    # not transposed on the small family (the spill-free choices: with the one-tile kernel's, 16-56 B spill).
+    ("short2", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=False,
+                                         num_warps=4, num_stages=1),
+    ("short2", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
+                                          num_warps=4, num_stages=1),
+    ("short2", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=True,
+                                         num_warps=4, num_stages=1),
+    ("short2", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=True,
+                                          num_warps=4, num_stages=1),
+    ("short2", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=False,
+                                          num_warps=4, num_stages=1),
+    ("short2", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=False,
+                                           num_warps=4, num_stages=1),
+    # After the short-row backward: the table gradient of its dS tiles
+    # (:func:`._backward._bias_bwd_short_table_kernel`, one program a tile) ...
+    ("short_table", "sm90", "half", 64): dict(num_warps=4, num_stages=1),
+    ("short_table", "sm90", "half", 128): dict(num_warps=4, num_stages=1),
+    ("short_table", "sm80", "half", 64): dict(num_warps=4, num_stages=1),
+    ("short_table", "sm80", "half", 128): dict(num_warps=4, num_stages=1),
+    ("short_table", "small", "half", 64): dict(num_warps=4, num_stages=1),
+    ("short_table", "small", "half", 128): dict(num_warps=4, num_stages=1),
+    # ... and the two-block kernel's shares added (:func:`._backward._bias_bwd_short2_sum_kernel`, one program a
+    # head and item; two warps at D <= 64: fewer instructions).
+    ("short2_sum", "sm90", "half", 64): dict(num_warps=2, num_stages=1),
+    ("short2_sum", "sm90", "half", 128): dict(num_warps=4, num_stages=1),
+    ("short2_sum", "sm80", "half", 64): dict(num_warps=2, num_stages=1),
+    ("short2_sum", "sm80", "half", 128): dict(num_warps=4, num_stages=1),
+    ("short2_sum", "small", "half", 64): dict(num_warps=2, num_stages=1),
+    ("short2_sum", "small", "half", 128): dict(num_warps=4, num_stages=1),
+}
+
+# Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
+# ptxas spills with Hopper's: (kind, dtype class, head-dim class) -> the fields that differ.
+BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("short", "half", 128): dict(CHUNK=64, DQ_T=False),
+    ("table", "half", 64): dict(num_stages=1),
+    ("table", "half", 128): dict(num_stages=1),
+    ("table_extra", "half", 64): dict(num_stages=1),
+    ("table_extra", "half", 128): dict(num_stages=1),
+}
+# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
+# Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
+# (:func:`_opaque_bias`) whatever its chunks; without it, it is spill-free.
+CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("short2", "half", 128): dict(OPAQUE_BIAS=False),
+}
+
+
+def _opaque_bias(family: str) -> bool:
+    """Whether the kernels pass the gathered bias through an opaque move (``OPAQUE_BIAS``,
+    :func:`~syntaxkernels.ops._primitives.lut_bias`): on GPUs whose products lower to ``mma.sync`` (sm_80 and the
+    small family). Triton 3.6 sizes a dot's register operands from the narrowest load in their backward slice;
+    P and dS carry the bias, gathered at the uint8 distance, so without the move their products take 8-bit
+    operand layouts (shuffles and selects to form each register operand from the accumulator, a register move for
+    every transposed operand load): sm_80 sentences backward 46.5 -> 36.4 per element at D = 64 in the model.
+    On sm_90 and newer (wgmma, tcgen05) it changes nothing."""
+    return family in ("sm80", "small")
+
+
+# Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
+# also turn the short-row kernels off (they need a key tile as long as the rows).
+_BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
+_SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled kernels at small N
+
+
+def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
+                  arch: Optional[int] = None) -> dict:
+    """The launch configuration of the ``kind`` kernel (a :data:`CONFIGS` kernel: "fwd", "dq", "dkdv", "table",
+    "table_extra", "fwd_short", "short", "short2", "short_table", "short2_sum") for ``family`` (default: the current
+    GPU's); ``arch`` (default: the current GPU when no family is given) applies
+    :data:`BLACKWELL_CONFIGS` on sm_100 and newer in the sm90 family and :data:`CONSUMER_BLACKWELL_CONFIGS` on sm_120
+    and newer in the small family. ``OPAQUE_BIAS`` is the family's :func:`_opaque_bias` unless an entry says
+    otherwise."""
+    if family is None and arch is None:
+        arch = current_arch()
+    family = family or arch_family(arch)
+    if family == "unsupported":
+        raise ValueError(f"no Triton configs for this GPU (compute capability {current_arch()}): the kernels need "
+                         "sm_80 or newer, and the ops run the reference there (backend='auto')")
+    cls = "fp32" if dtype == torch.float32 else "half"
+    dim_class = 64 if head_block(head_dim) <= 64 else 128
+    config = dict(CONFIGS[(kind, family, cls, dim_class)])
+    if arch is not None and arch >= 100 and family == "sm90":
+        config.update(BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
+    if arch is not None and arch >= 120 and family == "small":
+        config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
+    config.setdefault("OPAQUE_BIAS", _opaque_bias(family))
+    if _BLOCK_OVERRIDE is not None:
+        config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
+    return config
+
+
+def _short_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int, family: str,
+                  arch: Optional[int]) -> Optional[dict]:
+    """The short-row backward's configuration, or None where the tiled kernels run: rows of at most
+    :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT row (a table shared by the heads, or none), a family with
+    short-row tiles (all with Triton configs)."""
+    kind = "short" if N <= SHORT_ROW_LIMIT else "short2"
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > 2 * SHORT_ROW_LIMIT or dtype == torch.float32
+            or lut_rows != 1 or (kind, family, "half", 64 if head_block(head_dim) <= 64 else 128) not in CONFIGS):
+        return None
+    return select_config(kind, dtype, head_dim, family, arch)
+
+
+def _short_forward_config(N: int, dtype: torch.dtype, head_dim: int, lut_rows: int) -> Optional[dict]:
+    """The short-row forward's configuration (rows of at most :data:`SHORT_ROW_LIMIT` tokens, fp16/bf16, one LUT
+    row), or None where :func:`._forward._bias_fwd_kernel` runs. (A two-block form for rows of up to 128 tokens, a
+    program per query block with the heads inside and an online softmax over two key blocks, was tried: fewer
+    instructions per valid pair on pairs of sentences, more on the odd-77 batch, and more per element than the
+    tiled kernel on both.)"""
+    if (not _SHORT_ROWS or _BLOCK_OVERRIDE is not None or N > SHORT_ROW_LIMIT or dtype == torch.float32
+            or lut_rows != 1):
+        return None
+    return select_config("fwd_short", dtype, head_dim)
