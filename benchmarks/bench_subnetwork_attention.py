@@ -43,7 +43,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import syntaxkernels as sk  # noqa: E402
-from syntaxkernels import reference, workloads  # noqa: E402
+from syntaxkernels import reference  # noqa: E402
+from syntaxkernels.tools import workloads  # noqa: E402
 from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
 from syntaxkernels.tools.testing import compare_to_reference  # noqa: E402
 from _bench_utils import base_parser, conditions, save_rows, write_results  # noqa: E402

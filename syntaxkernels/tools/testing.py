@@ -67,14 +67,14 @@ HOST_READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__",
 
 @contextlib.contextmanager
 def count_host_reads() -> Iterator[List[str]]:
-    """Record every host read (:data:`HOST_READS`) that the package's own code makes inside the block.
+    """Record every host read (:data:`HOST_READS`) that the package's runtime code (not its tools) makes inside the block.
 
     Yields a list that fills with ``"method at file:line"`` entries; reads made by other code (tests, Triton's
     interpreter, PyTorch) are not recorded. On a GPU each recorded read would stall the stream and break
     CUDA-graph capture, so a valid call of a fused op should record none.
     """
-    package = os.path.dirname(os.path.abspath(__file__))
-    here = os.path.abspath(__file__)
+    tools = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(tools)  # the runtime: syntaxkernels/ without its tools (this file among them)
     reads: List[str] = []
     originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
 
@@ -82,7 +82,7 @@ def count_host_reads() -> Iterator[List[str]]:
         def read(self, *args, **kwargs):
             frame = sys._getframe(1)
             filename = os.path.abspath(frame.f_code.co_filename)
-            if filename.startswith(package) and filename != here:
+            if filename.startswith(package + os.sep) and not filename.startswith(tools + os.sep):
                 reads.append(f"{name} at {os.path.relpath(filename, package)}:{frame.f_lineno}")
             return original(self, *args, **kwargs)
         return read
