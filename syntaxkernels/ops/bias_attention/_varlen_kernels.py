@@ -31,14 +31,14 @@ Kernels:
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
 beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
 
-Also here: the kernels' configurations (:data:`VARLEN_CONFIGS`), the launchers (``torch.library`` Triton ops
-``syntaxkernels::bias_attention_varlen_fwd`` / ``_bwd``) and the autograd Functions (:class:`_VarlenBiasAttention`;
-:class:`_VarlenLut`, a fixed per-distance bias). The public function, the C++ path and the reference of packed
+Also here: the choice of configuration (:func:`select_varlen_config`, from :data:`.configs.CONFIGS`), the
+launchers (``torch.library`` Triton ops ``syntaxkernels::bias_attention_varlen_fwd`` / ``_bwd``) and the autograd
+Functions (:class:`_VarlenBiasAttention`; :class:`_VarlenLut`, a fixed per-distance bias). The public function, the C++ path and the reference of packed
 batches: :mod:`._varlen`.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -49,9 +49,9 @@ from .._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precisi
                            interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
                            program_ids)
 from ._host import _spec, bias_lut, bucket_args, packed_distance_offsets, packed_sequence_ids, table_gradients
-from .configs import STATIC_BUCKET_LIMIT
+from .configs import CONFIGS, STATIC_BUCKET_LIMIT
 
-__all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "VARLEN_CONFIGS"]
+__all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -313,37 +313,17 @@ def _varlen_dkdv_kernel(
 # Configurations
 # ---------------------------------------------------------------------------------------------------------
 
-# Per kernel, GPU family, dtype class and head-dim class. 32 x 32 tiles: on the EWT dev sentences packed end to end
-# 31% of the pairs computed are valid (packed with 128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%). Compiled for every family by the
-# inspection report (the ``sentences-packed`` workload).
-_C = dict
-VARLEN_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {}
-for _family in ("sm90", "sm80", "small"):
-    for _kind in ("fwd", "dq", "dkdv"):
-        VARLEN_CONFIGS[(_kind, _family, "half", 64)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-        VARLEN_CONFIGS[(_kind, _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-        VARLEN_CONFIGS[(_kind, _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
-        VARLEN_CONFIGS[(_kind, _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
-    # dK/dV holds two [BLOCK_N, D] accumulators and one [BLOCK_N] sum per bucket: 8 warps where 4 spill.
-    VARLEN_CONFIGS[("dkdv", _family, "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2)
-    VARLEN_CONFIGS[("dkdv", _family, "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    VARLEN_CONFIGS[("dkdv", _family, "fp32", 128)] = _C(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1)
-# sm_80 takes 4 warps for the half dK/dV tile at D = 128 (fewer instructions; sm_90 and sm_120 spill 16 / 8 B with 4).
-VARLEN_CONFIGS[("dkdv", "sm80", "half", 128)] = _C(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-# sm_80's ptxas spills 8 B with the 16 x 16 fp32 dK/dV tile at D = 64; 16 x 32 with 8 warps is clean there.
-VARLEN_CONFIGS[("dkdv", "sm80", "fp32", 64)] = _C(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)
-
-#: Tests may force tile sides (BLOCK_M, BLOCK_N); None = VARLEN_CONFIGS.
+#: Tests may force tile sides (BLOCK_M, BLOCK_N); None = the table's (:data:`.configs.CONFIGS`).
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel."""
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel (:data:`.configs.CONFIGS`)."""
     family = family or arch_family()
     if family == "unsupported":
         raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
     cls = "fp32" if dtype == torch.float32 else "half"
-    config = dict(VARLEN_CONFIGS[(kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    config = dict(CONFIGS[("varlen_" + kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config

@@ -2,7 +2,8 @@
 
 :data:`CONFIGS` holds every (kernel, GPU family, dtype class, head-dim class) entry written out: kernels "fwd",
 "dq", "dkdv", "table", "table_extra" (the tiled kernels), "fwd_short", "short", "short2" (rows of at most 64 and
-128 tokens) and the two small kernels after the short-row backward, "short_table" and "short2_sum"; families
+128 tokens), the two small kernels after the short-row backward, "short_table" and "short2_sum", and the packed
+kernels "varlen_fwd", "varlen_dq", "varlen_dkdv"; families
 "sm90" (Hopper and newer), "sm80" (A100) and "small" (other GPUs with ~100 KB of shared memory a block:
 sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
 ``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
@@ -171,6 +172,49 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short2_sum", "sm80", "half", 128): dict(num_warps=4, num_stages=1),
     ("short2_sum", "small", "half", 64): dict(num_warps=2, num_stages=1),
     ("short2_sum", "small", "half", 128): dict(num_warps=4, num_stages=1),
+    # The packed (varlen) kernels (:mod:`._varlen_kernels`: forward, dQ, dK/dV; read by its
+    # ``select_varlen_config``, no overrides). 32 x 32 tiles: on the EWT dev sentences packed end to end 31% of the
+    # pairs computed are valid (128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%); compiled for every family by the
+    # inspection report (the ``sentences-packed`` workload). dK/dV holds two [BLOCK_N, D] accumulators and one
+    # [BLOCK_N] sum per bucket: 8 warps at D = 128 where 4 spill, except on sm_80 (fewer instructions with 4; sm_90
+    # and sm_120 spill 16 / 8 B with them); sm_80's ptxas spills 8 B with the 16 x 16 fp32 tile at D = 64, 16 x 32
+    # with 8 warps is clean there.
+    ("varlen_fwd", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_fwd", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_fwd", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_fwd", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_fwd", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_fwd", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_fwd", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dq", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dq", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dq", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dq", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dq", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dq", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_dkdv", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("varlen_dkdv", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
 }
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
