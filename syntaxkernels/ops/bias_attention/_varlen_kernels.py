@@ -48,7 +48,8 @@ from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
                            interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
                            program_ids)
-from ._host import _spec, bias_lut, bucket_args, packed_distance_offsets, packed_sequence_ids, table_gradients
+from ._host import (LUT_BUCKETS, _spec, bias_lut, bucket_args, packed_distance_offsets, packed_sequence_ids,
+                    table_gradients)
 from .configs import CONFIGS, STATIC_BUCKET_LIMIT
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
@@ -476,6 +477,7 @@ class _VarlenLut(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, lut2, cu_seqlens = ctx.saved_tensors
+        # The LUT is a table of one bucket per distance value (LUT_BUCKETS); it gets no gradient.
         dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
-            dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(BucketSpec()), False)
+            dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(LUT_BUCKETS), False)
         return dq, dk, dv, None, None, None, None
