@@ -32,7 +32,7 @@ backward reads no device value back: the constant tables are built once per devi
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +46,7 @@ from ._dispatch import device_constant
 from ._packed import check_packed_qkv, is_packed, per_sequence, sequences
 from .edge_attention import edge_list_attention
 
-__all__ = ["syntax_subnetwork_attention", "packed_subnetwork_attention", "implementation", "dense_mask_kinds",
-           "subnetwork_edge_stats"]
+__all__ = ["syntax_subnetwork_attention", "packed_subnetwork_attention", "implementation", "dense_mask_kinds"]
 
 
 def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> str:
@@ -255,30 +254,6 @@ def _cpu_one_pass(q, k, v, trees: TreeBatch, masks: MaskSpec, kinds, scale: floa
         flags.append(keep[:, 0, :, 0][:, None] > 0)
     out = _SubnetworkCPU.apply(q, k, v, *tensors, R, scale, *dense)
     return out, torch.cat(flags, dim=1) if len(flags) > 1 else flags[0]
-
-
-def subnetwork_edge_stats(trees: TreeBatch, masks: MaskSpec) -> Dict[str, float]:
-    """How much work the relation masks are (a property of the trees; any device).
-
-    Returns ``edges`` (E, the listed pairs of every relation mask), ``edges_per_token`` (E over the valid
-    tokens), ``valid_pairs`` (sum over items of length^2: the pairs a dense mask visits), ``relation_density``
-    (E / (R * valid_pairs): the fraction of R dense masked attentions' work the relation masks need) and, per
-    relation name, its edge count.
-    """
-    V.check_masks(masks)
-    lengths = trees.lengths.long()
-    valid_pairs = float((lengths * lengths).sum())
-    tokens = float(lengths.sum())
-    stats: Dict[str, float] = dict(edges=0.0, edges_per_token=0.0, valid_pairs=valid_pairs, relation_density=0.0)
-    if masks.num_relations:
-        lists = trees.relation_lists(masks)
-        counts = (lists.row_ptr[1:] - lists.row_ptr[:-1]).view(lists.batch_size, lists.max_len, -1).sum(dim=(0, 1))
-        for name, count in zip(lists.names, counts.tolist()):
-            stats[name] = float(count)
-        stats["edges"] = float(lists.num_edges)
-        stats["edges_per_token"] = lists.num_edges / max(tokens, 1.0)
-        stats["relation_density"] = lists.num_edges / max(lists.num_relations * valid_pairs, 1.0)
-    return stats
 
 
 # ---------------------------------------------------------------------------------------------------------

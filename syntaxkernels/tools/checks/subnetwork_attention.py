@@ -9,6 +9,7 @@ and forward times on CUDA, each size checked against the reference before it is 
 from __future__ import annotations
 
 import random
+from typing import Dict
 
 import torch
 
@@ -75,9 +76,31 @@ def _sentences():
     return workloads.generated_sentences(4000, seed=0), "generated (no treebank)"
 
 
+def subnetwork_edge_stats(trees, masks) -> Dict[str, float]:
+    """How much work the relation masks of ``masks`` (a MaskSpec) are on ``trees`` (a TreeBatch; any device).
+
+    Returns ``edges`` (E, the listed pairs of every relation mask), ``edges_per_token`` (E over the valid
+    tokens), ``valid_pairs`` (sum over items of length^2: the pairs a dense mask visits), ``relation_density``
+    (E / (R * valid_pairs): the fraction of R dense masked attentions' work the relation masks need) and, per
+    relation name, its edge count.
+    """
+    lengths = trees.lengths.long()
+    valid_pairs = float((lengths * lengths).sum())
+    tokens = float(lengths.sum())
+    stats: Dict[str, float] = dict(edges=0.0, edges_per_token=0.0, valid_pairs=valid_pairs, relation_density=0.0)
+    if masks.num_relations:
+        lists = trees.relation_lists(masks)
+        counts = (lists.row_ptr[1:] - lists.row_ptr[:-1]).view(lists.batch_size, lists.max_len, -1).sum(dim=(0, 1))
+        for name, count in zip(lists.names, counts.tolist()):
+            stats[name] = float(count)
+        stats["edges"] = float(lists.num_edges)
+        stats["edges_per_token"] = lists.num_edges / max(tokens, 1.0)
+        stats["relation_density"] = lists.num_edges / max(lists.num_relations * valid_pairs, 1.0)
+    return stats
+
+
 def _bench_edges(device: str, quick: bool):
     import syntaxkernels as sk
-    from syntaxkernels.ops.subnetwork_attention import subnetwork_edge_stats
 
     sentences, source = _sentences()
     masks = sk.MaskSpec()
