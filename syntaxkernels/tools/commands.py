@@ -71,9 +71,9 @@ def _detail_lines(detail: str, width: int) -> List[str]:
 LEGEND = ("Figures: 'name err/bound' = the largest |kernel - float64 reference| over that tensor / the error "
           "allowed (twice the error of the same computation done by the reference in the kernel's dtype, plus "
           "a small floor); a check passes when err <= bound for every tensor. out = output; dq, dk, dv, dtable, "
-          "dscale = gradients of q, k, v, the distance-bias table and the bias strength c (its bound: in fp32 "
-          "the same rule; in fp16/bf16 twice the error the reference's per-bucket dtable errors give through "
-          "sum(table*G), plus 1e-4 of dscale; [..] is |c*dscale - sum(table*dtable)| / sum|table*dtable|, allowed "
+          "dscale = gradients of q, k, v, the distance-bias table and the bias strength c (its bound: twice "
+          "the error the reference's per-bucket dtable errors give through sum(table*G), plus 1e-4 of dscale in "
+          "fp16/bf16, at least the rule above in fp32; [..] is |c*dscale - sum(table*dtable)| / sum|table*dtable|, allowed "
           "1e-5 of the smaller of that sum and |c| + |sum(table*dtable)|).")
 
 
