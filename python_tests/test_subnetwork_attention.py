@@ -293,7 +293,9 @@ def test_bad_inputs():
 
 def test_edge_stats():
     trees = trees_of_kind("packed", 30, seed=6)
-    stats = subnet.subnetwork_edge_stats(trees, DEFAULT)
+    from syntaxkernels.tools.checks.subnetwork_attention import subnetwork_edge_stats
+
+    stats = subnetwork_edge_stats(trees, DEFAULT)
     lists = trees.relation_lists(DEFAULT)
     assert stats["edges"] == lists.num_edges == sum(stats[name] for name in lists.names)
     assert stats["child_1"] == float((trees.heads[trees.segment >= 0] >= 0).sum())  # one parent per non-root
