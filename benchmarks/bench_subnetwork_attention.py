@@ -46,6 +46,7 @@ import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import reference  # noqa: E402
 from syntaxkernels.tools import workloads  # noqa: E402
 from syntaxkernels.ops.edge_attention import syntax_window_attention  # noqa: E402
+from syntaxkernels.tools.checks.bias_attention_cpu import interleaved_ms as _interleaved_ms  # noqa: E402
 from syntaxkernels.tools.testing import compare_to_reference  # noqa: E402
 from _bench_utils import base_parser, conditions, save_rows, write_results  # noqa: E402
 
@@ -66,18 +67,9 @@ def make_trees(sentences, n: int, batch: int, device="cpu") -> sk.TreeBatch:
 # CPU timing: interleaved rounds, medians
 # ---------------------------------------------------------------------------------------------------------
 
-def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int = 2) -> Dict[str, float]:
-    """Median milliseconds of each function, timed in turn round after round (noise hits them alike)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    samples: Dict[str, List[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, float]:
+    """Median milliseconds of each function, interleaved round after round, after two warm-up rounds."""
+    return _interleaved_ms(fns, rounds, warmup=2)
 
 
 def fwd_bwd(fn: Callable, inputs: Sequence[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:

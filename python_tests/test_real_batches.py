@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import syntaxkernels as sk
+from syntaxkernels.ops import _dispatch
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops.bias_attention import _backward, _forward, _host, _launch, configs
 from syntaxkernels.trees import batch as tb
@@ -325,10 +326,10 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     trees.lengths[1] = 3  # an in-place change: the metadata is derived again
     layer(trees)
     assert len(built) == 2 * len(once)
-    entries = len(P._BATCH_CACHE)
+    entries = len(_dispatch._BATCH_CACHE)
     del trees
     gc.collect()
-    assert len(P._BATCH_CACHE) < entries
+    assert len(_dispatch._BATCH_CACHE) < entries
 
 
 @needs_triton

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ._dispatch import LOG2E, _BATCH_CACHE, interpreting, per_batch  # noqa: F401 (the kernel layer's names)
+from ._dispatch import LOG2E, interpreting, per_batch  # noqa: F401 (the kernel layer's names)
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit",

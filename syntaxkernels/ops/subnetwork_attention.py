@@ -46,7 +46,7 @@ from ._dispatch import device_constant
 from ._packed import check_packed_qkv, is_packed, per_sequence, sequences
 from .edge_attention import edge_list_attention
 
-__all__ = ["syntax_subnetwork_attention", "packed_subnetwork_attention", "implementation", "dense_mask_kinds"]
+__all__ = ["syntax_subnetwork_attention", "packed_subnetwork_attention", "implementation"]
 
 
 def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> str:
@@ -55,12 +55,6 @@ def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> s
     kernel for ``pairwise`` and SDPA for ``full``) or "reference"; the relation masks' choice
     (:func:`syntaxkernels.ops.edge_attention.implementation`), raising as it does for ``backend="triton"``."""
     return edge_attention.implementation(q, v, backend)
-
-
-def dense_mask_kinds(masks: MaskSpec) -> Tuple[str, ...]:
-    """The dense masks of ``masks`` in output order: ``("pairwise", "full")``, those enabled
-    (``MaskSpec.dense_kinds``)."""
-    return masks.dense_kinds
 
 
 def _valid(trees: TreeBatch) -> torch.Tensor:
@@ -216,7 +210,7 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    kinds = dense_mask_kinds(masks)
+    kinds = masks.dense_kinds
     if chosen == "cpp" and kinds and q.shape[-1] == v.shape[-1]:
         return _cpu_one_pass(q, k, v, trees, masks, kinds, float(scale))
     outs, flags = [], []

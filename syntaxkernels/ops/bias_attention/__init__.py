@@ -191,7 +191,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     chosen = implementation(q, v, backend)
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
-                                  lengths=lengths, window=window, causal=causal)
+                                       lengths=lengths, window=window, causal=causal)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=lengths, window=window,

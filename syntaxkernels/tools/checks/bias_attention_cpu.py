@@ -186,10 +186,12 @@ def _step_for(provider: str, N: int, B: int):
     return _providers(inp, grad_out)[provider][1]
 
 
-def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, float]:
-    """Median milliseconds of each function, timed in turn round after round (noise hits them alike)."""
-    for fn in fns.values():
-        fn()
+def interleaved_ms(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> Dict[str, float]:
+    """Median milliseconds of each function, timed in turn round after round (noise hits them alike), after
+    ``warmup`` untimed rounds."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
     samples: Dict[str, List[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
