@@ -18,6 +18,8 @@
 #   sync-free     python_tests/test_host_sync.py: forward+backward of the fused ops, the modules and the
 #                 transformers hook's tree check, with no host read and under
 #                 torch.cuda.set_sync_debug_mode("error")
+#   graph-replay  a bias layer captured in a CUDA graph (and compiled with mode="reduce-overhead") replayed with
+#                 other batches copied into its plan: bit-identical to eager; a layer's host time on the GPU host
 #   bench_*       the benchmark matrix, most important first (bench_workloads: the bias op on the real-batch
 #                 workloads of the inspection report, padded and ragged, against SDPA with the same bias;
 #                 bench_packed: packed batches against padding to the longest, bias op and a tiny model step)
@@ -167,6 +169,7 @@ step info 30 10 module syntaxkernels info
 step cuda-tests 150 30 pytest "${GPU_TESTS[@]}" "${PYTEST_OPTS[@]}"
 step verify 90 20 module syntaxkernels verify --device cuda --json @JSON@
 step sync-free 90 15 pytest python_tests/test_host_sync.py "${PYTEST_OPTS[@]}"
+step graph-replay 90 20 program graph_replay.py --json @JSON@
 step bench_bias_attention 90 30 script benchmarks/bench_bias_attention.py --quick --json @JSON@
 step bench_workloads 60 20 script benchmarks/bench_bias_attention.py --workloads sentences,pairs,finetune-128,packed,odd-1000 \
   --modes fwd,fwd+bwd --json @JSON@

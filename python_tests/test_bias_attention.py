@@ -642,10 +642,20 @@ def test_lut_attention_full_and_pairwise_masks():
 
 
 def _op_args(case, dtype=torch.float32):
-    lengths = case["lengths"].to(DEVICE, torch.int32)
-    lut = _host.bias_lut(case["table"].to(DEVICE), case["bias_scale"].to(DEVICE), case["buckets"], 3)
-    return (case["q"].to(DEVICE, dtype), case["k"].to(DEVICE, dtype), case["v"].to(DEVICE, dtype),
-            case["distance"].to(DEVICE), lut, lengths, 0.2, 3, False)
+    """The two ops' arguments for a case (window 3): the forward's, and the backward's metadata from the case's
+    plan as the autograd Function derives it."""
+    from syntaxkernels.plan import structure_plan
+
+    plan = structure_plan(case["distance"].to(DEVICE), case["lengths"].to(DEVICE), symmetric=True)
+    table = case["table"].to(DEVICE).reshape(1, -1)
+    scale = case["bias_scale"].to(DEVICE)
+    q, k, v = (case[n].to(DEVICE, dtype) for n in "qkv")
+    configs = _launch.launch_configs(q.shape[2], q.shape[3], v.shape[3], dtype, 1, 3, case["buckets"])
+    forward = _launch.forward_metadata(plan, configs, 3, False)
+    backward = _launch.backward_metadata(plan, configs, 3, False, case["buckets"], True)
+    args = (q, k, v, plan.distance, table, scale, _host._bucket_lut(case["buckets"], q), plan.kernel_lengths, *forward,
+            0.2, 3, False)
+    return args, backward, (table, scale)
 
 
 def test_opcheck_forward_and_backward():
@@ -656,14 +666,15 @@ def test_opcheck_forward_and_backward():
     CUDA.
     """
     case = make_case(2, 2, 20, 32, torch.float32, lengths=[20, 11])
-    args = _op_args(case)
+    args, meta, (table, scale) = _op_args(case)
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     if DEVICE == "cuda":
         utils = utils + ("test_aot_dispatch_dynamic",)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
-    out, lse = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    out, lse, lut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
     dout = torch.randn_like(out)
-    bwd_args = (dout, *args[:3], out, lse, *args[3:], *_host.bucket_args(case["buckets"]), True)
+    bwd_args = (dout, *args[:3], out, lse, args[3], lut, args[7], *meta, *args[10:],
+                *_host.bucket_args(case["buckets"]), table, scale, True, True)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd_args, test_utils=utils)
 
 

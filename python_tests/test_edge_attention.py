@@ -455,7 +455,7 @@ def test_syntax_gat_runs_the_window_on_edge_lists():
     slow.load_state_dict(fast.state_dict())
     x = torch.randn(2, 20, 16, dtype=torch.float64)
     out_fast, out_slow = fast(x, trees), slow(x, trees)
-    assert ("window", 2) in trees._edge_lists  # the edge path ran and cached its lists on the batch
+    assert ("window lists", 2) in trees._derived  # the edge path ran and kept its lists on the batch's plan
     torch.testing.assert_close(out_fast, out_slow, atol=1e-12, rtol=0)
     grads_fast = torch.autograd.grad(out_fast.square().sum(), list(fast.parameters()))
     grads_slow = torch.autograd.grad(out_slow.square().sum(), list(slow.parameters()))
@@ -521,7 +521,7 @@ def test_cuda_window_uses_cached_lists_only():
     q, k, v = (torch.randn(2, 2, 64, 32, device="cuda") for _ in range(3))
     on_gpu = trees.to("cuda")
     dense = E.syntax_window_attention(q, k, v, on_gpu, window=1)  # no cached lists: the dense kernel
-    assert ("window", 1) not in on_gpu._edge_lists
+    assert ("window lists", 1) not in on_gpu._derived
     trees.window_lists(1)
     cached = trees.to("cuda")
     edges = E.syntax_window_attention(q, k, v, cached, window=1)

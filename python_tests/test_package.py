@@ -65,7 +65,8 @@ def test_import_without_triton_warns_and_runs_the_cpp_kernels_or_the_reference()
         out, nonempty = sk.syntax_subnetwork_attention(q, q, q, trees, sk.MaskSpec())
         assert out.shape == (2, sk.MaskSpec().num_masks, 2, 3, 8)
         try:
-            sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), backend="triton")
+            sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), lengths=trees.lengths,
+                                     backend="triton")
         except RuntimeError as exc:
             assert "triton" in str(exc)
         else:
@@ -641,7 +642,7 @@ def test_treebatch_repr_is_a_summary():
     big.window_lists(2)
     text = repr(big)
     assert text == ("TreeBatch(batch_size=2001, max_len=3, lengths min/mean/max=1/2.0/3, tokens=4002, "
-                    "cached_lists=1, device=cpu)"), text
+                    "derived=1, device=cpu)"), text
 
 
 def test_bench_prints_the_data_of_rows_that_carry_a_note(capsys):

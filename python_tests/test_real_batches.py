@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import syntaxkernels as sk
+from syntaxkernels.plan import structure_plan
 from syntaxkernels.ops import _dispatch
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops.bias_attention import _backward, _forward, _host, _launch, configs
@@ -29,11 +30,11 @@ def test_tree_batch_distance_rows_are_16_byte_aligned(N):
     assert d.stride(0) % 16 == 0 and d.stride(1) % 16 == 0 and d.storage_offset() % 16 == 0
     # The values are those of the plain builder, padding included.
     assert torch.equal(d, sk.tree_distance(heads))
-    assert tb.known_symmetric(d)
+    assert trees.symmetric and trees.kernel_lengths.dtype == torch.int32
     # .to() and pickling (DataLoader workers) keep the padded rows and what is known of them.
     for moved in (trees.to("cpu", non_blocking=True), trees.to(torch.device("meta")),
                   pickle.loads(pickle.dumps(trees))):
-        assert moved.distance.stride() == d.stride() and tb.known_symmetric(moved.distance)
+        assert moved.distance.stride() == d.stride() and moved.symmetric
         if moved.distance.device.type != "meta":
             assert torch.equal(moved.distance, d)
 
@@ -48,7 +49,7 @@ def test_aligned_distance_copies_only_unaligned_tensors():
     shifted = torch.zeros(16 * 16 + 1, dtype=torch.uint8)[1:].view(1, 16, 16)  # start not 16-byte aligned
     assert tb.aligned_distance(shifted).storage_offset() % 16 == 0
     # A plain tensor is not known to be symmetric, whatever its values.
-    assert not tb.known_symmetric(aligned)
+    assert not structure_plan(aligned).symmetric
 
 
 @needs_triton
@@ -59,7 +60,8 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
     N = trees.max_len
     q = torch.randn(2, 2, N, 32, device=DEVICE, requires_grad=True)
     k, v = torch.randn_like(q), torch.randn_like(q)
-    d = trees.to(DEVICE).distance
+    trees = trees.to(DEVICE)
+    d = trees.distance
     seen = []
     real_launch = P.launch
 
@@ -76,16 +78,15 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
 
     monkeypatch.setattr(_launch, "launch", spy)
     table = torch.randn(sk.BucketSpec().num_buckets, device=DEVICE, requires_grad=True)
-    out = sk.syntax_bias_attention(q, k, v, d, table, buckets=sk.BucketSpec(), lengths=trees.lengths.to(DEVICE),
-                                   backend="triton")
+    out = sk.syntax_bias_attention(q, k, v, trees, table, buckets=sk.BucketSpec(), backend="triton")
     out.sum().backward()
     assert {name for name, _, _ in seen} == {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
                                              "_bias_bwd_table_kernel"}
     for name, ptr, stride in seen:
         assert ptr == d.data_ptr() and stride == d.stride(), name
-    _, lse = _launch.bias_attention_forward(q.detach(), k, v, d, _host.bias_lut(torch.zeros(12, device=DEVICE),
-                                            torch.ones(1, device=DEVICE), sk.BucketSpec(), -1),
-                                            trees.lengths.to(DEVICE, torch.int32), 0.1, -1, False)
+    _, lse, _ = _launch.bias_attention_forward(q.detach(), k, v, d, torch.zeros(1, 12, device=DEVICE),
+                                               torch.ones(1, device=DEVICE), _host._bucket_lut(sk.BucketSpec(), d),
+                                               trees.kernel_lengths, None, None, 0.1, -1, False)
     assert lse.shape == (2, 2, N) and lse.stride(1) % 16 == 0
 
 
@@ -297,10 +298,11 @@ def test_t4_class_gpus_run_the_reference(monkeypatch):
 
 @needs_triton
 def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
-    """Layers of one step share the trees: the live-tile lists and tile bucket sets of a windowed call with the
-    table gradient are built by the first call and reused by the next (same TreeBatch tensors), rebuilt after
-    an in-place change, and dropped when the trees are freed."""
+    """Layers of one step share the batch's plan: the live-tile lists and tile bucket sets of a windowed call with
+    the table gradient are built by the first call on the TreeBatch and reused by the next, rebuilt after an
+    in-place change, and freed with the batch; a bare distance tensor gets a plan per call (derived again)."""
     import gc
+    import weakref
 
     built = []
     real_lists, real_buckets = _launch._build_lists, _launch._tile_buckets
@@ -308,12 +310,13 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     monkeypatch.setattr(_launch, "_tile_buckets", lambda *a, **k: built.append("buckets") or real_buckets(*a, **k))
     trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1, 1, 2, 2, 3, 4], [-1, 0, 1, 2]]).to(DEVICE)
     buckets = sk.BucketSpec()
+    N = trees.max_len
 
-    def layer(batch):
-        q = torch.randn(2, 2, batch.max_len, 32, device=DEVICE, requires_grad=True)
+    def layer(structure, lengths=None):
+        q = torch.randn(2, 2, N, 32, device=DEVICE, requires_grad=True)
         table = torch.zeros(buckets.num_buckets, device=DEVICE, requires_grad=True)
-        out = sk.syntax_bias_attention(q, q, q, batch.distance, table, buckets=buckets, lengths=batch.lengths,
-                                       window=3, backend="triton")
+        out = sk.syntax_bias_attention(q, q, q, structure, table, buckets=buckets, lengths=lengths, window=3,
+                                       backend="triton")
         out.sum().backward()
         return out
 
@@ -323,13 +326,16 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     second = layer(trees)
     assert built == once, "the second layer rebuilt block metadata"
     assert torch.equal(first != 0, second != 0)
+    layer(trees.distance, trees.lengths)  # a bare tensor: a plan of its own, derived for this call
+    assert len(built) == 2 * len(once)
     trees.lengths[1] = 3  # an in-place change: the metadata is derived again
     layer(trees)
-    assert len(built) == 2 * len(once)
-    entries = len(_dispatch._BATCH_CACHE)
+    assert len(built) == 3 * len(once)
+    kept = [weakref.ref(t) for t in trees.plan_tensors() if t is not trees.distance]
+    assert kept
     del trees
     gc.collect()
-    assert len(_dispatch._BATCH_CACHE) < entries
+    assert all(ref() is None for ref in kept)
 
 
 @needs_triton
@@ -353,6 +359,74 @@ def test_a_launch_that_does_not_fit_falls_back_or_says_why(monkeypatch):
         out = sk.syntax_bias_attention(*args, buckets=case["buckets"], backend="auto")
     ref = sk.reference.syntax_bias_attention(*args, buckets=case["buckets"])
     torch.testing.assert_close(out, ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("where", ["backward", "lut", "packed", "packed backward"])
+def test_kernels_that_do_not_fit_fall_back_in_the_backward_lut_and_packed_ops(monkeypatch, where):
+    """A backward kernel that does not fit this GPU (the forward's did) gives way to the reference under
+    backend='auto', with a warning, and the gradients are the reference's; so do lut_attention (forward and
+    backward) and the packed op (forward and backward). Under 'triton' the error is raised."""
+    from triton.runtime.errors import OutOfResources
+
+    from syntaxkernels.ops.bias_attention import _host as host
+    from syntaxkernels.ops.bias_attention import lut_attention
+
+    real = P._launch
+
+    def picky(kernel, grid, args, kwargs):
+        name = kernel.fn.__name__
+        if ("bwd" in name or "dq" in name or "dkdv" in name) if where.endswith("backward") else True:
+            raise OutOfResources(122880, 101376, "shared memory")
+        real(kernel, grid, args, kwargs)
+
+    host._WARNED.clear()
+    monkeypatch.setattr(P, "_launch", picky)
+    monkeypatch.setattr(host, "resolve_backend", lambda backend, device: "triton")
+    monkeypatch.setattr(host, "cpu_kernels_take", lambda q, v: False)
+    gen = torch.Generator().manual_seed(5)
+    buckets = sk.BucketSpec()
+    table = torch.randn(buckets.num_buckets, generator=gen).to(DEVICE)
+    if where.startswith("packed"):
+        trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1], [-1, 0, 0, 2, 2, 3]], packed=True).to(DEVICE)
+        shape = (trees.num_tokens, 2, 16)
+    else:
+        trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1], [-1, 0, 0, 2, 2, 3]]).to(DEVICE)
+        shape = (2, 2, trees.max_len, 16)
+    q, k, v = (torch.randn(*shape, generator=gen).to(DEVICE).requires_grad_() for _ in range(3))
+    if where == "lut":
+        lut = torch.zeros(256, device=DEVICE).index_fill_(0, torch.arange(3, 256, device=DEVICE), float("-inf"))
+
+        def run(q, k, v, reference=False):
+            if reference:
+                return sk.reference.syntax_bias_attention(q, k, v, trees.distance, lut, buckets=host.LUT_BUCKETS,
+                                                          lengths=trees.lengths)
+            return lut_attention(q, k, v, trees, lut)
+        leaves = (q, k, v)
+    else:
+        t = table.clone().requires_grad_()
+
+        def run(q, k, v, t, reference=False):
+            if reference:
+                if trees.is_packed:
+                    return sk.ops.bias_attention._varlen.reference_bias_attention_varlen(
+                        q, k, v, trees.distance, t, buckets=buckets, cu_seqlens=trees.cu_seqlens)
+                return sk.reference.syntax_bias_attention(q, k, v, trees.distance, t, buckets=buckets,
+                                                          lengths=trees.lengths)
+            return sk.syntax_bias_attention(q, k, v, trees, t, buckets=buckets, backend="auto")
+        leaves = (q, k, v, t)
+    with pytest.warns(RuntimeWarning, match="runs the reference on this GPU"):
+        out = run(*leaves)
+        grads = torch.autograd.grad(out.sum(), leaves)
+    ref_leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    ref = run(*ref_leaves, reference=True)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(grads, torch.autograd.grad(ref.sum(), ref_leaves)):
+        torch.testing.assert_close(got, want)
+    if where in ("backward", "packed backward"):
+        with pytest.raises(P.KernelDoesNotFit):
+            out = sk.syntax_bias_attention(q, k, v, trees, table, buckets=buckets, backend="triton")
+            out.sum().backward()
 
 
 def test_cpu_kernels_take_padded_rows_and_directed_distances():

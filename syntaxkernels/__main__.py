@@ -68,6 +68,11 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the edge-list kernels on real batches instead: slots and instructions per real edge "
                              "(one --arch, default 90; one --head-dim, default 64; --workload: edge workloads "
                              "packed-4x1024, cls-4x1024, sentences, pairs, packed, long-4096, odd-1000)")
+    parser.add_argument("--host", action="store_true",
+                        help="host work per layer instead: one distance-bias layer's forward and backward with every "
+                             "launch compiled for one --arch (default 90) and not run, timed as a ratio to a bare "
+                             "autograd round trip, and its device kernels counted (--workload: default sentences, "
+                             "pairs, finetune-512, sentences-packed; one --dtype and --head-dim, default bf16 and 64)")
     parser.add_argument("--json", default=None, help="write every report as JSON to this file")
 
 

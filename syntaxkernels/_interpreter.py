@@ -12,10 +12,16 @@ VARIABLE = "TRITON_INTERPRET"
 _ON = ("1", "y", "yes", "on", "true")
 
 
+_INTERPRETING = None
+
+
 def interpreting() -> bool:
     """True under ``TRITON_INTERPRET=1`` (or another value Triton reads as on): the Triton kernels run on CPU
-    tensors, in Python."""
-    return os.environ.get(VARIABLE, "").lower() in _ON
+    tensors, in Python. Read once, as Triton reads it once (when it is imported); the hot paths ask often."""
+    global _INTERPRETING
+    if _INTERPRETING is None:
+        _INTERPRETING = os.environ.get(VARIABLE, "").lower() in _ON
+    return _INTERPRETING
 
 
 def setting() -> str:

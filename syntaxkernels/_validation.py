@@ -104,17 +104,22 @@ def _on_host(tensor: torch.Tensor) -> bool:
 
 
 def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """``lengths`` as ``int64 [B]`` on q's device, from ``int [B]`` or a boolean key-padding mask
-    ``[B, N]`` (True = padding, as in ``nn.MultiheadAttention``; it must pad a suffix).
-
-    Values are checked where they live without a host synchronisation: a CPU tensor (or a list) is checked
-    here, with a ``ValueError`` naming the batch item, before it moves to q's device; a tensor already on a
-    GPU is checked by a device-side assertion (``torch._assert_async``), which fails at the next
-    synchronisation instead of stalling the stream now.
-    """
+    """``lengths`` as ``int64 [B]`` on q's device (:func:`normalize_plan_lengths` with q's B and N)."""
     if lengths is None:
         return None
     B, _, N, _ = q.shape
+    return normalize_plan_lengths(lengths, B, N, q.device)
+
+
+def normalize_plan_lengths(lengths, B: int, N: int, device) -> torch.Tensor:
+    """``lengths`` as ``int64 [B]`` on ``device``, from ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True =
+    padding, as in ``nn.MultiheadAttention``; it must pad a suffix).
+
+    Values are checked where they live without a host synchronisation: a CPU tensor (or a list) is checked
+    here, with a ``ValueError`` naming the batch item, before it moves to ``device``; a tensor already on a
+    GPU is checked by a device-side assertion (``torch._assert_async``), which fails at the next
+    synchronisation instead of stalling the stream now.
+    """
     if not isinstance(lengths, torch.Tensor):
         lengths = torch.as_tensor(lengths)
     on_host = _on_host(lengths)
@@ -132,7 +137,7 @@ def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
                     raise ValueError(f"batch item {b}: the key-padding mask must pad a suffix (valid tokens first)")
             else:
                 torch._assert_async(~bad.any(), "the key-padding mask must pad a suffix (valid tokens first)")
-        return counts.to(device=q.device, dtype=torch.int64, non_blocking=True)
+        return counts.to(device=device, dtype=torch.int64, non_blocking=True)
     if lengths.dtype.is_floating_point or lengths.dim() != 1 or lengths.shape[0] != B:
         raise ValueError(f"lengths must be an integer tensor [B] = [{B}], got {lengths.dtype} {tuple(lengths.shape)}")
     if not compiling():
@@ -143,7 +148,79 @@ def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
                 raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} is outside 0..N = 0..{N}")
         else:
             torch._assert_async(~bad.any(), f"lengths must be in 0..N = 0..{N}")
-    return lengths.to(device=q.device, dtype=torch.int64, non_blocking=True)
+    return lengths.to(device=device, dtype=torch.int64, non_blocking=True)
+
+
+def check_plan_distance(distance) -> None:
+    """A padded distance of a plan: uint8 ``[B, N, N]``."""
+    if not isinstance(distance, torch.Tensor):
+        raise TypeError(f"distance must be a uint8 tensor [B, N, N], got {type(distance).__name__}")
+    if distance.dtype != torch.uint8:
+        raise ValueError(f"distance must be uint8 (from sk.tree_distance), got {distance.dtype}")
+    if distance.dim() != 3 or distance.shape[1] != distance.shape[2]:
+        raise ValueError(f"distance must have shape [B, N, N], got {tuple(distance.shape)}")
+
+
+def check_lengths_against_distance(distance: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Lengths that disagree with a tree distance's own padding (for a distance the package built: a
+    :class:`TreeBatch`'s, :func:`tree_distance`'s result): where the diagonal of item b reads like a padded tree
+    distance's (0 for its first L tokens, 255 after), ``lengths[b]`` must be that L.
+
+    CPU tensors: a ``ValueError`` naming the batch item and both lengths. Elsewhere a device-side assertion (no
+    host synchronisation). Skipped while ``torch.compile`` traces."""
+    if compiling() or distance.shape[0] == 0 or distance.shape[1] == 0:
+        return
+    diagonal = distance.diagonal(dim1=1, dim2=2)
+    zeros = diagonal == 0
+    tree_length = zeros.sum(dim=1)
+    positions = torch.arange(distance.shape[1], device=distance.device)
+    prefix = positions[None, :] < tree_length[:, None]
+    tree_like = (zeros == prefix).all(dim=1) & ((diagonal == 0) | (diagonal == 255)).all(dim=1)
+    lengths = lengths.to(device=distance.device, dtype=tree_length.dtype)
+    bad = tree_like & (tree_length != lengths)
+    if _on_host(distance) and _on_host(bad):
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} but the tree distance has "
+                             f"{int(tree_length[b])} tokens (its diagonal: 0 for the tree's tokens, 255 for padding); "
+                             "pass the trees' own lengths (TreeBatch.lengths), or the TreeBatch itself")
+    else:
+        torch._assert_async(~bad.any(), "lengths disagree with the tree distance (the count of zeros on its diagonal); "
+                                        "run the batch on CPU to see which item")
+
+
+def check_packed_structure(distance, cu_seqlens, num_tokens: Optional[int] = None) -> None:
+    """A packed batch: uint8 distance ``[sum n_s^2]`` and int ``cu_seqlens [S + 1]`` (starting at 0, never
+    decreasing, ending at ``num_tokens`` when given) that needs exactly that many distance bytes. Values are read on CPU tensors (``ValueError``); on a
+    GPU they are a device-side assertion (no host synchronisation). Skipped while ``torch.compile`` traces."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError("cu_seqlens must be an int32 (or int64) tensor [S + 1]")
+    if not isinstance(distance, torch.Tensor) or distance.dtype != torch.uint8 or distance.dim() != 1:
+        what = f"{distance.dtype} {tuple(distance.shape)}" if isinstance(distance, torch.Tensor) else type(distance).__name__
+        raise ValueError(f"a packed distance must be uint8 [sum n_s^2] (PackedTreeBatch.distance), got {what}")
+    if distance.device != cu_seqlens.device:
+        raise ValueError(f"the packed distance is on {distance.device} but cu_seqlens is on {cu_seqlens.device}")
+    if compiling():
+        return
+    cu = cu_seqlens.to(torch.int64)
+    sizes = cu[1:] - cu[:-1]
+    need = (sizes * sizes).sum()
+    if _on_host(cu):
+        if int(cu[0]) != 0 or bool((sizes < 0).any()):
+            raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {cu.tolist()[:8]}"
+                             f"{'...' if cu.shape[0] > 8 else ''}")
+        if num_tokens is not None and int(cu[-1]) != num_tokens:
+            raise ValueError(f"cu_seqlens must end at T = {num_tokens} (the packed q's tokens), got {int(cu[-1])}")
+        if distance.shape[0] != int(need):
+            raise ValueError(f"the packed distance has {distance.shape[0]} bytes but the sequences of cu_seqlens "
+                             f"need sum n_s^2 = {int(need)}")
+    else:
+        ok = (cu[0] == 0) & (sizes >= 0).all() & (need == distance.shape[0])
+        if num_tokens is not None:
+            ok = ok & (cu[-1] == num_tokens)
+        torch._assert_async(ok, "cu_seqlens must start at 0, never decrease, and need exactly the packed distance's "
+                                "sum n_s^2 bytes; run the batch on CPU to see where")
 
 
 def check_window(window) -> None:

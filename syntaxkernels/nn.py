@@ -229,15 +229,14 @@ class DistanceBias(nn.Module):
         """
         if isinstance(trees, PackedTreeBatch):  # a packed batch: [1, H, T, D] (or [T, H, D]) in, the same out
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
-                q3, k3, v3, trees.distance, self.distance_bias, buckets=self.buckets, scale=scale,
-                bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
-                cu_seqlens=trees.cu_seqlens, max_seqlen=trees.max_seqlen))
-        distance, lengths = _distance_and_lengths(trees, lengths)
-        # A TreeBatch's distance is a tree distance, symmetric (also while torch.compile traces, where the
-        # tensor is not the one the batch registered).
-        return ops.syntax_bias_attention(q, k, v, distance, self.distance_bias, buckets=self.buckets, scale=scale,
+                q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
+                bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend))
+        _distance_and_lengths(trees, lengths)  # (the TypeError for anything else)
+        # The TreeBatch itself is the batch's structure plan: what the kernels derive from it is kept on it for
+        # every layer (a bare distance tensor gets a plan of its own, per call).
+        return ops.syntax_bias_attention(q, k, v, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
-                                         backend=self.backend, symmetric=True if isinstance(trees, TreeBatch) else None)
+                                         backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"

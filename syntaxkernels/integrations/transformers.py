@@ -214,8 +214,7 @@ def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, sca
     dtype = torch.get_default_dtype()
     zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    out = syntax_bias_attention(q3, k3, v3, trees.distance, zeros, buckets=buckets, scale=scale,
-                                cu_seqlens=trees.cu_seqlens, max_seqlen=trees.max_seqlen)
+    out = syntax_bias_attention(q3, k3, v3, trees, zeros, buckets=buckets, scale=scale)
     out = out.transpose(0, 1)[None]
     return F.dropout(out, p=dropout, training=True) if dropout > 0.0 else out
 

@@ -1,14 +1,13 @@
 """What every op shares and Triton does not need: choosing between the Triton kernels and the reference
-(``backend=`` of every public op; :func:`triton_status` is the package's one probe of Triton), the constant device
-tensors the ops share (:func:`device_constant`) and what they derive from a batch once for every layer
-(:func:`per_batch`).
+(``backend=`` of every public op; :func:`triton_status` is the package's one probe of Triton) and the constant device
+tensors the ops share (:func:`device_constant`). What an op derives from a batch once for every layer lives on the
+batch's structure plan (:mod:`syntaxkernels.plan`), never in a cache here.
 
 Imports torch but never Triton: an op module imports its Triton kernels and launchers only when
 :func:`triton_status` is "ok", so that every op imports (and runs its C++ kernels or the reference) without it.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -121,36 +120,3 @@ def kernels_or_reference(backend: str, chosen: str, q: torch.Tensor, v: torch.Te
                 raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
             return "reference"
     return chosen
-
-
-_BATCH_CACHE: dict = {}
-
-
-def per_batch(tensors, key, compute):
-    """``compute()``, remembered while every tensor of ``tensors`` lives unchanged (same object, same version).
-
-    For what the fused ops derive from a batch's trees (live-tile lists, tile bucket sets, an aligned or
-    transposed distance, int32 lengths): every layer of a step passes the same ``TreeBatch`` tensors, so the
-    first layer computes and the others reuse, without a host synchronisation (device tensors are computed
-    on the device once, then handed out again). ``key`` says what was computed (block sizes, window, ...). An
-    entry goes when one of its tensors is freed; an in-place change of one (its version) misses. Not used
-    while ``torch.compile`` traces or on tensors without a version counter (inference mode): then computed.
-    """
-    from torch._subclasses.fake_tensor import is_fake
-
-    if torch.compiler.is_compiling() or any(is_fake(t) or t.is_inference() for t in tensors):
-        return compute()
-    full_key = (tuple((id(t), t._version) for t in tensors), key)
-    hit = _BATCH_CACHE.get(full_key)
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-        return hit[1]
-    value = compute()
-    parts = value if isinstance(value, tuple) else (value,)
-    if any(part is t for part in parts for t in tensors):  # e.g. an already aligned distance: nothing to keep,
-        return value  # and an entry holding its own key would never be freed
-
-    def forget(_ref, full_key=full_key):
-        _BATCH_CACHE.pop(full_key, None)
-
-    _BATCH_CACHE[full_key] = (tuple(weakref.ref(t, forget) for t in tensors), value)
-    return value

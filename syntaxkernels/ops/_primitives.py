@@ -8,10 +8,10 @@ Device helpers (``@triton.jit``):
 - :func:`mma` / :func:`mma_acc`: ``tl.dot`` with fp32 accumulation and the project's precision modes;
 - :func:`bucket_from_distance` (a tile of bucket indices) and :func:`in_bucket` (the pairs of one bucket,
   resolved at compile time): equal to ``BucketSpec.lut()``;
-- :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source.
+- :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source;
+- :func:`build_lut`: the forward's first step, one row of the per-distance bias LUT from the table.
 
-Host helpers: :func:`per_batch` and ``LOG2E`` (from :mod:`._dispatch`, which needs no Triton: what an op derives
-from a batch's trees, computed once for all layers), :func:`launch` (through ``torch.library.wrap_triton``;
+Host helpers: ``LOG2E`` (from :mod:`._dispatch`, which needs no Triton), :func:`launch` (through ``torch.library.wrap_triton``;
 :func:`set_launch_hook` lets the inspection report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
 :func:`arch_family` / :func:`current_arch` (the GPU families, :data:`ARCH_FAMILY`, and their shared-memory
 limits, :data:`SHARED_LIMIT`), :func:`launches_on` (whether a kernel launch for a tensor runs or is captured).
@@ -21,12 +21,14 @@ Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * l
 """
 import triton
 import triton.language as tl
+from triton import knobs as _knobs
+from triton.runtime import driver as _driver
 from triton.runtime.errors import OutOfResources
 
-from ._dispatch import LOG2E, interpreting, per_batch  # noqa: F401 (the kernel layer's names)
+from ._dispatch import LOG2E, interpreting  # noqa: F401 (the kernel layer's names)
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
-           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "per_batch", "launch", "KernelDoesNotFit",
+           "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
            "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
            "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting"]
 
@@ -239,6 +241,27 @@ def lut_bias(lut_ptr, dist, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr
     return bias
 
 
+@triton.jit
+def build_lut(TABLE, SCALE, BUCKETS, lut_row, table_row, window, HAS_WINDOW: tl.constexpr):
+    """Write one row of the bias LUT the kernels gather from: ``lut[d] = c * table[bucket(d)] * log2(e)`` for the 256
+    uint8 distances (``-inf`` past ``window`` when HAS_WINDOW), then a barrier so that every thread of the program
+    reads what the others wrote.
+
+    The forward kernels call it first (``BUILD_LUT``): no separate launch builds the LUT. Every program of a call
+    writes the same values to the same row (a benign race), and reads it back only after its own writes; the
+    backward reads the row the forward wrote. ``table_row``: the table row's start (``TABLE + h * T`` per head);
+    ``BUCKETS``: int32 ``[256]`` (``BucketSpec.lut()``); ``SCALE``: one element (the strength c). The same values
+    as the host's ``bias_lut``: ``table * (c * log2(e))`` in fp32.
+    """
+    d = tl.arange(0, 256)
+    bucket = tl.load(BUCKETS + d)
+    value = tl.load(table_row + bucket).to(tl.float32) * (tl.load(SCALE).to(tl.float32) * 1.4426950408889634)
+    if HAS_WINDOW:
+        value = tl.where(d > window, float("-inf"), value)
+    tl.store(lut_row + d, value)
+    tl.debug_barrier()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Host helpers
 # ---------------------------------------------------------------------------------------------------------
@@ -261,7 +284,8 @@ def launches_on(tensor) -> bool:
     """Whether :func:`launch` runs (or captures) kernels for ``tensor``: a CUDA tensor, the interpreter, or a
     launch hook installed (the inspection report compiling launches for a GPU this machine lacks). Else the
     caller computes in PyTorch (e.g. the block metadata of CPU tensors)."""
-    return tensor.device.type != "cpu" or interpreting() or _LAUNCH_HOOK is not None
+    return (tensor.device.type != "cpu" or interpreting() or _LAUNCH_HOOK is not None
+            or _DIRECT_LAUNCH_OVERRIDE is not None)
 
 
 class KernelDoesNotFit(RuntimeError):
@@ -291,22 +315,113 @@ def launch(kernel, grid, *args, **kwargs):
 
 def _launch(kernel, grid, args, kwargs):
     import torch
-    from torch._subclasses.fake_tensor import is_fake
+
+    global _PLAIN
+    if not _PLAIN:
+        _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
     if _LAUNCH_HOOK is not None:
         _LAUNCH_HOOK(kernel, grid, args, kwargs)
         return
     if interpreting():
+        from torch._subclasses.fake_tensor import is_fake
+
         if any(isinstance(a, torch.Tensor) and is_fake(a) for a in list(args) + list(kwargs.values())):
             return
         kernel[grid](*args, **kwargs)
         return
+    if torch.compiler.is_compiling():  # Dynamo traces the launch (a Triton kernel in the graph)
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+        return
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    plain = all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor))
     if device is not None and device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(device):  # Triton launches on the current device, not the tensors' one
-            torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+            _launch_on_current_device(kernel, grid, args, kwargs, plain)
         return
-    torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+    _launch_on_current_device(kernel, grid, args, kwargs, plain)
+
+
+#: Tensor types a launch passes to Triton as they are (fake and functional tensors of a traced op go through
+#: ``wrap_triton``); filled on first use (torch is imported lazily here).
+_PLAIN: tuple = ()
+
+
+def _launch_on_current_device(kernel, grid, args, kwargs, plain: bool):
+    import torch
+
+    if not plain:  # a torch.library op being traced (fake or functional tensors): through wrap_triton
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+        return
+    _direct_launch(kernel, grid, args, kwargs)
+
+
+#: ``(kernel, device, specialisation key) -> (compiled kernel, the constexpr arguments' names and defaults after the
+#: positional ones)``: what :func:`_direct_launch` launches without Triton's dispatch.
+_COMPILED: dict = {}
+#: Replaces the final launch of :func:`_direct_launch` (and compiles without launching on a miss): the host-cost
+#: report times the whole host path up to the driver call with it (:mod:`syntaxkernels.tools.host`).
+_DIRECT_LAUNCH_OVERRIDE = None
+
+
+def _arg_key(a):
+    """What a Triton launch specialises an argument on: a tensor's dtype and 16-byte alignment, an integer's
+    value (finer than Triton's ``== 1`` / ``% 16`` / 64-bit classes, so never coarser), a float's type."""
+    kind = type(a)
+    if kind is int or kind is bool:
+        return a
+    if kind is float:
+        return float
+    if a is None:
+        return None
+    return a.dtype, a.data_ptr() & 15
+
+
+def _direct_launch(kernel, grid, args, kwargs):
+    """Launch a compiled kernel through Triton's C launcher, skipping the JIT's Python dispatch (argument binding,
+    specialisation, cache lookup: 15-50 microseconds a launch on the host) after the first launch of each
+    specialisation, which goes through ``JITFunction.run`` and compiles. The key holds everything the JIT
+    specialises on (:func:`_arg_key` of every argument, the constexprs and options), so a kernel is reused only
+    where the JIT would pick it too. Launch hooks (profilers) take the JIT's own path."""
+    runtime = _knobs.runtime
+    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+        kernel[grid](*args, **kwargs)
+        return
+    active = _driver.active
+    device = active.get_current_device()
+    key = (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
+    entry = _COMPILED.get(key)
+    if entry is None:
+        compiled = kernel.run(*args, grid=grid, warmup=_DIRECT_LAUNCH_OVERRIDE is not None, **kwargs)
+        _COMPILED[key] = (compiled, _trailing_arguments(kernel, len(args), kwargs))
+        return
+    compiled, trailing = entry
+    full = args + tuple(kwargs[name] if name in kwargs else default for name, default in trailing)
+    grid_1 = grid[1] if len(grid) > 1 else 1
+    grid_2 = grid[2] if len(grid) > 2 else 1
+    if _DIRECT_LAUNCH_OVERRIDE is not None:
+        _DIRECT_LAUNCH_OVERRIDE(compiled, grid[0], grid_1, grid_2, full)
+        return
+    stream = active.get_current_stream(device)
+    compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *full)
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: a chain of hooks with any in it (Triton 3.6 keeps an empty chain), or any
+    other callable."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
+def _trailing_arguments(kernel, positional: int, kwargs) -> tuple:
+    """``(name, default)`` of the kernel's parameters after the first ``positional`` ones, in signature order: the
+    arguments a compiled kernel's launcher takes after the positional ones (the JIT passes every bound argument,
+    constexprs included)."""
+    params = list(kernel.signature.parameters.values())[positional:]
+    return tuple((p.name, p.default) for p in params)
 
 
 def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):
@@ -321,8 +436,9 @@ def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):
 
 
 def head_block(dim: int) -> int:
-    """The padded head dim of the kernels: a power of two >= 32."""
-    return max(32, triton.next_power_of_2(dim))
+    """The padded head dim of the kernels: a power of two >= 32 (plain integer arithmetic: Triton's
+    ``next_power_of_2`` is a ``constexpr_function`` whose every host call costs microseconds)."""
+    return max(32, 1 << (int(dim) - 1).bit_length()) if dim > 1 else 32
 
 
 def dot_precision(dtype) -> str:
@@ -367,8 +483,17 @@ def current_arch() -> int:
     :func:`interpret_as` (90 unless a test chose another)."""
     if interpreting():
         return _INTERPRETED_ARCH
-    target = triton.runtime.driver.active.get_current_target()
-    return target.arch if isinstance(target.arch, int) else 0
+    active = _driver.active
+    device = active.get_current_device()
+    key = (id(active), device)
+    arch = _ARCHS.get(key)
+    if arch is None:  # (the driver's target per device: asked once, the launch path asks every call)
+        target = active.get_current_target()
+        arch = _ARCHS[key] = target.arch if isinstance(target.arch, int) else 0
+    return arch
+
+
+_ARCHS: dict = {}
 
 
 def arch_family(arch: int = None) -> str:

@@ -27,19 +27,22 @@ import torch
 import triton
 import triton.language as tl
 
-from ._primitives import launch, launches_on, load_distance_tile
+from ._primitives import launch, launch_grid, launches_on, load_distance_tile
 
 __all__ = ["block_distance_range", "block_bucket_masks", "block_bucket_masks_torch", "live_blocks", "compact_rows",
            "boundary_tiles", "split_lists"]
 
 
 @triton.jit
-def _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The tile of this program (grid ``(nQ, nK, B)``): ``(b, q_block, k_block, offs_m, offs_n, distance, valid)``,
-    the uint8 distance tile and the pairs inside the item's length."""
-    q_block = tl.program_id(0)
-    k_block = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
+def _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N, num_q_blocks, num_k_blocks, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """The tile of this program (a 1-D grid of ``nK * nQ * B`` programs, :func:`_tile_grid`): ``(b, q_block,
+    k_block, offs_m, offs_n, distance, valid)``, the uint8 distance tile and the pairs inside the item's length."""
+    pid = tl.program_id(0)
+    k_block = pid % num_k_blocks
+    rest = pid // num_k_blocks
+    q_block = rest % num_q_blocks
+    b = (rest // num_q_blocks).to(tl.int64)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,15 +61,21 @@ def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
     Args:
         DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``.
         MIN_OUT, MAX_OUT: uint8 ``[B, nQ, nK]`` contiguous.
-    Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
     """
     b, q_block, k_block, offs_m, offs_n, distance, valid = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N,
-                                                                 BLOCK_M, BLOCK_N)
+                                                                 num_q_blocks, num_k_blocks, BLOCK_M, BLOCK_N)
     smallest = tl.min(tl.min(tl.where(valid, distance, 255), axis=1), axis=0)
     largest = tl.max(tl.max(tl.where(valid, distance, 0), axis=1), axis=0)
     out = (b * num_q_blocks + q_block) * num_k_blocks + k_block
     tl.store(MIN_OUT + out, smallest.to(tl.uint8))
     tl.store(MAX_OUT + out, largest.to(tl.uint8))
+
+
+def _tile_grid(num_q: int, num_k: int, B: int):
+    """One grid axis of ``nK * nQ * B`` programs (CUDA caps the second and third axes at 65,535, which a batch of
+    more sequences would pass); :func:`_tile` decodes it."""
+    return launch_grid(num_q * num_k, B, 1)
 
 
 def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m: int,
@@ -87,7 +96,7 @@ def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m:
     smallest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
     largest = torch.empty(B, num_q, num_k, dtype=torch.uint8, device=distance.device)
     if B * num_q * num_k:
-        launch(_block_distance_range_kernel, (num_q, num_k, B), distance, lengths, smallest, largest,
+        launch(_block_distance_range_kernel, _tile_grid(num_q, num_k, B), distance, lengths, smallest, largest,
                distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
                BLOCK_M=block_m, BLOCK_N=block_n)
     return smallest, largest
@@ -109,10 +118,10 @@ def _block_bucket_mask_kernel(DIST, LENGTHS, BUCKET_LUT, MASK_OUT,
     Args:
         DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``; BUCKET_LUT: int32 ``[256]``
             (``BucketSpec.lut()``); MASK_OUT: int32 ``[B, nQ, nK]`` contiguous.
-    Grid: ``(nQ, nK, B)``; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
     """
     b, q_block, k_block, offs_m, offs_n, distance, allowed = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj,
-                                                                   N, BLOCK_M, BLOCK_N)
+                                                                   N, num_q_blocks, num_k_blocks, BLOCK_M, BLOCK_N)
     if HAS_WINDOW:
         allowed = allowed & (distance <= window)
     if CAUSAL:
@@ -136,7 +145,7 @@ def block_bucket_masks(distance: torch.Tensor, lengths: torch.Tensor, bucket_lut
         return block_bucket_masks_torch(distance, lengths, bucket_lut, block_m, block_n, window, causal)
     out = torch.empty(B, num_q, num_k, dtype=torch.int32, device=distance.device)
     if B * num_q * num_k:
-        launch(_block_bucket_mask_kernel, (num_q, num_k, B), distance, lengths, bucket_lut.to(torch.int32), out,
+        launch(_block_bucket_mask_kernel, _tile_grid(num_q, num_k, B), distance, lengths, bucket_lut.to(torch.int32), out,
                distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
                0 if window is None else window, BLOCK_M=block_m, BLOCK_N=block_n, HAS_WINDOW=window is not None,
                CAUSAL=causal)

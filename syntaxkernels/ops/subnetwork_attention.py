@@ -114,8 +114,7 @@ def _dense_lut(kind: str, like: torch.Tensor) -> torch.Tensor:
 def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """One dense mask with the fused LUT kernel (Triton: CUDA, or the interpreter): ``(out [B, H, N, Dv],
     nonempty [B, N])``."""
-    out = bias_attention.lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), trees.lengths, scale,
-                                       symmetric=True)
+    out = bias_attention.lut_attention(q, k, v, trees, _dense_lut(kind, q), scale=scale)
     nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
     return out, nonempty
 
@@ -292,8 +291,7 @@ def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float]
         if chosen == "triton":
             # The fused LUT kernel with the dense mask's LUT: full, every key of the sequence (other trees of it
             # included); pairwise, keys in another tree of the same sequence (distance 255).
-            o = bias_attention.lut_attention(q, k, v, trees.distance, _dense_lut(kind, q), scale=float(scale),
-                                             cu_seqlens=trees.cu_seqlens)
+            o = bias_attention.lut_attention(q, k, v, trees, _dense_lut(kind, q), scale=float(scale))
         else:
             o = _dense_by_sequence(q, k, v, trees, kind, float(scale))
         nonempty = (torch.ones(T, dtype=torch.bool, device=q.device) if kind == "full"

@@ -324,6 +324,35 @@ def _run_inspect_edges(args, I) -> int:
     return I._edge_main(argv)
 
 
+def _run_inspect_host(args) -> int:
+    """``inspect --host``: host work and device kernels per layer (:mod:`.host`); one arch, dtype and head dim."""
+    from . import host as Hs
+    from . import workloads as W
+
+    archs = _numbers("--arch", args.arch or "90", (80, 86, 89, 90, 100, 120))
+    head_dims = _numbers("--head-dim", args.head_dim if args.head_dim != "64,128" else "64", (32, 64, 128))
+    if archs is None or head_dims is None:
+        return 2
+    if len(archs) != 1 or len(head_dims) != 1 or args.dtype not in ("bf16", "fp16", "fp32"):
+        print("syntaxkernels inspect --host: one --arch, one --head-dim and one --dtype a run", file=sys.stderr)
+        return 2
+    try:
+        names = W.workload_names(args.workload) if args.workload else list(Hs.HOST_WORKLOADS)
+    except ValueError as exc:
+        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
+        return 2
+    print(f"syntaxkernels inspect --host: {len(names)} workloads, launches compiled for sm_{archs[0]} (the first "
+          "call of each kernel compiles: a minute or so)", file=sys.stderr, flush=True)
+    rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0])
+    print(Hs.format_host_report(rows))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
 def inspect(args) -> int:
     """``python -m syntaxkernels inspect``: the launch cases, the named workloads (``--workload``) or the edge-list
     kernels (``--edges``) compiled as launched, and the cost model's report."""
@@ -334,6 +363,8 @@ def inspect(args) -> int:
 
     if args.edges:
         return _run_inspect_edges(args, I)
+    if getattr(args, "host", False):
+        return _run_inspect_host(args)
     if args.workload:
         return _run_inspect_workloads(args, I)
     archs = _numbers("--arch", args.arch or "80,90", I.ALL_ARCHS)

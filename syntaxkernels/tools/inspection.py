@@ -418,6 +418,8 @@ def _work_per_iteration(kwargs: dict) -> Tuple[int, str]:
         return int(kwargs["BLOCK_E"]), "edge"
     if "BLOCK_M" in kwargs and "BLOCK_N" in kwargs:
         return int(kwargs["BLOCK_M"]) * int(kwargs["BLOCK_N"]), "element"
+    if "BLOCK_P" in kwargs:  # the table gradient's epilogue: BLOCK_P per-program bucket sums an iteration
+        return int(kwargs["BLOCK_P"]), "partial row"
     return 0, "element"
 
 
@@ -569,6 +571,7 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
         import torch
 
         from syntaxkernels.ops.bias_attention import _host, _launch
+        from syntaxkernels.plan import structure_plan
         from syntaxkernels.specs import BucketSpec
 
         dt = _torch_dtype(dtype)
@@ -580,11 +583,15 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
         table = torch.zeros((H, T) if variant == "per-head" else (T,))
         window = 4 if variant == "window" else -1
         causal = variant == "causal"
-        lut = _host.bias_lut(table, torch.ones(1), buckets, window)
-        lengths = torch.full((B,), N, dtype=torch.int32)
-        out, lse = _launch.bias_attention_forward(q, k, v, distance, lut, lengths, 0.125, window, causal)
-        _launch.bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, 0.125, window, causal,
-                                        *_host.bucket_args(buckets), True)
+        rows, one = table.reshape(-1, T), torch.ones(1)
+        plan = structure_plan(distance, symmetric=True)
+        configs = _launch.launch_configs(N, head_dim, head_dim, dt, rows.shape[0], window, buckets)
+        forward = _launch.forward_metadata(plan, configs, window, causal)
+        backward = _launch.backward_metadata(plan, configs, window, causal, buckets, True)
+        out, lse, lut = _launch.bias_attention_forward(q, k, v, plan.distance, rows, one, _host._bucket_lut(buckets, q),
+                                                       plan.kernel_lengths, *forward, 0.125, window, causal)
+        _launch.bias_attention_backward(dout, q, k, v, out, lse, plan.distance, lut, plan.kernel_lengths, backward,
+                                        0.125, window, causal, buckets, rows, one, True, True)
 
     return run
 

@@ -7,8 +7,8 @@ stanza helpers need ``stanza`` only when called, and say how to install it when 
 and ``parse`` never import spaCy or stanza themselves (they read the objects they are given).
 """
 from .align import align_batch, align_to_tokens
-from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symmetric, normalize_heads,
-                    python_tree_tensors, tree_distance)
+from .batch import (TreeBatch, aligned_distance, build_tree_tensors, normalize_heads, python_tree_tensors,
+                    tree_distance)
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
 from .packed import PackedTreeBatch, pack_padded
@@ -25,7 +25,6 @@ __all__ = [
     "normalize_heads",
     "python_tree_tensors",
     "aligned_distance",
-    "known_symmetric",
     "Sentence",
     "read_conllu",
     "from_conllu_heads",

@@ -17,19 +17,19 @@ Edge lists (:class:`EdgeLists`, :func:`build_edge_lists`): for the relation mask
 (parent_d, child_d, sibling_d) or a tree window (``d(i, j) <= window``), the keys of every query row in CSR
 form, int32, with the transposed lists a backward gathers from. Built by the C++ extension from the heads in
 O(E) (no N x N matrix), with a PyTorch fallback from the distance, depth and segment tensors.
-``TreeBatch.relation_lists(masks)`` and ``TreeBatch.window_lists(window)`` build them once per batch and
-cache them; ``.to()`` and ``.pin_memory()`` carry the cache.
+``TreeBatch.relation_lists(masks)`` and ``TreeBatch.window_lists(window)`` build them once per batch (derived
+entries of the plan); ``.to()`` and ``.pin_memory()`` carry them.
 
 Layout. A ``TreeBatch``'s distance is a ``[B, N, N]`` view of a ``[B, roundup(N, 16), roundup(N, 16)]`` buffer
 (:func:`aligned_distance`), so that the fused kernels read distance tiles with vector loads whatever N is;
 ``.to()`` and ``.pin_memory()`` move the padded buffer.
-A ``TreeBatch``'s distance is known to be symmetric (:func:`known_symmetric`), which lets the bias op's
-backward read it transposed without a copy.
+A ``TreeBatch`` is the batch's structure plan (:class:`~syntaxkernels.plan.StructurePlan`): it knows its distance
+is symmetric (the bias op's backward then reads it transposed without a copy), holds the kernels' int32 lengths,
+and keeps what the ops derive from it (edge lists, tile lists) for every layer.
 """
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -38,13 +38,15 @@ import numpy as np
 import torch
 
 from .. import _ext
+from ..plan import StructurePlan, register_derivation
 from ..reference import _mask_pairs
 from ..specs import MAX_PATH, RELATIONS, UNREACHABLE, MaskSpec
 
 HeadsLike = Union[torch.Tensor, np.ndarray, Sequence[Sequence[int]]]
 
 __all__ = ["TreeBatch", "tree_distance", "build_tree_tensors", "normalize_heads", "python_tree_tensors", "EdgeLists",
-           "build_edge_lists", "python_edge_lists", "EdgeSchedule", "build_edge_schedule", "EDGE_CHUNK", "aligned_distance", "known_symmetric", "mark_symmetric"]
+           "build_edge_lists", "python_edge_lists", "EdgeSchedule", "build_edge_schedule", "EDGE_CHUNK", "aligned_distance",
+           "padded_buffer", "is_tree_distance"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -62,6 +64,8 @@ def _aligned(distance: torch.Tensor) -> bool:
     stride_b, stride_i, stride_j = distance.stride()
     if stride_j != 1 or stride_i % DISTANCE_ALIGNMENT or stride_b % DISTANCE_ALIGNMENT:
         return False
+    if torch.compiler.is_compiling():  # storage offsets cannot be traced: a bare tensor is copied (a plan made
+        return False  # outside the compiled region, such as a TreeBatch, never comes here)
     if distance.storage_offset() % DISTANCE_ALIGNMENT or stride_i < _round_up(M) or stride_b < _round_up(N) * stride_i:
         return False
     return distance.untyped_storage().nbytes() >= distance.storage_offset() + B * stride_b
@@ -86,33 +90,46 @@ def aligned_distance(distance: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def padded_buffer(distance: torch.Tensor) -> Optional[torch.Tensor]:
+    """The ``[B, rows, width]`` buffer behind an :func:`aligned_distance` view (rows and width the padded extents),
+    or None when ``distance`` is not such a view of a buffer of its own."""
+    B, N, M = distance.shape
+    if not _aligned(distance) or distance.storage_offset() != 0:
+        return None
+    stride_b, width = distance.stride(0), distance.stride(1)
+    rows = stride_b // width
+    if rows * width != stride_b or distance.untyped_storage().nbytes() < B * stride_b:
+        return None
+    return distance.as_strided((B, rows, width), (stride_b, width, 1))
+
+
 def _map_distance(fn, distance: torch.Tensor) -> torch.Tensor:
     """``fn`` (``.to()``, ``.pin_memory()``) applied to the padded buffer behind an :func:`aligned_distance` view,
     so the result keeps its layout (``fn`` on the view itself would return a contiguous, unaligned copy)."""
     B, N, M = distance.shape
-    if distance.is_contiguous() or not _aligned(distance) or distance.storage_offset() != 0:
+    if distance.is_contiguous():
         return fn(distance)
-    stride_b, width = distance.stride(0), distance.stride(1)
-    rows = stride_b // width
-    if rows * width != stride_b:
+    buffer = padded_buffer(distance)
+    if buffer is None:
         return fn(distance)
-    return fn(distance.as_strided((B, rows, width), (stride_b, width, 1)))[:, :N, :M]
+    return fn(buffer)[:, :N, :M]
 
 
-_SYMMETRIC: Dict[int, "weakref.ref"] = {}
+#: The attribute that marks a tensor object as a tree distance the package built (a ``TreeBatch``'s, or
+#: :func:`tree_distance`'s result): symmetric, 0 on its tokens' diagonal and 255 on padding. It lives on the tensor
+#: object (a view or a copy of it is not marked), not in any cache.
+TREE_DISTANCE_MARK = "_syntaxkernels_tree_distance"
 
 
-def mark_symmetric(distance: torch.Tensor) -> None:
-    """Remember that ``distance`` (this tensor object) is symmetric, as every tree distance is."""
-    key = id(distance)
-    _SYMMETRIC[key] = weakref.ref(distance, lambda _ref, key=key: _SYMMETRIC.pop(key, None))
+def _mark_tree_distance(distance: torch.Tensor) -> torch.Tensor:
+    setattr(distance, TREE_DISTANCE_MARK, True)
+    return distance
 
 
-def known_symmetric(distance: torch.Tensor) -> bool:
-    """Whether ``distance`` is a distance the package built (a :class:`TreeBatch`'s, or
-    :func:`tree_distance`'s result), hence symmetric; False for any other tensor (its symmetry is unknown)."""
-    ref = _SYMMETRIC.get(id(distance))
-    return ref is not None and ref() is distance
+def is_tree_distance(distance) -> bool:
+    """Whether ``distance`` (this tensor object) is a tree distance the package built: a ``TreeBatch``'s, or
+    :func:`tree_distance`'s result (symmetric, its padding marked 255 on the diagonal)."""
+    return getattr(distance, TREE_DISTANCE_MARK, False) is True
 
 
 def normalize_heads(heads: HeadsLike, lengths=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -414,8 +431,7 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
         distance = build_tree_tensors(heads, lengths, backend=backend)[2]
     except ValueError as error:
         raise _rootless_hint(error, heads, lengths) from None
-    mark_symmetric(distance)
-    return distance
+    return _mark_tree_distance(distance)
 
 
 #: Edges per work item of the GPU edge kernels (:class:`EdgeSchedule`): longer rows are split into chunks.
@@ -831,9 +847,10 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
 
 
-@dataclass
-class TreeBatch:
-    """A batch of dependency trees with everything the attention ops need.
+@dataclass(eq=False)
+class TreeBatch(StructurePlan):
+    """A batch of dependency trees with everything the attention ops need: the batch's structure plan
+    (:class:`~syntaxkernels.plan.StructurePlan`), passed as it is to every layer.
 
     Attributes:
         heads: ``int64 [B, N]`` 0-based heads, -1 for roots (padding entries as given).
@@ -842,8 +859,10 @@ class TreeBatch:
             (:func:`aligned_distance`; a view, not contiguous unless N is a multiple of 16).
         depth: ``int32 [B, N]`` (-1 for padding).
         segment: ``int32 [B, N]`` (-1 for padding).
+        kernel_lengths: ``int32 [B]``, the lengths the fused kernels read.
 
-    Edge lists (:meth:`relation_lists`, :meth:`window_lists`) are built on first use and cached on the batch.
+    Edge lists (:meth:`relation_lists`, :meth:`window_lists`) and what the fused ops derive for their tiles are
+    built on first use and kept on the batch (:meth:`~syntaxkernels.plan.StructurePlan.derived`).
     """
 
     heads: torch.Tensor
@@ -851,15 +870,25 @@ class TreeBatch:
     distance: torch.Tensor
     depth: torch.Tensor
     segment: torch.Tensor
-    _edge_lists: Dict[tuple, EdgeLists] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
-        self.distance = aligned_distance(self.distance)
-        mark_symmetric(self.distance)
+        self.distance = _mark_tree_distance(aligned_distance(self.distance))
+        self._init_plan(symmetric=True, kernel_lengths=self.lengths.to(torch.int32))
 
     def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
         self.__dict__.update(state)
-        mark_symmetric(self.distance)
+        _mark_tree_distance(self.distance)
+        self._stamp = self._current_stamp()  # fresh tensors, the same data: what was derived still holds
+
+    def _structure_tensors(self):
+        return (self.distance, self.lengths, self.heads)
+
+    def _structure_changed(self) -> None:
+        self.kernel_lengths = self.lengths.to(torch.int32)
+
+    def _copied_from(self, other: "TreeBatch", non_blocking: bool) -> None:
+        for name in ("heads", "lengths", "depth", "segment"):
+            getattr(self, name).copy_(getattr(other, name), non_blocking=non_blocking)
 
     @classmethod
     def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto", packed: bool = False):
@@ -899,45 +928,40 @@ class TreeBatch:
     def device(self) -> torch.device:
         return self.distance.device
 
-    def _map(self, fn, lists_fn) -> "TreeBatch":
+    def _map(self, fn) -> "TreeBatch":
         mapped = TreeBatch(fn(self.heads), fn(self.lengths), _map_distance(fn, self.distance), fn(self.depth),
                            fn(self.segment))
-        mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()}
-        return mapped
+        return self._carry_derived(mapped, fn)
 
     def to(self, *args, **kwargs) -> "TreeBatch":
-        """Move every tensor (``TreeBatch.to('cuda', non_blocking=True)``), cached edge lists included; dtypes
-        are kept."""
-        return self._map(lambda t: t.to(*args, **kwargs), lambda lists: lists.to(*args, **kwargs))
+        """Move every tensor (``TreeBatch.to('cuda', non_blocking=True)``), derived entries (edge lists, tile
+        lists) included; dtypes are kept."""
+        return self._map(lambda t: t.to(*args, **kwargs))
 
     def pin_memory(self) -> "TreeBatch":
-        """Page-locked copies (cached edge lists included), so DataLoader(pin_memory=True) and non_blocking
+        """Page-locked copies (derived entries included), so DataLoader(pin_memory=True) and non_blocking
         transfers work."""
-        return self._map(lambda t: t.pin_memory(), lambda lists: lists.pin_memory())
+        return self._map(lambda t: t.pin_memory())
 
     def relation_lists(self, masks: MaskSpec) -> EdgeLists:
         """The :class:`EdgeLists` of the parent/child/sibling masks of ``masks`` (R of them, in
-        ``masks.names`` order), built once per batch and cached (``pairwise`` and ``full`` are dense masks: no
+        ``masks.names`` order), built once per batch and kept (``pairwise`` and ``full`` are dense masks: no
         lists). Raises ValueError when ``masks`` enables none of parent, child, sibling."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
-        key = masks.relation_key()
-        if key not in self._edge_lists:
-            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, **_relation_arguments(masks))
-        return self._edge_lists[key]
+        return self.derived(("relation lists", masks.relation_key()),
+                            lambda: build_edge_lists(self.heads, self.lengths, **_relation_arguments(masks)))
 
     def window_lists(self, window: int) -> EdgeLists:
         """The :class:`EdgeLists` of the tree window ``d(i, j) <= window`` (one relation; the GAT's attention),
-        built once per batch and cached."""
+        built once per batch and kept."""
         _list_spec(1, {}, window)
-        key = ("window", window)
-        if key not in self._edge_lists:
-            self._edge_lists[key] = build_edge_lists(self.heads, self.lengths, window=window)
-        return self._edge_lists[key]
+        return self.derived(("window lists", window),
+                            lambda: build_edge_lists(self.heads, self.lengths, window=window))
 
     def cached_window_lists(self, window: int) -> Optional[EdgeLists]:
         """The window lists if already built (never builds: no synchronisation), else None."""
-        return self._edge_lists.get(("window", window))
+        return self._derived.get(("window lists", window))
 
     def key_padding_mask(self) -> torch.Tensor:
         """``bool [B, N]``, True where the token is padding."""
@@ -956,5 +980,5 @@ class TreeBatch:
         else:
             shown = (f"lengths min/mean/max={min(lengths)}/{sum(lengths) / len(lengths):.1f}/{max(lengths)}, "
                      f"tokens={sum(lengths)}")
-        cached = f", cached_lists={len(self._edge_lists)}" if self._edge_lists else ""
+        cached = f", derived={len(self._derived)}" if self._derived else ""
         return f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, {shown}{cached}, device={self.device})"

@@ -22,14 +22,15 @@ one ``[1, T]`` row whose trees are the sequences' trees (relations and windows n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
 
 from .. import _ext
+from ..plan import StructurePlan
 from ..specs import MaskSpec
 from .batch import (EdgeLists, TreeBatch, _list_spec, _move_arguments, _pad_rows, _relation_arguments,
                     _sentence_tensors, build_edge_lists)
@@ -114,9 +115,10 @@ def packed_tree_tensors(heads: torch.Tensor, cu_seqlens: torch.Tensor, *, backen
     return _python_packed(heads, cu)
 
 
-@dataclass
-class PackedTreeBatch:
-    """S dependency trees (or forests) packed into T tokens, without padding (module docstring).
+@dataclass(eq=False)
+class PackedTreeBatch(StructurePlan):
+    """S dependency trees (or forests) packed into T tokens, without padding (module docstring); the batch's
+    structure plan (:class:`~syntaxkernels.plan.StructurePlan`), passed as it is to every layer.
 
     Attributes:
         heads: int64 ``[T]``, local to each sequence. cu_seqlens: int32 ``[S + 1]``. max_seqlen: int.
@@ -133,7 +135,6 @@ class PackedTreeBatch:
     max_seqlen: int
     positions: Optional[torch.Tensor] = None
     sequence: Optional[torch.Tensor] = None
-    _edge_lists: Dict[tuple, EdgeLists] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.sequence is None or self.positions is None:
@@ -143,6 +144,18 @@ class PackedTreeBatch:
             sequence = torch.searchsorted(cu[1:], tokens, right=True)
             self.sequence = sequence.to(torch.int32)
             self.positions = (tokens - cu[sequence]).to(torch.int32)
+        self._init_plan(symmetric=True)
+
+    def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
+        self.__dict__.update(state)
+        self._stamp = self._current_stamp()
+
+    def _structure_tensors(self):
+        return (self.distance, self.cu_seqlens, self.heads)
+
+    def _copied_from(self, other: "PackedTreeBatch", non_blocking: bool) -> None:
+        for name in ("heads", "depth", "segment", "positions"):
+            getattr(self, name).copy_(getattr(other, name), non_blocking=non_blocking)
 
     # -- construction --------------------------------------------------------------------------------------
 
@@ -246,9 +259,9 @@ class PackedTreeBatch:
         with N = ``max_seqlen``: the sequences laid out as a padded batch, for the ops that need one (the structural
         probe). Built once per batch and cached (it reads ``distance_offsets`` on the host: one synchronisation on a
         GPU). ``S * N^2`` bytes, never ``T^2``."""
-        cached = self._edge_lists.get(("padded layout",))
-        if cached is not None:
-            return cached
+        return self.derived(("padded layout",), self._padded_layout)
+
+    def _padded_layout(self):
         S, N = self.num_sequences, self.max_seqlen
         device = self.device
         sequence = self.sequence.long()
@@ -262,9 +275,7 @@ class PackedTreeBatch:
                 distance[s, :n, :n] = self.distance[offsets[s]:offsets[s] + n * n].view(n, n)
         depth = torch.full((S, N), -1, dtype=torch.int32, device=device)
         depth[sequence, position] = self.depth
-        layout = (sequence, position, lengths, distance, depth)
-        self._edge_lists[("padded layout",)] = layout
-        return layout
+        return (sequence, position, lengths, distance, depth)
 
     @property
     def nbytes(self) -> int:
@@ -275,24 +286,21 @@ class PackedTreeBatch:
 
     # -- devices -------------------------------------------------------------------------------------------
 
-    def _map(self, fn, lists_fn) -> "PackedTreeBatch":
+    def _map(self, fn) -> "PackedTreeBatch":
         mapped = PackedTreeBatch(fn(self.heads), fn(self.cu_seqlens), fn(self.distance), fn(self.distance_offsets),
                                  fn(self.depth), fn(self.segment), self.max_seqlen, fn(self.positions),
                                  fn(self.sequence))
-        mapped._edge_lists = {key: lists_fn(lists) for key, lists in self._edge_lists.items()
-                              if key != ("padded layout",)}  # rebuilt where needed
-        return mapped
+        return self._carry_derived(mapped, fn)
 
     def to(self, *args, **kwargs) -> "PackedTreeBatch":
-        """Move every tensor (dtypes kept), cached edge lists included."""
+        """Move every tensor (dtypes kept), derived entries (edge lists, tile lists) included."""
         device, non_blocking = _move_arguments(args, kwargs)
         if device is None:
             return self
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking),
-                         lambda lists: lists.to(device, non_blocking=non_blocking))
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "PackedTreeBatch":
-        return self._map(lambda t: t.pin_memory(), lambda lists: lists.pin_memory())
+        return self._map(lambda t: t.pin_memory())
 
     # -- edge lists (packed numbering) ---------------------------------------------------------------------
 
@@ -302,26 +310,27 @@ class PackedTreeBatch:
 
     def relation_lists(self, masks: MaskSpec) -> EdgeLists:
         """The parent/child/sibling :class:`EdgeLists` of ``masks`` over one ``[1, T]`` row in packed numbering
-        (relations never cross sequences), cached."""
+        (relations never cross sequences), built once per batch and kept."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
-        key = masks.relation_key()
-        if key not in self._edge_lists:
+
+        def build():
             heads, lengths = self._forest()
-            self._edge_lists[key] = build_edge_lists(heads, lengths, **_relation_arguments(masks)).to(self.device)
-        return self._edge_lists[key]
+            return build_edge_lists(heads, lengths, **_relation_arguments(masks)).to(self.device)
+        return self.derived(("relation lists", masks.relation_key()), build)
 
     def window_lists(self, window: int) -> EdgeLists:
-        """The window :class:`EdgeLists` (``d(i, j) <= window`` within a sequence) over one ``[1, T]`` row, cached."""
+        """The window :class:`EdgeLists` (``d(i, j) <= window`` within a sequence) over one ``[1, T]`` row, built
+        once per batch and kept."""
         _list_spec(1, {}, window)
-        key = ("window", window)
-        if key not in self._edge_lists:
+
+        def build():
             heads, lengths = self._forest()
-            self._edge_lists[key] = build_edge_lists(heads, lengths, window=window).to(self.device)
-        return self._edge_lists[key]
+            return build_edge_lists(heads, lengths, window=window).to(self.device)
+        return self.derived(("window lists", window), build)
 
     def cached_window_lists(self, window: int) -> Optional[EdgeLists]:
-        return self._edge_lists.get(("window", window))
+        return self._derived.get(("window lists", window))
 
     def __repr__(self) -> str:
         return (f"PackedTreeBatch(sequences={self.num_sequences}, tokens={self.num_tokens}, "

@@ -71,10 +71,11 @@ import torch
 
 from ... import _validation as V
 from ... import reference
+from ...plan import StructurePlan, as_plan
 from ...specs import BucketSpec
-from .._dispatch import LOG2E, triton_status, triton_unsupported
+from .._dispatch import triton_status, triton_unsupported
 from . import _cpu
-from ._host import _aligned, _int32_lengths, _symmetric, bucket_args, implementation, kernel_arguments
+from ._host import LUT_BUCKETS, implementation, kernel_arguments, warn_once
 from ._varlen import syntax_bias_attention_varlen
 
 if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
@@ -92,7 +93,7 @@ def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(why)
 
 
-def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
+def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, lut: torch.Tensor,
                   lengths=None, scale: Optional[float] = None, *, symmetric: Optional[bool] = None,
                   cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fused attention with a fixed bias per distance value: ``softmax(q k^T * scale + lut[d_ij]) v``.
@@ -102,68 +103,90 @@ def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
     Triton it raises RuntimeError saying why.
 
     Args:
-        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; distance: uint8 ``[B, N, N]``.
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``.
+        distance: the batch's :class:`~syntaxkernels.plan.StructurePlan` (a :class:`~syntaxkernels.TreeBatch` or
+            :class:`~syntaxkernels.PackedTreeBatch`), or a uint8 ``[B, N, N]`` distance (a plan made for the call).
         lut: float ``[256]`` or ``[H, 256]``: the natural-log bias of each distance value; ``-inf`` = pair not
             allowed.
-        lengths: ``int [B]`` or a boolean key-padding mask; scale: default ``1 / sqrt(D)``.
+        lengths: ``int [B]`` or a boolean key-padding mask (with a distance tensor; a plan has its own);
+            scale: default ``1 / sqrt(D)``.
         symmetric: as in :func:`syntax_bias_attention`.
-        cu_seqlens: a packed batch, as in :func:`syntax_bias_attention`: q, k, v ``[T, H, D]`` and a
-            :class:`~syntaxkernels.trees.PackedTreeBatch`'s distance; attention stays within each sequence
-            (``lengths`` and ``symmetric`` do not apply).
+        cu_seqlens: a packed batch given as tensors: q, k, v ``[T, H, D]`` and a packed distance; attention stays
+            within each sequence (``lengths`` and ``symmetric`` do not apply).
     Returns:
         ``[B, H, N, Dv]`` (packed: ``[T, H, Dv]``) in q's dtype; rows with no allowed key (and rows past the
         length) are 0.
     """
     if _autograd is None:
         raise RuntimeError(f"lut_attention runs on the Triton kernels only: {triton_status()}")
-    if cu_seqlens is None:  # (a packed batch: the sub-network op's packed path checked it)
+    plan = as_plan(distance, lengths, symmetric=symmetric, cu_seqlens=cu_seqlens,
+                   num_tokens=q.shape[0] if cu_seqlens is not None else None)
+    if not plan.is_packed:  # (a packed batch: the sub-network op's packed path checked it)
         V.check_qkv(q, k, v)
-        V.check_distance(distance, q)
+        V.check_distance(plan.distance, q)
     _check_head_dim(q, v)
     if lut.shape[-1] != 256 or lut.dim() not in (1, 2) or (lut.dim() == 2 and lut.shape[0] != q.shape[1]):
         raise ValueError(f"lut must have shape [256] or [H, 256], got {tuple(lut.shape)}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    lut2 = (lut.to(torch.float32).reshape(-1, 256) * LOG2E).contiguous()
-    if cu_seqlens is not None:
-        return _varlen_kernels._VarlenLut.apply(q, k, v, distance, lut2, cu_seqlens, float(scale))
-    symmetric = _symmetric(symmetric, distance)
-    lengths = _int32_lengths(lengths, q)
-    return _autograd._LutAttention.apply(q, k, v, _aligned(distance), lut2, lengths, float(scale), symmetric)
+    lut = lut.to(torch.float32).reshape(-1, 256).contiguous()  # (natural log: the kernels scale it to log2)
+    try:
+        if plan.is_packed:
+            return _varlen_kernels._VarlenLut.apply(q, k, v, plan.distance, lut, plan.cu_seqlens, plan.sequence,
+                                                    plan.distance_offsets, float(scale))
+        return _autograd.lut_attention(q, k, v, lut, plan, float(scale))
+    except _primitives.KernelDoesNotFit as error:  # the reference: a table of one bucket per distance value
+        warn_once(f"lut_attention runs the reference on this GPU: {error}")
+        table = lut[0] if lut.shape[0] == 1 else lut
+        if plan.is_packed:
+            return syntax_bias_attention_varlen(q, k, v, plan, table, buckets=LUT_BUCKETS, scale=scale,
+                                                backend="reference")
+        return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=LUT_BUCKETS, scale=scale,
+                                               lengths=plan.kernel_lengths)
 
 
-def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
-                          table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
-                          bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
-                          deterministic: bool = False, backend: str = "auto",
-                          symmetric: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                          max_seqlen: Optional[int] = None) -> torch.Tensor:
+def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
+                          buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
+                          window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
+                          backend: str = "auto", symmetric: Optional[bool] = None,
+                          cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
-
-    Packed batches: with ``cu_seqlens`` (int32 ``[S + 1]``), q, k, v are ``[T, H, D]`` (flash-attention's varlen
-    layout), ``distance`` is a :class:`~syntaxkernels.trees.PackedTreeBatch`'s per-sequence distance (uint8
-    ``[sum n_s^2]``) and attention stays within each sequence; ``lengths`` and ``symmetric`` do not apply. See
-    :func:`._varlen.syntax_bias_attention_varlen`.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
 
+    The structure comes as the batch's :class:`~syntaxkernels.plan.StructurePlan`: pass the
+    :class:`~syntaxkernels.TreeBatch` (or :class:`~syntaxkernels.PackedTreeBatch`) itself to every layer, and what the
+    kernels derive from it (tile lists, bucket sets, ...) is computed once for all of them. A bare distance tensor
+    (with ``lengths`` or ``cu_seqlens``) works too: a plan is then made for the call, and derived again by the next.
+
+    Packed batches (a :class:`~syntaxkernels.PackedTreeBatch`, or ``cu_seqlens`` int32 ``[S + 1]`` with a packed
+    distance uint8 ``[sum n_s^2]``): q, k, v are ``[T, H, D]`` (flash-attention's varlen layout) and attention stays
+    within each sequence; ``lengths`` and ``symmetric`` do not apply. See :func:`._varlen.syntax_bias_attention_varlen`.
+
     Args:
-        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device.
-        distance: ``uint8 [B, N, N]`` (255 = unreachable); any uint8 distance, symmetric or not (see
-            ``symmetric``). Rows whose start and stride are multiples of 16 bytes (a :class:`TreeBatch`'s) are read
-            in place; others are copied into such rows first (B x N x roundup(N, 16) bytes per call).
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device. The output (and on the Triton path
+            the gradients) take q's (k's, v's) memory layout: ``[B, N, H, D]`` views of the projections, as ``nn`` and
+            transformers split heads, give outputs whose heads merge back without a copy.
+        distance: the plan (a TreeBatch / PackedTreeBatch), or ``uint8 [B, N, N]`` (255 = unreachable); any uint8
+            distance, symmetric or not (see ``symmetric``). Rows whose start and stride are multiples of 16 bytes (a
+            TreeBatch's) are read in place; others are copied into such rows first (B x N x roundup(N, 16) bytes per
+            call).
         table: ``[T]`` shared or ``[H, T]`` per head, ``T = buckets.num_buckets``; gets a gradient.
         buckets: :class:`syntaxkernels.BucketSpec`.
         scale: default ``1 / sqrt(D)``.
         bias_scale: the strength c: None (1), a float, or a one-element tensor (gets a gradient).
-        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding).
+        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding); a plan has its own (given
+            here, they replace them for this call). Checked against a tree distance's own padding (its diagonal):
+            a ``ValueError`` on CPU tensors, a device-side assertion on a GPU.
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
-        symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): known for a
-            :class:`TreeBatch`'s distance and :func:`tree_distance`'s result, else taken as not symmetric. The
-            Triton backward reads the transposed distance; when it is not known to be symmetric, from a transposed
-            copy (one more B x N x N bytes), so a directed distance gets exact gradients. Passing True for a
+        symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
+            distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor
+            (a TreeBatch's ``distance``, :func:`tree_distance`'s result); another tensor is taken as not symmetric.
+            The Triton backward
+            reads the transposed distance; when it is not known to be symmetric, from a transposed copy (one more
+            B x N x N bytes, derived once per plan), so a directed distance gets exact gradients. Passing True for a
             distance that is not symmetric gives wrong dK, dV and table gradients there.
         backend: "auto" (Triton on CUDA tensors, the C++ kernels of :mod:`._cpu` on CPU tensors, with or without
             Triton; inputs the kernels do not take, float64 or head dims above 128 on CUDA, run the reference),
@@ -179,40 +202,32 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
-    if cu_seqlens is not None:  # packed (varlen) batches: their own kernels
-        if lengths is not None:
+    if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
+        if lengths is not None:  # packed (varlen) batches: their own kernels
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
         return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
-                                            max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale,
-                                            window=window, causal=causal, deterministic=deterministic,
-                                            backend=backend)
-    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
-    symmetric = _symmetric(symmetric, distance)
+                                            max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale, window=window,
+                                            causal=causal, deterministic=deterministic, backend=backend)
+    V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
+                                  table, buckets, bias_scale, window, causal, deterministic)
+    plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
     if chosen == "cpp":  # the fused C++ kernels
-        return _cpu.cpu_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
-                                       lengths=lengths, window=window, causal=causal)
+        return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
+                                       window=window, causal=causal)
     if chosen == "reference":
-        return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
-                                               bias_scale=bias_scale, lengths=lengths, window=window,
+        return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
+                                               bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
                                                causal=causal)
-    lengths, scale, bias_scale = kernel_arguments(q, lengths, scale, bias_scale)
+    scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     try:
-        return _autograd._SyntaxBiasAttention.apply(q, k, v, _aligned(distance), table, bias_scale, lengths,
-                                                    float(scale), -1 if window is None else int(window),
-                                                    bool(causal), bucket_args(buckets), symmetric)
+        return _autograd.bias_attention(q, k, v, table, bias_scale, plan, scale=scale,
+                                        window=-1 if window is None else int(window), causal=bool(causal),
+                                        buckets=buckets, fallback=backend == "auto")
     except _primitives.KernelDoesNotFit as error:
         if backend != "auto":
             raise
-        _warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
-        return reference.syntax_bias_attention(q, k, v, distance, table, buckets=buckets, scale=scale,
-                                               bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
-
-
-_WARNED = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
+        return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
+                                               bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
+                                               causal=causal)

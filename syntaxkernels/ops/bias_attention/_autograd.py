@@ -1,49 +1,144 @@
 """Autograd over the distance-bias op's Triton launchers (:mod:`._launch`): :class:`_SyntaxBiasAttention` (a
-learnable table and bias strength) and :class:`_LutAttention` (a fixed per-distance bias)."""
+learnable table and bias strength) and :class:`_LutAttention` (a fixed per-distance bias).
+
+In eager mode the Functions call the launchers directly (no ``torch.library`` dispatch on the way); while
+``torch.compile`` traces they call the ``torch.library`` Triton ops (``syntaxkernels::bias_attention_fwd`` /
+``_bwd``), whose kernels Inductor sees. Every tensor the kernels read is an argument of the Function: the
+structure's metadata (:func:`._launch.forward_metadata`, :func:`._launch.backward_metadata`) comes in with q, k, v.
+"""
+from typing import Optional, Tuple
+
 import torch
 
-from . import _launch  # noqa: F401 (registers the torch.library ops)
-from ._host import LUT_BUCKETS, _spec, bias_lut, bucket_args, table_gradients
+from ...specs import BucketSpec
+from .._dispatch import device_constant
+from ... import reference
+from .._primitives import KernelDoesNotFit
+from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
+from ._launch import (BackwardMetadata, backward_metadata, bias_attention_backward, bias_attention_forward,
+                      forward_metadata, launch_configs)
+
+_META = len(BackwardMetadata._fields)
+
+
+def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, table, bias_scale, bucket_lut, lengths,
+                                                          kv_list, kv_count, scale, window, causal)
+    return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
+                                  window, causal)
+
+
+def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
+              want_table, want_scale):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_attention_bwd(
+            dout, q, k, v, out, lse, distance, lut, lengths, *meta, scale, window, causal, *bucket_args(spec), table,
+            bias_scale, want_table, want_scale)
+    return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec,
+                                   table, bias_scale, want_table, want_scale)
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):
-    """Autograd over the two Triton ops; gradients for q, k, v, the table and a tensor ``bias_scale``."""
+    """Autograd over the Triton launchers; gradients for q, k, v, the table and a tensor ``bias_scale``.
+
+    Inputs: ``q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count`` (the forward's metadata), the
+    nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
+    and the BucketSpec as :func:`._host.bucket_args`, and ``fallback``: a backward kernel that does not fit this GPU
+    (:class:`KernelDoesNotFit`) then gives way to the reference (with a warning) instead of raising. The forward
+    kernel writes the LUT (from the table, the strength and the buckets) that the backward reads; the backward's
+    last kernel writes the table's and the strength's gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec, symmetric):
-        lut = bias_lut(table, bias_scale, _spec(*bucket_spec), window)
-        out, lse = torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, lut, lengths, scale, window, causal)
-        ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, lengths, lut)
+    def forward(ctx, q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count, *rest):
+        meta = BackwardMetadata(*rest[:_META])
+        scale, window, causal, bucket_spec, fallback = rest[_META:]
+        buckets = _spec(*bucket_spec)
+        rows = table.reshape(-1, table.shape[-1])
+        out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
+                                 kv_count, scale, window, causal)
+        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
-        ctx.symmetric = symmetric
+        ctx.table_shape, ctx.fallback = table.shape, fallback
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, table, bias_scale, lengths, lut = ctx.saved_tensors
-        table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
-        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_bwd(
-            dout, q, k, v, out, lse, distance, lut, lengths, ctx.scale, ctx.window, ctx.causal, *ctx.bucket_spec,
-            table_grad, ctx.symmetric)
-        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
-        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None
+        q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta = ctx.saved_tensors
+        want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
+        rest = (None,) * (4 + _META + 5)
+        try:
+            dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, lengths,
+                                                   BackwardMetadata(*meta), ctx.scale, ctx.window, ctx.causal,
+                                                   _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale)
+        except KernelDoesNotFit as error:
+            if not ctx.fallback:
+                raise
+            warn_once(f"syntax_bias_attention's backward runs the reference on this GPU: {error}")
+            window = None if ctx.window < 0 else ctx.window
+
+            def run(q, k, v, table, c):
+                return reference.syntax_bias_attention(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
+                                                       scale=ctx.scale, bias_scale=c, lengths=lengths, window=window,
+                                                       causal=ctx.causal)
+            return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
+                                             (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
+        return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
+                + rest)
 
 
 class _LutAttention(torch.autograd.Function):
-    """Attention with a fixed per-distance bias (no table gradient): gradients for q, k, v."""
+    """Attention with a fixed per-distance bias (no table gradient): gradients for q, k, v. Inputs: ``q, k, v,
+    distance, lut [H or 1, 256]`` (natural log, ``-inf`` = not allowed), ``lengths, distance_t, scale``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, lut2, lengths, scale, symmetric):
-        out, lse = torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, lut2, lengths, scale, -1, False)
-        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, lengths)
-        ctx.scale, ctx.symmetric = scale, symmetric
+    def forward(ctx, q, k, v, distance, lut, lengths, distance_t, scale):
+        one = device_constant(("bias strength", 1.0), q, lambda: torch.ones(1, dtype=torch.float32))
+        # The LUT is a table of one bucket per distance value (LUT_BUCKETS); the kernel scales it to log2.
+        out, lse, lut2 = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), lengths, None, None, scale,
+                                  -1, False)
+        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, lengths, distance_t, lut, one)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, lut2, lengths = ctx.saved_tensors
-        # The LUT is a table of one bucket per distance value (LUT_BUCKETS); it gets no gradient.
-        dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_bwd(
-            dout, q, k, v, out, lse, distance, lut2, lengths, ctx.scale, -1, False, *bucket_args(LUT_BUCKETS),
-            False, ctx.symmetric)
+        q, k, v, out, lse, distance, lut2, lengths, distance_t, lut, one = ctx.saved_tensors
+        try:
+            dq, dk, dv, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, lengths,
+                                         BackwardMetadata(distance_t=distance_t), ctx.scale, -1, False, LUT_BUCKETS,
+                                         lut, one, False, False)
+        except KernelDoesNotFit as error:
+            warn_once(f"lut_attention's backward runs the reference on this GPU: {error}")
+            table = lut[0] if lut.shape[0] == 1 else lut
+
+            def run(q, k, v):
+                return reference.syntax_bias_attention(q, k, v, distance, table, buckets=LUT_BUCKETS, scale=ctx.scale,
+                                                       lengths=lengths)
+            dq, dk, dv = reference_gradients(ctx.needs_input_grad[:3], dout, (q, k, v), run)
         return dq, dk, dv, None, None, None, None, None
+
+
+def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: int, causal: bool,
+                   buckets: BucketSpec, fallback: bool = False) -> torch.Tensor:
+    """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
+    B, H, N, D = q.shape
+    configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
+    forward_meta = forward_metadata(plan, configs, window, causal)
+    meta = BackwardMetadata()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):
+        table_grad = table.requires_grad or bias_scale.requires_grad
+        meta = backward_metadata(plan, configs, window, causal, buckets, table_grad)
+    return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, plan.distance, plan.kernel_lengths, *forward_meta,
+                                      *meta, scale, window, causal, bucket_args(buckets), fallback)
+
+
+def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:
+    """:class:`_LutAttention` on a padded plan (``lut`` fp32 ``[H or 1, 256]``, natural log)."""
+    distance_t: Optional[torch.Tensor] = None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        distance_t = plan.transposed_distance()
+    return _LutAttention.apply(q, k, v, plan.distance, lut, plan.kernel_lengths, distance_t, scale)
+
+
+__all__: Tuple[str, ...] = ("bias_attention", "lut_attention")

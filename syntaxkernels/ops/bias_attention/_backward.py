@@ -793,13 +793,29 @@ def _bias_bwd_short2_sum_kernel(
 ):
     """dQ, dK, dV of one head of an item longer than ``BLOCK_M`` from :func:`_bias_bwd_short2_kernel`'s shares:
     each row block's two shares added in a fixed order (the first query or key block's first), a share of a
-    tile the kernel did not walk (causality) read as 0. Items of at most ``BLOCK_M`` tokens: nothing (the
-    kernel stored their gradients). Grid: ``(B * HEADS,)``."""
+    tile the kernel did not walk (causality) read as 0. Items of at most ``BLOCK_M`` tokens: the kernel stored
+    the gradients of their first block (none of an empty item); the rows it did not store (padding) get zeros
+    here, so that no launch clears the gradients first. Grid: ``(B * HEADS,)``."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // HEADS
     h = bh % HEADS
     length = tl.minimum(tl.load(LENGTHS + b), N)
-    if length > BLOCK_M:
+    if length <= BLOCK_M:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        for blk in tl.static_range(2):
+            rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+            unwritten = (rows[:, None] < N_OUT) & ((blk == 1) | (length == 0))
+            zeros_d = tl.zeros([BLOCK_M, BLOCK_D], dtype=DQ.dtype.element_ty)
+            keep_d = unwritten & (offs_d[None, :] < D)
+            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                     zeros_d, mask=keep_d)
+            tl.store(DK + b * stride_yb + h * stride_yh + rows[:, None] * stride_yn + offs_d[None, :] * stride_yd,
+                     zeros_d, mask=keep_d)
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + rows[:, None] * stride_zn
+                     + offs_dv[None, :] * stride_zd, tl.zeros([BLOCK_M, BLOCK_DV], dtype=DV_OUT.dtype.element_ty),
+                     mask=unwritten & (offs_dv[None, :] < DV))
+    else:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_M  # a head's two shares are adjacent
@@ -991,3 +1007,42 @@ def _bias_bwd_dq_kernel(
     if TABLE_GRAD:
         delta += row_error
     tl.store(DELTA + row_base + offs_m, delta, mask=offs_m < N)
+
+
+@triton.jit
+def _bias_table_grad_kernel(
+    PARTIALS, TABLE, SCALE, DTABLE, DSCALE,
+    outer, rows, inner, stride_po, stride_pr, stride_pi, stride_tr, stride_dr,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, BLOCK_P: tl.constexpr, WANT_TABLE: tl.constexpr,
+    WANT_SCALE: tl.constexpr,
+):
+    """The table and bias-strength gradients from the backward's per-program bucket sums, in one program.
+
+    ``G[r] = sum_{a < outer, i < inner} PARTIALS[a, r, i, :]`` (a fixed order: blocks of BLOCK_P partial rows, each
+    block summed as a tile), ``DTABLE[r] = c * G[r]`` in the table's dtype and ``DSCALE = sum_r sum_t TABLE[r, t] *
+    G[r, t]`` in the strength's dtype, with ``c = SCALE[0]``: deterministic, no atomics, and no aten epilogue.
+
+    Args:
+        PARTIALS: fp32, row ``(a, r, i)`` at ``a * stride_po + r * stride_pr + i * stride_pi``, ``NUM_BUCKETS``
+            contiguous sums each; TABLE / DTABLE: ``[rows, NUM_BUCKETS]`` with row strides ``stride_tr`` /
+            ``stride_dr``; SCALE, DSCALE: one element.
+    Grid: ``(1,)``.
+    """
+    cols = tl.arange(0, BUCKETS_PAD)
+    col_ok = cols < NUM_BUCKETS
+    c = tl.load(SCALE).to(tl.float32)
+    dscale = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
+    for r in range(0, rows):
+        g = tl.zeros([BLOCK_P, BUCKETS_PAD], dtype=tl.float32)
+        for a in range(0, outer):
+            for start in range(0, inner, BLOCK_P):
+                offs = start + tl.arange(0, BLOCK_P)
+                ptrs = PARTIALS + a * stride_po + r * stride_pr + offs[:, None] * stride_pi + cols[None, :]
+                g += tl.load(ptrs, mask=(offs[:, None] < inner) & col_ok[None, :], other=0.0)
+        total = tl.sum(g, 0)
+        if WANT_TABLE:
+            tl.store(DTABLE + r * stride_dr + cols, (c * total).to(DTABLE.dtype.element_ty), mask=col_ok)
+        if WANT_SCALE:
+            dscale += tl.load(TABLE + r * stride_tr + cols, mask=col_ok, other=0.0).to(tl.float32) * total
+    if WANT_SCALE:
+        tl.store(DSCALE, tl.sum(dscale, 0).to(DSCALE.dtype.element_ty))

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from ... import _ext
+from ...plan import as_plan
 from ...specs import BucketSpec
 from ._host import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
 
@@ -106,11 +107,12 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
 
 
-def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
-                       table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None,
-                       lengths=None, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
+                       buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
+                       window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
     """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
-    :func:`._host.cpu_kernels_take` true). Same arguments and result; see that function.
+    :func:`._host.cpu_kernels_take` true): ``distance`` the batch's padded :class:`~syntaxkernels.plan.StructurePlan`
+    (a TreeBatch) or a distance tensor with its ``lengths``. Same arguments and result; see that function.
 
     Equivalent PyTorch::
 
@@ -119,6 +121,7 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
         s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
         out = torch.nan_to_num(s.softmax(-1)) @ v
     """
-    lengths, scale, bias_scale = kernel_arguments(q, lengths, scale, bias_scale)
-    return _SyntaxBiasAttentionCPU.apply(q, k, v, distance, table, bias_scale, lengths, float(scale),
+    plan = as_plan(distance, lengths)
+    scale, bias_scale = kernel_arguments(q, scale, bias_scale)
+    return _SyntaxBiasAttentionCPU.apply(q, k, v, plan.distance, table, bias_scale, plan.kernel_lengths, float(scale),
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets))

@@ -10,7 +10,7 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import distance_tile, load_rows, lut_bias, mma, mma_acc, program_ids
+from .._primitives import build_lut, distance_tile, load_rows, lut_bias, mma, mma_acc, program_ids
 
 
 @triton.jit
@@ -107,9 +107,11 @@ def _bias_fwd_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
     H, N, N_OUT, D, DV, num_q_blocks, num_k_blocks, qk_scale2,
+    TABLE, SCALE, BUCKETS, stride_tr, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -119,8 +121,10 @@ def _bias_fwd_kernel(
             LSE rows, which reads are bounded by, so that masks and addresses stay 16-aligned) and the sequence
             extent (the rows of q, k, v and the outputs, which stores are bounded by).
         DIST: uint8 ``[B, N_OUT, N_OUT]`` in an ``[B, N, N]`` buffer (:func:`aligned_distance`).
-        LUT: fp32 ``[H or 1, 256]`` (row stride ``stride_lh``, 0 when shared):
-            the log2-domain bias of every distance value, ``-inf`` for pairs outside the window.
+        LUT: fp32 ``[H or 1, 256]`` (row stride ``stride_lh``, 0 when shared): the log2-domain bias of every
+            distance value, ``-inf`` for pairs outside the window; written here first (:func:`build_lut`) from TABLE
+            (``[H or 1, T]``, row stride ``stride_tr``, 0 when shared), SCALE (the strength c), BUCKETS (int32
+            ``[256]``, ``BucketSpec.lut()``) and the window (HAS_WINDOW), and read by the backward.
         LENGTHS: int32 ``[B]``.
         KV_LIST, KV_COUNT: int32 ``[B, nQ, nK]`` live key blocks (interior first) and ``[B, nQ, 2]``
             (interior count, live count); read when USE_LISTS.
@@ -141,6 +145,8 @@ def _bias_fwd_kernel(
     v_base = V + b * stride_vb + h * stride_vh
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
+    if SYNTAX:
+        build_lut(TABLE, SCALE, BUCKETS, lut_row, TABLE + h * stride_tr, window, HAS_WINDOW)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -178,11 +184,11 @@ def _bias_fwd_short_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_row,
-    N, N_OUT, D, DV, qk_scale2, HEADS,
+    N, N_OUT, D, DV, qk_scale2, TABLE, SCALE, BUCKETS, window, HEADS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False,
+    EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and every head.
@@ -193,9 +199,10 @@ def _bias_fwd_short_kernel(
     are 0 with ``lse = +inf``, as in :func:`_bias_fwd_kernel`. Products over head-dim chunks (CHUNK for
     ``q k^T``, OUT_CHUNK for ``P V``).
 
-    Args: as :func:`_bias_fwd_kernel` (LUT: one row; no live-tile lists). Grid: ``(B,)``.
+    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists). Grid: ``(B,)``.
     """
     b = tl.program_id(0).to(tl.int64)
+    build_lut(TABLE, SCALE, BUCKETS, LUT, TABLE, window, HAS_WINDOW)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

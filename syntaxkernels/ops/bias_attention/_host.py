@@ -9,15 +9,16 @@ Used by the Triton path (:mod:`._autograd`, :mod:`._launch`), the C++ path (:mod
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
 
 from ... import _ext
-from ... import _validation as V
+from ...plan import register_derivation
 from ...specs import MAX_PATH, BucketSpec
-from ...trees.batch import aligned_distance, known_symmetric
-from .._dispatch import LOG2E, device_constant, kernels_or_reference, per_batch, resolve_backend
+from ...trees.batch import aligned_distance
+from .._dispatch import LOG2E, device_constant, kernels_or_reference, resolve_backend
 
 #: Dtypes the C++ kernels take (float64 runs the reference).
 CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,16 +80,27 @@ def bias_lut(table: torch.Tensor, bias_scale: torch.Tensor, buckets: BucketSpec,
     return lut.contiguous()
 
 
-def kernel_arguments(q: torch.Tensor, lengths, scale: Optional[float], bias_scale):
-    """What the fused kernels (Triton and C++) take for the public arguments: int32 lengths on q's device (one
-    tensor per batch, :func:`_int32_lengths`), the float score scale (default ``1 / sqrt(D)``) and the bias
-    strength as a one-element tensor (a number or None becomes a constant one)."""
-    lengths = _int32_lengths(lengths, q)
+def kernel_arguments(q: torch.Tensor, scale: Optional[float], bias_scale):
+    """What the fused kernels (Triton and C++) take for the public arguments: the float score scale (default
+    ``1 / sqrt(D)``) and the bias strength as a one-element tensor (a number or None becomes a constant one,
+    made once per value and device)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if bias_scale is None or not isinstance(bias_scale, torch.Tensor):
         value = 1.0 if bias_scale is None else float(bias_scale)
-        bias_scale = torch.full((1,), value, dtype=torch.float32, device=q.device)
-    return lengths, scale, bias_scale
+        bias_scale = device_constant(("bias strength", value), q, lambda: torch.full((1,), value, dtype=torch.float32))
+    return scale, bias_scale
+
+
+def output_like(x: torch.Tensor, last: int) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape (last dim ``last``), dtype and device, laid out as ``x`` is: ``[B, N, H, D]``
+    memory when ``x`` is a ``[B, H, N, D]`` view of it (the heads split from a projection, as ``nn`` and transformers
+    split them), so that the caller's merge of the heads, and the gradients' way back into the projections, need no
+    copy; contiguous otherwise (and for packed ``[T, H, D]``)."""
+    shape = tuple(x.shape[:-1]) + (last,)
+    if x.dim() == 4 and x.stride(1) < x.stride(2) and x.shape[1] > 1 and x.shape[2] > 1:
+        B, H, N = shape[:3]
+        return torch.empty((B, N, H, last), dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
 def table_gradients(bucket_grad: torch.Tensor, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
@@ -104,33 +116,13 @@ def table_gradients(bucket_grad: torch.Tensor, table: torch.Tensor, bias_scale: 
     return dtable, dscale
 
 
-def _int32_lengths(lengths, q: torch.Tensor) -> torch.Tensor:
-    """int32 ``[B]`` lengths on q's device (validated); one tensor per batch (:func:`per_batch`), so the block
-    metadata computed from it is shared by every layer."""
-    B, _, N, _ = q.shape
-    if lengths is None:
-        return torch.full((B,), N, dtype=torch.int32, device=q.device)
-
-    def normalize():
-        normalized = V.normalize_lengths(lengths, q)
-        return normalized.to(torch.int32)
-
-    if not isinstance(lengths, torch.Tensor):
-        return normalize()
-    return per_batch((lengths,), ("int32 lengths", B, N, str(q.device)), normalize)
+def _transposed_distance(plan) -> torch.Tensor:
+    """A directed distance's transpose with aligned rows: what the dK/dV kernel reads at ``[b, j, i]`` (derived once
+    per batch, :meth:`~syntaxkernels.plan.StructurePlan.transposed_distance`)."""
+    return aligned_distance(plan.distance.transpose(1, 2))
 
 
-def _aligned(distance: torch.Tensor) -> torch.Tensor:
-    """:func:`aligned_distance`, copied once per batch when it copies (a distance not from a TreeBatch)."""
-    return per_batch((distance,), "aligned", lambda: aligned_distance(distance))
-
-
-def _symmetric(symmetric: Optional[bool], distance: torch.Tensor) -> bool:
-    if symmetric is None:
-        return known_symmetric(distance)
-    if not isinstance(symmetric, bool):
-        raise ValueError(f"symmetric must be None or a bool, got {symmetric!r}")
-    return symmetric
+register_derivation("transposed distance", _transposed_distance)
 
 
 def packed_sequence_ids(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
@@ -144,3 +136,24 @@ def packed_distance_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
     cu = cu_seqlens.to(torch.int64)
     sizes = (cu[1:] - cu[:-1]) ** 2
     return torch.cat([torch.zeros(1, dtype=torch.int64, device=cu.device), torch.cumsum(sizes, 0)])
+
+
+_WARNED = set()
+
+
+def warn_once(message: str) -> None:
+    """A RuntimeWarning, once per message (a kernel that does not fit this GPU: the reference runs instead)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def reference_gradients(needs, dout, inputs, run):
+    """The gradients ``run(*leaves)`` gives for ``inputs`` (those ``needs`` says), recomputed with autograd on the
+    reference: the backward of a fused call whose kernels do not fit this GPU. None where not needed."""
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_(bool(n)) if isinstance(x, torch.Tensor) else x
+                  for x, n in zip(inputs, needs)]
+        wanted = [x for x, n in zip(leaves, needs) if n]
+        grads = iter(torch.autograd.grad(run(*leaves), wanted, dout)) if wanted else iter(())
+    return [next(grads) if n else None for n in needs]

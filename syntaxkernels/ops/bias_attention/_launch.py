@@ -1,116 +1,91 @@
 """The launchers of the distance-bias op: the ``torch.library`` Triton ops ``syntaxkernels::bias_attention_fwd`` and
-``syntaxkernels::bias_attention_bwd`` and the host work around the kernels.
+``syntaxkernels::bias_attention_bwd`` (what ``torch.compile`` traces; eager calls run the same functions directly,
+:mod:`._autograd`) and the host work around the kernels.
 
-Per call: the tiles of :func:`.configs.select_config`, the live-tile lists of a windowed call and the table
-kernel's per-tile bucket sets (:mod:`..block_meta`, built on the device once per batch: :func:`per_batch`), the
+Per call: the tiles of :func:`.configs.select_config` (:func:`launch_configs`: resolved once per shape class), the
 row buffers of the log2-sum-exp and delta, and the launches of :mod:`._forward`'s and :mod:`._backward`'s kernels
-(the short-row ones for rows of at most 128 tokens: :func:`_short_backward`). No host synchronisation.
+(the short-row ones for rows of at most 128 tokens: :func:`_short_backward`). What the kernels read about the
+batch's structure beyond the distance and lengths (the live-tile lists of a windowed call, the table kernel's
+per-tile bucket sets, the transposed copy of a directed distance) is derived from the batch's
+:class:`~syntaxkernels.plan.StructurePlan` once for every layer (:func:`forward_metadata`,
+:func:`backward_metadata`) and passed in as tensors: nothing is looked up behind the caller's back. No host
+synchronisation.
 """
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
 
+from ...plan import register_derivation
 from ...specs import BucketSpec
-from ...trees.batch import aligned_distance
 from .._primitives import (LOG2E, arch_family, current_arch, dot_precision, head_block, interpreting, launch,
-                           launch_grid, per_batch)
+                           launch_grid)
 from ..block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ._backward import (_bias_bwd_dkdv_kernel, _bias_bwd_dq_kernel, _bias_bwd_short2_kernel,
                         _bias_bwd_short2_sum_kernel, _bias_bwd_short_kernel, _bias_bwd_short_t_kernel,
-                        _bias_bwd_short_table_kernel, _bias_bwd_table_kernel)
+                        _bias_bwd_short_table_kernel, _bias_bwd_table_kernel, _bias_table_grad_kernel)
 from ._forward import _bias_fwd_kernel, _bias_fwd_short_kernel
-from ._host import _bucket_lut, _spec
+from ._host import _bucket_lut, _spec, output_like
 from .configs import STATIC_BUCKET_LIMIT, _short_config, _short_forward_config, select_config
 
-__all__ = ["bias_attention_forward", "bias_attention_backward"]
+__all__ = ["bias_attention_forward", "bias_attention_backward", "launch_configs", "forward_metadata",
+           "backward_metadata"]
 
 
-def _lists(distance, lengths, block_m, block_n, window, causal, by_key):
-    """Live-tile lists (interior first) for a windowed call, or None (the kernels then walk ranges); computed
-    once per batch (:func:`per_batch`: every layer shares them)."""
-    if window < 0:
-        return None, None
-    return per_batch((distance, lengths), ("lists", block_m, block_n, window, causal, by_key),
-                     lambda: _build_lists(distance, lengths, block_m, block_n, window, causal, by_key))
+class LaunchConfigs(NamedTuple):
+    """The kernels and tiles one call runs, resolved once per shape class (:func:`launch_configs`)."""
+
+    fwd_short: Optional[dict]  # the short-row forward, or None (the tiled one: ``fwd``)
+    fwd: dict
+    short: Optional[dict]  # the short-row backward (one tile or two blocks), or None (the tiled kernels below)
+    dq: dict
+    dkdv: dict
+    table: dict  # the tiled table-gradient kernel ("table", or "table_extra" with a window, log buckets, T > 31)
+
+
+_CONFIGS = {}
+
+
+def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
+                   spec: BucketSpec) -> LaunchConfigs:
+    """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
+    (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
+    and the tests' tile overrides)."""
+    from . import configs
+
+    arch = current_arch()
+    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS)
+    found = _CONFIGS.get(key)
+    if found is not None:
+        return found
+    family = arch_family(arch)
+    width = max(D, DV)
+    extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT
+    found = LaunchConfigs(
+        fwd_short=_short_forward_config(N, dtype, width, lut_rows),
+        fwd=select_config("fwd", dtype, width),
+        short=_short_config(N, dtype, width, lut_rows, family, arch),
+        dq=select_config("dq", dtype, width, family),
+        dkdv=select_config("dkdv", dtype, width, family),
+        table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
+    if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
+        _CONFIGS[key] = found
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the kernels read about the structure: derived from the batch's plan, once for every layer
+# ---------------------------------------------------------------------------------------------------------
 
 
 def _build_lists(distance, lengths, block_m, block_n, window, causal, by_key):
+    """Live-tile lists (interior first) of a windowed call: ``(indices int32 [B, R, C], counts int32 [B, R, 2])``."""
     smallest, _ = block_distance_range(distance, lengths, block_m, block_n)
     live = live_blocks(smallest, lengths, block_m, block_n, window=window, causal=causal)
     boundary = boundary_tiles(lengths, live.shape[1], live.shape[2], block_m, block_n, causal, by_key=by_key)
     if not by_key:  # programs own key blocks: rows are key blocks
         live, boundary = live.transpose(1, 2), boundary.transpose(1, 2)
     return split_lists(live, boundary)
-
-
-def _padded(N: int) -> int:
-    """The kernels' padded extent: N rounded up to 16 (see the forward kernel's ``N, N_OUT``)."""
-    return -(-N // 16) * 16
-
-
-def _row_buffer(B: int, H: int, N: int, device, fill: Optional[float] = None) -> torch.Tensor:
-    """fp32 ``[B, H, N]`` for per-row statistics (log-sum-exp, delta): a view of ``[B, H, roundup(N, 16)]``, whose
-    rows the kernels read and write up to the padded extent with aligned vectors whatever N is (``fill``: the
-    padding's value, for a buffer no kernel writes)."""
-    shape = (B, H, _padded(N))
-    rows = torch.empty(shape, dtype=torch.float32, device=device) if fill is None else torch.full(
-        shape, fill, dtype=torch.float32, device=device)
-    return rows[..., :N]
-
-
-def _even(N: int, config: dict) -> bool:
-    return N % config["BLOCK_M"] == 0 and N % config["BLOCK_N"] == 0
-
-
-@torch.library.triton_op("syntaxkernels::bias_attention_fwd", mutates_args=())
-def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
-                           lut: torch.Tensor, lengths: torch.Tensor, scale: float, window: int,
-                           causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Forward launcher: ``(out [B, H, N, Dv] in q's dtype, lse2 fp32 [B, H, N])``.
-
-    Args:
-        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]`` (any strides); distance: uint8 ``[B, N, N]``.
-        lut: fp32 ``[H or 1, 256]`` (:func:`bias_lut`: log2-domain bias per distance, -inf = not allowed).
-        lengths: int32 ``[B]``; scale: score scale; window: the window folded into ``lut`` (-1: none), used
-            here only to skip tiles with no pair inside it; causal: allow only ``j <= i``.
-    """
-    B, H, N, D = q.shape
-    DV = v.shape[-1]
-    out = torch.empty((B, H, N, DV), dtype=q.dtype, device=q.device)
-    lse = _row_buffer(B, H, N, q.device)
-    if out.numel() == 0:
-        lse.fill_(float("inf"))
-        return out, lse
-    distance = aligned_distance(distance)
-    lut = lut.contiguous()
-    short = _short_forward_config(N, q.dtype, max(D, DV), lut.shape[0])
-    if short is not None:  # one tile a sequence, every head in one program
-        launch(_bias_fwd_short_kernel, (B,),
-               q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-               *distance.stride(), lse.stride(1), _padded(N), N, D, DV, scale * LOG2E, HEADS=H,
-               BLOCK_M=short["BLOCK_M"], BLOCK_N=short["BLOCK_N"], BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-               CHUNK=min(short["CHUNK"], head_block(D)), OUT_CHUNK=min(short["OUT_CHUNK"], head_block(DV)),
-               EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
-               CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), num_warps=short["num_warps"],
-               num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"], INTERPRETED=interpreting())
-        return out, lse
-    config = select_config("fwd", q.dtype, max(D, DV))
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
-    use_lists = kv_list is not None
-    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
-    launch(_bias_fwd_kernel, launch_grid(num_q, B, H),
-           q, k, v, distance, lut, lengths, kv_list if use_lists else lengths, kv_count if use_lists else lengths,
-           out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *distance.stride(),
-           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(1), H, _padded(N), N, D, DV, num_q, num_k,
-           scale * LOG2E,
-           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
-           USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
-           INTERPRETED=interpreting())
-    return out, lse
 
 
 def _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec: BucketSpec) -> torch.Tensor:
@@ -147,55 +122,257 @@ def _skip_buckets(tile_buckets: torch.Tensor, num_buckets: int) -> torch.Tensor:
     return torch.where(best > 0, bucket, torch.full_like(bucket, -1)).to(torch.int32).contiguous()
 
 
+@torch.library.triton_op("syntaxkernels::bias_tile_lists", mutates_args=())
+def _lists_op(distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int, window: int, causal: bool,
+              by_key: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_build_lists` as a ``torch.library`` op: what ``torch.compile`` traces (its kernels in the graph)."""
+    return _build_lists(distance, lengths, block_m, block_n, window, causal, by_key)
+
+
+@torch.library.triton_op("syntaxkernels::bias_tile_buckets", mutates_args=())
+def _tile_buckets_op(distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int, window: int,
+                     causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool) -> torch.Tensor:
+    """:func:`_tile_buckets` as a ``torch.library`` op."""
+    return _tile_buckets(distance, lengths, block_m, block_n, window, causal,
+                         _spec(max_distance, log_distance, unreachable_bucket))
+
+
+def _derive_lists(plan, block_m, block_n, window, causal, by_key):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_tile_lists(plan.distance, plan.kernel_lengths, block_m, block_n, window,
+                                                       causal, by_key)
+    return _build_lists(plan.distance, plan.kernel_lengths, block_m, block_n, window, causal, by_key)
+
+
+def _derive_tile_buckets(plan, block_m, block_n, window, causal, spec):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_tile_buckets(plan.distance, plan.kernel_lengths, block_m, block_n, window,
+                                                         causal, spec.max_distance, spec.log_distance or 0,
+                                                         spec.unreachable_bucket)
+    return _tile_buckets(plan.distance, plan.kernel_lengths, block_m, block_n, window, causal, spec)
+
+
+# The plan's derived entries (kept on the batch's plan for every layer; keys ("bias lists", block_m, block_n, window,
+# causal, by_key) and ("bias tile buckets" | "bias skip bucket", block_m, block_n, window, causal, spec)).
+register_derivation("bias lists", _derive_lists)
+register_derivation("bias tile buckets", _derive_tile_buckets)
+register_derivation("bias skip bucket", lambda plan, *key: _skip_buckets(plan.derived(("bias tile buckets",) + key),
+                                                                          key[-1].num_buckets))
+
+
+class ForwardMetadata(NamedTuple):
+    kv_list: Optional[torch.Tensor] = None
+    kv_count: Optional[torch.Tensor] = None
+
+
+class BackwardMetadata(NamedTuple):
+    distance_t: Optional[torch.Tensor] = None  # the distance read at [b, j, i] (None: the short-row kernels)
+    dq_list: Optional[torch.Tensor] = None
+    dq_count: Optional[torch.Tensor] = None
+    dkdv_list: Optional[torch.Tensor] = None
+    dkdv_count: Optional[torch.Tensor] = None
+    table_list: Optional[torch.Tensor] = None
+    table_count: Optional[torch.Tensor] = None
+    tile_buckets: Optional[torch.Tensor] = None
+    skip_bucket: Optional[torch.Tensor] = None
+
+
+def forward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool) -> ForwardMetadata:
+    """What the forward kernel reads beyond the distance and lengths: the live key blocks of a windowed call."""
+    if configs.fwd_short is not None or window < 0:
+        return ForwardMetadata()
+    config = configs.fwd
+    return ForwardMetadata(*plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, True)))
+
+
+def backward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool, spec: BucketSpec,
+                      table_grad: bool) -> BackwardMetadata:
+    """What the backward kernels read beyond the distance and lengths (derived from ``plan`` once per batch)."""
+    if configs.short is not None:
+        return BackwardMetadata()
+    lists = {}
+    for name, config, by_key in (("dq", configs.dq, True), ("dkdv", configs.dkdv, False),
+                                 ("table", configs.table, True)):
+        if window >= 0 and (name != "table" or table_grad):
+            lists[name] = plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, by_key))
+        else:
+            lists[name] = (None, None)
+    tile_buckets = skip_bucket = None
+    if table_grad:
+        key = (configs.table["BLOCK_M"], configs.table["BLOCK_N"], window, causal, spec)
+        tile_buckets = plan.derived(("bias tile buckets",) + key)
+        skip_bucket = plan.derived(("bias skip bucket",) + key)
+    return BackwardMetadata(plan.transposed_distance(), *lists["dq"], *lists["dkdv"], *lists["table"], tile_buckets,
+                            skip_bucket)
+
+
+def _padded(N: int) -> int:
+    """The kernels' padded extent: N rounded up to 16 (see the forward kernel's ``N, N_OUT``)."""
+    return -(-N // 16) * 16
+
+
+def _row_buffer(B: int, H: int, N: int, device, fill: Optional[float] = None) -> torch.Tensor:
+    """fp32 ``[B, H, N]`` for per-row statistics (log-sum-exp, delta): a view of ``[B, H, roundup(N, 16)]``, whose
+    rows the kernels read and write up to the padded extent with aligned vectors whatever N is (``fill``: the
+    padding's value, for a buffer no kernel writes)."""
+    shape = (B, H, _padded(N))
+    rows = torch.empty(shape, dtype=torch.float32, device=device) if fill is None else torch.full(
+        shape, fill, dtype=torch.float32, device=device)
+    return rows[..., :N]
+
+
+def _even(N: int, config: dict) -> bool:
+    return N % config["BLOCK_M"] == 0 and N % config["BLOCK_N"] == 0
+
+
+def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
+                           table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
+                           lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
+                           scale: float, window: int,
+                           causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
+
+    Args:
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]`` (any strides; ``out`` takes q's layout: ``[B, N, H, Dv]``
+            memory when q is such a view, so merging the heads back costs no copy); distance: uint8 ``[B, N, N]``
+            with rows aligned to 16 bytes (a plan's).
+        table: ``[H or 1, T]`` (rows contiguous), bias_scale: one element (the strength c), bucket_lut: int
+            ``[256]`` (``BucketSpec.lut()``): the kernel writes the log2-domain LUT it gathers from,
+            ``lut[h, d] = c * table[h, bucket(d)] * log2(e)`` (``-inf`` past the window), which the backward reads.
+        lengths: int32 ``[B]``; kv_list, kv_count: a windowed call's live key blocks (:func:`forward_metadata`),
+            else None; scale: score scale; window: -1 for none; causal: ``j <= i``.
+    """
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    rows = table.shape[0]
+    out = output_like(q, DV)
+    lse = _row_buffer(B, H, N, q.device)
+    lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        lse.fill_(float("inf"))
+        return out, lse, _host_lut(table, bias_scale, bucket_lut, window)
+    stride_tr = table.stride(0) if rows > 1 else 0
+    lut_args = (table, bias_scale, bucket_lut)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS)
+    short = configs.fwd_short
+    if short is not None:  # one tile a sequence, every head in one program
+        launch(_bias_fwd_short_kernel, (B,),
+               q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+               *distance.stride(), lse.stride(1), _padded(N), N, D, DV, scale * LOG2E, *lut_args, window, HEADS=H,
+               BLOCK_M=short["BLOCK_M"], BLOCK_N=short["BLOCK_N"], BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+               CHUNK=min(short["CHUNK"], head_block(D)), OUT_CHUNK=min(short["OUT_CHUNK"], head_block(DV)),
+               EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
+               CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
+               num_warps=short["num_warps"], num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"],
+               INTERPRETED=interpreting())
+        return out, lse, lut
+    config = configs.fwd
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    use_lists = kv_list is not None
+    num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
+    launch(_bias_fwd_kernel, launch_grid(num_q, B, H),
+           q, k, v, distance, lut, lengths, kv_list if use_lists else lengths, kv_count if use_lists else lengths,
+           out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *distance.stride(),
+           lut.stride(0) if rows > 1 else 0, lse.stride(1), H, _padded(N), N, D, DV, num_q, num_k,
+           scale * LOG2E, *lut_args, stride_tr, window,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+           EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
+           USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
+           num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
+           INTERPRETED=interpreting())
+    return out, lse, lut
+
+
+def _host_lut(table, bias_scale, bucket_lut, window):
+    """The LUT the kernel would write, built with tensor ops (an empty call: no kernel runs)."""
+    lut = table.to(torch.float32)[:, bucket_lut] * (bias_scale.to(torch.float32).reshape(1, 1) * LOG2E)
+    if window >= 0:
+        lut = lut.masked_fill(torch.arange(256, device=lut.device)[None, :] > window, float("-inf"))
+    return lut.contiguous()
+
+
+def table_gradient(partials: torch.Tensor, outer: int, rows: int, inner: int, table: torch.Tensor,
+                   bias_scale: torch.Tensor, want_table: bool, want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(d table, d bias_scale)`` from the backward's per-program bucket sums, by one small kernel
+    (:func:`._backward._bias_table_grad_kernel`): ``partials`` fp32 ``[outer, rows, inner, T]`` (contiguous), summed
+    over ``outer`` and ``inner`` for each of the table's ``rows``; ``table`` ``[rows, T]`` (rows contiguous). A gradient
+    not wanted comes back as an empty tensor."""
+    T = table.shape[-1]
+    device = partials.device
+    dtable = torch.empty(table.shape, dtype=table.dtype, device=device) if want_table else _nothing(device)
+    dscale = torch.empty(bias_scale.shape, dtype=bias_scale.dtype, device=device) if want_scale else _nothing(device)
+    if not (want_table or want_scale):
+        return dtable, dscale
+    pad = max(16, triton.next_power_of_2(T))
+    launch(_bias_table_grad_kernel, (1,), partials, table, bias_scale, dtable if want_table else partials,
+           dscale if want_scale else partials, outer, rows, inner, rows * inner * T, inner * T, T,
+           table.stride(0) if rows > 1 else 0, T, NUM_BUCKETS=T, BUCKETS_PAD=pad, BLOCK_P=max(1, min(64, 2048 // pad)),
+           WANT_TABLE=want_table, WANT_SCALE=want_scale, num_warps=4, num_stages=1)
+    return dtable, dscale
+
+
+def _nothing(device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+#: The forward's choice of kernels does not depend on the buckets: one key for every BucketSpec.
+_NO_BUCKETS = BucketSpec()
+
+
 def table_heads(H: int, shared_table: bool) -> int:
     """Heads one table-gradient program takes: all of them for a table shared by the heads (the per-bucket
     reduction is paid once per tile, not once per head), one for per-head tables."""
     return H if shared_table else 1
 
 
-@torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
 def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
-                            lengths: torch.Tensor, scale: float, window: int, causal: bool, max_distance: int,
-                            log_distance: int, unreachable_bucket: bool, table_grad: bool,
-                            symmetric: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward launcher: ``(dq, dk, dv, G)``; ``G`` fp32 ``[H or 1, T]`` (like the LUT's rows) holds the
-    per-bucket sums of dS, so ``d table = c * G`` and ``d c = sum(table * G)`` (zeros unless ``table_grad``).
+                            lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,
+                            spec: BucketSpec, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
+                            want_scale: bool) -> Tuple[torch.Tensor, ...]:
+    """Backward launcher: ``(dq, dk, dv, d table, d bias_scale)``, the first three in q's, k's and v's layouts; the
+    table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the per-bucket sums of dS
+    ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted.
 
-    Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the
-    BucketSpec (:func:`bucket_args`), ``table_grad`` (compute G) and ``symmetric``: the distance is symmetric
-    (a tree distance), so the dK/dV kernel reads its transposed tiles from it; else from a transposed copy.
+    Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the forward's
+    ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
+    of a windowed call, the table kernel's tile bucket sets), the BucketSpec, the table and strength, and which of
+    their gradients to compute.
     """
+    dq, dk, dv, sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
+                                         spec, want_table or want_scale)
+    if sums is None:
+        return dq, dk, dv, _nothing(q.device), _nothing(q.device)
+    return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale)
+
+
+def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad):
+    """The backward's kernels: ``(dq, dk, dv, sums)``, ``sums`` the per-program bucket sums of dS as
+    ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    spec = _spec(max_distance, log_distance, unreachable_bucket)
     T = spec.num_buckets
+    max_distance, log_distance, unreachable_bucket = spec.max_distance, spec.log_distance or 0, spec.unreachable_bucket
     rows = lut.shape[0]
-    dq = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, H, N, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, H, N, DV), dtype=v.dtype, device=q.device)
+    dq, dk, dv = output_like(q, D), output_like(k, D), output_like(v, DV)
     if dq.numel() == 0 or dv.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_(), torch.zeros((rows, T), dtype=torch.float32, device=q.device)
-    lut = lut.contiguous()
+        sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
+        return dq.zero_(), dk.zero_(), dv.zero_(), sums
     stride_lh = lut.stride(0) if rows > 1 else 0
-    distance = aligned_distance(distance)
-    # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
-    distance_t = distance if symmetric else per_batch((distance,), "transposed",
-                                                      lambda: aligned_distance(distance.transpose(1, 2)))
-    arch = current_arch()
-    family = arch_family(arch)
-    dkdv_config = select_config("dkdv", q.dtype, max(D, DV), family)
-    dq_config = select_config("dq", q.dtype, max(D, DV), family)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec)
+    dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
 
     delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
-    short = _short_config(N, q.dtype, max(D, DV), rows, family, arch)
+    short = configs.short
     if short is not None:
         return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
                                short, dq, dk, dv, delta)
+    # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
+    distance_t = meta.distance_t
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
     strides_t = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance_t.stride(), stride_lh,
                  delta.stride(1))
@@ -203,7 +380,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     # dQ first: programs own query blocks and write delta (corrected with the table gradient: see the kernel).
     block_m, block_n = dq_config["BLOCK_M"], dq_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
-    kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
+    kv_list, kv_count = meta.dq_list, meta.dq_count
     use_lists = kv_list is not None
     launch(_bias_bwd_dq_kernel, launch_grid(num_q, B, H),
            q, k, v, dout, out, distance, lut, lengths, kv_list if use_lists else lengths,
@@ -219,7 +396,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     # dK and dV: programs own key blocks.
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
-    q_list, q_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=False)
+    q_list, q_count = meta.dkdv_list, meta.dkdv_count
     use_lists = q_list is not None
     launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H),
            q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
@@ -230,21 +407,17 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
            OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting())
     if not table_grad:
-        return dq, dk, dv, torch.zeros((rows, T), dtype=torch.float32, device=q.device)
+        return dq, dk, dv, None
 
     # The table gradient: programs own a query block and a group of heads (all of them for a shared table).
-    extra = window >= 0 or log_distance > 0 or T > STATIC_BUCKET_LIMIT
-    table_config = select_config("table_extra" if extra else "table", q.dtype, max(D, DV), family, arch)
+    table_config = configs.table
     block_m, block_n = table_config["BLOCK_M"], table_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     heads = table_heads(H, rows == 1)
     groups = H // heads
-    kv_list, kv_count = _lists(distance, lengths, block_m, block_n, window, causal, by_key=True)
+    kv_list, kv_count = meta.table_list, meta.table_count
     use_lists = kv_list is not None
-    tile_buckets = per_batch((distance, lengths), ("tile buckets", block_m, block_n, window, causal, spec),
-                             lambda: _tile_buckets(distance, lengths, block_m, block_n, window, causal, spec))
-    skip_bucket = per_batch((distance, lengths), ("skip bucket", block_m, block_n, window, causal, spec),
-                            lambda: _skip_buckets(tile_buckets, T))
+    tile_buckets, skip_bucket = meta.tile_buckets, meta.skip_bucket
     partials = torch.empty((B * groups * num_q, T), dtype=torch.float32, device=q.device)
     launch(_bias_bwd_table_kernel, launch_grid(num_q, B, groups),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
@@ -259,8 +432,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
            OPAQUE_BIAS=table_config["OPAQUE_BIAS"])
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
-    bucket_grad = partials.view(B, groups, num_q, T).sum(dim=(0, 2))
-    return dq, dk, dv, bucket_grad
+    return dq, dk, dv, (partials, B, groups, num_q)
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
@@ -290,14 +462,14 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"],
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
-        return dq, dk, dv, torch.zeros((1, T), dtype=torch.float32, device=q.device)
+        return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1,
                                              select_config("short_table", q.dtype, max(D, DV)))
 
 
 def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, blocks, table_config):
-    """The table gradient of the short-row kernels' dS tiles (:func:`_bias_bwd_short_table_kernel`, launched with
-    ``table_config``'s warps and stages): fp32 ``[1, T]``, the per-tile bucket sums added in a fixed order."""
+    """The per-tile bucket sums of the short-row kernels' dS tiles (:func:`_bias_bwd_short_table_kernel`, launched
+    with ``table_config``'s warps and stages), as :func:`_backward_kernels` returns them (one table row)."""
     B, N = distance.shape[0], distance.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
@@ -310,7 +482,7 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
            LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1, BLOCK_M=block, BLOCK_N=block,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, INTERPRETED=interpreting(), BLOCKS=blocks,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"])
-    return partials.sum(dim=0).view(1, T)
+    return partials, 1, 1, B * blocks * blocks
 
 
 def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
@@ -326,8 +498,6 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
     f32 = dict(dtype=torch.float32, device=q.device)
-    for grad in (dq, dk, dv):  # rows past an item's first block stay 0 where the item ends in it
-        grad.zero_()
     # Shares [B, H, 2, BLOCK_D, 2 * BLOCK] (a head's two adjacent: the sum kernel reads both from one address; the
     # transposed products store contiguous rows), dQ's [B, H, 2, 2 * BLOCK, BLOCK_D] unless it is formed transposed;
     # read only for items longer than BLOCK.
@@ -354,6 +524,39 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
            CAUSAL=causal, num_warps=sum_config["num_warps"], num_stages=sum_config["num_stages"])
     if not table_grad:
-        return dq, dk, dv, torch.zeros((1, T), **f32)
+        return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2,
                                              select_config("short_table", q.dtype, max(D, DV)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The torch.library ops: what torch.compile traces (eager calls run the launchers above directly)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.library.triton_op("syntaxkernels::bias_attention_fwd", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, table: torch.Tensor,
+                bias_scale: torch.Tensor, bucket_lut: torch.Tensor, lengths: torch.Tensor,
+                kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
+                causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`bias_attention_forward` as a ``torch.library`` op."""
+    return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
+                                  window, causal)
+
+
+@torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, lengths: torch.Tensor,
+                 distance_t: Optional[torch.Tensor], dq_list: Optional[torch.Tensor], dq_count: Optional[torch.Tensor],
+                 dkdv_list: Optional[torch.Tensor], dkdv_count: Optional[torch.Tensor],
+                 table_list: Optional[torch.Tensor], table_count: Optional[torch.Tensor],
+                 tile_buckets: Optional[torch.Tensor], skip_bucket: Optional[torch.Tensor], scale: float, window: int,
+                 causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
+                 bias_scale: torch.Tensor, want_table: bool,
+                 want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
+    meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
+                            skip_bucket)
+    return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
+                                   _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
+                                   want_scale)

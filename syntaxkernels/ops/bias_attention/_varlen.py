@@ -18,9 +18,10 @@ import torch
 from ... import _validation as V
 from ... import reference
 from ...specs import BucketSpec
-from .._dispatch import per_batch, triton_status
+from ...plan import as_plan
+from .._dispatch import triton_status
 from . import _cpu
-from ._host import bucket_args, implementation, kernel_arguments, packed_distance_offsets, packed_sequence_ids
+from ._host import bucket_args, implementation, kernel_arguments, warn_once
 
 if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
     from . import _varlen_kernels
@@ -30,9 +31,8 @@ else:
 __all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "walked_tiles"]
 
 
-def _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal):
-    if not isinstance(buckets, BucketSpec):
-        raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+def _check_packed_qkv(q, k, v):
+    """q, k, v ``[T, H, D]``, ``[T, H, D]``, ``[T, H, Dv]`` of one float dtype."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"packed {name} must be a tensor [T, H, D] (flash-attention's varlen layout), got "
@@ -42,30 +42,24 @@ def _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device == distance.device == cu_seqlens.device):
+
+
+def _check_varlen(q, k, v, plan, table, buckets, window):
+    """The packed call's checks: q, k, v ``[T, H, D]`` of the plan's T tokens on its device, the table, the window
+    (the plan's own structure was checked when it was made)."""
+    if not isinstance(buckets, BucketSpec):
+        raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
+    if not (q.device == k.device == v.device == plan.distance.device == plan.cu_seqlens.device):
         raise ValueError("q, k, v, distance and cu_seqlens must be on one device")
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 \
-            or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError("cu_seqlens must be an int32 (or int64) tensor [S + 1]")
-    if distance.dtype != torch.uint8 or distance.dim() != 1:
-        raise ValueError(f"a packed distance must be uint8 [sum n_s^2] (PackedTreeBatch.distance), got {distance.dtype} "
-                         f"{tuple(distance.shape)}")
+    if plan.sequence.shape[0] != q.shape[0]:
+        raise ValueError(f"cu_seqlens must end at T = {q.shape[0]} (the packed q's tokens); the batch has "
+                         f"{plan.sequence.shape[0]} tokens")
     H = q.shape[1]
     T_b = buckets.num_buckets
     if table.shape not in ((T_b,), (H, T_b)):
         raise ValueError(f"table must have shape [{T_b}] or [{H}, {T_b}], got {tuple(table.shape)}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 254):
         raise ValueError(f"window must be None or an int in 0..254, got {window!r}")
-    if cu_seqlens.device.type == "cpu" and not V.compiling():  # checks that read cu_seqlens (never on a GPU: no
-        # host synchronisation; not while torch.compile traces)
-        cu = cu_seqlens.to(torch.int64)
-        if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or bool((cu[1:] < cu[:-1]).any()):
-            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at T = {q.shape[0]}, got "
-                             f"{cu.tolist()[:8]}{'...' if cu.shape[0] > 8 else ''}")
-        need = int(((cu[1:] - cu[:-1]) ** 2).sum())
-        if distance.shape[0] != need:
-            raise ValueError(f"the packed distance has {distance.shape[0]} bytes but the sequences of cu_seqlens "
-                             f"need sum n_s^2 = {need}")
 
 
 def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
@@ -92,36 +86,37 @@ def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seq
     return torch.cat(outs, 0)
 
 
-def _cpu_layout(distance: torch.Tensor, cu_seqlens: torch.Tensor):
+def _cpu_layout(plan):
     """``(sequence [T], position [T], lengths int32 [S], padded distance uint8 [S, N, N])`` of a packed CPU batch
-    (N its longest sequence), once per batch: the C++ CPU kernels' layout."""
-    from ...trees.batch import aligned_distance, mark_symmetric
+    (N its longest sequence): the C++ CPU kernels' layout, derived once per batch."""
+    from ...plan import DistancePlan
+    from ...trees.batch import aligned_distance
 
     def compute():
+        distance, cu_seqlens = plan.distance, plan.cu_seqlens
         cu = cu_seqlens.to(torch.int64)
         lengths = cu[1:] - cu[:-1]
         S = lengths.shape[0]
         N = int(lengths.max()) if S else 0
-        T = int(cu[-1])
-        sequence = packed_sequence_ids(cu_seqlens, T).long()
-        position = torch.arange(T) - cu[sequence]
+        sequence = plan.sequence.long()
+        position = torch.arange(sequence.shape[0]) - cu[sequence]
         padded = torch.full((S, N, N), 255, dtype=torch.uint8)
-        offsets = packed_distance_offsets(cu_seqlens).tolist()
+        offsets = plan.distance_offsets.tolist()
         for s_, n in enumerate(lengths.tolist()):
             if n:
                 padded[s_, :n, :n] = distance[offsets[s_]:offsets[s_] + n * n].view(n, n)
-        padded = aligned_distance(padded)
-        mark_symmetric(padded)  # tree distances, one block per sequence
-        return sequence, position, lengths.to(torch.int32), padded
-    return per_batch((distance, cu_seqlens), "cpu layout", compute)
+        lengths32 = lengths.to(torch.int32)
+        return sequence, position, lengths32, DistancePlan(aligned_distance(padded), symmetric=plan.symmetric,
+                                                           kernel_lengths=lengths32)
+    return plan.derived(("cpu layout",), compute)
 
 
-def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window, causal):
+def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal):
     """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
     inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
     the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
-    sequence, position, lengths, padded = _cpu_layout(distance, cu_seqlens)
-    S, N = padded.shape[:2]
+    sequence, position, lengths, padded = _cpu_layout(plan)
+    S, N = padded.distance.shape[:2]
 
     def lay_out(x):
         y = x.new_zeros((S, N) + tuple(x.shape[1:]))
@@ -129,12 +124,12 @@ def _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, sc
         return y.transpose(1, 2)  # [S, H, N, D]
 
     out = _cpu.cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
-                             bias_scale=bias_scale, lengths=lengths, window=window, causal=causal)
+                                  bias_scale=bias_scale, window=window, causal=causal)
     return out.transpose(1, 2)[sequence, position]
 
 
-def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
-                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: torch.Tensor,
+def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance,
+                                 table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: Optional[torch.Tensor] = None,
                                  max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
                                  window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
                                  backend: str = "auto") -> torch.Tensor:
@@ -142,10 +137,11 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     Args:
         q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
-        distance: uint8 ``[sum n_s^2]``: a :class:`~syntaxkernels.trees.PackedTreeBatch`'s ``distance``.
+        distance: the :class:`~syntaxkernels.trees.PackedTreeBatch` (the batch's plan), or with ``cu_seqlens`` a
+            packed distance uint8 ``[sum n_s^2]`` (a plan made for the call).
         table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
             :func:`syntaxkernels.syntax_bias_attention` (causal: ``j <= i`` within each sequence).
-        cu_seqlens: int32 ``[S + 1]`` (a PackedTreeBatch's ``cu_seqlens``); max_seqlen: accepted for
+        cu_seqlens: int32 ``[S + 1]``, with a distance tensor (a plan has its own); max_seqlen: accepted for
             flash-attention compatibility, not needed (the kernels find each block's sequences on the device).
         deterministic: accepted; the Triton path is always deterministic (no atomics).
         backend: "auto" (Triton on CUDA tensors; on CPU tensors the fused C++ CPU kernels of
@@ -162,20 +158,34 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                   distance[offset_s:offset_s + n * n].view(1, n, n), table, buckets=buckets, ...)[0].transpose(0, 1)
               for each sequence s = [a, b) of n = b - a tokens])
     """
-    _check_varlen(q, k, v, distance, table, buckets, cu_seqlens, window, causal)
+    _check_packed_qkv(q, k, v)
+    plan = as_plan(distance, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                   num_tokens=q.shape[0] if cu_seqlens is not None else None)
+    if not plan.is_packed:
+        raise ValueError("a packed call needs a packed plan (PackedTreeBatch) or cu_seqlens")
+    _check_varlen(q, k, v, plan, table, buckets, window)
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     chosen = implementation(q, v, backend)
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
-        return _cpu_bias_attention_varlen(q, k, v, distance, table, buckets, cu_seqlens, scale, bias_scale, window,
-                                          causal)
+        return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal)
     if chosen != "triton":
-        return reference_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
-                                               scale=scale, bias_scale=bias_scale, window=window, causal=causal)
-    _, scale, bias_scale = kernel_arguments(q.unsqueeze(0).transpose(1, 2), None, scale, bias_scale)
-    return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, distance, table, bias_scale, cu_seqlens,
-                                                      float(scale),
-                                      -1 if window is None else int(window), bool(causal), bucket_args(buckets))
+        return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
+                                               cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
+                                               window=window, causal=causal)
+    fused_scale, fused_strength = kernel_arguments(q, scale, bias_scale)
+    try:
+        return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, table, fused_strength, plan.distance,
+                                                          plan.cu_seqlens, plan.sequence, plan.distance_offsets,
+                                                          float(fused_scale), -1 if window is None else int(window),
+                                                          bool(causal), bucket_args(buckets), backend == "auto")
+    except _varlen_kernels.KernelDoesNotFit as error:
+        if backend != "auto":
+            raise
+        warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
+        return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
+                                               cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
+                                               window=window, causal=causal)
 
 
 def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:

@@ -45,11 +45,11 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, bucket_from_distance, dot_precision, head_block, in_bucket,
-                           interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32, per_batch,
-                           program_ids)
-from ._host import (LUT_BUCKETS, _spec, bias_lut, bucket_args, packed_distance_offsets, packed_sequence_ids,
-                    table_gradients)
+from .._primitives import (LOG2E, arch_family, bucket_from_distance, build_lut, dot_precision, head_block, in_bucket,
+                           interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
+                           program_ids, KernelDoesNotFit)
+from .._dispatch import device_constant
+from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
 from .configs import CONFIGS, STATIC_BUCKET_LIMIT
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
@@ -121,15 +121,18 @@ def _varlen_fwd_kernel(
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_ot, stride_oh, stride_od, stride_lut, stride_lse,
     H, T, D, DV, num_q_blocks, qk_scale2,
+    TABLE, SCALE, BUCKETS, stride_tr, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True,
+    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True,
 ):
     """Forward for one packed query block of one head.
 
     Args:
         Q, K: ``[T, H, D]``; V, OUT: ``[T, H, DV]`` (strided). DIST: uint8 ``[sum n^2]``. LUT: fp32 ``[H or 1,
-            256]`` (row stride ``stride_lut``, 0 when shared), log2 domain, -inf = not allowed.
+            256]`` (row stride ``stride_lut``, 0 when shared), log2 domain, -inf = not allowed: written first
+            (:func:`build_lut`) from TABLE (row stride ``stride_tr``), SCALE, BUCKETS and the window, as the padded
+            forward does.
         SEQ: int32 ``[T]`` sequence of each token; CU: int32 ``[S + 1]``; DOFF: int64 ``[S + 1]`` distance offsets.
         LSE: fp32 ``[H, T]`` (row stride ``stride_lse``), log2 domain, +inf for rows without an allowed key.
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
@@ -143,6 +146,8 @@ def _varlen_fwd_kernel(
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     lut_row = LUT + h * stride_lut
+    if SYNTAX:
+        build_lut(TABLE, SCALE, BUCKETS, lut_row, TABLE + h * stride_tr, window, HAS_WINDOW)
     kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
     if CAUSAL:
         kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
@@ -174,16 +179,18 @@ def _varlen_fwd_kernel(
 
 @triton.jit
 def _varlen_dq_kernel(
-    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DQ, DELTA_CORRECTED,
+    Q, K, V, DOUT, OUT, DIST, LUT, SEQ, CU, DOFF, LSE, DQ, DELTA_CORRECTED,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
-    stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_lut, stride_lse,
-    H, T, D, DV, num_q_blocks, scale, qk_scale2,
+    stride_gt, stride_gh, stride_gd, stride_ot, stride_oh, stride_od, stride_xt, stride_xh, stride_xd, stride_lut,
+    stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True,
+    TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True,
 ):
-    """dQ for one packed query block, and the corrected delta ``delta + rowsum(dS)`` (fp32 ``[H, T]``).
-    Arguments as in the forward; DOUT like OUT, DQ like Q (strides ``stride_x*``), DELTA fp32 ``[H, T]``."""
+    """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
+    formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
+    rows of dS then sum to zero for the per-bucket sums). Arguments as in the forward; DOUT and OUT ``[T, H, DV]``
+    (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``)."""
     q_block, bh, b, h = program_ids(num_q_blocks, H)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -191,8 +198,9 @@ def _varlen_dq_kernel(
     seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
     q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
     do = load_rows(DOUT + h * stride_gh, offs_m, offs_dv, stride_gt, stride_gd, T, DV, True, EVEN_DV)
+    o = load_rows(OUT + h * stride_oh, offs_m, offs_dv, stride_ot, stride_od, T, DV, True, EVEN_DV)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     lse = tl.load(LSE + h * stride_lse + offs_m, mask=offs_m < T, other=float("inf"))
-    delta = tl.load(DELTA + h * stride_lse + offs_m, mask=offs_m < T, other=0.0)
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     lut_row = LUT + h * stride_lut
@@ -217,7 +225,9 @@ def _varlen_dq_kernel(
     dq = tl.where(row_ok[:, None], dq * scale, 0.0)
     dq_ptrs = DQ + h * stride_xh + offs_m[:, None] * stride_xt + offs_d[None, :] * stride_xd
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
-    tl.store(DELTA_CORRECTED + h * stride_lse + offs_m, delta + row_error, mask=row_ok)
+    if TABLE_GRAD:
+        delta += row_error
+    tl.store(DELTA_CORRECTED + h * stride_lse + offs_m, delta, mask=row_ok)
 
 
 @triton.jit
@@ -332,78 +342,78 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 
 
 
-def _metadata(cu_seqlens: torch.Tensor, T: int):
-    """``(cu int32, sequence ids int32 [T], distance offsets int64 [S + 1])``, once per batch."""
-    def compute():
-        cu32 = cu_seqlens.to(torch.int32).contiguous()
-        return cu32, packed_sequence_ids(cu_seqlens, T), packed_distance_offsets(cu_seqlens)
-    return per_batch((cu_seqlens,), ("varlen metadata", T), compute)
-
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------------------
 
 
-def varlen_forward(q, k, v, distance, lut, cu_seqlens, scale: float, causal: bool, syntax: bool = True):
-    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T])``; lut fp32 ``[H or 1, 256]`` (log2 domain)."""
+def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
+                   window: int, causal: bool, syntax: bool = True):
+    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])``: the kernel writes the
+    log2-domain LUT from ``table`` (``[H or 1, T_b]``, rows contiguous), ``bias_scale`` and ``bucket_lut``
+    (``BucketSpec.lut()``) and the window (-1: none), as the padded forward does; the packed plan's ``cu_seqlens``
+    (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``)."""
     T, H, D = q.shape
     DV = v.shape[-1]
+    rows = table.shape[0]
     out = torch.empty((T, H, DV), dtype=q.dtype, device=q.device)
-    lse = torch.full((H, T), float("inf"), dtype=torch.float32, device=q.device)
+    lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
+    lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
-        return out, lse
-    cu, seq, offsets = _metadata(cu_seqlens, T)
+        return out, lse, lut
     config = select_varlen_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     num_q = triton.cdiv(T, block_m)
-    lut = lut.contiguous()
     launch(_varlen_fwd_kernel, launch_grid(num_q, 1, H),
-           q, k, v, distance, lut, seq, cu, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-           lut.stride(0) if lut.shape[0] > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
+           q, k, v, distance, lut, sequence, cu_seqlens, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(),
+           *out.stride(), lut.stride(0) if rows > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
+           table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
-           DOT_PRECISION=dot_precision(q.dtype), SYNTAX=syntax, num_warps=config["num_warps"],
-           num_stages=config["num_stages"])
-    return out, lse
+           DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax,
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return out, lse, lut
 
 
-def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: float, causal: bool,
-                    spec: BucketSpec, table_grad: bool, syntax: bool = True):
-    """``(dq, dk, dv, G)``: G fp32 ``[H or 1, T_buckets]``, the per-bucket sums of dS (zeros unless table_grad)."""
+def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
+                    causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
+                    syntax: bool = True):
+    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted): the dQ kernel (and delta),
+    the dK/dV kernel (and its per-bucket sums of dS), then the table gradient's kernel."""
+    from ._launch import _nothing, table_gradient
+
     T, H, D = q.shape
     DV = v.shape[-1]
     NB = spec.num_buckets
     rows = lut.shape[0]
-    dq = torch.zeros((T, H, D), dtype=q.dtype, device=q.device)
-    dk = torch.zeros((T, H, D), dtype=k.dtype, device=q.device)
-    dv = torch.zeros((T, H, DV), dtype=v.dtype, device=q.device)
+    table_grad = want_table or want_scale
+    dq = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((T, H, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((T, H, DV), dtype=v.dtype, device=q.device)
     if T == 0 or H == 0:
-        return dq, dk, dv, torch.zeros((rows, NB), dtype=torch.float32, device=q.device)
-    cu, seq, offsets = _metadata(cu_seqlens, T)
-    lut = lut.contiguous()
+        partials = torch.zeros((1, 1, 1, NB), dtype=torch.float32, device=q.device)
+        return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale)
+    cu, seq = cu_seqlens, sequence
     stride_lut = lut.stride(0) if rows > 1 else 0
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
-    delta = (out.to(torch.float32) * dout.to(torch.float32)).sum(-1).transpose(0, 1).contiguous()  # [H, T]
 
     config = select_varlen_config("dq", q.dtype, max(D, DV))
     num_q = triton.cdiv(T, config["BLOCK_M"])
-    corrected = torch.empty_like(delta)
+    delta = torch.empty((H, T), dtype=torch.float32, device=q.device)  # written by the dQ kernel
     launch(_varlen_dq_kernel, launch_grid(num_q, 1, H),
-           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dq, corrected,
-           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), stride_lut, lse.stride(0),
-           H, T, D, DV, num_q, scale, scale * LOG2E,
+           q, k, v, dout, out, distance, lut, seq, cu, offsets, lse, dq, delta,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *out.stride(), *dq.stride(), stride_lut,
+           lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
-           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
+           TABLE_GRAD=table_grad, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
 
     config = select_varlen_config("dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
-    partials = torch.zeros((H * num_k, NB), dtype=torch.float32, device=q.device)
+    partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if table_grad else delta
     launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
-           q, k, v, dout, distance, lut, seq, cu, offsets, lse, corrected if table_grad else delta, dk, dv, partials,
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
            NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), MAX_DISTANCE=spec.max_distance,
@@ -413,27 +423,52 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale: f
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, TABLE_GRAD=table_grad,
            DOT_PRECISION=precision, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
-    bucket_grad = partials.view(H, num_k, NB).sum(dim=1)  # a fixed-order sum: deterministic
-    if rows == 1:
-        bucket_grad = bucket_grad.sum(dim=0, keepdim=True)
-    return dq, dk, dv, bucket_grad
+    if not table_grad:
+        return dq, dk, dv, _nothing(q.device), _nothing(q.device)
+    # Per-head tables: row h sums its own num_k programs; a shared table sums all H * num_k of them.
+    outer_rows_inner = (1, H, num_k) if rows > 1 else (1, 1, H * num_k)
+    return (dq, dk, dv) + table_gradient(partials, *outer_rows_inner, table, bias_scale, want_table, want_scale)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())
-def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
-                      cu_seqlens: torch.Tensor, scale: float, causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, table: torch.Tensor,
+                      bias_scale: torch.Tensor, bucket_lut: torch.Tensor, cu_seqlens: torch.Tensor,
+                      sequence: torch.Tensor, offsets: torch.Tensor, scale: float, window: int,
+                      causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it)."""
-    return varlen_forward(q, k, v, distance, lut, cu_seqlens, scale, causal)
+    return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
+                          window, causal)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
 def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
-                       scale: float, causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool,
-                       table_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       sequence: torch.Tensor, offsets: torch.Tensor, scale: float, causal: bool, max_distance: int,
+                       log_distance: int, unreachable_bucket: bool, table: torch.Tensor, bias_scale: torch.Tensor,
+                       want_table: bool, want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                     torch.Tensor, torch.Tensor]:
     """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`."""
-    return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, scale, causal,
-                           _spec(max_distance, log_distance, unreachable_bucket), table_grad)
+    return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
+                           _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
+                           want_scale)
+
+
+def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, table, bias_scale, bucket_lut,
+                                                                 cu_seqlens, sequence, offsets, scale, window, causal)
+    return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
+                          window, causal)
+
+
+def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
+              bias_scale, want_table, want_scale):
+    if torch.compiler.is_compiling():
+        return torch.ops.syntaxkernels.bias_attention_varlen_bwd(
+            dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, *bucket_args(spec),
+            table, bias_scale, want_table, want_scale)
+    return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec,
+                           table, bias_scale, want_table, want_scale)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -442,42 +477,78 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 
 class _VarlenBiasAttention(torch.autograd.Function):
-    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale."""
+    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale. Inputs:
+    ``q, k, v, table, bias_scale``, the packed plan's ``distance, cu_seqlens, sequence, distance_offsets``, then
+    ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args` and ``fallback`` (a backward kernel that
+    does not fit this GPU gives way to the reference, with a warning)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, table, bias_scale, cu_seqlens, scale, window, causal, bucket_spec):
-        lut = bias_lut(table, bias_scale, _spec(*bucket_spec), window)
-        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut, cu_seqlens, scale,
-                                                                     causal)
-        ctx.save_for_backward(q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut)
-        ctx.scale, ctx.causal, ctx.bucket_spec = scale, causal, bucket_spec
+    def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
+                bucket_spec, fallback=False):
+        buckets = _spec(*bucket_spec)
+        rows = table.reshape(-1, table.shape[-1])
+        out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
+                                 offsets, scale, window, causal)
+        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut)
+        ctx.scale, ctx.causal, ctx.bucket_spec, ctx.table_shape = scale, causal, bucket_spec, table.shape
+        ctx.window, ctx.fallback = window, fallback
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, table, bias_scale, cu_seqlens, lut = ctx.saved_tensors
-        table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
-        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
-            dout, q, k, v, out, lse, distance, lut, cu_seqlens, ctx.scale, ctx.causal, *ctx.bucket_spec, table_grad)
-        dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
-        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None
+        q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut = ctx.saved_tensors
+        want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
+        rest = (None,) * 9
+        try:
+            dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
+                                                   offsets, ctx.scale, ctx.causal, _spec(*ctx.bucket_spec), rows,
+                                                   bias_scale, want_table, want_scale)
+        except KernelDoesNotFit as error:
+            if not ctx.fallback:
+                raise
+            from ._varlen import reference_bias_attention_varlen
+
+            warn_once(f"syntax_bias_attention's backward runs the reference on this GPU: {error}")
+
+            def run(q, k, v, table, c):
+                return reference_bias_attention_varlen(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
+                                                       cu_seqlens=cu_seqlens, scale=ctx.scale, bias_scale=c,
+                                                       window=None if ctx.window < 0 else ctx.window,
+                                                       causal=ctx.causal)
+            return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
+                                             (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
+        return (dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None) + rest
 
 
 class _VarlenLut(torch.autograd.Function):
-    """Varlen attention with a fixed per-distance bias (log2-domain ``lut2 [H or 1, 256]``, -inf = not allowed):
-    gradients for q, k, v only."""
+    """Varlen attention with a fixed per-distance bias (``lut [H or 1, 256]``, natural log, -inf = not allowed):
+    gradients for q, k, v only. Inputs: ``q, k, v, distance, lut, cu_seqlens, sequence, distance_offsets,
+    scale``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, distance, lut2, cu_seqlens, scale):
-        out, lse = torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, lut2, cu_seqlens, scale, False)
-        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens)
+    def forward(ctx, q, k, v, distance, lut, cu_seqlens, sequence, offsets, scale):
+        one = device_constant(("bias strength", 1.0), q, lambda: torch.ones(1, dtype=torch.float32))
+        # The LUT is a table of one bucket per distance value (LUT_BUCKETS); the kernel scales it to log2.
+        out, lse, lut2 = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), cu_seqlens, sequence,
+                                  offsets, scale, -1, False)
+        ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets, lut, one)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, lut2, cu_seqlens = ctx.saved_tensors
-        # The LUT is a table of one bucket per distance value (LUT_BUCKETS); it gets no gradient.
-        dq, dk, dv, _ = torch.ops.syntaxkernels.bias_attention_varlen_bwd(
-            dout, q, k, v, out, lse, distance, lut2, cu_seqlens, ctx.scale, False, *bucket_args(LUT_BUCKETS), False)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets, lut, one = ctx.saved_tensors
+        try:
+            dq, dk, dv, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets,
+                                         ctx.scale, False, LUT_BUCKETS, lut, one, False, False)
+        except KernelDoesNotFit as error:
+            from ._varlen import reference_bias_attention_varlen
+
+            warn_once(f"lut_attention's backward runs the reference on this GPU: {error}")
+            table = lut[0] if lut.shape[0] == 1 else lut
+
+            def run(q, k, v):
+                return reference_bias_attention_varlen(q, k, v, distance, table, buckets=LUT_BUCKETS,
+                                                       cu_seqlens=cu_seqlens, scale=ctx.scale)
+            dq, dk, dv = reference_gradients(ctx.needs_input_grad[:3], dout, (q, k, v), run)
+        return dq, dk, dv, None, None, None, None, None, None

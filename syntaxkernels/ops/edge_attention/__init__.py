@@ -255,13 +255,12 @@ def syntax_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t
     on_gpu = q.device.type == "cuda"
     lists = _window_lists(trees, window, lengths, q, build=not on_gpu)
     if lists is None or (on_gpu and not window_takes_edges(lists, q.shape[-1])):
-        if lengths is None and isinstance(trees, TreeBatch):
-            lengths = trees.lengths
+        if isinstance(trees, TreeBatch) and lengths is trees.lengths:
+            lengths = None  # the batch's own: its plan as it is
         zeros = device_constant(("zero table", q.dtype), q,
                                 lambda: torch.zeros(BucketSpec(max_distance=1).num_buckets, dtype=q.dtype))
-        return syntax_bias_attention(q, k, v, distance, zeros, buckets=BucketSpec(max_distance=1),
-                                     scale=scale, lengths=lengths, window=window, backend="triton",
-                                     symmetric=True if isinstance(trees, TreeBatch) else None)
+        return syntax_bias_attention(q, k, v, trees, zeros, buckets=BucketSpec(max_distance=1),
+                                     scale=scale, lengths=lengths, window=window, backend="triton")
     out, _ = edge_list_attention(q, k, v, lists, scale=scale, backend="triton" if chosen == "triton" else "auto")
     return out[:, 0]
 
@@ -288,9 +287,10 @@ def packed_window_attention(q, k, v, trees, *, window: int, scale: Optional[floa
     lists = trees.window_lists(window) if q.device.type != "cuda" else trees.cached_window_lists(window)
     if lists is None:
         buckets = BucketSpec(max_distance=1)
-        table = torch.zeros(buckets.num_buckets, dtype=torch.float32, device=q.device)
-        return syntax_bias_attention(q, k, v, trees.distance, table, buckets=buckets, cu_seqlens=trees.cu_seqlens,
-                                     scale=scale, window=window, backend="triton")  # CUDA with Triton only
+        table = device_constant(("zero table", torch.float32), q,
+                                lambda: torch.zeros(buckets.num_buckets, dtype=torch.float32))
+        return syntax_bias_attention(q, k, v, trees, table, buckets=buckets, scale=scale, window=window,
+                                     backend="triton")  # CUDA with Triton only
     out, _ = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], lists,
                                  scale=scale, backend="triton" if chosen == "triton" else "auto")
     return out[0, 0].transpose(0, 1)

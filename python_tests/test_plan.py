@@ -1,0 +1,257 @@
+"""The batch's structure plan (``syntaxkernels.plan``): one plan per batch, passed to every layer; nothing derived
+behind the caller's back, so a captured graph replays exactly with another batch copied in; and a layer's device
+work is a handful of kernels, no copies.
+
+The replay test records every launch of a layer's forward and backward (the op's whole device work: the LUT is
+written by the forward kernel, the table's gradients by the backward's last kernel), copies another batch of the
+same shapes into the captured plan (``copy_``) and new inputs into the captured tensors, replays the recorded
+launches as they were, and compares with an eager call on the other batch: what a CUDA graph does, on the CPU
+under the Triton interpreter (or on CUDA)."""
+import pickle
+
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.ops.bias_attention import configs
+from syntaxkernels.plan import DistancePlan, StructurePlan, structure_plan
+
+from conftest import KERNEL_DEVICE as DEVICE
+from conftest import needs_triton
+
+
+def _padded_heads(rows, N):
+    heads = torch.full((len(rows), N), -1, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        heads[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+    return heads, torch.tensor([len(r) for r in rows])
+
+
+def _batch(rows, N):
+    heads, lengths = _padded_heads(rows, N)
+    return sk.TreeBatch.from_heads(heads, lengths).to(DEVICE)
+
+
+def _chain(n, start=0):
+    return [-1] + [start + i for i in range(n - 1)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What a plan is
+# ----------------------------------------------------------------------------------------------------------
+
+def test_tree_batches_are_plans():
+    trees = sk.TreeBatch.from_heads([[1, -1, 1, 2], [-1, 0, 0]])
+    assert isinstance(trees, StructurePlan) and trees.symmetric and not trees.is_packed
+    assert trees.kernel_lengths.dtype == torch.int32 and trees.kernel_lengths.tolist() == [4, 3]
+    packed = sk.TreeBatch.from_heads([[1, -1, 1, 2], [-1, 0, 0]], packed=True)
+    assert isinstance(packed, StructurePlan) and packed.is_packed and packed.symmetric
+    assert packed.plan_tensors()[0] is packed.distance
+
+
+def test_a_bare_distance_is_not_known_symmetric_and_gets_aligned_rows():
+    d = torch.zeros(2, 21, 21, dtype=torch.uint8)
+    plan = structure_plan(d)
+    assert isinstance(plan, DistancePlan) and not plan.symmetric
+    assert plan.distance.stride(1) % 16 == 0 and torch.equal(plan.distance, d)
+    assert plan.kernel_lengths.tolist() == [21, 21]
+    assert structure_plan(d, symmetric=True).symmetric
+    with pytest.raises(ValueError, match="symmetric must be None or a bool"):
+        structure_plan(d, symmetric="yes")
+
+
+def test_lengths_that_disagree_with_a_tree_distance_are_refused():
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 2], [-1, 0]])
+    with pytest.raises(ValueError, match=r"batch item 1: lengths\[1\] = 4 but the tree distance has 2 tokens"):
+        structure_plan(trees.distance, torch.tensor([4, 4]))
+    structure_plan(trees.distance, torch.tensor([4, 2]))  # its own lengths
+    # A distance that is not a padded tree's (no 0 / 255 diagonal) is taken with any lengths.
+    structure_plan(torch.full((2, 4, 4), 3, dtype=torch.uint8), torch.tensor([4, 1]))
+    # Through the op too (a bare tensor with lengths).
+    q = torch.zeros(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="batch item 1"):
+        sk.syntax_bias_attention(q, q, q, trees.distance, torch.zeros(sk.BucketSpec().num_buckets),
+                                 buckets=sk.BucketSpec(), lengths=torch.tensor([4, 3]), backend="reference")
+
+
+@pytest.mark.parametrize("cu,size,match", [
+    ([0, 3, 2], 9 + 1, "never decrease"),
+    ([1, 3, 5], 8, "start at 0"),
+    ([0, 3, 5], 12, "need sum n_s\\^2 = 13"),
+])
+def test_packed_structure_is_checked_where_it_lives(cu, size, match):
+    with pytest.raises(ValueError, match=match):
+        structure_plan(torch.zeros(size, dtype=torch.uint8), cu_seqlens=torch.tensor(cu, dtype=torch.int32))
+
+
+def test_derived_entries_are_kept_moved_pickled_and_dropped_after_an_in_place_change():
+    trees = sk.TreeBatch.from_heads([[-1, 0, 0, 1], [-1, 0]])
+    calls = []
+    first = trees.derived(("test entry",), lambda: calls.append(1) or trees.distance.sum(dim=1))
+    assert trees.derived(("test entry",), lambda: calls.append(1) or None) is first and calls == [1]
+    for moved in (trees.to("cpu"), pickle.loads(pickle.dumps(trees))):
+        assert torch.equal(moved.derived(("test entry",), lambda: None), first)
+    trees.lengths[1] = 1  # an in-place change of the structure: derived again, the kernels' lengths too
+    again = trees.derived(("test entry",), lambda: calls.append(2) or trees.distance.sum(dim=1))
+    assert calls == [1, 2] and again is not first and trees.kernel_lengths.tolist() == [4, 1]
+
+
+def test_copy_refuses_another_shape_and_edge_lists():
+    a = sk.TreeBatch.from_heads([[-1, 0, 1], [-1, 0, 0]])
+    b = sk.TreeBatch.from_heads([[-1, 0, 1, 2], [-1, 0, 0, 1]])
+    with pytest.raises(ValueError, match="distance differs"):
+        a.copy_(b)
+    c = sk.TreeBatch.from_heads([[-1, 0, 0], [-1, 0, 1]])
+    a.window_lists(1)
+    with pytest.raises(ValueError, match="edge lists"):
+        a.copy_(c)
+    with pytest.raises(TypeError):
+        a.copy_(c.distance)
+
+
+def test_copy_copies_the_structure_and_what_was_derived():
+    a = sk.TreeBatch.from_heads([[-1, 0, 1, 2, 3], [-1, 0, 0]])
+    b = sk.TreeBatch.from_heads([[-1, 0, 0, 0, 0], [-1, 0, 1, 1, 1]])
+    entry = a.derived(("transposed distance",))  # a registered kind: copy_ derives b's
+    a.copy_(b)
+    for name in ("heads", "lengths", "depth", "segment", "kernel_lengths"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(a.distance, b.distance)
+    assert a.derived(("transposed distance",)) is entry and torch.equal(entry, b.distance.transpose(1, 2))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Device work per layer
+# ----------------------------------------------------------------------------------------------------------
+
+def _record(monkeypatch, run=True):
+    """Every launch of the package (kernel, grid, args, kwargs), run as well when ``run``."""
+    launches = []
+
+    def hook(kernel, grid, args, kwargs):
+        launches.append((kernel, grid, args, kwargs))
+        if run:  # outside any dispatch mode: the interpreter's own copies to and from the host are not the op's
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                kernel[grid](*args, **kwargs)
+
+    monkeypatch.setattr(P, "_LAUNCH_HOOK", hook)  # (restored after the test)
+    return launches
+
+
+def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=False):
+    """One layer as a model runs it: projections [B, N, H * D] split into heads, a shared table and a learnable
+    strength, forward and backward; returns the tensors (inputs, output, gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    if trees.is_packed:
+        T = trees.num_tokens
+        x = [torch.randn(T, H * D, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3)]
+        q, k, v = (t.view(T, H, D) for t in x)
+        grad = torch.randn(T, H * D, generator=g).to(DEVICE, dtype)
+    else:
+        B, N = trees.distance.shape[:2]
+        x = [torch.randn(B, N, H * D, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3)]
+        q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x)
+        grad = torch.randn(B, N, H * D, generator=g).to(DEVICE, dtype)
+    buckets = sk.BucketSpec()
+    if table is None:
+        table = torch.randn(buckets.num_buckets, generator=g).to(DEVICE).requires_grad_()
+    c = torch.full((1,), 0.7, device=DEVICE, requires_grad=True)
+    out = sk.syntax_bias_attention(q, k, v, trees, table, buckets=buckets, bias_scale=c, window=window, causal=causal,
+                                   backend="triton")
+    merged = out.reshape(out.shape[0], -1) if trees.is_packed else out.transpose(1, 2).reshape(grad.shape)
+    grads = torch.autograd.grad(merged, x + [table, c], grad)
+    return dict(x=x, grad=grad, table=table, c=c, out=out, grads=grads)
+
+
+@needs_triton
+@pytest.mark.parametrize("name,rows,N,kernels", [
+    ("sentences", [_chain(30), _chain(17), [-1, 0, 0, 1]], 30,
+     ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"]),
+    ("packed", [_chain(30), _chain(17), [-1, 0, 0, 1]], None,
+     ["_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_bias_table_grad_kernel"]),
+])
+def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, rows, N, kernels):
+    """A layer on padded sentences (rows of at most 64 tokens) and on a packed batch: four kernels forward and
+    backward (the LUT written by the forward kernel, the table's gradients by the last), no aten kernel and no
+    copy: the outputs and gradients are allocated in the projections' layout, so merging the heads back and the
+    way into the projections copy nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from syntaxkernels.tools.host import _COPIES, _NO_KERNEL
+
+    trees = sk.TreeBatch.from_heads(rows, packed=True).to(DEVICE) if N is None else _batch(rows, N)
+    _layer(trees, torch.bfloat16)  # (the first layer derives what the others reuse: nothing, here)
+    aten = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in _NO_KERNEL:
+                aten.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    launches = _record(monkeypatch)
+    with Count():
+        _layer(trees, torch.bfloat16, seed=1)
+    # (the test's own inputs: randn, the casts to the device and dtype, the table, the strength)
+    ours = [a for a in aten if a.split(".")[0] not in ("randn", "_to_copy", "full", "normal_", "detach")]
+    assert [k.fn.__name__ for k, *_ in launches] == kernels
+    assert ours == [], ours
+    assert not [a for a in aten if a.split(".")[0] in _COPIES and a.split(".")[0] != "_to_copy"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA graphs by construction: replay the recorded launches with another batch copied in
+# ----------------------------------------------------------------------------------------------------------
+
+def _replay_matches_eager(monkeypatch, make_a, make_b, **layer):
+    a, b = make_a(), make_b()
+    _layer(a, torch.bfloat16, **layer)  # a warm-up, as before a capture: the plan derives what it needs
+    launches = _record(monkeypatch)
+    captured = _layer(a, torch.bfloat16, **layer)
+    P.set_launch_hook(None)
+    eager = _layer(b, torch.bfloat16, table=captured["table"].detach().clone().requires_grad_(), seed=3, **layer)
+    # Copy the other batch and the other inputs into the captured ones, then replay the launches as recorded.
+    a.copy_(b)
+    with torch.no_grad():
+        for mine, theirs in zip(captured["x"], eager["x"]):
+            mine.copy_(theirs)
+        captured["grad"].copy_(eager["grad"])
+    # (the output gradient reaches the kernels as the view the backward got: the same storage)
+    for kernel, grid, args, kwargs in launches:
+        kernel[grid](*args, **kwargs)
+    assert torch.equal(captured["out"], eager["out"])
+    for got, want in zip(captured["grads"], eager["grads"]):
+        assert torch.equal(got, want)
+    return launches
+
+
+@needs_triton
+def test_replay_with_another_batch_is_bit_identical_short_rows(monkeypatch):
+    N = 40
+    make_a = lambda: _batch([_chain(40), _chain(23), [-1, 0, 0, 1, 1]], N)  # noqa: E731
+    make_b = lambda: _batch([[-1] + [0] * 39, _chain(7), _chain(31)], N)  # noqa: E731
+    names = [k.fn.__name__ for k, *_ in _replay_matches_eager(monkeypatch, make_a, make_b)]
+    assert "_bias_bwd_short_kernel" in names
+
+
+@needs_triton
+def test_replay_with_another_batch_is_bit_identical_tiled_with_a_window(monkeypatch):
+    """The tiled kernels with a window: the live-tile lists and tile bucket sets are the plan's derived entries,
+    copied from the other batch by ``copy_`` (a plan that derived them behind the caller's back would replay the
+    first batch's)."""
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
+    N = 48
+    make_a = lambda: _batch([_chain(48), _chain(20), [-1, 0, 0, 1, 1]], N)  # noqa: E731
+    make_b = lambda: _batch([[-1] + [0] * 47, _chain(33), _chain(9)], N)  # noqa: E731
+    names = [k.fn.__name__ for k, *_ in _replay_matches_eager(monkeypatch, make_a, make_b, window=2)]
+    assert "_bias_bwd_table_kernel" in names and "_block_distance_range_kernel" not in names
+
+
+@needs_triton
+def test_replay_with_another_packed_batch_is_bit_identical(monkeypatch):
+    make_a = lambda: sk.TreeBatch.from_heads([_chain(12), _chain(20), [-1, 0, 0]], packed=True).to(DEVICE)  # noqa
+    make_b = lambda: sk.TreeBatch.from_heads([[-1] + [0] * 11, _chain(20), [-1, 0, 1]], packed=True).to(DEVICE)  # noqa
+    _replay_matches_eager(monkeypatch, make_a, make_b)
