@@ -690,6 +690,8 @@ def _bias_bwd_short2_kernel(
         tl.debug_barrier()  # read back below in whatever layout the products leave the rows
 
     for kb in tl.static_range(2):
+        if kb == 1:  # the second block reads the delta rows the first stored, maybe from other warps' threads
+            tl.debug_barrier()
         if kb < num_k:
             offs_n = kb * BLOCK_N + offs_j
             bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
