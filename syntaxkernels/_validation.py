@@ -6,7 +6,7 @@ costs nothing at trace time, and a distance smaller than q's N must fail there t
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -144,6 +144,99 @@ def normalize_lengths(lengths, q: torch.Tensor) -> Optional[torch.Tensor]:
         else:
             torch._assert_async(~bad.any(), f"lengths must be in 0..N = 0..{N}")
     return lengths.to(device=q.device, dtype=torch.int64, non_blocking=True)
+
+
+def first_disagreement(lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> Optional[int]:
+    """The first batch item whose tokens ``0 .. lengths[b] - 1`` are not exactly its ``valid`` ones, or None when
+    every item agrees. Reads the values: CPU tensors only (:func:`check_lengths_agree` decides).
+
+    Args:
+        lengths: int ``[B]``.
+        valid: bool ``[B, n]`` (True = a token), or None: all ``n`` tokens of every item.
+        n: the padded length N.
+    """
+    expected = torch.arange(n)[None, :] < lengths.reshape(-1, 1).cpu()
+    actual = valid.cpu() if valid is not None else torch.ones_like(expected)
+    bad = (expected != actual).any(dim=1)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+
+
+def check_lengths_agree(lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int, describe: Callable[[int], str],
+                        device_message: str) -> None:
+    """Check that ``lengths`` (int ``[B]``) and ``valid`` (bool ``[B, n]``, None = all ``n`` tokens) describe the same
+    tokens, where the data is, without a host synchronisation for device tensors.
+
+    When every given tensor is in CPU memory, the values are read here and the first batch item that disagrees
+    raises ``ValueError(describe(b))``. Otherwise the check is queued on the device (``torch._assert_async`` with
+    ``device_message``: a device-side assertion that fails the next synchronising call on a GPU; it raises at once
+    on CPU tensors); ``lengths`` is moved to ``valid``'s device when they differ. Skipped while ``torch.compile``
+    traces. The one lengths-against-structure check of the package: the transformers integration (the trees'
+    lengths against the attention mask) and :func:`syntaxkernels.syntax_bias_attention` (the lengths against the
+    trees a distance holds, :func:`check_lengths_match_distance`) call it.
+    """
+    if compiling():
+        return
+    if _on_host(lengths) and (valid is None or _on_host(valid)):
+        b = first_disagreement(lengths, valid, n)
+        if b is not None:
+            raise ValueError(describe(b))
+        return
+    if valid is not None:
+        expected = torch.arange(n, device=valid.device)[None, :] < lengths.to(valid.device)[:, None]
+        agree = (expected == valid).all()
+    else:
+        agree = (lengths == n).all()
+    torch._assert_async(agree, device_message)
+
+
+def check_lengths_match_distance(lengths, distance: torch.Tensor, q: torch.Tensor) -> None:
+    """Check ``lengths`` (None, ``int [B]`` or a boolean key-padding mask ``[B, N]``) against the trees of
+    ``distance`` when the package built it (a :class:`~syntaxkernels.TreeBatch`'s,
+    :func:`~syntaxkernels.tree_distance`'s result): its diagonal is 0 for the trees' tokens and 255 for padding,
+    so the trees' lengths are known. None means every one of the N tokens, so a padded batch without ``lengths``
+    disagrees too. A distance the package did not build is not checked (its padding, if any, is unknown).
+
+    Through :func:`check_lengths_agree`: on CPU tensors a ``ValueError`` names the batch item and both lengths; on
+    a GPU a device-side assertion (no host synchronisation). Once per batch: every layer passes the same tensors
+    (:func:`syntaxkernels.ops._dispatch.per_batch`).
+
+    Args:
+        lengths: as :func:`syntaxkernels.syntax_bias_attention` takes it.
+        distance: uint8 ``[B, N, N]`` on q's device (already checked by :func:`check_distance`).
+        q: ``[B, H, N, D]``.
+    """
+    from .specs import UNREACHABLE
+    from .trees.batch import known_symmetric  # True exactly for the distances the package built from trees
+
+    if compiling() or not known_symmetric(distance):
+        return
+    B, _, N, _ = q.shape
+
+    def check() -> bool:
+        given = normalize_lengths(lengths, q)
+        trees = distance.diagonal(dim1=1, dim2=2) != UNREACHABLE  # bool [B, N]: the trees' tokens
+
+        def describe(b: int) -> str:
+            tokens = int(trees[b].sum())
+            said = (f"lengths is None (all N = {N} tokens attend)" if given is None
+                    else f"lengths[{b}] = {int(given[b])}")
+            return (f"batch item {b}: {said} but the trees of distance have {tokens} tokens (a tree distance's "
+                    f"diagonal is 0 for the trees' tokens, 255 for padding); pass the TreeBatch's lengths "
+                    f"(lengths=trees.lengths)")
+
+        full = torch.full((B,), N, dtype=torch.int64, device=distance.device)
+        check_lengths_agree(full if given is None else given, trees, N, describe,
+                            "syntax_bias_attention: lengths differ from the trees of distance (its diagonal: 0 for "
+                            "the trees' tokens, 255 for padding); run the batch on CPU to see which item")
+        return True
+
+    if lengths is None or isinstance(lengths, torch.Tensor):
+        from .ops._dispatch import per_batch
+
+        tensors = (distance,) if lengths is None else (distance, lengths)
+        per_batch(tensors, ("lengths match the trees", B, N, str(q.device)), check)
+    else:
+        check()
 
 
 def check_window(window) -> None:

@@ -156,7 +156,10 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         buckets: :class:`syntaxkernels.BucketSpec`.
         scale: default ``1 / sqrt(D)``.
         bias_scale: the strength c: None (1), a float, or a one-element tensor (gets a gradient).
-        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding).
+        lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding). With a distance the
+            package built (a :class:`TreeBatch`'s), it must equal the trees' lengths (None: every item N tokens):
+            a ``ValueError`` naming the batch item on CPU tensors, a device-side assertion on a GPU
+            (:func:`syntaxkernels._validation.check_lengths_match_distance`).
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
@@ -188,6 +191,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                             window=window, causal=causal, deterministic=deterministic,
                                             backend=backend)
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    V.check_lengths_match_distance(lengths, distance, q)  # a TreeBatch's distance: lengths must be its trees'
     symmetric = _symmetric(symmetric, distance)
     chosen = implementation(q, v, backend)
     if chosen == "cpp":  # the fused C++ kernels
