@@ -1,9 +1,9 @@
-"""The README's examples run as written, so the quickstart cannot go stale.
+"""The examples of README.md and of every page of docs/ run as written, so they cannot go stale.
 
-Every fenced ``python`` block of README.md runs in a fresh namespace, in a temporary working directory
-(a block that uses transformers, spaCy or matplotlib is skipped when that package is not installed). Every
-``python -m syntaxkernels ...`` command the README shows must parse with the real command line, and the
-settings it documents must be the ones the code reads.
+Every fenced ``python`` block of README.md and docs/*.md runs alone, in a fresh namespace and a temporary working
+directory (a block that uses transformers, spaCy or matplotlib is skipped when that package is not installed): a
+block may not lean on a name another block defined. Every ``python -m syntaxkernels ...`` command the README shows
+must parse with the real command line, and the settings it documents must be the ones the code reads.
 """
 import re
 import shlex
@@ -11,34 +11,50 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 TEXT = README.read_text(encoding="utf-8")
+#: Every document whose examples run: the README and each page of docs/.
+DOCUMENTS = [README] + sorted((ROOT / "docs").glob("*.md"))
 
 
-def _blocks(language):
-    """``(first line number, code)`` of every fenced block of ``language``."""
+def _blocks(language, text=TEXT):
+    """``(first line number, code)`` of every fenced block of ``language`` in ``text`` (the README by default)."""
     out = []
-    for match in re.finditer(r"^```" + language + r"\n(.*?)^```", TEXT, re.S | re.M):
-        out.append((TEXT[: match.start()].count("\n") + 2, match.group(1)))
+    for match in re.finditer(r"^```" + language + r"\n(.*?)^```", text, re.S | re.M):
+        out.append((text[: match.start()].count("\n") + 2, match.group(1)))
     return out
 
 
-PYTHON_BLOCKS = _blocks("python")
+#: ``(document path relative to the repository, first line, code)`` of every python block of :data:`DOCUMENTS`.
+PYTHON_BLOCKS = [(str(path.relative_to(ROOT)), line, code) for path in DOCUMENTS
+                 for line, code in _blocks("python", path.read_text(encoding="utf-8"))]
 
 
-def test_readme_has_python_examples():
-    assert len(PYTHON_BLOCKS) >= 2, "the quickstart and the transformers example"
+def test_readme_and_docs_have_python_examples():
+    documents = {document for document, _, _ in PYTHON_BLOCKS}
+    assert sum(document == "README.md" for document, _, _ in PYTHON_BLOCKS) >= 2, "the quickstart, transformers"
+    assert {"docs/api.md", "docs/packed.md"} <= documents, documents
 
 
-@pytest.mark.parametrize("line, code", PYTHON_BLOCKS, ids=[f"line{line}" for line, _ in PYTHON_BLOCKS])
-def test_python_block_runs(line, code, tmp_path, monkeypatch, one_thread):
+@pytest.mark.parametrize("document, line, code", PYTHON_BLOCKS,
+                         ids=[f"{document}:line{line}" for document, line, _ in PYTHON_BLOCKS])
+def test_python_block_runs(document, line, code, tmp_path, monkeypatch, one_thread):
     for module in ("transformers", "spacy", "matplotlib"):  # optional packages a block may need
         if re.search(rf"^\s*(from|import) {module}\b", code, re.M) or (module == "matplotlib"
                                                                        and "plot_learned(" in code):
             pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": f"readme_line{line}"}
-    exec(compile(code, f"README.md (block at line {line})", "exec"), namespace)
+    namespace = {"__name__": f"{Path(document).stem}_line{line}"}
+    exec(compile(code, f"{document} (block at line {line})", "exec"), namespace)
+
+
+def test_a_block_that_leans_on_another_fails(tmp_path, monkeypatch, one_thread):
+    """The runner gives each block a namespace of its own: a block using a name it does not define fails (as
+    docs/packed.md's second block did, without its import)."""
+    test_python_block_runs("docs/x.md", 1, "import syntaxkernels as sk\n", tmp_path, monkeypatch, None)
+    with pytest.raises(NameError, match="'sk'"):
+        test_python_block_runs("docs/x.md", 2, "out = sk.BucketSpec()\n", tmp_path, monkeypatch, None)
 
 
 def _cli_commands():
