@@ -65,7 +65,8 @@ def test_import_without_triton_warns_and_runs_the_cpp_kernels_or_the_reference()
         out, nonempty = sk.syntax_subnetwork_attention(q, q, q, trees, sk.MaskSpec())
         assert out.shape == (2, sk.MaskSpec().num_masks, 2, 3, 8)
         try:
-            sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), backend="triton")
+            sk.syntax_bias_attention(q, q, q, trees.distance, table, buckets=sk.BucketSpec(), lengths=trees.lengths,
+                                     backend="triton")
         except RuntimeError as exc:
             assert "triton" in str(exc)
         else:

@@ -323,7 +323,9 @@ def test_block_metadata_is_computed_once_for_all_layers(monkeypatch):
     second = layer(trees)
     assert built == once, "the second layer rebuilt block metadata"
     assert torch.equal(first != 0, second != 0)
-    trees.lengths[1] = 3  # an in-place change: the metadata is derived again
+    trees.lengths[1] = 3  # an in-place change (token 3 of item 1 becomes padding): the metadata is derived again
+    trees.distance[1, 3, :] = 255  # (the trees agree: syntax_bias_attention checks the lengths against them)
+    trees.distance[1, :, 3] = 255
     layer(trees)
     assert len(built) == 2 * len(once)
     entries = len(_dispatch._BATCH_CACHE)
