@@ -38,8 +38,8 @@ def read_version():
     return match.group(1)
 
 
-#: Memory one compiler process may take on these sources: cc1plus peaks at 2.3 GB on csrc/bindings.cpp (torch 2.13
-#: headers, -O3; README.md, "Building"), plus a margin for the rest of the machine.
+#: Memory one compiler process may take on these sources: cc1plus peaks at 2.3 GB on the bindings (torch 2.13
+#: headers, -O3; README.md, "What the build needs"), plus a margin for the rest of the machine.
 COMPILE_JOB_BYTES = int(2.5 * 2**30)
 
 
