@@ -349,6 +349,18 @@ def test_workload_tiles_follow_padding_and_lengths():
     assert (t["interior"] * t["area"]) == full.valid_pairs()
 
 
+def test_tile_presence_is_cached_per_batch_not_per_name():
+    """Two workloads of one name built from other trees (the treebank's and generated ones) are two batches: the
+    tile presence cache gave the first one's bucket sets to the second (the table kernel's tiles then did not add
+    up when another test had built a named workload from the treebank first)."""
+    from syntaxkernels.tools import workloads
+
+    chains = workloads.Workload("same-name", [workloads.chain(20)] * 2, 32, "chains", "")
+    forests = workloads.Workload("same-name", [[-1] * 20] * 2, 32, "one-token trees", "")
+    assert not torch.equal(I._presence(chains, 16, 16), I._presence(forests, 16, 16))
+    assert I._presence(chains, 16, 16) is I._presence(chains, 16, 16)  # still cached
+
+
 def test_workload_cost_weights_each_class_by_its_loop():
     from syntaxkernels.specs import BucketSpec
 
