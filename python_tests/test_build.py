@@ -39,6 +39,7 @@ def test_cuda_source_has_no_torch_headers():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long_on_cpu
 def test_cuda_source_compiles_for_sm80_and_sm90(tmp_path):
     nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
                                     if os.environ.get("CUDA_HOME") else None)
@@ -57,6 +58,7 @@ def test_cuda_source_compiles_for_sm80_and_sm90(tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.long_on_cpu
 def test_cmake_build_and_ctest(tmp_path):
     cmake, ctest = shutil.which("cmake"), shutil.which("ctest")
     if not cmake or not ctest:
@@ -80,6 +82,7 @@ def _run_python(code, **env):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.long_on_cpu
 def test_package_works_with_the_extension_disabled():
     code = (
         "import warnings\n"
@@ -100,6 +103,7 @@ def test_package_works_with_the_extension_disabled():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.long_on_cpu
 def test_missing_extension_warns_once_and_falls_back():
     code = (
         "import sys, warnings\n"

@@ -41,6 +41,7 @@ def workload_rows():
     return bench_workloads("cpu", True)
 
 
+@pytest.mark.long_on_cpu
 def test_bench_workload_valid_column_is_valid_pairs_over_b_n2(workload_rows):
     """valid = (sum of the squared lengths) / (B N^2), from the workloads' own heads: a packed batch's B sequences
     of at most N tokens included (it divided by T^2 there: 0.005 for ~0.37)."""
@@ -57,6 +58,7 @@ def test_bench_workload_valid_column_is_valid_pairs_over_b_n2(workload_rows):
     assert packed["valid"] > 0.1
 
 
+@pytest.mark.long_on_cpu
 def test_bench_workload_table_prints_whole_names_and_says_why_sm90(workload_rows, capsys):
     from syntaxkernels.tools.commands import _print_bench
 

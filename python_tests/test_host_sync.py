@@ -74,6 +74,7 @@ def _qkv(trees, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+@pytest.mark.long_on_cpu
 def test_bias_attention_forward_backward_reads_nothing(device_checks, size):
     trees = _trees(size)
     N = trees.distance.shape[1]

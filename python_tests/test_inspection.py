@@ -452,6 +452,7 @@ def test_workload_report_lists_every_problem_it_flags():
     assert " 360 " in spill_line and "120!99" in big_line  # spill bytes; shared KiB over the limit
 
 
+@pytest.mark.long_on_cpu
 def test_inspect_rejects_an_unknown_workload_without_compiling():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--workload", "sentence"], cwd=ROOT,
@@ -459,6 +460,7 @@ def test_inspect_rejects_an_unknown_workload_without_compiling():
     assert proc.returncode == 2 and "sentences" in proc.stderr, proc.stderr
 
 
+@pytest.mark.long_on_cpu
 def test_bench_workloads_summary_without_a_gpu(monkeypatch):
     """``bench`` on a CPU machine: every workload with its valid-pair fraction and tile coverage, no compile."""
     from syntaxkernels.tools import workloads
@@ -551,6 +553,7 @@ def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch)
                                                             + -(-schedule.kp_items.shape[1] // 8)))
 
 
+@pytest.mark.long_on_cpu
 def test_inspect_edges_takes_one_arch_and_names_its_workloads():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--edges", "--arch", "80,90"], cwd=ROOT,

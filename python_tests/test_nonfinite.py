@@ -235,6 +235,7 @@ def _edge_leaves(what, backend, dtype):
 
 @pytest.mark.parametrize("what", [w for w in INJECTIONS if not w.startswith("table")])
 @pytest.mark.parametrize("backend, dtype", EDGE_PATHS)
+@pytest.mark.long_on_cpu
 def test_subnetwork_attention_propagates_nonfinite(backend, dtype, what):
     """Every mask's output and the summed gradients, exactly where the rule says (one-key rows, the gathers of the
     C++ kernels, included)."""

@@ -39,6 +39,7 @@ def test_readme_and_docs_have_python_examples():
 
 @pytest.mark.parametrize("document, line, code", PYTHON_BLOCKS,
                          ids=[f"{document}:line{line}" for document, line, _ in PYTHON_BLOCKS])
+@pytest.mark.long_on_cpu
 def test_python_block_runs(document, line, code, tmp_path, monkeypatch, one_thread):
     for module in ("transformers", "spacy", "matplotlib"):  # optional packages a block may need
         if re.search(rf"^\s*(from|import) {module}\b", code, re.M) or (module == "matplotlib"
@@ -87,3 +88,35 @@ def test_readme_documents_the_treebank_setting():
     from syntaxkernels import data
 
     assert f"export {data.ENV_VAR}=" in TEXT
+
+
+def test_readme_test_commands_run_everything_and_the_quick_subset():
+    """The block CI runs (.ci/run reads the line two below ``<!-- test-command -->``) runs the whole suite; the
+    quick subset is a block of its own, selecting the marker conftest.py sets; pyproject.toml registers the marks."""
+    lines = TEXT.splitlines()
+    ci = lines[lines.index("<!-- test-command -->") + 2]
+    assert ci.endswith("python -m pytest python_tests -q") and " -m " not in ci.split("pytest", 1)[1], ci
+    assert "python -m pytest python_tests -q -m quick" in [code.strip() for _, code in _blocks("bash")]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for mark in ("slow", "long_on_cpu", "quick"):
+        assert re.search(rf'^    "{mark}: ', pyproject, re.M), mark
+
+
+def test_quick_is_every_test_marked_neither_slow_nor_long_on_cpu():
+    import conftest
+
+    class Item:
+        def __init__(self, *marks):
+            self.marks = list(marks)
+
+        def get_closest_marker(self, name):
+            return next((m for m in self.marks if m.name == name), None)
+
+        def add_marker(self, mark):
+            self.marks.append(mark.mark)
+
+    items = [Item(), Item(pytest.mark.slow.mark), Item(pytest.mark.long_on_cpu.mark),
+             Item(pytest.mark.parametrize("x", [1]).mark)]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [item.get_closest_marker("quick") is not None for item in items] == [True, False, False, True]
+
