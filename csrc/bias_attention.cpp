@@ -163,22 +163,27 @@ SK_INLINE float lanes_sum(Vec v) {
 
 SK_INLINE float exp2_scalar(float x) { return x < -126.f ? 0.f : std::exp2(x); }
 
-// t[j] = s[j] * scale2 + lut[d[j]] for j < n, stored over s; returns the largest t.
+// t[j] = s[j] * scale2 + lut[d[j]] for j < n, stored over s; returns the largest t (NaN ignored: the sums see
+// it). A pair outside the window (lut -inf) gets -inf whatever its product holds: a NaN or infinite q . k there
+// is masked, as the reference masks it, never turned into a NaN score.
 SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, float scale2, int64_t n) {
   int64_t j = 0;
   float best = -kInf;
 #if defined(__GNUC__)
   Vec vbest = splat(-kInf);
-  const Vec vscale = splat(scale2);
+  const Vec vscale = splat(scale2), vmasked = splat(-kInf);
   for (; j + kW <= n; j += kW) {
-    const Vec t = load_vec<Vec>(s + j) * vscale + gather(lut, d + j);
+    const Vec bias = gather(lut, d + j);
+    const Vec sum = load_vec<Vec>(s + j) * vscale + bias;
+    const Vec t = bias == vmasked ? bias : sum;
     store_vec(s + j, t);
     vbest = t > vbest ? t : vbest;
   }
   best = lanes_max(vbest);
 #endif
   for (; j < n; ++j) {
-    s[j] = s[j] * scale2 + lut[d[j]];
+    const float bias = lut[d[j]];
+    s[j] = bias == -kInf ? bias : s[j] * scale2 + bias;
     best = std::max(best, s[j]);
   }
   return best;
@@ -205,23 +210,27 @@ SK_INLINE float exp2_shifted(float* t, float shift, int64_t n) {
   return sum;
 }
 
-// Backward pass A on one row segment: p = exp2(s * scale2 + lut[d] - lse) over s; returns sum p * dp.
+// Backward pass A on one row segment: p = exp2(s * scale2 + lut[d] - lse) over s, 0 outside the window (lut -inf,
+// whatever the product holds, as in the forward); returns sum p * dp.
 SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const float* lut, float scale2, float lse,
                               int64_t n) {
   int64_t j = 0;
   float sum = 0.f;
 #if defined(__GNUC__)
   Vec vsum = splat(0.f);
-  const Vec vscale = splat(scale2), vlse = splat(lse);
+  const Vec vscale = splat(scale2), vlse = splat(lse), vmasked = splat(-kInf), vzero = splat(0.f);
   for (; j + kW <= n; j += kW) {
-    const Vec p = exp2_vec(load_vec<Vec>(s + j) * vscale + gather(lut, d + j) - vlse);
+    const Vec bias = gather(lut, d + j);
+    const Vec e = exp2_vec(load_vec<Vec>(s + j) * vscale + bias - vlse);
+    const Vec p = bias == vmasked ? vzero : e;
     store_vec(s + j, p);
     vsum += p * load_vec<Vec>(dp + j);
   }
   sum = lanes_sum(vsum);
 #endif
   for (; j < n; ++j) {
-    s[j] = exp2_scalar(s[j] * scale2 + lut[d[j]] - lse);
+    const float bias = lut[d[j]];
+    s[j] = bias == -kInf ? 0.f : exp2_scalar(s[j] * scale2 + bias - lse);
     sum += s[j] * dp[j];
   }
   return sum;
@@ -353,9 +362,11 @@ SK_INLINE void forward_tasks_impl(const Problem& P, int64_t begin, int64_t end) 
       }
       gemm(false, false, rows, P.Dv, width, 1.f, scores, P.span, v + j0 * P.v_n, P.v_n, 1.f, acc, P.Dv);
     }
-    // Epilogue: normalise; a row without an allowed key stays 0 with lse = +inf.
+    // Epilogue: normalise; a row without an allowed key (its sum exactly 0) stays 0 with lse = +inf. A NaN sum (a
+    // NaN or +inf score among the allowed ones) is normalised like any other: the row and its lse are NaN, so
+    // the backward's gradients are NaN too, as the reference's are.
     for (int64_t r = 0; r < rows; ++r) {
-      if (!(row_sum[r] > 0.f)) continue;
+      if (row_sum[r] == 0.f) continue;
       const float inv = 1.f / row_sum[r];
       const float* a = acc + r * P.Dv;
       float* o = out + r * P.Dv;

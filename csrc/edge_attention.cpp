@@ -84,6 +84,14 @@ SK_INLINE const acc_t* as_acc(const scalar_t* src, acc_t* buffer, int64_t n) {
   }
 }
 
+// Whether x[0..n) holds no NaN or infinity (x in the accumulation type).
+template <typename T>
+SK_INLINE bool all_finite(const T* x, int64_t n) {
+  bool finite = true;
+  for (int64_t d = 0; d < n; ++d) finite &= std::isfinite(x[d]);
+  return finite;
+}
+
 template <typename scalar_t, typename acc_t>
 SK_INLINE void store_row(scalar_t* dst, const acc_t* src, acc_t factor, int64_t n) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<scalar_t>(src[d] * factor);
@@ -115,6 +123,18 @@ struct Problem {
   int64_t stat(int64_t b, int64_t r, int64_t h, int64_t i) const { return ((b * R + r) * H + h) * N + i; }
 };
 
+// Whether row (b, r, h, i), which holds one key, is a plain gather for the backward: p = 1 and ds = 0 exactly, so
+// it adds dO to dv and nothing to dq or dk. True when its score (the forward's lse) and its value row are finite;
+// a NaN or infinite one takes the general path, whose NaNs reach dq and dk as the reference's do. ``buffer``
+// holds Dv values of the accumulation type.
+template <typename scalar_t>
+SK_INLINE bool gather_row(const Problem<scalar_t>& P, int64_t b, int64_t r, int64_t h, int64_t i,
+                          typename AccOf<scalar_t>::type* buffer) {
+  const int32_t* ptr = P.row_ptr + (b * P.N + i) * P.R + r;
+  if (ptr[1] - ptr[0] != 1 || !std::isfinite(P.lse[P.stat(b, r, h, i)])) return false;
+  return all_finite(as_acc(P.v_row(b, h, P.col[ptr[0]]), buffer, P.Dv), P.Dv);
+}
+
 // Forward of the output rows [begin, end) of the flattened (b, r, h, i): the order of out, so every write is
 // sequential and a task's gathers stay inside one (b, h) slice of k and v.
 template <typename scalar_t>
@@ -136,10 +156,18 @@ SK_INLINE void forward_rows_impl(const Problem<scalar_t>& P, int64_t begin, int6
       continue;
     }
     const acc_t* qi = as_acc(P.q_row(b, h, i), q_buffer.data(), P.D);
-    if (count == 1) {  // a gather: p = 1 (every child_d row, many parent_d rows)
+    if (count == 1) {  // a gather: p = 1 (every child_d row, many parent_d rows), when the score is finite
       const scalar_t* vj = P.v_row(b, h, P.col[start]);
-      *lse = P.scale * dot(qi, as_acc(P.k_row(b, h, P.col[start]), k_buffer.data(), P.D), P.D);
-      std::copy(vj, vj + P.Dv, o);
+      const acc_t s = P.scale * dot(qi, as_acc(P.k_row(b, h, P.col[start]), k_buffer.data(), P.D), P.D);
+      if (std::isfinite(s)) {
+        *lse = s;
+        std::copy(vj, vj + P.Dv, o);
+        continue;
+      }
+      // A NaN or infinite score: p = exp(s - s) is NaN, as in the reference; the row and its lse are NaN (the
+      // backward reads a non-finite lse as "not a gather" and propagates it).
+      std::fill(o, o + P.Dv, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
+      *lse = std::numeric_limits<acc_t>::quiet_NaN();
       continue;
     }
     if (scores.size() < static_cast<size_t>(count)) scores.resize(static_cast<size_t>(count));
@@ -165,7 +193,7 @@ SK_INLINE void forward_rows_impl(const Problem<scalar_t>& P, int64_t begin, int6
 // dq of the rows [begin, end) of the flattened (b, h, i) (the order of dq); stores delta for the dk/dv pass.
 // Per row with two or more keys: p_e and dp_e of every edge, delta = sum_e p_e dp_e (= dO . O, without reading
 // O), then dq += p_e (dp_e - delta) k_j. A row with one key has p = 1 and ds = dp - delta = 0: it adds nothing to
-// dq or dk.
+// dq or dk (unless its score or value is not finite: gather_row).
 template <typename scalar_t>
 SK_INLINE void dq_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t end) {
   using acc_t = typename AccOf<scalar_t>::type;
@@ -176,9 +204,11 @@ SK_INLINE void dq_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t e
     const int64_t i = row % P.N, h = (row / P.N) % P.H, b = row / (P.N * P.H);
     const int32_t* ptr = P.row_ptr + (b * P.N + i) * P.R;
     scalar_t* dq = P.dq + row * P.D;
-    if (ptr[P.R] - ptr[0] <= P.R) {  // every relation row holds at most one key: dq = 0
+    if (ptr[P.R] - ptr[0] <= P.R) {  // every relation row holds at most one key (with a finite score): dq = 0
       bool single = true;
-      for (int64_t r = 0; r < P.R && single; ++r) single = ptr[r + 1] - ptr[r] <= 1;
+      for (int64_t r = 0; r < P.R && single; ++r) {
+        single = ptr[r + 1] - ptr[r] == 0 || gather_row(P, b, r, h, i, v_buffer.data());
+      }
       if (single) {
         std::fill_n(dq, P.D, scalar_t(0));
         continue;
@@ -189,7 +219,7 @@ SK_INLINE void dq_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t e
       std::fill(grad.begin(), grad.end(), acc_t(0));
       for (int64_t r = 0; r < P.R; ++r) {
         const int32_t start = ptr[r], count = ptr[r + 1] - ptr[r];
-        if (count <= 1) continue;
+        if (count == 0 || (count == 1 && gather_row(P, b, r, h, i, v_buffer.data()))) continue;  // adds nothing
         if (p.size() < static_cast<size_t>(count)) {
           p.resize(static_cast<size_t>(count));
           dp.resize(static_cast<size_t>(count));
@@ -218,7 +248,8 @@ SK_INLINE void dq_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t e
 }
 
 // dk and dv of the key rows [begin, end) of the flattened (b, h, j) (the order of dk, dv), over the transposed
-// lists. An edge whose query row holds only this key has p = 1 and ds = 0: it adds dO to dv and nothing to dk.
+// lists. An edge whose query row holds only this key has p = 1 and ds = 0: it adds dO to dv and nothing to dk
+// (unless its score or value is not finite: gather_row).
 template <typename scalar_t>
 SK_INLINE void dkdv_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t end) {
   using acc_t = typename AccOf<scalar_t>::type;
@@ -238,17 +269,18 @@ SK_INLINE void dkdv_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t
       }
       const acc_t* kj = as_acc(P.k_row(b, h, j), k_buffer.data(), P.D);
       const acc_t* vj = as_acc(P.v_row(b, h, j), v_buffer.data(), P.Dv);
+      const bool vj_finite = all_finite(vj, P.Dv);
       std::fill(grad_k.begin(), grad_k.end(), acc_t(0));
       std::fill(grad_v.begin(), grad_v.end(), acc_t(0));
       for (int32_t e = start; e < stop; ++e) {
         const int64_t i = P.t_col[e], r = P.t_rel[e];
         const acc_t* dO = as_acc(P.dout + b * P.g_b + r * P.g_r + h * P.g_h + i * P.g_n, do_buffer.data(), P.Dv);
         const int32_t* query_row = P.row_ptr + (b * P.N + i) * P.R + r;
-        if (query_row[1] - query_row[0] == 1) {
+        const int64_t s_index = P.stat(b, r, h, i);
+        if (query_row[1] - query_row[0] == 1 && vj_finite && std::isfinite(P.lse[s_index])) {  // a gather
           axpy(grad_v.data(), acc_t(1), dO, P.Dv);
           continue;
         }
-        const int64_t s_index = P.stat(b, r, h, i);
         const acc_t* qi = as_acc(P.q_row(b, h, i), q_buffer.data(), P.D);
         const acc_t p = std::exp(P.scale * dot(qi, kj, P.D) - P.lse[s_index]);
         const acc_t dp = dot(dO, vj, P.Dv);

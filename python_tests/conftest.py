@@ -2,7 +2,9 @@
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection start.
 Tests that compile kernels for real GPUs (sm_80/sm_90) run in a subprocess without it and are marked ``slow``
-(a minute or more of compilation: the GPU suite runs ``-m 'not slow'``; CI runs everything).
+(a minute or more of compilation: the GPU suite runs ``-m 'not slow'``; CI runs everything). Tests that take 2 s
+or more on a CPU-only 2-core machine are marked ``long_on_cpu``; every other test is marked ``quick`` here, the
+subset a newcomer runs first (``-m quick``, README.md "What the tests need").
 
 The real treebank comes from :mod:`syntaxkernels.data` (``SYNTAXKERNELS_UD``); tests that need it take the
 ``ud_dev_path`` fixture and skip, saying how to provide it, when it is absent.
@@ -69,6 +71,15 @@ def trees_of_kind(kind: str, n: int, seed: int = 0):
     else:
         raise ValueError(kind)
     return sk.TreeBatch.from_heads(rows)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The quick subset (README.md, "What the tests need"): every test marked neither ``slow`` (compiling for GPUs
+    this machine lacks) nor ``long_on_cpu`` (long on a CPU-only machine) is marked ``quick``, so that
+    ``python -m pytest python_tests -q -m quick`` runs it; CI runs everything."""
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("long_on_cpu") is None:
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture

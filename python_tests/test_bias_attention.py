@@ -85,6 +85,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("shape,dtype,opts", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.long_on_cpu
 def test_forward_and_gradients(shape, dtype, opts):
     opts = dict(opts)
     kw = {k: opts.pop(k) for k in ("window", "causal") if k in opts}
@@ -132,6 +133,7 @@ SMALL_TILE_CASES = [
 
 
 @pytest.mark.parametrize("dtype,opts,kw", [c[1:] for c in SMALL_TILE_CASES], ids=[c[0] for c in SMALL_TILE_CASES])
+@pytest.mark.long_on_cpu
 def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
     """16x16 tiles at N = 96: interior and boundary loops, one-bucket tiles (one row sum of dS) and tiles
     spanning several buckets (per-bucket sums) in the table kernel, live-tile lists for windows."""
@@ -160,6 +162,7 @@ def test_small_tiles_exercise_every_path(monkeypatch, dtype, opts, kw):
 
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+@pytest.mark.long_on_cpu
 def test_table_kernel_skips_the_most_frequent_one_bucket_tiles(monkeypatch, per_head):
     """Each query block's most frequent one-bucket tiles are not walked: the rows of dS sum to zero, so their
     bucket gets minus everything walked. Two 48-token chains in a row at 16 x 16 tiles: far tiles inside a chain
@@ -179,6 +182,7 @@ def test_table_kernel_skips_the_most_frequent_one_bucket_tiles(monkeypatch, per_
 
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+@pytest.mark.long_on_cpu
 def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head):
     """A table shared by the heads gets its gradient from one program per query block that sums the heads' dS
     before the per-bucket reduction (``HEADS = H``); a per-head table from one program per head. 3 heads,
@@ -240,6 +244,7 @@ def _spy_launches(monkeypatch):
 
 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT_CASES], ids=[c[0] for c in SHORT_CASES])
+@pytest.mark.long_on_cpu
 def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, kw):
     """Rows of at most 64 tokens with a shared table run the short-row backward (dQ, dK, dV and each head's dS
     in one kernel, the table gradient summed over the heads in a second), exact against the float64
@@ -252,6 +257,7 @@ def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, 
 
 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT2_CASES], ids=[c[0] for c in SHORT2_CASES])
+@pytest.mark.long_on_cpu
 def test_rows_up_to_128_take_the_two_block_backward(monkeypatch, shape, dtype, opts, kw):
     """Rows of 65..128 tokens with a shared table run the two-block short-row backward (a program per query
     block: exact delta over both key blocks, fp32 shares of dQ, dK, dV added in a fixed order; the table
@@ -277,6 +283,7 @@ def test_short_rows_directed_distance_is_exact(monkeypatch):
 
 @pytest.mark.parametrize("N,lengths,kernel", [(50, [50, 31], "_bias_bwd_short_kernel"),
                                                (110, [110, 31], "_bias_bwd_short2_kernel")])
+@pytest.mark.long_on_cpu
 def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N, lengths, kernel):
     """The same short batch through the short-row backward (one tile, or two blocks) and through the tiled
     kernels (the short path turned off) agrees to rounding, and the short path is bit-identical run to run
@@ -345,6 +352,7 @@ def test_tile_buckets_are_the_buckets_of_the_allowed_pairs(spec, window, causal)
                     assert value % 256 > value // 256
 
 
+@pytest.mark.long_on_cpu
 def test_real_block_size_with_padding_and_causal():
     """The launcher's own tile sizes on N just over one tile, ragged and causal."""
     assert configs._BLOCK_OVERRIDE is None
@@ -352,6 +360,7 @@ def test_real_block_size_with_padding_and_causal():
     check_against_reference(case, causal=True)
 
 
+@pytest.mark.long_on_cpu
 def test_deterministic_bit_identical(monkeypatch):
     """deterministic=True gives the same bits on every run. The interpreter runs a grid's programs in index order,
     where even an order-dependent reduction (float atomics into the table gradient) repeats its bits, so there the
@@ -620,6 +629,7 @@ def test_unsupported_head_dim_and_dtype():
         torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.long_on_cpu
 def test_lut_attention_full_and_pairwise_masks():
     """``lut_attention`` with the sub-network op's dense masks: ``full`` (a zero LUT) and ``pairwise`` (only
     unreachable pairs), against masked reference attention; gradients for q, k, v."""
@@ -658,6 +668,7 @@ def _op_args(case, dtype=torch.float32):
     return args, backward, (table, scale)
 
 
+@pytest.mark.long_on_cpu
 def test_opcheck_forward_and_backward():
     """torch.library.opcheck on both Triton ops (schema, fake tensors, autograd registration).
 
@@ -678,6 +689,7 @@ def test_opcheck_forward_and_backward():
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd_args, test_utils=utils)
 
 
+@pytest.mark.long_on_cpu
 def test_torch_compile_fullgraph():
     case = make_case(2, 2, 24, 32, torch.float32, lengths=[24, 13])
     table = case["table"].to(DEVICE).requires_grad_()

@@ -39,6 +39,7 @@ def test_cuda_source_has_no_torch_headers():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long_on_cpu
 def test_cuda_source_compiles_for_sm80_and_sm90(tmp_path):
     nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
                                     if os.environ.get("CUDA_HOME") else None)
@@ -57,6 +58,7 @@ def test_cuda_source_compiles_for_sm80_and_sm90(tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.long_on_cpu
 def test_cmake_build_and_ctest(tmp_path):
     cmake, ctest = shutil.which("cmake"), shutil.which("ctest")
     if not cmake or not ctest:
@@ -80,6 +82,7 @@ def _run_python(code, **env):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.long_on_cpu
 def test_package_works_with_the_extension_disabled():
     code = (
         "import warnings\n"
@@ -100,6 +103,7 @@ def test_package_works_with_the_extension_disabled():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.long_on_cpu
 def test_missing_extension_warns_once_and_falls_back():
     code = (
         "import sys, warnings\n"
@@ -116,3 +120,54 @@ def test_missing_extension_warns_once_and_falls_back():
     )
     result = _run_python(code)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def _setup_module(monkeypatch):
+    """setup.py's globals, run with ``setuptools.setup`` replaced (nothing is built), and what it passed to it."""
+    import runpy
+
+    import setuptools
+
+    passed = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: passed.update(kwargs))
+    return runpy.run_path(str(ROOT / "setup.py"), run_name="setup_under_test"), passed
+
+
+def test_build_jobs_are_capped_by_memory_unless_max_jobs_is_set(monkeypatch):
+    """ninja's default (a job per core plus two) as long as each job has COMPILE_JOB_BYTES (the measured peak of
+    one compiler, 2.3 GB, with a margin), at least one job; MAX_JOBS always wins."""
+    setup, _ = _setup_module(monkeypatch)
+    jobs, GiB = setup["build_jobs"], 2**30
+    assert setup["COMPILE_JOB_BYTES"] >= int(2.3 * GiB)
+    assert jobs({}, 16, 4 * GiB)[0] == 1  # a 16-core machine with 4 GiB free: one compiler, not 18
+    assert jobs({}, 16, 12 * GiB)[0] == 12 * GiB // setup["COMPILE_JOB_BYTES"] == 4
+    assert jobs({}, 2, 64 * GiB)[0] == 4  # plenty of memory: ninja's default
+    assert jobs({}, 2, GiB // 2)[0] == 1
+    assert jobs({}, 8, None)[0] == 10  # memory unknown: ninja's default
+    assert jobs({"MAX_JOBS": "7"}, 2, GiB)[0] is None  # left as set
+    assert "4.0 GiB available" in jobs({}, 16, 4 * GiB)[1]
+    environ = {}
+    setup["cap_build_jobs"](environ)
+    assert int(environ["MAX_JOBS"]) >= 1
+    environ = {"MAX_JOBS": "3"}
+    setup["cap_build_jobs"](environ)
+    assert environ == {"MAX_JOBS": "3"}
+
+
+def test_the_build_command_sets_max_jobs_before_compiling(monkeypatch):
+    """The build_ext command setup.py installs caps MAX_JOBS (here with 3 GiB of memory free: one job) before
+    torch's BuildExtension compiles, which reads it when it runs ninja; a MAX_JOBS already set is kept."""
+    from setuptools import Distribution
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup, passed = _setup_module(monkeypatch)
+    seen = []
+    monkeypatch.setattr(BuildExtension, "build_extensions", lambda self: seen.append(os.environ.get("MAX_JOBS")))
+    command = passed["cmdclass"]["build_ext"](Distribution())
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    monkeypatch.setitem(setup["cap_build_jobs"].__globals__, "available_memory", lambda: 3 * 2**30)  # 3 GiB free
+    command.build_extensions()
+    assert seen == ["1"]
+    monkeypatch.setenv("MAX_JOBS", "1")
+    command.build_extensions()
+    assert seen[-1] == "1"

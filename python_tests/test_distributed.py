@@ -209,6 +209,7 @@ def known_native_abort(exc: BaseException, log_dir: Path) -> Optional[str]:
     return f"rank {exc.error_index} (pid {exc.error_pid}) aborted with SIGABRT: {KNOWN_ABORT!r}"
 
 
+@pytest.mark.long_on_cpu
 def test_ddp_and_fsdp_gloo_two_processes_keep_syntax_parameters_in_sync(tmp_path):
     # A failed assertion in a worker raises ProcessRaisedException and is never retried; neither is any other
     # signal or exit code. Only the known native abort gets one fresh attempt on a new port, and says so.

@@ -85,6 +85,7 @@ def cases(kinds, triton_kinds):
 
 
 @pytest.mark.parametrize("backend_device,kind", cases(KINDS, TRITON_KINDS))
+@pytest.mark.long_on_cpu
 def test_relation_lists_match_reference_fp32(backend_device, kind):
     backend, device = backend_device
     check_against_reference(trees_of_kind(kind, 19), MASKS, backend, device, torch.float32)
@@ -108,6 +109,7 @@ def test_window_lists_match_reference_fp32(backend_device, case):
                                               (2, "chain", 3)],
                          ids=["3-star-relations", "2-packed-relations", "1-forest-relations", "2-random-relations",
                               "4-star-window3", "3-packed-window254", "2-chain-window3"])
+@pytest.mark.long_on_cpu
 def test_split_rows_match_reference(monkeypatch, chunk, kind, which):
     monkeypatch.setattr(E, "SCHEDULE_CHUNK", chunk)
     trees = trees_of_kind(kind, 17, seed=12)
@@ -222,6 +224,7 @@ def test_value_head_dim_differs_and_is_not_a_power_of_two(backend_device):
 @pytest.mark.parametrize("dtype,D,DV", [(torch.float32, 64, 64), (torch.bfloat16, 128, 128),
                                         (torch.float32, 100, 72), (torch.bfloat16, 64, 40)],
                          ids=["fp32-64", "bf16-128", "fp32-100-72", "bf16-64-40"])
+@pytest.mark.long_on_cpu
 def test_rows_over_several_threads_match_reference(dtype, D, DV):
     """Head dims whose rows the kernels spread over 2 or 4 threads (``edge_config``'s TPR; the forward's half
     types over half as many), padded ones included: the row tiles' column order covers every element once."""

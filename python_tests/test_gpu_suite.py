@@ -30,6 +30,7 @@ def _suite(*args, out=None, timeout=600):
                           timeout=timeout)
 
 
+@pytest.mark.long_on_cpu
 def test_dry_run_checks_every_step(tmp_path):
     result = _suite("--dry-run", out=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
@@ -60,6 +61,7 @@ def test_dry_run_checks_every_step(tmp_path):
     ["module", "syntaxkernels", "verify", "--device", "tpu"],                 # a device the CLI rejects
     ["pytest", "python_tests", "--deselect=python_tests/test_tree_builder.py::test_no_such_test"],
 ], ids=["option", "provider", "device", "deselect"])
+@pytest.mark.long_on_cpu
 def test_checker_rejects_what_would_fail_on_the_gpu(check):
     result = _suite("--check", *check, timeout=300)
     assert result.returncode != 0, result.stdout + result.stderr
@@ -67,6 +69,7 @@ def test_checker_rejects_what_would_fail_on_the_gpu(check):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+@pytest.mark.long_on_cpu
 def test_real_run_without_a_gpu_stops_at_once(tmp_path):
     result = _suite(out=tmp_path, timeout=300)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
@@ -75,6 +78,7 @@ def test_real_run_without_a_gpu_stops_at_once(tmp_path):
     assert [s["name"] for s in steps] == ["preflight"] and steps[0]["status"] == "FAIL"
 
 
+@pytest.mark.long_on_cpu
 def test_the_suites_selection_leaves_out_the_compile_matrix():
     """The GPU suite runs pytest with -m "not slow": the sm_80/sm_90 compilation (minutes, no GPU needed) must
     be marked slow so it does not eat the suite's time, and the quick tests of the same file must stay in."""

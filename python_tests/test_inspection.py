@@ -351,6 +351,18 @@ def test_workload_tiles_follow_padding_and_lengths():
     assert (t["interior"] * t["area"]) == full.valid_pairs()
 
 
+def test_tile_presence_is_cached_per_batch_not_per_name():
+    """Two workloads of one name built from other trees (the treebank's and generated ones) are two batches: the
+    tile presence cache gave the first one's bucket sets to the second (the table kernel's tiles then did not add
+    up when another test had built a named workload from the treebank first)."""
+    from syntaxkernels.tools import workloads
+
+    chains = workloads.Workload("same-name", [workloads.chain(20)] * 2, 32, "chains", "")
+    forests = workloads.Workload("same-name", [[-1] * 20] * 2, 32, "one-token trees", "")
+    assert not torch.equal(I._presence(chains, 16, 16), I._presence(forests, 16, 16))
+    assert I._presence(chains, 16, 16) is I._presence(chains, 16, 16)  # still cached
+
+
 def test_workload_cost_weights_each_class_by_its_loop():
     from syntaxkernels.specs import BucketSpec
 
@@ -442,6 +454,7 @@ def test_workload_report_lists_every_problem_it_flags():
     assert " 360 " in spill_line and "120!99" in big_line  # spill bytes; shared KiB over the limit
 
 
+@pytest.mark.long_on_cpu
 def test_inspect_rejects_an_unknown_workload_without_compiling():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--workload", "sentence"], cwd=ROOT,
@@ -449,6 +462,7 @@ def test_inspect_rejects_an_unknown_workload_without_compiling():
     assert proc.returncode == 2 and "sentences" in proc.stderr, proc.stderr
 
 
+@pytest.mark.long_on_cpu
 def test_bench_workloads_summary_without_a_gpu(monkeypatch):
     """``bench`` on a CPU machine: every workload with its valid-pair fraction and tile coverage, no compile."""
     from syntaxkernels.tools import workloads
@@ -541,6 +555,7 @@ def test_edge_cost_charges_loops_per_slot_and_prologues_per_program(monkeypatch)
                                                             + -(-schedule.kp_items.shape[1] // 8)))
 
 
+@pytest.mark.long_on_cpu
 def test_inspect_edges_takes_one_arch_and_names_its_workloads():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--edges", "--arch", "80,90"], cwd=ROOT,

@@ -184,6 +184,7 @@ def test_pos_tags_reach_the_gat():
 
 
 @pytest.mark.parametrize("method", ["bias", "subnetwork", "gat"])
+@pytest.mark.long_on_cpu
 def test_gradients_reach_every_syntax_parameter(method):
     kwargs = {"gat_config": dict(GAT_SMALL, probe_rank=4)} if method == "gat" else {}
     model = _model("bert", head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -223,6 +224,7 @@ def test_fresh_bias_table_gets_a_gradient():
 
 
 @pytest.mark.parametrize("arch", ["bert", "camembert", "electra", "distilbert"])
+@pytest.mark.long_on_cpu
 def test_layers_subset_and_gradient_checkpointing(arch):
     plain = _model(arch, head="tokens", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = copy.deepcopy(plain)
@@ -329,6 +331,7 @@ def test_plain_from_pretrained_never_gives_a_model_that_ignores_its_trees(tmp_pa
                                model.eval()(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits)
 
 
+@pytest.mark.long_on_cpu
 def test_plain_from_pretrained_without_the_integration_refuses_to_load(tmp_path):
     """A process that never imports syntaxkernels: transformers itself refuses the checkpoint, and its message
     names load_syntax_model."""
@@ -465,6 +468,7 @@ def test_autocast_bf16_stays_close_to_fp32(arch, method):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.long_on_cpu
 def test_torch_compile_matches_eager(arch):
     """torch.compile (aot_eager: traced through dynamo and AOT autograd, no code generation) of a "bias" model:
     forward and syntax gradients equal eager; so do a "gat" model's (compiled after the "bias" one in the same
@@ -575,6 +579,7 @@ def test_syntax_children_are_the_nn_building_blocks():
     assert isinstance(model.bert.encoder.syntax_gat, sk.nn.SyntaxGAT)
 
 
+@pytest.mark.long_on_cpu
 def test_pos_tags_live_in_their_own_module_without_transformers():
     import subprocess
     import sys
@@ -671,6 +676,7 @@ def test_token_pos_ids():
     assert ids.tolist() == [[0, 6, 8, 8, 16, 0, 0]]
 
 
+@pytest.mark.long_on_cpu
 def test_ud_sentences_end_to_end(ud_dev_path, tmp_path):
     """CoNLL-U -> a fast WordPiece tokenizer -> TreeCollator -> a few training steps of each method."""
     tokenizers = pytest.importorskip("tokenizers")

@@ -60,6 +60,7 @@ def test_syntax_biased_self_attention_uses_the_kernel():
              lambda m, x: m(x, trees))
 
 
+@pytest.mark.long_on_cpu
 def test_syntax_bert_self_attention_uses_the_kernel():
     trees = _trees()
     _compare(lambda backend: sk.nn.SyntaxBertSelfAttention(64, 2, masks=sk.MaskSpec(max_distance=2, pairwise=True),
@@ -67,6 +68,7 @@ def test_syntax_bert_self_attention_uses_the_kernel():
              lambda m, x: m(x, trees))
 
 
+@pytest.mark.long_on_cpu
 def test_syntax_gat_uses_the_kernel():
     trees = _trees()
     _compare(lambda backend: sk.nn.SyntaxGAT(64, num_layers=2, num_heads=2, head_dim=32, window=2, backend=backend),

@@ -38,6 +38,7 @@ def _run(code, env_extra=None):
                           timeout=300)
 
 
+@pytest.mark.long_on_cpu
 def test_import_without_triton_warns_and_runs_the_cpp_kernels_or_the_reference():
     code = BLOCK_TRITON + textwrap.dedent(
         """
@@ -84,6 +85,7 @@ def test_import_without_triton_warns_and_runs_the_cpp_kernels_or_the_reference()
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr
 
 
+@pytest.mark.long_on_cpu
 def test_packed_calls_without_triton_match_the_padded_reference():
     """Without Triton, packed batches (cu_seqlens, a PackedTreeBatch) still work: the bias op, the sub-networks and
     the window attention equal the reference on the same sequences padded, with gradients; "triton" raises."""
@@ -152,6 +154,7 @@ def test_packed_calls_without_triton_match_the_padded_reference():
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.long_on_cpu
 def test_without_triton_each_op_runs_its_cpp_path_and_info_says_so():
     """Without Triton every op still runs what it runs with Triton on CPU tensors: the sub-network op (relation
     masks and dense masks) takes the C++ edge kernels and the SDPA CPU kernel, not the reference; each op's
@@ -195,6 +198,7 @@ def test_without_triton_each_op_runs_its_cpp_path_and_info_says_so():
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.long_on_cpu
 def test_cli_info_and_verify(tmp_path):
     result = _run("import sys; from syntaxkernels.__main__ import main; sys.exit(main(['info']))")
     assert result.returncode == 0, result.stderr
@@ -337,6 +341,7 @@ def test_package_import_and_cli_help_are_fast():
 
 
 @pytest.mark.parametrize("block_scipy", [False, True], ids=["with-scipy", "without-scipy"])
+@pytest.mark.long_on_cpu
 def test_cli_bench_runs(block_scipy, tmp_path):
     """``bench`` runs to the end on a fresh install: without scipy its rows say why they are missing."""
     out = tmp_path / "bench.json"
@@ -404,6 +409,7 @@ def test_bias_scale_gradient_is_checked():
         assert not ok and "dscale" in detail and "FAIL" in detail, detail
 
 
+@pytest.mark.long_on_cpu
 def test_no_undefined_names_in_code_that_runs_only_on_a_gpu():
     """Static check of every Python file of the package, its benchmarks and tests: no undefined name. Code that
     runs only with CUDA (timing benches, GPU branches) never executes on a CPU machine, so a name left behind by
@@ -442,6 +448,7 @@ def _once_ms(fn):
 
 @pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.long_on_cpu
 def test_timing_benches_check_each_size_before_timing_it(monkeypatch):
     """The GPU timing benches run (here at toy sizes, on the kernel device) and time only what agrees with the
     reference: a wrong kernel raises instead of giving a row."""
@@ -584,6 +591,7 @@ def test_torch_compile_sees_no_lru_cache_in_dispatch():
 # ------------------------------------------------------------------------------------------------ packaging
 
 
+@pytest.mark.long_on_cpu
 def test_license_version_changelog_and_extras():
     """Apache-2.0 in LICENSE and in the installed metadata; one version (syntaxkernels.__version__, which setup.py
     reads and `info` prints); a CHANGELOG; the [transformers] extra, which the README's transformers section names."""
@@ -672,6 +680,7 @@ def _runtime_modules():
     return names
 
 
+@pytest.mark.long_on_cpu
 def test_the_runtime_never_imports_the_tools():
     """Importing every runtime module, running the ops on CPU tensors (forward and backward) and ``info`` loads
     nothing of ``syntaxkernels.tools``: the tooling is reached only through the verify/bench/inspect commands."""

@@ -204,6 +204,7 @@ PACKED_CASES = [
 
 @needs_triton
 @pytest.mark.parametrize("lengths,H,D,dtype,opts", [c[1:] for c in PACKED_CASES], ids=[c[0] for c in PACKED_CASES])
+@pytest.mark.long_on_cpu
 def test_varlen_forward_and_gradients(lengths, H, D, dtype, opts):
     opts = dict(opts)
     kw = {k: opts.pop(k) for k in ("window", "causal") if k in opts}
@@ -212,6 +213,7 @@ def test_varlen_forward_and_gradients(lengths, H, D, dtype, opts):
 
 
 @needs_triton
+@pytest.mark.long_on_cpu
 def test_long_sequence_300_with_short_ones_on_real_tiles():
     """Lengths 1..300 in one batch, with the configured 32 x 32 tiles (fp16): query blocks spanning several
     short sequences, and a 300-token sequence spanning many blocks."""
@@ -237,6 +239,7 @@ def test_every_family_config(arch):
 
 @needs_triton
 @pytest.mark.parametrize("kw", [dict(window=4), dict(causal=True)], ids=["window4", "causal"])
+@pytest.mark.long_on_cpu
 def test_small_tiles_cross_many_sequences(monkeypatch, kw):
     """16 x 16 tiles: every block holds several sequences and its key span starts mid-tile."""
     monkeypatch.setattr(bv, "_BLOCK_OVERRIDE", (16, 16))
@@ -265,6 +268,7 @@ def test_strided_qkv_views_of_one_projection(monkeypatch):
 
 
 @needs_triton
+@pytest.mark.long_on_cpu
 def test_packed_equals_padded_op():
     """The packed op's outputs and gradients equal the padded op's on the same sequences (fp32)."""
     case = make_packed_case([9, 21, 4], 2, 32, seed=8)
@@ -294,6 +298,7 @@ def test_packed_equals_padded_op():
 
 
 @needs_triton
+@pytest.mark.long_on_cpu
 def test_deterministic_and_without_host_reads():
     case = make_packed_case([7, 30, 2], 2, 32, seed=9)
     first = _run_packed(case, torch.float16, "triton")[1]
@@ -571,6 +576,7 @@ def test_packed_window_without_lists_on_the_fused_kernel(monkeypatch):
 @pytest.mark.parametrize("masks", [sk.MaskSpec(max_distance=2, pairwise=True), sk.MaskSpec(parent=False, child=False,
                                                                                             sibling=False, pairwise=True)],
                          ids=["all", "dense-only"])
+@pytest.mark.long_on_cpu
 def test_packed_subnetwork_attention_equals_the_padded_reference(backend, masks):
     packed, padded, q, k, v = _padded_case([6, 1, 0, 15, 5], 2, 16, seed=15, roots=2)
     dev_packed = packed.to(DEVICE)
@@ -618,6 +624,7 @@ def _tiny_bert(method, **kwargs):
                                            ("gat", dict(gat_config=dict(num_layers=2, num_heads=2, head_dim=8,
                                                                         window=2, probe_rank=4)))],
                          ids=["bias", "bias-perhead-layer1", "subnetwork", "gat-probe"])
+@pytest.mark.long_on_cpu
 def test_transformers_packed_equals_padded(method, kwargs):
     """A tiny BERT from a config: the padding-free batch (TreeCollator(packed=True): input_ids [1, T],
     position_ids, cu_seq_lens_*, PackedTreeBatch) gives the padded batch's logits at every token and the same

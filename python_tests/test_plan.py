@@ -63,7 +63,7 @@ def test_a_bare_distance_is_not_known_symmetric_and_gets_aligned_rows():
 
 def test_lengths_that_disagree_with_a_tree_distance_are_refused():
     trees = sk.TreeBatch.from_heads([[-1, 0, 1, 2], [-1, 0]])
-    with pytest.raises(ValueError, match=r"batch item 1: lengths\[1\] = 4 but the tree distance has 2 tokens"):
+    with pytest.raises(ValueError, match=r"batch item 1: lengths\[1\] = 4 but the trees of distance have 2 tokens"):
         structure_plan(trees.distance, torch.tensor([4, 4]))
     structure_plan(trees.distance, torch.tensor([4, 2]))  # its own lengths
     # A distance that is not a padded tree's (no 0 / 255 diagonal) is taken with any lengths.

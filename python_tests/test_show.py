@@ -177,6 +177,7 @@ def _syntax_tensors(model, suffix):
 
 
 @needs_matplotlib
+@pytest.mark.long_on_cpu
 def test_cli_show_on_a_save_pretrained_directory(tmp_path, capsys):
     from syntaxkernels.__main__ import main
 

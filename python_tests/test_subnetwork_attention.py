@@ -83,6 +83,7 @@ def cases(values, triton_values, ids=None):
 
 @pytest.mark.parametrize("backend_device,kind", cases(["random", "forest", "star", "chain", "packed", "single"],
                                                       ["random", "star"]))
+@pytest.mark.long_on_cpu
 def test_default_masks_fp32(backend_device, kind):
     backend, device = backend_device
     check(trees_of_kind(kind, 19), DEFAULT, backend, device, torch.float32)
@@ -92,12 +93,14 @@ MASK_IDS = {ALL: "all", PARENT: "parent", CHILD: "child", SIBLING: "sibling", PA
 
 
 @pytest.mark.parametrize("backend_device,masks", cases(list(MASK_IDS), [ALL, CHILD], MASK_IDS))
+@pytest.mark.long_on_cpu
 def test_every_mask_kind_fp32(backend_device, masks):
     backend, device = backend_device
     check(trees_of_kind("forest", 17, seed=1), masks, backend, device, torch.float32)
 
 
 @pytest.mark.parametrize("backend_device,kind", cases(["packed", "star"], ["packed"]))
+@pytest.mark.long_on_cpu
 def test_bfloat16(backend_device, kind):
     backend, device = backend_device
     check(trees_of_kind(kind, 24, seed=2), ALL, backend, device, torch.bfloat16, D=32)
@@ -125,6 +128,7 @@ def test_treebank_document(ud_dev_path):
 
 
 @needs_triton
+@pytest.mark.long_on_cpu
 def test_treebank_sentences_under_one_root_with_split_rows(ud_dev_path, monkeypatch):
     """Real sentences (UD English-EWT) under one [CLS]-like root, ~90 tokens, every mask kind, on the Triton path
     with work items of 4 edges, so the root's and the sentence roots' rows are split and merged."""
@@ -141,6 +145,7 @@ def test_treebank_sentences_under_one_root_with_split_rows(ud_dev_path, monkeypa
 
 
 @pytest.mark.parametrize("backend_device", [CPP, TRITON])
+@pytest.mark.long_on_cpu
 def test_through_topical_attention(backend_device):
     """Sub-networks mixed by a (perturbed) TopicalAttention: output and the gradients of q, k, v and of the
     topical parameters against the float64 reference pipeline."""

@@ -361,6 +361,7 @@ def ragged_lists(draw):
 @requires_cpp
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ragged_lists())
+@pytest.mark.long_on_cpu
 def test_ragged_lists_extension_path_matches_python_path(case):
     heads, lengths = case
     python, cpp, direct = list_paths(heads, lengths)
@@ -440,6 +441,7 @@ def test_lists_skip_the_python_normalization(monkeypatch):
 # ------------------------------------------------------------------------------------------ treebank
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.long_on_cpu
 def test_treebank_matches_scipy(ud_dev_path, backend):
     sentences = workloads.treebank_heads(ud_dev_path)
     assert len(sentences) == 2001
@@ -529,6 +531,7 @@ def assert_lists_are(lists: EdgeLists, want: torch.Tensor):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forests(max_items=4, max_length=16))
+@pytest.mark.long_on_cpu
 def test_relation_lists_match_the_head_chains(case):
     """C++ lists (and the PyTorch fallback) hold exactly the pairs of the masks computed by walking the head chains
     (an oracle independent of the distance matrix)."""
@@ -548,6 +551,7 @@ def test_relation_lists_match_the_head_chains(case):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forests(max_items=4, max_length=16), st.sampled_from([0, 1, 2, 5, 254]))
+@pytest.mark.long_on_cpu
 def test_window_lists_are_the_pairs_within_the_window(case, window):
     sentences, extra, garbage = case
     heads, lengths, n = padded_with_garbage(sentences, extra, garbage)

@@ -176,3 +176,87 @@ def test_out_of_range_syntax_pos_is_named_syntax_pos():
     trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0, 2, 2]])
     with pytest.raises(ValueError, match=re.escape("syntax_pos: batch item 0, token 1: POS id 40 is outside 0..17")):
         model(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=torch.tensor([[0, 40, 0, 0, 0]] * 2))
+
+
+# ------------------------------------------------------------------- lengths against the trees (the op itself)
+
+
+RAGGED = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0]])  # lengths 5 and 3, N = 5
+
+
+def _bias_call(lengths, distance=None, backend="auto", **kw):
+    q = torch.randn(2, 2, 5, 8)
+    table = torch.zeros(sk.BucketSpec().num_buckets)
+    distance = RAGGED.distance if distance is None else distance
+    return sk.syntax_bias_attention(q, q, q, distance, table, buckets=sk.BucketSpec(), lengths=lengths,
+                                    backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_lengths_that_disagree_with_the_trees_name_the_item_and_both_lengths(backend):
+    """The trees' lengths come from the distance's diagonal (0 for their tokens, 255 for padding), whatever the
+    backend; the trees' own lengths, as a tensor, a list or a key-padding mask, pass."""
+    _bias_call(RAGGED.lengths, backend=backend)
+    _bias_call([5, 3], backend=backend)
+    _bias_call(RAGGED.key_padding_mask(), backend=backend)
+    message = ("batch item 1: lengths[1] = 4 but the trees of distance have 3 tokens (a tree distance's diagonal is "
+               "0 for the trees' tokens, 255 for padding); pass the TreeBatch's lengths (lengths=trees.lengths), or the "
+               "TreeBatch itself")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        _bias_call(torch.tensor([5, 4]), backend=backend)
+    with pytest.raises(ValueError, match=re.escape("batch item 0: lengths[0] = 4 but the trees of distance have 5")):
+        _bias_call([4, 3], backend=backend)
+    with pytest.raises(ValueError, match=re.escape("batch item 1: lengths is None (all N = 5 tokens attend) but the "
+                                                   "trees of distance have 3 tokens")):
+        _bias_call(None, backend=backend)
+    mask = RAGGED.key_padding_mask().clone()
+    mask[1, 3] = False  # one more valid token in item 1
+    with pytest.raises(ValueError, match=re.escape("batch item 1: lengths[1] = 4 but the trees of distance have 3")):
+        _bias_call(mask, backend=backend)
+
+
+def test_lengths_check_applies_to_the_distances_the_package_built():
+    """tree_distance's result is checked like a TreeBatch's; a distance the package did not build (its padding is
+    unknown: here the same values in another tensor) is taken as given, as before."""
+    built = sk.tree_distance([[-1, 0, 1, 1, 0], [-1, 0, 0]])
+    with pytest.raises(ValueError, match="batch item 1: lengths\\[1\\] = 5 but the trees of distance have 3"):
+        _bias_call([5, 5], distance=built)
+    _bias_call([5, 5], distance=RAGGED.distance.clone())
+    _bias_call(None, distance=RAGGED.distance.clone())
+
+
+def test_lengths_check_on_device_data_is_a_device_assertion(monkeypatch):
+    """Where reading the data would synchronise (a GPU: forced here by treating CPU tensors as device memory), the
+    check is queued as a device-side assertion instead (torch._assert_async, which raises at once on CPU): the
+    same helper as the transformers integration's mask check, so a valid batch costs no host read."""
+    from syntaxkernels import _validation
+    from syntaxkernels.tools.testing import count_host_reads
+
+    monkeypatch.setattr(_validation, "_on_host", lambda tensor: False)
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0]])  # fresh tensors: nothing cached yet
+    with count_host_reads() as reads:
+        _bias_call(trees.lengths, distance=trees.distance)
+    assert reads == [], reads
+    with pytest.raises(RuntimeError, match="syntax_bias_attention: lengths differ from the trees of distance"):
+        _bias_call(torch.tensor([5, 4]), distance=trees.distance)
+    with pytest.raises(RuntimeError, match="syntax_bias_attention: lengths differ from the trees of distance"):
+        _bias_call(None, distance=trees.distance)
+
+
+def test_lengths_check_runs_once_per_plan(monkeypatch):
+    """The check runs when a plan is made from bare tensors (every such call makes one); a TreeBatch passed as
+    the plan is its own lengths' source: nothing is checked, layer after layer."""
+    from syntaxkernels import _validation
+
+    calls = []
+    original = _validation.check_lengths_agree
+    monkeypatch.setattr(_validation, "check_lengths_agree", lambda *a, **k: calls.append(1) or original(*a, **k))
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0]])
+    for _ in range(3):
+        _bias_call(None, distance=trees)
+    assert calls == []
+    for _ in range(2):
+        _bias_call(trees.lengths, distance=trees.distance)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="batch item 1"):  # other lengths: checked again
+        _bias_call(torch.tensor([5, 4]), distance=trees.distance)

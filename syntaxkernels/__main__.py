@@ -47,15 +47,23 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the rows as JSON to this file")
 
 
+#: The named workloads of ``inspect --workload`` and its groups, as ``syntaxkernels.tools.workloads`` defines them
+#: (``WORKLOADS``, ``WORKLOAD_GROUPS``; written out here so that ``--help`` imports no tool: a test keeps them
+#: equal), and the edge report's (``inspection.EDGE_WORKLOADS``).
+_WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
+              "long-8192", "odd-77", "odd-1000")
+_WORKLOAD_GROUPS = ("long", "odd", "finetune", "all")
+_EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")
+
+
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=None,
                         help="GPU architectures to compile for, comma-separated or 'all' (75,80,86,89,90,100,120); "
                              "default: 80,90 for the launch cases, all with --workload")
     parser.add_argument("--workload", default="",
                         help="inspect these named workloads instead of the N = 1024 launch cases (comma-separated: "
-                             "sentences, pairs, finetune-128, finetune-512, packed, long-4096, long-8192, odd-77, "
-                             "odd-1000; groups long, odd, finetune, all); built from the treebank "
-                             "($SYNTAXKERNELS_UD) or, without it, generated trees")
+                             f"{', '.join(_WORKLOADS)}; groups {', '.join(_WORKLOAD_GROUPS)}); built from the "
+                             "treebank ($SYNTAXKERNELS_UD) or, without it, generated trees")
     parser.add_argument("--dtype", default="bf16", help="with --workload: dtypes, comma-separated (default bf16)")
     parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")
     parser.add_argument("--select", default="", help="only launch cases whose 'op name' contains this")
@@ -67,7 +75,7 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", action="store_true",
                         help="the edge-list kernels on real batches instead: slots and instructions per real edge "
                              "(one --arch, default 90; one --head-dim, default 64; --workload: edge workloads "
-                             "packed-4x1024, cls-4x1024, sentences, pairs, packed, long-4096, odd-1000)")
+                             f"{', '.join(_EDGE_WORKLOADS)})")
     parser.add_argument("--host", action="store_true",
                         help="host work per layer instead: one distance-bias layer's forward and backward with every "
                              "launch compiled for one --arch (default 90) and not run, timed as a ratio to a bare "
@@ -132,6 +140,19 @@ def _version(module: str) -> str:
         return metadata.version(module)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+#: The optional packages ``info`` reports, as pip names them, and what needs each (setup.py's extras install them).
+OPTIONAL_PACKAGES = (
+    ("transformers", "the transformers integration (enable_syntax_attention), show --conllu; [transformers] extra"),
+    ("tokenizers", "fast tokenizers: TreeCollator(tokenizer=...), align_to_tokens with word_ids()"),
+    ("spacy", "sk.trees.parse with a spaCy pipeline (from_spacy reads a Doc without it); [spacy] extra"),
+    ("stanza", "sk.trees.parse_with_stanza, sk.trees.parse with a stanza pipeline"),
+    ("matplotlib", "python -m syntaxkernels show, syntaxkernels.show.plot_learned; [plot] extra"),
+    ("scipy", "bench's comparison with scipy.sparse.csgraph, verify's treebank check, tests; [bench] extra"),
+    ("networkx", "benchmarks/bench_tree_distance.py (a comparison row); [bench] extra"),
+    ("hypothesis", "the tests (property-based tree cases); [test] extra"),
+)
 
 
 def _backends(torch, cuda: bool) -> List[tuple]:
@@ -216,14 +237,17 @@ def _run_info(args) -> int:
     path = data.treebank_path()
     lines.append(("treebank", f"{data.ENV_VAR} unset (treebank tests skip)" if path is None else
                   f"{path} ({'found' if path.is_file() else 'absent'})"))
-    optional = ("scipy", "networkx", "transformers", "tokenizers", "stanza", "hypothesis")
-    lines.append(("optional", ", ".join(f"{m} {_version(m)}" for m in optional)))
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         wrapped = textwrap.wrap(value, WIDTH - width - 2, break_long_words=False, break_on_hyphens=False) or [""]
         print(f"{key:<{width}}  {wrapped[0]}")
         for more in wrapped[1:]:
             print(f"{'':<{width}}    {more}")
+    print()
+    print("Optional packages (the package runs without them; what needs each):")
+    rows = [{"package": name, "installed": _version(name), "needed by": what} for name, what in OPTIONAL_PACKAGES]
+    for line in table(rows, ["package", "installed", "needed by"], indent="  "):
+        print(line)
     print()
     print('What runs here (backend="auto"):')
     rows = [{"op": w, "CPU tensors": c, "CUDA tensors": g} for w, c, g in _backends(torch, cuda)]

@@ -6,7 +6,7 @@ costs nothing at trace time, and a distance smaller than q's N must fail there t
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -161,34 +161,6 @@ def check_plan_distance(distance) -> None:
         raise ValueError(f"distance must have shape [B, N, N], got {tuple(distance.shape)}")
 
 
-def check_lengths_against_distance(distance: torch.Tensor, lengths: torch.Tensor) -> None:
-    """Lengths that disagree with a tree distance's own padding (for a distance the package built: a
-    :class:`TreeBatch`'s, :func:`tree_distance`'s result): where the diagonal of item b reads like a padded tree
-    distance's (0 for its first L tokens, 255 after), ``lengths[b]`` must be that L.
-
-    CPU tensors: a ``ValueError`` naming the batch item and both lengths. Elsewhere a device-side assertion (no
-    host synchronisation). Skipped while ``torch.compile`` traces."""
-    if compiling() or distance.shape[0] == 0 or distance.shape[1] == 0:
-        return
-    diagonal = distance.diagonal(dim1=1, dim2=2)
-    zeros = diagonal == 0
-    tree_length = zeros.sum(dim=1)
-    positions = torch.arange(distance.shape[1], device=distance.device)
-    prefix = positions[None, :] < tree_length[:, None]
-    tree_like = (zeros == prefix).all(dim=1) & ((diagonal == 0) | (diagonal == 255)).all(dim=1)
-    lengths = lengths.to(device=distance.device, dtype=tree_length.dtype)
-    bad = tree_like & (tree_length != lengths)
-    if _on_host(distance) and _on_host(bad):
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} but the tree distance has "
-                             f"{int(tree_length[b])} tokens (its diagonal: 0 for the tree's tokens, 255 for padding); "
-                             "pass the trees' own lengths (TreeBatch.lengths), or the TreeBatch itself")
-    else:
-        torch._assert_async(~bad.any(), "lengths disagree with the tree distance (the count of zeros on its diagonal); "
-                                        "run the batch on CPU to see which item")
-
-
 def check_packed_structure(distance, cu_seqlens, num_tokens: Optional[int] = None) -> None:
     """A packed batch: uint8 distance ``[sum n_s^2]`` and int ``cu_seqlens [S + 1]`` (starting at 0, never
     decreasing, ending at ``num_tokens`` when given) that needs exactly that many distance bytes. Values are read on CPU tensors (``ValueError``); on a
@@ -221,6 +193,88 @@ def check_packed_structure(distance, cu_seqlens, num_tokens: Optional[int] = Non
             ok = ok & (cu[-1] == num_tokens)
         torch._assert_async(ok, "cu_seqlens must start at 0, never decrease, and need exactly the packed distance's "
                                 "sum n_s^2 bytes; run the batch on CPU to see where")
+
+
+def first_disagreement(lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> Optional[int]:
+    """The first batch item whose tokens ``0 .. lengths[b] - 1`` are not exactly its ``valid`` ones, or None when
+    every item agrees. Reads the values: CPU tensors only (:func:`check_lengths_agree` decides).
+
+    Args:
+        lengths: int ``[B]``.
+        valid: bool ``[B, n]`` (True = a token), or None: all ``n`` tokens of every item.
+        n: the padded length N.
+    """
+    expected = torch.arange(n)[None, :] < lengths.reshape(-1, 1).cpu()
+    actual = valid.cpu() if valid is not None else torch.ones_like(expected)
+    bad = (expected != actual).any(dim=1)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+
+
+def check_lengths_agree(lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int, describe: Callable[[int], str],
+                        device_message: str) -> None:
+    """Check that ``lengths`` (int ``[B]``) and ``valid`` (bool ``[B, n]``, None = all ``n`` tokens) describe the same
+    tokens, where the data is, without a host synchronisation for device tensors.
+
+    When every given tensor is in CPU memory, the values are read here and the first batch item that disagrees
+    raises ``ValueError(describe(b))``. Otherwise the check is queued on the device (``torch._assert_async`` with
+    ``device_message``: a device-side assertion that fails the next synchronising call on a GPU; it raises at once
+    on CPU tensors); ``lengths`` is moved to ``valid``'s device when they differ. Skipped while ``torch.compile``
+    traces. The one lengths-against-structure check of the package: the transformers integration (the trees'
+    lengths against the attention mask) and the plans made from bare tensors (the lengths against the trees a
+    distance holds, :func:`check_lengths_match_distance`) call it.
+    """
+    if compiling():
+        return
+    if _on_host(lengths) and (valid is None or _on_host(valid)):
+        b = first_disagreement(lengths, valid, n)
+        if b is not None:
+            raise ValueError(describe(b))
+        return
+    if valid is not None:
+        expected = torch.arange(n, device=valid.device)[None, :] < lengths.to(valid.device)[:, None]
+        agree = (expected == valid).all()
+    else:
+        agree = (lengths == n).all()
+    torch._assert_async(agree, device_message)
+
+
+def check_lengths_match_distance(lengths: Optional[torch.Tensor], distance: torch.Tensor) -> None:
+    """Check ``lengths`` (None or int ``[B]``, already normalised) against the trees of ``distance`` when the
+    package built it (a :class:`~syntaxkernels.TreeBatch`'s, :func:`~syntaxkernels.tree_distance`'s result: the
+    tensor carries the mark of :func:`syntaxkernels.trees.batch.is_tree_distance`): its diagonal is 0 for the
+    trees' tokens and 255 for padding, so the trees' lengths are known. None means every one of the N tokens, so a
+    padded batch without ``lengths`` disagrees too. A distance the package did not build is not checked (its
+    padding, if any, is unknown).
+
+    Through :func:`check_lengths_agree`: on CPU tensors a ``ValueError`` names the batch item and both lengths; on
+    a GPU a device-side assertion (no host synchronisation). Run when a plan is made from these tensors
+    (:func:`syntaxkernels.plan.structure_plan`): once per plan; a ``TreeBatch`` passed as the plan is its own
+    lengths' source and needs no check.
+
+    Args:
+        lengths: None or int ``[B]`` on the distance's device.
+        distance: uint8 ``[B, N, N]``.
+    """
+    from .specs import UNREACHABLE
+    from .trees.batch import is_tree_distance
+
+    if compiling() or not is_tree_distance(distance):
+        return
+    B, N = distance.shape[0], distance.shape[1]
+    trees = distance.diagonal(dim1=1, dim2=2) != UNREACHABLE  # bool [B, N]: the trees' tokens
+
+    def describe(b: int) -> str:
+        tokens = int(trees[b].sum())
+        said = (f"lengths is None (all N = {N} tokens attend)" if lengths is None
+                else f"lengths[{b}] = {int(lengths[b])}")
+        return (f"batch item {b}: {said} but the trees of distance have {tokens} tokens (a tree distance's "
+                f"diagonal is 0 for the trees' tokens, 255 for padding); pass the TreeBatch's lengths "
+                f"(lengths=trees.lengths), or the TreeBatch itself")
+
+    full = torch.full((B,), N, dtype=torch.int64, device=distance.device) if lengths is None else lengths
+    check_lengths_agree(full, trees, N, describe,
+                        "syntax_bias_attention: lengths differ from the trees of distance (its diagonal: 0 for "
+                        "the trees' tokens, 255 for padding); run the batch on CPU to see which item")
 
 
 def check_window(window) -> None:

@@ -320,12 +320,13 @@ def structure_plan(distance: torch.Tensor, lengths=None, *, symmetric: Optional[
         raise ValueError(f"symmetric must be None or a bool, got {symmetric!r}")
     tree = is_tree_distance(distance)
     B, N = distance.shape[0], distance.shape[1]
-    if lengths is None:
+    given = None if lengths is None else V.normalize_plan_lengths(lengths, B, N, distance.device)
+    if validate:
+        V.check_lengths_match_distance(given, distance)
+    if given is None:
         kernel_lengths = torch.full((B,), N, dtype=torch.int32, device=distance.device)
     else:
-        kernel_lengths = V.normalize_plan_lengths(lengths, B, N, distance.device).to(torch.int32)
-    if validate and tree:
-        V.check_lengths_against_distance(distance, kernel_lengths)
+        kernel_lengths = given.to(torch.int32)
     return DistancePlan(aligned_distance(distance), symmetric=tree if symmetric is None else symmetric,
                         kernel_lengths=kernel_lengths)
 

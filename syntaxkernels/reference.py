@@ -45,14 +45,33 @@ def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tenso
         v: ``[B, H, N, Dv]``.
     Returns:
         ``[B, H, N, Dv]`` in v's dtype. Gradients of empty rows are exactly zero, never NaN.
+
+    Non-finite scores of allowed pairs propagate as in ``torch.softmax`` and SDPA: a row holding a NaN or ``+inf``
+    score has NaN weights throughout (its output and gradients are NaN); a ``-inf`` score gets weight 0 (a row
+    whose allowed scores are all ``-inf`` outputs 0, like a row with no allowed key). Scores of pairs that are not
+    allowed are never read. A NaN or infinite ``v`` row reaches the output through the product ``weights @ v``:
+    every row that gives it weight, and (``0 * inf`` is NaN) the other rows with an allowed key too.
     """
     scores = scores.masked_fill(~allowed, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # Only a max of -inf (no allowed key, or only -inf scores) is replaced: a NaN or +inf max keeps the row NaN.
+    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
     weights = torch.exp(scores - row_max)
     denom = weights.sum(dim=-1, keepdim=True)
     weights = weights / denom.masked_fill(denom == 0, 1.0)
-    return weights.to(v.dtype) @ v
+    # A row with no allowed key is 0 whatever v holds (its zero weights times a NaN in v would be NaN).
+    return (weights.to(v.dtype) @ v).masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
+
+
+def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
+    """The ``[B, H, N, *]`` tensors with their tokens at or past ``lengths`` set to 0 (None: unchanged), so that
+    padding tokens take no part in the dense products: whatever they hold (a NaN included), the valid rows'
+    outputs and every gradient ignore them, and their own gradients are exactly 0, as on the fused paths."""
+    if lengths is None:
+        return tensors
+    N = tensors[0].shape[2]
+    padding = (torch.arange(N, device=lengths.device)[None, :] >= lengths[:, None])[:, None, :, None]
+    return tuple(t.masked_fill(padding, 0) for t in tensors)
 
 
 def allowed_pairs(distance: torch.Tensor, lengths: Optional[torch.Tensor] = None, window: Optional[int] = None,
@@ -112,6 +131,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     """
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     lengths = V.normalize_lengths(lengths, q)
+    q, k, v = _without_padding(lengths, q, k, v)
     acc = _acc_dtype(q.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -275,6 +295,7 @@ def gat_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: t
         raise ValueError(f"window must be an int in 0..{MAX_PATH} for gat_attention, got None")
     V.check_window(window)
     lengths = V.normalize_lengths(lengths, q)
+    q, k, v = _without_padding(lengths, q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-1, -2)).to(_acc_dtype(q.dtype)) * scale

@@ -302,20 +302,11 @@ AttentionMaskInterface.register(SAVED_ATTN_IMPLEMENTATION, _dropped_syntax_guard
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
-
-
-def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> Optional[str]:
-    """Why the trees' lengths disagree with the padding mask (``bool [B, N]``, None = all valid), read on the
-    host; None when they agree."""
+def _lengths_mismatch_message(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int, b: int) -> str:
+    """Why batch item ``b``'s tree length disagrees with the padding mask (``bool [B, N]``, None = all valid), read
+    on the host (:func:`syntaxkernels._validation.check_lengths_agree` found the item)."""
     positions = torch.arange(n)
-    tree_valid = positions[None, :] < tree_lengths[:, None]
-    expected = valid if valid is not None else torch.ones_like(tree_valid)
-    bad = (tree_valid != expected).any(dim=1)
-    if not bool(bad.any()):
-        return None
-    b = int(bad.nonzero()[0, 0])
+    expected = valid.cpu() if valid is not None else torch.ones(tree_lengths.shape[0], n, dtype=torch.bool)
     attended = int(expected[b].sum())
     if not bool((expected[b] == (positions < attended)).all()):
         kept = expected[b].nonzero()[:, 0].tolist()
@@ -349,18 +340,6 @@ def _on_host(*tensors: Optional[torch.Tensor]) -> bool:
     return all(t is None or V._on_host(t) for t in tensors)
 
 
-def _assert_lengths_on_device(tree_lengths: torch.Tensor, valid: Optional[torch.Tensor], n: int) -> None:
-    """Queue the lengths check on the device: no host read; a mismatch fails the next synchronising call
-    (CUDA: a device-side assertion; on CPU it raises at once)."""
-    if valid is not None:
-        tree_valid = torch.arange(n, device=valid.device)[None, :] < tree_lengths.to(valid.device)[:, None]
-        agree = (tree_valid == valid).all()
-    else:
-        agree = (tree_lengths == n).all()
-    torch._assert_async(agree, "syntax_trees' lengths differ from the attention mask (which must pad on the "
-                               "right, valid tokens first); run the batch on CPU to see which item")
-
-
 def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> TreeBatch:
     """Validate ``syntax_trees`` against the hidden states ``[B, N, E]`` and the padding mask; move it.
 
@@ -379,16 +358,11 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
         raise ValueError(f"syntax_trees must cover the token sequence: expected batch {B} and N = {N} tokens "
                          f"(distance [B, N, N] = [{B}, {N}, {N}]), got distance {tuple(trees.distance.shape)}; "
                          "build it on the token-level heads padded to the input_ids length")
-    checked = _compiling()
-    if not checked and _on_host(trees.lengths, valid):
-        message = _lengths_mismatch_message(trees.lengths, valid, N)
-        if message is not None:
-            raise ValueError(message)
-        checked = True
+    V.check_lengths_agree(trees.lengths, valid, N, lambda b: _lengths_mismatch_message(trees.lengths, valid, N, b),
+                          "syntax_trees' lengths differ from the attention mask (which must pad on the right, valid "
+                          "tokens first); run the batch on CPU to see which item")
     if trees.device != hidden.device:
         trees = trees.to(hidden.device, non_blocking=True)
-    if not checked:
-        _assert_lengths_on_device(trees.lengths, valid, N)
     return trees
 
 

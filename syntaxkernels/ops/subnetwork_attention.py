@@ -77,7 +77,8 @@ def _dense_allowed(trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Ten
     """``(allowed, nonempty)`` of a dense mask: bool ``allowed`` ``[B, 1, 1, N]`` for full (a key mask from the
     segments: plain attention with lengths), ``[B, 1, N, N]`` for pairwise, and ``nonempty [B, N]``, the rows with
     an allowed key. Rows with no allowed key are given every key (so the softmax stays finite); the callers then
-    multiply them by zero: their outputs and gradients are exactly zero."""
+    set them to zero (a select, not a product: a NaN among those keys must not reach their outputs) and zero
+    their output gradients: their outputs and (for finite inputs) gradients are exactly zero."""
     valid = _valid(trees)
     if kind == "full":
         keys = valid | ~valid.any(dim=1, keepdim=True)  # an empty item: any key (its rows are zeroed)
@@ -94,7 +95,8 @@ def _dense_cpu(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[torc
     (v's head dim unlike q's): ``(out [B, H, N, Dv], nonempty [B, N])``."""
     allowed, nonempty = _dense_allowed(trees, kind)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-    return out * nonempty[:, None, :, None].to(out.dtype), nonempty
+    # A select, not a product: a NaN row times 0 would stay NaN.
+    return torch.where(nonempty[:, None, :, None], out, out.new_zeros(())), nonempty
 
 
 def _dense_lut(kind: str, like: torch.Tensor) -> torch.Tensor:
@@ -122,7 +124,7 @@ def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[to
 def _additive_mask(q: torch.Tensor, trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask, keep)`` of a dense mask for the SDPA CPU kernel: an additive mask in q's dtype (0 allowed, -inf
     not, from :func:`_dense_allowed`) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the
-    others are multiplied by 0: output and gradients exactly zero)."""
+    others are set to 0, their output gradients multiplied by 0: output and gradients exactly zero)."""
     allowed, nonempty = _dense_allowed(trees, kind)
     mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
     return mask, nonempty[:, None, :, None].to(q.dtype)
@@ -146,7 +148,7 @@ class _SubnetworkCPU(torch.autograd.Function):
         for m, (mask, keep) in enumerate(zip(masks, keeps)):
             o, o_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask,
                                                                                  scale=scale)
-            torch.mul(o, keep, out=out[:, R + m])
+            torch.where(keep != 0, o, o.new_zeros(()), out=out[:, R + m])  # not o * keep: a NaN row times 0 stays NaN
             saved += [o, o_lse]
         ctx.save_for_backward(q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *dense, *saved)
         ctx.num_relations, ctx.num_dense, ctx.scale = R, len(masks), scale

@@ -68,13 +68,34 @@ def _detail_lines(detail: str, width: int) -> List[str]:
 # ------------------------------------------------------------------------------------------------ verify
 
 
-LEGEND = ("Figures: 'name err/bound' = the largest |kernel - float64 reference| over that tensor / the error "
-          "allowed (twice the error of the same computation done by the reference in the kernel's dtype, plus "
-          "a small floor); a check passes when err <= bound for every tensor. out = output; dq, dk, dv, dtable, "
-          "dscale = gradients of q, k, v, the distance-bias table and the bias strength c (its bound: twice "
-          "the error the reference's per-bucket dtable errors give through sum(table*G), plus 1e-4 of dscale in "
-          "fp16/bf16, at least the rule above in fp32; [..] is |c*dscale - sum(table*dtable)| / sum|table*dtable|, allowed "
-          "1e-5 of the smaller of that sum and |c| + |sum(table*dtable)|).")
+#: What the bias checks' figures mean, one entry a figure: ``(figure, meaning)``, printed under verify's table
+#: (:func:`legend_lines`) when one of them ran.
+LEGEND = (
+    ("name err/bound", "each tensor a bias check compares, its error and the error allowed; the check passes "
+                       "when err <= bound for every tensor"),
+    ("err", "the largest |kernel - float64 reference| over that tensor"),
+    ("bound", "twice the error of the same computation done by the reference in the kernel's dtype, plus a small "
+              "floor"),
+    ("out", "the output"),
+    ("dq, dk, dv", "the gradients of q, k, v"),
+    ("dtable", "the gradient of the distance-bias table"),
+    ("dscale", "the gradient of the bias strength c; its bound: twice the error the reference's per-bucket dtable "
+               "errors give through sum(table*G), plus 1e-4 of dscale in fp16/bf16, at least the rule above in "
+               "fp32"),
+    ("[..]", "after dscale: |c*dscale - sum(table*dtable)| / sum|table*dtable|, allowed 1e-5 of the smaller of "
+             "that sum and |c| + |sum(table*dtable)|"),
+)
+
+
+def legend_lines(width: int = WIDTH) -> List[str]:
+    """:data:`LEGEND` as printed: a heading, then one entry a figure, its meaning wrapped under itself."""
+    key_width = max(len(figure) for figure, _ in LEGEND)
+    lines = ["Figures of the bias_attention checks:"]
+    for figure, meaning in LEGEND:
+        wrapped = textwrap.wrap(meaning, width - key_width - 4) or [""]
+        lines.append(f"  {figure:<{key_width}}  {wrapped[0]}")
+        lines.extend(f"  {'':<{key_width}}  {more}" for more in wrapped[1:])
+    return lines
 
 
 def _verify_progress(index: int, total: int, name: str, row: Optional[dict]) -> None:
@@ -126,7 +147,7 @@ def verify(args) -> int:
     skipped = sum(r["status"] == "skip" for r in rows)
     if any(r["check"].startswith("bias_attention") and r["status"] != "skip" for r in rows):
         print()  # the legend explains the bias checks' figures: only when one of them ran
-        for line in textwrap.wrap(LEGEND, WIDTH):
+        for line in legend_lines():
             print(line)
     for r in failed:
         print(f"\nFAIL {r['check']}:\n{r['detail']}", file=sys.stderr)
@@ -156,7 +177,10 @@ def _print_bench(rows: List[dict]) -> None:
         columns: List[str] = []
         for r in data:
             columns += [k for k in r if k not in ("bench", "note") and k not in columns]
-        constant = [c for c in columns if len(data) > 1 and len({cell(r.get(c)) for r in data}) == 1]
+        # A column that holds one value in every row is a condition of the table (D: 64, family: sm90): printed
+        # once above it. Not a figure (a float): a measured 0 in every row stays in the table.
+        constant = [c for c in columns if len(data) > 1 and len({cell(r.get(c)) for r in data}) == 1
+                    and not any(isinstance(r.get(c), float) for r in data)]
         for c in constant:
             for line in textwrap.wrap(f"{c}: {cell(data[0].get(c))}", WIDTH - 2, subsequent_indent="    ",
                                       break_long_words=False, break_on_hyphens=False):

@@ -1120,11 +1120,14 @@ def _presence(workload, block_m: int, block_n: int):
 
     from syntaxkernels.specs import BucketSpec
 
-    key = (workload.name, block_m, block_n)
+    # Keyed by what the batch holds, not only its name: a workload of the same name built from other sentences
+    # (the treebank's, generated ones) is another batch.
+    identity = (workload.name, workload.source, workload.N, hash(tuple(tuple(heads) for heads in workload.heads)))
+    key = (identity, block_m, block_n)
     if key not in _PRESENCE_CACHE:
-        batch = _WORKLOAD_CACHE.get(("batch", workload.name))
+        batch = _WORKLOAD_CACHE.get(("batch", identity))
         if batch is None:
-            batch = _WORKLOAD_CACHE[("batch", workload.name)] = workload.tree_batch()
+            batch = _WORKLOAD_CACHE[("batch", identity)] = workload.tree_batch()
         _PRESENCE_CACHE[key] = tile_presence(batch.distance, batch.lengths, block_m, block_n,
                                              BucketSpec().lut().to(torch.int64))
     return _PRESENCE_CACHE[key]
@@ -1605,8 +1608,7 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
             lengths = workload.lengths
             rows.append(dict(workload=name, D=head_dim, B=workload.batch_size, N=workload.N,
                              lengths=f"{min(lengths)}..{max(lengths)}",
-                             valid=round(workload.valid_pairs() / (sum(lengths) ** 2 if workload.packed else
-                                                                   workload.batch_size * workload.N ** 2), 3),
+                             valid=round(workload.valid_pairs() / (workload.batch_size * workload.N ** 2), 3),
                              fwd_tile=f"{fwd['BLOCK_M']}x{fwd['BLOCK_N']}",
                              f_area=round((f["interior"] + f["boundary"]) * f["area"] / f["valid_pairs"], 2),
                              dkdv_tile=f"{dkdv['BLOCK_M']}x{dkdv['BLOCK_N']}",

@@ -176,8 +176,10 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         scale: default ``1 / sqrt(D)``.
         bias_scale: the strength c: None (1), a float, or a one-element tensor (gets a gradient).
         lengths: ``int [B]`` or a boolean key-padding mask ``[B, N]`` (True = padding); a plan has its own (given
-            here, they replace them for this call). Checked against a tree distance's own padding (its diagonal):
-            a ``ValueError`` on CPU tensors, a device-side assertion on a GPU.
+            here, they replace them for this call). With a tree distance the package built (a :class:`TreeBatch`'s,
+            as the batch or as its ``distance``) they must equal the trees' lengths (None: every item N tokens): a
+            ``ValueError`` naming the batch item on CPU tensors, a device-side assertion on a GPU, once per plan
+            (:func:`syntaxkernels._validation.check_lengths_match_distance`).
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
@@ -199,8 +201,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
 
         bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
         s = (q @ k.transpose(-1, -2)) * scale + bias
-        s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
-        out = torch.nan_to_num(s.softmax(-1)) @ v
+        allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
+        p = s.masked_fill(~allowed, -inf).softmax(-1)       # NaN in a row with a NaN or +inf allowed score
+        out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
         if lengths is not None:  # packed (varlen) batches: their own kernels

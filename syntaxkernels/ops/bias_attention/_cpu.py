@@ -118,8 +118,9 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
 
         bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
         s = (q @ k.transpose(-1, -2)) * scale + bias
-        s = s.masked_fill(~allowed_pairs(distance, lengths, window, causal)[:, None], -inf)
-        out = torch.nan_to_num(s.softmax(-1)) @ v
+        allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
+        p = s.masked_fill(~allowed, -inf).softmax(-1)       # NaN in a row with a NaN or +inf allowed score
+        out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     plan = as_plan(distance, lengths)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)

@@ -166,8 +166,9 @@ def _bias_fwd_kernel(
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
                                   OPAQUE_BIAS, INTERPRETED)
 
-    # Epilogue: normalise; rows past the length or without an allowed key are 0 with lse = +inf.
-    valid = (offs_m < length) & (l_i > 0.0)
+    # Epilogue: normalise; rows past the length or without an allowed key (l_i exactly 0) are 0 with lse = +inf.
+    # A NaN l_i (a NaN or +inf score among the allowed ones) is normalised: the row and its lse are NaN.
+    valid = (offs_m < length) & (l_i != 0.0)
     denom = tl.where(valid, l_i, 1.0)
     out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
@@ -225,7 +226,7 @@ def _bias_fwd_short_kernel(
         m = tl.where(m == float("-inf"), 0.0, m)  # a row without an allowed key: P = 0
         p = tl.exp2(scores - m[:, None])
         l = tl.sum(p, 1)
-        valid = (offs_m < length) & (l > 0.0)
+        valid = (offs_m < length) & (l != 0.0)  # l NaN: the row is NaN (a NaN or +inf score), as in the reference
         denom = tl.where(valid, l, 1.0)
         tl.store(LSE + (b * HEADS + h) * stride_row + offs_m, tl.where(valid, m + tl.log2(denom), float("inf")),
                  mask=offs_m < N)
@@ -235,6 +236,7 @@ def _bias_fwd_short_kernel(
             offs_c = c + tl.arange(0, OUT_CHUNK)
             v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, True,
                           EVEN_DV)
-            out = mma(p_in, v, DOT_PRECISION) * scale_rows[:, None]
+            # A select, not only the product with scale_rows: a padding row's q is 0, and 0 times a NaN k is NaN.
+            out = tl.where(valid[:, None], mma(p_in, v, DOT_PRECISION) * scale_rows[:, None], 0.0)
             tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_od,
                      out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < DV))

@@ -168,7 +168,7 @@ def _varlen_fwd_kernel(
         acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
 
-    valid = (offs_m < T) & (l_i > 0.0)
+    valid = (offs_m < T) & (l_i != 0.0)  # l_i NaN (a NaN or +inf score): the row is NaN, not 0
     denom = tl.where(valid, l_i, 1.0)
     out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))

@@ -272,8 +272,15 @@ def bench_inspect(device, quick):
         rows.append(dict(kernel=r["kernel"].strip("_").replace("_kernel", ""), sm=r["arch"], tile=r["tile"],
                          regs=r["registers"], instr_per_elem=r["other_per_unit"], all_branches=r["all_per_unit"],
                          ex2_per_elem=r["ex2_per_unit"], plain=r["plain_other_per_unit"], ratio=r["ratio"],
-                         note="model, not a measurement (SASS of the launch as compiled)"))
+                         note=WHY_SM90))
     return rows
+
+
+#: Why a CPU bench shows an sm_90 cost model (the note under bias_attention.inspect and .workloads).
+WHY_SM90 = ("no GPU here, so instead of timing the Triton kernels this compiles them as a real sm_90 (H100/H200) "
+            "launch would, without running them, and reads their cost from the SASS: a model, not a measurement. "
+            "sm_90 because the kernels' cost targets are set for it (docs/checking.md); python -m syntaxkernels "
+            "inspect --arch 80,90 (or --workload all for every GPU family) gives the others")
 
 
 def bench_workloads(device, quick):
@@ -287,7 +294,10 @@ def bench_workloads(device, quick):
 
     rows = inspection.workload_overview(workloads.WORKLOADS, "sm90", (64,) if quick else (64, 128))
     for row in rows:
-        row["note"] = ("valid: valid pairs / (B N^2); f_area, b_area: score elements the forward and the dK/dV "
+        row["note"] = ("the tiles the kernels take on sm_90 (H100/H200: the family their cost targets are set for; "
+                       "no GPU here, so nothing is timed). "
+                       "valid: valid pairs / (B N^2) (a packed batch: B sequences, N the longest); f_area, b_area: "
+                       "score elements the forward and the dK/dV "
                        "kernel (rows of at most 128 tokens: the short-row kernels, one or two 64-token blocks a "
                        "sequence) "
                        "compute per valid pair; bnd: that kernel's walked tiles that are boundary tiles; one, "

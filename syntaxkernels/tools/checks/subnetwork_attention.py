@@ -165,11 +165,11 @@ def _bench_cuda(device: str, quick: bool):
 
 
 CHECKS = [
-    Check("subnetwork_attention triton fp32 N=37 (forest, default masks)",
+    Check("subnetwork_attention.triton_fp32_forest_default_masks_n37",
           lambda device: _check(device, "triton", torch.float32, 37, False)),
-    Check("subnetwork_attention triton bf16 N=70 (forest, pairwise)",
+    Check("subnetwork_attention.triton_bf16_forest_pairwise_n70",
           lambda device: _check(device, "triton", torch.bfloat16, 70, True)),
-    Check("subnetwork_attention C++ fp32 N=70 (forest, pairwise)",
+    Check("subnetwork_attention.cpp_fp32_forest_pairwise_n70",
           lambda device: _check(device, "auto", torch.float32, 70, True)),
 ]
 

@@ -315,11 +315,11 @@ def check_cuda(device: str) -> Tuple[bool, str]:
 
 
 CHECKS = [
-    Check("trees: Python builder == BFS oracle", check_python_vs_bfs),
-    Check("trees: C++ builder == Python == BFS oracle", check_cpp_vs_bfs),
-    Check("trees: treebank == shortest paths", check_treebank),
-    Check("trees: bad inputs, same errors C++/Python", check_errors),
-    Check("trees: CUDA builder == C++", check_cuda),
+    Check("trees.python_builder_vs_bfs", check_python_vs_bfs),
+    Check("trees.cpp_builder_vs_python_vs_bfs", check_cpp_vs_bfs),
+    Check("trees.treebank_vs_shortest_paths", check_treebank),
+    Check("trees.bad_inputs_same_errors_cpp_python", check_errors),
+    Check("trees.cuda_builder_vs_cpp", check_cuda),
 ]
 
 
