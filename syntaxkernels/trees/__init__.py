@@ -15,6 +15,7 @@ from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
 from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
+from .syntax_bert import WordTreeBatch, syntax_bert_batch
 
 __all__ = [
     "TreeBatch",
@@ -39,6 +40,8 @@ __all__ = [
     "join_sentences",
     "align_to_tokens",
     "align_batch",
+    "syntax_bert_batch",
+    "WordTreeBatch",
     "TreeCollator",
     "collate_trees",
     "TokenBudgetBatchSampler",
