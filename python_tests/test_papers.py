@@ -635,3 +635,150 @@ def test_release_pos_ids():
     want = [upos_map[t] for t in ["[CLS]", "DET", "VERB", "VERB", "PUNCT", "[SEP]"]] + [0]
     for variant in ("paper", "release"):
         assert sk.integrations.upos.token_pos_ids([s], [word_ids], variant=variant, lengths=[6]).tolist() == [want]
+
+
+# ============================================================================== the transformers integration
+
+transformers = pytest.importorskip("transformers")
+
+
+def _bert(**overrides):
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                     **overrides)
+    return transformers.BertModel(config).eval()
+
+
+def release_bert_forward(model, ids, mask, pos, dist, n_syntax, targets):
+    """The release's BertModel.forward with syntax (modeling_bert.py): the GAT on the word embeddings plus POS
+    embeddings, LayerNorm, per layer Linear(G) added to the first heads' targets, the -10000 padding mask. The
+    rest of BERT is transformers' own modules (the same computation in both)."""
+    enc = model.encoder
+    gat = enc.syntax_gat
+    word = model.embeddings.word_embeddings(ids)
+    hidden = model.embeddings(input_ids=ids)
+    layers = [[(l.weight[h], l.att_src[h][:, None], l.att_dst[h][:, None]) for h in range(gat.num_heads)]
+              for l in gat.layers] if gat.variant == "release" else None
+    if layers is not None:
+        g = release_gat(word + gat.pos_embedding(pos), dist, gat.window, layers, gat.norm)
+    else:
+        lengths = mask.sum(1)
+        g = paper_gat_batch(word + gat.pos_embedding(pos), dist, lengths, gat.window,
+                            [(l.t_proj.weight, l.v_proj.weight) for l in gat.layers], gat.num_heads)
+    for layer in enc.layer:
+        att = layer.attention.self
+        lins = [att.syntax.syntax_proj[t] for t in targets]
+        ctx = release_syntax_attention(hidden, g, att.query.weight, att.query.bias, att.key.weight, att.key.bias,
+                                       att.value.weight, att.value.bias, *lins, mask.sum(1), 4, n_syntax, targets)
+        attn_out = layer.attention.output(ctx, hidden)
+        hidden = layer.output(layer.intermediate(attn_out), attn_out)
+    return hidden
+
+
+@pytest.mark.parametrize("variant", ["paper", "release"])
+def test_gat_model_is_the_papers_and_the_releases(variant):
+    """enable_syntax_attention(method="gat", variant=...) on a tiny BERT against the release's forward (its
+    GAT reads the word embeddings, not the embedding layer's output)."""
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+
+    torch.manual_seed(0)
+    model = _bert().double()
+    enable_syntax_attention(model, "gat", variant=variant, syntax_heads=2,
+                            gat_config=dict(num_layers=2, num_heads=2, head_dim=8, window=2))
+    _perturb(model.encoder.syntax_gat, scale=0.1)
+    trees = _trees(sizes=(9, 6, 3), seed=12)
+    mask = (torch.arange(9)[None] < trees.lengths[:, None]).long()
+    ids = torch.randint(5, 100, (3, 9)) * mask
+    pos = sk.integrations.upos.token_pos_ids([[]] * 3, [[None] * int(n) for n in trees.lengths], width=9,
+                                             variant=variant)
+    pos = torch.where(mask.bool(), torch.randint(1, 18, (3, 9)), pos)
+    got = model(input_ids=ids, attention_mask=mask, syntax_trees=trees, syntax_pos=pos).last_hidden_state
+    dist, valid = _release_distance(trees)
+    targets = ("q", "k") if variant == "paper" else ("k", "v")
+    want = release_bert_forward(model, ids, mask, pos, dist, 2, targets)
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-9, rtol=1e-9)
+    w = torch.randn(got.shape, dtype=f64) * valid[..., None]
+    params = [p for n, p in model.named_parameters() if "syntax" in n and "k.bias" not in n]
+    params.append(model.embeddings.word_embeddings.weight)
+    for a, b in zip(_grads(got, w, params), _grads(want, w, params)):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
+
+
+def test_fresh_models_and_the_promise_of_each_variant():
+    """A fresh "gat" model equals the pre-trained one with variant="package" only (the paper's and the release's
+    syntax heads start as the release's BERT init); "subnetwork" with only the full mask equals it in every
+    variant."""
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+
+    trees = _trees(sizes=(9, 6), seed=13)
+    mask = (torch.arange(9)[None] < trees.lengths[:, None]).long()
+    ids = torch.randint(5, 100, (2, 9)) * mask
+    valid = mask.bool()
+    plain = _bert().double()  # float64: the paper's fresh model differs from the plain one by ~1e-6 only
+    ref = plain(input_ids=ids, attention_mask=mask).last_hidden_state
+    for method, variant, equal in [("gat", "package", True), ("gat", "paper", False), ("gat", "release", False),
+                                   ("subnetwork", "paper", True), ("subnetwork", "release", True),
+                                   ("subnetwork", "package", True)]:
+        import copy
+
+        model = copy.deepcopy(plain)
+        extra = dict(gat_config=dict(num_layers=1, num_heads=2, head_dim=8, window=2)) if method == "gat" else dict(
+            masks=sk.MaskSpec(parent=False, child=False, sibling=False))
+        enable_syntax_attention(model, method, variant=variant, **extra)
+        out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
+        difference = (out[valid] - ref[valid]).abs().max().item()
+        assert (difference < 1e-10) if equal else (difference > 1e-8), (method, variant, difference)
+        assert model.config.syntax_attention["variant"] == variant
+
+
+@pytest.mark.parametrize("method", ["subnetwork", "gat"])
+def test_saved_variant_comes_back(tmp_path, method):
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, load_syntax_model
+
+    model = transformers.BertForTokenClassification(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100)).eval()
+    extra = dict(gat_config=dict(num_layers=1, num_heads=2, head_dim=8, window=2, probe_rank=4)) if method == "gat" \
+        else {}
+    enable_syntax_attention(model, method, variant="release", **extra)
+    trees = _trees(sizes=(9, 6), seed=14)
+    mask = (torch.arange(9)[None] < trees.lengths[:, None]).long()
+    ids = torch.randint(5, 100, (2, 9)) * mask
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits
+    model.save_pretrained(tmp_path)
+    loaded = load_syntax_model(transformers.BertForTokenClassification, tmp_path).eval()
+    assert loaded.config.syntax_attention["variant"] == "release"
+    part = loaded.bert.encoder.layer[0].attention.self.syntax
+    assert part.variant == "release"
+    torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask, syntax_trees=trees).logits, out)
+    # A checkpoint saved before the variants existed (no "variant" in its config) computed the package's form.
+    import json
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["syntax_attention"]["variant"]
+    if method == "gat":
+        config["syntax_attention"]["gat_config"]["num_pos_tags"] = 18
+        config["syntax_attention"]["targets"] = ["q", "k"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    fresh = transformers.BertForTokenClassification(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100))
+    enable_syntax_attention(fresh, method, variant="package", **({"gat_config": dict(
+        num_layers=1, num_heads=2, head_dim=8, window=2, probe_rank=4)} if method == "gat" else {}))
+    fresh.save_pretrained(tmp_path / "old")
+    config_old = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config_old["syntax_attention"]["variant"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config_old))
+    old = load_syntax_model(transformers.BertForTokenClassification, tmp_path / "old")
+    assert old.config.syntax_attention["variant"] == "package"
+
+
+def test_variant_argument_errors():
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+
+    with pytest.raises(ValueError, match="variant applies to method='subnetwork' and method='gat'"):
+        enable_syntax_attention(_bert(), "bias", variant="paper")
+    with pytest.raises(ValueError, match="variant must be one of 'paper', 'release', 'package'"):
+        enable_syntax_attention(_bert(), "gat", variant="authors")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        SyntaxGAT(8, variant="released")
+    with pytest.raises(ValueError, match="connect=True"):
+        sk.trees.align_to_tokens([[-1]], [None, 0, None], connect=False, variant="release")
