@@ -1,4 +1,5 @@
-"""Tree inputs: batches and distances, CoNLL-U, stanza and spaCy readers, a cached parsing front (``parse``),
+"""Tree inputs: batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
+stanza), a cached parsing front (``parse``),
 subword alignment, DataLoader collation.
 
 Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
@@ -11,6 +12,7 @@ from .batch import (TreeBatch, aligned_distance, build_tree_tensors, known_symme
                     python_tree_tensors, tree_distance)
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
 from .spacy import from_spacy
@@ -29,6 +31,10 @@ __all__ = [
     "known_symmetric",
     "Sentence",
     "read_conllu",
+    "PhraseTree",
+    "read_brackets",
+    "from_stanza_constituency",
+    "constituency_distance",
     "from_conllu_heads",
     "from_self_root",
     "from_stanza",
