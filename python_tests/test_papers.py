@@ -782,3 +782,59 @@ def test_variant_argument_errors():
         SyntaxGAT(8, variant="released")
     with pytest.raises(ValueError, match="connect=True"):
         sk.trees.align_to_tokens([[-1]], [None, 0, None], connect=False, variant="release")
+
+
+def test_treebank_batches_through_the_collator(ud_dev_path, tmp_path):
+    """UD sentences through a WordPiece tokenizer: TreeCollator(word_level=True) builds Syntax-BERT's word-level
+    masks (equal to syntax_bert_batch), which differ from the package's token-tree masks; a "subnetwork" BERT of
+    each variant trains on them, a "gat" BERT on the release's token trees and POS ids."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_aux_loss, token_pos_ids
+
+    sentences = [s for s in sk.trees.read_conllu(ud_dev_path) if 4 <= len(s) <= 16][:6]
+    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator([" ".join(s.words) for s in sentences], vocab_size=90, min_frequency=1)
+    wordpiece.save(str(tmp_path / "tok.json"))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
+                                               sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    spec = sk.MaskSpec(max_distance=2)
+    batch = sk.trees.TreeCollator(tokenizer=tok, word_level=True)(sentences)
+    assert isinstance(batch["trees"], sk.trees.WordTreeBatch)
+    direct = sk.trees.syntax_bert_batch(sentences, batch["word_ids"], attention_mask=batch["attention_mask"])
+    assert torch.equal(batch["trees"].distance, direct.distance) and torch.equal(batch["trees"].depth, direct.depth)
+    package = sk.trees.TreeCollator(tokenizer=tok)(sentences)["trees"]
+    ours, theirs = (sk.reference.syntax_masks(t, spec) for t in (batch["trees"], package))
+    assert (ours != theirs).any()
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=len(tok), num_labels=18)
+    labels = token_pos_ids(batch["sentences"], batch["word_ids"], variant="package").masked_fill(
+        batch["attention_mask"] == 0, -100)
+    for variant in ("paper", "release"):
+        torch.manual_seed(0)
+        model = transformers.BertForTokenClassification(config)
+        enable_syntax_attention(model, "subnetwork", masks=spec, variant=variant)
+        trees = sk.trees.TreeCollator(tokenizer=tok, word_level=True, variant=variant)(sentences)["trees"]
+        losses = _train(model, batch, trees, labels)
+        assert losses[-1] < losses[0], (variant, losses)
+    release = sk.trees.TreeCollator(tokenizer=tok, variant="release")(sentences)
+    pos = token_pos_ids(release["sentences"], release["word_ids"], variant="release", lengths=release["lengths"])
+    torch.manual_seed(0)
+    model = transformers.BertForTokenClassification(config)
+    enable_syntax_attention(model, "gat", variant="release",
+                            gat_config=dict(num_layers=2, num_heads=2, head_dim=8, window=1, probe_rank=8))
+    losses = _train(model, release, release["trees"], labels, syntax_pos=pos, aux=lambda: syntax_aux_loss(model))
+    assert losses[-1] < losses[0], losses
+
+
+def _train(model, batch, trees, labels, steps=4, aux=None, **extra):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], syntax_trees=trees,
+                    labels=labels, **extra)
+        loss = out.loss + (0.5 * aux() if aux is not None else 0.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(out.loss.detach()))
+    return losses

@@ -118,7 +118,7 @@ def _token_words(word_ids: List[Optional[int]], sequence_ids: Optional[List[Opti
 
 
 def syntax_bert_batch(texts: Sequence, word_ids, *, sequence_ids=None, attention_mask=None,
-                      variant: str = DEFAULT_VARIANT, backend: str = "auto") -> TreeBatch:
+                      variant: str = DEFAULT_VARIANT, backend: str = "auto", missing_words: str = "error") -> TreeBatch:
     """The trees of a batch as Syntax-BERT's masks see them, for :func:`syntaxkernels.syntax_subnetwork_attention`,
     :class:`syntaxkernels.nn.SyntaxBertSelfAttention` and ``enable_syntax_attention(method="subnetwork")``.
 
@@ -133,6 +133,8 @@ def syntax_bert_batch(texts: Sequence, word_ids, *, sequence_ids=None, attention
             plain :class:`TreeBatch` (pieces are children of their first piece, ``[CLS]`` roots the sequence,
             ``pairwise`` pairs different trees).
         backend: the tree builder of the word-level trees ("auto", "cpp", "python").
+        missing_words: "error" or "reattach" (truncation), as for :func:`~syntaxkernels.trees.align_batch`; a word
+            without tokens is simply absent from the masks.
     Returns:
         a :class:`WordTreeBatch` ("paper", "release") or a :class:`TreeBatch` ("package") with ``[B, N]`` tensors.
     Raises:
@@ -146,7 +148,8 @@ def syntax_bert_batch(texts: Sequence, word_ids, *, sequence_ids=None, attention
             attention_mask = encoding["attention_mask"]
         word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
     word_ids = [list(w) for w in word_ids]
-    heads, lengths = align_batch(texts, word_ids, sequence_ids=sequence_ids, attention_mask=attention_mask)
+    heads, lengths = align_batch(texts, word_ids, sequence_ids=sequence_ids, attention_mask=attention_mask,
+                                 missing_words=missing_words)
     if variant == "package":
         return TreeBatch.from_heads(heads, lengths, backend=backend)
     B, N = heads.shape
