@@ -10,16 +10,20 @@ below and by :mod:`syntaxkernels.integrations.transformers`:
 
 - :class:`DistanceBias`: the learnable tree-distance bias table (method 1) and the attention that reads it;
 - :class:`Subnetworks`: Syntax-BERT's masked sub-networks mixed by :class:`TopicalAttention` (method 2);
-- :class:`SyntaxHeads`: the zero-initialised injection of the GAT output into the first heads (method 3).
+- :class:`SyntaxHeads`: the injection of the GAT output into the first heads (method 3).
+
+Methods 2 and 3 take ``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and
+package"): the paper's text (default), the authors' released code, or the package's own earlier form.
 
 Self-attention modules (projections + one building block):
 
 - :class:`SyntaxBiasedSelfAttention`: multi-head self-attention plus a learnable tree-distance bias
   (zero-initialised: a fresh layer is plain attention).
 - :class:`SyntaxBertSelfAttention` with :class:`TopicalAttention`: Syntax-BERT sub-networks sharing Q, K, V,
-  mixed per token (a fresh layer averages the non-empty sub-networks).
+  mixed per token (a fresh layer mixes the sub-networks evenly).
 - :class:`SyntaxGAT`, :class:`SyntaxHeadSelfAttention`, :class:`StructuralProbeLoss`: syntax-augmented
-  mBERT (a windowed graph-attention network, its output added to the first heads' Q/K, and the probe loss).
+  mBERT (a windowed graph-attention network, its output added to the first heads' Q/K (paper) or K/V (release),
+  and the probe loss).
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
 Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-networks.

@@ -26,18 +26,24 @@ How it plugs in (transformers 5.x):
   classes pass ``**kwargs`` from ``model(...)`` through the encoder and layers to the attention function.
   A forward pre-hook on the encoder checks the trees against the batch (shape, device, padding), moves
   them to the model's device, and for ``method="gat"`` runs the syntax GAT once per forward, adding its
-  output ``G`` to the keyword arguments every layer receives. Because the trees and ``G`` travel as
+  output ``G`` to the keyword arguments every layer receives. For the paper's and the release's GAT a forward
+  pre-hook on the base model hands the word embeddings of the input (its GAT input) on to the encoder. Because the trees and ``G`` travel as
   arguments, gradient checkpointing recomputes layers with the right inputs.
 
-What each method promises for a freshly enabled model (same pre-trained weights):
+What each method promises for a freshly enabled model (same pre-trained weights); "subnetwork" and "gat" take
+``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and package"):
 
 - ``"bias"``: distance-bias table zeros, ``bias_scale`` 1 -> exactly plain attention; outputs at every
   non-padding token equal the unpatched model's (fp32 rounding aside).
-- ``"subnetwork"``: topical query zeros, ``Wk``/``Wv`` identity -> each token averages its non-empty
-  sub-networks. With ``masks`` enabling only ``full`` this is exactly plain attention; with relation masks
+- ``"subnetwork"``: each token mixes its sub-networks evenly (paper: the average of its M outputs, empty rows
+  filled with plain attention; release: their sum over sqrt(M); package: the average of the non-empty ones).
+  With ``masks`` enabling only ``full`` this is exactly plain attention in every variant; with relation masks
   (the default) a fresh model differs from the pre-trained one: that is the method, not a defect.
-- ``"gat"``: the syntax-head injection weights start at zero -> exactly plain attention; the GAT and the
-  probe have random (trainable) parameters but do not change the outputs until the injection has learned.
+- ``"gat"``: ``variant="package"``: the syntax-head injection weights start at zero -> exactly plain attention;
+  the GAT and the probe have random (trainable) parameters but do not change the outputs until the injection has
+  learned. ``"paper"`` / ``"release"``: the syntax heads start as the release's (N(0, initializer_range), a bias),
+  so a fresh model differs a little (paper: its GAT reads the raw word embeddings) or more (release: a
+  layer-normalised GAT output).
 
 Other differences from the unpatched model:
 
@@ -708,8 +714,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` = POS ids ``int64 [B, N]`` for "gat", e.g. from
         :func:`token_pos_ids`; without it every token gets tag 0, "unknown").
 
-    For "gat" the GAT reads the embedding layer's output (word + position + type embeddings after their
-    LayerNorm) plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
+    For "gat" the GAT reads the word embeddings of the input (``"paper"``, ``"release"``: ``w_i W_e``, the paper's
+    ``g_i``) or the embedding layer's output (``"package"``: word + position + type embeddings after their
+    LayerNorm), plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
     chosen layer. With ``probe_rank`` set, add :func:`syntax_aux_loss` to the loss (under DDP an unused
     probe would need ``find_unused_parameters=True``).
 
