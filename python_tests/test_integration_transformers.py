@@ -678,13 +678,11 @@ def test_token_pos_ids():
 
 def test_ud_sentences_end_to_end(ud_dev_path, tmp_path):
     """CoNLL-U -> a fast WordPiece tokenizer -> TreeCollator -> a few training steps of each method."""
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
+    from syntaxkernels.tools.testing import wordpiece_tokenizer
+
     sentences = [s for s in sk.trees.read_conllu(ud_dev_path) if 3 <= len(s) <= 20][:16]
-    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator([" ".join(s.words) for s in sentences], vocab_size=120, min_frequency=1)
-    wordpiece.save(str(tmp_path / "tok.json"))
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
-                                               sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    tok = wordpiece_tokenizer([" ".join(s.words) for s in sentences], tmp_path, vocab_size=120)
     collate = sk.trees.TreeCollator(tokenizer=tok)
     batch = collate(sentences[:8])
     assert batch["input_ids"].shape[1] > max(len(s) for s in sentences[:8])  # words split into pieces

@@ -788,15 +788,12 @@ def test_treebank_batches_through_the_collator(ud_dev_path, tmp_path):
     """UD sentences through a WordPiece tokenizer: TreeCollator(word_level=True) builds Syntax-BERT's word-level
     masks (equal to syntax_bert_batch), which differ from the package's token-tree masks; a "subnetwork" BERT of
     each variant trains on them, a "gat" BERT on the release's token trees and POS ids."""
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_aux_loss, token_pos_ids
+    from syntaxkernels.tools.testing import wordpiece_tokenizer
 
     sentences = [s for s in sk.trees.read_conllu(ud_dev_path) if 4 <= len(s) <= 16][:6]
-    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator([" ".join(s.words) for s in sentences], vocab_size=90, min_frequency=1)
-    wordpiece.save(str(tmp_path / "tok.json"))
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
-                                               sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    tok = wordpiece_tokenizer([" ".join(s.words) for s in sentences], tmp_path, vocab_size=90)
     spec = sk.MaskSpec(max_distance=2)
     batch = sk.trees.TreeCollator(tokenizer=tok, word_level=True)(sentences)
     assert isinstance(batch["trees"], sk.trees.WordTreeBatch)
@@ -838,3 +835,23 @@ def _train(model, batch, trees, labels, steps=4, aux=None, **extra):
         optimizer.step()
         losses.append(float(out.loss.detach()))
     return losses
+
+
+def test_miniature_experiments_run(ud_dev_path, tmp_path):
+    """benchmarks/papers_in_miniature.py end to end on a few sentences and steps (its figures: RESULTS.md)."""
+    import importlib.util
+    import json
+    import pathlib
+
+    pytest.importorskip("tokenizers")
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "papers_in_miniature.py"
+    spec = importlib.util.spec_from_file_location("papers_in_miniature", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "runs.json"
+    assert module.main(["all", "--data", str(ud_dev_path), "--limit", "50", "--steps", "2", "--batch", "8",
+                        "--seeds", "0", "--variants", "none,paper,release", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert {(r["task"], r.get("trees")) for r in runs} == {("tagging", None), ("sentence", "dependency"),
+                                                         ("sentence", "constituency")}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)

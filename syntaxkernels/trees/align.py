@@ -265,6 +265,17 @@ def _is_batch_encoding(obj) -> bool:
     return callable(getattr(obj, "word_ids", None)) and hasattr(obj, "encodings")
 
 
+def batch_word_ids(word_ids, attention_mask=None):
+    """``(word_ids as B lists, attention_mask)`` from B lists or a fast tokenizer's ``BatchEncoding`` (its
+    ``word_ids(b)``, and its ``attention_mask`` unless one is given)."""
+    if _is_batch_encoding(word_ids):
+        encoding = word_ids
+        if attention_mask is None and "attention_mask" in encoding:
+            attention_mask = encoding["attention_mask"]
+        word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
+    return [list(w) for w in word_ids], attention_mask
+
+
 def align_batch(
     sentences: Sequence,
     word_ids,
@@ -292,12 +303,7 @@ def align_batch(
         ``(heads int64 [B, N], lengths int64 [B])`` with N the longest word-id list;
         ``TreeBatch.from_heads(heads, lengths)`` builds the batch.
     """
-    if _is_batch_encoding(word_ids):
-        encoding = word_ids
-        if attention_mask is None and "attention_mask" in encoding:
-            attention_mask = encoding["attention_mask"]
-        word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
-    word_ids = [list(w) for w in word_ids]
+    word_ids, attention_mask = batch_word_ids(word_ids, attention_mask)
     batch = len(word_ids)
     if len(sentences) != batch:
         raise ValueError(f"sentences has {len(sentences)} items but word_ids has {batch}")

@@ -31,7 +31,7 @@ import torch
 
 from ..specs import MaskSpec, UNREACHABLE
 from ..variants import DEFAULT_VARIANT, check_variant
-from .align import _is_batch_encoding, _texts, _word_heads, align_batch
+from .align import _texts, _word_heads, align_batch, batch_word_ids
 from .batch import (EdgeLists, TreeBatch, _map_distance, _prepared, _relation_arguments, build_tree_tensors,
                     python_edge_lists)
 
@@ -142,12 +142,7 @@ def syntax_bert_batch(texts: Sequence, word_ids, *, sequence_ids=None, attention
         heads), or for an unknown variant.
     """
     check_variant(variant)
-    if _is_batch_encoding(word_ids):
-        encoding = word_ids
-        if attention_mask is None and "attention_mask" in encoding:
-            attention_mask = encoding["attention_mask"]
-        word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
-    word_ids = [list(w) for w in word_ids]
+    word_ids, attention_mask = batch_word_ids(word_ids, attention_mask)
     heads, lengths = align_batch(texts, word_ids, sequence_ids=sequence_ids, attention_mask=attention_mask,
                                  missing_words=missing_words)
     if variant == "package":
