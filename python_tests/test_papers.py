@@ -855,3 +855,14 @@ def test_miniature_experiments_run(ud_dev_path, tmp_path):
     assert {(r["task"], r.get("trees")) for r in runs} == {("tagging", None), ("sentence", "dependency"),
                                                          ("sentence", "constituency")}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
+
+
+@pytest.mark.parametrize("variant", ["paper", "release"])
+def test_subnetworks_packed_equal_padded_without_padding(variant):
+    """Empty rows attend every key of their row: the same keys packed and padded when nothing is padding."""
+    rows = [[-1, 0, 1, 1, 0], [-1, 0, 0, 0, 3], [-1, -1, 1, 2, 2]]
+    padded, packed = sk.TreeBatch.from_heads(rows), sk.TreeBatch.from_heads(rows, packed=True)
+    m = _perturb(SyntaxBertSelfAttention(16, 2, masks=sk.MaskSpec(max_distance=2, pairwise=True),
+                                         variant=variant)).double()
+    x = torch.randn(3, 5, 16, dtype=f64)
+    torch.testing.assert_close(m(x.reshape(1, 15, 16), packed)[0], m(x, padded).reshape(15, 16))
