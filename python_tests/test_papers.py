@@ -512,6 +512,9 @@ def test_syntax_bert_layer_is_the_papers_and_the_releases(variant, pair, backend
     texts, word_ids, seqs, attention_mask, masks, spec = _release_batch(pair, seed=7)
     trees = sk.trees.syntax_bert_batch(texts, word_ids, sequence_ids=seqs, attention_mask=attention_mask,
                                        variant=variant)
+    valid = attention_mask.bool()
+    empty = ~masks.any(-1)  # [B, M, N]: (token, mask) rows without a key
+    assert (empty & valid[:, None]).any() and (~empty & valid[:, None]).any()  # both kinds among valid tokens
     module = _perturb(SyntaxBertSelfAttention(16, 2, masks=spec, backend=name, variant=variant), scale=0.2)
     dtype = f64 if name == "reference" else torch.float32
     module = module.to(dtype)
