@@ -130,6 +130,10 @@ def _train_ddp(rank, method, kwargs, family):
         replicas = _gather(p.detach())
         assert torch.equal(replicas[0], replicas[1]), f"{method}: replicas differ at {n}"
     for n in names:
+        # A bias added to every key shifts each query's scores by one constant: softmax ignores it, so its gradient
+        # is zero (the paper and release variants have it, as the release's nn.Linear does).
+        if n.endswith("syntax_proj.k.bias"):
+            continue
         assert not torch.equal(params[n].detach(), start[n]), f"{method}: {n} did not train"
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 

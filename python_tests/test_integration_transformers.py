@@ -116,7 +116,7 @@ def test_fresh_bias_is_plain_attention(arch, attn_implementation, per_head):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fresh_gat_is_plain_attention_everywhere(arch):
     plain, patched = _fresh_pair(arch, "gat", gat_config=dict(GAT_SMALL, probe_rank=4), syntax_heads=2,
-                                 targets=("k", "v"))
+                                 targets=("k", "v"), variant="package")  # paper/release: test_papers.py
     ids, mask, trees = _batch(arch)
     pos = torch.randint(0, 18, ids.shape)
     ref = _hidden(plain, input_ids=ids, attention_mask=mask)
@@ -137,7 +137,7 @@ def test_fresh_subnetwork_full_only_is_plain_attention():
 
 def test_fresh_subnetwork_averages_the_subnetworks():
     """With relation masks a fresh layer is the mean of the non-empty sub-networks (not plain attention)."""
-    plain, patched = _fresh_pair("bert", "subnetwork")
+    plain, patched = _fresh_pair("bert", "subnetwork", variant="package")
     ids, mask, trees = _batch()
     valid = mask.bool()
     ref = _hidden(plain, input_ids=ids, attention_mask=mask)
@@ -145,7 +145,7 @@ def test_fresh_subnetwork_averages_the_subnetworks():
     assert (out[valid] - ref[valid]).abs().max() > 1e-3
 
     masks = sk.MaskSpec()
-    layer = SyntaxSubnetworks(num_heads=4, head_dim=8, masks=masks)
+    layer = SyntaxSubnetworks(num_heads=4, head_dim=8, masks=masks, variant="package")
     q, k, v = (torch.randn(2, 4, trees.max_len, 8) for _ in range(3))
     got = layer(q, k, v, trees, None)
     outputs, nonempty = reference.syntax_subnetwork_attention(q, k, v, trees, masks)
@@ -599,7 +599,8 @@ def test_pos_tags_live_in_their_own_module_without_transformers():
         token_pos_ids([s], [[None, 1]])
     with pytest.raises(TypeError, match="batch item 0: expected a Sentence"):
         token_pos_ids([["not a sentence"]], [[0]])
-    assert token_pos_ids([[s, s]], [[None, 0, 1, None]]).tolist() == [[0, 7, 7, 0]]  # two sentences, one text
+    assert token_pos_ids([[s, s]], [[None, 0, 1, None]], variant="package").tolist() == [[0, 7, 7, 0]]  # two
+    assert token_pos_ids([[s, s]], [[None, 0, 1, None]]).tolist() == [[18, 7, 7, 19]]  # sentences, one text
 
 
 @pytest.mark.parametrize("layout", ["bin", "sharded"])
@@ -672,20 +673,22 @@ def test_forward_errors():
 
 def test_token_pos_ids():
     s = sk.trees.Sentence(words=["A", "dog", "barks"], heads=[1, 2, -1], upos=["DET", "NOUN", "VERB"])
-    ids = token_pos_ids([s], [[None, 0, 1, 1, 2, None]], width=7)
+    ids = token_pos_ids([s], [[None, 0, 1, 1, 2, None]], width=7, variant="package")
     assert ids.tolist() == [[0, 6, 8, 8, 16, 0, 0]]
+    # The paper and the release: 0 padding, 18 [CLS], 19 [SEP], 20 a tag outside UPOS.
+    s.upos[0] = "???"
+    ids = token_pos_ids([s], [[None, 0, 1, 1, 2, None, None]], variant="release", lengths=[6])
+    assert ids.tolist() == [[18, 20, 8, 8, 16, 19, 0]]
 
 
 @pytest.mark.long_on_cpu
 def test_ud_sentences_end_to_end(ud_dev_path, tmp_path):
     """CoNLL-U -> a fast WordPiece tokenizer -> TreeCollator -> a few training steps of each method."""
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
+    from syntaxkernels.tools.testing import wordpiece_tokenizer
+
     sentences = [s for s in sk.trees.read_conllu(ud_dev_path) if 3 <= len(s) <= 20][:16]
-    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator([" ".join(s.words) for s in sentences], vocab_size=120, min_frequency=1)
-    wordpiece.save(str(tmp_path / "tok.json"))
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"), cls_token="[CLS]",
-                                               sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]")
+    tok = wordpiece_tokenizer([" ".join(s.words) for s in sentences], tmp_path, vocab_size=120)
     collate = sk.trees.TreeCollator(tokenizer=tok)
     batch = collate(sentences[:8])
     assert batch["input_ids"].shape[1] > max(len(s) for s in sentences[:8])  # words split into pieces

@@ -71,5 +71,6 @@ def test_syntax_bert_self_attention_uses_the_kernel():
 @pytest.mark.long_on_cpu
 def test_syntax_gat_uses_the_kernel():
     trees = _trees()
-    _compare(lambda backend: sk.nn.SyntaxGAT(64, num_layers=2, num_heads=2, head_dim=32, window=2, backend=backend),
+    _compare(lambda backend: sk.nn.SyntaxGAT(64, num_layers=2, num_heads=2, head_dim=32, window=2, backend=backend,
+                                             variant="package"),  # the paper's GAT: test_papers.py
              lambda m, x: m(x, trees))

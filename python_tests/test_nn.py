@@ -120,7 +120,7 @@ def test_padding_never_changes_valid_outputs(kind):
         torch.nn.init.normal_(module.distance_bias)
     elif kind == "subnetwork":
         module = SyntaxBertSelfAttention(16, 4, masks=sk.MaskSpec(max_distance=2, pairwise=True),
-                                         backend="reference")
+                                         backend="reference", variant="package")  # paper/release: N-dependent
         torch.nn.init.normal_(module.topical.query)
     elif kind == "gat":
         module = SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=4, window=2, backend="reference")
@@ -173,7 +173,7 @@ def test_subnetwork_with_only_full_is_plain_attention():
 def test_fresh_subnetwork_layer_averages_nonempty_subnetworks():
     trees, x = trees_and_input(4)
     masks = sk.MaskSpec(max_distance=2, pairwise=True)
-    module = SyntaxBertSelfAttention(16, 4, masks=masks, backend="reference").double()
+    module = SyntaxBertSelfAttention(16, 4, masks=masks, backend="reference", variant="package").double()
     torch.nn.init.normal_(module.topical.key_weight)  # irrelevant while the query is zero
     q, k, v = (t.view(2, 7, 4, 4).transpose(1, 2) for t in (module.q_proj(x), module.k_proj(x), module.v_proj(x)))
     outputs, nonempty = R.syntax_subnetwork_attention(q, k, v, trees, masks)
@@ -183,7 +183,7 @@ def test_fresh_subnetwork_layer_averages_nonempty_subnetworks():
 
 
 def test_topical_module_init_and_grads():
-    topical = TopicalAttention(2, 3).double()
+    topical = TopicalAttention(2, 3, variant="package").double()
     assert (topical.query == 0).all()
     assert torch.equal(topical.value_weight, torch.eye(3, dtype=f64).expand(2, 3, 3))
     assert torch.equal(topical.key_weight, torch.eye(3, dtype=f64).expand(2, 3, 3))
@@ -200,7 +200,7 @@ def _topical_case(seed, B=2, M=5, H=3, N=6, D=4, dtype=f64):
     n=1), a token with one non-empty mask (b=1, n=2) and a batch item whose tokens are all empty (b=B-1 when
     B > 2), where the shape has them."""
     gen = torch.Generator().manual_seed(seed)
-    module = TopicalAttention(H, D).to(dtype)
+    module = TopicalAttention(H, D, variant="package").to(dtype)
     with torch.no_grad():
         for p in module.parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=f64).to(dtype))
@@ -266,7 +266,7 @@ def test_topical_module_takes_non_contiguous_outputs():
 
 def test_fresh_topical_module_averages_and_keeps_the_dtype():
     _, outputs, nonempty = _topical_case(5, dtype=torch.float32)
-    fresh = TopicalAttention(3, 4)
+    fresh = TopicalAttention(3, 4, variant="package")
     weights = nonempty.float()[:, :, None, :, None]
     average = (outputs * weights).sum(1) / weights.sum(1).clamp(min=1)
     torch.testing.assert_close(fresh(outputs, nonempty), average)
@@ -279,7 +279,7 @@ def test_fresh_topical_module_averages_and_keeps_the_dtype():
 
 
 def test_topical_module_empty_sizes_and_bad_inputs():
-    module = TopicalAttention(2, 3)
+    module = TopicalAttention(2, 3, variant="package")
     for shape in [(0, 4, 2, 5, 3), (2, 4, 2, 0, 3)]:
         outputs = torch.randn(shape, requires_grad=True)
         nonempty = torch.ones(shape[0], shape[1], shape[3], dtype=torch.bool)
@@ -313,7 +313,7 @@ def test_subnetwork_needs_a_treebatch():
 def test_syntax_gat_matches_reference_layers():
     trees, x = trees_and_input(5)
     gat = SyntaxGAT(16, num_layers=2, num_heads=2, head_dim=3, window=2, num_pos_tags=18,
-                    backend="reference").double()
+                    backend="reference", variant="package").double()
     pos = torch.randint(0, 18, (2, 7))
     out = gat(x, trees, pos=pos)
     assert out.shape == (2, 7, 6) and gat.output_dim == 6
@@ -331,7 +331,8 @@ def test_syntax_heads_module():
     torch.manual_seed(3)
     trees, x = trees_and_input(6)
     g = torch.randn(2, 7, 6, dtype=f64)
-    module = SyntaxHeadSelfAttention(16, 4, syntax_dim=6, syntax_heads=2, targets=("k", "v")).double()
+    module = SyntaxHeadSelfAttention(16, 4, syntax_dim=6, syntax_heads=2, targets=("k", "v"),
+                                     variant="package").double()
     expected, valid = plain_attention(module, x, trees.lengths)
     torch.testing.assert_close(module(x, g, lengths=trees.lengths)[valid], expected[valid])  # zero init
     for p in module.syntax_proj.values():
@@ -349,7 +350,7 @@ def test_syntax_heads_module():
 
 def test_structural_probe_module():
     trees, _ = trees_and_input(7)
-    probe = StructuralProbeLoss(6, 3).double()
+    probe = StructuralProbeLoss(6, 3, variant="package").double()
     g = torch.randn(2, 7, 6, dtype=f64)
     got = probe(g, trees)
     expected = R.structural_probe_loss(g, probe.proj, trees.distance, trees.depth, trees.lengths)
@@ -365,8 +366,10 @@ def test_building_blocks_are_the_self_attention_modules_without_projections():
     self-attention modules (their subclasses) run; parameter names are those of the modules."""
     trees, x = trees_and_input(9)
     biased = SyntaxBiasedSelfAttention(16, 4, per_head=True, backend="reference").double()
-    bert = SyntaxBertSelfAttention(16, 4, masks=sk.MaskSpec(max_distance=2), backend="reference").double()
-    heads = SyntaxHeadSelfAttention(16, 4, syntax_dim=6, syntax_heads=2, targets=("k", "v")).double()
+    bert = SyntaxBertSelfAttention(16, 4, masks=sk.MaskSpec(max_distance=2), backend="reference",
+                                   variant="package").double()
+    heads = SyntaxHeadSelfAttention(16, 4, syntax_dim=6, syntax_heads=2, targets=("k", "v"),
+                                    variant="package").double()
     assert isinstance(biased, sk.nn.DistanceBias) and isinstance(bert, sk.nn.Subnetworks)
     assert isinstance(heads, sk.nn.SyntaxHeads)
     assert {"distance_bias", "bias_scale", "q_proj.weight", "out_proj.bias"} <= set(biased.state_dict())
@@ -470,7 +473,7 @@ def test_fresh_encoder_layer_matches_torch(method, norm_first, batch_first):
     masks = sk.MaskSpec(parent=False, child=False, sibling=False)  # `full` only: plain attention
     ours = SyntaxTransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", norm_first=norm_first,
                                          batch_first=batch_first, method=method, masks=masks, syntax_dim=5,
-                                         backend="reference").double()
+                                         backend="reference", variant="package").double()
     theirs = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", norm_first=norm_first,
                                               batch_first=batch_first).double()
     copy_into_torch_layer(ours, theirs)

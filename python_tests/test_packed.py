@@ -620,7 +620,8 @@ def _tiny_bert(method, **kwargs):
 
 
 @pytest.mark.parametrize("method,kwargs", [("bias", {}), ("bias", dict(per_head=True, layers=[1])),
-                                           ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True))),
+                                           ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2, pairwise=True),
+                                                               variant="package")),  # paper/release: N-dependent
                                            ("gat", dict(gat_config=dict(num_layers=2, num_heads=2, head_dim=8,
                                                                         window=2, probe_rank=4)))],
                          ids=["bias", "bias-perhead-layer1", "subnetwork", "gat-probe"])
@@ -694,7 +695,7 @@ def test_nn_modules_take_a_packed_row(module):
     if module == "bias":
         m = sk.nn.SyntaxBiasedSelfAttention(32, 4, per_head=True)
     else:
-        m = sk.nn.SyntaxBertSelfAttention(32, 4, masks=sk.MaskSpec(max_distance=2, pairwise=True))
+        m = sk.nn.SyntaxBertSelfAttention(32, 4, masks=sk.MaskSpec(max_distance=2, pairwise=True), variant="package")
     with torch.no_grad():
         for name, p in m.named_parameters():
             if "proj" not in name:

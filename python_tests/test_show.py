@@ -118,7 +118,7 @@ def test_attention_by_distance_on_a_batch():
 def test_topical_mixing_weights_per_relation():
     torch.manual_seed(0)
     masks = sk.MaskSpec(max_distance=2)
-    module = sk.nn.SyntaxBertSelfAttention(16, 2, masks=masks)
+    module = sk.nn.SyntaxBertSelfAttention(16, 2, masks=masks, variant="package")
     trees = sk.TreeBatch.from_heads([[1, -1, 1, 2, 3], [-1, 0]])
     x = torch.randn(2, 5, 16)
     (fresh,) = learned_syntax(module, batch={"x": x, "trees": trees}).topical
@@ -230,7 +230,7 @@ def test_every_kind_of_source_gives_the_same_figures(tmp_path):
 
 
 def test_directory_with_a_batch_and_other_methods(tmp_path):
-    model, batch = _trained_bert("subnetwork", masks={"max_distance": 2})
+    model, batch = _trained_bert("subnetwork", masks={"max_distance": 2}, variant="package")
     model.save_pretrained(tmp_path / "sub")
     learned = learned_syntax(tmp_path / "sub", batch=batch)
     assert [t.layer for t in learned.topical] == [0, 1]
@@ -291,7 +291,7 @@ def test_show_errors_say_what_is_wrong(tmp_path, capsys, monkeypatch):
 def test_plot_subnetwork_and_gat_panels(tmp_path):
     import matplotlib.pyplot as plt
 
-    model, batch = _trained_bert("subnetwork", masks={"max_distance": 2})
+    model, batch = _trained_bert("subnetwork", masks={"max_distance": 2}, variant="package")
     learned, figure = plot_learned(model, tmp_path / "sub.png", batch=batch)
     _assert_png(tmp_path / "sub.png")
     panels = {ax.get_title(): ax for ax in figure.axes if ax.get_title()}

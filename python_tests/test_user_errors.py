@@ -106,7 +106,7 @@ def test_align_points_to_from_conllu_heads():
 
 
 def test_out_of_range_pos_ids_name_the_item_and_token():
-    gat = sk.nn.SyntaxGAT(32, num_layers=1, num_heads=2, head_dim=8, window=2)
+    gat = sk.nn.SyntaxGAT(32, num_layers=1, num_heads=2, head_dim=8, window=2, variant="package")
     x = torch.randn(2, 5, 32)
     pos = torch.zeros(2, 5, dtype=torch.int64)
     gat(x, TREES, pos=pos)
@@ -170,7 +170,8 @@ def test_out_of_range_syntax_pos_is_named_syntax_pos():
 
     model = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                            intermediate_size=64, vocab_size=100))
-    enable_syntax_attention(model, "gat", gat_config=dict(num_layers=1, num_heads=2, head_dim=8, window=2))
+    enable_syntax_attention(model, "gat", gat_config=dict(num_layers=1, num_heads=2, head_dim=8, window=2),
+                            variant="package")
     ids = torch.randint(3, 100, (2, 5))
     mask = torch.ones(2, 5, dtype=torch.int64)
     trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0, 2, 2]])

@@ -285,15 +285,22 @@ def _show_batch(args, source: str):
     sentences = read_conllu(args.conllu)[: args.sentences]
     if not sentences:
         raise ValueError(f"{args.conllu} holds no sentence")
-    collated = TreeCollator(tokenizer=tokenizer, max_length=args.max_length)(sentences)
+    with open(Path(source) / "config.json", encoding="utf-8") as f:
+        spec = json.load(f).get("syntax_attention") or {}
+    method = spec.get("method")
+    variant = spec.get("variant", "package")  # saved before the variants existed: the package's form
+    if method == "bias":
+        variant = "paper"  # the token trees of the paper's layout (the package's too)
+    word_level = method == "subnetwork" and variant != "package"  # Syntax-BERT's masks relate words
+    collated = TreeCollator(tokenizer=tokenizer, max_length=args.max_length, variant=variant,
+                            word_level=word_level)(sentences)
     batch = {k: collated[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in collated}
     batch["syntax_trees"] = collated["trees"]
-    with open(Path(source) / "config.json", encoding="utf-8") as f:
-        method = (json.load(f).get("syntax_attention") or {}).get("method")
     if method == "gat":
         from .integrations.upos import token_pos_ids
 
-        batch["syntax_pos"] = token_pos_ids(sentences, collated["word_ids"], width=collated["input_ids"].shape[1])
+        batch["syntax_pos"] = token_pos_ids(sentences, collated["word_ids"], width=collated["input_ids"].shape[1],
+                                            variant=variant, lengths=collated["lengths"])
     return batch
 
 

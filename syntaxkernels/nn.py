@@ -10,16 +10,20 @@ below and by :mod:`syntaxkernels.integrations.transformers`:
 
 - :class:`DistanceBias`: the learnable tree-distance bias table (method 1) and the attention that reads it;
 - :class:`Subnetworks`: Syntax-BERT's masked sub-networks mixed by :class:`TopicalAttention` (method 2);
-- :class:`SyntaxHeads`: the zero-initialised injection of the GAT output into the first heads (method 3).
+- :class:`SyntaxHeads`: the injection of the GAT output into the first heads (method 3).
+
+Methods 2 and 3 take ``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and
+package"): the paper's text (default), the authors' released code, or the package's own earlier form.
 
 Self-attention modules (projections + one building block):
 
 - :class:`SyntaxBiasedSelfAttention`: multi-head self-attention plus a learnable tree-distance bias
   (zero-initialised: a fresh layer is plain attention).
 - :class:`SyntaxBertSelfAttention` with :class:`TopicalAttention`: Syntax-BERT sub-networks sharing Q, K, V,
-  mixed per token (a fresh layer averages the non-empty sub-networks).
+  mixed per token (a fresh layer mixes the sub-networks evenly).
 - :class:`SyntaxGAT`, :class:`SyntaxHeadSelfAttention`, :class:`StructuralProbeLoss`: syntax-augmented
-  mBERT (a windowed graph-attention network, its output added to the first heads' Q/K, and the probe loss).
+  mBERT (a windowed graph-attention network, its output added to the first heads' Q/K (paper) or K/V (release),
+  and the probe loss).
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
 Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-networks.
@@ -45,6 +49,7 @@ from torch import nn
 
 from . import _validation as V
 from . import ops, reference
+from . import variants as VR
 from .ops.topical_mix import topical_mix
 from .specs import MAX_PATH, BucketSpec, MaskSpec
 from .trees.batch import TreeBatch
@@ -243,44 +248,91 @@ class DistanceBias(nn.Module):
 
 
 class TopicalAttention(nn.Module):
-    """Syntax-BERT topical attention: per head, a learnable task query mixes a token's M sub-network outputs.
+    """Syntax-BERT topical attention: a learnable task query mixes a token's M sub-network outputs.
 
-    ``w = softmax_m(q_h . (H_m Wk_h) / sqrt(D))`` over the non-empty m, output ``sum_m w_m H_m Wv_h``
-    (the specification is :func:`syntaxkernels.reference.topical_attention`). Parameters ``query [H, D]``
-    (zero init), ``key_weight [H, D, D]`` and ``value_weight [H, D, D]`` (identity init): a fresh module
-    averages the non-empty sub-networks.
+    ``variant`` (docs/semantics.md, "Syntax-BERT: paper, release, package"):
 
-    The module computes the same function in fewer operations: ``q_h . (H_m Wk_h) = H_m . (Wk_h q_h)`` (the
-    keys are never formed) and ``sum_m w_m (H_m Wv_h) = (sum_m w_m H_m) Wv_h`` (the values are projected once,
-    after mixing), with a hand-written backward (:func:`syntaxkernels.ops.topical_mix.topical_mix`). Tokens whose M masks are all empty
-    output 0 with zero gradients. First derivatives only: differentiating the backward again raises a
-    ``RuntimeError`` (the reference function supports higher orders).
+    - ``"paper"`` (default): one softmax per token over its M outputs at full width E = H * D (heads
+      concatenated), shared by all heads: ``w = softmax_m(q_task . (H_m W^K) / sqrt(E))``, output
+      ``sum_m w_m H_m W^V``. Parameters ``query [1, E]`` (q_task, zeros), ``key_weight [E, E]`` and
+      ``value_weight [E, E]`` (identity): a fresh module averages the M outputs. Every m takes part (the
+      paper/release :class:`Subnetworks` fill empty rows before mixing).
+    - ``"release"``: no parameters; ``sum_m H_m / sqrt(M)`` (the release trains with its topical attention
+      switched off).
+    - ``"package"``: per head, ``w = softmax_m(q_h . (H_m Wk_h) / sqrt(D))`` over the non-empty m, output
+      ``sum_m w_m H_m Wv_h`` (the specification is :func:`syntaxkernels.reference.topical_attention`). Parameters
+      ``query [H, D]`` (zeros), ``key_weight [H, D, D]`` and ``value_weight [H, D, D]`` (identity): a fresh module
+      averages the non-empty sub-networks; tokens whose M masks are all empty output 0 with zero gradients. With
+      one head it is the paper's mix over the non-empty m.
+
+    Both weighted forms compute ``q . (H_m W^K) = H_m . (W^K q)`` (the keys are never formed) and
+    ``sum_m w_m (H_m W^V) = (sum_m w_m H_m) W^V`` (the values are projected once, after mixing), with a
+    hand-written backward (:func:`syntaxkernels.ops.topical_mix.topical_mix`). First derivatives only:
+    differentiating the backward again raises a ``RuntimeError`` (the reference function supports higher orders).
     """
 
-    def __init__(self, num_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, head_dim: int, *, variant: str = VR.DEFAULT_VARIANT):
         super().__init__()
+        self.variant = VR.check_variant(variant)
         self.num_heads = num_heads
         self.head_dim = head_dim
+        if variant == "release":
+            return
+        if variant == "paper":
+            width = num_heads * head_dim
+            self.query = nn.Parameter(torch.zeros(1, width))
+            self.key_weight = nn.Parameter(torch.eye(width))
+            self.value_weight = nn.Parameter(torch.eye(width))
+            return
         self.query = nn.Parameter(torch.zeros(num_heads, head_dim))
         eye = torch.eye(head_dim).expand(num_heads, head_dim, head_dim)
         self.key_weight = nn.Parameter(eye.clone())
         self.value_weight = nn.Parameter(eye.clone())
 
     def forward(self, outputs: torch.Tensor, nonempty: torch.Tensor) -> torch.Tensor:
-        """``outputs [B, M, H, N, D]``, ``nonempty bool [B, M, N]`` -> ``[B, H, N, D]`` (0 where all empty).
+        """``outputs [B, M, H, N, D]``, ``nonempty bool [B, M, N]`` -> ``[B, H, N, D]`` ("package": 0 where all
+        empty; "paper" and "release" mix every m and read ``nonempty`` only for its shape).
 
         Raises ``TypeError`` for a non-tensor and ``ValueError`` for a shape or dtype that does not match the
         module (:func:`syntaxkernels.reference.check_topical_inputs`).
         """
-        reference.check_topical_inputs(outputs, nonempty, self.query, self.key_weight, self.value_weight)
+        if self.variant == "package":
+            reference.check_topical_inputs(outputs, nonempty, self.query, self.key_weight, self.value_weight)
+        else:
+            _check_mix_inputs(outputs, nonempty, self.num_heads, self.head_dim)
         B, M, H, N, D = outputs.shape
+        if self.variant == "release":
+            return VR.sum_mix(outputs)
+        if self.variant == "paper":
+            E = H * D
+            u = (self.key_weight @ self.query[0]) * (1.0 / math.sqrt(E))  # W^K q_task / sqrt(E), [E]
+            rows = outputs.permute(0, 1, 3, 2, 4).reshape(B, M, 1, N, E)  # heads concatenated
+            every = torch.ones((B, M, N), dtype=torch.bool, device=outputs.device)
+            mixed = topical_mix(rows, every, u[None])[0]  # [B, N, E]
+            out = mixed @ self.value_weight.to(mixed.dtype)
+            return out.view(B, N, H, D).permute(0, 2, 1, 3)
         u = torch.matmul(self.key_weight, self.query[:, :, None])[:, :, 0] * (1.0 / math.sqrt(D))  # [H, D]
         mixed = topical_mix(outputs, nonempty, u)  # [H, B, N, D]
         out = torch.bmm(mixed.view(H, B * N, D), self.value_weight.to(mixed.dtype))
         return out.view(H, B, N, D).permute(1, 0, 2, 3)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, variant={self.variant!r}"
+
+
+def _check_mix_inputs(outputs, nonempty, num_heads: int, head_dim: int) -> None:
+    """The shape checks of the paper and release mixes: ``outputs [B, M, H, N, D]`` with the module's H and D,
+    ``nonempty bool [B, M, N]``."""
+    for name, t in (("outputs", outputs), ("nonempty", nonempty)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if outputs.dim() != 5 or tuple(outputs.shape[2:3]) + tuple(outputs.shape[4:]) != (num_heads, head_dim):
+        raise ValueError(f"outputs must have shape [B, M, H, N, D] with H = {num_heads}, D = {head_dim}, got "
+                         f"{tuple(outputs.shape)}")
+    B, M, _, N, _ = outputs.shape
+    if nonempty.dtype != torch.bool or tuple(nonempty.shape) != (B, M, N):
+        raise ValueError(f"nonempty must be bool [B, M, N] = [{B}, {M}, {N}], got {nonempty.dtype} "
+                         f"{tuple(nonempty.shape)}")
 
 
 class Subnetworks(nn.Module):
@@ -292,38 +344,66 @@ class Subnetworks(nn.Module):
         head_dim: D.
         masks: the :class:`MaskSpec` (M = ``masks.num_masks`` sub-networks).
         backend: "auto", "triton" or "reference".
+        variant: "paper" (default), "release" or "package" (docs/semantics.md, "Syntax-BERT: paper, release,
+            package"). "paper" and "release": an empty (token, mask) row, padding rows included, is plain attention
+            over every key of the row (in a padded batch all N positions, padding included: the release's additive
+            ``-10000`` mask), then :class:`TopicalAttention` of the same variant mixes every m. "package": an empty
+            row outputs 0 and is left out of the per-head topical softmax.
 
-    Submodule ``topical`` (:class:`TopicalAttention`; a fresh one averages the non-empty sub-networks).
-    Raises ``TypeError`` for ``masks`` that is not a MaskSpec, ``ValueError`` for an unknown backend.
+    Submodule ``topical`` (:class:`TopicalAttention` of the same variant; a fresh one averages the sub-networks,
+    "release" has no parameters). The masks themselves come from the trees: build them with
+    :func:`syntaxkernels.trees.syntax_bert_batch` (``variant=``) for the paper's and the release's wordpiece,
+    ``[CLS]``/``[SEP]`` and pairwise masks; a plain :class:`TreeBatch` gives the masks of its token tree.
+    Raises ``TypeError`` for ``masks`` that is not a MaskSpec, ``ValueError`` for an unknown backend or variant.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, masks: MaskSpec = MaskSpec(), backend: str = "auto"):
+    def __init__(self, num_heads: int, head_dim: int, masks: MaskSpec = MaskSpec(), backend: str = "auto", *,
+                 variant: str = VR.DEFAULT_VARIANT):
         super().__init__()
         V.check_masks(masks)
         V.check_backend(backend)
+        self.variant = VR.check_variant(variant)
         self.masks = masks
         self.backend = backend
-        self.topical = TopicalAttention(num_heads, head_dim)
+        self.topical = TopicalAttention(num_heads, head_dim, variant=variant)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch, *,
                scale: Optional[float] = None) -> torch.Tensor:
         """``q, k, v [B, H, N, D]`` and a :class:`TreeBatch` on their device (its padding, ``segment == -1``, is
-        the padding here) -> ``[B, H, N, D]`` (0 for a token whose masks are all empty, padding included).
-        ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
+        the padding here) -> ``[B, H, N, D]`` ("package": 0 for a token whose masks are all empty, padding
+        included). ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
         if isinstance(trees, PackedTreeBatch):  # a packed batch: q, k, v [1, H, T, D] (or [T, H, D])
             squeeze = q.dim() == 3
             q3, k3, v3 = (x if squeeze else _packed_view(x) for x in (q, k, v))
             outputs, nonempty = ops.syntax_subnetwork_attention(q3, k3, v3, trees, self.masks, scale=scale,
                                                                 backend=self.backend)  # [T, M, H, D], [T, M]
-            mixed = self.topical(outputs.permute(1, 2, 0, 3)[None], nonempty.transpose(0, 1)[None])  # [1, H, T, D]
+            outputs, nonempty = outputs.permute(1, 2, 0, 3)[None], nonempty.transpose(0, 1)[None]
+            if self.variant != "package":
+                plain = _packed_plain(q3, k3, v3, trees, scale)  # every key of the sequence
+                outputs = VR.fill_empty_rows(outputs, nonempty, plain.permute(1, 0, 2)[None])
+            mixed = self.topical(outputs, nonempty)  # [1, H, T, D]
             return mixed[0].transpose(0, 1) if squeeze else mixed
         _check_treebatch(trees, " for the sub-network attention (the masks need depth and segment)")
         outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
                                                             backend=self.backend)
+        if self.variant != "package":
+            outputs = VR.fill_empty_rows(outputs, nonempty, F.scaled_dot_product_attention(q, k, v, scale=scale))
         return self.topical(outputs, nonempty)
 
     def extra_repr(self) -> str:
-        return f"masks={self.masks.names}, backend={self.backend!r}"
+        return f"masks={self.masks.names}, backend={self.backend!r}, variant={self.variant!r}"
+
+
+def _packed_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: PackedTreeBatch,
+                  scale: Optional[float]) -> torch.Tensor:
+    """Plain softmax attention over every key of each sequence of a packed batch: ``q, k, v [T, H, D] -> [T, H, D]``
+    (the varlen distance-bias op with a zero table; on CPU the reference sequence by sequence)."""
+    from .ops._dispatch import device_constant
+
+    buckets = BucketSpec(max_distance=1)
+    dtype = torch.get_default_dtype()
+    zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
+    return ops.syntax_bias_attention(q, k, v, trees, zeros, buckets=buckets, scale=scale)
 
 
 def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...]:
@@ -343,32 +423,46 @@ def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...
 
 
 class SyntaxHeads(nn.Module):
-    """The syntax-head injection of method 3 on projected heads: ``t_h += G W_t`` for the first ``syntax_heads``
-    heads and every target t in ``targets`` (:func:`syntaxkernels.reference.inject_syntax_heads`).
+    """The syntax-head injection of method 3 on projected heads: ``t_h += G W_t (+ b_t)`` for the first
+    ``syntax_heads`` heads and every target t in ``targets`` (:func:`syntaxkernels.reference.inject_syntax_heads`).
 
     Args:
         syntax_dim: width of G (``SyntaxGAT.output_dim``).
         num_heads: H.
         head_dim: D.
         syntax_heads: n (``0 <= n <= H``).
-        targets: which of "q", "k", "v" receive G (paper: ("q", "k"); the authors' release: ("k", "v")).
+        targets: which of "q", "k", "v" receive G; None: the variant's (paper ("q", "k"), section 2.3; release
+            ("k", "v"), ``addi_key``/``addi_value``; package ("q", "k")).
+        variant: "paper" (default), "release" or "package" (docs/semantics.md, "Syntax-augmented mBERT: paper,
+            release, package"). "paper" and "release": ``nn.Linear(syntax_dim, n*D)`` with a bias, initialised as
+            the release's BERT initialisation does (weights N(0, ``init_std``), bias 0), so a fresh module already
+            changes the syntax heads. "package": no bias, zero weights, so a fresh module changes nothing.
+        init_std: the weights' standard deviation for "paper" and "release" (BERT's ``initializer_range``, 0.02).
 
-    Submodule ``syntax_proj`` (a ``nn.ModuleDict``: per target ``nn.Linear(syntax_dim, n*D, bias=False)``, zero
-    weights, so a fresh module changes nothing). Raises ``ValueError`` for repeated or unknown targets or n out
-    of range, ``TypeError`` for a non-int n.
+    Submodule ``syntax_proj`` (a ``nn.ModuleDict``, one ``nn.Linear`` per target). Raises ``ValueError`` for
+    repeated or unknown targets, n out of range or an unknown variant, ``TypeError`` for a non-int n.
     """
 
     def __init__(self, syntax_dim: int, num_heads: int, head_dim: int, syntax_heads: int = 1,
-                 targets: Sequence[str] = ("q", "k")):
+                 targets: Optional[Sequence[str]] = None, *, variant: str = VR.DEFAULT_VARIANT,
+                 init_std: float = 0.02):
         super().__init__()
+        self.variant = VR.check_variant(variant)
+        if targets is None:
+            targets = VR.default_targets(variant)
         self.targets = _check_syntax_heads(syntax_heads, num_heads, targets)
         self.syntax_dim = syntax_dim
         self.syntax_heads = syntax_heads
+        bias = variant != "package"
         self.syntax_proj = nn.ModuleDict(
-            {t: nn.Linear(syntax_dim, syntax_heads * head_dim, bias=False) for t in self.targets}
+            {t: nn.Linear(syntax_dim, syntax_heads * head_dim, bias=bias) for t in self.targets}
         )
         for proj in self.syntax_proj.values():
-            nn.init.zeros_(proj.weight)
+            if bias:
+                nn.init.normal_(proj.weight, std=init_std)
+                nn.init.zeros_(proj.bias)
+            else:
+                nn.init.zeros_(proj.weight)
 
     def inject(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                syntax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -380,10 +474,12 @@ class SyntaxHeads(nn.Module):
             raise ValueError(f"syntax must have shape [B, N, syntax_dim] = [{B}, {N}, {self.syntax_dim}], got "
                              f"{tuple(syntax.shape)}")
         return reference.inject_syntax_heads(q, k, v, syntax, [self.syntax_proj[t].weight for t in self.targets],
-                                             heads=self.syntax_heads, targets=self.targets)
+                                             heads=self.syntax_heads, targets=self.targets,
+                                             biases=[self.syntax_proj[t].bias for t in self.targets])
 
     def extra_repr(self) -> str:
-        return f"syntax_dim={self.syntax_dim}, syntax_heads={self.syntax_heads}, targets={self.targets}"
+        return (f"syntax_dim={self.syntax_dim}, syntax_heads={self.syntax_heads}, targets={self.targets}, "
+                f"variant={self.variant!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -445,8 +541,10 @@ class SyntaxBiasedSelfAttention(DistanceBias):
 class SyntaxBertSelfAttention(Subnetworks):
     """Syntax-BERT self-attention (method 2): M masked sub-networks sharing Q, K, V, mixed by topical attention.
 
-    A fresh layer outputs, per token, the average over its non-empty masks of the masked attention outputs;
-    with ``MaskSpec`` enabling only ``full`` it is exactly plain multi-head attention.
+    A fresh layer outputs, per token, the average of its M masked attention outputs ("paper"; empty rows are
+    plain attention), their sum over ``sqrt(M)`` ("release") or the average over its non-empty masks
+    ("package"); with ``MaskSpec`` enabling only ``full`` each is exactly plain multi-head attention on the valid
+    tokens.
 
     Args:
         embed_dim: E.
@@ -455,15 +553,16 @@ class SyntaxBertSelfAttention(Subnetworks):
         dropout: applied to the mixed attention output before ``out_proj``.
         bias: biases in the four projections.
         backend: "auto", "triton" or "reference".
+        variant: "paper" (default), "release" or "package": empty rows and the mix (see :class:`Subnetworks`).
 
     Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``nn.Linear(E, E)``) and ``topical``
     (:class:`TopicalAttention`, from :class:`Subnetworks`).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, masks: MaskSpec = MaskSpec(), dropout: float = 0.0,
-                 bias: bool = True, backend: str = "auto"):
+                 bias: bool = True, backend: str = "auto", *, variant: str = VR.DEFAULT_VARIANT):
         head_dim = _check_heads(embed_dim, num_heads)
-        super().__init__(num_heads, head_dim, masks, backend)
+        super().__init__(num_heads, head_dim, masks, backend, variant=variant)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -487,7 +586,7 @@ class SyntaxBertSelfAttention(Subnetworks):
 
 
 class _GATLayer(nn.Module):
-    """One layer of :class:`SyntaxGAT`: projections only (the attention runs in SyntaxGAT.forward)."""
+    """One layer of :class:`SyntaxGAT` ("package"): projections only (the attention runs in SyntaxGAT.forward)."""
 
     def __init__(self, in_dim: int, num_heads: int, head_dim: int):
         super().__init__()
@@ -496,14 +595,52 @@ class _GATLayer(nn.Module):
         self.v_proj = nn.Linear(in_dim, num_heads * head_dim, bias=False)
 
 
+class _PaperGATLayer(nn.Module):
+    """One layer of the paper's GAT (Eq. 2): one projection ``t_proj`` makes the queries and the keys (T), one
+    ``v_proj`` the values; no bias (the release's ``W`` has none)."""
+
+    def __init__(self, in_dim: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.t_proj = nn.Linear(in_dim, num_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, num_heads * head_dim, bias=False)
+
+
+class _ReleaseGATLayer(nn.Module):
+    """One layer of the release's GAT (``graph_utils.py``, ``GraphAttentionNetwork`` of ``GraphAttentionHead``):
+    per head a ``W`` (``weight [k, E_in, d]``) and the score vectors ``a1``, ``a2`` (``att_src``, ``att_dst``
+    ``[k, d]``), each initialised per head as the release does (Xavier uniform, gain 1.414, on ``[E_in, d]`` and
+    ``[d, 1]``)."""
+
+    def __init__(self, in_dim: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_heads, in_dim, head_dim))
+        self.att_src = nn.Parameter(torch.empty(num_heads, head_dim))
+        self.att_dst = nn.Parameter(torch.empty(num_heads, head_dim))
+        for h in range(num_heads):
+            nn.init.xavier_uniform_(self.weight.data[h], gain=1.414)
+            nn.init.xavier_uniform_(self.att_src.data[h].view(head_dim, 1), gain=1.414)
+            nn.init.xavier_uniform_(self.att_dst.data[h].view(head_dim, 1), gain=1.414)
+
+
 class SyntaxGAT(nn.Module):
     """The syntax graph-attention network of syntax-augmented mBERT (method 3).
 
     Input: token embeddings plus POS-tag embeddings. Then ``num_layers`` layers, each k = ``num_heads``
     heads of width d_g = ``head_dim`` attending only where ``d(i, j) <= window``, heads concatenated; no
-    feed-forward block, no residual (:func:`syntaxkernels.reference.gat_layer`). The windowed attention runs
-    through :func:`syntaxkernels.ops.syntax_window_attention` (edge lists of the window on CPU; on CUDA the
-    edge lists or the fused dense kernel, whichever is cheaper).
+    feed-forward block, no residual. What a layer computes is the ``variant`` (docs/semantics.md,
+    "Syntax-augmented mBERT: paper, release, package"):
+
+    - ``"paper"`` (default, Eq. 2-3): ``T = x W_T``, ``V = x W_V`` per head, ``softmax(T T^T / sqrt(d_g))`` within
+      the window (queries and keys are the same matrix); dropout on each layer's output. POS ids: the release's
+      21 (0 padding, a ``padding_idx`` row without gradient).
+    - ``"release"``: additive GAT scores ``LeakyReLU_0.2(a1 . Wh_i + a2 . Wh_j)`` with one ``W`` for scores and
+      values, dropout on the attention weights and on each layer's output, and ``LayerNorm(k * d_g)`` on the
+      output (dense PyTorch, :func:`syntaxkernels.variants.additive_gat_attention`). POS ids as for "paper".
+    - ``"package"``: separate q/k/v projections per layer, dot-product attention within the window, no dropout,
+      no LayerNorm; POS ids 0..17 with a learned row 0 (:func:`syntaxkernels.reference.gat_layer`).
+
+    The dot-product windowed attention runs through :func:`syntaxkernels.ops.syntax_window_attention` (edge lists
+    of the window on CPU; on CUDA the edge lists or the fused dense kernel, whichever is cheaper).
 
     Args:
         embed_dim: width E of the token embeddings given to ``forward``.
@@ -511,15 +648,21 @@ class SyntaxGAT(nn.Module):
         num_heads: k.
         head_dim: d_g.
         window: delta, an int in 0..254.
-        num_pos_tags: size of the POS vocabulary (18 = UPOS with an unknown tag); 0 for no POS embedding.
+        num_pos_tags: size of the POS vocabulary; None: the variant's (21 for "paper" and "release", 18 =
+            UPOS with an unknown tag for "package"); 0 for no POS embedding.
         backend: "auto", "triton" or "reference".
+        variant: "paper", "release" or "package".
+        dropout: the dropout probability ("paper" and "release"; the release runs 0.1, BERT's
+            ``hidden_dropout_prob``); active in training mode only.
+        layer_norm_eps: the epsilon of the release's output LayerNorm (BERT's ``layer_norm_eps``, 1e-12).
 
-    Submodules ``pos_embedding`` (``nn.Embedding(num_pos_tags, E)``, N(0, 0.02) init) and ``layers``
-    (each with ``q_proj``, ``k_proj``, ``v_proj``, no bias). Output width ``output_dim = k * d_g``.
+    Submodules ``pos_embedding`` (``nn.Embedding(num_pos_tags, E)``, N(0, 0.02) init; ``padding_idx=0`` for
+    "paper" and "release"), ``layers`` and, for "release", ``norm``. Output width ``output_dim = k * d_g``.
     """
 
     def __init__(self, embed_dim: int, num_layers: int = 4, num_heads: int = 4, head_dim: int = 64, window: int = 4,
-                 num_pos_tags: int = 18, backend: str = "auto"):
+                 num_pos_tags: Optional[int] = None, backend: str = "auto", *, variant: str = VR.DEFAULT_VARIANT,
+                 dropout: float = 0.0, layer_norm_eps: float = 1e-12):
         super().__init__()
         if isinstance(num_layers, bool) or not isinstance(num_layers, int):
             raise TypeError(f"num_layers must be an int, got {type(num_layers).__name__}")
@@ -529,6 +672,10 @@ class SyntaxGAT(nn.Module):
             raise ValueError(f"window must be an int in 0..{MAX_PATH} for the GAT, got None")
         V.check_window(window)
         V.check_backend(backend)
+        self.variant = VR.check_variant(variant)
+        self.dropout = VR.dropout_or_none(dropout)
+        if num_pos_tags is None:
+            num_pos_tags = VR.default_pos_tags(variant)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -536,13 +683,18 @@ class SyntaxGAT(nn.Module):
         self.backend = backend
         self.output_dim = num_heads * head_dim
         if num_pos_tags > 0:
-            self.pos_embedding = nn.Embedding(num_pos_tags, embed_dim)
+            padding = None if variant == "package" else VR.POS_PAD
+            self.pos_embedding = nn.Embedding(num_pos_tags, embed_dim, padding_idx=padding)
+            # The release's BERT initialisation redraws every row, the padding row included (it gets no gradient).
             nn.init.normal_(self.pos_embedding.weight, std=0.02)
         else:
             self.register_module("pos_embedding", None)
+        layer = {"paper": _PaperGATLayer, "release": _ReleaseGATLayer, "package": _GATLayer}[variant]
         self.layers = nn.ModuleList(
-            _GATLayer(embed_dim if layer == 0 else self.output_dim, num_heads, head_dim) for layer in range(num_layers)
+            layer(embed_dim if i == 0 else self.output_dim, num_heads, head_dim) for i in range(num_layers)
         )
+        if variant == "release":
+            self.norm = nn.LayerNorm(self.output_dim, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor, trees: TreesLike, pos: Optional[torch.Tensor] = None,
                 lengths=None) -> torch.Tensor:
@@ -556,7 +708,8 @@ class SyntaxGAT(nn.Module):
         Returns:
             ``G [B, N, num_heads * head_dim]``; padding rows are 0.
         """
-        if isinstance(trees, PackedTreeBatch):  # one packed row x [1, T, E]
+        packed = isinstance(trees, PackedTreeBatch)
+        if packed:  # one packed row x [1, T, E]
             _check_input(x, self.embed_dim)
             if tuple(x.shape[:2]) != (1, trees.num_tokens):
                 raise ValueError(f"x must be one packed row [1, T, E] = [1, {trees.num_tokens}, {self.embed_dim}] "
@@ -574,20 +727,45 @@ class SyntaxGAT(nn.Module):
                 raise ValueError(f"pos must have shape [B, N] = {list(x.shape[:2])}, got {tuple(pos.shape)}")
             _check_pos_ids(pos, self.pos_embedding.num_embeddings)
             x = x + self.pos_embedding(pos)
+        if self.variant == "release":
+            return self._release(x, trees, distance, lengths)
         for layer in self.layers:
-            q, k, v = _qkv(layer, x, self.num_heads)
-            if isinstance(trees, PackedTreeBatch):
+            if self.variant == "paper":
+                t = _split_heads(layer.t_proj(x), self.num_heads)
+                q, k, v = t, t, _split_heads(layer.v_proj(x), self.num_heads)
+            else:
+                q, k, v = _qkv(layer, x, self.num_heads)
+            if packed:
                 out = _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_window_attention(
                     q3, k3, v3, trees, window=self.window, backend=self.backend))
             else:
                 out = ops.syntax_window_attention(q, k, v, trees if isinstance(trees, TreeBatch) else distance,
                                                   window=self.window, lengths=lengths, backend=self.backend)
-            x = _merge_heads(out)
+            x = F.dropout(_merge_heads(out), self.dropout, self.training) if self.dropout else _merge_heads(out)
         return x
+
+    def _release(self, x: torch.Tensor, trees, distance, lengths) -> torch.Tensor:
+        """The release's layers (dense additive attention), its output dropout and LayerNorm; padding rows 0."""
+        if isinstance(trees, PackedTreeBatch):  # the sequences laid out padded (cached per batch), then back
+            sequence, position, lengths, distance, _ = trees.padded_layout()
+            rows = x.new_zeros((trees.num_sequences, trees.max_seqlen, x.shape[-1]))
+            g = self._release(rows.index_put((sequence, position), x[0]), distance, distance, lengths)
+            return g[sequence, position][None]
+        B, N, _ = x.shape
+        counts = V.normalize_lengths(lengths, x.new_empty(B, 1, N, 1))
+        if counts is None:
+            counts = torch.full((B,), N, dtype=torch.int64, device=x.device)
+        allowed = reference.allowed_pairs(distance, counts, self.window)
+        for layer in self.layers:
+            x = VR.additive_gat_attention(x, layer.weight, layer.att_src, layer.att_dst, allowed,
+                                          dropout=self.dropout, training=self.training)
+            x = F.dropout(x, self.dropout, self.training) if self.dropout else x
+        valid = torch.arange(N, device=x.device)[None, :] < counts[:, None]
+        return self.norm(x) * valid[..., None].to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_layers={len(self.layers)}, num_heads={self.num_heads}, "
-                f"head_dim={self.head_dim}, window={self.window}, backend={self.backend!r}")
+                f"head_dim={self.head_dim}, window={self.window}, backend={self.backend!r}, variant={self.variant!r}")
 
 
 def _check_pos_ids(pos: torch.Tensor, num_tags: int, name: str = "pos") -> None:
@@ -603,7 +781,8 @@ def _check_pos_ids(pos: torch.Tensor, num_tags: int, name: str = "pos") -> None:
         if bool(bad.any()):
             b, i = (int(v) for v in bad.nonzero()[0])
             raise ValueError(f"{name}: batch item {b}, token {i}: POS id {int(pos[b, i])} is outside 0..{num_tags - 1} "
-                             f"(this SyntaxGAT has num_pos_tags = {num_tags}; token_pos_ids gives UPOS ids 0..17)")
+                             f"(this SyntaxGAT has num_pos_tags = {num_tags}; token_pos_ids gives ids 0..20, 0..17 "
+                             "with variant='package')")
     else:
         torch._assert_async(~bad.any(), f"{name}: POS ids must be in 0..{num_tags - 1} (num_pos_tags = {num_tags})")
 
@@ -611,26 +790,29 @@ def _check_pos_ids(pos: torch.Tensor, num_tags: int, name: str = "pos") -> None:
 class SyntaxHeadSelfAttention(SyntaxHeads):
     """Multi-head self-attention whose first ``syntax_heads`` heads receive the GAT output (method 3).
 
-    ``t_h += G W_t`` for the first n heads and every target t in ``targets`` (paper: ("q", "k"); the authors'
-    release: ("k", "v")); see :class:`SyntaxHeads` and :func:`syntaxkernels.reference.inject_syntax_heads`.
-    The injection weights ``syntax_proj[t]`` (``nn.Linear(syntax_dim, n*D, bias=False)``) start at zero, so a
-    fresh layer is plain multi-head attention. The attention itself is plain softmax attention over the valid
-    keys (``torch.nn.functional.scaled_dot_product_attention``).
+    ``t_h += G W_t (+ b_t)`` for the first n heads and every target t in ``targets`` (paper: ("q", "k"); the
+    authors' release: ("k", "v")); see :class:`SyntaxHeads` and :func:`syntaxkernels.reference.inject_syntax_heads`.
+    With ``variant="package"`` the injection weights ``syntax_proj[t]`` start at zero, so a fresh layer is plain
+    multi-head attention; "paper" and "release" start them as the release does (N(0, ``init_std``), bias 0). The
+    attention itself is plain softmax attention over the valid keys
+    (``torch.nn.functional.scaled_dot_product_attention``).
 
     Args:
         embed_dim: E.
         num_heads: H.
         syntax_dim: width of G (``SyntaxGAT.output_dim``).
         syntax_heads: n (``0 <= n <= H``).
-        targets: which of "q", "k", "v" receive G.
+        targets: which of "q", "k", "v" receive G (None: the variant's).
         dropout: applied to the attention output before ``out_proj``.
         bias: biases in the four projections.
+        variant, init_std: see :class:`SyntaxHeads`.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, syntax_dim: int, syntax_heads: int = 1,
-                 targets: Sequence[str] = ("q", "k"), dropout: float = 0.0, bias: bool = True):
+                 targets: Optional[Sequence[str]] = None, dropout: float = 0.0, bias: bool = True, *,
+                 variant: str = VR.DEFAULT_VARIANT, init_std: float = 0.02):
         head_dim = _check_heads(embed_dim, num_heads)
-        super().__init__(syntax_dim, num_heads, head_dim, syntax_heads, targets)
+        super().__init__(syntax_dim, num_heads, head_dim, syntax_heads, targets, variant=variant, init_std=init_std)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -670,20 +852,38 @@ class SyntaxHeadSelfAttention(SyntaxHeads):
 class StructuralProbeLoss(nn.Module):
     """Structural-probe losses on the GAT output: ``(distance_loss, depth_loss)``.
 
-    ``mean |d(i, j)^2 - ||B(g_i - g_j)||^2|`` over same-tree pairs ``i != j`` and ``mean |depth_i^2 - ||B g_i||^2|``
-    over valid tokens, from Gram matrices (:func:`syntaxkernels.reference.structural_probe_loss`).
+    ``variant`` (docs/semantics.md, "Syntax-augmented mBERT: paper, release, package"):
+
+    - ``"paper"`` (default, section 2.4): two matrices, ``proj`` (theta_1) for distances and ``depth_proj``
+      (theta_2) for depths; per sentence ``(1/n^2) sum_ij |d(i, j)^2 - ||theta_1 (g_i - g_j)||^2|`` and
+      ``(1/n) sum_i |depth_i - ||theta_2 g_i||^2|``, each averaged over the batch's sentences
+      (:func:`syntaxkernels.variants.probe_losses`);
+    - ``"release"``: the same with the unsquared distance as the target (Hewitt and Manning's loss, as the
+      release's ``L1DistanceLoss`` runs it);
+    - ``"package"``: one matrix for both, squared targets, each mean pooled over every valid pair / token of the
+      batch (:func:`syntaxkernels.reference.structural_probe_loss`).
+
+    Pairs of different trees (a forest) are left out. The squared norms come from Gram matrices.
 
     Args:
         input_dim: width of g.
-        rank: probe rank; parameter ``proj [input_dim, rank]`` (uniform(-0.05, 0.05) init).
+        rank: probe rank; parameters ``proj [input_dim, rank]`` and ("paper", "release") ``depth_proj``, both
+            uniform(-0.05, 0.05) init (the release's rank is its head width, 64).
+        variant: "paper", "release" or "package".
     """
 
-    def __init__(self, input_dim: int, rank: int):
+    def __init__(self, input_dim: int, rank: int, *, variant: str = VR.DEFAULT_VARIANT):
         super().__init__()
+        self.variant = VR.check_variant(variant)
         self.input_dim = input_dim
         self.rank = rank
         self.proj = nn.Parameter(torch.empty(input_dim, rank))
         nn.init.uniform_(self.proj, -0.05, 0.05)
+        if variant == "package":
+            self.register_parameter("depth_proj", None)
+        else:
+            self.depth_proj = nn.Parameter(torch.empty(input_dim, rank))
+            nn.init.uniform_(self.depth_proj, -0.05, 0.05)
 
     def forward(self, g: torch.Tensor, trees: TreeBatch) -> Tuple[torch.Tensor, torch.Tensor]:
         """``g [B, N, input_dim]``, a :class:`TreeBatch` -> ``(distance_loss, depth_loss)`` scalars."""
@@ -694,13 +894,17 @@ class StructuralProbeLoss(nn.Module):
                                  f"{tuple(g.shape)}")
             sequence, position, lengths, distance, depth = trees.padded_layout()
             padded = g.new_zeros((trees.num_sequences, trees.max_seqlen, g.shape[-1]))
-            padded = padded.index_put((sequence, position), g[0])
-            return reference.structural_probe_loss(padded, self.proj, distance, depth, lengths)
-        _check_treebatch(trees)
-        return reference.structural_probe_loss(g, self.proj, trees.distance, trees.depth, trees.lengths)
+            g = padded.index_put((sequence, position), g[0])
+        else:
+            _check_treebatch(trees)
+            lengths, distance, depth = trees.lengths, trees.distance, trees.depth
+        if self.variant == "package":
+            return reference.structural_probe_loss(g, self.proj, distance, depth, lengths)
+        return VR.probe_losses(g, self.proj, self.depth_proj, distance, depth, lengths,
+                               squared=self.variant == "paper")
 
     def extra_repr(self) -> str:
-        return f"input_dim={self.input_dim}, rank={self.rank}"
+        return f"input_dim={self.input_dim}, rank={self.rank}, variant={self.variant!r}"
 
 
 def _activation(activation: Union[str, Callable]) -> Callable:
@@ -726,8 +930,9 @@ class SyntaxTransformerEncoderLayer(nn.Module):
       (one GAT, shared by all layers, as in the paper), injected into the first ``syntax_heads`` heads'
       ``syntax_targets``.
 
-    Freshly initialised, the "bias" and "gat" layers compute exactly what ``nn.TransformerEncoderLayer`` with
-    the same weights computes on the valid tokens (attention dropout aside: see the module docstring).
+    Freshly initialised, the "bias" layer and the ``variant="package"`` "gat" layer compute exactly what
+    ``nn.TransformerEncoderLayer`` with the same weights computes on the valid tokens (attention dropout aside:
+    see the module docstring).
 
     Args:
         d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias:
@@ -736,8 +941,12 @@ class SyntaxTransformerEncoderLayer(nn.Module):
         buckets, per_head: for "bias".
         masks: for "subnetwork".
         window: for "bias": attention only where ``d(i, j) <= window``.
-        syntax_dim, syntax_heads, syntax_targets: for "gat" (``syntax_dim`` defaults to ``d_model``).
+        syntax_dim, syntax_heads, syntax_targets: for "gat" (``syntax_dim`` defaults to ``d_model``;
+            ``syntax_targets`` None: the variant's).
         backend: "auto", "triton" or "reference".
+        variant: for "subnetwork" and "gat": "paper" (default), "release" or "package" (the fresh "gat" layer
+            equals ``nn.TransformerEncoderLayer`` only with "package": the others start their syntax heads as the
+            release does).
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
@@ -745,17 +954,18 @@ class SyntaxTransformerEncoderLayer(nn.Module):
                  norm_first: bool = False, bias: bool = True, method: str = "bias",
                  buckets: BucketSpec = BucketSpec(), per_head: bool = False, masks: MaskSpec = MaskSpec(),
                  window: Optional[int] = None, syntax_dim: Optional[int] = None, syntax_heads: int = 1,
-                 syntax_targets: Sequence[str] = ("q", "k"), backend: str = "auto"):
+                 syntax_targets: Optional[Sequence[str]] = None, backend: str = "auto", *,
+                 variant: str = VR.DEFAULT_VARIANT):
         super().__init__()
         if method == "bias":
             self.self_attn = SyntaxBiasedSelfAttention(d_model, nhead, buckets=buckets, per_head=per_head,
                                                        dropout=dropout, bias=bias, backend=backend)
         elif method == "subnetwork":
             self.self_attn = SyntaxBertSelfAttention(d_model, nhead, masks=masks, dropout=dropout, bias=bias,
-                                                     backend=backend)
+                                                     backend=backend, variant=variant)
         elif method == "gat":
             self.self_attn = SyntaxHeadSelfAttention(d_model, nhead, syntax_dim or d_model, syntax_heads,
-                                                     syntax_targets, dropout=dropout, bias=bias)
+                                                     syntax_targets, dropout=dropout, bias=bias, variant=variant)
         else:
             raise ValueError(f"method must be 'bias', 'subnetwork' or 'gat', got {method!r}")
         if window is not None and method != "bias":

@@ -21,6 +21,7 @@ __all__ = [
     "syntax_bias_attention",
     "gather_bias",
     "allowed_pairs",
+    "masked_softmax",
     "masked_attention",
     "syntax_masks",
     "syntax_subnetwork_attention",
@@ -34,6 +35,19 @@ __all__ = [
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Softmax of ``scores`` over the allowed entries of the last dimension; a row with none is all zeros (zero
+    gradients, never NaN); a row with a NaN or ``+inf`` allowed score is NaN (as ``torch.softmax``). ``allowed`` is
+    bool, broadcastable to ``scores``."""
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).detach()
+    # Only a max of -inf (no allowed key, or only -inf scores) is replaced: a NaN or +inf max keeps the row NaN.
+    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
+    weights = torch.exp(scores - row_max)
+    denom = weights.sum(dim=-1, keepdim=True)
+    return weights / denom.masked_fill(denom == 0, 1.0)
 
 
 def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -52,15 +66,7 @@ def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tenso
     allowed are never read. A NaN or infinite ``v`` row reaches the output through the product ``weights @ v``:
     every row that gives it weight, and (``0 * inf`` is NaN) the other rows with an allowed key too.
     """
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True).detach()
-    # Only a max of -inf (no allowed key, or only -inf scores) is replaced: a NaN or +inf max keeps the row NaN.
-    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
-    weights = torch.exp(scores - row_max)
-    denom = weights.sum(dim=-1, keepdim=True)
-    weights = weights / denom.masked_fill(denom == 0, 1.0)
-    # A row with no allowed key is 0 whatever v holds (its zero weights times a NaN in v would be NaN).
-    return (weights.to(v.dtype) @ v).masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
+    return (masked_softmax(scores, allowed).to(v.dtype) @ v).masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
 
 
 def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
@@ -142,14 +148,16 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
 
 
 def _mask_pairs(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tensor,
-                valid: Optional[torch.Tensor] = None):
+                valid: Optional[torch.Tensor] = None, pairwise_self: bool = False):
     """``pairs(kind, d)`` -> bool ``[B, N, N]``: ``[b, i, j]`` is True when key j is in query i's mask
     ``<kind>_<d>`` (``d`` 0 for pairwise and full; docs/semantics.md, "Syntax-BERT masks"). The definition of
     each mask kind, for :func:`syntax_masks` and the PyTorch list builder
     (:func:`syntaxkernels.trees.batch.python_edge_lists`).
 
     From the tree tensors: i is an ancestor of j iff they are in the same tree and ``depth[j] - depth[i] ==
-    d(i, j)``. ``valid`` (bool ``[B, N]``, default ``segment >= 0``): the tokens that take part.
+    d(i, j)``. ``valid`` (bool ``[B, N]``, default ``segment >= 0``): the tokens that take part. ``pairwise_self``:
+    ``pairwise`` also holds each valid token itself (the release's pairwise mask, a batch built by
+    :func:`syntaxkernels.trees.syntax_bert_batch` with ``variant="release"``).
     """
     dist = distance.to(torch.int32)
     depth = depth.to(torch.int32)
@@ -170,6 +178,9 @@ def _mask_pairs(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tens
         if kind == "sibling":
             return same_tree & ~ancestor & ~descendant & (dist == d)
         if kind == "pairwise":
+            if pairwise_self:
+                eye = torch.eye(dist.shape[-1], dtype=torch.bool, device=dist.device)[None]
+                return pair_valid & (~same_tree | eye)
             return pair_valid & ~same_tree
         if kind == "full":
             return pair_valid
@@ -186,7 +197,8 @@ def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
     are in the same tree and ``depth[j] - depth[i] == d(i, j)``.
     """
     V.check_masks(masks)
-    pairs = _mask_pairs(trees.distance, trees.depth, trees.segment)
+    pairs = _mask_pairs(trees.distance, trees.depth, trees.segment,
+                        pairwise_self=getattr(trees, "pairwise_self", False))
     return torch.stack([pairs(kind, d) for kind, d in masks.kinds()], dim=1)
 
 
@@ -338,7 +350,7 @@ def gat_layer(x: torch.Tensor, distance: torch.Tensor, q_weight: torch.Tensor, k
 
 
 def inject_syntax_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, weights, *,
-                        heads: int, targets=("q", "k")):
+                        heads: int, targets=("q", "k"), biases=None):
     """Add the GAT output to the first ``heads`` attention heads ("syntax heads").
 
     For every target t in ``targets`` (in order, one weight each): ``t[:, :heads] += split_heads(g W_t^T)``.
@@ -352,6 +364,8 @@ def inject_syntax_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
             layout.
         heads: n, the number of syntax heads (``0 <= n <= H``).
         targets: a sequence of distinct names among "q", "k", "v".
+        biases: None, or one tensor (``[heads*D]``) or None per target: ``t += split_heads(g W_t^T + b_t)`` (the
+            syntax heads of the paper and release variants have a bias).
     Returns:
         ``(q, k, v)`` with the syntax heads updated (new tensors; untouched inputs are returned as is).
     """
@@ -363,6 +377,9 @@ def inject_syntax_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     weights = tuple(weights) if not isinstance(weights, torch.Tensor) else (weights,)
     if len(weights) != len(targets):
         raise ValueError(f"weights must give one tensor per target ({len(targets)}), got {len(weights)}")
+    biases = (None,) * len(targets) if biases is None else tuple(biases)
+    if len(biases) != len(targets):
+        raise ValueError(f"biases must give one tensor (or None) per target ({len(targets)}), got {len(biases)}")
     H = q.shape[1]
     if isinstance(heads, bool) or not isinstance(heads, int) or not 0 <= heads <= H:
         raise ValueError(f"heads must be an int in 0..{H}, got {heads!r}")
@@ -371,15 +388,19 @@ def inject_syntax_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         raise ValueError(f"g must have shape [B, N, E_g] with B = {q.shape[0]}, N = {q.shape[2]}, got "
                          f"{tuple(g.shape)}")
     out = {"q": q, "k": k, "v": v}
-    for name, weight in zip(targets, weights):
+    for name, weight, bias in zip(targets, weights, biases):
         t = out[name]
         D = t.shape[-1]
         if tuple(weight.shape) != (heads * D, g.shape[-1]):
             raise ValueError(f"the weight for {name!r} must have shape [heads*D, E_g] = [{heads * D}, "
                              f"{g.shape[-1]}], got {tuple(weight.shape)}")
+        if bias is not None and tuple(bias.shape) != (heads * D,):
+            raise ValueError(f"the bias for {name!r} must have shape [heads*D] = [{heads * D}], got "
+                             f"{tuple(bias.shape)}")
         if heads == 0:
             continue
-        added = _split_heads(torch.nn.functional.linear(g.to(t.dtype), weight.to(t.dtype)), heads)
+        added = _split_heads(torch.nn.functional.linear(g.to(t.dtype), weight.to(t.dtype),
+                                                        None if bias is None else bias.to(t.dtype)), heads)
         out[name] = torch.cat([t[:, :heads] + added, t[:, heads:]], dim=1)
     return out["q"], out["k"], out["v"]
 

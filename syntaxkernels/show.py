@@ -181,10 +181,17 @@ def _bias_layer(name: str, table: torch.Tensor, scale: Optional[torch.Tensor], b
     return BiasLayer(name, _layer_index(name), table, c, buckets, buckets.bucket_names(), values)
 
 
+def _topical_u(query: torch.Tensor, key_weight: torch.Tensor) -> torch.Tensor:
+    """``Wk q`` per mixing head: ``[H, D]`` for the package's per-head topical attention, ``[1, E]`` for the paper's
+    (one query at full width, shared by all heads)."""
+    if key_weight.dim() == 2:
+        return (key_weight @ query[0])[None]
+    return torch.matmul(key_weight, query[:, :, None])[:, :, 0]
+
+
 def _sharpness(query: torch.Tensor, key_weight: torch.Tensor) -> torch.Tensor:
-    query, key_weight = query.detach().float().cpu(), key_weight.detach().float().cpu()
-    u = torch.matmul(key_weight, query[:, :, None])[:, :, 0]
-    return u.norm(dim=-1) / math.sqrt(query.shape[-1])
+    u = _topical_u(query.detach().float().cpu(), key_weight.detach().float().cpu())
+    return u.norm(dim=-1) / math.sqrt(u.shape[-1])
 
 
 # -------------------------------------------------------------------------------------------- from modules
@@ -197,7 +204,7 @@ def _from_module(model: nn.Module, source: str) -> LearnedSyntax:
     for name, module in model.named_modules():
         if isinstance(module, DistanceBias):
             out.bias.append(_bias_layer(name, module.distance_bias, module.bias_scale, module.buckets))
-        elif isinstance(module, Subnetworks):
+        elif isinstance(module, Subnetworks) and module.variant != "release":  # the release: a fixed sum
             topical = module.topical
             out.topical.append(TopicalLayer(name, _layer_index(name), _sharpness(topical.query, topical.key_weight),
                                             list(module.masks.names)))
@@ -482,13 +489,17 @@ def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> Learned
             recorder._original = module.attend
             module.attend = recorder  # an instance attribute: found before the class's method
             recorders[name] = recorder
-        elif isinstance(module, Subnetworks):
+        elif isinstance(module, Subnetworks) and module.variant != "release":
             sums: list = [None, None, None]  # weight sums [H, M], relative sums [H, M], token counts [M]
             topical[name] = [module, sums]
 
             def hook(mod, inputs, output, sums=sums):
                 outputs, nonempty = inputs[0].detach().float(), inputs[1]
-                u = torch.matmul(mod.key_weight.float(), mod.query.float()[:, :, None])[:, :, 0]
+                if mod.variant == "paper":  # one mix at full width over every m (empty rows were filled)
+                    B, M, H, N, D = outputs.shape
+                    outputs = outputs.permute(0, 1, 3, 2, 4).reshape(B, M, 1, N, H * D)
+                    nonempty = torch.ones_like(nonempty)
+                u = _topical_u(mod.query.float(), mod.key_weight.float())
                 u = u / math.sqrt(outputs.shape[-1])
                 s = torch.einsum("bmhnd,hd->bmhn", outputs, u)
                 s = s.masked_fill(~nonempty[:, :, None, :], float("-inf"))

@@ -26,18 +26,24 @@ How it plugs in (transformers 5.x):
   classes pass ``**kwargs`` from ``model(...)`` through the encoder and layers to the attention function.
   A forward pre-hook on the encoder checks the trees against the batch (shape, device, padding), moves
   them to the model's device, and for ``method="gat"`` runs the syntax GAT once per forward, adding its
-  output ``G`` to the keyword arguments every layer receives. Because the trees and ``G`` travel as
+  output ``G`` to the keyword arguments every layer receives. For the paper's and the release's GAT a forward
+  pre-hook on the base model hands the word embeddings of the input (its GAT input) on to the encoder. Because the trees and ``G`` travel as
   arguments, gradient checkpointing recomputes layers with the right inputs.
 
-What each method promises for a freshly enabled model (same pre-trained weights):
+What each method promises for a freshly enabled model (same pre-trained weights); "subnetwork" and "gat" take
+``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and package"):
 
 - ``"bias"``: distance-bias table zeros, ``bias_scale`` 1 -> exactly plain attention; outputs at every
   non-padding token equal the unpatched model's (fp32 rounding aside).
-- ``"subnetwork"``: topical query zeros, ``Wk``/``Wv`` identity -> each token averages its non-empty
-  sub-networks. With ``masks`` enabling only ``full`` this is exactly plain attention; with relation masks
+- ``"subnetwork"``: each token mixes its sub-networks evenly (paper: the average of its M outputs, empty rows
+  filled with plain attention; release: their sum over sqrt(M); package: the average of the non-empty ones).
+  With ``masks`` enabling only ``full`` this is exactly plain attention in every variant; with relation masks
   (the default) a fresh model differs from the pre-trained one: that is the method, not a defect.
-- ``"gat"``: the syntax-head injection weights start at zero -> exactly plain attention; the GAT and the
-  probe have random (trainable) parameters but do not change the outputs until the injection has learned.
+- ``"gat"``: ``variant="package"``: the syntax-head injection weights start at zero -> exactly plain attention;
+  the GAT and the probe have random (trainable) parameters but do not change the outputs until the injection has
+  learned. ``"paper"`` / ``"release"``: the syntax heads start as the release's (N(0, initializer_range), a bias),
+  so a fresh model differs a little (paper: its GAT reads the raw word embeddings) or more (release: a
+  layer-normalised GAT output).
 
 Other differences from the unpatched model:
 
@@ -86,7 +92,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _validation as V
-from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids
+from .. import variants as VR
+from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids, _packed_plain
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
 from ..trees.packed import PackedTreeBatch
@@ -126,13 +133,14 @@ SAVED_ATTN_IMPLEMENTATION = ("syntaxkernels - this checkpoint was saved with syn
                              "syntaxkernels.integrations.transformers.load_syntax_model")
 METHODS = ("bias", "subnetwork", "gat")
 
-#: Defaults of ``gat_config`` (the paper's GAT shape; ``probe_rank=None`` leaves the structural probe off).
+#: Defaults of ``gat_config`` (the paper's GAT shape, Appendix B; ``num_pos_tags=None``: the variant's, 21 for
+#: "paper" and "release", 18 for "package"; ``probe_rank=None`` leaves the structural probe off).
 DEFAULT_GAT_CONFIG: Dict[str, Any] = {
     "num_layers": 4,
     "num_heads": 4,
     "head_dim": 64,
     "window": 4,
-    "num_pos_tags": 18,
+    "num_pos_tags": None,
     "probe_rank": None,
 }
 
@@ -179,11 +187,12 @@ class SyntaxSubnetworks(Subnetworks):
 
 
 class SyntaxHeadInjection(SyntaxHeads):
-    """Method "gat" in one transformers layer: :class:`syntaxkernels.nn.SyntaxHeads`, ``t_h += G W_t`` for the
-    first ``syntax_heads`` heads and each target t of ``targets``.
+    """Method "gat" in one transformers layer: :class:`syntaxkernels.nn.SyntaxHeads`, ``t_h += G W_t (+ b_t)`` for
+    the first ``syntax_heads`` heads and each target t of ``targets``.
 
-    ``syntax_proj[t]`` is ``nn.Linear(syntax_dim, syntax_heads * D, bias=False)`` with zero weights, so a
-    fresh layer is plain attention; the attention itself stays ordinary softmax attention.
+    ``syntax_proj[t]`` is ``nn.Linear(syntax_dim, syntax_heads * D)``: for ``variant="package"`` without a bias and
+    with zero weights, so a fresh layer is plain attention; for "paper" and "release" with a bias, initialised as
+    the release does (N(0, ``initializer_range``), bias 0). The attention itself stays ordinary softmax attention.
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -207,15 +216,8 @@ def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, sca
     """Ordinary softmax attention within each sequence of a packed row (``q, k, v [1, H, T, D]``): the varlen
     fused kernel with a zero bias (on CPU the reference sequence by sequence); attention dropout is applied to
     the output, as on the syntax layers."""
-    from ..ops import syntax_bias_attention
-    from ..ops._dispatch import device_constant
-
-    buckets = BucketSpec(max_distance=1)
-    dtype = torch.get_default_dtype()
-    zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    out = syntax_bias_attention(q3, k3, v3, trees, zeros, buckets=buckets, scale=scale)
-    out = out.transpose(0, 1)[None]
+    out = _packed_plain(q3, k3, v3, trees, scale).transpose(0, 1)[None]
     return F.dropout(out, p=dropout, training=True) if dropout > 0.0 else out
 
 
@@ -418,13 +420,34 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
             # No tags given: every token gets tag 0 ("unknown"), which keeps the POS table in the graph (DDP
             # needs every parameter to take part in each step).
             pos = torch.zeros(hidden.shape[:2], dtype=torch.int64, device=hidden.device)
-        g = gat(hidden, trees, pos=pos)
+        words = kwargs.pop("syntax_word_embeddings", None)
+        if gat.variant == "package":
+            gat_input = hidden
+        elif words is None:
+            raise ValueError(f"the {gat.variant!r} GAT reads the word embeddings of the input (w_i W_e), handed on by "
+                             "the model's forward: call the model (or its base model), not its encoder alone")
+        else:
+            gat_input = words
+        g = gat(gat_input, trees, pos=pos)
         kwargs["syntax_gat_output"] = g
         probe = getattr(encoder, "syntax_probe", None)
         if probe is not None:
             encoder.syntax_aux_losses = probe(g, trees)
     elif pos is not None:
         raise ValueError("syntax_pos is used by method='gat' only")
+    return args, kwargs
+
+
+def _word_embeddings_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of the base model for the "paper" and "release" GATs: hands the word embeddings of the
+    input (``w_i W_e``, the embedding matrix shared with the encoder; ``inputs_embeds`` when given) to the encoder
+    hook as the keyword ``syntax_word_embeddings`` (the base model passes its keyword arguments on to the encoder)."""
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is None:
+        ids = args[0] if args else kwargs.get("input_ids")
+        if ids is not None:
+            embeds = base.get_input_embeddings()(ids)
+    kwargs["syntax_word_embeddings"] = embeds
     return args, kwargs
 
 
@@ -623,8 +646,9 @@ def _use_own_config(model: nn.Module) -> None:
 def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[BucketSpec, dict, None] = None,
                             per_head: bool = False, learnable_scale: bool = True, window: Optional[int] = None,
                             masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
-                            syntax_heads: int = 1, targets: Sequence[str] = ("q", "k"),
-                            layers: Union[int, Iterable[int], None] = None, backend: str = "auto"):
+                            syntax_heads: int = 1, targets: Optional[Sequence[str]] = None,
+                            layers: Union[int, Iterable[int], None] = None, backend: str = "auto",
+                            variant: Optional[str] = None):
     """Make a transformers encoder of a family in :data:`FAMILIES` syntax-aware, in place.
 
     Args:
@@ -643,10 +667,19 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             ``head_dim``, ``window`` (delta), ``num_pos_tags`` (0: no POS input), ``probe_rank`` (an int
             enables the structural-probe loss, see :func:`syntax_aux_loss`).
         syntax_heads: "gat": the first n heads of each chosen layer receive G.
-        targets: "gat": which of "q", "k", "v" receive G (paper ("q", "k"); authors' release ("k", "v")).
+        targets: "gat": which of "q", "k", "v" receive G; None: the variant's (paper ("q", "k"); authors' release
+            ("k", "v"); package ("q", "k")).
         layers: indices of the encoder layers to patch (None: all). Other layers stay plain attention.
         backend: "auto" (fused Triton kernels on CUDA, C++ kernels on CPU, the reference for float64), "triton"
             or "reference".
+        variant: "subnetwork" and "gat": ``"paper"`` (None, the default), ``"release"`` or ``"package"``; it sets
+            every part of the method at once (docs/semantics.md, "Paper, release and package"). "subnetwork":
+            empty mask rows and the topical mix (the masks come with the trees:
+            ``sk.trees.syntax_bert_batch(..., variant=...)``). "gat": the GAT's scores, input (paper and release:
+            the word embeddings ``w_i W_e`` plus POS embeddings; package: the embedding layer's output), POS ids
+            (``token_pos_ids(..., variant=...)``), output LayerNorm (release), syntax heads (paper and release:
+            with a bias, started as the release does, so a fresh model already differs from the pre-trained one;
+            package: zero, so it does not) and probe. "bias" has one form (no variant).
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
@@ -655,8 +688,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` = POS ids ``int64 [B, N]`` for "gat", e.g. from
         :func:`token_pos_ids`; without it every token gets tag 0, "unknown").
 
-    For "gat" the GAT reads the embedding layer's output (word + position + type embeddings after their
-    LayerNorm) plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
+    For "gat" the GAT reads the word embeddings of the input (``"paper"``, ``"release"``: ``w_i W_e``, the paper's
+    ``g_i``) or the embedding layer's output (``"package"``: word + position + type embeddings after their
+    LayerNorm), plus its own POS embeddings, once per forward; its output G feeds the syntax heads of every
     chosen layer. With ``probe_rank`` set, add :func:`syntax_aux_loss` to the loss (under DDP an unused
     probe would need ``find_unused_parameters=True``).
 
@@ -673,6 +707,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "bias":
+        if variant is not None:
+            raise ValueError("variant applies to method='subnetwork' and method='gat' (the distance bias has one form)")
+    else:
+        variant = VR.check_variant(VR.DEFAULT_VARIANT if variant is None else variant)
     base = _base_model(model)
     config = base.config
     encoder = _encoder(base)
@@ -692,6 +731,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     head_dim = config.hidden_size // num_heads
     chosen = _as_layers(layers, config.num_hidden_layers)
     spec: Dict[str, Any] = {"method": method, "layers": None if layers is None else chosen, "backend": backend}
+    if variant is not None:
+        spec["variant"] = variant
     encoder_parts: Dict[str, nn.Module] = {}
     # Every part is built (and every argument checked by its constructor) before the model changes.
     if method == "bias":
@@ -705,24 +746,35 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         spec.update(masks=asdict(mask_spec))
 
         def make():
-            return SyntaxSubnetworks(num_heads, head_dim, mask_spec, backend)
+            return SyntaxSubnetworks(num_heads, head_dim, mask_spec, backend, variant=variant)
     else:
         gcfg = _as_gat_config(gat_config)
+        if gcfg["num_pos_tags"] is None:
+            gcfg["num_pos_tags"] = VR.default_pos_tags(variant)
+        targets = VR.default_targets(variant) if targets is None else targets
         targets = (targets,) if isinstance(targets, str) else targets
         if isinstance(targets, (tuple, list)) and not targets:
             raise ValueError("targets must name at least one of 'q', 'k', 'v'")
         if syntax_heads == 0 and not isinstance(syntax_heads, bool):
             raise ValueError(f"syntax_heads must be an int in 1..{num_heads} (with 0 the GAT would be unused)")
-        gat = SyntaxGAT(config.hidden_size, num_layers=gcfg["num_layers"], num_heads=gcfg["num_heads"],
+        # The paper's and the release's GAT read the word embeddings (w_i W_e, shared with the encoder), the
+        # package's the embedding layer's output; the release's dropout is BERT's hidden_dropout_prob.
+        width = config.hidden_size if variant == "package" else base.get_input_embeddings().embedding_dim
+        dropout = 0.0 if variant == "package" else getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1))
+        gat = SyntaxGAT(width, num_layers=gcfg["num_layers"], num_heads=gcfg["num_heads"],
                         head_dim=gcfg["head_dim"], window=gcfg["window"], num_pos_tags=gcfg["num_pos_tags"],
-                        backend=backend)
+                        backend=backend, variant=variant, dropout=dropout,
+                        layer_norm_eps=getattr(config, "layer_norm_eps", 1e-12))
+        init_std = getattr(config, "initializer_range", 0.02)
 
         def make():
-            return SyntaxHeadInjection(gat.output_dim, num_heads, head_dim, syntax_heads, targets)
+            return SyntaxHeadInjection(gat.output_dim, num_heads, head_dim, syntax_heads, targets, variant=variant,
+                                       init_std=init_std)
 
         encoder_parts["syntax_gat"] = gat
         if gcfg["probe_rank"] is not None:
-            encoder_parts["syntax_probe"] = StructuralProbeLoss(gat.output_dim, int(gcfg["probe_rank"]))
+            encoder_parts["syntax_probe"] = StructuralProbeLoss(gat.output_dim, int(gcfg["probe_rank"]),
+                                                                variant=variant)
 
     prototype = make()  # checks the arguments even when no layer is chosen
     parts = [prototype] + [make() for _ in chosen[1:]] if chosen else []
@@ -733,14 +785,17 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     config = base.config
     reference_param = next(model.parameters())
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
-    for i, part in zip(chosen, parts):
-        attention_modules[i].syntax = part.to(**factory)
+    for i, part in zip(chosen, parts):  # the new parts follow the model's mode (the GAT's dropout)
+        attention_modules[i].syntax = part.to(**factory).train(model.training)
     for name, part in encoder_parts.items():
-        setattr(encoder, name, part.to(**factory))
+        setattr(encoder, name, part.to(**factory).train(model.training))
     if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
         encoder.config = config  # the hook reads it (DistilBERT's encoder keeps none of its own)
     encoder.syntax_aux_losses = None
     encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
+    if method == "gat" and variant != "package":
+        encoder.syntax_embedding_hook_handle = base.register_forward_pre_hook(_word_embeddings_pre_hook,
+                                                                              with_kwargs=True)
 
     # config.json then names SAVED_ATTN_IMPLEMENTATION: a plain from_pretrained of the saved model fails loudly
     # instead of silently dropping the syntax parameters (see SAVED_ATTN_IMPLEMENTATION).
@@ -808,6 +863,8 @@ def load_syntax_model(model_class, path: str, **kwargs):
         raise ValueError(f"{path} has no config.syntax_attention: it was not saved from a syntax model "
                          "(use enable_syntax_attention on a freshly loaded model instead)")
     spec = dict(spec)
+    if spec.get("method") in ("subnetwork", "gat"):
+        spec.setdefault("variant", "package")  # saved before the variants existed: what it computed then
     model.config.syntax_attention = None
     model.base_model.config.syntax_attention = None
     enable_syntax_attention(model, **spec)

@@ -85,6 +85,8 @@ def _dense_allowed(trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Ten
         return keys[:, None, None, :], valid
     segment = trees.segment
     pairs = valid[:, :, None] & valid[:, None, :] & (segment[:, :, None] != segment[:, None, :])
+    if getattr(trees, "pairwise_self", False):  # the release's pairwise mask holds the token itself
+        pairs = pairs | (torch.eye(pairs.shape[-1], dtype=torch.bool, device=pairs.device) & valid[:, :, None])
     nonempty = pairs.any(dim=-1)
     return (pairs | ~nonempty[:, :, None])[:, None], nonempty
 
@@ -223,7 +225,10 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     for kind in kinds:
         # ``full`` is plain attention over the valid keys (SDPA with a key mask from the segments: the distance is
         # never read); ``pairwise`` needs the distance (the fused LUT kernel on Triton devices).
-        dense = _dense_fused if chosen == "triton" and kind == "pairwise" else _dense_cpu
+        # The fused kernel reads pairwise as "distance 255"; a word-level batch (trees.syntax_bert_batch) marks
+        # its texts by segment only, and its release form adds the diagonal: SDPA with the mask from segments.
+        fused = chosen == "triton" and kind == "pairwise" and not getattr(trees, "word_level", False)
+        dense = _dense_fused if fused else _dense_cpu
         out, nonempty = dense(q, k, v, trees, kind, float(scale))
         outs.append(out[:, None])
         flags.append(nonempty[:, None])

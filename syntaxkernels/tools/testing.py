@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["ABS_FLOOR", "error_bound", "assert_close_to_reference", "compare_to_reference", "count_host_reads",
            "HOST_READS", "GRADIENTS", "bias_attention_case", "bias_attention_grads", "compare_bias_scale_gradient",
-           "compare_bias_attention", "assert_bias_attention_close", "copy_into_torch_layer"]
+           "compare_bias_attention", "assert_bias_attention_close", "copy_into_torch_layer", "wordpiece_tokenizer"]
 
 ABS_FLOOR: Dict[torch.dtype, float] = {
     torch.float64: 1e-10,
@@ -263,3 +263,20 @@ def copy_into_torch_layer(ours, theirs) -> None:
         theirs.self_attn.out_proj.load_state_dict(attn.out_proj.state_dict())
         for name in ("linear1", "linear2", "norm1", "norm2"):
             getattr(theirs, name).load_state_dict(getattr(ours, name).state_dict())
+
+
+def wordpiece_tokenizer(texts: Sequence[str], folder, vocab_size: int, min_frequency: int = 1):
+    """A fast BERT WordPiece tokenizer (lowercase, ``[CLS]``/``[SEP]``/``[PAD]``/``[UNK]``) trained on ``texts`` and
+    saved in ``folder``: the treebank tests' and the miniature experiments' tokenizer (needs ``tokenizers`` and
+    ``transformers``)."""
+    import pathlib
+
+    import tokenizers
+    import transformers
+
+    path = pathlib.Path(folder) / "tok.json"
+    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=min_frequency)
+    wordpiece.save(str(path))
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), cls_token="[CLS]", sep_token="[SEP]",
+                                                pad_token="[PAD]", unk_token="[UNK]")

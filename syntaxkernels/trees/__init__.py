@@ -1,4 +1,5 @@
-"""Tree inputs: batches and distances, CoNLL-U, stanza and spaCy readers, a cached parsing front (``parse``),
+"""Tree inputs: batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
+stanza), a cached parsing front (``parse``),
 subword alignment, DataLoader collation.
 
 Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
@@ -11,10 +12,12 @@ from .batch import (TreeBatch, aligned_distance, build_tree_tensors, normalize_h
                     tree_distance)
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
 from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
+from .syntax_bert import WordTreeBatch, syntax_bert_batch
 
 __all__ = [
     "TreeBatch",
@@ -27,6 +30,10 @@ __all__ = [
     "aligned_distance",
     "Sentence",
     "read_conllu",
+    "PhraseTree",
+    "read_brackets",
+    "from_stanza_constituency",
+    "constituency_distance",
     "from_conllu_heads",
     "from_self_root",
     "from_stanza",
@@ -38,6 +45,8 @@ __all__ = [
     "join_sentences",
     "align_to_tokens",
     "align_batch",
+    "syntax_bert_batch",
+    "WordTreeBatch",
     "TreeCollator",
     "collate_trees",
     "TokenBudgetBatchSampler",

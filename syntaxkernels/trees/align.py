@@ -34,6 +34,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..variants import check_variant
+
 __all__ = ["align_to_tokens", "align_batch"]
 
 _ROOT = -2  # placeholder for "a sentence root" until the sequence root is known
@@ -111,6 +113,7 @@ def align_to_tokens(
     connect: bool = True,
     sequence_ids: Optional[Sequence[Optional[int]]] = None,
     missing_words: str = "error",
+    variant: str = "paper",
 ) -> List[int]:
     """Token-level heads (0-based, -1 for a root) for one tokenised sequence.
 
@@ -124,6 +127,14 @@ def align_to_tokens(
         sequence_ids: length N, from ``encoding.sequence_ids()`` (``None`` for special tokens); needed for
             sentence pairs, whose word ids restart at 0 in the second text.
         missing_words: "error" or "reattach" (truncation; words with no pieces). See the module docstring.
+        variant: the layout of syntax-augmented mBERT's token tree (docs/semantics.md, "Paper, release and
+            package"). ``"paper"`` (default) and ``"package"``: the rules above (the paper's section 2.2: an edge
+            from [CLS] to each sentence root and to the [SEP] tokens). ``"release"``: as the authors' data
+            processors build it (``processors/utils_classify.py``, ``utils_tag.py``, ``process_sentence``): in a
+            sentence pair (``sequence_ids`` given) every special token after the first hangs from the last
+            token of the text before it; in a text with several sentence roots, the first root word's first
+            piece is the sentence root and every piece of the other root words hangs from it. Needs
+            ``connect=True``.
 
     Returns:
         ``list[int]`` of length N, ready for ``TreeBatch.from_heads([heads])``.
@@ -133,6 +144,10 @@ def align_to_tokens(
     """
     if missing_words not in ("error", "reattach"):
         raise ValueError(f"missing_words must be 'error' or 'reattach', got {missing_words!r}")
+    check_variant(variant)
+    if variant == "release" and not connect:
+        raise ValueError("align_to_tokens(variant='release') builds the release's one tree per sequence: it needs "
+                         "connect=True (connect=False is a package layout: variant='package')")
     texts = _texts(sentences, sequence_ids)
     word_ids = list(word_ids)
     n = len(word_ids)
@@ -210,6 +225,8 @@ def align_to_tokens(
                 raise ValueError(f"sentences: text {t}, word {w}: the heads above it form a cycle")
         out[p] = _ROOT if h == -1 else first_piece[t][h]
 
+    if variant == "release":
+        _release_layout(out, token_word, text_heads, root_token, pairs=sequence_ids is not None)
     if connect:
         sequence_root = root_token
         if sequence_root is None:
@@ -218,8 +235,45 @@ def align_to_tokens(
     return [-1 if h == _ROOT else h for h in out]
 
 
+def _release_layout(out: List[int], token_word, text_heads, root_token: Optional[int], pairs: bool) -> None:
+    """Rewrite the token heads ``out`` in place into the release's layout (``align_to_tokens(variant="release")``):
+    every piece of a root word of a text but the first hangs from that first piece; in a pair, every special token
+    after the first hangs from the nearest token before it that is not special."""
+    first_root: dict = {}
+    for p, tw in enumerate(token_word):
+        if tw is None:
+            continue
+        t, w = tw
+        if text_heads[t][w] != -1:
+            continue
+        if t not in first_root:
+            first_root[t] = p
+            out[p] = _ROOT
+        else:
+            out[p] = first_root[t]
+    if not pairs:
+        return
+    last_word_token = None
+    for p, tw in enumerate(token_word):
+        if tw is not None:
+            last_word_token = p
+        elif p != root_token and last_word_token is not None:
+            out[p] = last_word_token
+
+
 def _is_batch_encoding(obj) -> bool:
     return callable(getattr(obj, "word_ids", None)) and hasattr(obj, "encodings")
+
+
+def batch_word_ids(word_ids, attention_mask=None):
+    """``(word_ids as B lists, attention_mask)`` from B lists or a fast tokenizer's ``BatchEncoding`` (its
+    ``word_ids(b)``, and its ``attention_mask`` unless one is given)."""
+    if _is_batch_encoding(word_ids):
+        encoding = word_ids
+        if attention_mask is None and "attention_mask" in encoding:
+            attention_mask = encoding["attention_mask"]
+        word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
+    return [list(w) for w in word_ids], attention_mask
 
 
 def align_batch(
@@ -231,6 +285,7 @@ def align_batch(
     attention_mask=None,
     missing_words: str = "error",
     pad_value: int = -1,
+    variant: str = "paper",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`align_to_tokens` for a batch: padded heads and lengths for ``TreeBatch.from_heads``.
 
@@ -242,17 +297,13 @@ def align_batch(
         attention_mask: ``[B, N]`` 0/1; with it, lengths are the mask's row sums and the padding tokens are
             left out of the trees. Padding must be on the right (``padding_side="right"``).
         pad_value: head value written for the positions past each length.
+        variant: the token tree's layout (:func:`align_to_tokens`).
 
     Returns:
         ``(heads int64 [B, N], lengths int64 [B])`` with N the longest word-id list;
         ``TreeBatch.from_heads(heads, lengths)`` builds the batch.
     """
-    if _is_batch_encoding(word_ids):
-        encoding = word_ids
-        if attention_mask is None and "attention_mask" in encoding:
-            attention_mask = encoding["attention_mask"]
-        word_ids = [encoding.word_ids(b) for b in range(len(encoding.encodings))]
-    word_ids = [list(w) for w in word_ids]
+    word_ids, attention_mask = batch_word_ids(word_ids, attention_mask)
     batch = len(word_ids)
     if len(sentences) != batch:
         raise ValueError(f"sentences has {len(sentences)} items but word_ids has {batch}")
@@ -280,7 +331,7 @@ def align_batch(
         seq = None if sequence_ids is None else list(sequence_ids[b])[:length]
         try:
             row = align_to_tokens(sentences[b], word_ids[b][:length], connect=connect, sequence_ids=seq,
-                                  missing_words=missing_words)
+                                  missing_words=missing_words, variant=variant)
         except ValueError as exc:
             raise ValueError(f"batch item {b}: {exc}") from None
         if row:

@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from ..specs import MAX_PATH, MaskSpec
+from ..variants import check_variant
 from .align import align_batch
 from .batch import TreeBatch
 from .packed import PackedTreeBatch
+from .syntax_bert import syntax_bert_batch
 
 __all__ = ["TreeCollator", "collate_trees", "TokenBudgetBatchSampler"]
 
@@ -77,6 +79,11 @@ class TreeCollator:
             :class:`~syntaxkernels.trees.PackedTreeBatch` instead of padded tensors and a ``TreeBatch``.
         max_tokens: with ``packed``, the token budget of one batch: more tokens raise ``ValueError`` (use
             :class:`TokenBudgetBatchSampler` as the DataLoader's ``batch_sampler`` to form batches within it).
+        variant: with a tokenizer, the layout of the token trees (``align_to_tokens(variant=...)``: "paper", the
+            default, and "package" the same; "release": syntax-augmented mBERT's data processors).
+        word_level: with a tokenizer, build Syntax-BERT's word-level batch instead of a token tree
+            (:func:`~syntaxkernels.trees.syntax_bert_batch` with ``variant``: every piece of a word stands for the
+            word); padded batches only.
 
     Packed batches (``packed=True``), the layout of transformers' ``DataCollatorWithFlattening``
     (``return_flash_attn_kwargs=True``): every per-token key concatenated to ``[1, T]`` (``labels`` as given:
@@ -114,7 +121,14 @@ class TreeCollator:
         windows: Sequence[int] = (),
         packed: bool = False,
         max_tokens: Optional[int] = None,
+        variant: str = "paper",
+        word_level: bool = False,
     ) -> None:
+        check_variant(variant)
+        if word_level and packed:
+            raise ValueError("TreeCollator: word_level (Syntax-BERT's word-level batches) has no packed form")
+        self.variant = variant
+        self.word_level = bool(word_level)
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens < 1):
             raise ValueError(f"TreeCollator: max_tokens must be a positive int or None, got {max_tokens!r}")
@@ -143,7 +157,8 @@ class TreeCollator:
         return (f"TreeCollator(pad_token_id={self.pad_token_id}, heads_key={self.heads_key!r}, "
                 f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
                 f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r}, "
-                f"masks={self.masks}, windows={self.windows}, packed={self.packed}, max_tokens={self.max_tokens})")
+                f"masks={self.masks}, windows={self.windows}, packed={self.packed}, max_tokens={self.max_tokens}, "
+                f"variant={self.variant!r}, word_level={self.word_level})")
 
     def __call__(self, items: Sequence) -> Dict[str, Any]:
         items = list(items)
@@ -266,11 +281,16 @@ class TreeCollator:
         )
         if not _is_batch_encoding_with_word_ids(encoding):
             raise ValueError("TreeCollator: the tokenizer must be a fast tokenizer (its output needs word_ids())")
-        heads, lengths = align_batch(items, encoding, connect=self.connect,
-                                     missing_words="reattach" if truncate else "error")
         out: Dict[str, Any] = {key: value for key, value in encoding.items()}
+        if self.word_level:
+            trees = syntax_bert_batch(items, encoding, variant=self.variant, backend=self.backend,
+                                      missing_words="reattach" if truncate else "error")
+            lengths = trees.lengths
+        else:
+            heads, lengths = align_batch(items, encoding, connect=self.connect,
+                                         missing_words="reattach" if truncate else "error", variant=self.variant)
+            trees = TreeBatch.from_heads(heads, lengths, backend=self.backend, packed=self.packed)
         out["lengths"] = lengths
-        trees = TreeBatch.from_heads(heads, lengths, backend=self.backend, packed=self.packed)
         out["trees"] = trees if self.packed else self._with_lists(trees)
         out["word_ids"] = [encoding.word_ids(b) for b in range(len(items))]
         out["sentences"] = items
