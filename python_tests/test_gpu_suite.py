@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
 PROGRAMS = ROOT / "benchmarks" / "gpu_checks"
 #: The steps in the order the suite must run them: GPU-only evidence first, the rest of the tests last.
-STEPS = ["preflight", "build", "cuda-builder", "info", "cuda-tests", "verify", "sync-free", "bench_bias_attention",
-         "bench_workloads", "bench_packed", "bench_subnetwork_attention", "bench_end_to_end", "bench_tree_distance",
+STEPS = ["preflight", "build", "cuda-builder", "info", "cuda-tests", "verify", "sync-free", "graph-replay",
+         "bench_bias_attention", "bench_workloads", "bench_packed", "bench_subnetwork_attention", "bench_end_to_end", "bench_tree_distance",
          "other-tests"]
 OUT_FILE_LIMIT = 8
 
