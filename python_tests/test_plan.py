@@ -255,3 +255,56 @@ def test_replay_with_another_packed_batch_is_bit_identical(monkeypatch):
     make_a = lambda: sk.TreeBatch.from_heads([_chain(12), _chain(20), [-1, 0, 0]], packed=True).to(DEVICE)  # noqa
     make_b = lambda: sk.TreeBatch.from_heads([[-1] + [0] * 11, _chain(20), [-1, 0, 1]], packed=True).to(DEVICE)  # noqa
     _replay_matches_eager(monkeypatch, make_a, make_b)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The direct launch path (compiled for sm_90, not run: a subprocess without the interpreter)
+# ----------------------------------------------------------------------------------------------------------
+
+DIRECT_SCRIPT = r"""
+import torch
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.ops.bias_attention._backward import _bias_table_grad_kernel
+from syntaxkernels.tools.inspection import fake_gpu
+
+launched = []
+P._DIRECT_LAUNCH_OVERRIDE = lambda compiled, g0, g1, g2, args: launched.append((compiled, g0, args))
+def go(partials, outer, rows, inner, T=12):
+    table, scale = torch.zeros(rows, T), torch.ones(1)
+    d1, d2 = torch.empty(rows, T), torch.empty(1)
+    P.launch(_bias_table_grad_kernel, (1,), partials, table, scale, d1, d2, outer, rows, inner, rows * inner * T,
+             inner * T, T, T if rows > 1 else 0, T, NUM_BUCKETS=T, BUCKETS_PAD=16, BLOCK_P=32, WANT_TABLE=True,
+             WANT_SCALE=True, num_warps=4, num_stages=1)
+with fake_gpu(90):
+    base = torch.zeros(1024)
+    go(base[:600], 1, 1, 50)          # a first launch: compiled through the JIT (not counted by the override)
+    go(base[:600], 1, 1, 50)          # the same specialisation: the direct path
+    go(base[:600].clone(), 1, 1, 50)  # other tensors, same alignment and integers: the same compiled kernel
+    go(base[1:601], 1, 1, 50)         # a partials pointer not 16-byte aligned: compiled again, not reused
+    go(base[1:601], 1, 1, 50)
+    go(base[:512], 1, 1, 32)          # other integers (32 is divisible by 16, 50 is not): compiled again
+    go(base[:512], 1, 1, 32)
+    keys = [k for k in P._COMPILED if k[0] is _bias_table_grad_kernel]
+    assert len(keys) == 3, len(keys)
+    kernels = [id(c) for c, _, _ in launched]
+    assert len(launched) == 4 and kernels[0] == kernels[1] and len(set(kernels)) == 3, kernels
+    # The launcher gets every parameter in signature order: the positional ones, then the constexprs.
+    args = launched[0][2]
+    assert len(args) == len(_bias_table_grad_kernel.signature.parameters), len(args)
+    assert args[-5:] == (12, 16, 32, True, True), args[-5:]
+print("OK")
+"""
+
+
+@pytest.mark.slow  # compiles a kernel for sm_90 in a subprocess without the interpreter
+def test_the_direct_launch_path_reuses_a_kernel_only_where_the_jit_would():
+    """After its first launch, a specialisation goes straight to Triton's C launcher; the key holds every argument
+    the JIT specialises on, so another alignment or another integer compiles again instead of reusing a kernel
+    specialised for something else."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", DIRECT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -316,9 +316,10 @@ def launch(kernel, grid, *args, **kwargs):
 def _launch(kernel, grid, args, kwargs):
     import torch
 
-    global _PLAIN
+    global _PLAIN, _COMPILING
     if not _PLAIN:
         _PLAIN = (torch.Tensor, torch.nn.Parameter)
+        _COMPILING = torch.compiler.is_compiling
 
     if _LAUNCH_HOOK is not None:
         _LAUNCH_HOOK(kernel, grid, args, kwargs)
@@ -330,81 +331,92 @@ def _launch(kernel, grid, args, kwargs):
             return
         kernel[grid](*args, **kwargs)
         return
-    if torch.compiler.is_compiling():  # Dynamo traces the launch (a Triton kernel in the graph)
+    if _COMPILING():  # Dynamo traces the launch (a Triton kernel in the graph)
         torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
         return
-    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-    plain = all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor))
+    key, device = _specialisation(args)
     if device is not None and device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(device):  # Triton launches on the current device, not the tensors' one
-            _launch_on_current_device(kernel, grid, args, kwargs, plain)
+            _launch_on_current_device(kernel, grid, args, kwargs, key)
         return
-    _launch_on_current_device(kernel, grid, args, kwargs, plain)
+    _launch_on_current_device(kernel, grid, args, kwargs, key)
 
 
 #: Tensor types a launch passes to Triton as they are (fake and functional tensors of a traced op go through
-#: ``wrap_triton``); filled on first use (torch is imported lazily here).
+#: ``wrap_triton``) and ``torch.compiler.is_compiling``; filled on first use (torch is imported lazily here).
 _PLAIN: tuple = ()
+_COMPILING = None
 
 
-def _launch_on_current_device(kernel, grid, args, kwargs, plain: bool):
+def _specialisation(args):
+    """``(key, device)``: what a Triton launch specialises the positional arguments on, in one pass: a tensor's
+    dtype and 16-byte alignment, an integer's value (finer than Triton's ``== 1`` / ``% 16`` / 64-bit classes, so
+    never coarser), a float's type, anything else as it is; and the first tensor's device. The key is None when a
+    tensor is not a plain one (a fake or functional tensor of a traced op)."""
+    key = []
+    device = None
+    plain = _PLAIN
+    for a in args:
+        kind = a.__class__
+        if kind is int or kind is bool or a is None:
+            key.append(a)
+        elif kind is float:
+            key.append(float)
+        elif kind in plain:
+            if device is None:
+                device = a.device
+            key.append((a.dtype, a.data_ptr() & 15))
+        elif hasattr(a, "data_ptr"):
+            return None, a.device if device is None else device
+        else:
+            key.append(a)
+    return tuple(key), device
+
+
+def _launch_on_current_device(kernel, grid, args, kwargs, key):
     import torch
 
-    if not plain:  # a torch.library op being traced (fake or functional tensors): through wrap_triton
+    if key is None:  # a torch.library op being traced (fake or functional tensors): through wrap_triton
         torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
         return
-    _direct_launch(kernel, grid, args, kwargs)
+    _direct_launch(kernel, grid, args, kwargs, key)
 
 
-#: ``(kernel, device, specialisation key) -> (compiled kernel, the constexpr arguments' names and defaults after the
-#: positional ones)``: what :func:`_direct_launch` launches without Triton's dispatch.
+#: ``(kernel, device, specialisation key, constexprs and options) -> (compiled kernel, the values of the kernel's
+#: parameters after the positional ones)``: what :func:`_direct_launch` launches without Triton's dispatch.
 _COMPILED: dict = {}
 #: Replaces the final launch of :func:`_direct_launch` (and compiles without launching on a miss): the host-cost
 #: report times the whole host path up to the driver call with it (:mod:`syntaxkernels.tools.host`).
 _DIRECT_LAUNCH_OVERRIDE = None
 
 
-def _arg_key(a):
-    """What a Triton launch specialises an argument on: a tensor's dtype and 16-byte alignment, an integer's
-    value (finer than Triton's ``== 1`` / ``% 16`` / 64-bit classes, so never coarser), a float's type."""
-    kind = type(a)
-    if kind is int or kind is bool:
-        return a
-    if kind is float:
-        return float
-    if a is None:
-        return None
-    return a.dtype, a.data_ptr() & 15
-
-
-def _direct_launch(kernel, grid, args, kwargs):
+def _direct_launch(kernel, grid, args, kwargs, key):
     """Launch a compiled kernel through Triton's C launcher, skipping the JIT's Python dispatch (argument binding,
     specialisation, cache lookup: 15-50 microseconds a launch on the host) after the first launch of each
     specialisation, which goes through ``JITFunction.run`` and compiles. The key holds everything the JIT
-    specialises on (:func:`_arg_key` of every argument, the constexprs and options), so a kernel is reused only
-    where the JIT would pick it too. Launch hooks (profilers) take the JIT's own path."""
+    specialises on (:func:`_specialisation` of the positional arguments, the constexprs and options), so a kernel is
+    reused only where the JIT would pick it too. Launch hooks (profilers) take the JIT's own path."""
     runtime = _knobs.runtime
     if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
         kernel[grid](*args, **kwargs)
         return
     active = _driver.active
     device = active.get_current_device()
-    key = (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
-    entry = _COMPILED.get(key)
+    full_key = (kernel, device, key, tuple(kwargs.items()))
+    entry = _COMPILED.get(full_key)
     if entry is None:
         compiled = kernel.run(*args, grid=grid, warmup=_DIRECT_LAUNCH_OVERRIDE is not None, **kwargs)
-        _COMPILED[key] = (compiled, _trailing_arguments(kernel, len(args), kwargs))
+        _COMPILED[full_key] = (compiled, _trailing_arguments(kernel, len(args), kwargs))
         return
     compiled, trailing = entry
-    full = args + tuple(kwargs[name] if name in kwargs else default for name, default in trailing)
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
     if _DIRECT_LAUNCH_OVERRIDE is not None:
-        _DIRECT_LAUNCH_OVERRIDE(compiled, grid[0], grid_1, grid_2, full)
+        _DIRECT_LAUNCH_OVERRIDE(compiled, grid[0], grid_1, grid_2, args + trailing)
         return
     stream = active.get_current_stream(device)
     compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                 *full)
+                 *args, *trailing)
 
 
 def _hooked(hook) -> bool:
@@ -417,11 +429,11 @@ def _hooked(hook) -> bool:
 
 
 def _trailing_arguments(kernel, positional: int, kwargs) -> tuple:
-    """``(name, default)`` of the kernel's parameters after the first ``positional`` ones, in signature order: the
-    arguments a compiled kernel's launcher takes after the positional ones (the JIT passes every bound argument,
-    constexprs included)."""
+    """The values of the kernel's parameters after the first ``positional`` ones, in signature order (from
+    ``kwargs``, else their defaults): what a compiled kernel's launcher takes after the positional arguments (the JIT
+    passes every bound argument, constexprs included). Fixed for a specialisation: its key holds ``kwargs``."""
     params = list(kernel.signature.parameters.values())[positional:]
-    return tuple((p.name, p.default) for p in params)
+    return tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
 
 
 def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):

@@ -12,10 +12,15 @@ Figures (per workload, one layer forward + backward, the way a model calls it: `
 batch's plan, q, k, v split from ``[B, N, H * D]`` projections, a shared table and a learnable strength, gradients
 for the projections and the parameters):
 
-- ``host_us``: the median time of the layer, on a batch cut to two of its rows (same N, the same kernels and
-  configs: the host path does not depend on B, and smaller tensors keep the CPU-side aten work small);
+- ``host_us``: the CPU time of the layer (the fastest of 7 rounds ; this process's only: other work on the machine does not count), on a
+  batch cut to two of its rows with 2 heads of 16 (same N, the
+  same kernels and configs: the host path does not depend on B, H or D beyond their divisibility, and tiny tensors
+  keep the aten kernels' own work, which runs on the GPU elsewhere, out of the figure: on the CPU a layout copy of
+  the full layer's tensors alone costs hundreds of microseconds);
 - ``round_trips``: that time over a bare ``autograd.Function`` round trip (forward and backward of an identity
   Function) timed in the same process: the figure to compare across machines;
+- ``op_us`` / ``op_round_trips``: the layer's time less the same layer with an identity Function in place of the
+  attention (the heads' views, transposes and reshapes and the autograd engine stay): the op's own host work;
 - ``triton`` / ``aten`` / ``copies``: device kernels of one layer at the full batch (Triton launches; aten kernels,
   views and allocations not counted; of those, the copies), for a layer after the first (the batch's plan already
   holds what the first derived) and for the first (``first_*``).
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import statistics
 import textwrap
 import time
 from typing import Callable, Dict, List, Sequence
@@ -61,15 +65,19 @@ def _identity_function():
 
 
 def _median_time(fn: Callable[[], None], reps: int, rounds: int = 7) -> float:
+    """Seconds of CPU time this process spends per call of ``fn``: the fastest of ``rounds`` rounds of ``reps`` calls
+    (the round least disturbed by other work: on a shared machine caches and clocks still move). CPU time rather
+    than wall time, so that other processes' work does not count (the host path is single-threaded; the tiny
+    tensors keep torch's thread pool out of it)."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(reps):
             fn()
-        times.append((time.perf_counter() - start) / reps)
-    return statistics.median(times)
+        times.append((time.process_time() - start) / reps)
+    return min(times)
 
 
 def bare_round_trip_us() -> float:
@@ -140,8 +148,10 @@ def _compiled_not_run(arch: int):
         _primitives._DIRECT_LAUNCH_OVERRIDE = previous
 
 
-def _layer(trees, heads: int, head_dim: int, dtype) -> Callable[[], None]:
-    """One distance-bias layer as a model runs it (module docstring), forward and backward."""
+def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False) -> Callable[[], None]:
+    """One distance-bias layer as a model runs it (module docstring), forward and backward. ``plain``: the same
+    layer with an identity autograd Function in place of the attention (the views, transposes and reshapes of the
+    heads, the engine): the baseline that :func:`host_report` takes off to give the op's own host work."""
     import torch
 
     from syntaxkernels.nn import DistanceBias
@@ -150,6 +160,15 @@ def _layer(trees, heads: int, head_dim: int, dtype) -> Callable[[], None]:
     E = heads * head_dim
     layer = DistanceBias(heads, backend="triton")
     params = tuple(layer.parameters())
+    if plain:
+        identity = _identity_function()
+
+        class Attend:  # q, k, v -> one autograd Function (as the op is one) that returns q, reading k and v
+            @staticmethod
+            def attend(q, k, v, trees):
+                return identity.apply(q) + 0 * (k.sum() + v.sum())
+        layer = Attend()
+        params = ()
     if isinstance(trees, PackedTreeBatch):  # a packed row: [T, E] projections as [T, H, D]
         T = trees.num_tokens
         x = [torch.zeros(T, E, dtype=dtype, requires_grad=True) for _ in range(3)]
@@ -195,6 +214,10 @@ def _batches(name: str):
     return full, cut
 
 
+#: Heads and head dim of the timed layer (module docstring).
+TIMED_HEADS, TIMED_HEAD_DIM = 2, 16
+
+
 def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: str = "bf16", head_dim: int = 64,
                 heads: int = 12, reps: int = 30) -> List[dict]:
     """One row per workload (module docstring), launches compiled for ``sm_<arch>``; each row carries the bare
@@ -209,10 +232,13 @@ def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: st
             full, cut = _batches(name)
             first = count_device_kernels(_layer(full, heads, head_dim, torch_dtype))  # (also fills the plan)
             later = count_device_kernels(_layer(full, heads, head_dim, torch_dtype))
-            host_us = _median_time(_layer(cut, heads, head_dim, torch_dtype), reps) * 1e6
+            host_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype), reps) * 1e6
+            plain_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, plain=True), reps) * 1e6
             rows.append(dict(workload=name, arch=arch, dtype=dtype, head_dim=head_dim, heads=heads,
                              shape=tuple(full.distance.shape[:2]) if not full.is_packed else (full.num_tokens,),
                              host_us=host_us, round_trip_us=round_trip, round_trips=host_us / round_trip,
+                             plain_us=plain_us, op_us=host_us - plain_us,
+                             op_round_trips=(host_us - plain_us) / round_trip,
                              triton=len(later["triton"]), aten=sum(later["aten"].values()), copies=later["copies"],
                              kernels=list(later["triton"]), aten_ops=dict(later["aten"]),
                              first_triton=len(first["triton"]), first_aten=sum(first["aten"].values())))
@@ -231,14 +257,18 @@ def format_host_report(rows: Sequence[dict]) -> str:
                           f"run; {r0['dtype']}, H = {r0['heads']}, D = {r0['head_dim']}; bare autograd round trip "
                           f"{r0['round_trip_us']:.1f} us on this machine.", WIDTH)
     table = [dict(workload=r["workload"], shape="x".join(map(str, r["shape"])), host_us=f"{r['host_us']:.0f}",
-                  round_trips=f"{r['round_trips']:.1f}", triton=r["triton"], aten=r["aten"], copies=r["copies"],
+                  round_trips=f"{r['round_trips']:.1f}", op_us=f"{r['op_us']:.0f}",
+                  op_round_trips=f"{r['op_round_trips']:.1f}", triton=r["triton"], aten=r["aten"], copies=r["copies"],
                   first_layer=f"{r['first_triton']} + {r['first_aten']}") for r in rows]
-    columns = ["workload", "shape", "host_us", "round_trips", "triton", "aten", "copies", "first_layer"]
+    columns = ["workload", "shape", "host_us", "round_trips", "op_us", "op_round_trips", "triton", "aten", "copies",
+               "first_layer"]
     lines += text_table(table, columns, right=columns[2:])
-    legend = ("host_us: one layer's host time (median, a two-row cut of the batch: same N and kernels); "
-              "round_trips: host_us / the bare round trip; triton / aten / copies: device kernels of a layer after the "
-              "first (the batch's plan holds what the first derived); first_layer: Triton + aten kernels of the first "
-              "layer. Not included: the driver's launch call (cuLaunchKernel) of each kernel.")
+    legend = ("host_us: one layer's host CPU time (the fastest of 7 rounds, a two-row cut of the batch with 2 heads of 16: the same N "
+              "and kernels); round_trips: host_us / the bare round trip; op_us, op_round_trips: host_us less the same "
+              "layer with an identity Function in place of the attention (its views, transposes, reshapes and the "
+              "autograd engine stay), i.e. the op's own host work; triton / aten / copies: device kernels of a layer "
+              "after the first (the batch's plan holds what the first derived); first_layer: Triton + aten kernels of "
+              "the first layer. Not included: the driver's launch call (cuLaunchKernel) of each kernel.")
     lines += textwrap.wrap(legend, WIDTH)
     for r in rows:
         kernels = f"{r['workload']}: {', '.join(r['kernels'])}" + (f"; aten {r['aten_ops']}" if r["aten_ops"] else "")
