@@ -307,6 +307,69 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
         assert err <= 2e-2 * scale + 1e-6, (name, err, scale)
 
 
+@pytest.mark.parametrize("N,lengths,arch,kernel", [(40, [40, 0, 23], 90, "_bias_bwd_short_kernel"),
+                                                    (40, [40, 0, 23], 80, "_bias_bwd_short_t_kernel"),
+                                                    (100, [100, 64, 0], 90, "_bias_bwd_short2_kernel")])
+@pytest.mark.long_on_cpu
+def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, kernel):
+    """The short-row kernels split the heads into groups, one program each (as many as fill the GPU): every
+    grouping (one head a program, 2 of 5 with a short last group, all 5 in one program) gives bit-identical
+    outputs and gradients, the launches take the grid the grouping says, and the result is exact against the
+    float64 reference (ragged and empty rows; the one-tile kernels both ways, the two-block one)."""
+    case = make_case(3, 5, N, 32, torch.bfloat16, lengths=lengths, seed=11)
+    grad_out = torch.randn(3, 5, N, 32, generator=torch.Generator().manual_seed(12))
+    grids = []
+    real_launch = _launch.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        if "HEADS_PER_PROGRAM" in kwargs:
+            grids.append((fn.fn.__name__, tuple(grid), kwargs["HEADS_PER_PROGRAM"]))
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    previous = P.interpret_as(arch)
+    results = {}
+    try:
+        for per_program in (5, 2, 1):
+            monkeypatch.setattr(_launch, "heads_per_program", lambda programs, H, device, n=per_program: n)
+            grids.clear()
+            results[per_program] = _run(case, torch.bfloat16, "triton", grad_out)
+            groups = -(-5 // per_program)
+            blocks = 2 if kernel == "_bias_bwd_short2_kernel" else 1
+            assert (kernel, (3, blocks * groups), per_program) in grids, grids
+            assert ("_bias_fwd_short_kernel", (3, groups), per_program) in grids or N > 64, grids
+        monkeypatch.undo()
+        check_against_reference(case)  # (the grouping the interpreted GPU gets)
+    finally:
+        P.interpret_as(previous)
+    for per_program in (2, 1):
+        assert torch.equal(results[per_program][0], results[5][0])
+        for name in results[5][1]:
+            assert torch.equal(results[per_program][1][name], results[5][1][name]), (per_program, name)
+
+
+def test_heads_per_program_fills_the_gpu(monkeypatch):
+    """The short-row grids: the most heads a program with which the programs still give every multiprocessor
+    two; never more programs than heads allow, never fewer than the batch."""
+    cases = [  # (programs, H, multiprocessors) -> heads a program
+        ((32, 12, 132), 2),   # 32 sentences: 6 groups of 2, 192 programs
+        ((64, 12, 132), 3),   # 5 groups -> 3 heads a program: 4 groups, 256 programs
+        ((512, 12, 132), 12),  # a large batch fills the GPU alone
+        ((1, 12, 132), 1),    # one sentence: a program per head
+        ((8, 16, 108), 1),
+        ((3, 5, 1), 5),
+    ]
+    for (programs, H, count), expected in cases:
+        monkeypatch.setattr(P, "_MULTIPROCESSORS_OVERRIDE", count)
+        assert _launch.heads_per_program(programs, H, torch.device("cpu")) == expected, (programs, H, count)
+    monkeypatch.setattr(P, "_MULTIPROCESSORS_OVERRIDE", None)
+    previous = P.interpret_as(80)
+    try:
+        assert P.multiprocessors(torch.device("cpu")) == P.MULTIPROCESSORS[80] == 108
+    finally:
+        P.interpret_as(previous)
+
+
 @pytest.mark.parametrize("N,dtype,rows,family,arch,takes", [
     (57, torch.bfloat16, 1, "sm90", 90, True),
     (64, torch.float16, 1, "sm90", 100, True),

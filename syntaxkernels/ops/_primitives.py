@@ -30,7 +30,8 @@ from ._dispatch import LOG2E, interpreting  # noqa: F401 (the kernel layer's nam
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
            "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
-           "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting"]
+           "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting", "multiprocessors",
+           "MULTIPROCESSORS"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -506,6 +507,35 @@ def current_arch() -> int:
 
 
 _ARCHS: dict = {}
+
+
+#: Streaming multiprocessors of the commonest GPU of each compute capability: the count the grids are sized for
+#: where no GPU can be asked (the interpreter, the inspection's compiled-as-launched model): A100 108, A40/A10
+#: class 84, RTX 4090 128, H100/H200 132, B200 148, RTX 5090 170. A real GPU gives its own count.
+MULTIPROCESSORS = {80: 108, 86: 84, 87: 16, 89: 128, 90: 132, 100: 148, 103: 148, 110: 148, 120: 170, 121: 48}
+
+#: Tests may set the count the grids are sized for (None: the GPU's, or :data:`MULTIPROCESSORS`).
+_MULTIPROCESSORS_OVERRIDE = None
+
+_SM_COUNTS: dict = {}
+
+
+def multiprocessors(device=None) -> int:
+    """The streaming multiprocessors the grids of a launch on ``device`` should fill: the CUDA device's own count
+    (asked once per device), else that of the GPU Triton compiles for (:data:`MULTIPROCESSORS` at
+    :func:`current_arch`; 132 for an unlisted one)."""
+    if _MULTIPROCESSORS_OVERRIDE is not None:
+        return _MULTIPROCESSORS_OVERRIDE
+    if device is not None and getattr(device, "type", None) == "cuda":
+        index = device.index if device.index is not None else -1
+        count = _SM_COUNTS.get(index)
+        if count is None:
+            import torch
+
+            props = torch.cuda.get_device_properties(device if index >= 0 else torch.cuda.current_device())
+            count = _SM_COUNTS[index] = int(props.multi_processor_count)
+        return count
+    return MULTIPROCESSORS.get(current_arch(), 132)
 
 
 def arch_family(arch: int = None) -> str:

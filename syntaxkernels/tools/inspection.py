@@ -486,7 +486,7 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             # (a dot lowered to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a
             # quarter of the largest one's size.
             top = _tile_loops(loops, with_tc)
-            report.heads = max(1, int(kwargs.get("HEADS", 1)))
+            report.heads = max(1, int(kwargs.get("HEADS_PER_PROGRAM", kwargs.get("HEADS", 1))))
             report.loop_other, report.loop_all, report.head_loop_other = [], [], []
             for l in top:
                 inner = [o for o in with_tc if o is not l and l.start <= o.start and o.end < l.end]

@@ -389,7 +389,7 @@ def _bias_bwd_short_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
@@ -412,9 +412,11 @@ def _bias_bwd_short_kernel(
             ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
         DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
-    Grid: ``(B,)``.
+    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``: a program takes ``HEADS_PER_PROGRAM`` heads (the launcher's
+    :func:`._launch.heads_per_program`).
     """
     b = tl.program_id(0).to(tl.int64)
+    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -423,7 +425,7 @@ def _bias_bwd_short_kernel(
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
                     float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
-    for h in range(0, HEADS):
+    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         v_base = V + b * stride_vb + h * stride_vh
@@ -504,7 +506,7 @@ def _bias_bwd_short_t_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
@@ -514,8 +516,10 @@ def _bias_bwd_short_t_kernel(
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
     ``dK = dS^T Q`` as they are (no layout change); only dQ needs dS transposed. Each head's dS goes to
-    ``DS_OUT`` queries-major, as the other kernel's (``[B, H, BLOCK_M, BLOCK_N]``). Grid: ``(B,)``."""
+    ``DS_OUT`` queries-major, as the other kernel's (``[B, H, BLOCK_M, BLOCK_N]``).
+    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``."""
     b = tl.program_id(0).to(tl.int64)
+    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)  # queries: the columns
     offs_n = tl.arange(0, BLOCK_N)  # keys: the rows
@@ -526,7 +530,7 @@ def _bias_bwd_short_t_kernel(
         allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
     bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
-    for h in range(0, HEADS):
+    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         v_base = V + b * stride_vb + h * stride_vh
@@ -627,7 +631,7 @@ def _bias_bwd_short2_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS,
+    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
@@ -652,10 +656,13 @@ def _bias_bwd_short2_kernel(
 
     Args: as :func:`_bias_bwd_short_kernel`; DELTA: fp32 rows like LSE (``stride_row``), written then read;
         DQ, DK, DV_OUT zeroed.
-    Grid: ``(B, 2)``.
+    Grid: ``(B, 2 * cdiv(HEADS, HEADS_PER_PROGRAM))``: a program takes one query block and ``HEADS_PER_PROGRAM``
+    heads (the launcher's :func:`._launch.heads_per_program`).
     """
     b = tl.program_id(0).to(tl.int64)
-    q_block = tl.program_id(1)
+    q_block = tl.program_id(1) % 2
+    h0 = (tl.program_id(1) // 2) * HEADS_PER_PROGRAM
+    h1 = tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
@@ -679,7 +686,7 @@ def _bias_bwd_short2_kernel(
         offs_n = BLOCK_N + offs_j
         bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
                             EVEN_N, OPAQUE_BIAS, INTERPRETED)
-        for h in range(0, HEADS):
+        for h in range(h0, h1):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
             p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
                                 V + b * stride_vb + h * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
@@ -696,7 +703,7 @@ def _bias_bwd_short2_kernel(
             offs_n = kb * BLOCK_N + offs_j
             bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
                                 EVEN_N, OPAQUE_BIAS, INTERPRETED)
-            for h in range(0, HEADS):
+            for h in range(h0, h1):
                 q_base = Q + b * stride_qb + h * stride_qh
                 k_base = K + b * stride_kb + h * stride_kh
                 do_base = DOUT + b * stride_gb + h * stride_gh

@@ -185,24 +185,27 @@ def _bias_fwd_short_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_row,
-    N, N_OUT, D, DV, qk_scale2, TABLE, SCALE, BUCKETS, window, HEADS,
+    N, N_OUT, D, DV, qk_scale2, TABLE, SCALE, BUCKETS, window, HEADS, HEADS_PER_PROGRAM,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
-    the heads: the output rows and their log2-sum-exp for one batch item and every head.
+    the heads: the output rows and their log2-sum-exp for one batch item and a group of ``HEADS_PER_PROGRAM`` of its
+    ``HEADS`` heads (the launcher's :func:`._launch.heads_per_program`: as many as still fill the GPU).
 
-    The distance tile and its bias are read once and serve all ``HEADS`` heads. The tile holds whole rows, so
+    The distance tile and its bias are read once and serve the group's heads. The tile holds whole rows, so
     each head's softmax is exact in one pass (the row maximum, then one exp2 per element and the row sum; no
     running rescale): ``out = (P V) / l``, ``lse = m + log2(l)``; rows past the length or without an allowed key
     are 0 with ``lse = +inf``, as in :func:`_bias_fwd_kernel`. Products over head-dim chunks (CHUNK for
     ``q k^T``, OUT_CHUNK for ``P V``).
 
-    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists). Grid: ``(B,)``.
+    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists).
+    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``.
     """
     b = tl.program_id(0).to(tl.int64)
+    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     build_lut(TABLE, SCALE, BUCKETS, LUT, TABLE, window, HAS_WINDOW)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -210,7 +213,7 @@ def _bias_fwd_short_kernel(
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
                     float("-inf"))
-    for h in range(0, HEADS):
+    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         for c in tl.static_range(0, BLOCK_D, CHUNK):
