@@ -181,6 +181,53 @@ def test_table_kernel_skips_the_most_frequent_one_bucket_tiles(monkeypatch, per_
     check_against_reference(case)
 
 
+@pytest.mark.parametrize("per_head,kw", [(False, dict()), (True, dict()), (False, dict(window=20, causal=True))],
+                         ids=["shared", "per-head", "window-causal"])
+@pytest.mark.long_on_cpu
+def test_table_kernel_splits_a_query_blocks_walk(monkeypatch, per_head, kw):
+    """The table kernel splits each query block's key blocks among SPLITS programs (one long tree fills the GPU):
+    each split adds its own part of the skipped tiles' correction, and the table's and strength's gradients
+    equal the float64 reference's and the unsplit kernel's to rounding (two chains of 48 at 16 x 16 tiles:
+    skipped, one-bucket and mixed tiles; 4 splits of 6 key blocks leave one split with nothing to walk)."""
+    monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
+    grids = []
+    real_launch = _launch.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        if fn.fn.__name__ == "_bias_bwd_table_kernel":
+            grids.append((tuple(grid), kwargs["SPLITS"]))
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    chains = [[-1] + list(range(47)) + [-1] + list(range(48, 95))] * 2
+    case = make_case(2, 2, 96, 32, torch.bfloat16, heads=chains, per_head=per_head)
+    grad_out = torch.randn(2, 2, 96, 32, generator=torch.Generator().manual_seed(3))
+    groups = 2 if per_head else 1
+    results = {}
+    for splits in (1, 4):
+        monkeypatch.setattr(_launch, "table_splits", lambda programs, num_k, device, n=splits: n)
+        grids.clear()
+        results[splits] = _run(case, torch.bfloat16, "triton", grad_out, **kw)
+        assert grids == [((6 * splits * 2 * groups,), splits)], grids
+        if splits > 1:
+            check_against_reference(case, **kw)
+    for name in ("dtable", "dbias_scale"):
+        one, split = results[1][1][name].double(), results[4][1][name].double()
+        assert (one - split).abs().max() <= 1e-5 * one.abs().max() + 1e-7, name
+    for name in ("dq", "dk", "dv"):  # the other kernels do not depend on the split
+        assert torch.equal(results[1][1][name], results[4][1][name]), name
+
+
+def test_table_splits_fill_the_gpu(monkeypatch):
+    """Split a query block's walk only where the programs leave multiprocessors idle, and never into walks of
+    fewer than four key blocks."""
+    monkeypatch.setattr(P, "_MULTIPROCESSORS_OVERRIDE", 132)
+    assert _launch.table_splits(64, 128, torch.device("cpu")) == 5  # one 8192-token tree
+    assert _launch.table_splits(300, 128, torch.device("cpu")) == 1  # enough programs already
+    assert _launch.table_splits(8, 8, torch.device("cpu")) == 2  # few key blocks: at most 8 // 4
+    assert _launch.table_splits(8, 3, torch.device("cpu")) == 1
+
+
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
 @pytest.mark.long_on_cpu
 def test_table_gradient_walks_the_heads_of_a_shared_table(monkeypatch, per_head):

@@ -387,6 +387,7 @@ class KernelReport:
     shared_limit: int = 0  # the family's shared memory per block (bytes), 0 = unknown
     tiles: Optional[dict] = None  # a workload case: how the kernel walks the batch's tiles (workload_tiles)
     cost: Optional[dict] = None  # a workload case: its weighted cost per valid pair (workload_cost)
+    programs: Optional[int] = None  # a workload case: the programs the whole batch's launch runs
 
     @property
     def ratio(self) -> Optional[float]:
@@ -1303,6 +1304,29 @@ def _workload_job(job):
     return inspect_workload(name, dtype, head_dim, arch)
 
 
+@contextlib.contextmanager
+def _whole_batch_head_groups(whole: float):
+    """Inside, the short-row launchers group heads as for ``whole`` times the programs the compile batch has."""
+    from syntaxkernels.ops.bias_attention import _launch
+
+    real = _launch.heads_per_program
+    _launch.heads_per_program = lambda programs, H, device: real(round(programs * whole), H, device)
+    try:
+        yield
+    finally:
+        _launch.heads_per_program = real
+
+
+def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
+    """A workload case's programs over the multiprocessors of its GPU family's commonest GPU
+    (:data:`~syntaxkernels.ops._primitives.MULTIPROCESSORS`): below 1 the launch leaves multiprocessors idle."""
+    from syntaxkernels.ops._primitives import MULTIPROCESSORS
+
+    if report.programs is None or report.arch not in MULTIPROCESSORS:
+        return None
+    return report.programs / MULTIPROCESSORS[report.arch]
+
+
 def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
@@ -1313,7 +1337,10 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
     case = f"{name} {dtype} D{head_dim}"
     reports: List[KernelReport] = []
     seen = set()
-    with fake_gpu(arch), capture_launches(keep_going=True) as launches:
+    # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
+    # kernels' head groups are those of the whole batch (a launch compiles with them: 1 is specialised).
+    whole = 1.0 if workload.packed else workload.batch_size / len(workload.compile_rows())
+    with fake_gpu(arch), capture_launches(keep_going=True) as launches, _whole_batch_head_groups(whole):
         try:
             if workload.packed:
                 _user_call_packed(workload.packed_batch(), dtype, head_dim)
@@ -1353,6 +1380,7 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
                 report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
             tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n)
             report.tiles = tiles
+            report.programs = round(math.prod(launch.grid) * whole)
             report.cost = workload_cost(report, tiles)
             reports.append(report)
     return reports
@@ -1436,7 +1464,7 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
                      f"{r.spill_bytes:>5} {_kib(r.shared_bytes) + over + _kib(r.shared_limit):>8} "
                      f"{_fmt(r.other_per_unit):>5} {_fmt(r.all_per_unit):>5} {_fmt(r.ex2_per_unit, 2):>4}{flag}")
     head = (f"{'case':<{case_width}} {'sm':>3} {'kernel':<{kernel_width}} {'tile':>7} {'tiles':>6} {'skip':>4} "
-            f"{'int':>4} {'bnd':>4} {'1bkt':>4} {'mix':>4} {'bkts':>4} {'area':>5} {'instr':>6}")
+            f"{'int':>4} {'bnd':>4} {'1bkt':>4} {'mix':>4} {'bkts':>4} {'area':>5} {'instr':>6} {'p/SM':>5}")
     lines += ["", "tiles of the whole batch (fractions of the B x nQ x nK grid) and weighted cost per valid pair",
               head, "-" * len(head)]
     for r in rows:
@@ -1452,7 +1480,8 @@ def format_workload_reports(reports: Sequence[KernelReport]) -> str:
         lines.append(f"{r.case:<{case_width}} {r.arch:>3} {_kernel_label(r.kernel):<{kernel_width}} "
                      f"{r.tile or '-':>7} {t['grid']:>6} {t['skipped'] / grid:>4.2f} {t['interior'] / grid:>4.2f} "
                      f"{t['boundary'] / grid:>4.2f} {t['one_bucket'] / grid:>4.2f} {t['mixed'] / grid:>4.2f} "
-                     f"{_fmt(mean_buckets):>4} {_fmt(c.get('area'), 2):>5} {_fmt(c.get('instr')):>6}")
+                     f"{_fmt(mean_buckets):>4} {_fmt(c.get('area'), 2):>5} {_fmt(c.get('instr')):>6} "
+                     f"{_fmt(programs_per_multiprocessor(r), 2):>5}")
     lines += textwrap.wrap(WORKLOAD_LEGEND, WIDTH)
     return "\n".join(lines)
 
@@ -1463,8 +1492,9 @@ WORKLOAD_LEGEND = (
     "or a compare-select-add per bucket held; bkts: mean buckets summed per mixed tile; area: score elements computed per valid (query, key) pair (1 = no padding or empty tile "
     "area); instr: non-tensor-core thread-instructions per valid pair, summed over the tiles walked at each "
     "class's loop cost (straight-line kernels: all their instructions per program; block metadata per head of "
-    "a 12-head call). A model read from the SASS, not a "
-    "measurement.")
+    "a 12-head call); p/SM: the whole batch's programs per multiprocessor of the family's commonest GPU (A100 "
+    "108, RTX 30 84, RTX 4090 128, H100/H200 132, B200 148, RTX 5090 170; below 1: multiprocessors left idle). "
+    "A model read from the SASS, not a measurement.")
 
 
 def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:

@@ -300,7 +300,7 @@ def _bias_bwd_table_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_gb, stride_gh, stride_gn, stride_gd,
     stride_db, stride_di, stride_dj, stride_lh, stride_row,
-    H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2, HEADS,
+    H, N, D, DV, num_q_blocks, num_k_blocks, qk_scale2, HEADS, SPLITS,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr,
@@ -328,11 +328,16 @@ def _bias_bwd_table_kernel(
             tiles of a long tree or between packed sentences cost one compare each.
         LSE: fp32 ``[B, H, N]``; DELTA: the dQ kernel's corrected delta (every row of dS then sums to zero, so
             the bucket sums are exact up to fp32 rounding); both rows ``stride_row`` apart.
-        BUCKET_PARTIALS: fp32 ``[B * G * nQ, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each program's
-            sums, written once and reduced in a fixed order by the launcher.
-    Grid: ``(nQ * B * G,)``.
+        BUCKET_PARTIALS: fp32 ``[B * G * nQ * SPLITS, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each
+            program's sums, written once and reduced in a fixed order by the launcher.
+        SPLITS: the programs one query block's key blocks are split among (the launcher's
+            :func:`._launch.table_splits`: one long tree fills the GPU); the skipped tiles' correction is linear, so
+            each split adds its own share.
+    Grid: ``(nQ * SPLITS * B * G,)``.
     """
-    q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
+    block_split, bg, b, g = program_ids(num_q_blocks * SPLITS, H // HEADS)
+    q_block = block_split // SPLITS
+    split = block_split % SPLITS
     h0 = g * HEADS
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -344,7 +349,10 @@ def _bias_bwd_table_kernel(
     sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     list_base, interior, total = _key_block_range(KV_LIST, KV_COUNT, b, q_block, length, num_q_blocks,
                                                   num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
-    for i in range(0, interior):
+    per_split = (total + SPLITS - 1) // SPLITS  # this program's share of the walk: [first, last)
+    first = split * per_split
+    last = tl.minimum(first + per_split, total)
+    for i in range(first, tl.minimum(last, interior)):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
         if present != skip_set:
@@ -356,7 +364,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
-    for i in range(interior, total):
+    for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
         if present != skip_set:
@@ -372,9 +380,9 @@ def _bias_bwd_table_kernel(
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
     totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    # The skipped tiles' share: minus everything walked (the rows of dS sum to zero).
+    # The skipped tiles' share: minus everything walked (the rows of dS sum to zero; each split its own part).
     totals += tl.where(bucket_ids == skip, -tl.sum(totals, 0), 0.0)
-    program = bg.to(tl.int64) * num_q_blocks + q_block
+    program = bg.to(tl.int64) * (num_q_blocks * SPLITS) + block_split
     tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 

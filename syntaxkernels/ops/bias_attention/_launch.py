@@ -29,7 +29,7 @@ from ._host import _bucket_lut, _spec, output_like
 from .configs import STATIC_BUCKET_LIMIT, _short_config, _short_forward_config, select_config
 
 __all__ = ["bias_attention_forward", "bias_attention_backward", "launch_configs", "forward_metadata",
-           "backward_metadata", "heads_per_program"]
+           "backward_metadata", "heads_per_program", "table_splits"]
 
 
 class LaunchConfigs(NamedTuple):
@@ -58,6 +58,22 @@ def heads_per_program(programs: int, H: int, device) -> int:
     target = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device)
     groups = min(H, max(1, -(-target // max(programs, 1))))
     return -(-H // groups)
+
+
+#: The fewest key blocks one table-gradient program walks when a query block's walk is split (each split pays
+#: the program's prologue and one more row of partial sums).
+MIN_KEY_BLOCKS_PER_SPLIT = 4
+
+
+def table_splits(programs: int, num_k_blocks: int, device) -> int:
+    """How many programs share one query block's walk in the table-gradient kernel (its ``SPLITS``): enough that
+    the ``programs`` (query blocks x batch x head groups) give every multiprocessor
+    :data:`PROGRAMS_PER_MULTIPROCESSOR` programs, each walking at least :data:`MIN_KEY_BLOCKS_PER_SPLIT` of the
+    ``num_k_blocks`` key blocks. One 8192-token tree, 128-row blocks on 132 multiprocessors: 64 query blocks,
+    split in 5 (320 programs); 32 rows padded to 512 (4 query blocks each): split in 2."""
+    target = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device)
+    wanted = -(-target // max(programs, 1))
+    return max(1, min(wanted, num_k_blocks // MIN_KEY_BLOCKS_PER_SPLIT))
 
 
 _CONFIGS = {}
@@ -437,11 +453,13 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     kv_list, kv_count = meta.table_list, meta.table_count
     use_lists = kv_list is not None
     tile_buckets, skip_bucket = meta.tile_buckets, meta.skip_bucket
-    partials = torch.empty((B * groups * num_q, T), dtype=torch.float32, device=q.device)
-    launch(_bias_bwd_table_kernel, launch_grid(num_q, B, groups),
+    splits = table_splits(num_q * B * groups, num_k, q.device)
+    partials = torch.empty((B * groups * num_q * splits, T), dtype=torch.float32, device=q.device)
+    launch(_bias_bwd_table_kernel, launch_grid(num_q * splits, B, groups),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,
            kv_count if use_lists else lengths, tile_buckets, skip_bucket, lse, delta, partials, *strides,
            H, _padded(N), D, DV, num_q, num_k, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
+           SPLITS=splits,
            NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)), STATIC_BUCKETS=T <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=max_distance, LOG_DISTANCE=log_distance, UNREACHABLE_BUCKET=unreachable_bucket,
            LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
@@ -451,7 +469,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
            OPAQUE_BIAS=table_config["OPAQUE_BIAS"])
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
-    return dq, dk, dv, (partials, B, groups, num_q)
+    return dq, dk, dv, (partials, B, groups, num_q * splits)
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
