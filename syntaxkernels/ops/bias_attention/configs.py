@@ -78,14 +78,16 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     # The table gradient, starting from dQ's tiles (its loop holds dQ's first two products): it holds two score
     # tiles (this head's and the heads' sum of dS) and each head's operands. One stage on sm_90 at D = 64 and on
-    # the small family at D = 128: with the skipped-tile branch two stages spill. fp32 at D <= 64: on sm_80 16x32
+    # the small family at D = 128: with the skipped-tile branch two stages spill (sm_90 D64 128x64: 64 B; 64x64 with
+    # two stages does not, at +67% main-loop instructions). sm_80 takes two stages (pipelined loads, spill-free on
+    # long-4096: D64 255 registers, main loop +14% instructions; D128 -4%). fp32 at D <= 64: on sm_80 16x32
     # spills with one or two stages, 16x16 with one; on sm_90 16x16 spills with two stages, 16x32 with one does not.
     ("table", "sm90", "half", 64): dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1),
     ("table", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),
     ("table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
-    ("table", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
-    ("table", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("table", "sm80", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("table", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
     ("table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2),
     ("table", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("table", "small", "half", 64): dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=1),
