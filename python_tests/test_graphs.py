@@ -397,3 +397,72 @@ def test_treebank_enhanced_graphs_match_bfs_oracle(ud_dev_path):
     got = run_padded(case, plan, torch.float32, "auto")
     check(case, got, run_padded(case, plan, torch.float64, "spec"), run_padded(case, plan, torch.float32, "spec"),
           torch.float32)
+
+
+# -- the transformers integration ----------------------------------------------------------------------------
+
+TREE_HEADS = [[-1, 0, 1, 1, 0, 4, 5, 4, 0], [-1, 0, 0, 2, 2, 0]]
+
+
+def tree_edges(heads):
+    return [(i, h) for i, h in enumerate(heads) if h >= 0]
+
+
+def _syntax_bert(method="bias"):
+    transformers = pytest.importorskip("transformers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_parameters
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model.set_attn_implementation("sdpa")
+    enable_syntax_attention(model, method, **({"gat_config": dict(num_layers=1, num_heads=2, head_dim=8, window=2)}
+                                             if method == "gat" else {}))
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 0.5)
+    return model.eval()
+
+
+def test_transformers_bias_takes_a_graph_plan_padded_and_packed():
+    """A tree is a graph: the GraphBatch of its edges (undirected) through a syntax BERT gives what the TreeBatch
+    gives, padded and packed; a directed GraphBatch runs and gets gradients, and is not the undirected result."""
+    model = _syntax_bert()
+    trees = sk.TreeBatch.from_heads(TREE_HEADS)
+    graphs = [tree_edges(h) for h in TREE_HEADS]
+    lengths = [len(h) for h in TREE_HEADS]
+    plan = GraphBatch.from_edges(graphs, lengths)
+    ids = torch.randint(4, 100, (2, 9))
+    mask = (torch.arange(9)[None, :] < trees.lengths[:, None]).long()
+    valid = mask.bool()
+    want = model(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
+    got = model(input_ids=ids, attention_mask=mask, syntax_trees=plan).last_hidden_state
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=1e-5)
+    directed = GraphBatch.from_edges(graphs, lengths, directed=True)
+    out = model(input_ids=ids, attention_mask=mask, syntax_trees=directed).last_hidden_state
+    out[valid].sum().backward()
+    table = model.encoder.layer[0].attention.self.syntax.distance_bias
+    assert table.grad is not None and table.grad.abs().sum() > 0
+    assert not torch.allclose(out[valid], want[valid], atol=1e-4)
+    # packed: one row of both sequences, position ids restarting at each
+    packed_ids = torch.cat([ids[0, :9], ids[1, :6]])[None]
+    positions = torch.cat([torch.arange(9), torch.arange(6)])[None]
+    want = model(input_ids=packed_ids, position_ids=positions,
+                 syntax_trees=sk.PackedTreeBatch.from_heads(TREE_HEADS)).last_hidden_state
+    got = model(input_ids=packed_ids, position_ids=positions,
+                syntax_trees=GraphBatch.from_edges(graphs, lengths, packed=True)).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    short_mask = (torch.arange(9)[None, :] < torch.tensor([9, 5])[:, None]).long()
+    with pytest.raises(ValueError, match="batch item 1"):  # the plan's lengths against the attention mask
+        model(input_ids=ids, attention_mask=short_mask, syntax_trees=plan)
+
+
+@pytest.mark.parametrize("method", ["gat", "subnetwork"])
+def test_transformers_tree_methods_refuse_a_graph_with_the_reason(method):
+    model = _syntax_bert(method)
+    plan = GraphBatch.from_edges([tree_edges(h) for h in TREE_HEADS], [9, 6])
+    ids = torch.randint(4, 100, (2, 9))
+    mask = (torch.arange(9)[None, :] < torch.tensor([9, 6])[:, None]).long()
+    with pytest.raises(TypeError, match="heads" if method == "gat" else "defined on trees"):
+        model(input_ids=ids, attention_mask=mask, syntax_trees=plan)
