@@ -30,7 +30,7 @@ child_d, sibling_d of a ``MaskSpec``) are defined on trees only and refused for 
 from __future__ import annotations
 
 from collections import deque
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
