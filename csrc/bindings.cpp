@@ -23,6 +23,11 @@
 //        batch, the distance stored per sequence (tree_distance.h, build_packed). Releases the GIL.
 // packed_tree_distance_lists(rows, num_threads) -> the same plus heads, cu_seqlens, positions, sequence ids and
 //     max_seqlen, read straight from a list of per-sequence lists (None when a row is not a plain list/tuple).
+// graph_distance(edges int64 [B, E, 2] CPU, lengths int64 [B] CPU, N, P, directed, num_threads)
+//     -> distance uint8 [B, P, P] (P >= N, every byte written: 255 beyond each item's length): all-pairs shortest
+//        paths of sparse graphs, a (-1, -1) pair pads an edge list (graph_distance.h). Releases the GIL.
+// packed_graph_distance(edges int64 [E, 2] CPU, edge_offsets int64 [S + 1], cu_seqlens int64 [S + 1], directed,
+//     num_threads) -> (distance uint8 [sum n_s^2], offsets int64 [S + 1]): the same per packed sequence.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -38,6 +43,7 @@
 
 #include "bias_attention.h"
 #include "edge_attention.h"
+#include "graph_distance.h"
 #include "relation_lists.h"
 #include "tensor_checks.h"
 #include "tree_distance.h"
@@ -101,6 +107,84 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_
                  static_cast<int>(std::min<int64_t>(num_threads, 1024)));
   }
   return {distance, offsets, depth, segment};
+}
+
+namespace {
+
+// Rank, integer dtype and CPU device of an edge tensor: int64 contiguous.
+at::Tensor check_edges(const at::Tensor& edges, int64_t rank) {
+  if (!edges.defined()) throw std::invalid_argument("edges must be a tensor, got None");
+  if (!edges.device().is_cpu()) {
+    throw std::invalid_argument("graph_distance needs CPU tensors, got edges on " + edges.device().str());
+  }
+  if (!is_integer(edges)) throw std::invalid_argument("edges must have an integer dtype, got " + python_dtype(edges));
+  if (edges.dim() != rank || edges.size(rank - 1) != 2) {
+    throw std::invalid_argument(std::string("edges must have shape ") + (rank == 3 ? "[B, E, 2]" : "[E, 2]") +
+                                ", got " + python_shape(edges));
+  }
+  return edges.to(at::kLong).contiguous();
+}
+
+}  // namespace
+
+at::Tensor graph_distance_cpu(const at::Tensor& edges_in, const at::Tensor& lengths_in, int64_t N, int64_t P,
+                              bool directed, int64_t num_threads) {
+  const at::Tensor edges = check_edges(edges_in, 3);
+  const int64_t B = edges.size(0), E = edges.size(1);
+  if (!lengths_in.defined() || !is_integer(lengths_in) || !lengths_in.device().is_cpu()) {
+    throw std::invalid_argument("lengths must be an integer CPU tensor [B]");
+  }
+  if (lengths_in.dim() != 1 || lengths_in.size(0) != B) {
+    throw std::invalid_argument("lengths must have shape [B] = [" + std::to_string(B) + "], got " +
+                                python_shape(lengths_in));
+  }
+  if (N < 0 || P < N) {
+    throw std::invalid_argument("graph_distance: N = " + std::to_string(N) + " and P = " + std::to_string(P) +
+                                " (expected 0 <= N <= P)");
+  }
+  const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
+  auto distance = at::empty({B, P, P}, at::TensorOptions().dtype(at::kByte));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  {
+    pybind11::gil_scoped_release release;
+    build_graph_batch(edges.data_ptr<int64_t>(), E, lengths.data_ptr<int64_t>(), B, N, P, directed,
+                      distance.data_ptr<uint8_t>(), static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  return distance;
+}
+
+std::tuple<at::Tensor, at::Tensor> packed_graph_distance_cpu(const at::Tensor& edges_in,
+                                                             const at::Tensor& edge_offsets_in,
+                                                             const at::Tensor& cu_in, bool directed,
+                                                             int64_t num_threads) {
+  const at::Tensor edges = check_edges(edges_in, 2);
+  for (const at::Tensor* t : {&edge_offsets_in, &cu_in}) {
+    if (!t->defined() || !is_integer(*t) || !t->device().is_cpu() || t->dim() != 1 || t->size(0) < 1) {
+      throw std::invalid_argument("edge_offsets and cu_seqlens must be integer CPU tensors [S + 1] (S >= 0)");
+    }
+  }
+  if (edge_offsets_in.size(0) != cu_in.size(0)) {
+    throw std::invalid_argument("edge_offsets has shape " + python_shape(edge_offsets_in) + " but cu_seqlens " +
+                                python_shape(cu_in) + " (one entry per sequence, plus one)");
+  }
+  const at::Tensor edge_offsets = edge_offsets_in.to(at::kLong).contiguous();
+  const at::Tensor cu = cu_in.to(at::kLong).contiguous();
+  const int64_t S = cu.size(0) - 1, E = edges.size(0);
+  const int64_t* cu_ptr = cu.data_ptr<int64_t>();
+  std::string message = check_cu_seqlens(cu_ptr, S, cu_ptr[S]);  // cu_seqlens[0] == 0, non-decreasing
+  if (message.empty()) message = check_edge_offsets(edge_offsets.data_ptr<int64_t>(), S, E);
+  if (!message.empty()) throw std::invalid_argument(message);
+  at::Tensor offsets = at::empty({S + 1}, at::TensorOptions().dtype(at::kLong));
+  packed_offsets(cu_ptr, S, offsets.data_ptr<int64_t>());
+  auto distance = at::empty({offsets.data_ptr<int64_t>()[S]}, at::TensorOptions().dtype(at::kByte));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  {
+    pybind11::gil_scoped_release release;
+    build_graph_packed(edges.data_ptr<int64_t>(), edge_offsets.data_ptr<int64_t>(), cu_ptr, S,
+                       offsets.data_ptr<int64_t>(), directed, distance.data_ptr<uint8_t>(),
+                       static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  return {distance, offsets};
 }
 
 namespace {
@@ -419,6 +503,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(heads, cu_seqlens int32, distance, offsets, depth, segment, positions int32, sequence int32, max_seqlen) "
         "of a packed batch from a list/tuple of per-sequence list/tuple rows of ints, or None when some row is not "
         "a plain list or tuple. ValueError names the sequence and token.");
+  m.def("graph_distance", &syntaxkernels::graph_distance_cpu, pybind11::arg("edges"), pybind11::arg("lengths"),
+        pybind11::arg("N"), pybind11::arg("P"), pybind11::arg("directed"), pybind11::arg("num_threads") = 0,
+        "distance uint8 [B, P, P] (all-pairs shortest paths, 0 diagonal, saturating at 254, 255 unreachable and "
+        "padding) of edges int64 [B, E, 2] ((-1, -1) pads) over lengths int64 [B] <= N <= P tokens. ValueError names "
+        "the batch item and edge. Releases the GIL.");
+  m.def("packed_graph_distance", &syntaxkernels::packed_graph_distance_cpu, pybind11::arg("edges"),
+        pybind11::arg("edge_offsets"), pybind11::arg("cu_seqlens"), pybind11::arg("directed"),
+        pybind11::arg("num_threads") = 0,
+        "(distance uint8 [sum n_s^2], offsets int64 [S + 1]) of packed graphs: sequence s's edges (local pairs) at "
+        "edges[edge_offsets[s] .. edge_offsets[s + 1]). ValueError names the sequence and edge. Releases the GIL.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

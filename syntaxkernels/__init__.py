@@ -3,6 +3,8 @@
 Public API (docs/api.md)::
 
     sk.tree_distance(heads, lengths=None) -> uint8 [B, N, N]
+    sk.graph_distance(edges, lengths=None, *, directed=False) -> uint8 [B, N, N]
+    sk.GraphBatch.from_edges(edges, lengths=None, *, directed=False, packed=False)
     sk.TreeBatch.from_heads(heads, lengths=None)
     sk.BucketSpec, sk.MaskSpec
     sk.syntax_bias_attention(q, k, v, distance, table, *, buckets, ...)
@@ -25,6 +27,8 @@ _LAZY = {
     "TreeBatch": (".trees", "TreeBatch"),
     "PackedTreeBatch": (".trees", "PackedTreeBatch"),
     "tree_distance": (".trees", "tree_distance"),
+    "graph_distance": (".trees", "graph_distance"),
+    "GraphBatch": (".trees", "GraphBatch"),
     "syntax_bias_attention": (".ops", "syntax_bias_attention"),
     "syntax_subnetwork_attention": (".ops", "syntax_subnetwork_attention"),
     "reference": (".reference", None),
@@ -40,6 +44,8 @@ __all__ = [
     "TreeBatch",
     "PackedTreeBatch",
     "tree_distance",
+    "graph_distance",
+    "GraphBatch",
     "syntax_bias_attention",
     "syntax_subnetwork_attention",
     "reference",

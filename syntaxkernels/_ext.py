@@ -12,7 +12,11 @@ Contract of ``_C`` (csrc/bindings.cpp):
     tree_distance_cuda(heads int64 [B, N] CUDA, lengths int64 [B] CUDA) -> same, on the GPU
         (present only in a CUDA build)
     has_cuda() -> bool
-Both raise ValueError with the same messages as the Python builder.
+    graph_distance(edges int64 [B, E, 2] CPU, lengths int64 [B] CPU, N int, P int, directed bool, num_threads int)
+        -> distance uint8 [B, P, P] (P >= N; all-pairs shortest paths, (-1, -1) pads an edge list)
+    packed_graph_distance(edges int64 [E, 2], edge_offsets int64 [S + 1], cu_seqlens int64 [S + 1], directed bool,
+        num_threads int) -> (distance uint8 [sum n_s^2], offsets int64 [S + 1])
+They raise ValueError with the same messages as the Python builders.
 """
 from __future__ import annotations
 

@@ -293,6 +293,7 @@ def check_trees(trees, q: torch.Tensor) -> None:
     from .trees.batch import TreeBatch
 
     if not isinstance(trees, TreeBatch):
+        check_relations_defined(trees)
         raise TypeError(f"trees must be a TreeBatch (sk.TreeBatch.from_heads), got {type(trees).__name__}")
     check_distance(trees.distance, q)
     B, _, N, _ = q.shape
@@ -324,8 +325,18 @@ def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, w
         raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
 
 
+def check_relations_defined(trees) -> None:
+    """``TypeError`` with the source's reason when ``trees`` is a plan whose structure has no tree relations (a
+    plan of another source, e.g. a ``GraphBatch``, sets ``relations_refused`` to the reason)."""
+    refused = getattr(trees, "relations_refused", None)
+    if isinstance(refused, str):
+        raise TypeError(f"syntax_subnetwork_attention takes a TreeBatch or PackedTreeBatch, got "
+                        f"{type(trees).__name__}: {refused}")
+
+
 def check_subnetwork_inputs(q, k, v, trees, masks) -> None:
     """Every check of ``syntax_subnetwork_attention``'s arguments."""
+    check_relations_defined(trees)
     check_qkv(q, k, v)
     check_trees(trees, q)
     check_masks(masks)

@@ -51,6 +51,7 @@ from . import _validation as V
 from . import ops, reference
 from . import variants as VR
 from .ops.topical_mix import topical_mix
+from .plan import StructurePlan
 from .specs import MAX_PATH, BucketSpec, MaskSpec
 from .trees.batch import TreeBatch
 from .trees.packed import PackedTreeBatch
@@ -94,19 +95,22 @@ def _distance_and_lengths(trees: TreesLike, lengths):
     """
     if isinstance(trees, TreeBatch):
         return trees.distance, trees.lengths if lengths is None else lengths
+    if isinstance(trees, StructurePlan) and not trees.is_packed:  # another source's plan (a GraphBatch)
+        return trees.distance, trees.kernel_lengths if lengths is None else lengths
     if isinstance(trees, torch.Tensor) and trees.dtype == torch.uint8 and trees.dim() == 3:
         return trees, lengths  # its size is checked by the op (ValueError)
     if isinstance(trees, torch.Tensor):
         what = f"a {trees.dtype} tensor of shape {tuple(trees.shape)}"
     else:
         what = type(trees).__name__
-    raise TypeError("trees must be a TreeBatch (sk.TreeBatch.from_heads) or a uint8 distance tensor [B, N, N], "
-                    f"got {what}")
+    raise TypeError("trees must be a TreeBatch (sk.TreeBatch.from_heads), a structure plan (sk.GraphBatch, ...) or "
+                    f"a uint8 distance tensor [B, N, N], got {what}")
 
 
 def _tree_shape(trees) -> Optional[Tuple[int, int]]:
-    """``(B, N)`` of a TreeBatch or a ``[B, N, N]`` distance tensor; None for anything else (checked later)."""
-    if isinstance(trees, TreeBatch):
+    """``(B, N)`` of a TreeBatch, a padded plan or a ``[B, N, N]`` distance tensor; None for anything else (checked
+    later)."""
+    if isinstance(trees, StructurePlan) and not trees.is_packed:
         return tuple(trees.distance.shape[:2])
     if isinstance(trees, torch.Tensor) and trees.dim() == 3:
         return tuple(trees.shape[:2])
@@ -223,16 +227,17 @@ class DistanceBias(nn.Module):
 
         Args:
             q, k, v: ``[B, H, N, D]``.
-            trees: a :class:`TreeBatch` or ``uint8 distance [B, N, N]``.
-            lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to
-                ``trees.lengths`` for a TreeBatch, else no padding.
+            trees: a :class:`TreeBatch`, another padded structure plan (a :class:`~syntaxkernels.GraphBatch`) or
+                ``uint8 distance [B, N, N]``; a packed plan with ``[1, H, T, D]`` (or ``[T, H, D]``) inputs.
+            lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to the plan's
+                lengths, else no padding.
             scale: score scale, default ``1/sqrt(D)``.
             window: allow only pairs with ``d_ij <= window``.
             causal: allow only keys ``j <= i``.
         Returns:
             ``[B, H, N, D]``; query rows past the length are 0.
         """
-        if isinstance(trees, PackedTreeBatch):  # a packed batch: [1, H, T, D] (or [T, H, D]) in, the same out
+        if isinstance(trees, StructurePlan) and trees.is_packed:  # packed: [1, H, T, D] (or [T, H, D]) in and out
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
                 q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                 bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend))
@@ -372,6 +377,7 @@ class Subnetworks(nn.Module):
         """``q, k, v [B, H, N, D]`` and a :class:`TreeBatch` on their device (its padding, ``segment == -1``, is
         the padding here) -> ``[B, H, N, D]`` ("package": 0 for a token whose masks are all empty, padding
         included). ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
+        V.check_relations_defined(trees)  # a plan of another source (a GraphBatch) says why it has no relations
         if isinstance(trees, PackedTreeBatch):  # a packed batch: q, k, v [1, H, T, D] (or [T, H, D])
             squeeze = q.dim() == 3
             q3, k3, v3 = (x if squeeze else _packed_view(x) for x in (q, k, v))
@@ -521,9 +527,10 @@ class SyntaxBiasedSelfAttention(DistanceBias):
         """
         Args:
             x: ``[B, N, E]``.
-            trees: a :class:`TreeBatch` or ``uint8 distance [B, N, N]``.
-            lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to
-                ``trees.lengths`` for a TreeBatch, else no padding.
+            trees: a :class:`TreeBatch`, another padded structure plan (a :class:`~syntaxkernels.GraphBatch`) or
+                ``uint8 distance [B, N, N]``; a packed plan with ``[1, H, T, D]`` (or ``[T, H, D]``) inputs.
+            lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to the plan's
+                lengths, else no padding.
             causal: allow only keys ``j <= i``.
             window: allow only pairs with ``d_ij <= window``.
         Returns:

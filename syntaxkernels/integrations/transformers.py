@@ -94,6 +94,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from .. import _validation as V
 from .. import variants as VR
 from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids, _packed_plain
+from ..plan import StructurePlan
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
 from ..trees.packed import PackedTreeBatch
@@ -252,11 +253,11 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         if syntax_gat_output is None:
             raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")
         query, key, value = part(query, key, value, syntax_gat_output)
-        if isinstance(syntax_trees, PackedTreeBatch):
+        if _is_packed(syntax_trees):
             out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
         else:
             out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
-    elif isinstance(syntax_trees, PackedTreeBatch):  # a plain layer of a packed row: within each sequence
+    elif _is_packed(syntax_trees):  # a plain layer of a packed row: within each sequence
         out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
     else:
         out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
@@ -350,17 +351,18 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
     raises a ``ValueError`` naming the batch item; otherwise (a CUDA model) the check is a device-side
     assertion, so a valid batch costs no host synchronisation. Skipped while ``torch.compile`` traces.
     """
-    if isinstance(trees, PackedTreeBatch):
+    if _is_packed(trees):
         return _check_packed_trees(trees, hidden, valid)
-    if not isinstance(trees, TreeBatch):
-        raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch or PackedTreeBatch, got "
-                        f"{type(trees).__name__}")
+    if not isinstance(trees, StructurePlan):
+        raise TypeError(f"syntax_trees must be a syntaxkernels.TreeBatch or PackedTreeBatch (or another structure "
+                        f"plan: a GraphBatch), got {type(trees).__name__}")
     B, N = hidden.shape[:2]
     if tuple(trees.distance.shape) != (B, N, N):
         raise ValueError(f"syntax_trees must cover the token sequence: expected batch {B} and N = {N} tokens "
                          f"(distance [B, N, N] = [{B}, {N}, {N}]), got distance {tuple(trees.distance.shape)}; "
                          "build it on the token-level heads padded to the input_ids length")
-    V.check_lengths_agree(trees.lengths, valid, N, lambda b: _lengths_mismatch_message(trees.lengths, valid, N, b),
+    lengths = trees.lengths if isinstance(trees, TreeBatch) else getattr(trees, "lengths", trees.kernel_lengths)
+    V.check_lengths_agree(lengths, valid, N, lambda b: _lengths_mismatch_message(lengths, valid, N, b),
                           "syntax_trees' lengths differ from the attention mask (which must pad on the right, valid "
                           "tokens first); run the batch on CPU to see which item")
     if trees.device != hidden.device:
@@ -368,13 +370,19 @@ def _check_trees(trees, hidden: torch.Tensor, valid: Optional[torch.Tensor]) -> 
     return trees
 
 
-def _check_packed_trees(trees: PackedTreeBatch, hidden: torch.Tensor, valid: Optional[torch.Tensor]):
+def _is_packed(trees) -> bool:
+    """Whether ``trees`` is a packed plan (a PackedTreeBatch, a packed GraphBatch): one row of T tokens."""
+    return isinstance(trees, StructurePlan) and trees.is_packed
+
+
+def _check_packed_trees(trees: StructurePlan, hidden: torch.Tensor, valid: Optional[torch.Tensor]):
     """A padding-free batch (``DataCollatorWithFlattening``, ``TreeCollator(packed=True)``): one row ``[1, T, E]``
     holding the trees' T tokens, no padding (an attention mask, if any, attends everything); moved to the
     hidden states' device."""
-    if hidden.shape[0] != 1 or hidden.shape[1] != trees.num_tokens:
-        raise ValueError(f"packed syntax_trees ({trees.num_sequences} sequences, T = {trees.num_tokens} tokens) need "
-                         f"input_ids [1, T] = [1, {trees.num_tokens}] (one packed row, position_ids restarting at "
+    tokens, sequences = trees.sequence.shape[0], trees.cu_seqlens.shape[0] - 1
+    if hidden.shape[0] != 1 or hidden.shape[1] != tokens:
+        raise ValueError(f"packed syntax_trees ({sequences} sequences, T = {tokens} tokens) need "
+                         f"input_ids [1, T] = [1, {tokens}] (one packed row, position_ids restarting at "
                          f"every sequence), got hidden states {tuple(hidden.shape[:2])}")
     if valid is not None and _on_host(valid) and not bool(valid.all()):
         raise ValueError("a packed batch has no padding: drop the attention_mask (or make it all ones)")
@@ -405,6 +413,10 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     trees = _check_trees(trees, hidden, mask)
     kwargs["syntax_trees"] = trees
     gat = getattr(encoder, "syntax_gat", None)
+    if gat is not None and not isinstance(trees, (TreeBatch, PackedTreeBatch)):
+        raise TypeError(f"method 'gat' reads the trees' heads (its GAT runs on tree edges): syntax_trees must be a "
+                        f"TreeBatch or PackedTreeBatch, got {type(trees).__name__}; a graph's distance works with "
+                        "method 'bias'")
     encoder.syntax_aux_losses = None
     if gat is not None:
         if pos is not None:

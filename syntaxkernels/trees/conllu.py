@@ -7,7 +7,9 @@ CoNLL-U details handled:
 
 - multiword-token range lines (``1-2  don't``) are not syntactic words: they are skipped, and recorded in
   ``Sentence.multiword_tokens`` as ``(first, last, form)`` (0-based, inclusive word positions);
-- empty nodes of enhanced dependencies (``8.1``) are skipped;
+- empty nodes of enhanced dependencies (``8.1``) are skipped, unless ``enhanced=True``: then the DEPS column is read
+  into the enhanced graph (:attr:`Sentence.enhanced_edges`) and each empty node becomes a node after the words
+  (the sentence's k-th empty node in file order is node ``L + k``, L its words);
 - comment lines (``# ...``) are kept in ``Sentence.comments``; ``# sent_id = ...`` and ``# text = ...``
   fill ``sent_id`` and ``text``;
 - sentences are separated by one or more blank lines; the last one may end without a blank line;
@@ -46,6 +48,13 @@ class Sentence:
             positions (``don't`` -> ``(3, 4, "don't")`` for words ``do``, ``n't``).
         sent_id, text: from the ``# sent_id = ...`` and ``# text = ...`` comments, when present.
         comments: every comment line of the sentence, without the leading ``#`` and surrounding spaces.
+        enhanced_edges: with ``read_conllu(..., enhanced=True)``, the enhanced graph (DEPS column) as
+            ``(head, dependent)`` node pairs, 0-based: nodes ``0 .. L-1`` are the words, ``L + k`` the k-th empty
+            node (``8.1``) in file order; the root attachment ``0:root`` gives no edge. Several heads per node
+            are several edges. Empty otherwise.
+        enhanced_deprels: the relation of each enhanced edge (``nsubj:xsubj``, ``conj:and``, ...).
+        empty_nodes: ``(ID, form)`` of each empty node in file order (``("8.1", "write")``), with
+            ``enhanced=True``.
     """
 
     words: List[str]
@@ -61,6 +70,9 @@ class Sentence:
     sent_id: Optional[str] = None
     text: Optional[str] = None
     comments: List[str] = field(default_factory=list)
+    enhanced_edges: List[Tuple[int, int]] = field(default_factory=list)
+    enhanced_deprels: List[str] = field(default_factory=list)
+    empty_nodes: List[Tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.words = list(self.words)
@@ -75,6 +87,11 @@ class Sentence:
 
     def __len__(self) -> int:
         return len(self.words)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the enhanced graph: the words, then the empty nodes (``len(words) + len(empty_nodes)``)."""
+        return len(self.words) + len(self.empty_nodes)
 
     @property
     def roots(self) -> List[int]:
@@ -133,8 +150,9 @@ def _open_source(path_or_text) -> Tuple[Iterable[str], str]:
 class _Builder:
     """Accumulates the lines of one sentence and checks it when it ends."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, enhanced: bool = False) -> None:
         self.source = source
+        self.enhanced = enhanced
         self.reset()
 
     def reset(self) -> None:
@@ -142,6 +160,7 @@ class _Builder:
         self.columns: List[List[str]] = []
         self.line_numbers: List[int] = []
         self.ranges: List[Tuple[int, int, str, int]] = []
+        self.empty_lines: List[Tuple[List[str], int]] = []
         self.first_line: Optional[int] = None
 
     @property
@@ -179,6 +198,8 @@ class _Builder:
             parts = word_id.split(".")
             if len(parts) != 2 or not all(p.isdigit() for p in parts):
                 raise self.error(line_number, f"bad empty-node ID {word_id!r}")
+            if self.enhanced:
+                self.empty_lines.append((cols, line_number))
             return  # empty nodes belong to enhanced dependencies only
         if not word_id.isdigit():
             raise self.error(line_number, f"bad word ID {word_id!r} (expected an integer, a range a-b or a decimal a.b)")
@@ -215,6 +236,7 @@ class _Builder:
         for first, last, _, line_number in self.ranges:
             if last >= n:
                 raise self.error(line_number, f"multiword token range {first + 1}-{last + 1} goes past the last word {n}")
+        edges, deprels, empty = self.enhanced_graph(n) if self.enhanced else ([], [], [])
         meta: Dict[str, str] = {}
         for comment in self.comments:
             key, sep, value = comment.partition("=")
@@ -226,9 +248,46 @@ class _Builder:
             xpos=list(columns[4]), feats=list(columns[5]), deprel=list(columns[7]), deps=list(columns[8]),
             misc=list(columns[9]), multiword_tokens=[(f, l, form) for f, l, form, _ in self.ranges],
             sent_id=meta.get("sent_id"), text=meta.get("text"), comments=list(self.comments),
+            enhanced_edges=edges, enhanced_deprels=deprels, empty_nodes=empty,
         )
         self.reset()
         return sentence
+
+
+    def enhanced_graph(self, n: int):
+        """``(edges, deprels, empty_nodes)`` of the DEPS column (see :attr:`Sentence.enhanced_edges`): words are
+        nodes 0 .. n-1, the k-th empty node is node n + k."""
+        node = {str(i + 1): i for i in range(n)}
+        empty = []
+        for k, (cols, line_number) in enumerate(self.empty_lines):
+            major = int(cols[0].split(".")[0])
+            if major > n:
+                raise self.error(line_number, f"empty node {cols[0]} comes after word {major}, past the last word {n}")
+            if cols[0] in node:
+                raise self.error(line_number, f"empty node {cols[0]} appears twice")
+            node[cols[0]] = n + k
+            empty.append((cols[0], cols[1]))
+        edges: List[Tuple[int, int]] = []
+        deprels: List[str] = []
+        lines = list(zip(self.columns, self.line_numbers)) + self.empty_lines
+        for cols, line_number in lines:
+            deps = cols[8]
+            if deps == "_":
+                raise self.error(line_number, f"word {cols[0]} has no DEPS (enhanced=True reads the enhanced graph of "
+                                              "the DEPS column; this file has none: read it with enhanced=False)")
+            dependent = node[cols[0]]
+            for entry in deps.split("|"):
+                head, sep, relation = entry.partition(":")
+                if not sep or not relation:
+                    raise self.error(line_number, f"DEPS entry {entry!r} of word {cols[0]} is not head:relation")
+                if head == "0":
+                    continue  # the root attachment: no edge
+                if head not in node:
+                    raise self.error(line_number, f"DEPS head {head} of word {cols[0]} names no word or empty node "
+                                                  f"of the sentence ({n} words, {len(empty)} empty nodes)")
+                edges.append((node[head], dependent))
+                deprels.append(relation)
+        return edges, deprels, empty
 
 
 def _find_cycle(heads: List[int]) -> Optional[List[int]]:
@@ -252,19 +311,28 @@ def _find_cycle(heads: List[int]) -> Optional[List[int]]:
     return None
 
 
-def read_conllu(path_or_text: Union[str, os.PathLike, io.TextIOBase]) -> List[Sentence]:
+def read_conllu(path_or_text: Union[str, os.PathLike, io.TextIOBase], *, enhanced: bool = False) -> List[Sentence]:
     """Read CoNLL-U into a list of :class:`Sentence` (0-based heads, -1 for the root).
 
     Args:
         path_or_text: a path (``str`` or ``pathlib.Path``), the CoNLL-U text itself (a ``str`` that contains
             a newline or a tab), or an open text stream.
+        enhanced: also read the enhanced dependency graph of the DEPS column (``head:rel|head:rel``, several heads
+            per word) into :attr:`Sentence.enhanced_edges` (``(head, dependent)`` pairs) and
+            :attr:`Sentence.enhanced_deprels`. Empty nodes (``8.1``) are nodes of that graph: the sentence's k-th
+            empty node in file order is node ``L + k`` after its L words (:attr:`Sentence.empty_nodes`,
+            :attr:`Sentence.num_nodes`), so a path through an elided predicate keeps its length. Build the graph
+            over ``num_nodes`` tokens (``GraphBatch.from_edges([s.enhanced_edges ...], lengths=[s.num_nodes ...])``);
+            the words' distances are the first L rows and columns. A word without DEPS (``_``) raises ValueError.
 
     Multiword-token range lines and empty nodes are skipped (ranges are kept in
     ``Sentence.multiword_tokens``). Raises ``ValueError`` with the line number for a malformed line or for an
     empty (or blank) string, ``FileNotFoundError`` for a missing file and ``IsADirectoryError`` for a directory.
     """
     lines, source = _open_source(path_or_text)
-    builder = _Builder(source)
+    if not isinstance(enhanced, bool):
+        raise ValueError(f"read_conllu: enhanced must be a bool, got {enhanced!r}")
+    builder = _Builder(source, enhanced)
     sentences: List[Sentence] = []
     line_number = 0
     for line_number, raw in enumerate(lines, start=1):
