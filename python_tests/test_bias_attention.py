@@ -360,7 +360,7 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
 @pytest.mark.long_on_cpu
 def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, kernel):
     """The short-row kernels split the heads into groups, one program each (as many as fill the GPU): every
-    grouping (one head a program, 2 of 5 with a short last group, all 5 in one program) gives bit-identical
+    grouping (all 5 heads in one program; 2 groups of 3 and 2 heads; one head a program) gives bit-identical
     outputs and gradients, the launches take the grid the grouping says, and the result is exact against the
     float64 reference (ragged and empty rows; the one-tile kernels both ways, the two-block one)."""
     case = make_case(3, 5, N, 32, torch.bfloat16, lengths=lengths, seed=11)
@@ -369,46 +369,49 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
     real_launch = _launch.launch
 
     def spy(fn, grid, *args, **kwargs):
-        if "HEADS_PER_PROGRAM" in kwargs:
-            grids.append((fn.fn.__name__, tuple(grid), kwargs["HEADS_PER_PROGRAM"]))
+        if "HEAD_GROUPS" in kwargs:
+            grids.append((fn.fn.__name__, tuple(grid), kwargs["HEAD_GROUPS"]))
         real_launch(fn, grid, *args, **kwargs)
 
     monkeypatch.setattr(_launch, "launch", spy)
+    monkeypatch.setattr(configs, "GROUPED_SPILLS", set())  # (the grouped loop everywhere, spills or not)
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
     previous = P.interpret_as(arch)
     results = {}
     try:
-        for per_program in (5, 2, 1):
-            monkeypatch.setattr(_launch, "heads_per_program", lambda programs, H, device, n=per_program: n)
+        for groups in (1, 2, 5):  # 1: the loop of a single-axis grid (GROUPED=False)
+            monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device, n=groups: n)
             grids.clear()
-            results[per_program] = _run(case, torch.bfloat16, "triton", grad_out)
-            groups = -(-5 // per_program)
+            results[groups] = _run(case, torch.bfloat16, "triton", grad_out)
             blocks = 2 if kernel == "_bias_bwd_short2_kernel" else 1
-            assert (kernel, (3, blocks * groups), per_program) in grids, grids
-            assert ("_bias_fwd_short_kernel", (3, groups), per_program) in grids or N > 64, grids
+            assert (kernel, (3, blocks * groups), groups) in grids, grids
+            assert ("_bias_fwd_short_kernel", (3, groups), groups) in grids or N > 64, grids
         monkeypatch.undo()
+        _launch._CONFIGS.clear()
         check_against_reference(case)  # (the grouping the interpreted GPU gets)
     finally:
         P.interpret_as(previous)
-    for per_program in (2, 1):
-        assert torch.equal(results[per_program][0], results[5][0])
-        for name in results[5][1]:
-            assert torch.equal(results[per_program][1][name], results[5][1][name]), (per_program, name)
+    for groups in (2, 5):
+        assert torch.equal(results[groups][0], results[1][0])
+        for name in results[1][1]:
+            assert torch.equal(results[groups][1][name], results[1][1][name]), (groups, name)
 
 
-def test_heads_per_program_fills_the_gpu(monkeypatch):
-    """The short-row grids: the most heads a program with which the programs still give every multiprocessor
-    two; never more programs than heads allow, never fewer than the batch."""
-    cases = [  # (programs, H, multiprocessors) -> heads a program
-        ((32, 12, 132), 2),   # 32 sentences: 6 groups of 2, 192 programs
-        ((64, 12, 132), 3),   # 5 groups -> 3 heads a program: 4 groups, 256 programs
-        ((512, 12, 132), 12),  # a large batch fills the GPU alone
-        ((1, 12, 132), 1),    # one sentence: a program per head
-        ((8, 16, 108), 1),
-        ((3, 5, 1), 5),
+def test_head_groups_fill_the_gpu(monkeypatch):
+    """The short-row grids: the fewest head groups with which the programs still give every multiprocessor two,
+    groups of equal size or one fewer head; never more groups than heads."""
+    cases = [  # (programs, H, multiprocessors) -> groups
+        ((32, 12, 132), 6),    # 32 sentences: 6 groups of 2 heads, 192 programs
+        ((64, 12, 132), 4),    # 5 wanted -> 3 heads a group: 4 groups, 256 programs
+        ((512, 12, 132), 1),   # a large batch fills the GPU alone
+        ((1, 12, 132), 12),    # one sentence: a program per head
+        ((8, 16, 108), 16),
+        ((3, 5, 1), 1),
+        ((3, 5, 4), 3),        # 3 wanted: groups of 2, 2 and 1 heads
     ]
     for (programs, H, count), expected in cases:
         monkeypatch.setattr(P, "_MULTIPROCESSORS_OVERRIDE", count)
-        assert _launch.heads_per_program(programs, H, torch.device("cpu")) == expected, (programs, H, count)
+        assert _launch.head_groups(programs, H, torch.device("cpu")) == expected, (programs, H, count)
     monkeypatch.setattr(P, "_MULTIPROCESSORS_OVERRIDE", None)
     previous = P.interpret_as(80)
     try:

@@ -487,7 +487,9 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             # (a dot lowered to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a
             # quarter of the largest one's size.
             top = _tile_loops(loops, with_tc)
-            report.heads = max(1, int(kwargs.get("HEADS_PER_PROGRAM", kwargs.get("HEADS", 1))))
+            report.heads = max(1, int(kwargs.get("HEADS", 1)))
+            if "HEAD_GROUPS" in kwargs:  # the short-row kernels: a program walks one group of heads
+                report.heads = -(-report.heads // max(1, int(kwargs["HEAD_GROUPS"])))
             report.loop_other, report.loop_all, report.head_loop_other = [], [], []
             for l in top:
                 inner = [o for o in with_tc if o is not l and l.start <= o.start and o.end < l.end]
@@ -1309,12 +1311,12 @@ def _whole_batch_head_groups(whole: float):
     """Inside, the short-row launchers group heads as for ``whole`` times the programs the compile batch has."""
     from syntaxkernels.ops.bias_attention import _launch
 
-    real = _launch.heads_per_program
-    _launch.heads_per_program = lambda programs, H, device: real(round(programs * whole), H, device)
+    real = _launch.head_groups
+    _launch.head_groups = lambda programs, H, device: real(round(programs * whole), H, device)
     try:
         yield
     finally:
-        _launch.heads_per_program = real
+        _launch.head_groups = real
 
 
 def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:

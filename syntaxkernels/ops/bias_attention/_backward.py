@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .._primitives import (bucket_from_distance, distance_tile, in_bucket, load_rows, lut_bias, mma, mma_acc,
                            opaque_int32, program_ids)
-from ._forward import _allowed, _key_block, _key_block_range, _tile_scores
+from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _tile_scores
 
 
 @triton.jit
@@ -386,7 +386,7 @@ def _bias_bwd_table_kernel(
     tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
 def _bias_bwd_short_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -397,12 +397,12 @@ def _bias_bwd_short_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEAD_GROUPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
-    OPAQUE_BIAS: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -420,11 +420,10 @@ def _bias_bwd_short_kernel(
             ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
         DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
-    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``: a program takes ``HEADS_PER_PROGRAM`` heads (the launcher's
-    :func:`._launch.heads_per_program`).
+    Grid: ``(B, HEAD_GROUPS)``: a program takes heads g, g + HEAD_GROUPS, ... (the launcher's
+    :func:`._launch.head_groups`).
     """
     b = tl.program_id(0).to(tl.int64)
-    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -433,7 +432,7 @@ def _bias_bwd_short_kernel(
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
                     float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
-    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
+    for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         v_base = V + b * stride_vb + h * stride_vh
@@ -503,7 +502,7 @@ def _bias_bwd_short_kernel(
                      dk.to(DK.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
 def _bias_bwd_short_t_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -514,20 +513,19 @@ def _bias_bwd_short_t_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEAD_GROUPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
-    OPAQUE_BIAS: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
     ``dK = dS^T Q`` as they are (no layout change); only dQ needs dS transposed. Each head's dS goes to
     ``DS_OUT`` queries-major, as the other kernel's (``[B, H, BLOCK_M, BLOCK_N]``).
-    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``."""
+    Grid: ``(B, HEAD_GROUPS)``."""
     b = tl.program_id(0).to(tl.int64)
-    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)  # queries: the columns
     offs_n = tl.arange(0, BLOCK_N)  # keys: the rows
@@ -538,7 +536,7 @@ def _bias_bwd_short_t_kernel(
         allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
     bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
-    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
+    for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         v_base = V + b * stride_vb + h * stride_vh
@@ -628,7 +626,7 @@ def _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, 
                     float("-inf"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
 def _bias_bwd_short2_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DELTA, DQ, DK, DV_OUT, DQ_PART, DK_PART, DV_PART, DS_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -639,11 +637,12 @@ def _bias_bwd_short2_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
-    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEADS_PER_PROGRAM,
+    B, N, N_OUT, D, DV, scale, qk_scale2, HEADS, HEAD_GROUPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    GROUPED: tl.constexpr = False,
 ):
     """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
     fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
@@ -664,13 +663,11 @@ def _bias_bwd_short2_kernel(
 
     Args: as :func:`_bias_bwd_short_kernel`; DELTA: fp32 rows like LSE (``stride_row``), written then read;
         DQ, DK, DV_OUT zeroed.
-    Grid: ``(B, 2 * cdiv(HEADS, HEADS_PER_PROGRAM))``: a program takes one query block and ``HEADS_PER_PROGRAM``
-    heads (the launcher's :func:`._launch.heads_per_program`).
+    Grid: ``(B, 2 * HEAD_GROUPS)``: a program takes one query block and heads g, g + HEAD_GROUPS, ... (the
+    launcher's :func:`._launch.head_groups`).
     """
     b = tl.program_id(0).to(tl.int64)
     q_block = tl.program_id(1) % 2
-    h0 = (tl.program_id(1) // 2) * HEADS_PER_PROGRAM
-    h1 = tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)
@@ -694,7 +691,7 @@ def _bias_bwd_short2_kernel(
         offs_n = BLOCK_N + offs_j
         bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
                             EVEN_N, OPAQUE_BIAS, INTERPRETED)
-        for h in range(h0, h1):
+        for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
             p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
                                 V + b * stride_vb + h * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
@@ -711,7 +708,7 @@ def _bias_bwd_short2_kernel(
             offs_n = kb * BLOCK_N + offs_j
             bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
                                 EVEN_N, OPAQUE_BIAS, INTERPRETED)
-            for h in range(h0, h1):
+            for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
                 q_base = Q + b * stride_qb + h * stride_qh
                 k_base = K + b * stride_kb + h * stride_kh
                 do_base = DOUT + b * stride_gb + h * stride_gh

@@ -23,6 +23,26 @@ def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _first_head(GROUPED: tl.constexpr, BLOCKS: tl.constexpr = 1):
+    """The first head a short-row program walks: with GROUPED its head group (``program_id(1) // BLOCKS``; group g
+    walks heads g, g + HEAD_GROUPS, ...), else 0 (one program walks every head: the loop of a single-axis grid)."""
+    if GROUPED:
+        return tl.program_id(1) // BLOCKS
+    else:
+        return 0
+
+
+@triton.jit
+def _head_step(HEAD_GROUPS, GROUPED: tl.constexpr):
+    """The step of a short-row program's head loop: HEAD_GROUPS with GROUPED, else 1. The loop's bounds stay kernel
+    parameters or constants: no register holds them in kernels at the 255-register limit."""
+    if GROUPED:
+        return HEAD_GROUPS
+    else:
+        return 1
+
+
+@triton.jit
 def _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn, stride_kd,
                  stride_di, stride_dj, qk_scale2, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr, MASK: tl.constexpr,
                  SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False,
@@ -177,7 +197,7 @@ def _bias_fwd_kernel(
     tl.store(LSE + bh.to(tl.int64) * stride_row + offs_m, lse, mask=offs_m < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
 def _bias_fwd_short_kernel(
     Q, K, V, DIST, LUT, LENGTHS, OUT, LSE,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -185,15 +205,16 @@ def _bias_fwd_short_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_db, stride_di, stride_dj, stride_row,
-    N, N_OUT, D, DV, qk_scale2, TABLE, SCALE, BUCKETS, window, HEADS, HEADS_PER_PROGRAM,
+    N, N_OUT, D, DV, qk_scale2, TABLE, SCALE, BUCKETS, window, HEADS, HEAD_GROUPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
-    the heads: the output rows and their log2-sum-exp for one batch item and a group of ``HEADS_PER_PROGRAM`` of its
-    ``HEADS`` heads (the launcher's :func:`._launch.heads_per_program`: as many as still fill the GPU).
+    the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
+    ``HEADS`` heads (group g: heads g, g + HEAD_GROUPS, ...; the launcher's :func:`._launch.head_groups`: as few
+    groups as still fill the GPU).
 
     The distance tile and its bias are read once and serve the group's heads. The tile holds whole rows, so
     each head's softmax is exact in one pass (the row maximum, then one exp2 per element and the row sum; no
@@ -202,10 +223,9 @@ def _bias_fwd_short_kernel(
     ``q k^T``, OUT_CHUNK for ``P V``).
 
     Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists).
-    Grid: ``(B, cdiv(HEADS, HEADS_PER_PROGRAM))``.
+    Grid: ``(B, HEAD_GROUPS)``.
     """
     b = tl.program_id(0).to(tl.int64)
-    h0 = tl.program_id(1) * HEADS_PER_PROGRAM
     build_lut(TABLE, SCALE, BUCKETS, LUT, TABLE, window, HAS_WINDOW)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -213,7 +233,7 @@ def _bias_fwd_short_kernel(
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
                     float("-inf"))
-    for h in range(h0, tl.minimum(h0 + HEADS_PER_PROGRAM, HEADS)):
+    for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + h * stride_kh
         for c in tl.static_range(0, BLOCK_D, CHUNK):

@@ -29,7 +29,7 @@ from ._host import _bucket_lut, _spec, output_like
 from .configs import STATIC_BUCKET_LIMIT, _short_config, _short_forward_config, select_config
 
 __all__ = ["bias_attention_forward", "bias_attention_backward", "launch_configs", "forward_metadata",
-           "backward_metadata", "heads_per_program", "table_splits"]
+           "backward_metadata", "head_groups", "table_splits"]
 
 
 class LaunchConfigs(NamedTuple):
@@ -48,16 +48,18 @@ class LaunchConfigs(NamedTuple):
 PROGRAMS_PER_MULTIPROCESSOR = 2
 
 
-def heads_per_program(programs: int, H: int, device) -> int:
-    """Heads one short-row program walks (its ``HEADS_PER_PROGRAM``) when ``programs`` programs (batch items, or
-    items times query blocks) share ``H`` heads: the most heads, so that each head group's programs re-read the
-    distance tile and gather its bias as few times as possible, with which the ``programs * cdiv(H, heads)``
-    programs still give every multiprocessor of ``device``'s GPU :data:`PROGRAMS_PER_MULTIPROCESSOR` programs.
-    B = 32 sentences and 12 heads on 132 multiprocessors: 2 heads a program, 192 programs (were 32, all 12 heads
-    each). The results do not depend on the grouping (each head's work is the same; tested bit-identical)."""
+def head_groups(programs: int, H: int, device) -> int:
+    """How many groups the short-row kernels split the ``H`` heads into (their ``HEAD_GROUPS``: group g takes heads
+    g, g + groups, ...; a program per group) when ``programs`` programs (batch items, or items times query blocks)
+    share them: the fewest, so that each group's programs re-read the distance tile and gather its bias as few
+    times as possible, with which the ``programs * groups`` programs still give every multiprocessor of
+    ``device``'s GPU :data:`PROGRAMS_PER_MULTIPROCESSOR` programs, and every group the same number of heads or one
+    fewer. B = 32 sentences and 12 heads on 132 multiprocessors: 6 groups of 2 heads, 192 programs (were 32, all 12
+    heads each). The results do not depend on the grouping (each head's work is the same; tested bit-identical)."""
     target = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device)
     groups = min(H, max(1, -(-target // max(programs, 1))))
-    return -(-H // groups)
+    per_group = -(-H // groups)
+    return -(-H // per_group)
 
 
 #: The fewest key blocks one table-gradient program walks when a query block's walk is split (each split pays
@@ -289,11 +291,11 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
-        per_program = heads_per_program(B, H, q.device)
-        launch(_bias_fwd_short_kernel, (B, -(-H // per_program)),
+        groups = head_groups(B, H, q.device)
+        launch(_bias_fwd_short_kernel, (B, groups),
                q, k, v, distance, lut, lengths, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
                *distance.stride(), lse.stride(1), _padded(N), N, D, DV, scale * LOG2E, *lut_args, window, HEADS=H,
-               HEADS_PER_PROGRAM=per_program,  # (by name: the inspection reads both)
+               HEAD_GROUPS=groups, GROUPED=groups > 1,  # (by name: the inspection reads both)
                BLOCK_M=short["BLOCK_M"], BLOCK_N=short["BLOCK_N"], BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
                CHUNK=min(short["CHUNK"], head_block(D)), OUT_CHUNK=min(short["OUT_CHUNK"], head_block(DV)),
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
@@ -487,14 +489,13 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
                                 table_grad, config, dq, dk, dv, delta)
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
-    per_program = heads_per_program(B, H, q.device)
-    launch(_bias_bwd_short_t_kernel if config.get("KEYS_MAJOR") else _bias_bwd_short_kernel,
-           (B, -(-H // per_program)),
+    groups = head_groups(B, H, q.device) if config["GROUPED"] else 1
+    launch(_bias_bwd_short_t_kernel if config.get("KEYS_MAJOR") else _bias_bwd_short_kernel, (B, groups),
            q, k, v, dout, distance, lut, lengths, lse, dq, dk, dv, ds,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
            *dq.stride(), *dk.stride(), *dv.stride(),
            _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads both)
-           HEADS_PER_PROGRAM=per_program,
+           HEAD_GROUPS=groups, GROUPED=groups > 1,
            BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
@@ -547,13 +548,13 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
     # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
-    per_program = heads_per_program(2 * B, H, q.device)
-    launch(_bias_bwd_short2_kernel, (B, 2 * -(-H // per_program)),
+    groups = head_groups(2 * B, H, q.device) if config["GROUPED"] else 1
+    launch(_bias_bwd_short2_kernel, (B, 2 * groups),
            q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
            *dq.stride(), *dk.stride(), *dv.stride(),
            B, _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads both)
-           HEADS_PER_PROGRAM=per_program,
+           HEAD_GROUPS=groups, GROUPED=groups > 1,
            BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,

@@ -228,6 +228,14 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
     ("table_extra", "half", 64): dict(num_stages=1),
     ("table_extra", "half", 128): dict(num_stages=1),
 }
+#: The short-row backward kernels walk their heads in groups, a program each (``GROUPED``,
+#: :func:`._launch.head_groups`), except where the grouped loop spills (kind, family, head-dim class): there one
+#: program walks every head, as on a single-axis grid. These kernels sit at the 255-register limit, and the grouped
+#: loop (its first head from the grid's second axis) moves the allocation: compiled as launched on the sentences
+#: and pairs workloads (bf16), sm_90 spills 8 B (one tile, D64), 24 B (one tile, D128), 32 B (two blocks, D64),
+#: sm_100 24 B (two blocks, D64), sm_120 8 B (two blocks, D128); every other family and kernel is spill-free grouped.
+GROUPED_SPILLS = {("short", "sm90", 64), ("short", "sm90", 128), ("short2", "sm90", 64), ("short2", "small", 128)}
+
 # Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
 # Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
 # (:func:`_opaque_bias`) whatever its chunks; without it, it is spill-free.
@@ -275,6 +283,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
     if arch is not None and arch >= 120 and family == "small":
         config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     config.setdefault("OPAQUE_BIAS", _opaque_bias(family))
+    if kind in ("short", "short2"):  # head groups (a second grid axis) unless they spill there (GROUPED_SPILLS)
+        config.setdefault("GROUPED", (kind, family, dim_class) not in GROUPED_SPILLS)
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
