@@ -23,6 +23,7 @@ and after, the held-out tagging accuracy (first pieces) and the wall time. Witho
 says what is missing and exits 0 (nothing measured).
 
     python benchmarks/syntax_lr.py [--steps 60] [--batch 16] [--syntax-lrs 1e-3,1e-2,3e-2] [--json out.json]
+                                   [--save DIR]   # then: python -m syntaxkernels show DIR/plain --conllu ...
 """
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ def accuracy(model, batches, syntax):
     return correct / total, total
 
 
-def run(kind, syntax_lr, path, train, held, collate, args):
+def run(kind, syntax_lr, path, train, held, collate, args, tokenizer=None):
     import transformers
 
     from syntaxkernels.integrations.transformers import enable_syntax_attention
@@ -162,6 +163,12 @@ def run(kind, syntax_lr, path, train, held, collate, args):
     row = dict(run=kind if kind != "helper" else f"syntax_lr={syntax_lr:g}", syntax_lr=syntax_lr, accuracy=acc,
                held_out_words=words, first_loss=losses[0], last10_loss=sum(losses[-10:]) / len(losses[-10:]),
                train_seconds=seconds)
+    if args.save is not None:  # the fine-tuned model, for `python -m syntaxkernels show DIR --conllu ...`
+        folder = args.save / row["run"].replace("=", "_")
+        model.save_pretrained(str(folder))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(folder))
+        row["saved"] = str(folder)
     if syntax:
         after = attention_share(model, share_batch)
         row.update(bias=bias_figures(model), buckets=before[0], share_before=before[1].tolist(),
@@ -183,7 +190,7 @@ def show(row):
     print(line, flush=True)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=pathlib.Path, help="an unpacked all-MiniLM-L6-v2 (default: the package's)")
     parser.add_argument("--data", type=pathlib.Path, default=None, help="CoNLL-U (default: $SYNTAXKERNELS_UD)")
@@ -198,16 +205,20 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=pathlib.Path)
-    args = parser.parse_args()
+    parser.add_argument("--save", type=pathlib.Path, help="save each fine-tuned model (and the tokenizer) under it")
+    args = parser.parse_args(argv)
+    for kind in args.runs.split(","):
+        if kind not in ("unpatched", "plain", "helper"):
+            parser.error(f"--runs: unknown run {kind!r} (unpatched, plain, helper)")
     torch.set_num_threads(args.threads)
 
     data = args.data or sk_data.treebank_path()
     if data is None or not pathlib.Path(data).is_file():
         print(f"syntax_lr: {sk_data.missing_message(data)}; nothing measured", file=sys.stderr)
-        return
+        return 0
     path = model_dir(args.model)
     if path is None:
-        return
+        return 0
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
@@ -223,12 +234,13 @@ def main():
     for kind in args.runs.split(","):
         lrs = [float(x) for x in args.syntax_lrs.split(",")] if kind == "helper" else [None]
         for syntax_lr in lrs:
-            row = run(kind, syntax_lr, path, train, held, collate, args)
+            row = run(kind, syntax_lr, path, train, held, collate, args, tokenizer)
             rows.append(row)
             show(row)
             if args.json:
                 args.json.write_text(json.dumps(dict(conditions=conditions, results=rows), indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

