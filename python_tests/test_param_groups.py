@@ -99,14 +99,18 @@ def test_frozen_parameters_are_left_out_and_a_wrapper_is_looked_through():
     layer = sk.nn.SyntaxBiasedSelfAttention(16, 2)
     layer.q_proj.requires_grad_(False)
 
-    class Wrapper(torch.nn.Module):  # the attribute DistributedDataParallel uses
+    groups = syntax_param_groups(torch.nn.DataParallel(layer), lr=1e-3)
+    _check_partition(layer, groups)
+    assert not any(p is layer.q_proj.weight for g in groups for p in g["params"])
+
+    class Holder(torch.nn.Module):  # a model of one's own with a child named "module": not a wrapper
         def __init__(self, module):
             super().__init__()
             self.module = module
+            self.head = torch.nn.Linear(16, 3)
 
-    groups = syntax_param_groups(Wrapper(layer), lr=1e-3)
-    _check_partition(layer, groups)
-    assert not any(p is layer.q_proj.weight for g in groups for p in g["params"])
+    holder = Holder(layer)
+    _check_partition(holder, syntax_param_groups(holder, lr=1e-3))
 
 
 def test_errors_say_what_is_wrong():

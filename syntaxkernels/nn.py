@@ -1096,7 +1096,7 @@ def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] 
     Args:
         model: any module holding syntax modules: a transformers model after ``enable_syntax_attention`` (any
             method), an :mod:`syntaxkernels.nn` module or a model built from them (a ``DistributedDataParallel``
-            wrapper is looked through).
+            or ``DataParallel`` wrapper is looked through).
         lr: the learning rate of every other parameter (> 0).
         syntax_lr: the learning rate of the syntax parameters (> 0); None: ``max(lr, DEFAULT_SYNTAX_LR)``.
         weight_decay: the weight decay of every other parameter and of the syntax weight matrices (the GAT, the
@@ -1116,9 +1116,10 @@ def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] 
         between a distance table / scale / topical attention and a GAT, probe or injection weight). A parameter
         tied elsewhere in the model (registered under two names) is one syntax parameter, listed once.
     """
-    model = getattr(model, "module", model)  # DistributedDataParallel
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module  # the wrapper holds no parameters of its own
     for what, value in (("lr", lr), ("syntax_lr", syntax_lr)):
         if value is None and what == "syntax_lr":
             continue
@@ -1129,15 +1130,10 @@ def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] 
     syntax_lr = max(float(lr), DEFAULT_SYNTAX_LR) if syntax_lr is None else float(syntax_lr)
     kinds = _syntax_parameter_kinds(model)
     groups = {"syntax": [], "syntax_decay": [], "other": []}
-    seen = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if not p.requires_grad:
-            continue
-        key = "other" if id(p) not in kinds else ("syntax_decay" if kinds[id(p)][1] else "syntax")
-        if id(p) in seen:  # shared (tied) parameters: one group, once
-            continue
-        seen[id(p)] = key
-        groups[key].append(p)
+    for p in model.parameters():  # each parameter once, tied ones too
+        if p.requires_grad:
+            key = "other" if id(p) not in kinds else ("syntax_decay" if kinds[id(p)][1] else "syntax")
+            groups[key].append(p)
     if not groups["syntax"] and not groups["syntax_decay"]:
         frozen = [name for name, _ in kinds.values()]
         raise ValueError("the model has no trainable syntax parameters" + (
