@@ -629,8 +629,9 @@ def _draw_bias(ax, fig, b: BiasLayer, limit: float) -> None:
     if b.negligible:
         title += "\ntoo small to change attention"
         ax.set_facecolor("#eeeeee")
-        ax.text(0.5, 0.5, f"spread {b.spread:.2g} < {NEGLIGIBLE_BIAS}:\nno attention weight moves by 1%",
-                transform=ax.transAxes, ha="center", va="center", fontsize=8, color="#555555")
+        ax.text(0.5, 0.03, f"spread {b.spread:.2g} < {NEGLIGIBLE_BIAS}: no attention weight moves by 1%",
+                transform=ax.transAxes, ha="center", va="bottom", fontsize=7, color="#555555",
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
     ax.set_title(title, fontsize=10)
 
 
