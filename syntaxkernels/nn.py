@@ -26,6 +26,9 @@ Self-attention modules (projections + one building block):
   and the probe loss).
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
+Training: :func:`syntax_param_groups` gives optimizer groups with the syntax parameters at a learning rate of their
+own (a zero-initialised table barely moves at a fine-tuning rate).
+
 Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-networks.
 
 Errors: a ``TypeError`` when an argument is of the wrong kind (not a tensor, not a TreeBatch, not a
