@@ -376,3 +376,56 @@ def test_cli_show_on_a_state_dict_file_with_its_buckets(tmp_path, capsys):
     assert "pass the BucketSpec it was trained with" in capsys.readouterr().err
     assert main(base) == 0  # inferred from the table length, and the figure says so
     assert "buckets assumed" in capsys.readouterr().out
+
+
+@needs_matplotlib
+def test_every_layer_shares_one_scale_and_a_negligible_bias_is_marked(tmp_path, capsys):
+    """Layer 0 learned a clear bias, layer 1 almost nothing (|c * table| <= 0.0035, what a fine-tuning learning rate
+    leaves): both panels span the same range, layer 1 is marked too small to change attention, and that mark is
+    right: its bias moves no attention share by more than e^spread - 1."""
+    from syntaxkernels.show import NEGLIGIBLE_BIAS, bias_scale_limit
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([sk.nn.SyntaxBiasedSelfAttention(16, 2, buckets=sk.BucketSpec(max_distance=4))
+                                  for _ in range(2)])
+    with torch.no_grad():
+        layers[0].distance_bias.copy_(torch.tensor([0.0, 1.5, -0.4, 0.2, 0.0, -2.0]))
+        layers[1].distance_bias.copy_(torch.tensor([0.0, 0.0035, -0.0035, 0.001, 0.0, 0.002]))
+    learned, figure = plot_learned(layers, tmp_path / "b.png")
+    assert [b.negligible for b in learned.bias] == [False, True]
+    assert learned.bias[1].spread == pytest.approx(0.007, abs=1e-6) and learned.bias[0].spread == pytest.approx(3.5)
+    assert bias_scale_limit(learned.bias) == pytest.approx(2.0)
+    bars = [ax for ax in figure.axes if ax.get_title().startswith("layer")]
+    assert bars[0].get_ylim() == bars[1].get_ylim() == pytest.approx((-2.1, 2.1))
+    assert "too small to change attention" in bars[1].get_title() and "too small" not in bars[0].get_title()
+    assert "too small to change attention" in learned.summary()
+    # a model that learned nothing at all: the range stays at the threshold (flat bars, not magnified noise)
+    with torch.no_grad():
+        layers[0].distance_bias.zero_()
+    assert bias_scale_limit(learned_syntax(layers).bias) == NEGLIGIBLE_BIAS
+    with torch.no_grad():  # just above the threshold: marked as able to change attention
+        layers[0].distance_bias.copy_(torch.tensor([0.0, 0.6, -0.6, 0.0, 0.0, 0.0]) * NEGLIGIBLE_BIAS)
+    assert not learned_syntax(layers).bias[0].negligible
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    # the bound behind the mark: on a batch, layer 1's bias moves each bucket's attention share by < 1% of itself
+    trees = sk.TreeBatch.from_heads([[1, -1, 1, 2, 3, 4, 0, 6], [-1, 0, 1, 1]])
+    (mass,) = attention_by_distance(layers[1], {"x": torch.randn(2, 8, 16), "trees": trees}).mass
+    limit = math.exp(learned.bias[1].spread) - 1
+    assert torch.all((mass.learned - mass.plain).abs() <= limit * mass.plain + 1e-7)
+
+
+def test_cli_json_has_the_spread_and_the_mark(tmp_path, capsys):
+    layer = sk.nn.SyntaxBiasedSelfAttention(16, 2, buckets=sk.BucketSpec(max_distance=4))
+    path = tmp_path / "state.pt"
+    torch.save(layer.state_dict(), path)
+    from syntaxkernels.__main__ import main
+
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed")
+    assert main(["show", str(path), "--out", str(tmp_path / "o.png"), "--json", str(tmp_path / "o.json"),
+                 "--max-distance", "4"]) == 0
+    (row,) = json.loads((tmp_path / "o.json").read_text())["bias"]
+    assert row["spread"] == 0.0 and row["negligible"] is True
+    assert "too small to change attention" in capsys.readouterr().out

@@ -9,6 +9,7 @@ Public API (docs/api.md)::
     sk.BucketSpec, sk.MaskSpec
     sk.syntax_bias_attention(q, k, v, distance, table, *, buckets, ...)
     sk.syntax_subnetwork_attention(q, k, v, trees, masks, *, ...)
+    sk.syntax_param_groups(model, lr, syntax_lr=None, weight_decay=0.0)
     sk.reference.<same names>, sk.trees, sk.nn
 
 Names load on first use (PEP 562), so ``import syntaxkernels`` and ``python -m syntaxkernels --help`` do not
@@ -36,6 +37,7 @@ _LAZY = {
     "nn": (".nn", None),
     "integrations": (".integrations", None),
     "ops": (".ops", None),
+    "syntax_param_groups": (".nn", "syntax_param_groups"),
 }
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "reference",
     "trees",
     "nn",
+    "syntax_param_groups",
     "__version__",
 ]
 

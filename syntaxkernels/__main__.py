@@ -338,7 +338,11 @@ def _run_show(args) -> int:
             if hasattr(value, "tolist"):
                 return value.tolist()
             if hasattr(value, "__dataclass_fields__"):
-                return {k: plain(getattr(value, k)) for k in value.__dataclass_fields__}
+                out = {k: plain(getattr(value, k)) for k in value.__dataclass_fields__}
+                for extra in ("spread", "negligible"):  # BiasLayer's derived figures
+                    if hasattr(value, extra):
+                        out[extra] = getattr(value, extra)
+                return out
             if isinstance(value, (list, tuple)):
                 return [plain(v) for v in value]
             if isinstance(value, dict):

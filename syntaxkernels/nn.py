@@ -26,6 +26,9 @@ Self-attention modules (projections + one building block):
   and the probe loss).
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
+Training: :func:`syntax_param_groups` gives optimizer groups with the syntax parameters at a learning rate of their
+own (a zero-initialised table barely moves at a fine-tuning rate).
+
 Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-networks.
 
 Errors: a ``TypeError`` when an argument is of the wrong kind (not a tensor, not a TreeBatch, not a
@@ -67,6 +70,8 @@ __all__ = [
     "SyntaxHeadSelfAttention",
     "StructuralProbeLoss",
     "SyntaxTransformerEncoderLayer",
+    "syntax_param_groups",
+    "DEFAULT_SYNTAX_LR",
 ]
 
 TreesLike = Union[TreeBatch, torch.Tensor]
@@ -1037,3 +1042,115 @@ class SyntaxTransformerEncoderLayer(nn.Module):
 
     def _ff_block(self, x):
         return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Optimizer parameter groups: the syntax parameters at their own learning rate
+# ----------------------------------------------------------------------------------------------------------
+
+#: The syntax learning rate :func:`syntax_param_groups` uses when none is given (``max(lr, DEFAULT_SYNTAX_LR)``).
+#: Chosen from ``benchmarks/syntax_lr.py`` (pre-trained all-MiniLM-L6-v2 fine-tuned for UPOS tagging on UD
+#: English-EWT dev, method "bias", 60 steps; benchmarks/RESULTS.md, "Syntax learning rate"): see there for the
+#: figures and why.
+DEFAULT_SYNTAX_LR = 1e-2
+
+
+def _syntax_parameter_kinds(model: nn.Module):
+    """``{id(p): (name, decays)}`` of the syntax parameters of ``model``, found by module type.
+
+    Distance tables and bias scales (:class:`DistanceBias`) and the topical attention (:class:`TopicalAttention`,
+    started at zeros / identity, so decay would pull it away from what a fresh module does) do not decay; the
+    syntax-head injection (:class:`SyntaxHeads`' ``syntax_proj``), the GAT (:class:`SyntaxGAT`) and the probe
+    (:class:`StructuralProbeLoss`) are ordinary weight matrices and decay as given. Projections of the
+    self-attention modules (``q_proj`` ...) are not syntax parameters.
+    """
+    found = {}
+
+    def put(name, p, decays):
+        if id(p) in found and found[id(p)][1] != decays:
+            other = found[id(p)][0]
+            raise ValueError(f"parameter {name} is also {other}: one is a table or scale (no weight decay), the other a "
+                             "weight matrix (decay), so it would be in two groups; a parameter can be in one group only")
+        found.setdefault(id(p), (name, decays))
+
+    def add(prefix, module, decays):
+        for name, p in module.named_parameters(prefix=prefix, remove_duplicate=False):
+            put(name, p, decays)
+
+    for name, module in model.named_modules():
+        dot = f"{name}." if name else ""
+        if isinstance(module, DistanceBias):
+            for attr in ("distance_bias", "bias_scale"):
+                p = getattr(module, attr)
+                if p is not None:
+                    put(dot + attr, p, False)
+        elif isinstance(module, TopicalAttention):
+            add(name, module, False)
+        elif isinstance(module, SyntaxHeads):
+            add(dot + "syntax_proj", module.syntax_proj, True)
+        elif isinstance(module, (SyntaxGAT, StructuralProbeLoss)):
+            add(name, module, True)
+    return found
+
+
+def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] = None,
+                        weight_decay: float = 0.0) -> list:
+    """Optimizer parameter groups that give the syntax parameters a learning rate of their own.
+
+    A zero-initialised distance table moves by about the learning rate per Adam step, so at a fine-tuning rate
+    (1e-4) it stays far too small to change attention in the steps a fine-tuning run takes; this puts the syntax
+    parameters at ``syntax_lr`` and leaves everything else as it was::
+
+        optimizer = torch.optim.AdamW(sk.syntax_param_groups(model, lr=1e-4, weight_decay=0.01))
+
+    Args:
+        model: any module holding syntax modules: a transformers model after ``enable_syntax_attention`` (any
+            method), an :mod:`syntaxkernels.nn` module or a model built from them (a ``DistributedDataParallel``
+            or ``DataParallel`` wrapper is looked through).
+        lr: the learning rate of every other parameter (> 0).
+        syntax_lr: the learning rate of the syntax parameters (> 0); None: ``max(lr, DEFAULT_SYNTAX_LR)``.
+        weight_decay: the weight decay of every other parameter and of the syntax weight matrices (the GAT, the
+            probe, the syntax-head injection); distance tables, bias scales and the topical attention get none.
+
+    Returns:
+        a list of up to three dicts for ``torch.optim`` (each ``{"params", "lr", "weight_decay", "name"}``; groups
+        without parameters are left out): ``"syntax"`` (syntax parameters without decay, at ``syntax_lr``),
+        ``"syntax_decay"`` (syntax weight matrices, at ``syntax_lr`` with ``weight_decay``) and ``"other"``
+        (every other parameter, at ``lr`` with ``weight_decay``). Only parameters with ``requires_grad`` are
+        included; together the groups hold each of them exactly once.
+
+    Raises:
+        ``TypeError`` for a ``model`` that is not an ``nn.Module``; ``ValueError`` for a learning rate that is not
+        positive, a negative weight decay, a model without trainable syntax parameters (e.g. one on which
+        ``enable_syntax_attention`` was not called), or a parameter that would land in two groups (one shared
+        between a distance table / scale / topical attention and a GAT, probe or injection weight). A parameter
+        tied elsewhere in the model (registered under two names) is one syntax parameter, listed once.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module  # the wrapper holds no parameters of its own
+    for what, value in (("lr", lr), ("syntax_lr", syntax_lr)):
+        if value is None and what == "syntax_lr":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+            raise ValueError(f"{what} must be a positive finite number, got {value!r}")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+    syntax_lr = max(float(lr), DEFAULT_SYNTAX_LR) if syntax_lr is None else float(syntax_lr)
+    kinds = _syntax_parameter_kinds(model)
+    groups = {"syntax": [], "syntax_decay": [], "other": []}
+    for p in model.parameters():  # each parameter once, tied ones too
+        if p.requires_grad:
+            key = "other" if id(p) not in kinds else ("syntax_decay" if kinds[id(p)][1] else "syntax")
+            groups[key].append(p)
+    if not groups["syntax"] and not groups["syntax_decay"]:
+        frozen = [name for name, _ in kinds.values()]
+        raise ValueError("the model has no trainable syntax parameters" + (
+            f" (the syntax parameters {frozen[:4]} have requires_grad=False)" if frozen else
+            " (no DistanceBias, TopicalAttention, SyntaxHeads, SyntaxGAT or StructuralProbeLoss module: call "
+            "enable_syntax_attention(model, ...) first, or build the model from syntaxkernels.nn modules)"))
+    settings = {"syntax": (syntax_lr, 0.0), "syntax_decay": (syntax_lr, float(weight_decay)),
+                "other": (float(lr), float(weight_decay))}
+    return [{"params": params, "lr": settings[key][0], "weight_decay": settings[key][1], "name": key}
+            for key, params in groups.items() if params]

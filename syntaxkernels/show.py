@@ -6,7 +6,9 @@ the model uses the trees; :func:`plot_learned` draws them, one panel per layer:
 - **Distance bias** (method "bias"): for every layer, the bias each distance bucket adds to the attention
   scores, ``c * table[t]``, with the buckets' names (``BucketSpec.bucket_names()``) on the x axis and the layer's
   learned strength ``c`` (``bias_scale``) in the panel title; per-head tables are a heads x buckets heat map.
-  One more panel shows ``c`` per layer.
+  Every layer is drawn on one shared range (y axis, colour scale: :func:`bias_scale_limit`), so layers compare
+  at a glance; a layer whose bias is too small to change attention (spread across buckets below
+  :data:`NEGLIGIBLE_BIAS`) is greyed and says so. One more panel shows ``c`` per layer.
 - **Sub-networks** (method "subnetwork"): the topical attention's mixing weights depend on each token's
   sub-network outputs, so they are measured on a batch: for every layer, per head and relation
   (``MaskSpec.names``), the weight a token gives that relation's sub-network relative to a plain average of its
@@ -51,16 +53,30 @@ from torch import nn
 from .specs import BucketSpec, MaskSpec
 
 __all__ = ["learned_syntax", "plot_learned", "LearnedSyntax", "BiasLayer", "TopicalLayer", "InjectionLayer",
-           "DistanceMass", "attention_by_distance"]
+           "DistanceMass", "attention_by_distance", "NEGLIGIBLE_BIAS", "bias_scale_limit"]
 
 _CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "module")
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)(?:\.|$)")
 _NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
+#: A distance bias whose values (``c * table``) differ by less than this across the buckets (per head) is marked
+#: as too small to change attention. Softmax ignores a common shift, so what a bias can do to a row of attention
+#: weights is bounded by its spread ``s = max - min``: every weight is multiplied by a factor in ``[e^-s, e^s]``,
+#: so with ``s < 0.01`` no weight (and no share of attention by distance) moves by more than ``e^0.01 - 1``, about
+#: 1% of itself. The spread is taken over every bucket, also ones a batch may not have, so the bound holds for any
+#: batch.
+NEGLIGIBLE_BIAS = 0.01
+
+
 @dataclass
 class BiasLayer:
-    """One distance-bias table. ``values`` (what is plotted) is ``bias_scale * table`` (``table`` when c is 1)."""
+    """One distance-bias table. ``values`` (what is plotted) is ``bias_scale * table`` (``table`` when c is 1).
+
+    ``spread``: ``max - min`` of ``values`` over the buckets (the largest over heads for a per-head table);
+    ``negligible``: ``spread < NEGLIGIBLE_BIAS``, a bias too small to change any attention weight by more than
+    about 1% of itself.
+    """
 
     name: str  # the module's name (state-dict prefix)
     layer: Optional[int]
@@ -73,6 +89,15 @@ class BiasLayer:
     @property
     def per_head(self) -> bool:
         return self.table.dim() == 2
+
+    @property
+    def spread(self) -> float:
+        rows = self.values if self.per_head else self.values[None]
+        return float((rows.max(-1).values - rows.min(-1).values).max()) if rows.numel() else 0.0
+
+    @property
+    def negligible(self) -> bool:
+        return self.spread < NEGLIGIBLE_BIAS
 
 
 @dataclass
@@ -130,7 +155,8 @@ class LearnedSyntax:
         lines = [f"{self.source}:"]
         for b in self.bias:
             scale = "1 (fixed)" if b.bias_scale is None else f"{b.bias_scale:.4g}"
-            lines.append(f"  {_label(b.name, b.layer)}: bias scale c = {scale}")
+            lines.append(f"  {_label(b.name, b.layer)}: bias scale c = {scale}, spread {b.spread:.4g}"
+                         + (f" (< {NEGLIGIBLE_BIAS}: too small to change attention)" if b.negligible else ""))
             rows = b.values[None] if not b.per_head else b.values
             for h, row in enumerate(rows):
                 head = f"head {h}: " if b.per_head else ""
@@ -574,25 +600,39 @@ def _panels(learned: LearnedSyntax) -> List[tuple]:
     return panels
 
 
-def _draw_bias(ax, fig, b: BiasLayer) -> None:
+def bias_scale_limit(layers: List[BiasLayer]) -> float:
+    """The one value range every distance-bias panel shares (``[-limit, limit]``): the largest ``|c * table|`` of
+    any layer, at least :data:`NEGLIGIBLE_BIAS` (so layers that learned nothing look flat, not magnified)."""
+    return max([NEGLIGIBLE_BIAS] + [float(b.values.abs().max()) for b in layers if b.values.numel()])
+
+
+def _draw_bias(ax, fig, b: BiasLayer, limit: float) -> None:
+    """One layer's bias on the shared range ``[-limit, limit]`` (y axis of the bars, colour scale of a heat map)."""
     x = list(range(len(b.bucket_names)))
     scale = "1 (fixed)" if b.bias_scale is None else f"{b.bias_scale:.3g}"
     if b.per_head:
         values = b.values.numpy()
-        limit = max(float(abs(values).max()), 1e-6)
         image = ax.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
         ax.set_yticks(range(values.shape[0]))
         ax.set_ylabel("head")
-        fig.colorbar(image, ax=ax, label="c · bias")
+        fig.colorbar(image, ax=ax, label="c · bias (scale shared by the layers)")
     else:
         colors = ["#c0392b" if v < 0 else "#2471a3" for v in b.values.tolist()]
         ax.bar(x, b.values.numpy(), color=colors)
         ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_ylim(-1.05 * limit, 1.05 * limit)
         ax.set_ylabel("bias added to the score (c · table)")
     ax.set_xticks(x)
     ax.set_xticklabels(b.bucket_names, rotation=45, ha="right", fontsize=8)
     ax.set_xlabel("tree distance (bucket)")
-    ax.set_title(f"{_label(b.name, b.layer)}: distance bias, c = {scale}", fontsize=10)
+    title = f"{_label(b.name, b.layer)}: distance bias, c = {scale}"
+    if b.negligible:
+        title += "\ntoo small to change attention"
+        ax.set_facecolor("#eeeeee")
+        ax.text(0.5, 0.03, f"spread {b.spread:.2g} < {NEGLIGIBLE_BIAS}: no attention weight moves by 1%",
+                transform=ax.transAxes, ha="center", va="bottom", fontsize=7, color="#555555",
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+    ax.set_title(title, fontsize=10)
 
 
 def _draw_scale(ax, layers: List[BiasLayer]) -> None:
@@ -683,9 +723,10 @@ def plot_learned(source, out: Union[str, os.PathLike, None] = None, *, buckets: 
     cols = min(columns, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.7 * rows), squeeze=False)
+    limit = bias_scale_limit(learned.bias)
     for ax, (kind, item) in zip(axes.flat, panels):
         if kind == "bias":
-            _draw_bias(ax, fig, item)
+            _draw_bias(ax, fig, item, limit)
         elif kind == "scale":
             _draw_scale(ax, item)
         elif kind == "mass":

@@ -68,6 +68,10 @@ first forward raises a ``ValueError`` saying the same. Never a model that silent
 
 POS ids for the GAT: :func:`token_pos_ids` and :data:`UPOS_TAGS` (from :mod:`syntaxkernels.integrations.upos`).
 
+Fine-tuning: at a fine-tuning learning rate (1e-4) the zero-initialised syntax parameters barely move; give them
+their own rate with ``torch.optim.AdamW(syntaxkernels.syntax_param_groups(model, lr=1e-4, weight_decay=0.01))``
+(README, "Fine-tuning: make the syntax parameters learn").
+
 Errors: ``TypeError`` for an argument of the wrong kind (a model that is not a transformers model, trees that
 are not a TreeBatch, a ``buckets`` that is neither a BucketSpec nor a dict), ``ValueError`` for a wrong value
 (an unsupported architecture, an unknown method, a window out of range, trees that do not match the batch).
