@@ -667,7 +667,10 @@ def _bias_bwd_short2_kernel(
     launcher's :func:`._launch.head_groups`).
     """
     b = tl.program_id(0).to(tl.int64)
-    q_block = tl.program_id(1) % 2
+    if GROUPED:
+        q_block = tl.program_id(1) % 2
+    else:
+        q_block = tl.program_id(1)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.arange(0, BLOCK_N)

@@ -455,7 +455,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     kv_list, kv_count = meta.table_list, meta.table_count
     use_lists = kv_list is not None
     tile_buckets, skip_bucket = meta.tile_buckets, meta.skip_bucket
-    splits = table_splits(num_q * B * groups, num_k, q.device)
+    splits = table_splits(num_q * B * groups, num_k, q.device) if table_config["SPLIT"] else 1
     partials = torch.empty((B * groups * num_q * splits, T), dtype=torch.float32, device=q.device)
     launch(_bias_bwd_table_kernel, launch_grid(num_q * splits, B, groups),
            q, k, v, dout, distance, lut, lengths, kv_list if use_lists else lengths,

@@ -236,6 +236,11 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
 #: sm_100 24 B (two blocks, D64), sm_120 8 B (two blocks, D128); every other family and kernel is spill-free grouped.
 GROUPED_SPILLS = {("short", "sm90", 64), ("short", "sm90", 128), ("short2", "sm90", 64), ("short2", "small", 128)}
 
+#: The table-gradient kernel splits a query block's walk among several programs where the grid is small
+#: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, head-dim class): compiled as
+#: launched (bf16, finetune-512, long-4096, odd-1000), the small family at D = 128 spills 8 B on sm_86 and sm_89.
+SPLIT_SPILLS = {("table", "small", 128), ("table_extra", "small", 128)}
+
 # Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
 # Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
 # (:func:`_opaque_bias`) whatever its chunks; without it, it is spill-free.
@@ -283,6 +288,8 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
     if arch is not None and arch >= 120 and family == "small":
         config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     config.setdefault("OPAQUE_BIAS", _opaque_bias(family))
+    if kind in ("table", "table_extra"):  # split walks unless they spill there (SPLIT_SPILLS)
+        config.setdefault("SPLIT", (kind, family, dim_class) not in SPLIT_SPILLS)
     if kind in ("short", "short2"):  # head groups (a second grid axis) unless they spill there (GROUPED_SPILLS)
         config.setdefault("GROUPED", (kind, family, dim_class) not in GROUPED_SPILLS)
     if _BLOCK_OVERRIDE is not None:
