@@ -43,7 +43,7 @@ from .batch import DISTANCE_ALIGNMENT, _map_distance, _move_arguments, build_tre
 
 __all__ = ["from_tree_sitter", "CodeTreeBatch", "syntax_nodes", "attach_tokens"]
 
-#: Rows of the token distance gathered at once (bounds the temporary to ``ROW_BLOCK x T`` bytes).
+#: Rows of the token distance gathered at once (bounds the temporary to ``ROW_BLOCK x M`` bytes).
 ROW_BLOCK = 1024
 
 
@@ -205,16 +205,19 @@ def _item_tokens(b, source, spans_in, parser, char_offsets, lengths_b):
 
 
 def _fill_block(out: torch.Tensor, node_distance: torch.Tensor, token_node: np.ndarray, special: str) -> None:
-    """``out`` (uint8 ``[T, T]``, any strides) = the tokens' distance from the nodes' (module docstring)."""
+    """``out`` (uint8 ``[T, T]``, rows of any stride) = the tokens' distance from the nodes' (module docstring).
+    ``node_distance`` (uint8 ``[M, M]``, the C++ builder's block of this item) is changed in place to ``+ 2``."""
     T = out.shape[0]
     if T == 0:
         return
-    nodes = torch.from_numpy(np.maximum(token_node, 0))  # a special token stands at the root (node 0)
-    for r0 in range(0, T, ROW_BLOCK):
+    nodes = np.maximum(token_node, 0)  # a special token stands at the root (node 0)
+    leaves = node_distance.numpy()
+    np.minimum(leaves, MAX_PATH - 2, out=leaves)  # the two leaf edges, saturating at 254
+    np.add(leaves, 2, out=leaves)
+    target = out.numpy()
+    for r0 in range(0, T, ROW_BLOCK):  # a [ROW_BLOCK, M] temporary, then a gather straight into the plan's rows
         r1 = min(T, r0 + ROW_BLOCK)
-        rows = node_distance.index_select(0, nodes[r0:r1]).index_select(1, nodes)  # [rows, T]
-        rows.clamp_(max=MAX_PATH - 2).add_(2)
-        out[r0:r1].copy_(rows)
+        np.take(np.take(leaves, nodes[r0:r1], axis=0), nodes, axis=1, out=target[r0:r1])
     out.diagonal().zero_()
     if special == "unreachable":
         lone = torch.from_numpy(np.flatnonzero(token_node < 0))
@@ -361,6 +364,7 @@ def from_tree_sitter(source, offsets, *, language="python", char_offsets: bool =
     _, _, node_distance, _, _ = build_tree_tensors([p.tolist() for _, _, p, _, _ in built],
                                                    num_threads=num_threads)
     counts = [int(t.shape[0]) for _, t, _, _, _ in built]
+    n_nodes = [int(p.shape[0]) for _, _, p, _, _ in built]
     longest = max(counts, default=0)
     token_spans = [torch.from_numpy(s) for s, _, _, _, _ in built]
     node_parents = [torch.from_numpy(p) for _, _, p, _, _ in built]
@@ -378,7 +382,8 @@ def from_tree_sitter(source, offsets, *, language="python", char_offsets: bool =
         for b, (_, token_node, _, _, _) in enumerate(built):
             n = counts[b]
             start = int(offsets_t[b])
-            _fill_block(distance[start:start + n * n].view(n, n), node_distance[b], token_node, special)
+            _fill_block(distance[start:start + n * n].view(n, n), node_distance[b, :n_nodes[b], :n_nodes[b]],
+                    token_node, special)
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths_t, 0)])
         sequence = torch.searchsorted(cu[1:], torch.arange(int(cu[-1])), right=True).to(torch.int32)
         token_nodes = (torch.from_numpy(np.concatenate([t for _, t, _, _, _ in built])) if B
@@ -394,7 +399,7 @@ def from_tree_sitter(source, offsets, *, language="python", char_offsets: bool =
     token_nodes = torch.full((B, size), -1, dtype=torch.int64)
     for b, (_, token_node, _, _, _) in enumerate(built):
         n = counts[b]
-        _fill_block(distance[b, :n, :n], node_distance[b], token_node, special)
+        _fill_block(distance[b, :n, :n], node_distance[b, :n_nodes[b], :n_nodes[b]], token_node, special)
         token_nodes[b, :n] = torch.from_numpy(token_node)
     return CodeTreeBatch(distance, lengths=lengths_t, token_nodes=token_nodes,
                          kernel_lengths=lengths_t.to(torch.int32), **common)
