@@ -22,9 +22,11 @@ How it is built (no O(N^2) Python step): one walk over the syntax tree in Python
 vectorised search over the nodes' byte ranges (``O(T log nodes)`` plus one NumPy pass per tree level), the
 all-pairs distance of the M named nodes that hold a token or lie above one by the C++ tree builder
 (``sk.tree_distance``'s, ``M^2`` bytes, threads over the batch, GIL released), and the tokens' rows gathered from it
-in blocks of rows by torch (``distance[i, j] = node_distance[node_i, node_j] + 2``). Measured on this package's own
-sources (benchmarks/RESULTS.md, "Code as a structure source"): a 2,048-token file in about 0.07 s and a 8,192-token
-file in about 0.3 s on a shared 2-core CPU, the node distance 3-9 MiB beside the ``T^2`` bytes of the result.
+in blocks of rows (``np.take``, straight into the plan's buffer: ``distance[i, j] = node_distance[node_i, node_j] +
+2``). Measured on this package's own sources (benchmarks/RESULTS.md, "Code as a structure source"; a shared 2-core
+CPU at load 4.6-4.8): 2,048 tokens (733 nodes) in 15 ms, 8,192 tokens (3,853 nodes) in 0.21 s (medians of 7); the
+node distance is 0.5 MiB / 14.2 MiB beside the result's ``T^2`` bytes (4 MiB / 64 MiB), and the 8,192-token build
+raised the process's peak memory by 105 MiB.
 
 The code-model relations of the node path (ancestor, sibling distances as separate relations) need a kernel that
 reads several relations; they are not built here. The plan's sub-network relations (parent_d, child_d, sibling_d of
