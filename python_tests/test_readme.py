@@ -2,8 +2,9 @@
 
 Every fenced ``python`` block of README.md and docs/*.md runs alone, in a fresh namespace and a temporary working
 directory (a block that uses transformers, spaCy, matplotlib or tree-sitter is skipped when that package is not
-installed): a block may not lean on a name another block defined. Every ``python -m syntaxkernels ...`` command the README shows
-must parse with the real command line, and the settings it documents must be the ones the code reads.
+installed): a block may not lean on a name another block defined. Every ``python -m syntaxkernels ...`` command
+the README shows must parse with the real command line, and the settings it documents must be the ones the code
+reads.
 """
 import re
 import shlex

@@ -34,7 +34,7 @@ a ``MaskSpec``) are tree relations over tokens and are refused (:attr:`CodeTreeB
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
