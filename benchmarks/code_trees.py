@@ -54,7 +54,8 @@ def one(tokens: int, repeats: int) -> dict:
     return dict(tokens=len(spans), bytes=len(source), named_nodes=int(starts.size), kept_nodes=M,
                 seconds_median=statistics.median(total), seconds_min=min(total),
                 parse_s=statistics.median(parse), walk_s=statistics.median(nodes_time),
-                node_distance_bytes=(-(-M // 16) * 16) ** 2, distance_bytes=int(plan.distance.untyped_storage().nbytes()),
+                node_distance_bytes=(-(-M // 16) * 16) ** 2,
+                distance_bytes=int(plan.distance.untyped_storage().nbytes()),
                 peak_rss_growth_mib=(peak - before) / 1024, torch_threads=torch.get_num_threads(),
                 max_distance=int(plan.distance[0][plan.distance[0] < 255].max()), numpy=np.__version__)
 

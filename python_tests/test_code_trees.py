@@ -30,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SNIPPETS = [
     "def f(x):\n    return foo_bar(x) + 1\n",
     "# a comment\nimport os, sys\n\nclass A(B):\n    '''doc'''\n    x: int = 3\n\n    def m(self, *a, **k):\n"
-    "        if a and not k:\n            return [i * 2 for i in a if i]\n        return {k: v for k, v in k.items()}\n",
+    "        if a and not k:\n            return [i * 2 for i in a if i]\n"
+    "        return {k: v for k, v in k.items()}\n",
     "x = (1 +\n     2)  # trailing\n\n\n",
     "s = 'caf\u00e9 \u65e5\u672c' + f\"{x!r:>4}\"\nnaïve = lambda y: y ** 2\n",
     "def broken(:\n    pass\n",  # an ERROR node
