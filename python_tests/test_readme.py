@@ -1,9 +1,10 @@
 """The examples of README.md and of every page of docs/ run as written, so they cannot go stale.
 
 Every fenced ``python`` block of README.md and docs/*.md runs alone, in a fresh namespace and a temporary working
-directory (a block that uses transformers, spaCy or matplotlib is skipped when that package is not installed): a
-block may not lean on a name another block defined. Every ``python -m syntaxkernels ...`` command the README shows
-must parse with the real command line, and the settings it documents must be the ones the code reads.
+directory (a block that uses transformers, spaCy, matplotlib or tree-sitter is skipped when that package is not
+installed): a block may not lean on a name another block defined. Every ``python -m syntaxkernels ...`` command
+the README shows must parse with the real command line, and the settings it documents must be the ones the code
+reads.
 """
 import re
 import shlex
@@ -41,10 +42,13 @@ def test_readme_and_docs_have_python_examples():
                          ids=[f"{document}:line{line}" for document, line, _ in PYTHON_BLOCKS])
 @pytest.mark.long_on_cpu
 def test_python_block_runs(document, line, code, tmp_path, monkeypatch, one_thread):
-    for module in ("transformers", "spacy", "matplotlib"):  # optional packages a block may need
+    for module in ("transformers", "spacy", "matplotlib", "tree_sitter"):  # optional packages a block may need
         if re.search(rf"^\s*(from|import) {module}\b", code, re.M) or (module == "matplotlib"
                                                                        and "plot_learned(" in code):
             pytest.importorskip(module)
+    if "from_tree_sitter(" in code:  # the code source: tree-sitter and the Python grammar
+        pytest.importorskip("tree_sitter")
+        pytest.importorskip("tree_sitter_python")
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"{Path(document).stem}_line{line}"}
     exec(compile(code, f"{document} (block at line {line})", "exec"), namespace)

@@ -1,10 +1,11 @@
-"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``): batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
+"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``): batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
 stanza), a cached parsing front (``parse``),
 subword alignment, DataLoader collation.
 
 Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
 never turned into a missing name). Optional third-party libraries are imported where they are used: the
-stanza helpers need ``stanza`` only when called, and say how to install it when it is missing; ``from_spacy``
+stanza helpers need ``stanza`` and ``from_tree_sitter`` needs ``tree-sitter`` only when called, and say how to
+install it when it is missing; ``from_spacy``
 and ``parse`` never import spaCy or stanza themselves (they read the objects they are given).
 """
 from .align import align_batch, align_to_tokens
@@ -13,6 +14,7 @@ from .batch import (TreeBatch, aligned_distance, build_tree_tensors, normalize_h
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
 from .graph import GraphBatch, graph_distance
+from .code import CodeTreeBatch, from_tree_sitter
 from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parser_identity
@@ -27,6 +29,8 @@ __all__ = [
     "tree_distance",
     "GraphBatch",
     "graph_distance",
+    "CodeTreeBatch",
+    "from_tree_sitter",
     "build_tree_tensors",
     "normalize_heads",
     "python_tree_tensors",
