@@ -1308,15 +1308,17 @@ def _workload_job(job):
 
 @contextlib.contextmanager
 def _whole_batch_head_groups(whole: float):
-    """Inside, the short-row launchers group heads as for ``whole`` times the programs the compile batch has."""
+    """Inside, the short-row launchers group heads, and the table kernel splits its walks, as for ``whole`` times the
+    programs the compile batch has (the whole batch's grids)."""
     from syntaxkernels.ops.bias_attention import _launch
 
-    real = _launch.head_groups
+    real, real_splits = _launch.head_groups, _launch.table_splits
     _launch.head_groups = lambda programs, H, device: real(round(programs * whole), H, device)
+    _launch.table_splits = lambda programs, num_k, device: real_splits(round(programs * whole), num_k, device)
     try:
         yield
     finally:
-        _launch.head_groups = real
+        _launch.head_groups, _launch.table_splits = real, real_splits
 
 
 def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
