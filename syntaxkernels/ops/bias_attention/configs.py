@@ -237,9 +237,11 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
 GROUPED_SPILLS = {("short", "sm90", 64), ("short", "sm90", 128), ("short2", "sm90", 64), ("short2", "small", 128)}
 
 #: The table-gradient kernel splits a query block's walk among several programs where the grid is small
-#: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, head-dim class): compiled as
-#: launched (bf16, finetune-512, long-4096, odd-1000), the small family at D = 128 spills 8 B on sm_86 and sm_89.
-SPLIT_SPILLS = {("table", "small", 128), ("table_extra", "small", 128)}
+#: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, dtype class, head-dim class):
+#: compiled as launched, the small family at D = 128 spills 8 B on sm_86 and sm_89 (bf16: finetune-512, long-4096,
+#: odd-1000), sm_80 in fp32 at D = 64 8 B (N = 1024).
+SPLIT_SPILLS = {("table", "small", "half", 128), ("table_extra", "small", "half", 128), ("table", "sm80", "fp32", 64),
+                ("table_extra", "sm80", "fp32", 64)}
 
 # Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
 # Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
@@ -289,7 +291,7 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
         config.update(CONSUMER_BLACKWELL_CONFIGS.get((kind, cls, dim_class), {}))
     config.setdefault("OPAQUE_BIAS", _opaque_bias(family))
     if kind in ("table", "table_extra"):  # split walks unless they spill there (SPLIT_SPILLS)
-        config.setdefault("SPLIT", (kind, family, dim_class) not in SPLIT_SPILLS)
+        config.setdefault("SPLIT", (kind, family, cls, dim_class) not in SPLIT_SPILLS)
     if kind in ("short", "short2"):  # head groups (a second grid axis) unless they spill there (GROUPED_SPILLS)
         config.setdefault("GROUPED", (kind, family, dim_class) not in GROUPED_SPILLS)
     if _BLOCK_OVERRIDE is not None:
