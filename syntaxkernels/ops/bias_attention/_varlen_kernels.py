@@ -109,15 +109,21 @@ def _rows_at(base, first, stride):
 
 
 @triton.jit
-def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, offs_n, offs_d, kend, D, stride_kt,
-            stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr):
-    """``(scores, allowed, k)`` of one tile: log2-domain scores with the bias, -inf where not allowed."""
+def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d, kend, D, stride_kt,
+            stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr,
+            TILE_BASE: tl.constexpr):
+    """``(scores, allowed, k)`` of the tile of keys ``start_n + cols``: log2-domain scores with the bias, -inf where
+    not allowed."""
+    offs_n = start_n + cols
     seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
     allowed = seq_m[:, None] == seq_n[None, :]
     if CAUSAL:
         allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
-    k = load_rows(_rows_at(k_base, start_n, stride_kt), offs_n - start_n, offs_d, stride_kt, stride_kd, kend - start_n,
-                  D, True, EVEN_D)
+    if TILE_BASE:  # the tile's first row as an int64 base, int32 offsets inside it
+        k = load_rows(_rows_at(k_base, start_n, stride_kt), cols, offs_d, stride_kt, stride_kd, kend - start_n, D,
+                      True, EVEN_D)
+    else:  # int64 row offsets (fewer instructions in the forward's loop; the dQ kernel's prefers the above)
+        k = load_rows(k_base, offs_n.to(tl.int64), offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
         dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
@@ -169,17 +175,18 @@ def _varlen_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
     for start_n in range(kstart, kend, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, offs_n, offs_d,
-                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
+                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
+                                     False)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(_rows_at(v_base, start_n, stride_vt), offs_n - start_n, offs_dv, stride_vt, stride_vd,
-                      kend - start_n, DV, True, EVEN_DV)
+        v = load_rows(v_base, (start_n + cols).to(tl.int64), offs_dv, stride_vt, stride_vd, kend, DV, True,
+                      EVEN_DV)
         acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
 
@@ -230,12 +237,13 @@ def _varlen_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
     for start_n in range(kstart, kend, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, offs_n, offs_d,
-                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
+                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
+                                     True)
         p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
-        v = load_rows(_rows_at(v_base, start_n, stride_vt), offs_n - start_n, offs_dv, stride_vt, stride_vd,
+        v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
                       kend - start_n, DV, True, EVEN_DV)
         dp = mma(do, tl.trans(v), DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -546,7 +554,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     launch(_varlen_table_kernel, launch_grid(num_q, 1, groups),
            q, k, v, dout, distance, lut, _bucket_lut(spec, q), seq, cu, offsets, lse, delta, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), stride_lut, lse.stride(0),
-           H, T, D, DV, num_q, scale * LOG2E, heads,
+           H, T, D, DV, num_q, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
            NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
