@@ -237,6 +237,33 @@ def test_every_family_config(arch):
             P.interpret_as(previous)
 
 
+def _chain(n):
+    return [-1] + list(range(n - 1))
+
+
+@needs_triton
+@pytest.mark.parametrize("buckets,per_head,kw", [
+    (sk.BucketSpec(128, log_distance=62), False, dict(causal=True)),  # 66 buckets, a table shared by 3 heads
+    (sk.BucketSpec(254, log_distance=28), True, dict(window=40)),  # 34 buckets, reached past the log start
+    (sk.BucketSpec(), False, dict(window=1)),  # 12 buckets (unrolled); off-diagonal tiles of one distance
+], ids=["66-shared-causal", "34-perhead-window", "12-shared-window1"])
+def test_table_gradient_on_long_chains_every_bucket_path(monkeypatch, buckets, per_head, kw):
+    """The packed table kernel's bucket paths (a runtime loop over the bucket range of each tile past 31 buckets,
+    unrolled below) on chains long enough to reach the far and log-spaced buckets, with single-token and empty
+    sequences and an odd T, on 16 x 16 tiles (many tiles, each a range of buckets, some without a live pair)."""
+    monkeypatch.setattr(bv, "_BLOCK_OVERRIDE", (16, 16))
+    rows = [_chain(70), [-1], [], _chain(33), forests([10], seed=31)[0], [-1]]
+    H = 3 if not per_head else 2
+    case = make_packed_case([1], H, 16, per_head=per_head, buckets=buckets, seed=32)
+    packed = PackedTreeBatch.from_heads(rows)
+    T = packed.num_tokens
+    assert T % 2 == 1 and int(packed.distance[packed.distance < 255].max()) == 69
+    gen = torch.Generator().manual_seed(33)
+    case.update(packed=packed, q=torch.randn(T, H, 16, generator=gen), k=torch.randn(T, H, 16, generator=gen),
+                v=torch.randn(T, H, 16, generator=gen), grad_out=torch.randn(T, H, 16, generator=gen))
+    check_packed(case, torch.float32, **kw)
+
+
 @needs_triton
 @pytest.mark.parametrize("kw", [dict(window=4), dict(causal=True)], ids=["window4", "causal"])
 @pytest.mark.long_on_cpu
@@ -305,6 +332,8 @@ def test_deterministic_and_without_host_reads():
     second = _run_packed(case, torch.float16, "triton")[1]
     for name in first:
         assert torch.equal(first[name], second[name]), name
+    # The table gradient of a table shared by the heads: the table kernel's per-program sums, reduced in order.
+    assert first["dtable"].abs().max() > 0
     packed = case["packed"].to(DEVICE)
     q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
     q.requires_grad_()
