@@ -236,7 +236,7 @@ def _shortest_path(instructions, start: int, end: int, weight=None, skip=None) -
     import heapq
 
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
-    skips = [] if skip is None else [skip] if isinstance(skip[0], int) else list(skip)
+    skips = [] if not skip else [skip] if isinstance(skip[0], int) else list(skip)
     best = {start: 0}
     queue = [(0, start)]
     while queue:
