@@ -478,6 +478,76 @@ def test_sentences_packed_kernels_compile_without_spills():
     assert all(a is not None and 1 <= a <= 4 for a in result["areas"]), result["areas"]
 
 
+ADDRESS_SCRIPT = """
+import json, re, sys
+from syntaxkernels.tools import inspection as I
+
+def definitions(ttir):
+    found = {}
+    for line in ttir.splitlines():
+        m = re.match(r"\\s*(%[\\w.]+)(?::\\d+)? = ([\\w.]+) ?(.*)", line)
+        if m:
+            found[m.group(1)] = (m.group(2), m.group(3))
+    return found
+
+def sources(name, found, depth=0):
+    # the ops (or arguments) a value comes from through shape-only ops and sign extensions
+    if name not in found or depth > 40:
+        return {name}
+    op, rest = found[name]
+    if op in ("tt.expand_dims", "tt.splat", "tt.broadcast", "ttg.convert_layout", "arith.extsi"):
+        return sources(re.match(r"(%[\\w.]+)", rest).group(1), found, depth + 1)
+    return {op}
+
+w = I._workload("sentences-packed")
+with I.fake_gpu(90), I.capture_launches(keep_going=True) as launches:
+    I._user_call_packed(w.packed_batch(), "bf16", 64)
+out = {}
+for launch in launches:
+    name = launch.kernel.fn.__name__
+    if not name.startswith("_varlen"):
+        continue
+    ttir = launch.compiled.asm["ttir"]
+    found = definitions(ttir)
+    narrow, wide = [], []
+    for m in re.finditer(r"= arith\\.muli (%[\\w.]+), (%[\\w.]+) : (\\S+)", ttir):
+        a, b = sources(m.group(1), found), sources(m.group(2), found)
+        (wide if "i64" in m.group(3) else narrow).append(sorted(a | b))
+    out[name] = dict(narrow=narrow, wide=wide)
+json.dump(out, sys.stdout)
+"""
+
+ROW_STRIDES = {"%stride_qt", "%stride_kt", "%stride_vt", "%stride_gt", "%stride_ot", "%stride_xt", "%stride_yt"}
+
+
+@pytest.mark.slow  # compiles for sm_90 in a subprocess without the interpreter
+def test_packed_row_offsets_are_int64_before_any_stride():
+    """Large packed batches (``T * H * D >= 2^31``) must not overflow a row offset: in the typed IR of every
+    packed kernel, an int32 product of a row stride (``stride_*t``) takes an in-tile index (``tl.arange``, below
+    the block side) as its other factor; a token index times a row stride is an int64 product."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", ADDRESS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert sorted(result) == ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel",
+                              "_varlen_table_kernel"]
+    for name, products in result.items():
+        for factors in products["narrow"]:
+            if ROW_STRIDES & set(factors):
+                assert "tt.make_range" in factors, (name, factors)
+        # every row stride the kernel reads is also multiplied in int64 (the tile's first token, or the key rows)
+        used = ROW_STRIDES & {f for factors in products["narrow"] + products["wide"] for f in factors}
+        wide = ROW_STRIDES & {f for factors in products["wide"] for f in factors}
+        assert used and used == wide, (name, used, wide)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Collation
 # ---------------------------------------------------------------------------------------------------------
