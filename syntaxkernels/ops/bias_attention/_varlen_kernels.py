@@ -4,7 +4,8 @@
 q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
 ``uint8 [sum n_s^2]`` of a :class:`~syntaxkernels.trees.PackedTreeBatch` (sequence s's ``n_s x n_s`` block at
 ``sum_{r < s} n_r^2``, row stride ``n_s``). Forward, dq, dk, dv and the table (and bias-scale) gradient;
-deterministic (no atomics), no host synchronisation, nothing of size ``T^2``.
+deterministic (no atomics), no host synchronisation, nothing of size ``T^2``; every row offset is formed in
+int64 before a stride multiplies it (:func:`_rows_at`), so ``T * H * D`` may pass 2^31.
 
 Tiles are shared by sequences. A query block is BLOCK_M consecutive packed tokens, whatever sequences they
 belong to; it visits the key tiles of ``[start of its first token's sequence, end of its last token's
@@ -22,11 +23,14 @@ Kernels:
 
 - ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
 - ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
-  padded op: the dK/dV kernel's per-bucket sums then see rows of dS summing to zero).
-- ``_varlen_dkdv_kernel``: one key block: dK, dV and this program's per-bucket sums of dS (one ``[T]`` row
-  per program, reduced in a fixed order by the launcher: the table gradient without atomics).
+  padded op: the table kernel's per-bucket sums then see rows of dS summing to zero).
+- ``_varlen_dkdv_kernel``: one key block: dK, dV (no bucket work).
+- ``_varlen_table_kernel``: one query block and the heads of a shared table (one head for per-head tables): dS
+  recomputed per head and summed over the heads, then added to the buckets once per element (the padded op's
+  ``_bucket_sums``, over the bucket range of the tile's live distances); one ``[T_b]`` row per program,
+  reduced in a fixed order by the launcher (the table gradient without atomics).
 
-``delta = rowsum(dO * O)`` is one small PyTorch reduction (``[T, H]``).
+``delta = rowsum(dO * O)`` is formed by the dQ kernel from its own rows (no separate reduction).
 
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
 beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
@@ -449,7 +453,8 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel (:data:`.configs.CONFIGS`)."""
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "table") kernel
+    (:data:`.configs.CONFIGS`)."""
     family = family or arch_family()
     if family == "unsupported":
         raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
