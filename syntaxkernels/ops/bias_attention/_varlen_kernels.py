@@ -50,7 +50,7 @@ import triton.language as tl
 
 from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, head_block, interpreting, launch,
-                           launch_grid, load_rows, mma, mma_acc, program_ids, KernelDoesNotFit)
+                           launch_grid, load_rows, lut_bias, mma, mma_acc, program_ids, KernelDoesNotFit)
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
@@ -115,7 +115,7 @@ def _rows_at(base, first, stride):
 @triton.jit
 def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d, kend, D, stride_kt,
             stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr,
-            TILE_BASE: tl.constexpr):
+            TILE_BASE: tl.constexpr, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
     """``(scores, allowed, k)`` of the tile of keys ``start_n + cols``: log2-domain scores with the bias, -inf where
     not allowed."""
     offs_n = start_n + cols
@@ -131,7 +131,7 @@ def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols,
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
         dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
-        scores += tl.load(lut_row + dist.to(tl.int32))
+        scores += lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)
     scores = tl.where(allowed, scores, float("-inf"))
     return scores, allowed, k
 
@@ -145,7 +145,8 @@ def _varlen_fwd_kernel(
     TABLE, SCALE, BUCKETS, stride_tr, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True,
+    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """Forward for one packed query block of one head.
 
@@ -183,7 +184,7 @@ def _varlen_fwd_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     False)
+                                     False, OPAQUE_BIAS, INTERPRETED)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -211,7 +212,8 @@ def _varlen_dq_kernel(
     stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True,
+    TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
@@ -245,7 +247,7 @@ def _varlen_dq_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     True)
+                                     True, OPAQUE_BIAS, INTERPRETED)
         p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
         v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
                       kend - start_n, DV, True, EVEN_DV)
@@ -272,7 +274,7 @@ def _varlen_dkdv_kernel(
     H, T, D, DV, num_k_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SYNTAX: tl.constexpr = True,
+    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
 ):
     """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
     orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
@@ -285,6 +287,7 @@ def _varlen_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     seq_n, base_n, len_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
+    len_n32 = len_n.to(tl.int32)
     k = load_rows(_rows_at(K + h * stride_kh, first, stride_kt), keys, offs_d, stride_kt, stride_kd, T - first, D,
                   True, EVEN_D)
     v = load_rows(_rows_at(V + h * stride_vh, first, stride_vt), keys, offs_dv, stride_vt, stride_vd, T - first, DV,
@@ -311,9 +314,10 @@ def _varlen_dkdv_kernel(
         lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
         scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
         if SYNTAX:
-            dist_t = tl.load(DIST + base_n[:, None] + offs_m[None, :].to(tl.int64) * len_n[:, None], mask=allowed_t,
-                             other=255)
-            scores_t += tl.load(lut_row + dist_t.to(tl.int32))
+            # int64 per key and tile, int32 inside the tile (rows < BLOCK_M, n_j <= 2^24: n_j^2 bytes are stored)
+            tile_base = base_n + tl.cast(start_m, tl.int64) * len_n
+            dist_t = tl.load(DIST + tile_base[:, None] + rows[None, :] * len_n32[:, None], mask=allowed_t, other=255)
+            scores_t += lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
         p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
         do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd, qend - start_m, DV,
                        True, EVEN_DV)
@@ -495,7 +499,8 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
-           DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax,
+           DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
+           INTERPRETED=interpreting(),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut
 
@@ -534,7 +539,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
-           TABLE_GRAD=table_grad, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
+           TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(),
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
 
     config = select_varlen_config("dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
@@ -544,6 +550,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
+           OPAQUE_BIAS=True, INTERPRETED=interpreting(),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if not table_grad:
         if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero

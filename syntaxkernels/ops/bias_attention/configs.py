@@ -175,10 +175,11 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # The packed (varlen) kernels (:mod:`._varlen_kernels`: forward, dQ, dK/dV, table; read by its
     # ``select_varlen_config``, no overrides). 32 x 32 tiles: on the EWT dev sentences packed end to end 31% of the
     # pairs computed are valid (128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%); compiled for every family by the
-    # inspection report (the ``sentences-packed`` workload). dK/dV holds two [BLOCK_N, D] accumulators: 8 warps
-    # at D = 128 where 4 spill, except on sm_80 (fewer instructions with 4; sm_90 and sm_120 spill 16 / 8 B with
-    # them); sm_80's ptxas spills 8 B with the 16 x 16 fp32 tile at D = 64, 16 x 32
-    # with 8 warps is clean there. The table kernel (dS recomputed for each of the 12 heads of a shared table,
+    # inspection report (the ``sentences-packed`` workload). The gathered bias is opaque to Triton's layout passes
+    # (``lut_bias``), so P and dS keep 16-bit operand layouts: dK/dV then fits 4 warps at D = 128 on every family
+    # (it took 8 on sm_90 and the small family with the uint8 layouts), and one stage at D = 64 on sm_90 (two
+    # spill 8 B there); sm_80's ptxas spills 8 B with the 16 x 16 fp32 tile at D = 64, 16 x 32 with 8 warps is
+    # clean there. The table kernel (dS recomputed for each of the 12 heads of a shared table,
     # summed, then reduced per bucket once a tile): 16 x 64 with 4 warps, spill-free on every family; 32 x 32 and
     # 32 x 64 spill with 4 warps (sm_80, sm_100, sm_120) and cost more per valid pair with 8 (sentences-packed,
     # sm_90 D64: 16 x 64 84, 32 x 64 w8 111, 64 x 32 w8 102 instructions per valid pair).
@@ -218,8 +219,8 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_table", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
     ("varlen_table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_dkdv", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
@@ -227,7 +228,7 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
     ("varlen_dkdv", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_dkdv", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
 }
