@@ -126,7 +126,7 @@ def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols,
     if TILE_BASE:  # the tile's first row as an int64 base, int32 offsets inside it
         k = load_rows(_rows_at(k_base, start_n, stride_kt), cols, offs_d, stride_kt, stride_kd, kend - start_n, D,
                       True, EVEN_D)
-    else:  # int64 row offsets (fewer instructions in the forward's loop; the dQ kernel's prefers the above)
+    else:  # int64 row offsets (fewer instructions in the forward's loop at D <= 64; the dQ kernel prefers the above)
         k = load_rows(k_base, offs_n.to(tl.int64), offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
@@ -184,14 +184,18 @@ def _varlen_fwd_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     False, OPAQUE_BIAS, INTERPRETED)
+                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_base, (start_n + cols).to(tl.int64), offs_dv, stride_vt, stride_vd, kend, DV, True,
-                      EVEN_DV)
+        if BLOCK_D > 64:  # (the cheaper address form per head dim: see _scores)
+            v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd, kend - start_n,
+                          DV, True, EVEN_DV)
+        else:
+            v = load_rows(v_base, (start_n + cols).to(tl.int64), offs_dv, stride_vt, stride_vd, kend, DV, True,
+                          EVEN_DV)
         acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
 
