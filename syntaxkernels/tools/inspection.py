@@ -1410,8 +1410,8 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 
 def _workload_job(job):
-    name, dtype, head_dim, arch, buckets = job
-    return inspect_workload(name, dtype, head_dim, arch, buckets)
+    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec])
+    return inspect_workload(name, dtype, head_dim, arch, rest[0] if rest else None)
 
 
 def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None) -> List[KernelReport]:
