@@ -271,7 +271,7 @@ def _varlen_dq_kernel(
 
 @triton.jit
 def _varlen_dkdv_kernel(
-    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT,
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_LUT, BUCKET_PARTIALS,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
     stride_lut, stride_lse,
@@ -279,6 +279,9 @@ def _varlen_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    TABLE_GRAD: tl.constexpr = False, NUM_BUCKETS: tl.constexpr = 1, BUCKETS_PAD: tl.constexpr = 16,
+    STATIC_BUCKETS: tl.constexpr = True, MAX_DISTANCE: tl.constexpr = 1, LOG_DISTANCE: tl.constexpr = 0,
+    UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
 ):
     """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
     orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
@@ -305,6 +308,8 @@ def _varlen_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    if TABLE_GRAD:
+        sums = _bucket_accumulators(BLOCK_N, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     rows = tl.arange(0, BLOCK_M)
     for start_m in range(qstart, qend, BLOCK_M):
         offs_m = start_m + rows
@@ -321,7 +326,8 @@ def _varlen_dkdv_kernel(
             # int64 per key and tile, int32 inside the tile (rows < BLOCK_M, n_j <= 2^24: n_j^2 bytes are stored)
             tile_base = base_n + tl.cast(start_m, tl.int64) * len_n
             dist_t = tl.load(DIST + tile_base[:, None] + rows[None, :] * len_n32[:, None], mask=allowed_t, other=255)
-            scores_t += lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+            bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+            scores_t += bias_t
         p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
         do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd, qend - start_m, DV,
                        True, EVEN_DV)
@@ -330,6 +336,12 @@ def _varlen_dkdv_kernel(
         dp_t = mma(v, tl.trans(do), DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+        if TABLE_GRAD:  # a per-head table: this head's dS per bucket here, no recomputation
+            walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")), NUM_BUCKETS,
+                                          STATIC_BUCKETS)
+            if walk:
+                sums = _bucket_sums(sums, ds_t, dist_t, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
+                                    LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
@@ -339,6 +351,11 @@ def _varlen_dkdv_kernel(
                + offs_dv[None, :] * stride_yd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
     tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
+    if TABLE_GRAD:  # one row of bucket sums per program (keys past T hold zero dS)
+        bucket_ids = tl.arange(0, BUCKETS_PAD)
+        totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+        program = bh.to(tl.int64) * num_k_blocks + k_block
+        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
 @triton.jit
@@ -461,7 +478,7 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "table") kernel
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_table", "table") kernel
     (:data:`.configs.CONFIGS`)."""
     family = family or arch_family()
     if family == "unsupported":
@@ -546,16 +563,27 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
 
-    config = select_varlen_config("dkdv", q.dtype, max(D, DV))
+    # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
+    # for one head only); a shared table: the table kernel below sums the heads first.
+    inline = table_grad and rows > 1
+    config = select_varlen_config("dkdv_table" if inline else "dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
+    bucket_args_ = dict(TABLE_GRAD=True, NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)),
+                        STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=spec.max_distance,
+                        LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+                        LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1) if inline else {}
+    partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if inline else delta
     launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
            q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv,
+           _bucket_lut(spec, q) if inline else seq, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
-           OPAQUE_BIAS=True, INTERPRETED=interpreting(),
+           OPAQUE_BIAS=True, INTERPRETED=interpreting(), **bucket_args_,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if inline:  # row h sums its own num_k programs
+        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)
     if not table_grad:
         if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero
             partials = torch.zeros((1, rows, 1, NB), dtype=torch.float32, device=q.device)

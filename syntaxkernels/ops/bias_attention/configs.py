@@ -3,7 +3,7 @@
 :data:`CONFIGS` holds every (kernel, GPU family, dtype class, head-dim class) entry written out: kernels "fwd",
 "dq", "dkdv", "table", "table_extra" (the tiled kernels), "fwd_short", "short", "short2" (rows of at most 64 and
 128 tokens), the two small kernels after the short-row backward, "short_table" and "short2_sum", and the packed
-kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_table"; families
+kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_dkdv_table", "varlen_table"; families
 "sm90" (Hopper and newer), "sm80" (A100) and "small" (other GPUs with ~100 KB of shared memory a block:
 sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
 ``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
@@ -182,7 +182,9 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # clean there. The table kernel (dS recomputed for each of the 12 heads of a shared table,
     # summed, then reduced per bucket once a tile): 16 x 64 with 4 warps, spill-free on every family; 32 x 32 and
     # 32 x 64 spill with 4 warps (sm_80, sm_100, sm_120) and cost more per valid pair with 8 (sentences-packed,
-    # sm_90 D64: 16 x 64 84, 32 x 64 w8 111, 64 x 32 w8 102 instructions per valid pair).
+    # sm_90 D64: 16 x 64 84, 32 x 64 w8 111, 64 x 32 w8 102 instructions per valid pair). "varlen_dkdv_table":
+    # the dK/dV kernel of a per-head table, which sums its head's dS per bucket itself (cheaper than the table
+    # kernel recomputing dS for one head): the dK/dV tiles, two stages on sm_90 at D = 64 (one spills 8 B on sm_100).
     ("varlen_fwd", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
@@ -231,6 +233,18 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
 }
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
