@@ -185,7 +185,8 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # sm_90 D64: 16 x 64 84, 32 x 64 w8 111, 64 x 32 w8 102 instructions per valid pair). "varlen_dkdv_table":
     # the dK/dV kernel of a per-head table, which sums its head's dS per bucket itself (cheaper than the table
     # kernel recomputing dS for one head): the dK/dV tiles, two stages on sm_90 at D = 64 (one spills 8 B on sm_100).
-    # fp32 table kernel: 16 x 16 at D = 64 (16 x 32 spills 64-112 B with 4 warps, 8-24 B with 8).
+    # fp32 table kernel: 16 x 16 at D = 64 (16 x 32 spills 64-112 B with 4 warps, 8-24 B with 8); fp32 per-head
+    # dK/dV on sm_90 at D = 128: 4 warps (8 spill 8 B).
     ("varlen_fwd", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
@@ -237,7 +238,7 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv_table", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
-    ("varlen_dkdv_table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv_table", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
