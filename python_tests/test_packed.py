@@ -416,6 +416,47 @@ def test_walked_tiles_model_matches_a_brute_force_count():
         assert _varlen.walked_tiles(lengths, block, step) == (-(-T // block), walked)
 
 
+def test_table_walk_model_counts_live_tiles_and_bucket_ranges():
+    """The inspection's model of the packed table kernel's walk (varlen_table_walk) against a direct count on a
+    small packed batch: per walked tile, whether it has a valid pair and the buckets between its least and
+    greatest distance."""
+    from types import SimpleNamespace
+
+    from syntaxkernels.tools.inspection import varlen_table_walk
+
+    lengths = [3, 40, 1, 17, 5]
+    rows = [_chain(n) if n > 10 else forests([n], seed=n)[0] for n in lengths]
+    packed = PackedTreeBatch.from_heads(rows)
+    workload = SimpleNamespace(lengths=lengths, packed_batch=lambda: packed)
+    spec = sk.BucketSpec(8)
+    lut = spec.lut()
+    cu = packed.cu_seqlens.tolist()
+    seq = packed.sequence.tolist()
+    dense = {}
+    for s_, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        block = packed.sequence_distance(s_)
+        for i in range(a, b):
+            for j in range(a, b):
+                dense[i, j] = int(block[i - a, j - a])
+    T = cu[-1]
+    expected = dict(walked=0, live=0, one_bucket=0, mixed=0, buckets_mixed=0)
+    for first in range(0, T, 16):
+        last = min(first + 16, T) - 1
+        for start in range(cu[seq[first]], cu[seq[last] + 1], 32):
+            expected["walked"] += 1
+            d = [dense[i, j] for i in range(first, last + 1) for j in range(start, min(start + 32, T))
+                 if (i, j) in dense]
+            if not d:
+                continue
+            expected["live"] += 1
+            count = int(lut[max(d)] - lut[min(d)]) + 1
+            expected["one_bucket" if count == 1 else "mixed"] += 1
+            expected["buckets_mixed"] += count if count > 1 else 0
+    assert varlen_table_walk(workload, 16, 32, spec) == expected
+    # (without a window every walked tile holds a valid pair: each sequence of a block's span has rows in it)
+    assert expected["mixed"] > 0 and expected["live"] == expected["walked"]
+
+
 def _valid_share(workload, family="sm90"):
     config = bv.select_varlen_config("fwd", torch.bfloat16, 64, family)
     _, walked = _varlen.walked_tiles(workload.lengths, config["BLOCK_M"], config["BLOCK_N"])

@@ -1692,13 +1692,14 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     for name in names:
         workload = _workload(name)
         for head_dim in head_dims:
-            if workload.packed:  # the varlen kernels (no table kernel: dK/dV sums the buckets)
+            if workload.packed:  # the varlen kernels, the table kernel's tiles with a valid pair
                 fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
                 dkdv = varlen.select_varlen_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                table = varlen.select_varlen_config("table", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-                t = dict(one_bucket=0, mixed=0, buckets_mixed=0)
-                walked = 1
+                t = workload_tiles("_varlen_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
+                walked = max(t["boundary"], 1)
             else:
                 if workload.N <= op.SHORT_ROW_LIMIT:  # one tile a sequence
                     fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family)
