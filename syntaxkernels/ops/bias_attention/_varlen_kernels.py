@@ -24,8 +24,8 @@ Kernels:
 - ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
 - ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
   padded op: the table kernel's per-bucket sums then see rows of dS summing to zero).
-- ``_varlen_dkdv_kernel``: one key block: dK, dV (no bucket work).
-- ``_varlen_table_kernel``: one query block and the heads of a shared table (one head for per-head tables): dS
+- ``_varlen_dkdv_kernel``: one key block: dK, dV (and for a per-head table its head's per-bucket sums of dS).
+- ``_varlen_table_kernel``: one query block and the heads of a shared table: dS
   recomputed per head and summed over the heads, then added to the buckets once per element (the padded op's
   ``_bucket_sums``, over the bucket range of the tile's live distances); one ``[T_b]`` row per program,
   reduced in a fixed order by the launcher (the table gradient without atomics).
@@ -285,7 +285,10 @@ def _varlen_dkdv_kernel(
 ):
     """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
     orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
-    padded op). The table gradient is not here: :func:`_varlen_table_kernel` sums the heads' dS first.
+    padded op). A shared table's gradient is not here (:func:`_varlen_table_kernel` sums the heads' dS first);
+    with TABLE_GRAD (a per-head table) this program also sums its head's dS per bucket over each tile's bucket
+    range (:func:`_tile_buckets`, :func:`._backward._bucket_sums`) and writes them once to ``BUCKET_PARTIALS [H *
+    nK, NUM_BUCKETS]`` (BUCKET_LUT: int64 ``[256]``, ``BucketSpec.lut()``; both unused otherwise).
     Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
     k_block, bh, b, h = program_ids(num_k_blocks, H)
     first = k_block * BLOCK_N
@@ -397,8 +400,9 @@ def _varlen_table_kernel(
     The block walks the key tiles of its sequences as :func:`_varlen_dq_kernel` does. A table shared by the heads
     (``HEADS = H``) has one bucket pattern for every head: per tile the kernel recomputes dS for each head (two
     products, as the dQ kernel's first two), sums the heads' dS in registers and routes the sum to the buckets
-    once (:func:`._backward._bucket_sums`, the buckets of :func:`_tile_buckets`); a per-head table takes one head
-    a program (``HEADS = 1``, its own LUT row). A tile without a live pair (another sequence, beyond the window,
+    once (:func:`._backward._bucket_sums`, the buckets of :func:`_tile_buckets`). With ``HEADS = 1`` a program
+    takes one head and its own LUT row (the launcher sends per-head tables to the dK/dV kernel's TABLE_GRAD
+    variant instead, which needs no recomputation). A tile without a live pair (another sequence, beyond the window,
     above the causal diagonal) costs its distance reductions only.
 
     Args:
