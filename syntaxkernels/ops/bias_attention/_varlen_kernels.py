@@ -339,7 +339,7 @@ def _varlen_dkdv_kernel(
         dp_t = mma(v, tl.trans(do), DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-        if TABLE_GRAD:  # a per-head table: this head's dS per bucket here, no recomputation
+        if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
             walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")), NUM_BUCKETS,
                                           STATIC_BUCKETS)
             if walk:
