@@ -237,6 +237,33 @@ def test_every_family_config(arch):
             P.interpret_as(previous)
 
 
+def _chain(n):
+    return [-1] + list(range(n - 1))
+
+
+@needs_triton
+@pytest.mark.parametrize("buckets,per_head,kw", [
+    (sk.BucketSpec(128, log_distance=62), False, dict(causal=True)),  # 66 buckets, a table shared by 3 heads
+    (sk.BucketSpec(254, log_distance=28), True, dict(window=40)),  # 34 buckets, reached past the log start
+    (sk.BucketSpec(), False, dict(window=1)),  # 12 buckets (unrolled); off-diagonal tiles of one distance
+], ids=["66-shared-causal", "34-perhead-window", "12-shared-window1"])
+def test_table_gradient_on_long_chains_every_bucket_path(monkeypatch, buckets, per_head, kw):
+    """The packed table kernel's bucket paths (a runtime loop over the bucket range of each tile past 31 buckets,
+    unrolled below) on chains long enough to reach the far and log-spaced buckets, with single-token and empty
+    sequences and an odd T, on 16 x 16 tiles (many tiles, each a range of buckets, some without a live pair)."""
+    monkeypatch.setattr(bv, "_BLOCK_OVERRIDE", (16, 16))
+    rows = [_chain(70), [-1], [], _chain(33), forests([10], seed=31)[0], [-1]]
+    H = 3 if not per_head else 2
+    case = make_packed_case([1], H, 16, per_head=per_head, buckets=buckets, seed=32)
+    packed = PackedTreeBatch.from_heads(rows)
+    T = packed.num_tokens
+    assert T % 2 == 1 and int(packed.distance[packed.distance < 255].max()) == 69
+    gen = torch.Generator().manual_seed(33)
+    case.update(packed=packed, q=torch.randn(T, H, 16, generator=gen), k=torch.randn(T, H, 16, generator=gen),
+                v=torch.randn(T, H, 16, generator=gen), grad_out=torch.randn(T, H, 16, generator=gen))
+    check_packed(case, torch.float32, **kw)
+
+
 @needs_triton
 @pytest.mark.parametrize("kw", [dict(window=4), dict(causal=True)], ids=["window4", "causal"])
 @pytest.mark.long_on_cpu
@@ -305,6 +332,8 @@ def test_deterministic_and_without_host_reads():
     second = _run_packed(case, torch.float16, "triton")[1]
     for name in first:
         assert torch.equal(first[name], second[name]), name
+    # The table gradient of a table shared by the heads: the table kernel's per-program sums, reduced in order.
+    assert first["dtable"].abs().max() > 0
     packed = case["packed"].to(DEVICE)
     q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
     q.requires_grad_()
@@ -387,6 +416,47 @@ def test_walked_tiles_model_matches_a_brute_force_count():
         assert _varlen.walked_tiles(lengths, block, step) == (-(-T // block), walked)
 
 
+def test_table_walk_model_counts_live_tiles_and_bucket_ranges():
+    """The inspection's model of the packed table kernel's walk (varlen_table_walk) against a direct count on a
+    small packed batch: per walked tile, whether it has a valid pair and the buckets between its least and
+    greatest distance."""
+    from types import SimpleNamespace
+
+    from syntaxkernels.tools.inspection import varlen_table_walk
+
+    lengths = [3, 40, 1, 17, 5]
+    rows = [_chain(n) if n > 10 else forests([n], seed=n)[0] for n in lengths]
+    packed = PackedTreeBatch.from_heads(rows)
+    workload = SimpleNamespace(lengths=lengths, packed_batch=lambda: packed)
+    spec = sk.BucketSpec(8)
+    lut = spec.lut()
+    cu = packed.cu_seqlens.tolist()
+    seq = packed.sequence.tolist()
+    dense = {}
+    for s_, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        block = packed.sequence_distance(s_)
+        for i in range(a, b):
+            for j in range(a, b):
+                dense[i, j] = int(block[i - a, j - a])
+    T = cu[-1]
+    expected = dict(walked=0, live=0, one_bucket=0, mixed=0, buckets_mixed=0)
+    for first in range(0, T, 16):
+        last = min(first + 16, T) - 1
+        for start in range(cu[seq[first]], cu[seq[last] + 1], 32):
+            expected["walked"] += 1
+            d = [dense[i, j] for i in range(first, last + 1) for j in range(start, min(start + 32, T))
+                 if (i, j) in dense]
+            if not d:
+                continue
+            expected["live"] += 1
+            count = int(lut[max(d)] - lut[min(d)]) + 1
+            expected["one_bucket" if count == 1 else "mixed"] += 1
+            expected["buckets_mixed"] += count if count > 1 else 0
+    assert varlen_table_walk(workload, 16, 32, spec) == expected
+    # (without a window every walked tile holds a valid pair: each sequence of a block's span has rows in it)
+    assert expected["mixed"] > 0 and expected["live"] == expected["walked"]
+
+
 def _valid_share(workload, family="sm90"):
     config = bv.select_varlen_config("fwd", torch.bfloat16, 64, family)
     _, walked = _varlen.walked_tiles(workload.lengths, config["BLOCK_M"], config["BLOCK_N"])
@@ -442,10 +512,81 @@ def test_sentences_packed_kernels_compile_without_spills():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["problems"] == [], result["problems"]
-    # The packed kernels, and the one-program epilogue that turns their bucket sums into the table's gradients.
+    # The packed kernels, and the one-program epilogue that turns the table kernel's bucket sums into the table's
+    # gradients.
     assert result["kernels"] == ["_bias_table_grad_kernel", "_varlen_dkdv_kernel", "_varlen_dq_kernel",
-                                 "_varlen_fwd_kernel"]
+                                 "_varlen_fwd_kernel", "_varlen_table_kernel"]
     assert all(a is not None and 1 <= a <= 4 for a in result["areas"]), result["areas"]
+
+
+ADDRESS_SCRIPT = """
+import json, re, sys
+from syntaxkernels.tools import inspection as I
+
+def definitions(ttir):
+    found = {}
+    for line in ttir.splitlines():
+        m = re.match(r"\\s*(%[\\w.]+)(?::\\d+)? = ([\\w.]+) ?(.*)", line)
+        if m:
+            found[m.group(1)] = (m.group(2), m.group(3))
+    return found
+
+def sources(name, found, depth=0):
+    # the ops (or arguments) a value comes from through shape-only ops and sign extensions
+    if name not in found or depth > 40:
+        return {name}
+    op, rest = found[name]
+    if op in ("tt.expand_dims", "tt.splat", "tt.broadcast", "ttg.convert_layout", "arith.extsi"):
+        return sources(re.match(r"(%[\\w.]+)", rest).group(1), found, depth + 1)
+    return {op}
+
+w = I._workload("sentences-packed")
+with I.fake_gpu(90), I.capture_launches(keep_going=True) as launches:
+    I._user_call_packed(w.packed_batch(), "bf16", 64)
+out = {}
+for launch in launches:
+    name = launch.kernel.fn.__name__
+    if not name.startswith("_varlen"):
+        continue
+    ttir = launch.compiled.asm["ttir"]
+    found = definitions(ttir)
+    narrow, wide = [], []
+    for m in re.finditer(r"= arith\\.muli (%[\\w.]+), (%[\\w.]+) : (\\S+)", ttir):
+        a, b = sources(m.group(1), found), sources(m.group(2), found)
+        (wide if "i64" in m.group(3) else narrow).append(sorted(a | b))
+    out[name] = dict(narrow=narrow, wide=wide)
+json.dump(out, sys.stdout)
+"""
+
+ROW_STRIDES = {"%stride_qt", "%stride_kt", "%stride_vt", "%stride_gt", "%stride_ot", "%stride_xt", "%stride_yt"}
+
+
+@pytest.mark.slow  # compiles for sm_90 in a subprocess without the interpreter
+def test_packed_row_offsets_are_int64_before_any_stride():
+    """Large packed batches (``T * H * D >= 2^31``) must not overflow a row offset: in the typed IR of every
+    packed kernel, an int32 product of a row stride (``stride_*t``) takes an in-tile index (``tl.arange``, below
+    the block side) as its other factor; a token index times a row stride is an int64 product."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", ADDRESS_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert sorted(result) == ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel",
+                              "_varlen_table_kernel"]
+    for name, products in result.items():
+        for factors in products["narrow"]:
+            if ROW_STRIDES & set(factors):
+                assert "tt.make_range" in factors, (name, factors)
+        # every row stride the kernel reads is also multiplied in int64 (the tile's first token, or the key rows)
+        used = ROW_STRIDES & {f for factors in products["narrow"] + products["wide"] for f in factors}
+        wide = ROW_STRIDES & {f for factors in products["wide"] for f in factors}
+        assert used and used == wide, (name, used, wide)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -171,11 +171,12 @@ def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=Fals
     ("sentences", [_chain(30), _chain(17), [-1, 0, 0, 1]], 30,
      ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"]),
     ("packed", [_chain(30), _chain(17), [-1, 0, 0, 1]], None,
-     ["_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_bias_table_grad_kernel"]),
+     ["_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_varlen_table_kernel",
+      "_bias_table_grad_kernel"]),
 ])
 def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, rows, N, kernels):
-    """A layer on padded sentences (rows of at most 64 tokens) and on a packed batch: four kernels forward and
-    backward (the LUT written by the forward kernel, the table's gradients by the last), no aten kernel and no
+    """A layer on padded sentences (rows of at most 64 tokens) and on a packed batch: four kernels (five packed:
+    its table gradient has a kernel of its own) forward and backward (the LUT written by the forward kernel, the table's gradients by the last), no aten kernel and no
     copy: the outputs and gradients are allocated in the projections' layout, so merging the heads back and the
     way into the projections copy nothing."""
     from torch.utils._python_dispatch import TorchDispatchMode

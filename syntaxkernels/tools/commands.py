@@ -284,20 +284,36 @@ def _run_inspect_workloads(args, I) -> int:
         print(f"syntaxkernels inspect: --dtype takes bf16, fp16, fp32 (comma-separated), got {args.dtype!r}",
               file=sys.stderr)
         return 2
+    buckets = None
+    if args.buckets:
+        from syntaxkernels.specs import BucketSpec
+
+        try:
+            parts = [int(x) for x in args.buckets.split(":")]
+            if len(parts) not in (1, 2):
+                raise ValueError("one or two integers")
+            buckets = BucketSpec(parts[0], log_distance=parts[1] if len(parts) == 2 else None)
+        except (TypeError, ValueError) as exc:
+            print(f"syntaxkernels inspect: --buckets takes MAX_DISTANCE[:LOG_DISTANCE], got {args.buckets!r} ({exc})",
+                  file=sys.stderr)
+            return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
           f"x sm_{', sm_'.join(map(str, archs))}, one layer's forward and backward compiled as launched (no GPU "
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
-                                  progress=lambda line: print("  " + line, file=sys.stderr, flush=True))
+                                  progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
+                                  buckets=buckets)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                   f"{len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} x "
                   f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
-                  f"{I.WORKLOAD_HEADS}, BucketSpec() table and strength with their gradients, no window) compiled as "
+                  f"{I.WORKLOAD_HEADS}, {buckets or 'BucketSpec()'} table"
+                  f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
+                  "window) compiled as "
                   "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)

@@ -223,10 +223,10 @@ def _sass(cubin: bytes) -> str:
     return _disassemble(cubin)[0]
 
 
-def _shortest_path(instructions, start: int, end: int, weight=None, skip: Optional[Tuple[int, int]] = None) -> int:
+def _shortest_path(instructions, start: int, end: int, weight=None, skip=None) -> int:
     """Fewest instructions executed from ``start`` to the back edge at ``end`` (inclusive); each instruction
     counts ``weight(opcode)`` (default: 1, ``NOP`` 0); instructions in the index range ``skip`` (inclusive: a
-    nested loop counted on its own) count 0.
+    nested loop counted on its own), or in any of a list of such ranges, count 0.
 
     Dijkstra over single instructions: each steps to the next one unless it is an unconditional branch, and a
     branch (conditional or not) also steps to its target when that lies inside the body.
@@ -236,6 +236,7 @@ def _shortest_path(instructions, start: int, end: int, weight=None, skip: Option
     import heapq
 
     index_of = {address: i for i, (address, _, _, _) in enumerate(instructions)}
+    skips = [] if not skip else [skip] if isinstance(skip[0], int) else list(skip)
     best = {start: 0}
     queue = [(0, start)]
     while queue:
@@ -243,7 +244,7 @@ def _shortest_path(instructions, start: int, end: int, weight=None, skip: Option
         if cost > best.get(i, math.inf):
             continue
         address, opcode, operands, predicated = instructions[i]
-        cost_here = cost + (0 if skip and skip[0] <= i <= skip[1] else weight(opcode))
+        cost_here = cost + (0 if any(a <= i <= b for a, b in skips) else weight(opcode))
         if i == end:
             return cost_here
         successors = []
@@ -375,6 +376,13 @@ class KernelReport:
     # once, for all its heads).
     head_loop_other: List[float] = dataclasses.field(default_factory=list)
     heads: int = 1  # heads one program takes per tile (the launch's ``HEADS``; 1 for every other kernel)
+    # A runtime loop over the buckets inside the tile loop (tables of more than 31 buckets): one trip's
+    # non-tensor-core instructions per unit on its cheapest path (0: none), and the trips counted in the figures
+    # above (the kernel's ``NUM_BUCKETS``: every bucket, what a tile pays at most). loop_other / loop_all /
+    # other_per_unit / all_per_unit count every trip where the loop lies on the tile's cheapest path.
+    bucket_loop_other: float = 0.0
+    bucket_loop_all: float = 0.0
+    bucket_trips: int = 0
     # A program of one tile whose main loop walks the heads (the short-row kernels): the instructions outside
     # that loop, per unit, paid once per tile for all its heads: on the cheapest path and counting every branch.
     once_other: Optional[float] = None
@@ -422,6 +430,14 @@ def _work_per_iteration(kwargs: dict) -> Tuple[int, str]:
     if "BLOCK_P" in kwargs:  # the table gradient's epilogue: BLOCK_P per-program bucket sums an iteration
         return int(kwargs["BLOCK_P"]), "partial row"
     return 0, "element"
+
+
+def _bucket_trips(kwargs: dict) -> int:
+    """Trips of a kernel's runtime loop over the buckets per tile, at most: ``NUM_BUCKETS`` for a launch of more
+    than 31 buckets (``STATIC_BUCKETS`` False), else 0 (the buckets are unrolled: no loop)."""
+    if "NUM_BUCKETS" in kwargs and kwargs.get("STATIC_BUCKETS") is False:
+        return int(kwargs["NUM_BUCKETS"])
+    return 0
 
 
 def _loop_figures(compiled, kwargs: dict, analysed=None):
@@ -491,19 +507,42 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             if "HEAD_GROUPS" in kwargs:  # the short-row kernels: a program walks one group of heads
                 report.heads = -(-report.heads // max(1, int(kwargs["HEAD_GROUPS"])))
             report.loop_other, report.loop_all, report.head_loop_other = [], [], []
+            trips = _bucket_trips(kwargs)
+            main_counted = None
             for l in top:
                 inner = [o for o in with_tc if o is not l and l.start <= o.start and o.end < l.end]
                 head = max(inner, key=lambda o: (o.tensor_core, -o.start)) if inner else None
-                if head is None:
-                    report.loop_other.append(per(l.shortest_other))
-                    report.loop_all.append(per(l.instructions - l.tensor_core))
-                    report.head_loop_other.append(0.0)
-                    continue
-                outside = _shortest_path(analysed_instructions, l.start, l.end, _count_other,
-                                         skip=(head.start, head.end))
-                report.loop_other.append(per(outside))
-                report.loop_all.append(per(l.instructions - l.tensor_core - (head.instructions - head.tensor_core)))
-                report.head_loop_other.append(per(head.shortest_other))
+                skips = [(head.start, head.end)] if head is not None else []
+                # A runtime bucket loop: a loop without tensor-core work inside the tile loop (not in the head
+                # loop). The cheapest path counts one trip of it; a tile runs up to NUM_BUCKETS trips.
+                buckets = [o for o in loops if trips and not o.tensor_core and l.start < o.start and o.end < l.end
+                           and not (head is not None and head.start <= o.start and o.end <= head.end)]
+                bucket = max(buckets, key=lambda o: o.instructions) if buckets else None
+                if bucket is not None:
+                    report.bucket_trips = trips
+                    report.bucket_loop_other = per(bucket.shortest_other)
+                    report.bucket_loop_all = per(bucket.instructions - bucket.tensor_core)
+                body_all = l.instructions - l.tensor_core - (
+                    head.instructions - head.tensor_core if head is not None else 0)
+                if bucket is None:
+                    other = _shortest_path(analysed_instructions, l.start, l.end, _count_other,
+                                           skip=skips) if skips else l.shortest_other
+                    body = body_all
+                else:
+                    around = _shortest_path(analysed_instructions, l.start, l.end, _count_other,
+                                            skip=skips + [(bucket.start, bucket.end)])
+                    through = _shortest_path(analysed_instructions, l.start, l.end, _count_other, skip=skips)
+                    # On the cheapest path (a loop every tile runs): every trip; else the tile may skip it and
+                    # the cheapest path stays the figure (the workload cost adds the trips its tiles take).
+                    other = around + trips * bucket.shortest_other if through > around else through
+                    body = body_all + (trips - 1) * (bucket.instructions - bucket.tensor_core)
+                report.loop_other.append(per(other))
+                report.loop_all.append(per(body))
+                report.head_loop_other.append(per(head.shortest_other) if head is not None else 0.0)
+                if l is main:
+                    main_counted = (per(other), per(body))
+            if main_counted is not None and report.bucket_trips:
+                report.other_per_unit, report.all_per_unit = main_counted
             if (name in _HEAD_PROGRAMS or name in _SHORT2_PROGRAMS) and top:
                 # One tile a program, its loop over the heads: what lies outside the loop is paid once per tile.
                 # The two-block kernel: its two passes (tile loops over key blocks, each with a head loop
@@ -527,6 +566,8 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                 report.all_per_unit = report.head_loop_other[0] + report.loop_all[0] / report.heads
             candidates = with_tc or [main]
             worst = [per(l.instructions - l.tensor_core) for l in candidates]
+            if report.bucket_trips and report.loop_all:
+                worst.append(max(report.loop_all))
             report.worst_per_unit = max(w for w in worst if w is not None) if any(w is not None for w in worst) else None
             if any(report.head_loop_other):  # per head: each head's loop, every branch, plus its share of the tile's
                 head_all = [per(o.instructions - o.tensor_core) for l in top for o in with_tc
@@ -1012,7 +1053,7 @@ def _kernels_on_cpu_tensors():
         _host.resolve_backend = previous
 
 
-def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
+def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
@@ -1029,13 +1070,14 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) ->
         return torch.zeros(B, N, E, dtype=dt).view(B, N, heads, head_dim).transpose(1, 2).requires_grad_()
 
     q, k, v = projection(), projection(), projection()
-    layer = DistanceBias(heads, backend="triton")
+    layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
+                                                                                      backend="triton")
     with _kernels_on_cpu_tensors():
         out = layer.attend(q, k, v, batch)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
 
-def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS) -> None:
+def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None) -> None:
     """Forward and backward of one bias-attention layer on a packed batch, as a padding-free model calls it:
     q, k, v the ``[T, H * D]`` projections viewed as ``[T, H, D]``, ``syntax_bias_attention(...,
     cu_seqlens=batch.cu_seqlens)`` with a shared ``BucketSpec()`` table and a learnable strength (both taking
@@ -1053,7 +1095,7 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
         return torch.zeros(T, E, dtype=dt).view(T, heads, head_dim).requires_grad_()
 
     q, k, v = projection(), projection(), projection()
-    buckets = BucketSpec()
+    buckets = buckets or BucketSpec()
     table = torch.zeros(buckets.num_buckets, requires_grad=True)
     bias_scale = torch.ones(1, requires_grad=True)
     with _kernels_on_cpu_tensors():
@@ -1063,13 +1105,15 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
 
 
 #: The varlen (packed) kernels: query-block programs and key-block programs (ops/bias_attention/_varlen_kernels.py).
-_VARLEN_QUERY_PROGRAMS = ("_varlen_fwd_kernel", "_varlen_dq_kernel")
+_VARLEN_QUERY_PROGRAMS = ("_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_table_kernel")
 _VARLEN_KEY_PROGRAMS = ("_varlen_dkdv_kernel",)
 
 
-def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int) -> dict:
+def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None) -> dict:
     """:func:`workload_tiles` of a varlen kernel on a packed workload: every walked tile is masked (it may hold
-    several sequences: *boundary*); the grid is the ``nQ x nK`` tiles of one ``T x T`` row (most never walked)."""
+    several sequences: *boundary*); the grid is the ``nQ x nK`` tiles of one ``T x T`` row (most never walked).
+    The table kernel (:func:`varlen_table_walk`): its walked tiles without a valid pair are *dead* (not in
+    *boundary*: no products), the others one-bucket or mixed by the bucket range they walk."""
     from syntaxkernels.ops.bias_attention._varlen import walked_tiles
 
     T = sum(workload.lengths)
@@ -1078,8 +1122,63 @@ def _varlen_tiles(kernel: str, workload, block_m: int, block_n: int) -> dict:
     else:
         _, walked = walked_tiles(workload.lengths, block_n, block_m)
     grid = -(-T // block_m) * -(-T // block_n)
-    return dict(grid=grid, skipped=grid - walked, interior=0, boundary=walked, one_bucket=0, mixed=0,
-                buckets_mixed=0, buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=block_m * block_n)
+    out = dict(grid=grid, skipped=grid - walked, interior=0, boundary=walked, one_bucket=0, mixed=0,
+               buckets_mixed=0, buckets_boundary=0, valid_pairs=workload.valid_pairs(), area=block_m * block_n)
+    if kernel == "_varlen_table_kernel":
+        walk = varlen_table_walk(workload, block_m, block_n, buckets)
+        assert walk["walked"] == walked, (walk["walked"], walked)  # the two models of the loop bounds agree
+        out.update(boundary=walk["live"], dead=walk["walked"] - walk["live"], one_bucket=walk["one_bucket"],
+                   mixed=walk["mixed"], buckets_mixed=walk["buckets_mixed"])
+    return out
+
+
+def varlen_table_walk(workload, block_m: int, block_n: int, buckets=None) -> dict:
+    """How :func:`~syntaxkernels.ops.bias_attention._varlen_kernels._varlen_table_kernel` walks a packed
+    workload's tiles (no window, not causal; keep in step with the kernel): per query block of ``block_m`` tokens,
+    the ``block_n``-wide key tiles of its sequences' span; a tile with a valid pair (same sequence) walks the
+    buckets from that of its least to that of its greatest distance (:func:`_tile_buckets`). Returns counts
+    ``walked``, ``live`` (with a valid pair), ``one_bucket``, ``mixed`` and ``buckets_mixed`` (the buckets the
+    mixed tiles walk, summed)."""
+    import torch
+
+    from syntaxkernels.specs import BucketSpec
+
+    spec = buckets or BucketSpec()
+    lut = spec.lut()
+    lengths = [int(n) for n in workload.lengths]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    T = cu[-1]
+    batch = workload.packed_batch()
+    distance = batch.distance.to(torch.int64)
+    offsets = batch.distance_offsets.tolist()
+    sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
+    start = torch.tensor(cu[:-1], dtype=torch.int64)[sequence]
+    size = torch.tensor(lengths, dtype=torch.int64)[sequence]
+    base = torch.tensor(offsets[:-1] if len(offsets) > len(lengths) else offsets, dtype=torch.int64)[sequence]
+    out = dict(walked=0, live=0, one_bucket=0, mixed=0, buckets_mixed=0)
+    for first in range(0, T, block_m):
+        rows = torch.arange(first, min(first + block_m, T))
+        span_start = cu[int(sequence[rows[0]])]
+        span_end = cu[int(sequence[rows[-1]]) + 1]
+        for start_n in range(span_start, span_end, block_n):
+            cols = torch.arange(start_n, min(start_n + block_n, span_end))
+            out["walked"] += 1
+            same = sequence[rows][:, None] == sequence[cols][None, :]
+            if not bool(same.any()):
+                continue
+            index = base[rows][:, None] + (rows - start[rows])[:, None] * size[rows][:, None] \
+                + (cols - start[cols])[None, :]
+            d = distance[index[same]]
+            count = int(lut[int(d.max())] - lut[int(d.min())]) + 1
+            out["live"] += 1
+            if count == 1:
+                out["one_bucket"] += 1
+            else:
+                out["mixed"] += 1
+                out["buckets_mixed"] += count
+    return out
 
 
 _WORKLOAD_CACHE: Dict[str, object] = {}
@@ -1143,7 +1242,7 @@ def _popcount(x):
     return count
 
 
-def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optional[dict]:
+def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None) -> Optional[dict]:
     """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
 
     A model of the kernels' loop bounds (``ops/bias_attention/``, no window, not causal; keep it in step with
@@ -1164,7 +1263,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     from syntaxkernels.specs import BucketSpec
 
     if kernel in _VARLEN_QUERY_PROGRAMS + _VARLEN_KEY_PROGRAMS:
-        return _varlen_tiles(kernel, workload, block_m, block_n) if block_m and block_n else None
+        return _varlen_tiles(kernel, workload, block_m, block_n, buckets) if block_m and block_n else None
     lengths = torch.tensor(workload.lengths, dtype=torch.int64)
     N = workload.N
     if kernel in _SHORT2_SUM:  # a program per item and head; items over one block add their shares
@@ -1232,7 +1331,8 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int) -> Optiona
     return out
 
 
-def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORKLOAD_HEADS) -> Optional[dict]:
+def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORKLOAD_HEADS,
+                  buckets=None) -> Optional[dict]:
     """The weighted cost of ``report``'s kernel over the tiles it walks (:func:`workload_tiles`), per valid
     (query, key) pair of the batch: a model from the SASS, not a measurement.
 
@@ -1245,7 +1345,9 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
       bound); the table kernel (a loop over heads inside its tile loop) pays its head loop per head and the
       rest of its tile loop, bucket reduction included, once per tile for all its heads. Straight-line kernels
       (the block metadata) count all their instructions per program; they run once per call for every head, so their figure is
-      divided by the head count (``heads``) to be per head like the others.
+      divided by the head count (``heads``) to be per head like the others. A runtime loop over the buckets (more
+      than 31; ``report.bucket_loop_other``) costs one trip per bucket walked instead, every trip counted; the
+      packed table kernel's *dead* tiles (no valid pair) cost their tile loop's cheapest path only.
     """
     from syntaxkernels.specs import BucketSpec
 
@@ -1262,7 +1364,7 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
         return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
     if not report.loop_other:
         return dict(area=area, instr=None)
-    T = BucketSpec().num_buckets
+    T = (buckets or BucketSpec()).num_buckets
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
     per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
     if report.kernel in _SHORT2_PROGRAMS:
@@ -1288,9 +1390,18 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     if report.head_loop_other and report.head_loop_other[0]:
         # The table kernel: per tile, each head's loop, then the tile's own work and its bucket reduction once
         # for all ``per_tile`` heads (charged per head: divided by them).
-        per_bucket = max((a - o) / T for a, o in zip(report.loop_all, report.loop_other))
+        if report.bucket_loop_other:  # a runtime bucket loop: each walked bucket one trip, the rest per tile
+            per_bucket = report.bucket_loop_other
+            fixed = max(a - o - report.bucket_trips * report.bucket_loop_all
+                        for a, o in zip(report.loop_all, report.loop_other))
+            per_live = max(fixed, 0.0)
+        else:
+            per_bucket = max((a - o) / T for a, o in zip(report.loop_all, report.loop_other))
+            per_live = 0.0
+        live = tiles["interior"] + tiles["boundary"]
         per_element = (tiles["interior"] * (report.head_loop_other[0] + first_other / per_tile)
                        + tiles["boundary"] * (report.head_loop_other[-1] + last_other / per_tile)
+                       + tiles.get("dead", 0) * last_other / per_tile + live * per_live / per_tile
                        + (tiles["one_bucket"] + tiles["buckets_mixed"]) * per_bucket / per_tile)
         return dict(area=area, instr=per_element * tiles["area"] / valid)
     per_element = tiles["interior"] * first_other + tiles["boundary"] * last_other
@@ -1302,8 +1413,8 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 
 def _workload_job(job):
-    name, dtype, head_dim, arch = job
-    return inspect_workload(name, dtype, head_dim, arch)
+    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec])
+    return inspect_workload(name, dtype, head_dim, arch, rest[0] if rest else None)
 
 
 @contextlib.contextmanager
@@ -1331,14 +1442,15 @@ def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
     return report.programs / MULTIPROCESSORS[report.arch]
 
 
-def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[KernelReport]:
+def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
     and attach the whole batch's tile classes and weighted cost per valid pair to each report
-    (``report.tiles``, ``report.cost``)."""
+    (``report.tiles``, ``report.cost``). ``buckets``: the layer's :class:`BucketSpec` (None: ``BucketSpec()``;
+    another adds ``T<buckets>`` to the case name)."""
     _require_compiler()
     workload = _workload(name)
-    case = f"{name} {dtype} D{head_dim}"
+    case = f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
     reports: List[KernelReport] = []
     seen = set()
     # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
@@ -1347,9 +1459,9 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
     with fake_gpu(arch), capture_launches(keep_going=True) as launches, _whole_batch_head_groups(whole):
         try:
             if workload.packed:
-                _user_call_packed(workload.packed_batch(), dtype, head_dim)
+                _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets)
             else:
-                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim)
+                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1382,20 +1494,21 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int) -> List[Ke
             if not report.block_m:
                 report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
                 report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
-            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n)
+            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, buckets)
             report.tiles = tiles
             report.programs = round(math.prod(launch.grid) * whole)
-            report.cost = workload_cost(report, tiles)
+            report.cost = workload_cost(report, tiles, buckets=buckets)
             reports.append(report)
     return reports
 
 
 def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dtypes: Sequence[str] = ("bf16",),
                       head_dims: Sequence[int] = (64, 128), processes: int = 2,
-                      progress: Optional[Callable[[str], None]] = None) -> List[KernelReport]:
-    """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool."""
+                      progress: Optional[Callable[[str], None]] = None, buckets=None) -> List[KernelReport]:
+    """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool
+    (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``)."""
     _require_compiler()
-    jobs = [(n, dt, d, a) for n in names for dt in dtypes for d in head_dims for a in archs]
+    jobs = [(n, dt, d, a, buckets) for n in names for dt in dtypes for d in head_dims for a in archs]
 
     def describe(job, batch):
         errors = sum(1 for r in batch if r.error)
@@ -1613,13 +1726,14 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     for name in names:
         workload = _workload(name)
         for head_dim in head_dims:
-            if workload.packed:  # the varlen kernels (no table kernel: dK/dV sums the buckets)
+            if workload.packed:  # the varlen kernels, the table kernel's tiles with a valid pair
                 fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
                 dkdv = varlen.select_varlen_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                table = varlen.select_varlen_config("table", _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-                t = dict(one_bucket=0, mixed=0, buckets_mixed=0)
-                walked = 1
+                t = workload_tiles("_varlen_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
+                walked = max(t["boundary"], 1)
             else:
                 if workload.N <= op.SHORT_ROW_LIMIT:  # one tile a sequence
                     fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family)

@@ -4,7 +4,8 @@
 q, k, v ``[T, H, D]`` (flash-attention's varlen layout), ``cu_seqlens int32 [S + 1]`` and the packed distance
 ``uint8 [sum n_s^2]`` of a :class:`~syntaxkernels.trees.PackedTreeBatch` (sequence s's ``n_s x n_s`` block at
 ``sum_{r < s} n_r^2``, row stride ``n_s``). Forward, dq, dk, dv and the table (and bias-scale) gradient;
-deterministic (no atomics), no host synchronisation, nothing of size ``T^2``.
+deterministic (no atomics), no host synchronisation, nothing of size ``T^2``; every row offset is formed in
+int64 before a stride multiplies it (:func:`_rows_at`), so ``T * H * D`` may pass 2^31.
 
 Tiles are shared by sequences. A query block is BLOCK_M consecutive packed tokens, whatever sequences they
 belong to; it visits the key tiles of ``[start of its first token's sequence, end of its last token's
@@ -22,11 +23,14 @@ Kernels:
 
 - ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
 - ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
-  padded op: the dK/dV kernel's per-bucket sums then see rows of dS summing to zero).
-- ``_varlen_dkdv_kernel``: one key block: dK, dV and this program's per-bucket sums of dS (one ``[T]`` row
-  per program, reduced in a fixed order by the launcher: the table gradient without atomics).
+  padded op: the table kernel's per-bucket sums then see rows of dS summing to zero).
+- ``_varlen_dkdv_kernel``: one key block: dK, dV (and for a per-head table its head's per-bucket sums of dS).
+- ``_varlen_table_kernel``: one query block and the heads of a shared table: dS
+  recomputed per head and summed over the heads, then added to the buckets once per element (the padded op's
+  ``_bucket_sums``, over the bucket range of the tile's live distances); one ``[T_b]`` row per program,
+  reduced in a fixed order by the launcher (the table gradient without atomics).
 
-``delta = rowsum(dO * O)`` is one small PyTorch reduction (``[T, H]``).
+``delta = rowsum(dO * O)`` is formed by the dQ kernel from its own rows (no separate reduction).
 
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
 beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
@@ -45,10 +49,10 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, bucket_from_distance, build_lut, dot_precision, head_block, in_bucket,
-                           interpreting, launch, launch_grid, load_rows, mma, mma_acc, opaque_int32,
-                           program_ids, KernelDoesNotFit)
+from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, head_block, interpreting, launch,
+                           launch_grid, load_rows, lut_bias, mma, mma_acc, program_ids, KernelDoesNotFit)
 from .._dispatch import device_constant
+from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
 from .configs import CONFIGS, STATIC_BUCKET_LIMIT
 
@@ -99,18 +103,35 @@ def _span(SEQ, CU, block_start, BLOCK: tl.constexpr, T):
 
 
 @triton.jit
-def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D, stride_kt, stride_kd,
-            qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr):
-    """``(scores, allowed, k)`` of one tile: log2-domain scores with the bias, -inf where not allowed."""
+def _rows_at(base, first, stride):
+    """``base + first * stride`` in int64: row ``first`` (a packed token index) of a ``[T, ...]`` operand.
+
+    Every packed row offset goes through here before a stride multiplies it (``T * stride`` passes 2^31 on large
+    packed batches, e.g. 2^20 tokens of 16 heads x 128); the offsets inside a tile (``arange * stride``) stay
+    small."""
+    return base + tl.cast(first, tl.int64) * stride
+
+
+@triton.jit
+def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d, kend, D, stride_kt,
+            stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr,
+            TILE_BASE: tl.constexpr, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """``(scores, allowed, k)`` of the tile of keys ``start_n + cols``: log2-domain scores with the bias, -inf where
+    not allowed."""
+    offs_n = start_n + cols
     seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
     allowed = seq_m[:, None] == seq_n[None, :]
     if CAUSAL:
         allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
-    k = load_rows(k_base, offs_n, offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
+    if TILE_BASE:  # the tile's first row as an int64 base, int32 offsets inside it
+        k = load_rows(_rows_at(k_base, start_n, stride_kt), cols, offs_d, stride_kt, stride_kd, kend - start_n, D,
+                      True, EVEN_D)
+    else:  # int64 row offsets (fewer instructions in the forward's loop at D <= 64; the dQ kernel prefers the above)
+        k = load_rows(k_base, offs_n.to(tl.int64), offs_d, stride_kt, stride_kd, kend, D, True, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
         dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
-        scores += tl.load(lut_row + dist.to(tl.int32))
+        scores += lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)
     scores = tl.where(allowed, scores, float("-inf"))
     return scores, allowed, k
 
@@ -124,7 +145,8 @@ def _varlen_fwd_kernel(
     TABLE, SCALE, BUCKETS, stride_tr, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True,
+    HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """Forward for one packed query block of one head.
 
@@ -138,11 +160,14 @@ def _varlen_fwd_kernel(
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    first = q_block * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = first + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
-    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
+    q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_d, stride_qt, stride_qd, T - first, D,
+                  True, EVEN_D)
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     lut_row = LUT + h * stride_lut
@@ -155,16 +180,22 @@ def _varlen_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
     for start_n in range(kstart, kend, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
-                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
+                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
+                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        if BLOCK_D > 64:  # (the cheaper address form per head dim: see _scores)
+            v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd, kend - start_n,
+                          DV, True, EVEN_DV)
+        else:
+            v = load_rows(v_base, (start_n + cols).to(tl.int64), offs_dv, stride_vt, stride_vd, kend, DV, True,
+                          EVEN_DV)
         acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
 
@@ -172,7 +203,7 @@ def _varlen_fwd_kernel(
     denom = tl.where(valid, l_i, 1.0)
     out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
-    o_ptrs = OUT + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
+    o_ptrs = _rows_at(OUT + h * stride_oh, first, stride_ot) + rows[:, None] * stride_ot + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < DV))
     tl.store(LSE + h * stride_lse + offs_m, lse, mask=offs_m < T)
 
@@ -185,20 +216,26 @@ def _varlen_dq_kernel(
     stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True,
+    TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False,
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
     rows of dS then sum to zero for the per-bucket sums). Arguments as in the forward; DOUT and OUT ``[T, H, DV]``
     (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``)."""
     q_block, bh, b, h = program_ids(num_q_blocks, H)
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    first = q_block * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = first + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
-    q = load_rows(Q + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T, D, True, EVEN_D)
-    do = load_rows(DOUT + h * stride_gh, offs_m, offs_dv, stride_gt, stride_gd, T, DV, True, EVEN_DV)
-    o = load_rows(OUT + h * stride_oh, offs_m, offs_dv, stride_ot, stride_od, T, DV, True, EVEN_DV)
+    q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_d, stride_qt, stride_qd, T - first, D,
+                  True, EVEN_D)
+    do = load_rows(_rows_at(DOUT + h * stride_gh, first, stride_gt), rows, offs_dv, stride_gt, stride_gd, T - first,
+                   DV, True, EVEN_DV)
+    o = load_rows(_rows_at(OUT + h * stride_oh, first, stride_ot), rows, offs_dv, stride_ot, stride_od, T - first,
+                  DV, True, EVEN_DV)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     lse = tl.load(LSE + h * stride_lse + offs_m, mask=offs_m < T, other=float("inf"))
     k_base = K + h * stride_kh
@@ -210,12 +247,14 @@ def _varlen_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
     for start_n in range(kstart, kend, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, offs_n, offs_d, kend, D,
-                                     stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX)
+        scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
+                                     kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
+                                     True, OPAQUE_BIAS, INTERPRETED)
         p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
-        v = load_rows(v_base, offs_n, offs_dv, stride_vt, stride_vd, kend, DV, True, EVEN_DV)
+        v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
+                      kend - start_n, DV, True, EVEN_DV)
         dp = mma(do, tl.trans(v), DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
@@ -223,7 +262,7 @@ def _varlen_dq_kernel(
 
     row_ok = offs_m < T
     dq = tl.where(row_ok[:, None], dq * scale, 0.0)
-    dq_ptrs = DQ + h * stride_xh + offs_m[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    dq_ptrs = _rows_at(DQ + h * stride_xh, first, stride_xt) + rows[:, None] * stride_xt + offs_d[None, :] * stride_xd
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
     if TABLE_GRAD:
         delta += row_error
@@ -232,92 +271,206 @@ def _varlen_dq_kernel(
 
 @triton.jit
 def _varlen_dkdv_kernel(
-    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_PARTIALS,
+    Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_LUT, BUCKET_PARTIALS,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
     stride_lut, stride_lse,
     H, T, D, DV, num_k_blocks, scale, qk_scale2,
-    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr,
-    UNREACHABLE_BUCKET: tl.constexpr, STATIC_BUCKETS: tl.constexpr, LAST_DISTANCE_BUCKET: tl.constexpr,
-    INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    TABLE_GRAD: tl.constexpr = False, NUM_BUCKETS: tl.constexpr = 1, BUCKETS_PAD: tl.constexpr = 16,
+    STATIC_BUCKETS: tl.constexpr = True, MAX_DISTANCE: tl.constexpr = 1, LOG_DISTANCE: tl.constexpr = 0,
+    UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
 ):
     """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
-    orientation (keys are rows), and with TABLE_GRAD this program's per-bucket sums of dS, written once to
-    ``BUCKET_PARTIALS [H * nK, NUM_BUCKETS]`` (DELTA is then the dQ kernel's corrected delta).
+    orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
+    padded op). A shared table's gradient is not here (:func:`_varlen_table_kernel` sums the heads' dS first);
+    with TABLE_GRAD (a per-head table) this program also sums its head's dS per bucket over each tile's bucket
+    range (:func:`_tile_buckets`, :func:`._backward._bucket_sums`) and writes them once to ``BUCKET_PARTIALS [H *
+    nK, NUM_BUCKETS]`` (BUCKET_LUT: int64 ``[256]``, ``BucketSpec.lut()``; both unused otherwise).
     Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
     k_block, bh, b, h = program_ids(num_k_blocks, H)
-    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = k_block * BLOCK_N
+    keys = tl.arange(0, BLOCK_N)
+    offs_n = first + keys
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     seq_n, base_n, len_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
-    k = load_rows(K + h * stride_kh, offs_n, offs_d, stride_kt, stride_kd, T, D, True, EVEN_D)
-    v = load_rows(V + h * stride_vh, offs_n, offs_dv, stride_vt, stride_vd, T, DV, True, EVEN_DV)
+    len_n32 = len_n.to(tl.int32)
+    k = load_rows(_rows_at(K + h * stride_kh, first, stride_kt), keys, offs_d, stride_kt, stride_kd, T - first, D,
+                  True, EVEN_D)
+    v = load_rows(_rows_at(V + h * stride_vh, first, stride_vt), keys, offs_dv, stride_vt, stride_vd, T - first, DV,
+                  True, EVEN_DV)
     q_base = Q + h * stride_qh
     do_base = DOUT + h * stride_gh
     lut_row = LUT + h * stride_lut
-    qstart, qend = _span(SEQ, CU, k_block * BLOCK_N, BLOCK_N, T)
+    qstart, qend = _span(SEQ, CU, first, BLOCK_N, T)
     if CAUSAL:
-        qstart = tl.maximum(qstart, k_block * BLOCK_N)
+        qstart = tl.maximum(qstart, first)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    if STATIC_BUCKETS:  # one [BLOCK_N] accumulator per bucket (a tuple indexed at compile time)
-        sums = (tl.zeros([BLOCK_N], dtype=tl.float32),) * NUM_BUCKETS
-    else:
-        sums = tl.zeros([BLOCK_N, BUCKETS_PAD], dtype=tl.float32)
-    columns = tl.arange(0, BUCKETS_PAD)
+    if TABLE_GRAD:
+        sums = _bucket_accumulators(BLOCK_N, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    rows = tl.arange(0, BLOCK_M)
     for start_m in range(qstart, qend, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_m = start_m + rows
         in_range = offs_m < qend
         seq_m = tl.load(SEQ + offs_m, mask=in_range, other=-2)
         allowed_t = seq_n[:, None] == seq_m[None, :]
         if CAUSAL:
             allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
-        q = load_rows(q_base, offs_m, offs_d, stride_qt, stride_qd, qend, D, True, EVEN_D)
+        q = load_rows(_rows_at(q_base, start_m, stride_qt), rows, offs_d, stride_qt, stride_qd, qend - start_m, D,
+                      True, EVEN_D)
         lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
         scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
         if SYNTAX:
-            dist_t = tl.load(DIST + base_n[:, None] + offs_m[None, :].to(tl.int64) * len_n[:, None], mask=allowed_t,
-                             other=255)
-            scores_t += tl.load(lut_row + dist_t.to(tl.int32))
+            # int64 per key and tile, int32 inside the tile (rows < BLOCK_M, n_j <= 2^24: n_j^2 bytes are stored)
+            tile_base = base_n + tl.cast(start_m, tl.int64) * len_n
+            dist_t = tl.load(DIST + tile_base[:, None] + rows[None, :] * len_n32[:, None], mask=allowed_t, other=255)
+            bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+            scores_t += bias_t
         p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
-        do = load_rows(do_base, offs_m, offs_dv, stride_gt, stride_gd, qend, DV, True, EVEN_DV)
+        do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd, qend - start_m, DV,
+                       True, EVEN_DV)
         dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
         dp_t = mma(v, tl.trans(do), DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-        if TABLE_GRAD and SYNTAX:
-            if STATIC_BUCKETS:  # each bucket a compile-time distance range: a compare, a select, a row sum
-                dist32 = opaque_int32(dist_t.to(tl.int32), ds_t, INTERPRETED)
-                for t in tl.static_range(NUM_BUCKETS):
-                    sel = in_bucket(dist32, t, LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET)
-                    sums = sums[:t] + (sums[t] + tl.sum(tl.where(sel, ds_t, 0.0), 1),) + sums[t + 1:]
-            else:
-                bucket = bucket_from_distance(dist_t.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
-                for t in range(0, NUM_BUCKETS):
-                    part = tl.sum(tl.where(bucket == t, ds_t, 0.0), 1)
-                    sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+        if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
+            walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")), NUM_BUCKETS,
+                                          STATIC_BUCKETS)
+            if walk:
+                sums = _bucket_sums(sums, ds_t, dist_t, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
+                                    LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
-    dk_ptrs = DK + h * stride_xh + offs_n[:, None] * stride_xt + offs_d[None, :] * stride_xd
-    dv_ptrs = DV_OUT + h * stride_yh + offs_n[:, None] * stride_yt + offs_dv[None, :] * stride_yd
+    dk_ptrs = _rows_at(DK + h * stride_xh, first, stride_xt) + keys[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    dv_ptrs = (_rows_at(DV_OUT + h * stride_yh, first, stride_yt) + keys[:, None] * stride_yt
+               + offs_dv[None, :] * stride_yd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
     tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
-    if TABLE_GRAD:
-        if STATIC_BUCKETS:
-            totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
-            for t in tl.static_range(NUM_BUCKETS):
-                totals += tl.where(columns == t, tl.sum(tl.where(key_ok, sums[t], 0.0), 0), 0.0)
-        else:
-            totals = tl.sum(tl.where(key_ok[:, None], sums, 0.0), 0)
+    if TABLE_GRAD:  # one row of bucket sums per program (keys past T hold zero dS)
+        bucket_ids = tl.arange(0, BUCKETS_PAD)
+        totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
         program = bh.to(tl.int64) * num_k_blocks + k_block
-        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + columns, totals, mask=columns < NUM_BUCKETS)
+        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
+
+
+@triton.jit
+def _tile_buckets(BUCKET_LUT, dist, live, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr):
+    """``(walk, present)`` of one tile for :func:`._backward._bucket_sums`, from its live pairs' distances: the
+    bucket of a distance does not decrease with it (clamped, log-spaced, then the unreachable bucket), so the
+    buckets of the tile lie between those of its least and greatest live distance. Up to 31 buckets ``present``
+    is the bit set of that range (a superset of the buckets held: exact for one bucket), else ``lowest + 256 *
+    highest``. Two reductions per element, two LUT reads per tile; ``walk`` is False without a live pair."""
+    d = dist.to(tl.int32)
+    least = tl.min(tl.where(live, d, 256))
+    greatest = tl.max(tl.where(live, d, -1))
+    walk = least <= greatest
+    lowest = tl.load(BUCKET_LUT + tl.minimum(least, 255)).to(tl.int64)
+    highest = tl.load(BUCKET_LUT + tl.maximum(greatest, 0)).to(tl.int64)
+    if STATIC_BUCKETS:  # bits lowest..highest (highest <= 30), formed in int64
+        present = (((2 << highest) - 1) ^ ((1 << lowest) - 1)).to(tl.int32)
+    else:
+        present = (lowest + 256 * highest).to(tl.int32)
+    return walk, present
+
+
+@triton.jit
+def _varlen_table_kernel(
+    Q, K, V, DOUT, DIST, LUT, BUCKET_LUT, SEQ, CU, DOFF, LSE, DELTA, BUCKET_PARTIALS,
+    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_gt, stride_gh, stride_gd, stride_lut, stride_lse,
+    H, T, D, DV, num_q_blocks, qk_scale2, HEADS,
+    NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
+    MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
+    LAST_DISTANCE_BUCKET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
+    INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The table gradient of a packed batch: per bucket, the sum of dS over one packed query block's pairs and
+    ``HEADS`` heads (the padded op's :func:`._backward._bias_bwd_table_kernel` on packed tiles).
+
+    The block walks the key tiles of its sequences as :func:`_varlen_dq_kernel` does. A table shared by the heads
+    (``HEADS = H``) has one bucket pattern for every head: per tile the kernel recomputes dS for each head (two
+    products, as the dQ kernel's first two), sums the heads' dS in registers and routes the sum to the buckets
+    once (:func:`._backward._bucket_sums`, the buckets of :func:`_tile_buckets`). With ``HEADS = 1`` a program
+    takes one head and its own LUT row (the launcher sends per-head tables to the dK/dV kernel's TABLE_GRAD
+    variant instead, which needs no recomputation). A tile without a live pair (another sequence, beyond the window,
+    above the causal diagonal) costs its distance reductions only.
+
+    Args:
+        Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE: as in the dQ kernel; BUCKET_LUT: int64 ``[256]``
+            (``BucketSpec.lut()``).
+        DELTA: fp32 ``[H, T]`` (row stride ``stride_lse``), the dQ kernel's corrected delta ``delta +
+            rowsum(dS)``: the rows of dS recomputed from it sum to zero up to fp32 rounding, as in the padded op.
+        BUCKET_PARTIALS: fp32 ``[(H / HEADS) * nQ, NUM_BUCKETS]``: each program's sums, written once and reduced in
+            a fixed order by the launcher (no atomics).
+    Grid: ``(nQ * H / HEADS,)``.
+    """
+    q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
+    h0 = g * HEADS
+    first = q_block * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = first + rows
+    row_ok = offs_m < T
+    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    lut_row = LUT + h0 * stride_lut
+    kstart, kend = _span(SEQ, CU, first, BLOCK_M, T)
+    if CAUSAL:
+        kend = tl.minimum(kend, tl.minimum(first + BLOCK_M, T))
+    cols = tl.arange(0, BLOCK_N)
+    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    for start_n in range(kstart, kend, BLOCK_N):
+        offs_n = start_n + cols
+        seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
+        allowed = seq_m[:, None] == seq_n[None, :]
+        if CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
+        bias = tl.load(lut_row + dist.to(tl.int32))  # the same LUT row for every head of the program
+        # Live: allowed and not beyond the window (-inf); a NaN bias stays live (its NaN reaches its bucket).
+        walk, present = _tile_buckets(BUCKET_LUT, dist, allowed & (bias != float("-inf")), NUM_BUCKETS,
+                                      STATIC_BUCKETS)
+        if walk:
+            ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for j in range(0, HEADS):
+                h = h0 + j
+                # The products run over head-dim chunks of at most 64: fewer operand registers live.
+                scores = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for c in tl.static_range(0, BLOCK_D, CHUNK):
+                    offs_c = c + tl.arange(0, CHUNK)
+                    q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_c, stride_qt, stride_qd,
+                                  T - first, D, True, EVEN_D)
+                    k = load_rows(_rows_at(K + h * stride_kh, start_n, stride_kt), cols, offs_c, stride_kt,
+                                  stride_kd, kend - start_n, D, True, EVEN_D)
+                    scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
+                lse = tl.load(LSE + h * stride_lse + offs_m, mask=row_ok, other=float("inf"))
+                exponent = tl.where(allowed, scores * qk_scale2 + bias - lse[:, None], float("-inf"))
+                p = tl.exp2(exponent)
+                dp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for c in tl.static_range(0, BLOCK_DV, CHUNK):
+                    offs_c = c + tl.arange(0, CHUNK)
+                    do = load_rows(_rows_at(DOUT + h * stride_gh, first, stride_gt), rows, offs_c, stride_gt,
+                                   stride_gd, T - first, DV, True, EVEN_DV)
+                    v = load_rows(_rows_at(V + h * stride_vh, start_n, stride_vt), cols, offs_c, stride_vt,
+                                  stride_vd, kend - start_n, DV, True, EVEN_DV)
+                    dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+                delta = tl.load(DELTA + h * stride_lse + offs_m, mask=row_ok, other=0.0)
+                ds += p * (dp - delta[:, None])
+            sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                                UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+
+    bucket_ids = tl.arange(0, BUCKETS_PAD)
+    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+    program = bg.to(tl.int64) * num_q_blocks + q_block
+    tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,7 +482,8 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv") kernel (:data:`.configs.CONFIGS`)."""
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_table", "table") kernel
+    (:data:`.configs.CONFIGS`)."""
     family = family or arch_family()
     if family == "unsupported":
         raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
@@ -370,7 +524,8 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
-           DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax,
+           DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
+           INTERPRETED=interpreting(),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut
 
@@ -378,15 +533,17 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True):
-    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted): the dQ kernel (and delta),
-    the dK/dV kernel (and its per-bucket sums of dS), then the table gradient's kernel."""
-    from ._launch import _nothing, table_gradient
+    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted): the dQ kernel (and delta,
+    corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
+    (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
+    kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`)."""
+    from ._launch import _nothing, table_gradient, table_heads
 
     T, H, D = q.shape
     DV = v.shape[-1]
     NB = spec.num_buckets
     rows = lut.shape[0]
-    table_grad = want_table or want_scale
+    table_grad = (want_table or want_scale) and syntax
     dq = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((T, H, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((T, H, DV), dtype=v.dtype, device=q.device)
@@ -407,27 +564,54 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
-           TABLE_GRAD=table_grad, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
+           TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(),
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
 
-    config = select_varlen_config("dkdv", q.dtype, max(D, DV))
+    # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
+    # for one head only); a shared table: the table kernel below sums the heads first.
+    inline = table_grad and rows > 1
+    config = select_varlen_config("dkdv_table" if inline else "dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
-    partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if table_grad else delta
+    bucket_args_ = dict(TABLE_GRAD=True, NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)),
+                        STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=spec.max_distance,
+                        LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
+                        LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1) if inline else {}
+    partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if inline else delta
     launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
-           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv, partials,
+           q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv,
+           _bucket_lut(spec, q) if inline else seq, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
-           NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), MAX_DISTANCE=spec.max_distance,
-           LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
-           STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
-           INTERPRETED=interpreting(),
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
-           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, TABLE_GRAD=table_grad,
-           DOT_PRECISION=precision, SYNTAX=syntax, num_warps=config["num_warps"], num_stages=config["num_stages"])
+           EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
+           OPAQUE_BIAS=True, INTERPRETED=interpreting(), **bucket_args_,
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if inline:  # row h sums its own num_k programs
+        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)
     if not table_grad:
+        if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero
+            partials = torch.zeros((1, rows, 1, NB), dtype=torch.float32, device=q.device)
+            return (dq, dk, dv) + table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale)
         return dq, dk, dv, _nothing(q.device), _nothing(q.device)
-    # Per-head tables: row h sums its own num_k programs; a shared table sums all H * num_k of them.
-    outer_rows_inner = (1, H, num_k) if rows > 1 else (1, 1, H * num_k)
-    return (dq, dk, dv) + table_gradient(partials, *outer_rows_inner, table, bias_scale, want_table, want_scale)
+
+    config = select_varlen_config("table", q.dtype, max(D, DV))
+    num_q = triton.cdiv(T, config["BLOCK_M"])
+    heads = table_heads(H, rows == 1)
+    groups = H // heads
+    partials = torch.empty((groups * num_q, NB), dtype=torch.float32, device=q.device)
+    launch(_varlen_table_kernel, launch_grid(num_q, 1, groups),
+           q, k, v, dout, distance, lut, _bucket_lut(spec, q), seq, cu, offsets, lse, delta, partials,
+           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), stride_lut, lse.stride(0),
+           H, T, D, DV, num_q, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
+           NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT,
+           MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
+           UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
+           BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
+           CHUNK=min(64, block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal,
+           INTERPRETED=interpreting(), DOT_PRECISION=precision,
+           num_warps=config["num_warps"], num_stages=config["num_stages"])
+    # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
+    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())

@@ -3,7 +3,7 @@
 :data:`CONFIGS` holds every (kernel, GPU family, dtype class, head-dim class) entry written out: kernels "fwd",
 "dq", "dkdv", "table", "table_extra" (the tiled kernels), "fwd_short", "short", "short2" (rows of at most 64 and
 128 tokens), the two small kernels after the short-row backward, "short_table" and "short2_sum", and the packed
-kernels "varlen_fwd", "varlen_dq", "varlen_dkdv"; families
+kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_dkdv_table", "varlen_table"; families
 "sm90" (Hopper and newer), "sm80" (A100) and "small" (other GPUs with ~100 KB of shared memory a block:
 sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
 ``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
@@ -174,13 +174,21 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short2_sum", "sm80", "half", 128): dict(num_warps=4, num_stages=1),
     ("short2_sum", "small", "half", 64): dict(num_warps=2, num_stages=1),
     ("short2_sum", "small", "half", 128): dict(num_warps=4, num_stages=1),
-    # The packed (varlen) kernels (:mod:`._varlen_kernels`: forward, dQ, dK/dV; read by its
+    # The packed (varlen) kernels (:mod:`._varlen_kernels`: forward, dQ, dK/dV, table; read by its
     # ``select_varlen_config``, no overrides). 32 x 32 tiles: on the EWT dev sentences packed end to end 31% of the
     # pairs computed are valid (128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%); compiled for every family by the
-    # inspection report (the ``sentences-packed`` workload). dK/dV holds two [BLOCK_N, D] accumulators and one
-    # [BLOCK_N] sum per bucket: 8 warps at D = 128 where 4 spill, except on sm_80 (fewer instructions with 4; sm_90
-    # and sm_120 spill 16 / 8 B with them); sm_80's ptxas spills 8 B with the 16 x 16 fp32 tile at D = 64, 16 x 32
-    # with 8 warps is clean there.
+    # inspection report (the ``sentences-packed`` workload). The gathered bias is opaque to Triton's layout passes
+    # (``lut_bias``), so P and dS keep 16-bit operand layouts: dK/dV then fits 4 warps at D = 128 on every family
+    # (it took 8 on sm_90 and the small family with the uint8 layouts), and one stage at D = 64 on sm_90 (two
+    # spill 8 B there); sm_80's ptxas spills 8 B with the 16 x 16 fp32 tile at D = 64, 16 x 32 with 8 warps is
+    # clean there. The table kernel (dS recomputed for each of the 12 heads of a shared table,
+    # summed, then reduced per bucket once a tile): 16 x 64 with 4 warps, spill-free on every family; 32 x 32 and
+    # 32 x 64 spill with 4 warps (sm_80, sm_100, sm_120) and cost more per valid pair with 8 (sentences-packed,
+    # sm_90 D64: 16 x 64 84, 32 x 64 w8 111, 64 x 32 w8 102 instructions per valid pair). "varlen_dkdv_table":
+    # the dK/dV kernel of a per-head table, which sums its head's dS per bucket itself (cheaper than the table
+    # kernel recomputing dS for one head): the dK/dV tiles, two stages on sm_90 at D = 64 (one spills 8 B on sm_100).
+    # fp32 table kernel: 16 x 16 at D = 64 (16 x 32 spills 64-112 B with 4 warps, 8-24 B with 8); fp32 per-head
+    # dK/dV on sm_90 at D = 128: 4 warps (8 spill 8 B).
     ("varlen_fwd", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
@@ -205,8 +213,20 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dq", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dq", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dq", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_table", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "sm90", "half", 128): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_table", "sm80", "half", 64): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "sm80", "half", 128): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_table", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_table", "small", "half", 64): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
+    ("varlen_table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_dkdv", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
@@ -214,9 +234,21 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
     ("varlen_dkdv", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_dkdv", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=2),
+    ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_table", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_table", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_table", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
 }
 
 # Blackwell datacenter GPUs (sm_100/103/110) take the sm90 family's configs, but for these, where the Blackwell
