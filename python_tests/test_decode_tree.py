@@ -197,3 +197,19 @@ def test_shapes_and_exports():
         decode_tree(torch.zeros(1, 3, 3, dtype=torch.int64))
     assert decode_tree(torch.randn(4, 4)).shape == (4,)
     assert decode_tree(torch.randn(2, 0, 0)).shape == (2, 0)
+
+
+@pytest.mark.skipif(not HAS_CPP, reason="C++ extension lacks decode_tree")
+def test_threads_give_the_same_trees_and_the_lowest_bad_item():
+    generator = torch.Generator().manual_seed(31)
+    scores = torch.randn(64, 48, 48, generator=generator)  # enough work for several threads
+    lengths = torch.randint(0, 49, (64,), generator=generator)
+    one = decode_tree(scores, lengths, backend="cpp", num_threads=1)
+    four = decode_tree(scores, lengths, backend="cpp", num_threads=4)
+    assert torch.equal(one, four)
+    assert torch.equal(one[:8], decode_tree(scores[:8], lengths[:8], backend="python"))
+    scores[40, 0, 1] = float("nan")
+    scores[50, 0, 1] = float("nan")
+    lengths[40] = lengths[50] = 48
+    with pytest.raises(ValueError, match=r"batch item 40: scores\[0, 1\] = nan"):
+        decode_tree(scores, lengths, backend="cpp", num_threads=4)
