@@ -24,6 +24,8 @@ Self-attention modules (projections + one building block):
 - :class:`SyntaxGAT`, :class:`SyntaxHeadSelfAttention`, :class:`StructuralProbeLoss`: syntax-augmented
   mBERT (a windowed graph-attention network, its output added to the first heads' Q/K (paper) or K/V (release),
   and the probe loss).
+- :class:`TreePredictor`: a biaffine arc scorer on hidden states, trained on gold or parsed heads, decoding to
+  well-formed trees (:func:`syntaxkernels.trees.decode_tree`): a structure plan without a parser at inference.
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
 Training: :func:`syntax_param_groups` gives optimizer groups with the syntax parameters at a learning rate of their
