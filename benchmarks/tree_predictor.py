@@ -7,7 +7,7 @@ TreePredictor's biaffine scorer on its states; trees decoded with sk.trees.decod
 The treebank's sentences are split by position: the first 80 % train, the last 20 % are held out. UAS counts every
 word (punctuation included) whose predicted head equals the gold head, over the held-out words.
 
-    SYNTAXKERNELS_UD=/path/to/en_ewt-ud-dev.conllu python benchmarks/tree_predictor.py [--epochs 8] [--seed 0]
+    SYNTAXKERNELS_UD=/path/to/en_ewt-ud-dev.conllu python benchmarks/tree_predictor.py [--epochs 4] [--seed 0]
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def tensors(batch, word_index, tag_index):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
