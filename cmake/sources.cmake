@@ -1,12 +1,13 @@
 # The one list of C++/CUDA sources, read by CMakeLists.txt and by setup.py (which parses these set() calls:
 # keep one path per line, relative to the repository root).
 
-# Torch-free core: the tree- and graph-distance builders and the relation/window list builder (used by the extension and
+# Torch-free core: the tree- and graph-distance builders, the relation/window list builder and the tree decoder (used by the extension and
 # by the C++ tests).
 set(SYNTAXKERNELS_CORE_SOURCES
     csrc/tree_distance.cpp
     csrc/graph_distance.cpp
     csrc/relation_lists.cpp
+    csrc/mst_decode.cpp
 )
 
 # Python bindings of syntaxkernels._C, the CPU edge-list attention and the CPU distance-bias attention (need torch).

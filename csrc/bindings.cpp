@@ -28,6 +28,9 @@
 //        paths of sparse graphs, a (-1, -1) pair pads an edge list (graph_distance.h). Releases the GIL.
 // packed_graph_distance(edges int64 [E, 2] CPU, edge_offsets int64 [S + 1], cu_seqlens int64 [S + 1], directed,
 //     num_threads) -> (distance uint8 [sum n_s^2], offsets int64 [S + 1]): the same per packed sequence.
+// decode_tree(scores float32 [B, N, N] CPU, lengths int64 [B] CPU, num_threads) -> heads int64 [B, N]: the
+//     maximum spanning tree with one root word of each item (Chu-Liu/Edmonds, mst_decode.h), -1 for the root word
+//     and padding. Releases the GIL.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
@@ -44,6 +47,7 @@
 #include "bias_attention.h"
 #include "edge_attention.h"
 #include "graph_distance.h"
+#include "mst_decode.h"
 #include "relation_lists.h"
 #include "tensor_checks.h"
 #include "tree_distance.h"
@@ -185,6 +189,37 @@ std::tuple<at::Tensor, at::Tensor> packed_graph_distance_cpu(const at::Tensor& e
                        static_cast<int>(std::min<int64_t>(num_threads, 1024)));
   }
   return {distance, offsets};
+}
+
+at::Tensor decode_tree_cpu(const at::Tensor& scores_in, const at::Tensor& lengths_in, int64_t num_threads) {
+  if (!scores_in.defined()) throw std::invalid_argument("scores must be a tensor [B, N, N], got None");
+  if (!scores_in.device().is_cpu()) {
+    throw std::invalid_argument("decode_tree needs CPU tensors, got scores on " + scores_in.device().str());
+  }
+  if (!at::isFloatingType(scores_in.scalar_type())) {
+    throw std::invalid_argument("scores must have a floating dtype, got " + python_dtype(scores_in));
+  }
+  if (scores_in.dim() != 3 || scores_in.size(1) != scores_in.size(2)) {
+    throw std::invalid_argument("scores must have shape [B, N, N], got " + python_shape(scores_in));
+  }
+  const int64_t B = scores_in.size(0), N = scores_in.size(1);
+  if (!lengths_in.defined() || !is_integer(lengths_in) || !lengths_in.device().is_cpu()) {
+    throw std::invalid_argument("lengths must be an integer CPU tensor [B]");
+  }
+  if (lengths_in.dim() != 1 || lengths_in.size(0) != B) {
+    throw std::invalid_argument("lengths must have shape [B] = [" + std::to_string(B) + "], got " +
+                                python_shape(lengths_in));
+  }
+  const at::Tensor scores = scores_in.to(at::kFloat).contiguous();
+  const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
+  auto heads = at::empty({B, N}, at::TensorOptions().dtype(at::kLong));
+  if (num_threads <= 0) num_threads = at::get_num_threads();
+  {
+    pybind11::gil_scoped_release release;
+    decode_tree_batch(scores.data_ptr<float>(), lengths.data_ptr<int64_t>(), B, N, heads.data_ptr<int64_t>(),
+                      static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+  }
+  return heads;
 }
 
 namespace {
@@ -513,6 +548,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("num_threads") = 0,
         "(distance uint8 [sum n_s^2], offsets int64 [S + 1]) of packed graphs: sequence s's edges (local pairs) at "
         "edges[edge_offsets[s] .. edge_offsets[s + 1]). ValueError names the sequence and edge. Releases the GIL.");
+  m.def("decode_tree", &syntaxkernels::decode_tree_cpu, pybind11::arg("scores"), pybind11::arg("lengths"),
+        pybind11::arg("num_threads") = 0,
+        "heads int64 [B, N] of the maximum spanning tree with one root word of each item (Chu-Liu/Edmonds): scores "
+        "[B, N, N] with scores[b, h, d] the score of head h for dependent d and the diagonal the root-word score; "
+        "-1 for the root word and padding. ValueError names the batch item. Releases the GIL.");
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

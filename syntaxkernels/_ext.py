@@ -16,6 +16,9 @@ Contract of ``_C`` (csrc/bindings.cpp):
         -> distance uint8 [B, P, P] (P >= N; all-pairs shortest paths, (-1, -1) pads an edge list)
     packed_graph_distance(edges int64 [E, 2], edge_offsets int64 [S + 1], cu_seqlens int64 [S + 1], directed bool,
         num_threads int) -> (distance uint8 [sum n_s^2], offsets int64 [S + 1])
+    decode_tree(scores float32 [B, N, N] CPU, lengths int64 [B] CPU, num_threads int) -> heads int64 [B, N]
+        (the maximum spanning tree with one root word of each item, -1 for the root word and padding;
+        syntaxkernels/trees/decode.py)
 They raise ValueError with the same messages as the Python builders.
 """
 from __future__ import annotations

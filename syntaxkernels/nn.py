@@ -24,6 +24,8 @@ Self-attention modules (projections + one building block):
 - :class:`SyntaxGAT`, :class:`SyntaxHeadSelfAttention`, :class:`StructuralProbeLoss`: syntax-augmented
   mBERT (a windowed graph-attention network, its output added to the first heads' Q/K (paper) or K/V (release),
   and the probe loss).
+- :class:`TreePredictor`: a biaffine arc scorer on hidden states, trained on gold or parsed heads, decoding to
+  well-formed trees (:func:`syntaxkernels.trees.decode_tree`): a structure plan without a parser at inference.
 - :class:`SyntaxTransformerEncoderLayer`: mirrors ``torch.nn.TransformerEncoderLayer`` with any of the three.
 
 Training: :func:`syntax_param_groups` gives optimizer groups with the syntax parameters at a learning rate of their
@@ -69,6 +71,7 @@ __all__ = [
     "SyntaxGAT",
     "SyntaxHeadSelfAttention",
     "StructuralProbeLoss",
+    "TreePredictor",
     "SyntaxTransformerEncoderLayer",
     "syntax_param_groups",
     "DEFAULT_SYNTAX_LR",
@@ -917,6 +920,126 @@ class StructuralProbeLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}, rank={self.rank}, variant={self.variant!r}"
+
+
+class TreePredictor(nn.Module):
+    """A biaffine arc scorer on hidden states, trained on gold (or parsed) heads, decoding to well-formed trees:
+    syntax without a parser at inference.
+
+    Two small MLPs give each word a head view ``a_h`` and a dependent view ``b_d`` (``[B, N, arc_size]``); the arc
+    score of head ``h`` for dependent ``d`` is ``b_d^T U a_h + a_h . u`` (Dozat and Manning's biaffine form: ``u`` a
+    prior on being a head), and the score of ``d`` being the root word is ``b_d . r + r_0``, written on the diagonal
+    (:func:`syntaxkernels.trees.decode_tree`'s convention). :meth:`loss` is the cross-entropy over each word's
+    heads (its root option included); :meth:`predict` decodes the maximum spanning tree with one root word
+    (Chu-Liu/Edmonds) into a :class:`TreeBatch`, the structure plan the ops take.
+
+    Args:
+        hidden_size: E, the width of the hidden states.
+        arc_size: width of the head and dependent views (default 128).
+        dropout: on the views in training mode (default 0).
+    Parameters: ``head_mlp``, ``dep_mlp`` (Linear E -> arc_size, then LeakyReLU), ``weight [arc_size, arc_size]``
+    (zero init, as in the biaffine parser), ``head_bias [arc_size]``, ``root [arc_size]``, ``root_bias []``.
+    """
+
+    def __init__(self, hidden_size: int, arc_size: int = 128, *, dropout: float = 0.0):
+        super().__init__()
+        if hidden_size <= 0 or arc_size <= 0:
+            raise ValueError(f"hidden_size and arc_size must be positive, got {hidden_size} and {arc_size}")
+        self.hidden_size = hidden_size
+        self.arc_size = arc_size
+        self.head_mlp = nn.Linear(hidden_size, arc_size)
+        self.dep_mlp = nn.Linear(hidden_size, arc_size)
+        self.dropout = nn.Dropout(dropout)
+        self.weight = nn.Parameter(torch.zeros(arc_size, arc_size))
+        self.head_bias = nn.Parameter(torch.zeros(arc_size))
+        self.root = nn.Parameter(torch.zeros(arc_size))
+        self.root_bias = nn.Parameter(torch.zeros(()))
+
+    @staticmethod
+    def _lengths(hidden: torch.Tensor, lengths) -> torch.Tensor:
+        B, N = hidden.shape[0], hidden.shape[1]
+        if lengths is None:
+            return torch.full((B,), N, dtype=torch.int64, device=hidden.device)
+        lengths = torch.as_tensor(lengths, device=hidden.device)
+        if lengths.dtype == torch.bool or lengths.is_floating_point() or lengths.dim() != 1 or lengths.shape[0] != B:
+            raise ValueError(f"lengths must be integers [B] = [{B}], got {lengths.dtype} {tuple(lengths.shape)}")
+        bad = ((lengths < 0) | (lengths > N)).nonzero()
+        if bad.numel():
+            b = int(bad[0, 0])
+            raise ValueError(f"batch item {b}: lengths[{b}] = {int(lengths[b])} is out of range 0..{N}")
+        return lengths.to(torch.int64)
+
+    def forward(self, hidden: torch.Tensor, lengths=None) -> torch.Tensor:
+        """``hidden [B, N, E]``, lengths int ``[B]`` (None: all N) -> arc scores ``[B, N, N]`` (``scores[b, h, d]``
+        head h for dependent d, the diagonal the root-word score), ``-inf`` where ``h`` or ``d`` is padding."""
+        _check_input(hidden, self.hidden_size, name="hidden")
+        lengths = self._lengths(hidden, lengths)
+        N = hidden.shape[1]
+        heads_view = self.dropout(F.leaky_relu(self.head_mlp(hidden), 0.1))
+        deps_view = self.dropout(F.leaky_relu(self.dep_mlp(hidden), 0.1))
+        scores = torch.einsum("bha,ac,bdc->bhd", heads_view, self.weight, deps_view)
+        scores = scores + (heads_view @ self.head_bias).unsqueeze(-1)
+        root = deps_view @ self.root + self.root_bias  # [B, N]
+        eye = torch.eye(N, dtype=torch.bool, device=hidden.device)
+        scores = torch.where(eye, root.unsqueeze(1).expand_as(scores), scores)
+        valid = torch.arange(N, device=hidden.device) < lengths.unsqueeze(1)  # [B, N]
+        pair = valid.unsqueeze(2) & valid.unsqueeze(1)
+        return scores.masked_fill(~pair, float("-inf"))
+
+    def loss(self, hidden: torch.Tensor, heads, lengths=None, scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Mean cross-entropy over the batch's words of the gold head (or the root option, the diagonal) among each
+        word's candidates ``0 .. length-1``.
+
+        Args:
+            hidden: ``[B, N, E]``.
+            heads: gold heads int ``[B, N]`` (0-based, -1 for a root; padding ignored), or a :class:`TreeBatch`
+                (its heads and lengths; ``lengths`` must then be None).
+            lengths: int ``[B]``; None: all N (or the TreeBatch's).
+            scores: this module's ``forward(hidden, lengths)`` when already computed.
+        Raises ValueError naming the batch item and word for a gold head out of range.
+        """
+        if isinstance(heads, TreeBatch):
+            if lengths is not None:
+                raise ValueError("TreePredictor.loss: give lengths or a TreeBatch, not both")
+            heads, lengths = heads.heads, heads.lengths
+        lengths = self._lengths(hidden, lengths)
+        heads = torch.as_tensor(heads, device=hidden.device)
+        B, N = hidden.shape[0], hidden.shape[1]
+        if heads.shape != (B, N) or heads.is_floating_point() or heads.dtype == torch.bool:
+            raise ValueError(f"heads must be integers [B, N] = [{B}, {N}], got {heads.dtype} {tuple(heads.shape)}")
+        heads = heads.to(torch.int64)
+        valid = torch.arange(N, device=hidden.device) < lengths.unsqueeze(1)
+        bad = (valid & ((heads < -1) | (heads >= lengths.unsqueeze(1)) |
+                        (heads == torch.arange(N, device=hidden.device)))).nonzero()
+        if bad.numel():
+            b, d = (int(i) for i in bad[0])
+            raise ValueError(f"batch item {b}, word {d}: gold head {int(heads[b, d])} out of range (expected -1 "
+                             f"for the root or 0..{int(lengths[b]) - 1} other than {d})")
+        if scores is None:
+            scores = self(hidden, lengths)
+        target = torch.where(heads < 0, torch.arange(N, device=hidden.device).expand(B, N), heads)
+        # Over heads h, per dependent d; a padding dependent's column (all -inf) is zeroed so no NaN reaches the
+        # gradient.
+        log_probs = torch.log_softmax(scores.float().masked_fill(~valid.unsqueeze(1), 0.0), dim=1)
+        picked = log_probs.gather(1, target.clamp(0, max(N - 1, 0)).unsqueeze(1)).squeeze(1)  # [B, N]
+        count = valid.sum()
+        if int(count) == 0:
+            return scores.sum() * 0.0
+        return -(picked.masked_fill(~valid, 0.0)).sum() / count
+
+    @torch.no_grad()
+    def predict(self, hidden: torch.Tensor, lengths=None, *, backend: str = "auto") -> TreeBatch:
+        """The maximum spanning tree with one root word of each sentence
+        (:func:`~syntaxkernels.trees.decode_tree` on :meth:`forward`'s scores): a :class:`TreeBatch` on
+        ``hidden``'s device, ``lengths`` as given (None: all N)."""
+        from .trees.decode import decode_tree
+
+        lengths = self._lengths(hidden, lengths)
+        heads = decode_tree(self(hidden, lengths), lengths, backend=backend)
+        return TreeBatch.from_heads(heads.cpu(), lengths.cpu()).to(hidden.device)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, arc_size={self.arc_size}"
 
 
 def _activation(activation: Union[str, Callable]) -> Callable:

@@ -1,4 +1,4 @@
-"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``): batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
+"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``; trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
 stanza), a cached parsing front (``parse``),
 subword alignment, DataLoader collation.
 
@@ -13,6 +13,7 @@ from .batch import (TreeBatch, aligned_distance, build_tree_tensors, normalize_h
                     tree_distance)
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
+from .decode import decode_tree
 from .graph import GraphBatch, graph_distance
 from .code import CodeTreeBatch, from_tree_sitter
 from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
@@ -31,6 +32,7 @@ __all__ = [
     "graph_distance",
     "CodeTreeBatch",
     "from_tree_sitter",
+    "decode_tree",
     "build_tree_tensors",
     "normalize_heads",
     "python_tree_tensors",
