@@ -1,4 +1,6 @@
-"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``; trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers, constituency trees (PTB brackets,
+"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``;
+trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers,
+constituency trees (PTB brackets,
 stanza), a cached parsing front (``parse``),
 subword alignment, DataLoader collation.
 
