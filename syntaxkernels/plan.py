@@ -81,6 +81,20 @@ def _value_tensors(value) -> List[torch.Tensor]:
                      "cannot be copied into a captured plan; CUDA-graph replay takes the bias attention's entries only")
 
 
+def move_arguments(args, kwargs):
+    """``(device or None, non_blocking)`` from ``Tensor.to``-style arguments (a dtype is ignored: a plan's tensors keep
+    their integer dtypes)."""
+    device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            device = arg.device
+        elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
+            device = arg
+        elif isinstance(arg, bool):
+            non_blocking = arg
+    return device, non_blocking
+
+
 class StructurePlan:
     """Base of every structure plan (module docstring). Subclasses call :meth:`_init_plan` once their tensors are
     set, and list the tensors that define their structure in :meth:`_structure_tensors`."""
@@ -266,7 +280,15 @@ class DistancePlan(StructurePlan):
         return self._carry_derived(moved, fn)
 
     def to(self, *args, **kwargs) -> "DistancePlan":
-        return self._map(lambda t: t.to(*args, **kwargs))
+        """Move every tensor to a device (``Tensor.to``-style arguments; dtypes kept), derived entries included
+        (subclasses: their own tensors too, through their ``_map``)."""
+        device, non_blocking = move_arguments(args, kwargs)
+        if device is None:
+            return self
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "DistancePlan":
+        return self._map(lambda t: t.pin_memory())
 
     def __repr__(self) -> str:
         kind = "packed" if self.is_packed else "padded"

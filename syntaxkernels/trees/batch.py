@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .. import _ext
-from ..plan import StructurePlan, register_derivation
+from ..plan import StructurePlan, move_arguments as _move_arguments
 from ..reference import _mask_pairs
 from ..specs import MAX_PATH, RELATIONS, UNREACHABLE, MaskSpec
 
@@ -450,20 +450,6 @@ def _live_tiles_torch(host: "EdgeLists", tile: int) -> int:
     block = torch.repeat_interleave(torch.arange(B * nt, dtype=torch.int64), span[1:] - span[:-1])
     ids = block * nt + host.col.long() // tile
     return int((torch.bincount(ids, minlength=B * nt * nt) > 0).sum())
-
-
-def _move_arguments(args, kwargs):
-    """``(device or None, non_blocking)`` from ``Tensor.to``-style arguments (a dtype is ignored: tree tensors keep
-    their integer dtypes)."""
-    device, non_blocking = kwargs.get("device"), bool(kwargs.get("non_blocking", False))
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            device = arg.device
-        elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
-            device = arg
-        elif isinstance(arg, bool):
-            non_blocking = arg
-    return device, non_blocking
 
 
 @dataclass

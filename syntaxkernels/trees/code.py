@@ -41,7 +41,7 @@ import torch
 
 from ..plan import DistancePlan
 from ..specs import MAX_PATH, UNREACHABLE
-from .batch import DISTANCE_ALIGNMENT, _map_distance, _move_arguments, build_tree_tensors
+from .batch import DISTANCE_ALIGNMENT, _map_distance, build_tree_tensors
 
 __all__ = ["from_tree_sitter", "CodeTreeBatch", "syntax_nodes", "attach_tokens"]
 
@@ -294,16 +294,6 @@ class CodeTreeBatch(DistancePlan):
                               sequence=opt(self.sequence), distance_offsets=opt(self.distance_offsets),
                               max_seqlen=self.max_seqlen)
         return self._carry_derived(moved, fn)
-
-    def to(self, *args, **kwargs) -> "CodeTreeBatch":
-        """Move every tensor (dtypes kept); the per-item node lists stay on the host."""
-        device, non_blocking = _move_arguments(args, kwargs)
-        if device is None:
-            return self
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> "CodeTreeBatch":
-        return self._map(lambda t: t.pin_memory())
 
     def __repr__(self) -> str:
         kind = "packed" if self.is_packed else "padded"

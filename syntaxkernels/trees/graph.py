@@ -38,7 +38,7 @@ import torch
 from .. import _ext
 from ..plan import DistancePlan
 from ..specs import MAX_PATH, UNREACHABLE
-from .batch import DISTANCE_ALIGNMENT, _map_distance, _move_arguments
+from .batch import DISTANCE_ALIGNMENT, _map_distance
 
 __all__ = ["graph_distance", "GraphBatch", "normalize_edges", "python_graph_distance", "build_graph_distance",
            "packed_graph_tensors"]
@@ -398,16 +398,6 @@ class GraphBatch(DistancePlan):
                            cu_seqlens=opt(self.cu_seqlens), sequence=opt(self.sequence),
                            distance_offsets=opt(self.distance_offsets), max_seqlen=self.max_seqlen)
         return self._carry_derived(moved, fn)
-
-    def to(self, *args, **kwargs) -> "GraphBatch":
-        """Move every tensor (dtypes kept), derived entries included."""
-        device, non_blocking = _move_arguments(args, kwargs)
-        if device is None:
-            return self
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> "GraphBatch":
-        return self._map(lambda t: t.pin_memory())
 
     def __repr__(self) -> str:
         kind = "packed" if self.is_packed else "padded"
