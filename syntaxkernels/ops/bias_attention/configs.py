@@ -271,9 +271,9 @@ GROUPED_SPILLS = {("short", "sm90", 64), ("short", "sm90", 128), ("short2", "sm9
 #: The table-gradient kernel splits a query block's walk among several programs where the grid is small
 #: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, dtype class, head-dim class):
 #: compiled as launched, the small family at D = 128 spills 8 B on sm_86 and sm_89 (bf16: finetune-512, long-4096,
-#: odd-1000), sm_80 in fp32 at D = 64 8 B (N = 1024).
+#: odd-1000), sm_80 and sm_90 in fp32 at D <= 64 8 B (N = 1024).
 SPLIT_SPILLS = {("table", "small", "half", 128), ("table_extra", "small", "half", 128), ("table", "sm80", "fp32", 64),
-                ("table_extra", "sm80", "fp32", 64)}
+                ("table_extra", "sm80", "fp32", 64), ("table", "sm90", "fp32", 64), ("table_extra", "sm90", "fp32", 64)}
 
 # Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
 # Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
