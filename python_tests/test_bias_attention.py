@@ -374,7 +374,8 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
         real_launch(fn, grid, *args, **kwargs)
 
     monkeypatch.setattr(_launch, "launch", spy)
-    monkeypatch.setattr(configs, "GROUPED_SPILLS", set())  # (the grouped loop everywhere, spills or not)
+    monkeypatch.setattr(configs, "GROUPED_SPILLS", set())  # (the grouped loop everywhere, spills or not,
+    monkeypatch.setattr(configs, "GROUPED_CONFIGS", {})   # with the family's tiles)
     monkeypatch.setattr(_launch, "_CONFIGS", {})
     previous = P.interpret_as(arch)
     results = {}
@@ -389,6 +390,13 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
         monkeypatch.undo()
         _launch._CONFIGS.clear()
         check_against_reference(case)  # (the grouping the interpreted GPU gets)
+        # Two groups with the tiles a grouped launch takes where the family's spill (GROUPED_CONFIGS: sm_90)
+        monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: 2)
+        names = _spy_launches(monkeypatch)
+        check_against_reference(case)
+        assert kernel in names
+        monkeypatch.undo()
+        _launch._CONFIGS.clear()
     finally:
         P.interpret_as(previous)
     for groups in (2, 5):

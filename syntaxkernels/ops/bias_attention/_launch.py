@@ -490,6 +490,8 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
     groups = head_groups(B, H, q.device) if config["GROUPED"] else 1
+    if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
+        config = {**config, **config["GROUPED_CONFIG"]}
     launch(_bias_bwd_short_t_kernel if config.get("KEYS_MAJOR") else _bias_bwd_short_kernel, (B, groups),
            q, k, v, dout, distance, lut, lengths, lse, dq, dk, dv, ds,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
@@ -534,6 +536,9 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     ``table_grad`` the heads' dS summed and reduced per bucket once per tile. ``delta``: the caller's row buffer
     (lse's row stride), for the first pass's row sums."""
     B, H, N, D = q.shape
+    groups = head_groups(2 * B, H, q.device) if config["GROUPED"] else 1
+    if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
+        config = {**config, **config["GROUPED_CONFIG"]}
     DV = v.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
@@ -548,7 +553,6 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
     # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
-    groups = head_groups(2 * B, H, q.device) if config["GROUPED"] else 1
     launch(_bias_bwd_short2_kernel, (B, 2 * groups),
            q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),

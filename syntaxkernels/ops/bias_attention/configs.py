@@ -264,9 +264,24 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
 #: :func:`._launch.head_groups`), except where the grouped loop spills (kind, family, head-dim class): there one
 #: program walks every head, as on a single-axis grid. These kernels sit at the 255-register limit, and the grouped
 #: loop (its first head from the grid's second axis) moves the allocation: compiled as launched on the sentences
-#: and pairs workloads (bf16), sm_90 spills 8 B (one tile, D64), 24 B (one tile, D128), 32 B (two blocks, D64),
-#: sm_100 24 B (two blocks, D64), sm_120 8 B (two blocks, D128); every other family and kernel is spill-free grouped.
-GROUPED_SPILLS = {("short", "sm90", 64), ("short", "sm90", 128), ("short2", "sm90", 64), ("short2", "small", 128)}
+#: and pairs workloads (bf16) with the family's tiles, sm_90 spills 8 B (one tile, D64), 24 B (one tile, D128),
+#: 32 B (two blocks, D64), sm_100 24 B (two blocks, D64), sm_120 8 B (two blocks, D128): the sm90 family takes
+#: other tiles when grouped (GROUPED_CONFIGS), sm_120's two-block kernel at D128 stays ungrouped.
+GROUPED_SPILLS = {("short2", "small", 128)}
+
+#: Where the grouped loop spills with the family's tiles, the grouped launches take these instead (spill-free
+#: grouped; more instructions per element than the ungrouped tiles, on several times the programs), and a batch
+#: large enough to fill the GPU ungrouped keeps the family's tiles: sm_90 one tile D64 chunks of 32 (32.9
+#: instructions per element, the ungrouped tiles 19.1), D128 eight warps (45.2 / 30.3), two blocks D64 chunks of 32
+#: (35.9 / 24.1; sentences and pairs, bf16).
+GROUPED_CONFIGS = {
+    ("short", "sm90", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
+    ("short", "sm90", 128): dict(num_warps=8),
+    ("short2", "sm90", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
+}
+#: sm_100 and newer in the sm90 family (their own tiles, :data:`BLACKWELL_CONFIGS`, group spill-free but for the
+#: two-block kernel at D64: 24 B; chunks of 32 do not spill, 41.5 instructions per element).
+BLACKWELL_GROUPED_CONFIGS = {("short2", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False)}
 
 #: The table-gradient kernel splits a query block's walk among several programs where the grid is small
 #: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, dtype class, head-dim class):
@@ -326,6 +341,11 @@ def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional
         config.setdefault("SPLIT", (kind, family, cls, dim_class) not in SPLIT_SPILLS)
     if kind in ("short", "short2"):  # head groups (a second grid axis) unless they spill there (GROUPED_SPILLS)
         config.setdefault("GROUPED", (kind, family, dim_class) not in GROUPED_SPILLS)
+        grouped = GROUPED_CONFIGS.get((kind, family, dim_class))
+        if arch is not None and arch >= 100 and family == "sm90":  # Blackwell: its own tiles group spill-free
+            grouped = BLACKWELL_GROUPED_CONFIGS.get((kind, dim_class))
+        if grouped is not None and cls == "half":
+            config.setdefault("GROUPED_CONFIG", grouped)
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config
