@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
-__all__ = ["StructurePlan", "DistancePlan", "structure_plan", "register_derivation", "as_plan"]
+__all__ = ["StructurePlan", "DistancePlan", "ItemPlan", "structure_plan", "register_derivation", "as_plan"]
 
 #: kind -> function(plan, *arguments) -> value: how each kind of derived entry is computed (registered by the
 #: module that reads it), so that :meth:`StructurePlan.copy_` can derive the entries of another batch.
@@ -294,6 +294,29 @@ class DistancePlan(StructurePlan):
         kind = "packed" if self.is_packed else "padded"
         return (f"DistancePlan({kind}, distance={tuple(self.distance.shape)}, symmetric={self.symmetric}, "
                 f"derived={len(self._derived)}, device={self.device})")
+
+
+class ItemPlan(DistancePlan):
+    """A :class:`DistancePlan` whose source keeps each item's length (``lengths``: int64 ``[B]`` padded, ``[S]``
+    packed; set by the subclass): item counts and each item's distance block (graphs, code trees)."""
+
+    lengths: torch.Tensor
+
+    @property
+    def num_items(self) -> int:
+        """B (padded) or S (packed)."""
+        return self.lengths.shape[0]
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    def sequence_distance(self, s: int) -> torch.Tensor:
+        """uint8 ``[n_s, n_s]``: item s's distance block (a view; for tests and tools)."""
+        n = int(self.lengths[s])
+        if not self.is_packed:
+            return self.distance[s, :n, :n]
+        start = int(self.distance_offsets[s].cpu())
+        return self.distance[start:start + n * n].view(n, n)
 
 
 def structure_plan(distance: torch.Tensor, lengths=None, *, symmetric: Optional[bool] = None,

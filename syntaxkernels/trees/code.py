@@ -39,7 +39,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..plan import DistancePlan
+from ..plan import ItemPlan
 from ..specs import MAX_PATH, UNREACHABLE
 from .batch import DISTANCE_ALIGNMENT, _map_distance, build_tree_tensors
 
@@ -235,7 +235,7 @@ _RELATIONS_REFUSED = (
     "for a CodeTreeBatch. Use syntax_bias_attention with the CodeTreeBatch (window=d keeps the pairs within d edges)")
 
 
-class CodeTreeBatch(DistancePlan):
+class CodeTreeBatch(ItemPlan):
     """The plan of a batch of source files over their tokens (:func:`from_tree_sitter`), padded or packed.
 
     Attributes:
@@ -267,21 +267,6 @@ class CodeTreeBatch(DistancePlan):
         self.special = special
         super().__init__(distance, symmetric=True, kernel_lengths=kernel_lengths, cu_seqlens=cu_seqlens,
                          sequence=sequence, distance_offsets=distance_offsets, max_seqlen=max_seqlen)
-
-    @property
-    def num_items(self) -> int:
-        return self.lengths.shape[0]
-
-    def __len__(self) -> int:
-        return self.num_items
-
-    def sequence_distance(self, s: int) -> torch.Tensor:
-        """uint8 ``[n_s, n_s]``: item s's distance block (a view)."""
-        n = int(self.lengths[s])
-        if not self.is_packed:
-            return self.distance[s, :n, :n]
-        start = int(self.distance_offsets[s].cpu())
-        return self.distance[start:start + n * n].view(n, n)
 
     def _map(self, fn) -> "CodeTreeBatch":
         def opt(t):

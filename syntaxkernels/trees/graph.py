@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .. import _ext
-from ..plan import DistancePlan
+from ..plan import ItemPlan
 from ..specs import MAX_PATH, UNREACHABLE
 from .batch import DISTANCE_ALIGNMENT, _map_distance
 
@@ -297,7 +297,7 @@ _RELATIONS_REFUSED = (
     "syntax_bias_attention with the GraphBatch (window=d keeps the pairs within d edges)")
 
 
-class GraphBatch(DistancePlan):
+class GraphBatch(ItemPlan):
     """A batch of graphs: the batch's :class:`~syntaxkernels.plan.StructurePlan` (module docstring), padded or packed.
 
     Attributes:
@@ -359,24 +359,6 @@ class GraphBatch(DistancePlan):
         batch = cls(distance, edges=edges_t, lengths=lengths_t, directed=directed,
                     kernel_lengths=lengths_t.to(torch.int32))
         return batch if device.type == "cpu" else batch.to(device)
-
-    # -- shape ---------------------------------------------------------------------------------------------
-
-    @property
-    def num_items(self) -> int:
-        """B (padded) or S (packed)."""
-        return self.lengths.shape[0]
-
-    def __len__(self) -> int:
-        return self.num_items
-
-    def sequence_distance(self, s: int) -> torch.Tensor:
-        """uint8 ``[n_s, n_s]``: graph s's distance block (a view for a packed batch; for tests and tools)."""
-        n = int(self.lengths[s])
-        if not self.is_packed:
-            return self.distance[s, :n, :n]
-        start = int(self.distance_offsets[s].cpu())
-        return self.distance[start:start + n * n].view(n, n)
 
     def _structure_tensors(self):
         return super()._structure_tensors() + (self.edges,)
