@@ -310,6 +310,19 @@ def check_masks(masks) -> None:
         raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
 
 
+def check_dropout(p, seed) -> None:
+    """Attention dropout's arguments: ``p`` a float in ``[0, 1)``; with ``p > 0`` a ``seed``, an int in
+    ``[0, 2^64)`` (the Philox key of the mask)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {p!r}")
+    if p > 0.0:
+        if seed is None:
+            raise ValueError("dropout_p > 0 needs a dropout_seed (an int in [0, 2^64); the modules draw one per "
+                             "call from torch's generator)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+            raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {seed!r}")
+
+
 def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal=False,
                                 deterministic=False) -> None:
     """Every shape/dtype/device/type check of ``syntax_bias_attention``'s arguments (the reference, the fused

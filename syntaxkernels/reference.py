@@ -30,6 +30,9 @@ __all__ = [
     "gat_layer",
     "inject_syntax_heads",
     "structural_probe_loss",
+    "philox",
+    "dropout_keep",
+    "dropout_threshold",
 ]
 
 
@@ -50,13 +53,17 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return weights / denom.masked_fill(denom == 0, 1.0)
 
 
-def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0,
+                     dropout_seed: Optional[int] = None, dropout_item: int = 0) -> torch.Tensor:
     """Softmax attention over the allowed keys only; a row with no allowed key outputs zeros.
 
     Args:
         scores: float ``[B, H, N, N]`` (already scaled and biased).
         allowed: bool broadcastable to scores.
         v: ``[B, H, N, Dv]``.
+        dropout_p, dropout_seed, dropout_item: attention dropout on the weights (:func:`apply_attention_dropout`:
+            the pairs :func:`dropout_keep` drops are zeroed, the others scaled by ``1 / (1 - p)``); ``dropout_item``
+            is batch item 0's index in the mask's numbering.
     Returns:
         ``[B, H, N, Dv]`` in v's dtype. Gradients of empty rows are exactly zero, never NaN.
 
@@ -66,7 +73,84 @@ def masked_attention(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tenso
     allowed are never read. A NaN or infinite ``v`` row reaches the output through the product ``weights @ v``:
     every row that gives it weight, and (``0 * inf`` is NaN) the other rows with an allowed key too.
     """
-    return (masked_softmax(scores, allowed).to(v.dtype) @ v).masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
+    weights = apply_attention_dropout(masked_softmax(scores, allowed), dropout_p, dropout_seed, dropout_item)
+    return (weights.to(v.dtype) @ v).masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Attention dropout: the keep mask every backend draws (docs/semantics.md, "Attention dropout")
+# ---------------------------------------------------------------------------------------------------------
+
+PHILOX_ROUNDS = 7
+_M32 = 0xFFFFFFFF
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+
+
+def _mul_hi_lo(x: torch.Tensor, a: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(x * a) >> 32`` and ``(x * a) & 0xFFFFFFFF`` of int64 tensors holding uint32 values (a 32-bit constant),
+    without int64 overflow: ``a`` in 16-bit halves."""
+    a_hi, a_lo = a >> 16, a & 0xFFFF
+    high_part, low_part = x * a_hi, x * a_lo  # < 2^48 each
+    hi = (high_part + (low_part >> 16)) >> 16
+    lo = (((high_part & 0xFFFF) << 16) + low_part) & _M32
+    return hi, lo
+
+
+def philox(seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor,
+           rounds: int = PHILOX_ROUNDS) -> Tuple[torch.Tensor, ...]:
+    """Philox-4x32 (``rounds`` rounds) of the counters ``(c0, c1, c2, c3)`` (int64 tensors holding uint32 values,
+    broadcastable) under the key ``(seed & 0xFFFFFFFF, seed >> 32)``: four int64 tensors of uint32 values. The
+    kernels' generator (``tl.philox`` in Triton, the C++ kernels' own), written with int64 arithmetic."""
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    shape = torch.broadcast_shapes(c0.shape, c1.shape, c2.shape, c3.shape)
+    c0, c1, c2, c3 = (c.expand(shape).to(torch.int64) for c in (c0, c1, c2, c3))
+    for _ in range(rounds):
+        hi_b, lo_b = _mul_hi_lo(c2, _ROUND_B)
+        hi_a, lo_a = _mul_hi_lo(c0, _ROUND_A)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_threshold(p: float) -> int:
+    """The uint32 threshold of dropout probability ``p`` in ``[0, 1)``: a pair is kept when its random uint32 is
+    ``>= floor(p * 2^32)``."""
+    if not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {p!r}")
+    return min(int(float(p) * 2.0 ** 32), _M32)
+
+
+def dropout_keep(seed: int, p: float, batch: int, heads: int, rows: int, cols: int, *, first_item: int = 0,
+                 device=None) -> torch.Tensor:
+    """The attention-dropout keep mask, bool ``[batch, heads, rows, cols]``: pair (query i, key j) of head h of
+    batch item b is kept when word ``j % 4`` of ``philox(seed, j // 4, i, (first_item + b) * heads + h, 0)`` is
+    ``>= dropout_threshold(p)``. A function of the seed, the item, the head and the pair's positions in its
+    sequence only: a padded batch and its packed form (item = sequence) draw the same mask, on every backend, in
+    the forward and the backward."""
+    threshold = dropout_threshold(p)
+    i = torch.arange(rows, device=device, dtype=torch.int64)[:, None]
+    j = torch.arange(cols, device=device, dtype=torch.int64)[None, :]
+    bh = torch.arange(batch * heads, device=device, dtype=torch.int64) + first_item * heads
+    words = philox(int(seed), (j >> 2)[None], i[None], bh[:, None, None], torch.zeros(1, dtype=torch.int64,
+                                                                                      device=device))
+    lane = (j & 3)[None].expand(batch * heads, rows, cols)
+    word = torch.stack(words).gather(0, lane[None]).squeeze(0)
+    return (word >= threshold).view(batch, heads, rows, cols)
+
+
+def apply_attention_dropout(weights: torch.Tensor, p: float, seed: Optional[int], first_item: int = 0
+                            ) -> torch.Tensor:
+    """``weights`` (``[B, H, N, N]`` attention probabilities) with the pairs :func:`dropout_keep` drops zeroed and
+    the kept ones scaled by ``1 / (1 - p)``; unchanged when ``p == 0``."""
+    if p == 0.0:
+        return weights
+    if seed is None:
+        raise ValueError("dropout_p > 0 needs a dropout_seed (an int)")
+    B, H, N, M = weights.shape
+    keep = dropout_keep(seed, p, B, H, N, M, first_item=first_item, device=weights.device)
+    return torch.where(keep, weights * (1.0 / (1.0 - p)), torch.zeros((), dtype=weights.dtype,
+                                                                       device=weights.device))
 
 
 def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
@@ -116,7 +200,8 @@ def gather_bias(distance: torch.Tensor, table: torch.Tensor, buckets: BucketSpec
 def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                           table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
-                          deterministic: bool = False, backend: str = "reference") -> torch.Tensor:
+                          deterministic: bool = False, backend: str = "reference", dropout_p: float = 0.0,
+                          dropout_seed: Optional[int] = None, dropout_item: int = 0) -> torch.Tensor:
     """Attention with a learnable tree-distance bias.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]``, softmax over allowed keys, ``o_i = sum_j p_ij v_j``.
@@ -132,10 +217,13 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             query rows at i >= length output 0.
         window: allow only pairs with ``d_ij <= window``.
         causal: allow only ``j <= i``.
+        dropout_p, dropout_seed: attention dropout on the probabilities (:func:`dropout_keep`'s mask for the
+            seed); ``dropout_item``: batch item 0's index in the mask's numbering (a packed batch's sequence).
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key are 0.
     """
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    V.check_dropout(dropout_p, dropout_seed)
     lengths = V.normalize_lengths(lengths, q)
     q, k, v = _without_padding(lengths, q, k, v)
     acc = _acc_dtype(q.dtype)
@@ -144,7 +232,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     scores = (q @ k.transpose(-1, -2)).to(acc) * scale
     scores = scores + gather_bias(distance, table, buckets, bias_scale, acc)
     allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
-    return masked_attention(scores, allowed, v)
+    return masked_attention(scores, allowed, v, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                            dropout_item=dropout_item)
 
 
 def _mask_pairs(distance: torch.Tensor, depth: torch.Tensor, segment: torch.Tensor,

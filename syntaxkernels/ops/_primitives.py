@@ -9,7 +9,9 @@ Device helpers (``@triton.jit``):
 - :func:`bucket_from_distance` (a tile of bucket indices) and :func:`in_bucket` (the pairs of one bucket,
   resolved at compile time): equal to ``BucketSpec.lut()``;
 - :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source;
-- :func:`build_lut`: the forward's first step, one row of the per-distance bias LUT from the table.
+- :func:`build_lut`: the forward's first step, one row of the per-distance bias LUT from the table;
+- :func:`dropout_keep` (a tile) / :func:`dropout_keep_pairs` (any pairs): the attention-dropout keep mask, a
+  Philox function of (seed, item and head, query, key) equal to :func:`syntaxkernels.reference.dropout_keep`.
 
 Host helpers: ``LOG2E`` (from :mod:`._dispatch`, which needs no Triton), :func:`launch` (through ``torch.library.wrap_triton``;
 :func:`set_launch_hook` lets the inspection report compile instead of launching), :func:`launch_grid`, :func:`head_block`, :func:`dot_precision`,
@@ -31,7 +33,7 @@ __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile"
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
            "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
            "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting", "multiprocessors",
-           "MULTIPROCESSORS"]
+           "MULTIPROCESSORS", "dropout_keep", "dropout_keep_pairs", "PHILOX_ROUNDS", "dropout_arguments"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,9 +265,49 @@ def build_lut(TABLE, SCALE, BUCKETS, lut_row, table_row, window, HAS_WINDOW: tl.
     tl.debug_barrier()
 
 
+PHILOX_ROUNDS = tl.constexpr(7)  # reference.PHILOX_ROUNDS
+
+
+@triton.jit
+def dropout_keep(seed, threshold, bh, offs_m, n_start, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """bool ``[BLOCK_M, BLOCK_N]``: the attention-dropout keep mask (:func:`syntaxkernels.reference.dropout_keep`)
+    of query rows ``offs_m`` and keys ``n_start + arange(BLOCK_N)`` (positions in the sequence; ``n_start`` a
+    multiple of 4) of row key ``bh = item * heads + head``: one Philox call per four keys, its four words
+    interleaved along the keys."""
+    groups = (n_start // 4 + tl.arange(0, BLOCK_N // 4)).to(tl.uint32)
+    zero = tl.zeros([BLOCK_M, BLOCK_N // 4], dtype=tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed, groups[None, :] + zero, offs_m.to(tl.uint32)[:, None] + zero,
+                               bh.to(tl.uint32) + zero, zero, PHILOX_ROUNDS)
+    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, BLOCK_N])  # (join adds a last axis)
+    return words >= threshold.to(tl.uint32)
+
+
+@triton.jit
+def dropout_keep_pairs(seed, threshold, bh, rows, cols):
+    """bool: the keep mask of the pairs ``(rows, cols)`` (int tensors of one shape, positions in the sequence; ``bh``
+    a scalar or a tensor of that shape) -- :func:`dropout_keep` for pairs in no tile order: one Philox call per
+    pair, the word of lane ``cols % 4`` kept."""
+    zero = (rows * 0).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed, (cols // 4).to(tl.uint32) + zero, rows.to(tl.uint32) + zero,
+                               bh.to(tl.uint32) + zero, zero, PHILOX_ROUNDS)
+    lane = cols % 4
+    words = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
+    return words >= threshold.to(tl.uint32)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Host helpers
 # ---------------------------------------------------------------------------------------------------------
+
+def dropout_arguments(p: float, seed):
+    """The kernels' dropout arguments ``(seed, threshold, keep_scale)`` of probability ``p`` and ``seed`` (an int;
+    unused when ``p == 0``): the uint32 threshold of :func:`syntaxkernels.reference.dropout_threshold` and
+    ``1 / (1 - p)``."""
+    from ..reference import dropout_threshold
+    if p == 0.0:
+        return 0, 0, 1.0
+    return int(seed), dropout_threshold(p), 1.0 / (1.0 - p)
+
 
 _LAUNCH_HOOK = None
 
