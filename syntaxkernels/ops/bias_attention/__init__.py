@@ -149,7 +149,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
                           window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
                           backend: str = "auto", symmetric: Optional[bool] = None,
-                          cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None) -> torch.Tensor:
+                          cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                          dropout_p: float = 0.0, dropout_seed: Optional[int] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
@@ -194,6 +195,13 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             Triton; inputs the kernels do not take, float64 or head dims above 128 on CUDA, run the reference),
             "triton" (raises ValueError for such inputs, RuntimeError where Triton cannot run) or "reference".
             :func:`implementation` says which runs.
+        dropout_p: attention dropout on the probabilities (``p_ij`` zeroed with probability ``dropout_p``, the
+            kept ones scaled by ``1 / (1 - dropout_p)``; the softmax's normaliser is the undropped one). The mask is
+            a function of ``dropout_seed`` and (item, head, query, key) only
+            (:func:`syntaxkernels.reference.dropout_keep`, Philox-4x32-7): every backend draws the same one, the
+            backward regenerates it, and a packed batch draws its padded form's mask. 0 (default) compiles it out.
+        dropout_seed: an int in ``[0, 2^64)``, needed when ``dropout_p > 0`` (the modules draw one per call from
+            torch's generator, so ``torch.manual_seed`` makes training reproducible).
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; query rows past the length and rows with no allowed key are 0.
 
@@ -203,6 +211,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         s = (q @ k.transpose(-1, -2)) * scale + bias
         allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
         p = s.masked_fill(~allowed, -inf).softmax(-1)       # NaN in a row with a NaN or +inf allowed score
+        p = torch.where(dropout_keep(seed, dropout_p, B, H, N, N), p / (1 - dropout_p), 0)  # dropout_p > 0
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
@@ -210,27 +219,30 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
         return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
                                             max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale, window=window,
-                                            causal=causal, deterministic=deterministic, backend=backend)
+                                            causal=causal, deterministic=deterministic, backend=backend,
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed)
+    V.check_dropout(dropout_p, dropout_seed)
     V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
-                                       window=window, causal=causal)
+                                       window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
-                                               causal=causal)
+                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     try:
         return _autograd.bias_attention(q, k, v, table, bias_scale, plan, scale=scale,
                                         window=-1 if window is None else int(window), causal=bool(causal),
-                                        buckets=buckets, fallback=backend == "auto")
+                                        buckets=buckets, fallback=backend == "auto", dropout_p=float(dropout_p),
+                                        dropout_seed=dropout_seed)
     except _primitives.KernelDoesNotFit as error:
         if backend != "auto":
             raise
         warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
-                                               causal=causal)
+                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)

@@ -120,8 +120,11 @@ class _LutAttention(torch.autograd.Function):
 
 
 def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: int, causal: bool,
-                   buckets: BucketSpec, fallback: bool = False) -> torch.Tensor:
+                   buckets: BucketSpec, fallback: bool = False, dropout_p: float = 0.0,
+                   dropout_seed: Optional[int] = None) -> torch.Tensor:
     """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
+    if dropout_p > 0.0:
+        raise NotImplementedError("attention dropout on the Triton kernels")
     B, H, N, D = q.shape
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
     forward_meta = forward_metadata(plan, configs, window, causal)

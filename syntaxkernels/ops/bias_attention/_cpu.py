@@ -109,7 +109,8 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
 
 def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
                        buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
-                       window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+                       window: Optional[int] = None, causal: bool = False, dropout_p: float = 0.0,
+                       dropout_seed: Optional[int] = None) -> torch.Tensor:
     """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
     :func:`._host.cpu_kernels_take` true): ``distance`` the batch's padded :class:`~syntaxkernels.plan.StructurePlan`
     (a TreeBatch) or a distance tensor with its ``lengths``. Same arguments and result; see that function.
@@ -123,6 +124,8 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     plan = as_plan(distance, lengths)
+    if dropout_p > 0.0:
+        raise NotImplementedError("attention dropout on the C++ CPU kernels")
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     return _SyntaxBiasAttentionCPU.apply(q, k, v, plan.distance, table, bias_scale, plan.kernel_lengths, float(scale),
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets))

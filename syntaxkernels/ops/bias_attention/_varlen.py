@@ -63,10 +63,12 @@ def _check_varlen(q, k, v, plan, table, buckets, window):
 
 
 def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
-                                    window=None, causal=False):
+                                    window=None, causal=False, dropout_p: float = 0.0,
+                                    dropout_seed: Optional[int] = None):
     """The specification: :func:`syntaxkernels.reference.syntax_bias_attention` run sequence by sequence
     (``[1, H, n, D]`` each, its ``n x n`` distance block), outputs concatenated back to ``[T, H, Dv]``. Rows of an
-    empty sequence do not exist; gradients flow through autograd."""
+    empty sequence do not exist; gradients flow through autograd. Dropout: sequence s draws the mask of batch
+    item s (:func:`syntaxkernels.reference.dropout_keep`), as the padded batch of the same sequences would."""
     cu = cu_seqlens.to("cpu", torch.int64).tolist()
     outs = []
     offset = 0
@@ -79,7 +81,8 @@ def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seq
         offset += n * n
         qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         o = reference.syntax_bias_attention(qs, ks, vs, block, table, buckets=buckets, scale=scale,
-                                            bias_scale=bias_scale, window=window, causal=causal)
+                                            bias_scale=bias_scale, window=window, causal=causal,
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_item=s)
         outs.append(o[0].transpose(0, 1))
     if not outs:
         return q.new_zeros((0, q.shape[1], v.shape[-1])) + 0 * v.sum()
@@ -111,7 +114,8 @@ def _cpu_layout(plan):
     return plan.derived(("cpu layout",), compute)
 
 
-def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal):
+def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal, dropout_p=0.0,
+                               dropout_seed=None):
     """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
     inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
     the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
@@ -124,7 +128,8 @@ def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale,
         return y.transpose(1, 2)  # [S, H, N, D]
 
     out = _cpu.cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
-                                  bias_scale=bias_scale, window=window, causal=causal)
+                                  bias_scale=bias_scale, window=window, causal=causal, dropout_p=dropout_p,
+                                  dropout_seed=dropout_seed)
     return out.transpose(1, 2)[sequence, position]
 
 
@@ -132,7 +137,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  table: torch.Tensor, *, buckets: BucketSpec, cu_seqlens: Optional[torch.Tensor] = None,
                                  max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
                                  window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
-                                 backend: str = "auto") -> torch.Tensor:
+                                 backend: str = "auto", dropout_p: float = 0.0,
+                                 dropout_seed: Optional[int] = None) -> torch.Tensor:
     """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
 
     Args:
@@ -148,6 +154,9 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             :mod:`._cpu`, run on the sequences laid out ``[S, H, max n, D]`` inside the op; float64
             and head dims above 128 on CUDA: the reference), "triton" (CUDA, or CPU under TRITON_INTERPRET=1) or
             "reference" (the reference, sequence by sequence).
+        dropout_p, dropout_seed: attention dropout on the probabilities, as in
+            :func:`syntaxkernels.syntax_bias_attention`; sequence s draws the mask of batch item s (the padded
+            batch of the same sequences drops the same pairs).
     Returns:
         ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
 
@@ -166,26 +175,31 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _check_varlen(q, k, v, plan, table, buckets, window)
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+    V.check_dropout(dropout_p, dropout_seed)
     chosen = implementation(q, v, backend)
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
-        return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal)
+        return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
+                                          dropout_p, dropout_seed)
     if chosen != "triton":
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
-                                               window=window, causal=causal)
+                                               window=window, causal=causal, dropout_p=dropout_p,
+                                               dropout_seed=dropout_seed)
     fused_scale, fused_strength = kernel_arguments(q, scale, bias_scale)
     try:
         return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, table, fused_strength, plan.distance,
                                                           plan.cu_seqlens, plan.sequence, plan.distance_offsets,
                                                           float(fused_scale), -1 if window is None else int(window),
-                                                          bool(causal), bucket_args(buckets), backend == "auto")
+                                                          bool(causal), bucket_args(buckets), backend == "auto",
+                                                          float(dropout_p), dropout_seed)
     except _varlen_kernels.KernelDoesNotFit as error:
         if backend != "auto":
             raise
         warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
-                                               window=window, causal=causal)
+                                               window=window, causal=causal, dropout_p=dropout_p,
+                                               dropout_seed=dropout_seed)
 
 
 def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:

@@ -668,7 +668,9 @@ class _VarlenBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
-                bucket_spec, fallback=False):
+                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None):
+        if dropout_p > 0.0:
+            raise NotImplementedError("attention dropout on the varlen Triton kernels")
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
@@ -682,7 +684,7 @@ class _VarlenBiasAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * 9
+        rest = (None,) * 11
         try:
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
                                                    offsets, ctx.scale, ctx.causal, _spec(*ctx.bucket_spec), rows,
