@@ -33,7 +33,8 @@ __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile"
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
            "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
            "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting", "multiprocessors",
-           "MULTIPROCESSORS", "dropout_keep", "dropout_keep_pairs", "PHILOX_ROUNDS", "dropout_arguments"]
+           "MULTIPROCESSORS", "dropout_keep", "dropout_keep_pairs", "PHILOX_ROUNDS", "dropout_arguments",
+           "seed_bits"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -300,13 +301,21 @@ def dropout_keep_pairs(seed, threshold, bh, rows, cols):
 # ---------------------------------------------------------------------------------------------------------
 
 def dropout_arguments(p: float, seed):
-    """The kernels' dropout arguments ``(seed, threshold, keep_scale)`` of probability ``p`` and ``seed`` (an int;
-    unused when ``p == 0``): the uint32 threshold of :func:`syntaxkernels.reference.dropout_threshold` and
-    ``1 / (1 - p)``."""
+    """The kernels' dropout arguments ``(seed, threshold, keep_scale)`` of probability ``p`` and ``seed`` (an int in
+    ``[0, 2^64)``, or its int64 bit pattern; unused when ``p == 0``): the seed as an int64 bit pattern (one kernel
+    argument type for every seed; ``tl.philox`` reads it as uint64), the uint32 threshold of
+    :func:`syntaxkernels.reference.dropout_threshold` and ``1 / (1 - p)``."""
     from ..reference import dropout_threshold
     if p == 0.0:
         return 0, 0, 1.0
-    return int(seed), dropout_threshold(p), 1.0 / (1.0 - p)
+    return seed_bits(seed), dropout_threshold(p), 1.0 / (1.0 - p)
+
+
+def seed_bits(seed: int) -> int:
+    """``seed`` (an int in ``[0, 2^64)`` or its int64 bit pattern) as its int64 bit pattern: what an int64 kernel
+    argument or ``torch.library`` schema holds."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return seed - (1 << 64) if seed >= (1 << 63) else seed
 
 
 _LAUNCH_HOOK = None

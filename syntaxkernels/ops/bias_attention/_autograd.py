@@ -13,7 +13,7 @@ import torch
 from ...specs import BucketSpec
 from .._dispatch import device_constant
 from ... import reference
-from .._primitives import KernelDoesNotFit
+from .._primitives import KernelDoesNotFit, seed_bits
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
 from ._launch import (BackwardMetadata, backward_metadata, bias_attention_backward, bias_attention_forward,
                       forward_metadata, launch_configs)
@@ -21,22 +21,24 @@ from ._launch import (BackwardMetadata, backward_metadata, bias_attention_backwa
 _META = len(BackwardMetadata._fields)
 
 
-def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal):
+def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal,
+             dropout_p=0.0, dropout_seed=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, table, bias_scale, bucket_lut, lengths,
-                                                          kv_list, kv_count, scale, window, causal)
+                                                          kv_list, kv_count, scale, window, causal, dropout_p,
+                                                          seed_bits(dropout_seed))
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal)
+                                  window, causal, dropout_p, dropout_seed)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
-              want_table, want_scale):
+              want_table, want_scale, dropout_p=0.0, dropout_seed=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, *meta, scale, window, causal, *bucket_args(spec), table,
-            bias_scale, want_table, want_scale)
+            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed))
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec,
-                                   table, bias_scale, want_table, want_scale)
+                                   table, bias_scale, want_table, want_scale, dropout_p, dropout_seed)
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):
@@ -44,21 +46,23 @@ class _SyntaxBiasAttention(torch.autograd.Function):
 
     Inputs: ``q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count`` (the forward's metadata), the
     nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
-    and the BucketSpec as :func:`._host.bucket_args`, and ``fallback``: a backward kernel that does not fit this GPU
-    (:class:`KernelDoesNotFit`) then gives way to the reference (with a warning) instead of raising. The forward
+    and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that does not fit this GPU,
+    :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising), and
+    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed). The forward
     kernel writes the LUT (from the table, the strength and the buckets) that the backward reads; the backward's
     last kernel writes the table's and the strength's gradients."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
-        scale, window, causal, bucket_spec, fallback = rest[_META:]
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed = rest[_META:]
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
-                                 kv_count, scale, window, causal)
+                                 kv_count, scale, window, causal, dropout_p, dropout_seed)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
+        ctx.dropout = (dropout_p, dropout_seed)
         ctx.table_shape, ctx.fallback = table.shape, fallback
         return out
 
@@ -66,11 +70,12 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * (4 + _META + 5)
+        rest = (None,) * (4 + _META + 7)
         try:
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, lengths,
                                                    BackwardMetadata(*meta), ctx.scale, ctx.window, ctx.causal,
-                                                   _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale)
+                                                   _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale,
+                                                   *ctx.dropout)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -80,7 +85,8 @@ class _SyntaxBiasAttention(torch.autograd.Function):
             def run(q, k, v, table, c):
                 return reference.syntax_bias_attention(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
                                                        scale=ctx.scale, bias_scale=c, lengths=lengths, window=window,
-                                                       causal=ctx.causal)
+                                                       causal=ctx.causal, dropout_p=ctx.dropout[0],
+                                                       dropout_seed=ctx.dropout[1])
             return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
                                              (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
         return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
@@ -123,17 +129,18 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
                    buckets: BucketSpec, fallback: bool = False, dropout_p: float = 0.0,
                    dropout_seed: Optional[int] = None) -> torch.Tensor:
     """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
-    if dropout_p > 0.0:
-        raise NotImplementedError("attention dropout on the Triton kernels")
     B, H, N, D = q.shape
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
+    if dropout_p > 0.0:  # the backward's short-row kernels take no dropout mask: the tiled ones run
+        configs = configs._replace(short=None)
     forward_meta = forward_metadata(plan, configs, window, causal)
     meta = BackwardMetadata()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):
         table_grad = table.requires_grad or bias_scale.requires_grad
         meta = backward_metadata(plan, configs, window, causal, buckets, table_grad)
     return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, plan.distance, plan.kernel_lengths, *forward_meta,
-                                      *meta, scale, window, causal, bucket_args(buckets), fallback)
+                                      *meta, scale, window, causal, bucket_args(buckets), fallback, dropout_p,
+                                      dropout_seed if dropout_p > 0.0 else 0)
 
 
 def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:

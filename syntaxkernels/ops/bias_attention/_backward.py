@@ -17,8 +17,8 @@ and :func:`_bias_bwd_short2_sum_kernel` (65..128 tokens, two blocks), then :func
 import triton
 import triton.language as tl
 
-from .._primitives import (bucket_from_distance, distance_tile, in_bucket, load_rows, lut_bias, mma, mma_acc,
-                           opaque_int32, program_ids)
+from .._primitives import (bucket_from_distance, distance_tile, dropout_keep, in_bucket, load_rows, lut_bias, mma,
+                           mma_acc, opaque_int32, program_ids)
 from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _tile_scores
 
 
@@ -27,8 +27,10 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
                offs_n, offs_d, offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di,
                stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
-    """One query tile of the dK/dV backward in transposed orientation (keys are rows)."""
+               DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+               seed=0, threshold=0, bh=0, keep_scale=1.0, k_start=0, DROPOUT: tl.constexpr = False):
+    """One query tile of the dK/dV backward in transposed orientation (keys are rows). With DROPOUT, dV takes the
+    kept probabilities (scaled) and dP the kept pairs (scaled): the forward's :func:`dropout_keep` mask."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if SYNTAX:
         # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
@@ -50,12 +52,18 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
         exponent_t = tl.where(offs_n[:, None] <= offs_m[None, :], exponent_t, float("-inf"))
     p_t = tl.exp2(exponent_t)
     do = load_rows(do_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV, MASK, EVEN_DV)
-    dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+    if DROPOUT:
+        keep_t = tl.trans(dropout_keep(seed, threshold, bh, offs_m, k_start, BLOCK_M, offs_n.shape[0]))
+        dv = mma_acc(tl.where(keep_t, p_t * keep_scale, 0.0).to(do.dtype), do, dv, DOT_PRECISION)
+    else:
+        dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
     if MASK:
         delta = tl.load(delta_base + offs_m, mask=offs_m < N, other=0.0)
     else:
         delta = tl.load(delta_base + offs_m)
     dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+    if DROPOUT:
+        dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
     return dk, dv
@@ -109,7 +117,7 @@ def _query_block(list_base, i, diagonal, MASK: tl.constexpr, USE_LISTS: tl.const
     return q_block
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # (one compile for every seed)
 def _bias_bwd_dkdv_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, Q_LIST, Q_COUNT, LSE, DELTA, DK, DV_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -123,7 +131,8 @@ def _bias_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
-    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
+    DROPOUT: tl.constexpr = False,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
@@ -135,7 +144,7 @@ def _bias_bwd_dkdv_kernel(
         Q_LIST, Q_COUNT: int32 ``[B, nK, nQ]`` live query blocks of each key block (interior first) and
             ``[B, nK, 2]`` (read when USE_LISTS).
         LSE, DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
-        N, N_OUT and the others as in the forward.
+        N, N_OUT and the others as in the forward (dropout too: the forward's mask, regenerated).
     Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
     """
     k_block, bh, b, h = program_ids(num_k_blocks, H)
@@ -162,13 +171,13 @@ def _bias_bwd_dkdv_kernel(
                             _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv, length,
                             N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
                             BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
-                            INTERPRETED)
+                            INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
     for i in range(boundary[0], boundary[1]):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
                             _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv, length,
                             N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
                             BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
-                            INTERPRETED)
+                            INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
@@ -251,9 +260,11 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False):
+                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0,
+                keep_scale=1.0, DROPOUT: tl.constexpr = False):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
-    them, then added to the per-bucket sums once (:func:`_bucket_sums`)."""
+    them, then added to the per-bucket sums once (:func:`_bucket_sums`); with DROPOUT dP takes each head's kept
+    pairs (scaled)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
     bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
@@ -286,13 +297,16 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
             v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, MASK,
                           EVEN_DV)
             dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed, threshold, b * H + h, offs_m, k_block * BLOCK_N, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         delta = tl.load(DELTA + row + offs_m, mask=offs_m < length, other=0.0)
         ds += p * (dp - delta[:, None])
     return _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
                         UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # (one compile for every seed)
 def _bias_bwd_table_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, TILE_BUCKETS, SKIP_BUCKET, LSE, DELTA, BUCKET_PARTIALS,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -307,7 +321,7 @@ def _bias_bwd_table_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    OPAQUE_BIAS: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -325,7 +339,8 @@ def _bias_bwd_table_kernel(
         SKIP_BUCKET: int32 ``[B, nQ]``: per query block the bucket whose one-bucket tiles are skipped (the most
             frequent; -1: none). Every row of dS sums to zero (the corrected delta), so what the skipped tiles
             hold is minus the sum of everything walked: it is added to that bucket in the epilogue, and the far
-            tiles of a long tree or between packed sentences cost one compare each.
+            tiles of a long tree or between packed sentences cost one compare each (with dropout too: dS is
+            formed from the dropped output's delta, so its rows still sum to zero).
         LSE: fp32 ``[B, H, N]``; DELTA: the dQ kernel's corrected delta (every row of dS then sums to zero, so
             the bucket sums are exact up to fp32 rounding); both rows ``stride_row`` apart.
         BUCKET_PARTIALS: fp32 ``[B * G * nQ * SPLITS, NUM_BUCKETS]`` (``G = H / HEADS`` head groups): each
@@ -363,7 +378,8 @@ def _bias_bwd_table_kernel(
                                stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
+                               threshold, keep_scale, DROPOUT)
     for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -375,7 +391,8 @@ def _bias_bwd_table_kernel(
                                stride_di, stride_dj, stride_row, qk_scale2, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
-                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS)
+                               LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
+                               threshold, keep_scale, DROPOUT)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -924,8 +941,10 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
              offs_dv, length, N, D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, TABLE_GRAD: tl.constexpr,
-             DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
-    """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``)."""
+             DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+             seed=0, threshold=0, bh=0, keep_scale=1.0, DROPOUT: tl.constexpr = False):
+    """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``); with DROPOUT
+    dP takes the forward's kept pairs (scaled)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
@@ -936,6 +955,9 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
     p = tl.exp2(exponent)
     v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, MASK, EVEN_DV)
     dp = mma(do, tl.trans(v), DOT_PRECISION)
+    if DROPOUT:
+        keep = dropout_keep(seed, threshold, bh, offs_m, k_block * BLOCK_N, offs_m.shape[0], BLOCK_N)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
     dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
     if TABLE_GRAD:
@@ -943,7 +965,7 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
     return dq, row_error
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # (one compile for every seed)
 def _bias_bwd_dq_kernel(
     Q, K, V, DOUT, OUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, LSE, DQ, DELTA,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -958,6 +980,7 @@ def _bias_bwd_dq_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1008,13 +1031,13 @@ def _bias_bwd_dq_kernel(
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT)
     for i in range(interior, total):
         dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT)
 
     # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
     row_ok = offs_m < length

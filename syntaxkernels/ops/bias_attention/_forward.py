@@ -10,7 +10,7 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import build_lut, distance_tile, load_rows, lut_bias, mma, mma_acc, program_ids
+from .._primitives import build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, program_ids
 
 
 @triton.jit
@@ -64,8 +64,10 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
               D, DV, stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
-    """One key tile of the forward's online softmax (log2 domain)."""
+              OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, bh=0,
+              DROPOUT: tl.constexpr = False):
+    """One key tile of the forward's online softmax (log2 domain). With DROPOUT the normaliser takes every
+    probability and the product with V only the kept ones (:func:`dropout_keep` of row key ``bh``)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
@@ -80,6 +82,8 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(scores - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        p = tl.where(dropout_keep(seed, threshold, bh, offs_m, k_block * BLOCK_N, offs_m.shape[0], BLOCK_N), p, 0.0)
     v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, MASK, EVEN_DV)
     acc = mma_acc(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
     return acc, m_new, l_i
@@ -118,7 +122,7 @@ def _key_block(list_base, i, USE_LISTS: tl.constexpr):
     return k_block
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # (one compile for every seed)
 def _bias_fwd_kernel(
     Q, K, V, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, OUT, LSE,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -131,7 +135,7 @@ def _bias_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -153,6 +157,9 @@ def _bias_fwd_kernel(
         qk_scale2: ``scale * log2(e)``.
         SYNTAX: False compiles out the distance tile and the bias (a plain flash kernel with the same tiles,
             for the inspection report only).
+        seed, threshold, keep_scale, DROPOUT: attention dropout on the probabilities (the launcher's
+            :func:`~syntaxkernels.ops._primitives.dropout_arguments`): the pairs :func:`dropout_keep` drops leave
+            the product with V, the output is scaled by ``keep_scale``; the lse is the undropped one.
     Grid: ``(nQ * B * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -178,26 +185,29 @@ def _bias_fwd_kernel(
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT)
     for i in range(interior, total):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT)
 
     # Epilogue: normalise; rows past the length or without an allowed key (l_i exactly 0) are 0 with lse = +inf.
     # A NaN l_i (a NaN or +inf score among the allowed ones) is normalised: the row and its lse are NaN.
     valid = (offs_m < length) & (l_i != 0.0)
     denom = tl.where(valid, l_i, 1.0)
-    out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
+    if DROPOUT:
+        out = tl.where(valid[:, None], acc * (keep_scale / denom)[:, None], 0.0)
+    else:
+        out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
     o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < N_OUT) & (offs_dv[None, :] < DV))
     tl.store(LSE + bh.to(tl.int64) * stride_row + offs_m, lse, mask=offs_m < N)
 
 
-@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
+@triton.jit(do_not_specialize=["HEAD_GROUPS", "seed"])  # (one compile for every grouping of GROUPED, every seed)
 def _bias_fwd_short_kernel(
     Q, K, V, DIST, LUT, LENGTHS, OUT, LSE,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -210,6 +220,7 @@ def _bias_fwd_short_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -222,7 +233,7 @@ def _bias_fwd_short_kernel(
     are 0 with ``lse = +inf``, as in :func:`_bias_fwd_kernel`. Products over head-dim chunks (CHUNK for
     ``q k^T``, OUT_CHUNK for ``P V``).
 
-    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists).
+    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout likewise).
     Grid: ``(B, HEAD_GROUPS)``.
     """
     b = tl.program_id(0).to(tl.int64)
@@ -253,8 +264,12 @@ def _bias_fwd_short_kernel(
         denom = tl.where(valid, l, 1.0)
         tl.store(LSE + (b * HEADS + h) * stride_row + offs_m, tl.where(valid, m + tl.log2(denom), float("inf")),
                  mask=offs_m < N)
+        if DROPOUT:
+            p = tl.where(dropout_keep(seed, threshold, b * HEADS + h, offs_m, 0, BLOCK_M, BLOCK_N), p, 0.0)
+            scale_rows = tl.where(valid, keep_scale / denom, 0.0)
+        else:
+            scale_rows = tl.where(valid, 1.0 / denom, 0.0)
         p_in = p.to(Q.dtype.element_ty)
-        scale_rows = tl.where(valid, 1.0 / denom, 0.0)
         for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
             v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, True,

@@ -18,7 +18,7 @@ import triton
 
 from ...plan import register_derivation
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, current_arch, dot_precision, head_block, interpreting, launch,
+from .._primitives import (LOG2E, arch_family, current_arch, dot_precision, dropout_arguments, head_block, interpreting, launch,
                            launch_grid, multiprocessors)
 from ..block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ._backward import (_bias_bwd_dkdv_kernel, _bias_bwd_dq_kernel, _bias_bwd_short2_kernel,
@@ -263,8 +263,8 @@ def _even(N: int, config: dict) -> bool:
 def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
-                           scale: float, window: int,
-                           causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           scale: float, window: int, causal: bool, dropout_p: float = 0.0,
+                           dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
 
     Args:
@@ -276,10 +276,13 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
             ``lut[h, d] = c * table[h, bucket(d)] * log2(e)`` (``-inf`` past the window), which the backward reads.
         lengths: int32 ``[B]``; kv_list, kv_count: a windowed call's live key blocks (:func:`forward_metadata`),
             else None; scale: score scale; window: -1 for none; causal: ``j <= i``.
+        dropout_p, dropout_seed: attention dropout on the probabilities (0: compiled out); the lse stays the
+            undropped one, so the backward recomputes P and regenerates the mask from the seed.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
+    drop = _dropout(dropout_p, dropout_seed)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
@@ -301,7 +304,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
                num_warps=short["num_warps"], num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"],
-               INTERPRETED=interpreting())
+               INTERPRETED=interpreting(), **drop)
         return out, lse, lut
     config = configs.fwd
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -316,8 +319,16 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
            USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
            num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
-           INTERPRETED=interpreting())
+           INTERPRETED=interpreting(), **drop)
     return out, lse, lut
+
+
+def _dropout(p: float, seed: int) -> dict:
+    """The kernels' dropout arguments by name: none (the kernels' defaults: DROPOUT compiled out) for ``p == 0``."""
+    if p == 0.0:
+        return {}
+    seed, threshold, keep_scale = dropout_arguments(p, seed)
+    return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
 
 
 def _host_lut(table, bias_scale, bucket_lut, window):
@@ -366,7 +377,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
                             lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,
                             spec: BucketSpec, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
-                            want_scale: bool) -> Tuple[torch.Tensor, ...]:
+                            want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0) -> Tuple[torch.Tensor, ...]:
     """Backward launcher: ``(dq, dk, dv, d table, d bias_scale)``, the first three in q's, k's and v's layouts; the
     table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the per-bucket sums of dS
     ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted.
@@ -374,16 +385,18 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the forward's
     ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
     of a windowed call, the table kernel's tile bucket sets), the BucketSpec, the table and strength, and which of
-    their gradients to compute.
+    their gradients to compute; the forward's dropout (its mask regenerated from the seed: the tiled kernels run,
+    the short-row ones take no mask).
     """
     dq, dk, dv, sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
-                                         spec, want_table or want_scale)
+                                         spec, want_table or want_scale, _dropout(dropout_p, dropout_seed))
     if sums is None:
         return dq, dk, dv, _nothing(q.device), _nothing(q.device)
     return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale)
 
 
-def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad):
+def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad,
+                      drop: dict):
     """The backward's kernels: ``(dq, dk, dv, sums)``, ``sums`` the per-program bucket sums of dS as
     ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``)."""
     B, H, N, D = q.shape
@@ -405,7 +418,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
     short = configs.short
-    if short is not None:
+    if short is not None and not drop:
         return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
                                short, dq, dk, dv, delta)
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
@@ -428,7 +441,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
-           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting())
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **drop)
 
     # dK and dV: programs own key blocks.
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
@@ -442,7 +455,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting())
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **drop)
     if not table_grad:
         return dq, dk, dv, None
 
@@ -469,7 +482,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=table_config["OPAQUE_BIAS"])
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], **drop)
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     return dq, dk, dv, (partials, B, groups, num_q * splits)
 
@@ -585,10 +598,12 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, table: torch.Tensor,
                 bias_scale: torch.Tensor, bucket_lut: torch.Tensor, lengths: torch.Tensor,
                 kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
-                causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`bias_attention_forward` as a ``torch.library`` op."""
+                causal: bool, dropout_p: float = 0.0,
+                dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
+    :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal)
+                                  window, causal, dropout_p, dropout_seed)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
@@ -599,11 +614,11 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  table_list: Optional[torch.Tensor], table_count: Optional[torch.Tensor],
                  tile_buckets: Optional[torch.Tensor], skip_bucket: Optional[torch.Tensor], scale: float, window: int,
                  causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
-                 bias_scale: torch.Tensor, want_table: bool,
-                 want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 bias_scale: torch.Tensor, want_table: bool, want_scale: bool, dropout_p: float = 0.0,
+                 dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
     meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
                             skip_bucket)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                    _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                                   want_scale)
+                                   want_scale, dropout_p, dropout_seed)

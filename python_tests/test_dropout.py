@@ -1,0 +1,190 @@
+"""Attention dropout on the probabilities: the mask (Philox-4x32-7 of seed, item and head, query, key), the
+reference's dropout, and the fused Triton path of the padded distance-bias op against the reference with the
+same seed (forward and every gradient), plus properties no reference comparison shows: the backward uses the
+forward's mask, p = 0 is the op without dropout, a seed reproduces its mask, the expectation is the undropped
+output. The C++ path is in test_dropout_cpu.py, the packed Triton kernels in test_dropout_varlen.py.
+"""
+import functools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import syntaxkernels as sk
+from syntaxkernels import reference
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
+
+from conftest import KERNEL_DEVICE as DEVICE
+
+SEEDS = (0, 12345, 2 ** 40 + 99, 2 ** 63 + 5, 2 ** 64 - 1)
+
+
+@triton.jit
+def _philox_kernel(OUT, seed, N: tl.constexpr):
+    offs = tl.arange(0, N).to(tl.uint32)
+    zero = offs * 0
+    r0, r1, r2, r3 = tl.philox(seed, offs, offs * 3 + 1, zero + 7, zero + 5, P.PHILOX_ROUNDS)
+    for w, r in ((0, r0), (1, r1), (2, r2), (3, r3)):
+        tl.store(OUT + 4 * tl.arange(0, N) + w, r.to(tl.int64) & 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reference_philox_is_the_kernels_generator(seed):
+    out = torch.zeros(64 * 4, dtype=torch.int64, device=DEVICE)
+    _philox_kernel[(1,)](out, P.seed_bits(seed), 64)
+    c = torch.arange(64)
+    ref = torch.stack(reference.philox(seed, c, c * 3 + 1, torch.tensor(7), torch.tensor(5)), 1).reshape(-1)
+    assert torch.equal(out.cpu(), ref)
+
+
+@triton.jit
+def _keep_kernel(TILE, PAIRS, seed, threshold, N, BM: tl.constexpr, BN: tl.constexpr):
+    bh = tl.program_id(0)
+    for mb in range(0, N, BM):
+        for nb in range(0, N, BN):
+            offs_m = mb + tl.arange(0, BM)
+            offs_n = nb + tl.arange(0, BN)
+            ok = (offs_m[:, None] < N) & (offs_n[None, :] < N)
+            ptrs = bh * N * N + offs_m[:, None] * N + offs_n[None, :]
+            keep = P.dropout_keep(seed, threshold, bh, offs_m, nb, BM, BN)
+            tl.store(TILE + ptrs, keep.to(tl.int8), mask=ok)
+            rows = offs_m[:, None] + offs_n[None, :] * 0
+            cols = offs_n[None, :] + offs_m[:, None] * 0
+            tl.store(PAIRS + ptrs, P.dropout_keep_pairs(seed, threshold, bh, rows, cols).to(tl.int8), mask=ok)
+
+
+@pytest.mark.parametrize("seed,p", [(3, 0.1), (2 ** 62 + 17, 0.5), (2 ** 64 - 1, 0.9)])
+def test_kernel_masks_equal_the_reference_mask(seed, p):
+    B, H, N = 2, 3, 21
+    s, threshold, _ = P.dropout_arguments(p, seed)
+    tile = torch.zeros(B * H, N, N, dtype=torch.int8, device=DEVICE)
+    pairs = torch.zeros_like(tile)
+    _keep_kernel[(B * H,)](tile, pairs, s, threshold, N, 16, 16)
+    ref = reference.dropout_keep(seed, p, B, H, N, N).reshape(B * H, N, N)
+    assert torch.equal(tile.cpu().bool(), ref)
+    assert torch.equal(pairs.cpu().bool(), ref)
+
+
+def test_mask_statistics_and_independence():
+    for p in (0.1, 0.5):
+        keep = reference.dropout_keep(7, p, 4, 4, 64, 64)
+        assert abs(keep.float().mean().item() - (1 - p)) < 0.01
+        flat = keep.view(16, -1).float()  # items and heads draw different masks, uncorrelated
+        corr = torch.corrcoef(flat)
+        assert (corr - torch.eye(16)).abs().max() < 0.1
+    a, b = reference.dropout_keep(1, 0.5, 1, 1, 32, 32), reference.dropout_keep(2, 0.5, 1, 1, 32, 32)
+    assert 0.4 < (a != b).float().mean() < 0.6
+    assert reference.dropout_keep(5, 0.0, 1, 1, 8, 8).all()
+    # The item offset numbers a packed batch's sequences: item 1 of a batch is item 0 with first_item=1.
+    assert torch.equal(reference.dropout_keep(9, 0.3, 2, 2, 9, 9)[1],
+                       reference.dropout_keep(9, 0.3, 1, 2, 9, 9, first_item=1)[0])
+
+
+def test_dropout_arguments_are_checked():
+    q = torch.randn(1, 1, 4, 8)
+    d = torch.zeros(1, 4, 4, dtype=torch.uint8)
+    table = torch.zeros(sk.BucketSpec().num_buckets)
+    for bad in (1.0, -0.1, "0.1", True):
+        with pytest.raises(ValueError, match="dropout_p"):
+            sk.syntax_bias_attention(q, q, q, d, table, buckets=sk.BucketSpec(), dropout_p=bad, dropout_seed=1)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        sk.syntax_bias_attention(q, q, q, d, table, buckets=sk.BucketSpec(), dropout_p=0.1)
+    for bad in (-1, 2 ** 64, 1.5):
+        with pytest.raises(ValueError, match="dropout_seed"):
+            sk.syntax_bias_attention(q, q, q, d, table, buckets=sk.BucketSpec(), dropout_p=0.1, dropout_seed=bad)
+
+
+def _run(case, dtype, backend, grad_out, **kw):
+    op = functools.partial(sk.syntax_bias_attention, backend=backend)
+    return bias_attention_grads(op, case, dtype, grad_out, DEVICE, **kw)
+
+
+# id, (B, H, N, D), dtype, options; fp16/bf16 at N <= 64 take the short-row forward kernel
+CASES = [
+    ("N1-fp32", (2, 2, 1, 32), torch.float32, dict()),
+    ("N17-fp32-ragged-empty", (3, 2, 17, 32), torch.float32, dict(lengths=[17, 0, 9])),
+    ("N20-bf16-short", (2, 2, 20, 64), torch.bfloat16, dict()),
+    ("N70-fp32-perhead-causal", (2, 2, 70, 32), torch.float32, dict(per_head=True, causal=True, lengths=[70, 33])),
+    ("N45-fp16-window1", (2, 2, 45, 32), torch.float16, dict(window=1, lengths=[45, 20])),
+]
+
+
+@pytest.mark.parametrize("shape,dtype,opts", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_triton_dropout_matches_the_reference(shape, dtype, opts):
+    opts = dict(opts)
+    window, causal = opts.pop("window", None), opts.pop("causal", False)
+    case = bias_attention_case(*shape, dtype, bias_scale=0.8, **opts)
+    B, H, N, D = shape
+    grad_out = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(1))
+    kw = dict(dropout_p=0.3, dropout_seed=2 ** 63 + 11, window=window, causal=causal)
+    got = _run(case, dtype, "triton", grad_out, **kw)
+    ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+    reflp = _run(case, dtype, "reference", grad_out, **kw)
+    assert_bias_attention_close(case, got, ref64, reflp, dtype)
+    undropped = _run(case, torch.float64, "reference", grad_out, window=window, causal=causal)
+    if N > 1:  # the comparison sees the dropout: the undropped output is far from it
+        assert (undropped[0] - ref64[0]).abs().max() > 0.05
+
+
+def _one_hot_case(N, p, seed, backend, dtype=torch.float32):
+    """Attention over one-hot values (``v_j = e_j``): the output row i is row i of the dropped probabilities."""
+    trees = sk.TreeBatch.from_heads([[-1] + list(range(N - 1))])  # a chain
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, N, 16, generator=g).to(DEVICE, dtype).requires_grad_()
+    k = torch.randn(1, 2, N, 16, generator=g).to(DEVICE, dtype)
+    v = torch.eye(N).expand(1, 2, N, N).to(DEVICE, dtype).contiguous().requires_grad_()
+    table = torch.randn(sk.BucketSpec().num_buckets, generator=g).to(DEVICE)
+    out = sk.syntax_bias_attention(q, k, v, trees.to(DEVICE), table, buckets=sk.BucketSpec(), dropout_p=p,
+                                   dropout_seed=seed, backend=backend)
+    return q, v, out
+
+
+@pytest.mark.parametrize("N", [12, 70])
+def test_backward_uses_the_forwards_mask(N):
+    """With one-hot values the output is the dropped probabilities Pd, and dV = Pd^T dO: the backward's mask is
+    the forward's exactly when dV equals out^T dO (a backward drawing another mask fails)."""
+    q, v, out = _one_hot_case(N, 0.4, 77, "triton")
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    out.backward(dout)
+    expected = out.detach().transpose(-1, -2) @ dout
+    torch.testing.assert_close(v.grad, expected, atol=1e-5, rtol=1e-5)
+    zeros = (out.detach() == 0).float().mean().item()  # the dropped pairs are zero in the output
+    assert 0.3 < zeros < 0.5
+
+
+def test_the_output_is_the_dropped_probabilities():
+    N, p, seed = 40, 0.25, 5
+    _, _, out = _one_hot_case(N, p, seed, "triton")
+    _, _, undropped = _one_hot_case(N, 0.0, None, "triton")
+    keep = reference.dropout_keep(seed, p, 1, 2, N, N).to(DEVICE)
+    expected = torch.where(keep, undropped.detach() / (1 - p), 0.0)
+    torch.testing.assert_close(out.detach(), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_p_zero_is_the_op_without_dropout_and_seeds_reproduce():
+    case = bias_attention_case(2, 2, 30, 32, torch.float32, bias_scale=0.8, lengths=[30, 11])
+    grad_out = torch.randn(2, 2, 30, 32, generator=torch.Generator().manual_seed(1))
+    plain = _run(case, torch.float32, "triton", grad_out)
+    zero = _run(case, torch.float32, "triton", grad_out, dropout_p=0.0, dropout_seed=123)
+    assert torch.equal(plain[0], zero[0])
+    assert all(torch.equal(plain[1][n], zero[1][n]) for n in plain[1])
+    a = _run(case, torch.float32, "triton", grad_out, dropout_p=0.2, dropout_seed=8)
+    b = _run(case, torch.float32, "triton", grad_out, dropout_p=0.2, dropout_seed=8)
+    c = _run(case, torch.float32, "triton", grad_out, dropout_p=0.2, dropout_seed=9)
+    assert torch.equal(a[0], b[0]) and all(torch.equal(a[1][n], b[1][n]) for n in a[1])
+    assert not torch.equal(a[0], c[0])
+
+
+def test_the_expectation_is_the_undropped_output():
+    """Dropout on the probabilities with 1 / (1 - p) scaling keeps the expected output: the mean over seeds
+    approaches the undropped output (the reference; the fused paths equal it mask for mask)."""
+    case = bias_attention_case(1, 2, 12, 8, torch.float64, bias_scale=0.8)
+    args = (case["q"], case["k"], case["v"], case["distance"], case["table"])
+    kw = dict(buckets=case["buckets"], bias_scale=0.8, backend="reference")
+    plain = sk.syntax_bias_attention(*args, **kw)
+    mean = torch.stack([sk.syntax_bias_attention(*args, dropout_p=0.3, dropout_seed=s, **kw)
+                        for s in range(400)]).mean(0)
+    spread = (sk.syntax_bias_attention(*args, dropout_p=0.3, dropout_seed=0, **kw) - plain).abs().max()
+    assert (mean - plain).abs().max() < spread / 5
