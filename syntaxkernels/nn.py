@@ -36,9 +36,12 @@ Shapes: B batch, N tokens, E model width, H heads, D = E / H head width, M sub-n
 Errors: a ``TypeError`` when an argument is of the wrong kind (not a tensor, not a TreeBatch, not a
 BucketSpec), a ``ValueError`` when it has the wrong value, shape, dtype or device.
 
-Dropout: the fused ops have no attention-weight dropout, so every attention module here applies its
-``dropout`` to the attention output (per head, before ``out_proj``), whichever backend runs. This differs
-from ``nn.MultiheadAttention``, which drops attention weights; with ``dropout=0`` (or in eval mode) they agree.
+Dropout: in training mode the attention modules drop attention *probabilities*, as ``nn.MultiheadAttention``
+does: :class:`SyntaxBiasedSelfAttention` through the fused op's ``dropout_p`` (a Philox mask of a seed drawn per
+call from torch's default generator, so ``torch.manual_seed`` reproduces it; the backward regenerates it), and
+:class:`SyntaxHeadSelfAttention` through SDPA's ``dropout_p``. :class:`SyntaxBertSelfAttention` (the sub-network
+ops take no dropout mask yet) applies its ``dropout`` to the mixed attention output before ``out_proj``. In eval
+mode (or with ``dropout=0``) nothing is dropped.
 
 Padding: a token at position ``>= lengths[b]`` never receives attention weight; its own attention output is
 zero before ``out_proj`` (so after it, it is ``out_proj.bias``). Mask padded positions in your loss.
@@ -75,6 +78,7 @@ __all__ = [
     "SyntaxTransformerEncoderLayer",
     "syntax_param_groups",
     "DEFAULT_SYNTAX_LR",
+    "draw_dropout_seed",
 ]
 
 TreesLike = Union[TreeBatch, torch.Tensor]
@@ -230,7 +234,8 @@ class DistanceBias(nn.Module):
             self.register_parameter("bias_scale", None)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreesLike, lengths=None, *,
-               scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+               scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False,
+               dropout_p: float = 0.0) -> torch.Tensor:
         """Distance-bias attention of projected heads.
 
         Args:
@@ -242,19 +247,23 @@ class DistanceBias(nn.Module):
             scale: score scale, default ``1/sqrt(D)``.
             window: allow only pairs with ``d_ij <= window``.
             causal: allow only keys ``j <= i``.
+            dropout_p: attention dropout on the probabilities (whatever the module's mode: the caller decides;
+                a seed is drawn from torch's default generator, :func:`draw_dropout_seed`).
         Returns:
             ``[B, H, N, D]``; query rows past the length are 0.
         """
+        seed = draw_dropout_seed() if dropout_p > 0.0 else None
         if isinstance(trees, StructurePlan) and trees.is_packed:  # packed: [1, H, T, D] (or [T, H, D]) in and out
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
                 q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
-                bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend))
+                bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
+                dropout_p=dropout_p, dropout_seed=seed))
         _distance_and_lengths(trees, lengths)  # (the TypeError for anything else)
         # The TreeBatch itself is the batch's structure plan: what the kernels derive from it is kept on it for
         # every layer (a bare distance tensor gets a plan of its own, per call).
         return ops.syntax_bias_attention(q, k, v, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
-                                         backend=self.backend)
+                                         backend=self.backend, dropout_p=dropout_p, dropout_seed=seed)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"
@@ -496,6 +505,12 @@ class SyntaxHeads(nn.Module):
                 f"variant={self.variant!r}")
 
 
+def draw_dropout_seed() -> int:
+    """A seed for one call's attention-dropout mask, drawn from torch's default (CPU) generator: reproducible
+    under ``torch.manual_seed``, and no device synchronisation whatever device the model runs on."""
+    return int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64).item())
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Self-attention modules
 # ----------------------------------------------------------------------------------------------------------
@@ -513,7 +528,7 @@ class SyntaxBiasedSelfAttention(DistanceBias):
         buckets: the :class:`BucketSpec` (table length T = ``buckets.num_buckets``).
         per_head: one table per head (``distance_bias [H, T]``) instead of one shared ``[T]``.
         learnable_scale: learn the strength c; when False ``bias_scale`` is None (c = 1).
-        dropout: applied to the attention output before ``out_proj`` (see the module docstring).
+        dropout: attention dropout on the probabilities in training mode (see the module docstring).
         bias: biases in the four projections.
         backend: "auto", "triton" or "reference".
 
@@ -546,8 +561,9 @@ class SyntaxBiasedSelfAttention(DistanceBias):
         """
         _check_input(x, self.embed_dim, trees=trees)
         q, k, v = _qkv(self, x, self.num_heads)
-        out = self.attend(q, k, v, trees, lengths, window=window, causal=causal)
-        return self.out_proj(self.dropout(_merge_heads(out)))
+        out = self.attend(q, k, v, trees, lengths, window=window, causal=causal,
+                          dropout_p=self.dropout.p if self.training else 0.0)
+        return self.out_proj(_merge_heads(out))
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, " + super().extra_repr()
@@ -818,7 +834,7 @@ class SyntaxHeadSelfAttention(SyntaxHeads):
         syntax_dim: width of G (``SyntaxGAT.output_dim``).
         syntax_heads: n (``0 <= n <= H``).
         targets: which of "q", "k", "v" receive G (None: the variant's).
-        dropout: applied to the attention output before ``out_proj``.
+        dropout: attention dropout on the probabilities in training mode (SDPA's ``dropout_p``).
         bias: biases in the four projections.
         variant, init_std: see :class:`SyntaxHeads`.
     """
@@ -855,10 +871,11 @@ class SyntaxHeadSelfAttention(SyntaxHeads):
             allowed = (valid[:, None, None, :] | ~valid[:, None, :, None])
         if causal:
             allowed = allowed & torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                             dropout_p=self.dropout.p if self.training else 0.0)
         if counts is not None:
             out = out * valid[:, None, :, None].to(out.dtype)
-        return self.out_proj(self.dropout(_merge_heads(out)))
+        return self.out_proj(_merge_heads(out))
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, " + super().extra_repr()
@@ -1066,8 +1083,8 @@ class SyntaxTransformerEncoderLayer(nn.Module):
       ``syntax_targets``.
 
     Freshly initialised, the "bias" layer and the ``variant="package"`` "gat" layer compute exactly what
-    ``nn.TransformerEncoderLayer`` with the same weights computes on the valid tokens (attention dropout aside:
-    see the module docstring).
+    ``nn.TransformerEncoderLayer`` with the same weights computes on the valid tokens; in training mode they
+    drop attention probabilities as it does, each with its own random mask (see the module docstring).
 
     Args:
         d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias:

@@ -51,9 +51,10 @@ Other differences from the unpatched model:
   output (``"bias"``, ``"subnetwork"``); hidden states at padding positions therefore differ from plain
   BERT's (which are meaningless anyway). Compare and train on non-padding tokens only. Padding must be
   right padding (valid tokens first), and the trees' lengths must equal the attention mask's.
-- Attention dropout: the fused ops have no attention-probability dropout; syntax layers of ``"bias"`` and
-  ``"subnetwork"`` apply ``attention_probs_dropout_prob`` to the attention output instead (as
-  :mod:`syntaxkernels.nn` does). Layers left plain and ``"gat"`` layers keep ordinary attention dropout.
+- Attention dropout: in training mode ``"bias"`` layers drop attention probabilities in the fused op (its
+  ``dropout_p``, a seed drawn per call from torch's default generator), as the model's own attention does; layers
+  left plain and ``"gat"`` layers keep ordinary attention dropout (SDPA's). ``"subnetwork"`` layers (the
+  sub-network ops take no dropout mask yet) apply ``attention_probs_dropout_prob`` to the mixed attention output.
 - ``output_attentions=True`` returns no attention weights (the fused ops never form them).
 - Encoder-decoder / decoder (``is_decoder``) BERT configurations are rejected.
 
@@ -171,9 +172,10 @@ class SyntaxDistanceBias(DistanceBias):
         self.window = window
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
-                scale: Optional[float] = None) -> torch.Tensor:
-        """``q, k, v [B, H, N, D]``, the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0)."""
-        return self.attend(q, k, v, trees, scale=scale, window=self.window)
+                scale: Optional[float] = None, dropout_p: float = 0.0) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]``, the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0);
+        ``dropout_p``: attention dropout on the probabilities."""
+        return self.attend(q, k, v, trees, scale=scale, window=self.window, dropout_p=dropout_p)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", window={self.window}"
@@ -247,9 +249,11 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
     part = getattr(module, "syntax", None)
-    if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)):
-        if syntax_trees is None:
-            raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+    if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)) and syntax_trees is None:
+        raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+    if isinstance(part, SyntaxDistanceBias):
+        out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout)
+    elif isinstance(part, SyntaxSubnetworks):
         out = part(query, key, value, syntax_trees, scale=scaling)
         if dropout > 0.0:
             out = F.dropout(out, p=dropout, training=True)
