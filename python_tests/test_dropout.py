@@ -188,3 +188,16 @@ def test_the_expectation_is_the_undropped_output():
                         for s in range(400)]).mean(0)
     spread = (sk.syntax_bias_attention(*args, dropout_p=0.3, dropout_seed=0, **kw) - plain).abs().max()
     assert (mean - plain).abs().max() < spread / 5
+
+
+@triton.jit
+def _stream_kernel(OUT, seed, R: tl.constexpr):
+    r = tl.arange(0, R)
+    tl.store(OUT + r, P.dropout_stream_seed(seed, r))
+
+
+def test_stream_seeds_equal_the_reference():
+    for seed in (0, 5, 2 ** 63 + 1, 2 ** 64 - 1):
+        out = torch.zeros(8, dtype=torch.int64, device=DEVICE)
+        _stream_kernel[(1,)](out, P.seed_bits(seed), 8)
+        assert [v & (2 ** 64 - 1) for v in out.cpu().tolist()] == [reference.stream_seed(seed, r) for r in range(8)]

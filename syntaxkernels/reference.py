@@ -33,6 +33,8 @@ __all__ = [
     "philox",
     "dropout_keep",
     "dropout_threshold",
+    "stream_seed",
+    "apply_attention_dropout",
 ]
 
 
@@ -111,6 +113,16 @@ def philox(seed: int, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: 
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & _M32, (k1 + _KEY_B) & _M32
     return c0, c1, c2, c3
+
+
+STREAM_STEP = 0x9E3779B97F4A7C15
+
+
+def stream_seed(seed: int, stream: int) -> int:
+    """The seed of dropout stream ``stream`` of a call with ``seed``: ``(seed + stream * 0x9E3779B97F4A7C15) mod
+    2^64``. Stream 0 is the seed itself; an op with several attentions per call (the sub-networks, one stream
+    each) draws each one's mask with its own stream seed."""
+    return (int(seed) + int(stream) * STREAM_STEP) & 0xFFFFFFFFFFFFFFFF
 
 
 def dropout_threshold(p: float) -> int:

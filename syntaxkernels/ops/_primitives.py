@@ -33,7 +33,7 @@ __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile"
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
            "set_launch_hook", "launches_on", "launch_grid", "lut_bias", "head_block", "dot_precision", "arch_family",
            "current_arch", "interpret_as", "SHARED_LIMIT", "ARCH_FAMILY", "interpreting", "multiprocessors",
-           "MULTIPROCESSORS", "dropout_keep", "dropout_keep_pairs", "PHILOX_ROUNDS", "dropout_arguments",
+           "MULTIPROCESSORS", "dropout_keep", "dropout_keep_pairs", "PHILOX_ROUNDS", "dropout_arguments", "dropout_stream_seed",
            "seed_bits"]
 
 
@@ -281,6 +281,13 @@ def dropout_keep(seed, threshold, bh, offs_m, n_start, BLOCK_M: tl.constexpr, BL
                                bh.to(tl.uint32) + zero, zero, PHILOX_ROUNDS)
     words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, BLOCK_N])  # (join adds a last axis)
     return words >= threshold.to(tl.uint32)
+
+
+@triton.jit
+def dropout_stream_seed(seed, stream):
+    """:func:`syntaxkernels.reference.stream_seed` on the device: ``seed + stream * 0x9E3779B97F4A7C15`` in wrapping
+    int64 arithmetic (the bits of the uint64 sum), for kernels that run several attentions (streams) per call."""
+    return seed.to(tl.int64) + stream.to(tl.int64) * -7046029254386353131  # (0x9E3779B97F4A7C15 - 2^64)
 
 
 @triton.jit
