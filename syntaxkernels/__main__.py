@@ -68,6 +68,9 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buckets", default="",
                         help="with --workload: the layer's BucketSpec as MAX_DISTANCE or MAX_DISTANCE:LOG_DISTANCE "
                              "(e.g. 128:62, 66 log-spaced buckets: the runtime bucket loop); default BucketSpec()")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="with --workload: the layer's attention dropout probability (default 0: the kernels "
+                             "without their DROPOUT variant)")
     parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")
     parser.add_argument("--select", default="", help="only launch cases whose 'op name' contains this")
     parser.add_argument("--processes", type=int, default=2, help="compiler processes (default: 2)")

@@ -297,6 +297,10 @@ def _run_inspect_workloads(args, I) -> int:
             print(f"syntaxkernels inspect: --buckets takes MAX_DISTANCE[:LOG_DISTANCE], got {args.buckets!r} ({exc})",
                   file=sys.stderr)
             return 2
+    dropout = float(getattr(args, "dropout", 0.0) or 0.0)
+    if not 0.0 <= dropout < 1.0:
+        print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
@@ -304,7 +308,7 @@ def _run_inspect_workloads(args, I) -> int:
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
-                                  buckets=buckets)
+                                  buckets=buckets, dropout=dropout)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
@@ -313,7 +317,7 @@ def _run_inspect_workloads(args, I) -> int:
                   f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
                   f"{I.WORKLOAD_HEADS}, {buckets or 'BucketSpec()'} table"
                   f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
-                  "window) compiled as "
+                  f"window{f', attention dropout {dropout}' if dropout else ''}) compiled as "
                   "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)

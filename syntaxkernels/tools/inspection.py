@@ -1053,11 +1053,13 @@ def _kernels_on_cpu_tensors():
         _host.resolve_backend = previous
 
 
-def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None) -> None:
+def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
+               dropout: float = 0.0) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
-    not causal; the output merged back to ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
+    not causal (attention dropout ``dropout``: the kernels' DROPOUT variant); the output merged back to
+    ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
     import torch
 
     from syntaxkernels.nn import DistanceBias
@@ -1073,15 +1075,16 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
     layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
                                                                                       backend="triton")
     with _kernels_on_cpu_tensors():
-        out = layer.attend(q, k, v, batch)
+        out = layer.attend(q, k, v, batch, dropout_p=dropout)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
 
-def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None) -> None:
+def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
+                      dropout: float = 0.0) -> None:
     """Forward and backward of one bias-attention layer on a packed batch, as a padding-free model calls it:
     q, k, v the ``[T, H * D]`` projections viewed as ``[T, H, D]``, ``syntax_bias_attention(...,
     cu_seqlens=batch.cu_seqlens)`` with a shared ``BucketSpec()`` table and a learnable strength (both taking
-    gradients), no window, not causal."""
+    gradients), no window, not causal, attention dropout ``dropout`` (a fixed seed)."""
     import torch
 
     from syntaxkernels.ops import syntax_bias_attention
@@ -1100,7 +1103,8 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
     bias_scale = torch.ones(1, requires_grad=True)
     with _kernels_on_cpu_tensors():
         out = syntax_bias_attention(q, k, v, batch.distance, table, buckets=buckets, bias_scale=bias_scale,
-                                    cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, backend="triton")
+                                    cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, backend="triton",
+                                    dropout_p=dropout, dropout_seed=1 if dropout else None)
     out.reshape(T, E).backward(torch.zeros(T, E, dtype=dt))
 
 
@@ -1413,8 +1417,8 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 
 def _workload_job(job):
-    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec])
-    return inspect_workload(name, dtype, head_dim, arch, rest[0] if rest else None)
+    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec[, dropout]])
+    return inspect_workload(name, dtype, head_dim, arch, *rest)
 
 
 @contextlib.contextmanager
@@ -1442,15 +1446,18 @@ def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
     return report.programs / MULTIPROCESSORS[report.arch]
 
 
-def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None) -> List[KernelReport]:
+def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None,
+                     dropout: float = 0.0) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
     and attach the whole batch's tile classes and weighted cost per valid pair to each report
     (``report.tiles``, ``report.cost``). ``buckets``: the layer's :class:`BucketSpec` (None: ``BucketSpec()``;
-    another adds ``T<buckets>`` to the case name)."""
+    another adds ``T<buckets>`` to the case name); ``dropout``: the layer's attention dropout (``p<dropout>`` in the
+    case name: the kernels' DROPOUT variant)."""
     _require_compiler()
     workload = _workload(name)
-    case = f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
+    case = (f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
+            + (f" p{dropout:g}" if dropout else ""))
     reports: List[KernelReport] = []
     seen = set()
     # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
@@ -1459,9 +1466,10 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     with fake_gpu(arch), capture_launches(keep_going=True) as launches, _whole_batch_head_groups(whole):
         try:
             if workload.packed:
-                _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets)
+                _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets, dropout=dropout)
             else:
-                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets)
+                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets,
+                           dropout=dropout)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1504,11 +1512,12 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
 
 def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dtypes: Sequence[str] = ("bf16",),
                       head_dims: Sequence[int] = (64, 128), processes: int = 2,
-                      progress: Optional[Callable[[str], None]] = None, buckets=None) -> List[KernelReport]:
+                      progress: Optional[Callable[[str], None]] = None, buckets=None,
+                      dropout: float = 0.0) -> List[KernelReport]:
     """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool
-    (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``)."""
+    (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``; ``dropout``: the layers' attention dropout)."""
     _require_compiler()
-    jobs = [(n, dt, d, a, buckets) for n in names for dt in dtypes for d in head_dims for a in archs]
+    jobs = [(n, dt, d, a, buckets, dropout) for n in names for dt in dtypes for d in head_dims for a in archs]
 
     def describe(job, batch):
         errors = sum(1 for r in batch if r.error)
