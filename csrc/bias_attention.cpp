@@ -25,6 +25,14 @@
 // Window: a [B, nQ, nK] table of each (query block x 64 keys) tile's smallest distance (one pass over the
 // distance, shared by the heads); tiles whose smallest distance is beyond the window are skipped, live ones merged
 // into spans.
+//
+// Attention dropout: separate passes (a template parameter; p = 0 runs the passes above unchanged). The keep
+// multipliers of a row segment (keep_scale or 0) come from one Philox-4x32-7 call per 4 keys (the loop over groups
+// vectorises). Forward: applied to P after the online softmax has summed it (the sum and lse stay the undropped
+// softmax's), before acc += P V. Backward pass A: generated into a [64, N] band and applied to dP before delta
+// (delta = sum P dPd = rowsum(dO O)); pass B: dS = P (dPd - delta), then P turned into Pd for dV. Measured on the
+// shared 2-core machine (one thread, B = 2, H = 4, N = 512, D = 64, p = 0.1, best of 40): forward 5.4 -> 8.6 ms,
+// backward 13.0 -> 16.5 ms; the generator alone about 1.3 ns per key.
 #include "bias_attention.h"
 
 #include "cpu_support.h"
