@@ -21,19 +21,29 @@ namespace syntaxkernels {
 // free); distance uint8 [B, N, N]; lut float32 [1 or H, 256]; lengths int32 [B]. window < 0: none (the LUT holds it;
 // here it only enables tile skipping). Writes out [B, H, N, Dv] (q's dtype, contiguous) and lse [B, H, N] (float32,
 // contiguous; log2 of the row's softmax denominator at the log2-domain scores, +inf for an empty row).
+//
+// Attention dropout (dropout_threshold > 0 or keep_scale != 1; threshold 0 and keep_scale 1 run the kernels
+// without it): out = Pd V with Pd_ij = P_ij * keep_ij * keep_scale (keep_scale = 1 / (1 - p)), P the softmax (lse
+// stays the undropped one's). keep_ij of item b, head h: word j % 4 of Philox-4x32-7 of the counter
+// (j / 4, i, b * H + h, 0) under the key (low, high 32 bits of dropout_seed, the uint64 seed's bit pattern) is
+// >= dropout_threshold (uint32, reference.dropout_threshold(p)): reference.dropout_keep, the same mask.
 void bias_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& distance, const at::Tensor& lut, const at::Tensor& lengths,
-                                double scale, int64_t window, bool causal, at::Tensor& out, at::Tensor& lse);
+                                double scale, int64_t window, bool causal, int64_t dropout_seed,
+                                int64_t dropout_threshold, double keep_scale, at::Tensor& out, at::Tensor& lse);
 
 // Gradients of the forward from dout [B, H, N, Dv] (last dim contiguous) and the forward's lse: dq, dk [B, H, N, D],
 // dv [B, H, N, Dv] (q's dtype, contiguous) and, when table_grad, bucket_grad float32 [1 or H, T] (like the LUT's
 // rows): the sums of dS (the gradient of the natural-log scores) over the pairs whose distance d has
 // bucket_index[d] == t (bucket_index int64 [256]); d table = c * bucket_grad, d c = sum(table * bucket_grad).
 // The row term delta_i = sum_j p_ij dp_ij is formed from the recomputed tile (the output is not read back).
+// Dropout (the forward's arguments; the mask regenerated from the seed, never stored): dV = Pd^T dO,
+// dPd = (dO V^T) * keep * keep_scale, delta_i = sum_j P_ij dPd_ij (= rowsum(dO * O)), dS = P (dPd - delta).
 void bias_attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& lse, const at::Tensor& distance,
                                  const at::Tensor& lut, const at::Tensor& lengths, const at::Tensor& bucket_index,
-                                 double scale, int64_t window, bool causal, bool table_grad, at::Tensor& dq,
-                                 at::Tensor& dk, at::Tensor& dv, at::Tensor& bucket_grad);
+                                 double scale, int64_t window, bool causal, bool table_grad, int64_t dropout_seed,
+                                 int64_t dropout_threshold, double keep_scale, at::Tensor& dq, at::Tensor& dk,
+                                 at::Tensor& dv, at::Tensor& bucket_grad);
 
 }  // namespace syntaxkernels

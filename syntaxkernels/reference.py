@@ -154,15 +154,16 @@ def dropout_keep(seed: int, p: float, batch: int, heads: int, rows: int, cols: i
 def apply_attention_dropout(weights: torch.Tensor, p: float, seed: Optional[int], first_item: int = 0
                             ) -> torch.Tensor:
     """``weights`` (``[B, H, N, N]`` attention probabilities) with the pairs :func:`dropout_keep` drops zeroed and
-    the kept ones scaled by ``1 / (1 - p)``; unchanged when ``p == 0``."""
+    the kept ones scaled by ``1 / (1 - p)``; unchanged when ``p == 0``. A dropped pair is ``weight * 0``: a NaN row
+    (a NaN or ``+inf`` allowed score) stays NaN whatever is dropped, as in the kernels (whose NaN normaliser
+    reaches the whole row)."""
     if p == 0.0:
         return weights
     if seed is None:
         raise ValueError("dropout_p > 0 needs a dropout_seed (an int)")
     B, H, N, M = weights.shape
     keep = dropout_keep(seed, p, B, H, N, M, first_item=first_item, device=weights.device)
-    return torch.where(keep, weights * (1.0 / (1.0 - p)), torch.zeros((), dtype=weights.dtype,
-                                                                       device=weights.device))
+    return torch.where(keep, weights * (1.0 / (1.0 - p)), weights * 0.0)
 
 
 def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
