@@ -31,6 +31,8 @@ DROPOUT_CASES = [
     ("small-tiles-causal-fp32", [3, 7, 1, 0, 12, 2, 25, 4], 2, 16, torch.float32,
      dict(per_head=True, causal=True, tiles=(16, 16)), 0.2, 2 ** 40 + 3),
     ("causal-bf16", [20, 9, 14], 2, 64, torch.bfloat16, dict(causal=True), 0.25, 99),
+    # head dim 80 (blocks of 128): the table kernel draws the mask before its dP product
+    ("shared-D80-window3-fp32", [6, 0, 13, 1], 2, 80, torch.float32, dict(window=3), 0.3, 5),
 ]
 
 

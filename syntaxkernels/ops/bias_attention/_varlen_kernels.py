@@ -505,6 +505,12 @@ def _varlen_table_kernel(
                 lse = tl.load(LSE + h * stride_lse + offs_m, mask=row_ok, other=float("inf"))
                 exponent = tl.where(allowed, scores * qk_scale2 + bias - lse[:, None], float("-inf"))
                 p = tl.exp2(exponent)
+                # Dropout: dS = P * (dP * keep * keep_scale - delta). The mask is drawn before the dP product
+                # (P * keep * keep_scale kept) above head dim 64 and after it below: the order that stays within
+                # the registers (compiled for sm_80 and sm_90).
+                if DROPOUT and BLOCK_DV > 64:
+                    kept = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, offs_n),
+                                    p * keep_scale, 0.0)
                 dp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for c in tl.static_range(0, BLOCK_DV, CHUNK):
                     offs_c = c + tl.arange(0, CHUNK)
@@ -513,11 +519,14 @@ def _varlen_table_kernel(
                     v = load_rows(_rows_at(V + h * stride_vh, start_n, stride_vt), cols, offs_c, stride_vt,
                                   stride_vd, kend - start_n, DV, True, EVEN_DV)
                     dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
-                if DROPOUT:
-                    dp = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, offs_n), dp * keep_scale,
-                                  0.0)
                 delta = tl.load(DELTA + h * stride_lse + offs_m, mask=row_ok, other=0.0)
-                ds += p * (dp - delta[:, None])
+                if DROPOUT and BLOCK_DV > 64:
+                    ds += kept * dp - p * delta[:, None]
+                else:
+                    if DROPOUT:
+                        dp = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, offs_n),
+                                      dp * keep_scale, 0.0)
+                    ds += p * (dp - delta[:, None])
             sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
                                 UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
 
