@@ -17,6 +17,7 @@ from syntaxkernels import reference
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.bias_attention import _cpu as C
 from syntaxkernels.ops.bias_attention import _host
+from syntaxkernels.ops._dispatch import dropout_arguments
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 from syntaxkernels.tools.workloads import random_forest
 from syntaxkernels.trees import PackedTreeBatch
@@ -226,7 +227,7 @@ def test_packed_batches_with_dropout(dtype, kw):
 def test_opcheck_with_dropout_arguments():
     case = make_case(2, 2, 20, 32, torch.float32, lengths=[20, 11], per_head=True)
     lut = _host.bias_lut(case["table"], case["bias_scale"], case["buckets"], 3)
-    drop = C.dropout_kernel_arguments(0.25, 2 ** 64 - 3)
+    drop = dropout_arguments(0.25, 2 ** 64 - 3)
     assert drop[0] == -3 and drop[1] == reference.dropout_threshold(0.25) and drop[2] == pytest.approx(4 / 3)
     args = (case["q"], case["k"], case["v"], case["distance"], lut, case["lengths"].to(torch.int32), 0.2, 3, True,
             *drop)

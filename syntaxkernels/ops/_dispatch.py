@@ -1,6 +1,7 @@
 """What every op shares and Triton does not need: choosing between the Triton kernels and the reference
 (``backend=`` of every public op; :func:`triton_status` is the package's one probe of Triton) and the constant device
-tensors the ops share (:func:`device_constant`). What an op derives from a batch once for every layer lives on the
+tensors the ops share (:func:`device_constant`), and the dropout arguments every kernel family takes
+(:func:`dropout_arguments`, :func:`seed_bits`). What an op derives from a batch once for every layer lives on the
 batch's structure plan (:mod:`syntaxkernels.plan`), never in a cache here.
 
 Imports torch but never Triton: an op module imports its Triton kernels and launchers only when
@@ -120,3 +121,21 @@ def kernels_or_reference(backend: str, chosen: str, q: torch.Tensor, v: torch.Te
                 raise ValueError(f"backend='triton': {why}; use backend='reference' or 'auto'")
             return "reference"
     return chosen
+
+
+def dropout_arguments(p: float, seed):
+    """The kernels' dropout arguments ``(seed, threshold, keep_scale)`` of probability ``p`` and ``seed`` (an int in
+    ``[0, 2^64)``, or its int64 bit pattern; unused when ``p == 0``): the seed as an int64 bit pattern (one kernel
+    argument type for every seed; ``tl.philox`` reads it as uint64), the uint32 threshold of
+    :func:`syntaxkernels.reference.dropout_threshold` and ``1 / (1 - p)``."""
+    from ..reference import dropout_threshold
+    if p == 0.0:
+        return 0, 0, 1.0
+    return seed_bits(seed), dropout_threshold(p), 1.0 / (1.0 - p)
+
+
+def seed_bits(seed: int) -> int:
+    """``seed`` (an int in ``[0, 2^64)`` or its int64 bit pattern) as its int64 bit pattern: what an int64 kernel
+    argument or ``torch.library`` schema holds."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return seed - (1 << 64) if seed >= (1 << 63) else seed

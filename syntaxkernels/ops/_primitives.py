@@ -27,7 +27,7 @@ from triton import knobs as _knobs
 from triton.runtime import driver as _driver
 from triton.runtime.errors import OutOfResources
 
-from ._dispatch import LOG2E, interpreting  # noqa: F401 (the kernel layer's names)
+from ._dispatch import LOG2E, dropout_arguments, interpreting, seed_bits  # noqa: F401 (the kernel layer's names)
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
@@ -306,24 +306,6 @@ def dropout_keep_pairs(seed, threshold, bh, rows, cols):
 # ---------------------------------------------------------------------------------------------------------
 # Host helpers
 # ---------------------------------------------------------------------------------------------------------
-
-def dropout_arguments(p: float, seed):
-    """The kernels' dropout arguments ``(seed, threshold, keep_scale)`` of probability ``p`` and ``seed`` (an int in
-    ``[0, 2^64)``, or its int64 bit pattern; unused when ``p == 0``): the seed as an int64 bit pattern (one kernel
-    argument type for every seed; ``tl.philox`` reads it as uint64), the uint32 threshold of
-    :func:`syntaxkernels.reference.dropout_threshold` and ``1 / (1 - p)``."""
-    from ..reference import dropout_threshold
-    if p == 0.0:
-        return 0, 0, 1.0
-    return seed_bits(seed), dropout_threshold(p), 1.0 / (1.0 - p)
-
-
-def seed_bits(seed: int) -> int:
-    """``seed`` (an int in ``[0, 2^64)`` or its int64 bit pattern) as its int64 bit pattern: what an int64 kernel
-    argument or ``torch.library`` schema holds."""
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    return seed - (1 << 64) if seed >= (1 << 63) else seed
-
 
 _LAUNCH_HOOK = None
 

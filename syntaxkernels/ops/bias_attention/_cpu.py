@@ -29,21 +29,11 @@ import torch
 
 from ... import _ext
 from ...plan import as_plan
-from ...reference import dropout_threshold as _dropout_threshold
 from ...specs import BucketSpec
+from .._dispatch import dropout_arguments
 from ._host import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
 
 __all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
-
-
-def dropout_kernel_arguments(p: float, seed: Optional[int]) -> Tuple[int, int, float]:
-    """``(seed, threshold, keep_scale)`` of the C++ kernels for dropout probability ``p`` and ``seed`` (an int in
-    ``[0, 2^64)``): the seed's bit pattern as an int64, :func:`syntaxkernels.reference.dropout_threshold` and
-    ``1 / (1 - p)``; ``(0, 0, 1.0)`` (no dropout) for ``p == 0``."""
-    if p == 0.0:
-        return 0, 0, 1.0
-    seed = int(seed)
-    return seed - 2 ** 64 if seed >= 2 ** 63 else seed, _dropout_threshold(p), 1.0 / (1.0 - float(p))
 
 
 @torch.library.custom_op("syntaxkernels::bias_attention_cpu_fwd", mutates_args=(), device_types="cpu")
@@ -56,7 +46,7 @@ def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Args: q, k ``[B, H, N, D]``, v ``[B, H, N, Dv]`` (last dim contiguous, other strides free); distance uint8
     ``[B, N, N]``; lut float32 ``[1 or H, 256]`` (:func:`bias_lut`); lengths int32 ``[B]``; window -1 for none
     (the LUT holds it; here it enables tile skipping); causal: only ``j <= i``. Attention dropout
-    (:func:`dropout_kernel_arguments`; the defaults are none): ``dropout_seed`` the uint64 seed's bit pattern as an
+    (:func:`.._dispatch.dropout_arguments`; the defaults are none): ``dropout_seed`` the uint64 seed's bit pattern as an
     int64, ``dropout_threshold`` the uint32 threshold, ``keep_scale`` ``1 / (1 - p)``; the mask is
     :func:`syntaxkernels.reference.dropout_keep`'s (item = batch index), lse the undropped softmax's.
     """
@@ -116,7 +106,7 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         lut = bias_lut(table, bias_scale, spec, window)
         out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(
             q, k, v, distance, lut, lengths, scale, window, causal,
-            *dropout_kernel_arguments(dropout_p, dropout_seed))
+            *dropout_arguments(dropout_p, dropout_seed))
         ctx.save_for_backward(q, k, v, lse, distance, table, bias_scale, lengths, lut)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
         ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
@@ -129,7 +119,7 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         spec = _spec(*ctx.bucket_spec)
         dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
             dout, q, k, v, lse, distance, lut, lengths, _bucket_lut(spec, distance), spec.num_buckets, ctx.scale,
-            ctx.window, ctx.causal, table_grad, *dropout_kernel_arguments(ctx.dropout_p, ctx.dropout_seed))
+            ctx.window, ctx.causal, table_grad, *dropout_arguments(ctx.dropout_p, ctx.dropout_seed))
         dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
         return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None
 

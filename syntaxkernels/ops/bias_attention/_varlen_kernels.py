@@ -49,8 +49,9 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, head_block, interpreting, launch,
-                           launch_grid, load_rows, lut_bias, mma, mma_acc, program_ids, KernelDoesNotFit)
+from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, dropout_arguments, dropout_keep_pairs,
+                           head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma, mma_acc,
+                           program_ids, KernelDoesNotFit)
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
@@ -66,23 +67,24 @@ __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
 
 @triton.jit
 def _rows_meta(SEQ, CU, DOFF, offs, T):
-    """Per packed token of ``offs``: ``(sequence id, distance row base)``; -1 and 0 past T.
+    """Per packed token of ``offs``: ``(sequence id, distance row base, sequence start)``; -1, 0, 0 past T.
 
     The pair (i, j) of one sequence is at ``DIST + base_i + j`` (``base_i = offset_s + (i - start_s) * n_s -
-    start_s``)."""
+    start_s``); ``start_s`` (int64, the sequence's first packed token) gives positions within the sequence."""
     in_range = offs < T
     seq = tl.load(SEQ + offs, mask=in_range, other=-1)
     safe = tl.maximum(seq, 0)
     start = tl.load(CU + safe, mask=in_range, other=0).to(tl.int64)
     end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
     base = tl.load(DOFF + safe, mask=in_range, other=0) + (offs.to(tl.int64) - start) * (end - start) - start
-    return seq, base
+    return seq, base, start
 
 
 @triton.jit
 def _cols_meta(SEQ, CU, DOFF, offs, T):
-    """Per packed token of ``offs`` taken as the *key* of a pair: ``(sequence id, base, n)``: the pair (query i,
-    key j) is at ``DIST + base_j + i * n_j`` (``base_j = offset_s - start_s * n_s + j - start_s``)."""
+    """Per packed token of ``offs`` taken as the *key* of a pair: ``(sequence id, base, n, start)``: the pair (query
+    i, key j) is at ``DIST + base_j + i * n_j`` (``base_j = offset_s - start_s * n_s + j - start_s``); ``start_s``
+    int64 as in :func:`_rows_meta`."""
     in_range = offs < T
     seq = tl.load(SEQ + offs, mask=in_range, other=-1)
     safe = tl.maximum(seq, 0)
@@ -90,7 +92,32 @@ def _cols_meta(SEQ, CU, DOFF, offs, T):
     end = tl.load(CU + safe + 1, mask=in_range, other=0).to(tl.int64)
     n = end - start
     base = tl.load(DOFF + safe, mask=in_range, other=0) - start * n + offs.to(tl.int64) - start
-    return seq, base, n
+    return seq, base, n, start
+
+
+@triton.jit
+def _keep(seed, threshold, bh, start, offs_m, offs_n):
+    """bool ``[BLOCK_M, BLOCK_N]``: the attention-dropout keep mask of the pairs (query ``offs_m[i]``, key
+    ``offs_n[j]``) of a packed tile, both packed token indices, with ``bh [BLOCK_M]`` (``sequence * H + head``) and
+    ``start [BLOCK_M]`` (the sequence's first token) of each query row: the positions in the sequence are ``offs -
+    start`` (:func:`syntaxkernels.reference.dropout_keep` of batch item = sequence). Only the pairs of one
+    sequence (the allowed ones) draw a meaningful bit; the others are masked by the caller. One Philox call per
+    pair (:func:`._primitives.dropout_keep_pairs`: a tile's keys are not aligned to 4 within a sequence)."""
+    start32 = start.to(tl.int32)
+    cols = offs_n[None, :] - start32[:, None]
+    rows = offs_m[:, None] - start32[:, None] + cols * 0
+    return dropout_keep_pairs(seed, threshold, bh[:, None], rows, cols)
+
+
+@triton.jit
+def _keep_t(seed, threshold, bh, start, offs_n, offs_m):
+    """:func:`_keep` transposed, ``[BLOCK_N, BLOCK_M]`` (keys are rows, as in the dK/dV kernel): ``bh [BLOCK_N]``
+    and ``start [BLOCK_N]`` of each key; the pair (key ``offs_n[j]``, query ``offs_m[i]``) draws query position
+    ``offs_m[i] - start[j]`` and key position ``offs_n[j] - start[j]``."""
+    start32 = start.to(tl.int32)
+    rows = offs_m[None, :] - start32[:, None]
+    cols = offs_n[:, None] - start32[:, None] + rows * 0
+    return dropout_keep_pairs(seed, threshold, bh[:, None], rows, cols)
 
 
 @triton.jit
@@ -136,17 +163,17 @@ def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols,
     return scores, allowed, k
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # (one compile for every seed)
 def _varlen_fwd_kernel(
     Q, K, V, DIST, LUT, SEQ, CU, DOFF, OUT, LSE,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_ot, stride_oh, stride_od, stride_lut, stride_lse,
     H, T, D, DV, num_q_blocks, qk_scale2,
-    TABLE, SCALE, BUCKETS, stride_tr, window,
+    TABLE, SCALE, BUCKETS, stride_tr, window, seed, threshold, keep_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     """Forward for one packed query block of one head.
 
@@ -157,6 +184,9 @@ def _varlen_fwd_kernel(
             forward does.
         SEQ: int32 ``[T]`` sequence of each token; CU: int32 ``[S + 1]``; DOFF: int64 ``[S + 1]`` distance offsets.
         LSE: fp32 ``[H, T]`` (row stride ``stride_lse``), log2 domain, +inf for rows without an allowed key.
+        seed, threshold, keep_scale: attention dropout with DROPOUT (:func:`._primitives.dropout_arguments`;
+            unused otherwise): the probabilities of the dropped pairs (:func:`_keep`) leave the product with V, the
+            normaliser keeps them, the output is scaled by ``keep_scale``. LSE stays the undropped softmax's.
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -165,7 +195,7 @@ def _varlen_fwd_kernel(
     offs_m = first + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    seq_m, base_m, seq_start_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
     q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_d, stride_qt, stride_qd, T - first, D,
                   True, EVEN_D)
     k_base = K + h * stride_kh
@@ -190,6 +220,8 @@ def _varlen_fwd_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # the normaliser above is the undropped softmax's; the product takes the kept pairs only
+            p = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, start_n + cols), p, 0.0)
         if BLOCK_D > 64:  # (the cheaper address form per head dim: see _scores)
             v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd, kend - start_n,
                           DV, True, EVEN_DV)
@@ -202,34 +234,38 @@ def _varlen_fwd_kernel(
     valid = (offs_m < T) & (l_i != 0.0)  # l_i NaN (a NaN or +inf score): the row is NaN, not 0
     denom = tl.where(valid, l_i, 1.0)
     out = tl.where(valid[:, None], acc / denom[:, None], 0.0)
+    if DROPOUT:
+        out = out * keep_scale
     lse = tl.where(valid, m_i + tl.log2(denom), float("inf"))
     o_ptrs = _rows_at(OUT + h * stride_oh, first, stride_ot) + rows[:, None] * stride_ot + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_dv[None, :] < DV))
     tl.store(LSE + h * stride_lse + offs_m, lse, mask=offs_m < T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _varlen_dq_kernel(
     Q, K, V, DOUT, OUT, DIST, LUT, SEQ, CU, DOFF, LSE, DQ, DELTA_CORRECTED,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_ot, stride_oh, stride_od, stride_xt, stride_xh, stride_xd, stride_lut,
-    stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2,
+    stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2, seed, threshold, keep_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
     rows of dS then sum to zero for the per-bucket sums). Arguments as in the forward; DOUT and OUT ``[T, H, DV]``
-    (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``)."""
+    (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``). With DROPOUT (seed, threshold,
+    keep_scale as in the forward; O is the dropped output) ``dP = (dO V^T) * keep * keep_scale`` and ``dS = P (dP -
+    delta)`` with the undropped P: the forward's mask, drawn again (:func:`_keep`)."""
     q_block, bh, b, h = program_ids(num_q_blocks, H)
     first = q_block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
     offs_m = first + rows
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    seq_m, base_m, seq_start_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
     q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_d, stride_qt, stride_qd, T - first, D,
                   True, EVEN_D)
     do = load_rows(_rows_at(DOUT + h * stride_gh, first, stride_gt), rows, offs_dv, stride_gt, stride_gd, T - first,
@@ -256,6 +292,9 @@ def _varlen_dq_kernel(
         v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
                       kend - start_n, DV, True, EVEN_DV)
         dp = mma(do, tl.trans(v), DOT_PRECISION)
+        if DROPOUT:
+            dp = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, start_n + cols), dp * keep_scale,
+                          0.0)
         ds = p * (dp - delta[:, None])
         dq = mma_acc(ds.to(k.dtype), k, dq, DOT_PRECISION)
         row_error += tl.sum(ds, 1)
@@ -269,26 +308,29 @@ def _varlen_dq_kernel(
     tl.store(DELTA_CORRECTED + h * stride_lse + offs_m, delta, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _varlen_dkdv_kernel(
     Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, DELTA, DK, DV_OUT, BUCKET_LUT, BUCKET_PARTIALS,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
     stride_lut, stride_lse,
-    H, T, D, DV, num_k_blocks, scale, qk_scale2,
+    H, T, D, DV, num_k_blocks, scale, qk_scale2, seed, threshold, keep_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
     TABLE_GRAD: tl.constexpr = False, NUM_BUCKETS: tl.constexpr = 1, BUCKETS_PAD: tl.constexpr = 16,
     STATIC_BUCKETS: tl.constexpr = True, MAX_DISTANCE: tl.constexpr = 1, LOG_DISTANCE: tl.constexpr = 0,
     UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
+    DROPOUT: tl.constexpr = False,
 ):
     """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
     orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
     padded op). A shared table's gradient is not here (:func:`_varlen_table_kernel` sums the heads' dS first);
     with TABLE_GRAD (a per-head table) this program also sums its head's dS per bucket over each tile's bucket
     range (:func:`_tile_buckets`, :func:`._backward._bucket_sums`) and writes them once to ``BUCKET_PARTIALS [H *
-    nK, NUM_BUCKETS]`` (BUCKET_LUT: int64 ``[256]``, ``BucketSpec.lut()``; both unused otherwise).
+    nK, NUM_BUCKETS]`` (BUCKET_LUT: int64 ``[256]``, ``BucketSpec.lut()``; both unused otherwise). With DROPOUT
+    (seed, threshold, keep_scale as in the forward): ``dV = (P * keep)^T dO * keep_scale`` and dP takes the keep
+    as in the dQ kernel (the mask of :func:`_keep_t`, the forward's pairs transposed).
     Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
     k_block, bh, b, h = program_ids(num_k_blocks, H)
     first = k_block * BLOCK_N
@@ -296,7 +338,7 @@ def _varlen_dkdv_kernel(
     offs_n = first + keys
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    seq_n, base_n, len_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
+    seq_n, base_n, len_n, seq_start_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
     len_n32 = len_n.to(tl.int32)
     k = load_rows(_rows_at(K + h * stride_kh, first, stride_kt), keys, offs_d, stride_kt, stride_kd, T - first, D,
                   True, EVEN_D)
@@ -334,9 +376,15 @@ def _varlen_dkdv_kernel(
         p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
         do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd, qend - start_m, DV,
                        True, EVEN_DV)
-        dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        if DROPOUT:  # (keep_scale applied to dV once at the end)
+            keep_t = _keep_t(seed, threshold, seq_n * H + h, seq_start_n, offs_n, offs_m)
+            dv = mma_acc(tl.where(keep_t, p_t, 0.0).to(do.dtype), do, dv, DOT_PRECISION)
+        else:
+            dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
         dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+        if DROPOUT:
+            dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
         if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
@@ -348,6 +396,8 @@ def _varlen_dkdv_kernel(
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
+    if DROPOUT:
+        dv = dv * keep_scale
     dv = tl.where(key_ok[:, None], dv, 0.0)
     dk_ptrs = _rows_at(DK + h * stride_xh, first, stride_xt) + keys[:, None] * stride_xt + offs_d[None, :] * stride_xd
     dv_ptrs = (_rows_at(DV_OUT + h * stride_yh, first, stride_yt) + keys[:, None] * stride_yt
@@ -381,18 +431,18 @@ def _tile_buckets(BUCKET_LUT, dist, live, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
     return walk, present
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _varlen_table_kernel(
     Q, K, V, DOUT, DIST, LUT, BUCKET_LUT, SEQ, CU, DOFF, LSE, DELTA, BUCKET_PARTIALS,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_lut, stride_lse,
-    H, T, D, DV, num_q_blocks, qk_scale2, HEADS,
+    H, T, D, DV, num_q_blocks, qk_scale2, HEADS, seed, threshold, keep_scale,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
-    INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr = False,
 ):
     """The table gradient of a packed batch: per bucket, the sum of dS over one packed query block's pairs and
     ``HEADS`` heads (the padded op's :func:`._backward._bias_bwd_table_kernel` on packed tiles).
@@ -412,6 +462,7 @@ def _varlen_table_kernel(
             rowsum(dS)``: the rows of dS recomputed from it sum to zero up to fp32 rounding, as in the padded op.
         BUCKET_PARTIALS: fp32 ``[(H / HEADS) * nQ, NUM_BUCKETS]``: each program's sums, written once and reduced in
             a fixed order by the launcher (no atomics).
+        seed, threshold, keep_scale: with DROPOUT, each head's dP takes that head's keep mask as in the dQ kernel.
     Grid: ``(nQ * H / HEADS,)``.
     """
     q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
@@ -420,7 +471,7 @@ def _varlen_table_kernel(
     rows = tl.arange(0, BLOCK_M)
     offs_m = first + rows
     row_ok = offs_m < T
-    seq_m, base_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
+    seq_m, base_m, seq_start_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
     lut_row = LUT + h0 * stride_lut
     kstart, kend = _span(SEQ, CU, first, BLOCK_M, T)
     if CAUSAL:
@@ -454,6 +505,12 @@ def _varlen_table_kernel(
                 lse = tl.load(LSE + h * stride_lse + offs_m, mask=row_ok, other=float("inf"))
                 exponent = tl.where(allowed, scores * qk_scale2 + bias - lse[:, None], float("-inf"))
                 p = tl.exp2(exponent)
+                # Dropout: dS = P * (dP * keep * keep_scale - delta). The mask is drawn before the dP product
+                # (P * keep * keep_scale kept) above head dim 64 and after it below: the order that stays within
+                # the registers (compiled for sm_80 and sm_90).
+                if DROPOUT and BLOCK_DV > 64:
+                    kept = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, offs_n),
+                                    p * keep_scale, 0.0)
                 dp = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for c in tl.static_range(0, BLOCK_DV, CHUNK):
                     offs_c = c + tl.arange(0, CHUNK)
@@ -463,7 +520,13 @@ def _varlen_table_kernel(
                                   stride_vd, kend - start_n, DV, True, EVEN_DV)
                     dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
                 delta = tl.load(DELTA + h * stride_lse + offs_m, mask=row_ok, other=0.0)
-                ds += p * (dp - delta[:, None])
+                if DROPOUT and BLOCK_DV > 64:
+                    ds += kept * dp - p * delta[:, None]
+                else:
+                    if DROPOUT:
+                        dp = tl.where(_keep(seed, threshold, seq_m * H + h, seq_start_m, offs_m, offs_n),
+                                      dp * keep_scale, 0.0)
+                    ds += p * (dp - delta[:, None])
             sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
                                 UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
 
@@ -502,11 +565,14 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 
 
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
-                   window: int, causal: bool, syntax: bool = True):
+                   window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
+                   dropout_seed: Optional[int] = None):
     """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])``: the kernel writes the
     log2-domain LUT from ``table`` (``[H or 1, T_b]``, rows contiguous), ``bias_scale`` and ``bucket_lut``
     (``BucketSpec.lut()``) and the window (-1: none), as the padded forward does; the packed plan's ``cu_seqlens``
-    (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``)."""
+    (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``).
+    ``dropout_p > 0``: attention dropout with the mask of ``dropout_seed`` (an int in ``[0, 2^64)``; sequence s
+    draws batch item s's mask), the kernels' DROPOUT variant."""
     T, H, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
@@ -518,25 +584,27 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     config = select_varlen_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     num_q = triton.cdiv(T, block_m)
+    seed, threshold, keep_scale = dropout_arguments(dropout_p, dropout_seed)
     launch(_varlen_fwd_kernel, launch_grid(num_q, 1, H),
            q, k, v, distance, lut, sequence, cu_seqlens, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(),
            *out.stride(), lut.stride(0) if rows > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
-           table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window,
+           table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window, seed, threshold, keep_scale,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
-           INTERPRETED=interpreting(),
+           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut
 
 
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
-                    syntax: bool = True):
+                    syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None):
     """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
     (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
-    kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`)."""
+    kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
+    ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again."""
     from ._launch import _nothing, table_gradient, table_heads
 
     T, H, D = q.shape
@@ -554,6 +622,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     stride_lut = lut.stride(0) if rows > 1 else 0
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
+    dropout = dropout_arguments(dropout_p, dropout_seed)  # (seed, threshold, keep_scale)
+    dropping = dropout_p > 0.0
 
     config = select_varlen_config("dq", q.dtype, max(D, DV))
     num_q = triton.cdiv(T, config["BLOCK_M"])
@@ -561,10 +631,10 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     launch(_varlen_dq_kernel, launch_grid(num_q, 1, H),
            q, k, v, dout, out, distance, lut, seq, cu, offsets, lse, dq, delta,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *out.stride(), *dq.stride(), stride_lut,
-           lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E,
+           lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E, *dropout,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
-           TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(),
+           TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
 
     # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
@@ -581,10 +651,10 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv,
            _bucket_lut(spec, q) if inline else seq, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
-           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E,
+           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E, *dropout,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
-           OPAQUE_BIAS=True, INTERPRETED=interpreting(), **bucket_args_,
+           OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if inline:  # row h sums its own num_k programs
         return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)
@@ -603,6 +673,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            q, k, v, dout, distance, lut, _bucket_lut(spec, q), seq, cu, offsets, lse, delta, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), stride_lut, lse.stride(0),
            H, T, D, DV, num_q, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
+           seed=dropout[0], threshold=dropout[1], keep_scale=dropout[2], DROPOUT=dropping,
            NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
@@ -618,10 +689,12 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
 def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, table: torch.Tensor,
                       bias_scale: torch.Tensor, bucket_lut: torch.Tensor, cu_seqlens: torch.Tensor,
                       sequence: torch.Tensor, offsets: torch.Tensor, scale: float, window: int,
-                      causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it)."""
+                      causal: bool, dropout_p: float = 0.0,
+                      dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it);
+    ``dropout_seed`` as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
@@ -629,30 +702,35 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
                        sequence: torch.Tensor, offsets: torch.Tensor, scale: float, causal: bool, max_distance: int,
                        log_distance: int, unreachable_bucket: bool, table: torch.Tensor, bias_scale: torch.Tensor,
-                       want_table: bool, want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                     torch.Tensor, torch.Tensor]:
-    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`."""
+                       want_table: bool, want_scale: bool, dropout_p: float = 0.0,
+                       dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor]:
+    """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`, ``dropout_seed``
+    as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
                            _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                           want_scale)
+                           want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
-def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal):
+
+def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal,
+             dropout_p=0.0, dropout_seed=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, table, bias_scale, bucket_lut,
-                                                                 cu_seqlens, sequence, offsets, scale, window, causal)
+                                                                 cu_seqlens, sequence, offsets, scale, window, causal,
+                                                                 dropout_p, seed_bits(dropout_seed or 0))
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
-              bias_scale, want_table, want_scale):
+              bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_bwd(
             dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, *bucket_args(spec),
-            table, bias_scale, want_table, want_scale)
+            table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0))
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec,
-                           table, bias_scale, want_table, want_scale)
+                           table, bias_scale, want_table, want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -663,21 +741,21 @@ def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offs
 class _VarlenBiasAttention(torch.autograd.Function):
     """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale. Inputs:
     ``q, k, v, table, bias_scale``, the packed plan's ``distance, cu_seqlens, sequence, distance_offsets``, then
-    ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args` and ``fallback`` (a backward kernel that
-    does not fit this GPU gives way to the reference, with a warning)."""
+    ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that
+    does not fit this GPU gives way to the reference, with a warning), ``dropout_p`` and ``dropout_seed`` (attention
+    dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again)."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
                 bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None):
-        if dropout_p > 0.0:
-            raise NotImplementedError("attention dropout on the varlen Triton kernels")
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
-                                 offsets, scale, window, causal)
+                                 offsets, scale, window, causal, dropout_p, dropout_seed)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut)
         ctx.scale, ctx.causal, ctx.bucket_spec, ctx.table_shape = scale, causal, bucket_spec, table.shape
         ctx.window, ctx.fallback = window, fallback
+        ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
         return out
 
     @staticmethod
@@ -688,7 +766,8 @@ class _VarlenBiasAttention(torch.autograd.Function):
         try:
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
                                                    offsets, ctx.scale, ctx.causal, _spec(*ctx.bucket_spec), rows,
-                                                   bias_scale, want_table, want_scale)
+                                                   bias_scale, want_table, want_scale, ctx.dropout_p,
+                                                   ctx.dropout_seed)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -700,7 +779,8 @@ class _VarlenBiasAttention(torch.autograd.Function):
                 return reference_bias_attention_varlen(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
                                                        cu_seqlens=cu_seqlens, scale=ctx.scale, bias_scale=c,
                                                        window=None if ctx.window < 0 else ctx.window,
-                                                       causal=ctx.causal)
+                                                       causal=ctx.causal, dropout_p=ctx.dropout_p,
+                                                       dropout_seed=ctx.dropout_seed)
             return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
                                              (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
         return (dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None) + rest
