@@ -12,7 +12,10 @@ batch (no optimizer step) over many seeds for:
   instead (what the syntax layers did before dropout moved into the kernels).
 
 It prints the mean loss and its standard error per run, the eval-mode loss of each, and the differences of the
-means to ``unpatched`` in standard errors. Model and data as ``benchmarks/syntax_lr.py`` (the pre-trained
+means to ``unpatched`` in standard errors. Then, with every dropout but the attention's off (embeddings, hidden
+states, classifier), the logits' spread over seeds (the standard deviation over seeds of each valid token's
+logits, averaged): where dropout acts decides how much a mask moves the logits, so this tells the placements
+apart where the mean loss cannot. Model and data as ``benchmarks/syntax_lr.py`` (the pre-trained
 all-MiniLM-L6-v2, UPOS on UD English-EWT dev through ``$SYNTAXKERNELS_UD``); without them it says what is missing
 and exits 0 (nothing measured).
 
@@ -50,6 +53,28 @@ def losses(model, batch, labels, syntax, seeds):
         model.eval()
         evaluated = model(**inputs(batch, syntax), labels=labels).loss.item()
     return out, evaluated
+
+
+def logit_spread(model, batch, syntax, seeds):
+    """Mean over valid tokens and classes of the standard deviation over seeds of the training-mode logits, with
+    every dropout module but the attention's at p = 0 (restored after)."""
+    saved = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Dropout) and not name.endswith("attention.self.dropout"):
+            saved[m] = m.p
+            m.p = 0.0
+    model.train()
+    logits = []
+    try:
+        with torch.no_grad():
+            for seed in seeds:
+                torch.manual_seed(seed)
+                logits.append(model(**inputs(batch, syntax)).logits)
+    finally:
+        for m, p in saved.items():
+            m.p = p
+    valid = batch["attention_mask"].bool()
+    return torch.stack(logits).std(0)[valid].mean().item()
 
 
 def output_dropout():
@@ -105,12 +130,15 @@ def main(argv=None):
                       python=platform.python_version(), machine=platform.machine(),
                       bias_backend="auto (CPU tensors: the C++ kernels)")
     print(json.dumps(conditions), flush=True)
-    rows = {}
+    rows, spread = {}, {}
     rows["unpatched"] = losses(plain, batch, labels, False, seeds)
+    spread["unpatched"] = logit_spread(plain, batch, False, seeds)
     rows["bias"] = losses(patched, batch, labels, True, seeds)
+    spread["bias"] = logit_spread(patched, batch, True, seeds)
     restore = output_dropout()
     try:
         rows["bias, output dropout"] = losses(patched, batch, labels, True, seeds)
+        spread["bias, output dropout"] = logit_spread(patched, batch, True, seeds)
     finally:
         restore()
     results = {}
@@ -123,9 +151,11 @@ def main(argv=None):
         # The difference to unpatched in standard errors of the difference (independent runs).
         se_diff = math.sqrt(se ** 2 + (results["unpatched"]["se"] ** 2 if results else se ** 2))
         z = (mean - base_mean) / se_diff if name != "unpatched" else 0.0
-        results[name] = dict(mean=mean, sd=sd, se=se, eval_loss=evaluated, z_vs_unpatched=z)
+        results[name] = dict(mean=mean, sd=sd, se=se, eval_loss=evaluated, z_vs_unpatched=z,
+                             logit_spread_attention_dropout_only=spread[name])
         print(f"{name:<22} train-mode loss {mean:.4f} +- {se:.4f} (sd {sd:.4f}, {len(values)} seeds); "
-              f"eval {evaluated:.4f}; mean - unpatched = {mean - base_mean:+.4f} ({z:+.1f} se)", flush=True)
+              f"eval {evaluated:.4f}; mean - unpatched = {mean - base_mean:+.4f} ({z:+.1f} se); logit spread "
+              f"(attention dropout only) {spread[name]:.4f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(dict(conditions=conditions, results=results), indent=2))
     return 0
