@@ -201,3 +201,35 @@ def test_stream_seeds_equal_the_reference():
         out = torch.zeros(8, dtype=torch.int64, device=DEVICE)
         _stream_kernel[(1,)](out, P.seed_bits(seed), 8)
         assert [v & (2 ** 64 - 1) for v in out.cpu().tolist()] == [reference.stream_seed(seed, r) for r in range(8)]
+
+
+@pytest.mark.parametrize("N,arch,kernel", [(40, 90, "_bias_bwd_short_kernel"), (40, 80, "_bias_bwd_short_t_kernel"),
+                                           (100, 90, "_bias_bwd_dkdv_kernel")])
+def test_short_rows_take_the_mask_in_their_own_backward(monkeypatch, N, arch, kernel):
+    """fp16/bf16 rows of at most 64 tokens keep their one-tile backward with dropout (queries-major on sm_90,
+    keys-major on mma.sync GPUs); rows of 65..128 tokens run the tiled backward (the two-block kernels take no
+    mask). Exact against the reference with the same seed, ragged and empty rows included."""
+    from syntaxkernels.ops.bias_attention import _launch
+
+    names = []
+    real_launch = _launch.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        names.append(fn.fn.__name__)
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    previous = P.interpret_as(arch)
+    try:
+        case = bias_attention_case(3, 2, N, 32, torch.bfloat16, bias_scale=0.8, lengths=[N, 0, 23], seed=5)
+        grad_out = torch.randn(3, 2, N, 32, generator=torch.Generator().manual_seed(1))
+        kw = dict(dropout_p=0.25, dropout_seed=99)
+        got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
+        assert kernel in names, names
+        assert "_bias_bwd_short2_kernel" not in names
+        ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+        reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
+        assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
+    finally:
+        P.interpret_as(previous)

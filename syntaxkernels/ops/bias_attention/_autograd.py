@@ -131,8 +131,8 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
     """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
     B, H, N, D = q.shape
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
-    if dropout_p > 0.0:  # the backward's short-row kernels take no dropout mask: the tiled ones run
-        configs = configs._replace(short=None)
+    if dropout_p > 0.0 and configs.short is not None and N > configs.short["BLOCK_M"]:
+        configs = configs._replace(short=None)  # (the two-block backward takes no dropout mask: the tiled one runs)
     forward_meta = forward_metadata(plan, configs, window, causal)
     meta = BackwardMetadata()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):

@@ -403,7 +403,7 @@ def _bias_bwd_table_kernel(
     tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
-@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
+@triton.jit(do_not_specialize=["HEAD_GROUPS", "seed"])  # (one compile for every grouping of GROUPED, every seed)
 def _bias_bwd_short_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -419,7 +419,8 @@ def _bias_bwd_short_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
-    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
+    DROPOUT: tl.constexpr = False,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -437,6 +438,8 @@ def _bias_bwd_short_kernel(
             ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
         DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
+        seed, threshold, keep_scale, DROPOUT: the forward's attention dropout (its mask regenerated): dV takes the
+            kept probabilities, dP the kept pairs (both scaled), so delta = rowsum(P * dP) stays exact.
     Grid: ``(B, HEAD_GROUPS)``: a program takes heads g, g + HEAD_GROUPS, ... (the launcher's
     :func:`._launch.head_groups`).
     """
@@ -470,7 +473,11 @@ def _bias_bwd_short_kernel(
         # dV^T = dO^T P first (P is then needed in fp32 only), then dP, dS, dQ = dS K and dK^T = Q^T dS: dS and
         # P are the second operand of the transposed products (no transposed copy of either). Those run over
         # OUT_CHUNK head-dim columns (their M: 64 keeps them on the warp-group instructions).
-        p_in = p.to(Q.dtype.element_ty)
+        if DROPOUT:
+            keep = dropout_keep(seed, threshold, b * HEADS + h, offs_m, 0, BLOCK_M, BLOCK_N)
+            p_in = tl.where(keep, p * keep_scale, 0.0).to(Q.dtype.element_ty)
+        else:
+            p_in = p.to(Q.dtype.element_ty)
         if OUT_CHUNK != CHUNK:
             for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
                 offs_c = c + tl.arange(0, OUT_CHUNK)
@@ -492,6 +499,8 @@ def _bias_bwd_short_kernel(
                 dp = mma(do, tl.trans(v), DOT_PRECISION)
             else:
                 dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
+        if DROPOUT:
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         # dS with the score scale folded in (a row constant): scale * P * (dP - delta) in two operations.
         delta = tl.sum(p * dp, 1) * scale
         ds = p * (dp * scale - delta[:, None])
@@ -519,7 +528,7 @@ def _bias_bwd_short_kernel(
                      dk.to(DK.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < D))
 
 
-@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
+@triton.jit(do_not_specialize=["HEAD_GROUPS", "seed"])  # (one compile for every grouping of GROUPED, every seed)
 def _bias_bwd_short_t_kernel(
     Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DQ, DK, DV_OUT, DS_OUT,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -535,7 +544,8 @@ def _bias_bwd_short_t_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
-    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False,
+    OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
+    DROPOUT: tl.constexpr = False,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
@@ -568,7 +578,11 @@ def _bias_bwd_short_t_kernel(
                 scores_t = mma_acc(k, tl.trans(q), scores_t, DOT_PRECISION)
         lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
         p_t = tl.exp2(scores_t * qk_scale2 + bias_t - lse[None, :])
-        p_in = p_t.to(Q.dtype.element_ty)
+        if DROPOUT:  # (the forward's mask, transposed)
+            keep_t = tl.trans(dropout_keep(seed, threshold, b * HEADS + h, offs_m, 0, BLOCK_M, BLOCK_N))
+            p_in = tl.where(keep_t, p_t * keep_scale, 0.0).to(Q.dtype.element_ty)
+        else:
+            p_in = p_t.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_DV, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
             do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
@@ -581,6 +595,8 @@ def _bias_bwd_short_t_kernel(
                 dp_t = mma(v, tl.trans(do), DOT_PRECISION)
             else:
                 dp_t = mma_acc(v, tl.trans(do), dp_t, DOT_PRECISION)
+        if DROPOUT:
+            dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
         delta = tl.sum(p_t * dp_t, 0) * scale  # per query: the columns
         ds_t = p_t * (dp_t * scale - delta[None, :])
         if TABLE_GRAD:

@@ -385,8 +385,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the forward's
     ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
     of a windowed call, the table kernel's tile bucket sets), the BucketSpec, the table and strength, and which of
-    their gradients to compute; the forward's dropout (its mask regenerated from the seed: the tiled kernels run,
-    the short-row ones take no mask).
+    their gradients to compute; the forward's dropout (its mask regenerated from the seed; rows of 65..128 tokens
+    then run the tiled kernels: the two-block ones take no mask).
     """
     dq, dk, dv, sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                          spec, want_table or want_scale, _dropout(dropout_p, dropout_seed))
@@ -418,9 +418,9 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
     short = configs.short
-    if short is not None and not drop:
+    if short is not None and not (drop and N > short["BLOCK_M"]):  # (the two-block kernels take no dropout mask)
         return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
-                               short, dq, dk, dv, delta)
+                               short, dq, dk, dv, delta, drop)
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = meta.distance_t
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
@@ -488,7 +488,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                    dq, dk, dv, delta):
+                    dq, dk, dv, delta, drop=None):
     """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
     (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
     :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once)."""
@@ -516,7 +516,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"],
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}))
     if not table_grad:
         return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1,
