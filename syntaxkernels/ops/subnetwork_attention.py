@@ -28,6 +28,12 @@ with zero gradients; ``nonempty`` comes from the lists' row offsets and, for the
 SDPA paths) or per-segment token counts (the fused kernel). On CUDA, with the lists already built
 (``TreeCollator(masks=...)`` in the data pipeline, or one earlier call), the Python side of the forward and
 backward reads no device value back: the constant tables are built once per device and cached.
+
+Attention dropout (``dropout_p``, ``dropout_seed``): sub-network m drops its probabilities with the mask of
+``reference.stream_seed(dropout_seed, m)``; the relation masks through the edge kernels' dropout (relation r is
+stream r), the dense masks through :func:`syntaxkernels.ops.bias_attention.syntax_bias_attention` with a table
+per distance value (``LUT_BUCKETS``) and its dropout (SDPA draws another generator's mask), packed batches
+numbered as their padded form (docs/edges.md, "Attention dropout").
 """
 from __future__ import annotations
 

@@ -22,6 +22,11 @@ Where each part lives (this folder):
 
 The row logsumexp saved for the backward is base 2 on the Triton path and natural on the C++ path (each pair
 of ops reads its own).
+
+Attention dropout (``dropout_p``, ``dropout_seed``): relation r's pairs are dropped with the Philox mask of
+``reference.stream_seed(dropout_seed, r)`` (the C++ kernels through ``csrc/philox.h``, the Triton kernels'
+``DROPOUT`` variant through ``dropout_keep_pairs``), the backward regenerating it; ``dropout_numbering`` gives a
+packed row's pairs their padded numbering (docs/edges.md, "Attention dropout").
 """
 from __future__ import annotations
 
