@@ -36,6 +36,7 @@
 #include "bias_attention.h"
 
 #include "cpu_support.h"
+#include "philox.h"
 
 #include <ATen/Parallel.h>
 
@@ -256,31 +257,18 @@ SK_INLINE void score_gradients(const float* p, float* dp, float delta, int64_t n
 
 // ------------------------------------------------------------------------------------------------ dropout
 
-// Philox-4x32-7 (reference.philox): the round constants and the key increments.
-constexpr uint32_t kPhiloxA = 0xD2511F53u, kPhiloxB = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxKeyA = 0x9E3779B9u, kPhiloxKeyB = 0xBB67AE85u;
-constexpr int kPhiloxRounds = 7;
-
 // The keep multipliers of keys [j0, j0 + n) of query row `row` of stream (b * H + h): m[4 * (g - g0) + l] for the
 // key j = 4 g + l of every group g from g0 = j0 / 4 to the group of key j0 + n - 1 (whole groups: the caller reads
-// m + j0 % 4). A key is kept when word l of philox(counter (g, row, stream, 0), key (key0, key1)) is >= threshold;
-// its multiplier is keep_scale, else 0. One Philox call per 4 keys, independent across groups (vectorisable).
+// m + j0 % 4). A key is kept when word l of philox(counter (g, row, stream, 0), key (key0, key1)) is >= threshold
+// (philox.h); its multiplier is keep_scale, else 0. One Philox call per 4 keys, independent across groups
+// (vectorisable).
 SK_INLINE void keep_multipliers(float* m, int64_t j0, int64_t n, uint32_t row, uint32_t stream, uint32_t key0,
                                 uint32_t key1, uint32_t threshold, float keep_scale) {
   const int64_t g0 = j0 >> 2, groups = ((j0 + n + 3) >> 2) - g0;
+  const uint64_t seed = static_cast<uint64_t>(key0) | (static_cast<uint64_t>(key1) << 32);
   for (int64_t g = 0; g < groups; ++g) {
-    uint32_t c0 = static_cast<uint32_t>(g0 + g), c1 = row, c2 = stream, c3 = 0u, k0 = key0, k1 = key1;
-    for (int round = 0; round < kPhiloxRounds; ++round) {
-      const uint64_t pb = static_cast<uint64_t>(kPhiloxB) * c2, pa = static_cast<uint64_t>(kPhiloxA) * c0;
-      const uint32_t n0 = static_cast<uint32_t>(pb >> 32) ^ c1 ^ k0;
-      const uint32_t n2 = static_cast<uint32_t>(pa >> 32) ^ c3 ^ k1;
-      c1 = static_cast<uint32_t>(pb);
-      c3 = static_cast<uint32_t>(pa);
-      c0 = n0;
-      c2 = n2;
-      k0 += kPhiloxKeyA;
-      k1 += kPhiloxKeyB;
-    }
+    const philox::Words words = philox::philox4x32_7(seed, static_cast<uint32_t>(g0 + g), row, stream, 0u);
+    const uint32_t c0 = words.w[0], c1 = words.w[1], c2 = words.w[2], c3 = words.w[3];
     float* out = m + 4 * g;
     out[0] = c0 >= threshold ? keep_scale : 0.f;
     out[1] = c1 >= threshold ? keep_scale : 0.f;

@@ -12,7 +12,8 @@
 //     the kinds' names in output order, MaskSpec.relation_kinds) or of the tree window (window >= 0); see
 //     relation_lists.h.
 // edge_attention_forward(q, k, v, row_ptr, col, scale, out, lse) and
-// edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv):
+// edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv)
+//     (both with optional dropout_p, seed, token_item, token_pos):
 //     CPU edge-list attention writing into the given tensors; see edge_attention.h.
 // bias_attention_forward(q, k, v, distance, lut, lengths, scale, window, causal, dropout_seed, dropout_threshold,
 //     keep_scale, out, lse) and
@@ -508,15 +509,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tiles of tile x tile per sequence holding a listed pair. Releases the GIL.");
   m.def("edge_attention_forward", &syntaxkernels::edge_attention_forward_cpu, pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("row_ptr"), pybind11::arg("col"),
-        pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("lse"),
+        pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("dropout_p") = 0.0,
+        pybind11::arg("seed") = 0, pybind11::arg("token_item") = pybind11::none(),
+        pybind11::arg("token_pos") = pybind11::none(),
         "CPU edge-list attention forward: writes out [B, R, H, N, Dv] and lse [B, R, H, N] (natural log, +inf "
-        "for an empty row). Releases the GIL.");
+        "for an empty row); attention dropout dropout_p with relation r's mask of stream_seed(seed, r), pairs "
+        "numbered by token_item / token_pos when given. Releases the GIL.");
   m.def("edge_attention_backward", &syntaxkernels::edge_attention_backward_cpu, pybind11::arg("dout"),
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("out"), pybind11::arg("lse"),
         pybind11::arg("row_ptr"), pybind11::arg("col"), pybind11::arg("rel"), pybind11::arg("t_ptr"),
         pybind11::arg("t_col"), pybind11::arg("t_rel"), pybind11::arg("scale"), pybind11::arg("dq"),
-        pybind11::arg("dk"), pybind11::arg("dv"),
-        "CPU edge-list attention backward: writes dq, dk [B, H, N, D] and dv [B, H, N, Dv]. Releases the GIL.");
+        pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("dropout_p") = 0.0, pybind11::arg("seed") = 0,
+        pybind11::arg("token_item") = pybind11::none(), pybind11::arg("token_pos") = pybind11::none(),
+        "CPU edge-list attention backward: writes dq, dk [B, H, N, D] and dv [B, H, N, Dv] (dropout arguments as "
+        "the forward's). Releases the GIL.");
   m.def("bias_attention_forward", &syntaxkernels::bias_attention_forward_cpu, pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("distance"), pybind11::arg("lut"),
         pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window"), pybind11::arg("causal"),

@@ -9,9 +9,15 @@
 //   dk_j = scale * sum over the transposed edges of key j: ds_e q_i, dv_j = sum p_e dO_ri   (rows (b, h, j))
 // The first pass also stores delta; the second reads it. A row with a single key (every child_d row) is a
 // gather: out = v_j, and its ds is 0 (only dv receives dO). Scores and softmax in float (double for double).
+//
+// Attention dropout (dropout_p > 0): edge e of relation r is kept or dropped by the Philox mask of seed
+// stream_seed(seed, r) (philox.h), m_e = keep_e / (1 - p) or 0; the forward sums p_e m_e v_j over the undropped
+// normaliser, and the backward regenerates m_e: dp_e = m_e dO_ri . v_j, dv_j += p_e m_e dO_ri, and ds_e =
+// p_e (dp_e - delta_ri) with delta_ri = sum_e p_e dp_e = dO_ri . O_ri of the dropped output.
 #include "edge_attention.h"
 
 #include "cpu_support.h"
+#include "philox.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -21,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -116,11 +123,34 @@ struct Problem {
   acc_t* delta;
   // gradients, contiguous
   scalar_t *dq, *dk, *dv;
+  // attention dropout: off unless ``dropout``; relation r draws its mask with stream_seed(seed, r). token_item,
+  // token_pos ([B * N], or null for (b, i)): a token's item and position in the mask's numbering (a packed row:
+  // its sequence and its position in it).
+  bool dropout = false;
+  uint64_t seed = 0;
+  uint32_t threshold = 0;
+  acc_t keep_scale = 1;
+  const int32_t* token_item = nullptr;
+  const int32_t* token_pos = nullptr;
 
   const scalar_t* q_row(int64_t b, int64_t h, int64_t i) const { return q + b * q_b + h * q_h + i * q_n; }
   const scalar_t* k_row(int64_t b, int64_t h, int64_t j) const { return k + b * k_b + h * k_h + j * k_n; }
   const scalar_t* v_row(int64_t b, int64_t h, int64_t j) const { return v + b * v_b + h * v_h + j * v_n; }
   int64_t stat(int64_t b, int64_t r, int64_t h, int64_t i) const { return ((b * R + r) * H + h) * N + i; }
+  // m_e of pair (query i, key j) of relation r, head h, item b: 1 without dropout, else 1 / (1 - p) if kept, 0 if not.
+  acc_t keep_factor(int64_t b, int64_t r, int64_t h, int64_t i, int64_t j) const {
+    if (!dropout) return acc_t(1);
+    int64_t item = b, row = i, col_ = j;
+    if (token_item != nullptr) {
+      item = token_item[b * N + i];
+      row = token_pos[b * N + i];
+      col_ = token_pos[b * N + j];
+    }
+    const bool kept = philox::keep(philox::stream_seed(seed, static_cast<uint64_t>(r)), threshold,
+                                   static_cast<uint32_t>(item * H + h), static_cast<uint32_t>(row),
+                                   static_cast<uint32_t>(col_));
+    return kept ? keep_scale : acc_t(0);
+  }
 };
 
 // Whether row (b, r, h, i), which holds one key, is a plain gather for the backward: p = 1 and ds = 0 exactly, so
@@ -161,7 +191,11 @@ SK_INLINE void forward_rows_impl(const Problem<scalar_t>& P, int64_t begin, int6
       const acc_t s = P.scale * dot(qi, as_acc(P.k_row(b, h, P.col[start]), k_buffer.data(), P.D), P.D);
       if (std::isfinite(s)) {
         *lse = s;
-        std::copy(vj, vj + P.Dv, o);
+        if (P.dropout) {
+          store_row(o, as_acc(vj, v_buffer.data(), P.Dv), P.keep_factor(b, r, h, i, P.col[start]), P.Dv);
+        } else {
+          std::copy(vj, vj + P.Dv, o);
+        }
         continue;
       }
       // A NaN or infinite score: p = exp(s - s) is NaN, as in the reference; the row and its lse are NaN (the
@@ -182,8 +216,9 @@ SK_INLINE void forward_rows_impl(const Problem<scalar_t>& P, int64_t begin, int6
     std::fill(acc.begin(), acc.end(), acc_t(0));
     for (int32_t t = 0; t < count; ++t) {
       const acc_t p = std::exp(scores[static_cast<size_t>(t)] - row_max);
-      sum += p;
-      axpy(acc.data(), p, as_acc(P.v_row(b, h, P.col[start + t]), v_buffer.data(), P.Dv), P.Dv);
+      sum += p;  // the undropped normaliser
+      const acc_t m = P.keep_factor(b, r, h, i, P.col[start + t]);
+      axpy(acc.data(), p * m, as_acc(P.v_row(b, h, P.col[start + t]), v_buffer.data(), P.Dv), P.Dv);
     }
     store_row(o, acc.data(), acc_t(1) / sum, P.Dv);
     *lse = row_max + std::log(sum);
@@ -231,7 +266,7 @@ SK_INLINE void dq_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t e
         for (int32_t t = 0; t < count; ++t) {
           const int64_t j = P.col[start + t];
           const acc_t pe = std::exp(P.scale * dot(qi, as_acc(P.k_row(b, h, j), k_buffer.data(), P.D), P.D) - lse);
-          const acc_t dpe = dot(dO, as_acc(P.v_row(b, h, j), v_buffer.data(), P.Dv), P.Dv);
+          const acc_t dpe = P.keep_factor(b, r, h, i, j) * dot(dO, as_acc(P.v_row(b, h, j), v_buffer.data(), P.Dv), P.Dv);
           p[static_cast<size_t>(t)] = pe;
           dp[static_cast<size_t>(t)] = dpe;
           delta += pe * dpe;
@@ -277,15 +312,16 @@ SK_INLINE void dkdv_rows_impl(const Problem<scalar_t>& P, int64_t begin, int64_t
         const acc_t* dO = as_acc(P.dout + b * P.g_b + r * P.g_r + h * P.g_h + i * P.g_n, do_buffer.data(), P.Dv);
         const int32_t* query_row = P.row_ptr + (b * P.N + i) * P.R + r;
         const int64_t s_index = P.stat(b, r, h, i);
+        const acc_t m = P.keep_factor(b, r, h, i, j);
         if (query_row[1] - query_row[0] == 1 && vj_finite && std::isfinite(P.lse[s_index])) {  // a gather
-          axpy(grad_v.data(), acc_t(1), dO, P.Dv);
+          axpy(grad_v.data(), m, dO, P.Dv);
           continue;
         }
         const acc_t* qi = as_acc(P.q_row(b, h, i), q_buffer.data(), P.D);
         const acc_t p = std::exp(P.scale * dot(qi, kj, P.D) - P.lse[s_index]);
-        const acc_t dp = dot(dO, vj, P.Dv);
+        const acc_t dp = m * dot(dO, vj, P.Dv);
         axpy(grad_k.data(), p * (dp - P.delta[s_index]), qi, P.D);
-        axpy(grad_v.data(), p, dO, P.Dv);
+        axpy(grad_v.data(), p * m, dO, P.Dv);
       }
       store_row(dk, grad_k.data(), P.scale, P.D);
       store_row(dv, grad_v.data(), acc_t(1), P.Dv);
@@ -366,11 +402,40 @@ Problem<scalar_t> make_problem(const at::Tensor& q, const at::Tensor& k, const a
   return P;
 }
 
+// Attention dropout's arguments into P: dropout_p in [0, 1) (0: off), seed (the uint64 seed's bit pattern),
+// token_item / token_pos (both or neither: int32 [B * N], a token's item and position in the mask's numbering).
+template <typename scalar_t>
+void set_dropout(Problem<scalar_t>& P, double dropout_p, int64_t seed, const std::optional<at::Tensor>& token_item,
+                 const std::optional<at::Tensor>& token_pos) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "dropout_p must be in [0, 1), got ", dropout_p);
+  const bool has_item = token_item.has_value() && token_item->defined();
+  const bool has_pos = token_pos.has_value() && token_pos->defined();
+  TORCH_CHECK(has_item == has_pos, "token_item and token_pos come together");
+  if (dropout_p == 0.0) return;
+  P.dropout = true;
+  P.seed = static_cast<uint64_t>(seed);
+  // reference.dropout_threshold: floor(p * 2^32) (exact in double), at most 2^32 - 1
+  P.threshold = static_cast<uint32_t>(std::min(std::floor(dropout_p * 4294967296.0), 4294967295.0));
+  P.keep_scale = static_cast<typename AccOf<scalar_t>::type>(1.0 / (1.0 - dropout_p));
+  if (has_item) {
+    for (const at::Tensor* t : {&*token_item, &*token_pos}) {
+      TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kInt && t->is_contiguous() &&
+                      t->numel() == P.B * P.N,
+                  "token_item and token_pos must be contiguous int32 CPU tensors of B * N = ", P.B * P.N,
+                  " entries");
+    }
+    P.token_item = token_item->data_ptr<int32_t>();
+    P.token_pos = token_pos->data_ptr<int32_t>();
+  }
+}
+
 }  // namespace
 
 void edge_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& row_ptr, const at::Tensor& col, double scale, at::Tensor& out,
-                                at::Tensor& lse) {
+                                at::Tensor& lse, double dropout_p, int64_t seed,
+                                const std::optional<at::Tensor>& token_item,
+                                const std::optional<at::Tensor>& token_pos) {
   check_qkv(q_in, k_in, v_in);
   const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), Dv = v.size(3);
@@ -387,6 +452,7 @@ void edge_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   advise_huge_pages(out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "edge_attention_forward_cpu", [&] {
     Problem<scalar_t> P = make_problem<scalar_t>(q, k, v, R, scale);
+    set_dropout(P, dropout_p, seed, token_item, token_pos);
     P.row_ptr = row_ptr.data_ptr<int32_t>();
     P.col = col.data_ptr<int32_t>();
     P.out = out.data_ptr<scalar_t>();
@@ -403,7 +469,9 @@ void edge_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
                                  const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                  const at::Tensor& row_ptr, const at::Tensor& col, const at::Tensor& rel,
                                  const at::Tensor& t_ptr, const at::Tensor& t_col, const at::Tensor& t_rel,
-                                 double scale, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                                 double scale, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, double dropout_p,
+                                 int64_t seed, const std::optional<at::Tensor>& token_item,
+                                 const std::optional<at::Tensor>& token_pos) {
   check_qkv(q_in, k_in, v_in);
   const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
   const at::Tensor dout = last_dim_contiguous(dout_in), &out = out_in;  // out: shapes only (delta comes from the edges)
@@ -431,6 +499,7 @@ void edge_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "edge_attention_backward_cpu", [&] {
     using acc_t = typename AccOf<scalar_t>::type;
     Problem<scalar_t> P = make_problem<scalar_t>(q, k, v, R, scale);
+    set_dropout(P, dropout_p, seed, token_item, token_pos);
     P.row_ptr = row_ptr.data_ptr<int32_t>();
     P.col = col.data_ptr<int32_t>();
     P.rel = rel.data_ptr<int32_t>();

@@ -39,9 +39,10 @@ BucketSpec), a ``ValueError`` when it has the wrong value, shape, dtype or devic
 Dropout: in training mode the attention modules drop attention *probabilities*, as ``nn.MultiheadAttention``
 does: :class:`SyntaxBiasedSelfAttention` through the fused op's ``dropout_p`` (a Philox mask of a seed drawn per
 call from torch's default generator, so ``torch.manual_seed`` reproduces it; the backward regenerates it), and
-:class:`SyntaxHeadSelfAttention` through SDPA's ``dropout_p``. :class:`SyntaxBertSelfAttention` (the sub-network
-ops take no dropout mask yet) applies its ``dropout`` to the mixed attention output before ``out_proj``. In eval
-mode (or with ``dropout=0``) nothing is dropped.
+:class:`SyntaxHeadSelfAttention` through SDPA's ``dropout_p``. :class:`SyntaxBertSelfAttention` drops each
+sub-network's probabilities through the sub-network op's ``dropout_p`` (one seed per call, sub-network m drawing
+the mask of ``reference.stream_seed(seed, m)``), before the topical mix. In eval mode (or with ``dropout=0``)
+nothing is dropped.
 
 Padding: a token at position ``>= lengths[b]`` never receives attention weight; its own attention output is
 zero before ``out_proj`` (so after it, it is ``out_proj.bias``). Mask padded positions in your loss.
@@ -390,16 +391,23 @@ class Subnetworks(nn.Module):
         self.topical = TopicalAttention(num_heads, head_dim, variant=variant)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch, *,
-               scale: Optional[float] = None) -> torch.Tensor:
+               scale: Optional[float] = None, dropout_p: float = 0.0) -> torch.Tensor:
         """``q, k, v [B, H, N, D]`` and a :class:`TreeBatch` on their device (its padding, ``segment == -1``, is
         the padding here) -> ``[B, H, N, D]`` ("package": 0 for a token whose masks are all empty, padding
-        included). ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``)."""
+        included). ``scale`` is the sub-networks' score scale (default ``1/sqrt(D)``). ``dropout_p``: attention
+        dropout on each sub-network's probabilities (whatever the module's mode: the caller decides; one seed is
+        drawn per call from torch's default generator, :func:`draw_dropout_seed`, and sub-network m drops with
+        the mask of ``reference.stream_seed(seed, m)``). The plain attention that fills empty rows ("paper",
+        "release") is not dropped."""
         V.check_relations_defined(trees)  # a plan of another source (a GraphBatch) says why it has no relations
+        V.check_dropout(dropout_p, None if dropout_p == 0.0 else 0)
+        seed = draw_dropout_seed() if dropout_p > 0.0 else None
         if isinstance(trees, PackedTreeBatch):  # a packed batch: q, k, v [1, H, T, D] (or [T, H, D])
             squeeze = q.dim() == 3
             q3, k3, v3 = (x if squeeze else _packed_view(x) for x in (q, k, v))
             outputs, nonempty = ops.syntax_subnetwork_attention(q3, k3, v3, trees, self.masks, scale=scale,
-                                                                backend=self.backend)  # [T, M, H, D], [T, M]
+                                                                backend=self.backend, dropout_p=dropout_p,
+                                                                dropout_seed=seed)  # [T, M, H, D], [T, M]
             outputs, nonempty = outputs.permute(1, 2, 0, 3)[None], nonempty.transpose(0, 1)[None]
             if self.variant != "package":
                 plain = _packed_plain(q3, k3, v3, trees, scale)  # every key of the sequence
@@ -408,7 +416,8 @@ class Subnetworks(nn.Module):
             return mixed[0].transpose(0, 1) if squeeze else mixed
         _check_treebatch(trees, " for the sub-network attention (the masks need depth and segment)")
         outputs, nonempty = ops.syntax_subnetwork_attention(q, k, v, trees, self.masks, scale=scale,
-                                                            backend=self.backend)
+                                                            backend=self.backend, dropout_p=dropout_p,
+                                                            dropout_seed=seed)
         if self.variant != "package":
             outputs = VR.fill_empty_rows(outputs, nonempty, F.scaled_dot_product_attention(q, k, v, scale=scale))
         return self.topical(outputs, nonempty)
@@ -581,7 +590,8 @@ class SyntaxBertSelfAttention(Subnetworks):
         embed_dim: E.
         num_heads: H.
         masks: the :class:`MaskSpec` (M = ``masks.num_masks`` sub-networks).
-        dropout: applied to the mixed attention output before ``out_proj``.
+        dropout: attention dropout on each sub-network's probabilities in training mode (the op's ``dropout_p``,
+            a seed drawn per call: see the module docstring); ``self.dropout`` is an ``nn.Dropout`` holding p.
         bias: biases in the four projections.
         backend: "auto", "triton" or "reference".
         variant: "paper" (default), "release" or "package": empty rows and the mix (see :class:`Subnetworks`).
@@ -610,7 +620,8 @@ class SyntaxBertSelfAttention(Subnetworks):
         """
         _check_input(x, self.embed_dim, trees=trees)
         q, k, v = _qkv(self, x, self.num_heads)
-        return self.out_proj(self.dropout(_merge_heads(self.attend(q, k, v, trees))))
+        out = self.attend(q, k, v, trees, dropout_p=self.dropout.p if self.training else 0.0)
+        return self.out_proj(_merge_heads(out))
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, " + super().extra_repr()

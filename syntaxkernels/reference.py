@@ -305,8 +305,9 @@ def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
 
 
 def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees, masks: MaskSpec, *,
-                                scale: Optional[float] = None,
-                                backend: str = "reference") -> Tuple[torch.Tensor, torch.Tensor]:
+                                scale: Optional[float] = None, backend: str = "reference", dropout_p: float = 0.0,
+                                dropout_seed: Optional[int] = None,
+                                dropout_item: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Syntax-BERT sub-networks: M masked attentions sharing q, k, v.
 
     Args:
@@ -314,15 +315,22 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         trees: a :class:`syntaxkernels.TreeBatch` on q's device (distance, depth, segment).
         masks: the :class:`MaskSpec`; M = ``masks.num_masks``.
         scale: default ``1/sqrt(D)``.
+        dropout_p, dropout_seed: attention dropout on each sub-network's probabilities: sub-network m (its index
+            in ``masks.names``) drops with :func:`dropout_keep`'s mask of seed ``stream_seed(dropout_seed, m)``;
+            ``dropout_item``: batch item 0's index in the masks' numbering (a packed batch's sequence).
     Returns:
         ``out [B, M, H, N, D]`` (zero where a token's mask is empty) and ``nonempty bool [B, M, N]``.
     """
     V.check_subnetwork_inputs(q, k, v, trees, masks)
+    V.check_dropout(dropout_p, dropout_seed)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     allowed = syntax_masks(trees, masks)
     scores = (q @ k.transpose(-1, -2)).to(_acc_dtype(q.dtype)) * scale
-    out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(masks.num_masks)], dim=1)
+    out = torch.stack([masked_attention(scores, allowed[:, m, None], v, dropout_p=dropout_p,
+                                        dropout_seed=None if dropout_p == 0.0 else stream_seed(dropout_seed, m),
+                                        dropout_item=dropout_item)
+                       for m in range(masks.num_masks)], dim=1)
     return out, allowed.any(dim=-1)
 
 

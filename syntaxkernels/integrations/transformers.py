@@ -53,8 +53,9 @@ Other differences from the unpatched model:
   right padding (valid tokens first), and the trees' lengths must equal the attention mask's.
 - Attention dropout: in training mode ``"bias"`` layers drop attention probabilities in the fused op (its
   ``dropout_p``, a seed drawn per call from torch's default generator), as the model's own attention does; layers
-  left plain and ``"gat"`` layers keep ordinary attention dropout (SDPA's). ``"subnetwork"`` layers (the
-  sub-network ops take no dropout mask yet) apply ``attention_probs_dropout_prob`` to the mixed attention output.
+  left plain and ``"gat"`` layers keep ordinary attention dropout (SDPA's). ``"subnetwork"`` layers drop each
+  sub-network's probabilities in the sub-network op (its ``dropout_p``, sub-network m drawing the mask of
+  ``stream_seed(seed, m)`` of one seed per call), before the topical mix.
 - ``output_attentions=True`` returns no attention weights (the fused ops never form them).
 - Encoder-decoder / decoder (``is_decoder``) BERT configurations are rejected.
 
@@ -185,12 +186,15 @@ class SyntaxSubnetworks(Subnetworks):
     """Method "subnetwork" in one transformers layer: :class:`syntaxkernels.nn.Subnetworks`, M masked
     sub-networks sharing the layer's Q, K, V, mixed per token by the child ``topical``
     (:class:`syntaxkernels.nn.TopicalAttention`; query zeros, ``key_weight``/``value_weight`` identity, so a
-    fresh module averages the non-empty sub-networks)."""
+    fresh module averages the non-empty sub-networks). In training mode the layer's attention dropout drops each
+    sub-network's probabilities (the op's ``dropout_p``, one seed per call)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
-                scale: Optional[float] = None) -> torch.Tensor:
-        """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (0 where every mask of a token is empty)."""
-        return self.attend(q, k, v, trees, scale=scale)
+                scale: Optional[float] = None, dropout_p: float = 0.0) -> torch.Tensor:
+        """``q, k, v [B, H, N, D]`` -> ``[B, H, N, D]`` (0 where every mask of a token is empty); ``dropout_p``:
+        attention dropout on each sub-network's probabilities (sub-network m: the mask of
+        ``reference.stream_seed(seed, m)``, the seed drawn by :func:`syntaxkernels.nn.draw_dropout_seed`)."""
+        return self.attend(q, k, v, trees, scale=scale, dropout_p=dropout_p)
 
 
 class SyntaxHeadInjection(SyntaxHeads):
@@ -254,9 +258,7 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     if isinstance(part, SyntaxDistanceBias):
         out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout)
     elif isinstance(part, SyntaxSubnetworks):
-        out = part(query, key, value, syntax_trees, scale=scaling)
-        if dropout > 0.0:
-            out = F.dropout(out, p=dropout, training=True)
+        out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout)
     elif isinstance(part, SyntaxHeadInjection):
         if syntax_gat_output is None:
             raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")

@@ -28,6 +28,12 @@ with zero gradients; ``nonempty`` comes from the lists' row offsets and, for the
 SDPA paths) or per-segment token counts (the fused kernel). On CUDA, with the lists already built
 (``TreeCollator(masks=...)`` in the data pipeline, or one earlier call), the Python side of the forward and
 backward reads no device value back: the constant tables are built once per device and cached.
+
+Attention dropout (``dropout_p``, ``dropout_seed``): sub-network m drops its probabilities with the mask of
+``reference.stream_seed(dropout_seed, m)``; the relation masks through the edge kernels' dropout (relation r is
+stream r), the dense masks through :func:`syntaxkernels.ops.bias_attention.syntax_bias_attention` with a table
+per distance value (``LUT_BUCKETS``) and its dropout (SDPA draws another generator's mask), packed batches
+numbered as their padded form (docs/edges.md, "Attention dropout").
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from ..specs import MaskSpec
 from ..trees.batch import TreeBatch
 from . import bias_attention, edge_attention
 from ._dispatch import device_constant
+from .bias_attention._host import LUT_BUCKETS
 from ._packed import check_packed_qkv, is_packed, per_sequence, sequences
 from .edge_attention import edge_list_attention
 
@@ -123,6 +130,48 @@ def _dense_fused(q, k, v, trees: TreeBatch, kind: str, scale: float) -> Tuple[to
     return out, nonempty
 
 
+def _dense_table(kind: str, pairwise_self: bool, like: torch.Tensor) -> torch.Tensor:
+    """The float32 table over ``LUT_BUCKETS`` (one bucket per distance value) of a dense mask for
+    :func:`syntaxkernels.ops.bias_attention.syntax_bias_attention`, built once per device: ``full`` 0 everywhere
+    (padding is excluded by the batch's lengths), ``pairwise`` -inf except distance 255 (different trees) and, for
+    the release's pairwise mask (``pairwise_self``), distance 0 (the token itself)."""
+    def build() -> torch.Tensor:
+        buckets = LUT_BUCKETS
+        if kind == "full":
+            return torch.zeros(buckets.num_buckets, dtype=torch.float32)
+        bucket_of = buckets.lut().long()
+        table = torch.full((buckets.num_buckets,), float("-inf"), dtype=torch.float32)
+        table[bucket_of[255]] = 0.0
+        if pairwise_self:
+            table[bucket_of[0]] = 0.0
+        return table
+
+    return device_constant(("dense mask table", kind, pairwise_self), like, build)
+
+
+def _dense_dropout(q, k, v, trees: TreeBatch, kind: str, scale: float, dropout_p: float, seed: int,
+                   backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One dense mask with attention dropout (mask of seed ``seed``, the sub-network's stream): ``(out [B, H, N,
+    Dv], nonempty [B, N])``. SDPA's dropout draws another generator's mask, so the dense masks run on the
+    distance-bias op with a table per distance value and its ``dropout_p`` (Triton on CUDA and under the
+    interpreter, the fused C++ kernels under "auto" on CPU). A word-level batch (``trees.word_level``: its texts
+    are marked by segment only, not by distance) runs the reference's masked attention ([B, H, N, N])."""
+    if getattr(trees, "word_level", False):
+        allowed, nonempty = _dense_allowed(trees, kind)
+        allowed = allowed & nonempty[:, None, :, None]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        scores = (q @ k.transpose(-1, -2)).to(acc) * scale
+        out = reference.masked_attention(scores, allowed, v, dropout_p=dropout_p, dropout_seed=seed)
+        return out.to(q.dtype), nonempty
+    table = _dense_table(kind, bool(getattr(trees, "pairwise_self", False)), q)
+    out = bias_attention.syntax_bias_attention(q, k, v, trees, table, buckets=LUT_BUCKETS, scale=scale,
+                                               backend=backend, dropout_p=dropout_p, dropout_seed=seed)
+    nonempty = _valid(trees) if kind == "full" else _pairwise_nonempty(trees)
+    if kind == "pairwise" and getattr(trees, "pairwise_self", False):
+        nonempty = _valid(trees)
+    return out, nonempty
+
+
 def _additive_mask(q: torch.Tensor, trees: TreeBatch, kind: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(mask, keep)`` of a dense mask for the SDPA CPU kernel: an additive mask in q's dtype (0 allowed, -inf
     not, from :func:`_dense_allowed`) and ``keep [B, 1, N, 1]`` in q's dtype, 1 for the rows with a key (the
@@ -178,7 +227,8 @@ class _SubnetworkCPU(torch.autograd.Function):
 
 
 def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees, masks: MaskSpec, *,
-                                scale: Optional[float] = None, backend: str = "auto"):
+                                scale: Optional[float] = None, backend: str = "auto", dropout_p: float = 0.0,
+                                dropout_seed: Optional[int] = None):
     """Syntax-BERT sub-networks: M masked attentions sharing q, k, v.
 
     Args:
@@ -194,6 +244,15 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             kernel for ``pairwise`` and SDPA for ``full``), "triton" (as "auto" on CUDA, also for CPU tensors under
             ``TRITON_INTERPRET=1``) or "reference". Inputs the Triton kernels do not take (float64, head dims
             above 128) fall back to the reference under "auto" and raise ValueError under "triton".
+        dropout_p, dropout_seed: attention dropout on each sub-network's probabilities (docs/semantics.md,
+            "Attention dropout"): sub-network m (its index in ``masks.names``) drops pair (i, j) of head h of item
+            b with :func:`syntaxkernels.reference.dropout_keep`'s mask of seed
+            ``reference.stream_seed(dropout_seed, m)`` (independent masks per sub-network), the kept ones scaled by
+            ``1 / (1 - dropout_p)``, the softmax's normaliser undropped; every backend draws the same masks and
+            the backward regenerates them. The relation masks run on the edge kernels' dropout variant; the dense
+            masks (``full``, ``pairwise``) on :func:`syntaxkernels.ops.bias_attention.syntax_bias_attention` with a
+            table per distance value and its dropout (SDPA's generator is not this one). ``dropout_seed``: an int
+            in ``[0, 2^64)``, needed when ``dropout_p > 0``.
     Returns:
         ``out [B, M, H, N, Dv]`` in q's dtype (zero where a token's mask is empty; such rows get zero
         gradients) and ``nonempty bool [B, M, N]``.
@@ -202,27 +261,41 @@ def syntax_subnetwork_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
         allowed = syntaxkernels.reference.syntax_masks(trees, masks)          # [B, M, N, N]
         scores = (q @ k.transpose(-1, -2)).float() * scale
-        out = torch.stack([masked_attention(scores, allowed[:, m, None], v) for m in range(M)], dim=1)
+        out = torch.stack([masked_attention(scores, allowed[:, m, None], v, dropout_p=dropout_p,
+                                            dropout_seed=stream_seed(dropout_seed, m)) for m in range(M)], dim=1)
         nonempty = allowed.any(-1)
     """
     if is_packed(trees):  # packed batch: q, k, v [T, H, D]
-        return packed_subnetwork_attention(q, k, v, trees, masks, scale=scale, backend=backend)
+        return packed_subnetwork_attention(q, k, v, trees, masks, scale=scale, backend=backend,
+                                           dropout_p=dropout_p, dropout_seed=dropout_seed)
     V.check_subnetwork_inputs(q, k, v, trees, masks)
+    V.check_dropout(dropout_p, dropout_seed)
+    dropout_p = float(dropout_p)
     chosen = implementation(q, v, backend)
     if chosen == "reference" or q.numel() == 0 or v.numel() == 0:
-        return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale)
+        return reference.syntax_subnetwork_attention(q, k, v, trees, masks, scale=scale, dropout_p=dropout_p,
+                                                     dropout_seed=dropout_seed)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     kinds = masks.dense_kinds
-    if chosen == "cpp" and kinds and q.shape[-1] == v.shape[-1]:
+    if chosen == "cpp" and kinds and q.shape[-1] == v.shape[-1] and dropout_p == 0.0:
         return _cpu_one_pass(q, k, v, trees, masks, kinds, float(scale))
     outs, flags = [], []
-    if masks.num_relations:
+    R = masks.num_relations
+    if R:
         out, nonempty = edge_list_attention(q, k, v, trees.relation_lists(masks), scale=scale,
-                                            backend="triton" if chosen == "triton" else "auto")
+                                            backend="triton" if chosen == "triton" else "auto",
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed)
         outs.append(out)
         flags.append(nonempty)
-    for kind in kinds:
+    for index, kind in enumerate(kinds):
+        if dropout_p > 0.0:  # sub-network R + index: its own stream
+            out, nonempty = _dense_dropout(q, k, v, trees, kind, float(scale), dropout_p,
+                                           reference.stream_seed(dropout_seed, R + index),
+                                           "triton" if chosen == "triton" else "auto")
+            outs.append(out[:, None])
+            flags.append(nonempty[:, None])
+            continue
         # ``full`` is plain attention over the valid keys (SDPA with a key mask from the segments: the distance is
         # never read); ``pairwise`` needs the distance (the fused LUT kernel on Triton devices).
         # The fused kernel reads pairwise as "distance 255"; a word-level batch (trees.syntax_bert_batch) marks
@@ -272,30 +345,56 @@ def _pairwise_nonempty_packed(trees) -> torch.Tensor:
     return per_sequence > per_tree
 
 
-def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto"):
+def _packed_numbering(trees) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(token_item, token_pos)`` int32 ``[T]`` of a packed batch: each token's sequence and its position in it (the
+    dropout mask's numbering: a packed batch draws its padded form's masks)."""
+    seq = trees.sequence.long()
+    position = torch.arange(trees.num_tokens, device=seq.device, dtype=torch.int64) - trees.cu_seqlens.long()[seq]
+    return seq.to(torch.int32), position.to(torch.int32)
+
+
+def packed_subnetwork_attention(q, k, v, trees, masks, *, scale: Optional[float] = None, backend: str = "auto",
+                                dropout_p: float = 0.0, dropout_seed: Optional[int] = None):
     """:func:`syntax_subnetwork_attention` on a :class:`~syntaxkernels.trees.PackedTreeBatch`:
     q, k ``[T, H, D]``, v ``[T, H, Dv]`` -> ``(out [T, M, H, Dv], nonempty bool [T, M])`` in ``masks.names`` order.
 
     Relation masks: the relation lists in packed numbering (``trees.relation_lists(masks)``, one ``[1, T]`` row;
     relations never cross sequences) through the existing edge-list kernels. Dense masks within each sequence:
     the varlen fused kernel with a fixed LUT (``full``: every key of the sequence; ``pairwise``: keys in another
-    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence."""
+    tree of it) on the Triton path; on the C++ path and for "reference", the reference sequence by sequence.
+
+    ``dropout_p``, ``dropout_seed``: as in :func:`syntax_subnetwork_attention`, pairs numbered as in the padded
+    form (item = sequence index, positions in the sequence): a packed batch draws its padded form's masks. The
+    relation masks number them through the edge kernels' token tables; the dense masks run on the varlen
+    distance-bias op with a table per distance value and its dropout."""
     check_packed_qkv(q, k, v, trees)
+    V.check_dropout(dropout_p, dropout_seed)
+    dropout_p = float(dropout_p)
     chosen = implementation(q.transpose(0, 1)[None], v.transpose(0, 1)[None], backend)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     T, H = q.shape[:2]
     if chosen == "reference" or T == 0:
-        return _reference_subnetwork_packed(q, k, v, trees, masks, scale)
+        return _reference_subnetwork_packed(q, k, v, trees, masks, scale, dropout_p, dropout_seed)
     outs, flags = [], []
-    if masks.num_relations:
+    R = masks.num_relations
+    if R:
+        numbering = _packed_numbering(trees) if dropout_p > 0.0 else None
         out, nonempty = edge_list_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                             v.transpose(0, 1)[None], trees.relation_lists(masks), scale=scale,
-                                            backend="triton" if chosen == "triton" else "auto")
+                                            backend="triton" if chosen == "triton" else "auto",
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                            dropout_numbering=numbering)
         outs.append(out[0].permute(2, 0, 1, 3))  # [T, R, H, Dv]
         flags.append(nonempty[0].transpose(0, 1))  # [T, R]
-    for kind in masks.dense_kinds:
-        if chosen == "triton":
+    for index, kind in enumerate(masks.dense_kinds):
+        if dropout_p > 0.0:  # the varlen bias op's dropout, sub-network R + index's stream
+            table = _dense_table(kind, bool(getattr(trees, "pairwise_self", False)), q)
+            o = bias_attention.syntax_bias_attention(q, k, v, trees, table, buckets=LUT_BUCKETS, scale=float(scale),
+                                                     backend="triton" if chosen == "triton" else "auto",
+                                                     dropout_p=dropout_p,
+                                                     dropout_seed=reference.stream_seed(dropout_seed, R + index))
+        elif chosen == "triton":
             # The fused LUT kernel with the dense mask's LUT: full, every key of the sequence (other trees of it
             # included); pairwise, keys in another tree of the same sequence (distance 255).
             o = bias_attention.lut_attention(q, k, v, trees, _dense_lut(kind, q), scale=float(scale))
@@ -331,16 +430,19 @@ def _dense_by_sequence(q, k, v, trees, kind: str, scale: float) -> torch.Tensor:
     return torch.cat(outs, 0) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
 
 
-def _reference_subnetwork_packed(q, k, v, trees, masks, scale):
-    """The reference sub-network attention sequence by sequence: ``(out [T, M, H, Dv], nonempty [T, M])``."""
+def _reference_subnetwork_packed(q, k, v, trees, masks, scale, dropout_p: float = 0.0,
+                                 dropout_seed: Optional[int] = None):
+    """The reference sub-network attention sequence by sequence (sequence s drops as batch item s):
+    ``(out [T, M, H, Dv], nonempty [T, M])``."""
     outs, flags = [], []
     heads = trees.heads.cpu()
-    for a, n, _ in sequences(trees):
+    for s, (a, n, _) in enumerate(sequences(trees)):
         if n == 0:
             continue
         one = TreeBatch.from_heads([heads[a:a + n].tolist()]).to(q.device)
         o, ne = reference.syntax_subnetwork_attention(per_sequence(q, a, n), per_sequence(k, a, n),
-                                                      per_sequence(v, a, n), one, masks, scale=scale)
+                                                      per_sequence(v, a, n), one, masks, scale=scale,
+                                                      dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_item=s)
         outs.append(o[0].permute(2, 0, 1, 3))  # [n, M, H, Dv]
         flags.append(ne[0].transpose(0, 1))
     if not outs:

@@ -22,6 +22,11 @@ Where each part lives (this folder):
 
 The row logsumexp saved for the backward is base 2 on the Triton path and natural on the C++ path (each pair
 of ops reads its own).
+
+Attention dropout (``dropout_p``, ``dropout_seed``): relation r's pairs are dropped with the Philox mask of
+``reference.stream_seed(dropout_seed, r)`` (the C++ kernels through ``csrc/philox.h``, the Triton kernels'
+``DROPOUT`` variant through ``dropout_keep_pairs``), the backward regenerating it; ``dropout_numbering`` gives a
+packed row's pairs their padded numbering (docs/edges.md, "Attention dropout").
 """
 from __future__ import annotations
 
@@ -68,17 +73,21 @@ SCHEDULE_CHUNK = EDGE_CHUNK
 # --------------------------------------------------------------------------------------------------------
 
 class _EdgeAttention(torch.autograd.Function):
-    """Autograd over the edge ops (Triton or C++): gradients for q, k, v (the lists get none)."""
+    """Autograd over the edge ops (Triton or C++): gradients for q, k, v (the lists get none). ``dropout``:
+    ``(p, seed bits, token_item, token_pos)`` of the op's attention dropout, the same for the backward (the mask is
+    regenerated from the seed)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, row_ptr, col, rel, t_ptr, t_col, t_rel, num_relations, scale, sizes, *schedule):
+    def forward(ctx, q, k, v, row_ptr, col, rel, t_ptr, t_col, t_rel, num_relations, scale, sizes, dropout,
+                *schedule):
         if sizes is not None:  # the Triton kernels, over the schedule's work items
             out, lse = torch.ops.syntaxkernels.edge_attention_fwd(q, k, v, col, rel, list(schedule), list(sizes),
-                                                                  num_relations, scale)
+                                                                  num_relations, scale, *dropout)
         else:
-            out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, row_ptr, col, num_relations, scale)
+            out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, row_ptr, col, num_relations, scale,
+                                                                      *dropout)
         ctx.save_for_backward(q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *schedule)
-        ctx.scale, ctx.sizes = scale, sizes
+        ctx.scale, ctx.sizes, ctx.dropout = scale, sizes, dropout
         return out
 
     @staticmethod
@@ -86,11 +95,12 @@ class _EdgeAttention(torch.autograd.Function):
         q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *schedule = ctx.saved_tensors
         if ctx.sizes is not None:
             dq, dk, dv = torch.ops.syntaxkernels.edge_attention_bwd(dout, q, k, v, out, lse, col, rel, t_col, t_rel,
-                                                                   list(schedule), list(ctx.sizes), ctx.scale)
+                                                                   list(schedule), list(ctx.sizes), ctx.scale,
+                                                                   *ctx.dropout)
         else:
             dq, dk, dv = torch.ops.syntaxkernels.edge_attention_cpu_bwd(dout, q, k, v, out, lse, row_ptr, col, rel,
-                                                                        t_ptr, t_col, t_rel, ctx.scale)
-        return (dq, dk, dv) + (None,) * (10 + len(schedule))
+                                                                        t_ptr, t_col, t_rel, ctx.scale, *ctx.dropout)
+        return (dq, dk, dv) + (None,) * (11 + len(schedule))
 
 
 def implementation(q: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> str:
@@ -120,16 +130,69 @@ def _check_lists(lists: EdgeLists, q: torch.Tensor) -> None:
         raise ValueError(f"lists are on {lists.device} but q is on {q.device}")
 
 
-def _reference_edge_attention(q, k, v, lists: EdgeLists, scale: float) -> torch.Tensor:
+def _numbered_keep(seed: int, p: float, B: int, H: int, N: int, numbering) -> torch.Tensor:
+    """bool ``[B, H, N, N]``: attention dropout's keep mask of the pairs of a padded layout whose tokens carry their
+    own numbering ``(token_item, token_pos)`` (int32 ``[B * N]``: a packed row's sequence and position in it):
+    pair (i, j) is :func:`~syntaxkernels.reference.dropout_keep`'s pair (``pos[i]``, ``pos[j]``) of item
+    ``item[i]``."""
+    item, pos = (t.view(B, N).to(torch.int64) for t in numbering)
+    threshold = reference.dropout_threshold(p)
+    heads = torch.arange(H, device=item.device, dtype=torch.int64)
+    bh = item[:, None, :, None] * H + heads[None, :, None, None]  # [B, H, N, 1]
+    rows = pos[:, None, :, None]
+    cols = pos[:, None, None, :]
+    zero = torch.zeros((), dtype=torch.int64, device=item.device)
+    words = reference.philox(int(seed), cols >> 2, rows, bh, zero)
+    lane = (cols & 3).expand(B, H, N, N)
+    word = torch.stack([w.expand(B, H, N, N) for w in words]).gather(0, lane[None]).squeeze(0)
+    return word >= threshold
+
+
+def _reference_edge_attention(q, k, v, lists: EdgeLists, scale: float, dropout_p: float = 0.0,
+                              dropout_seed: Optional[int] = None, numbering=None) -> torch.Tensor:
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scores = (q @ k.transpose(-1, -2)).to(acc) * scale
     allowed = lists.to_dense()
-    return torch.stack([reference.masked_attention(scores, allowed[:, r, None], v)
-                        for r in range(lists.num_relations)], dim=1)
+    outs = []
+    for r in range(lists.num_relations):
+        seed = None if dropout_p == 0.0 else reference.stream_seed(dropout_seed, r)
+        if numbering is None or dropout_p == 0.0:
+            outs.append(reference.masked_attention(scores, allowed[:, r, None], v, dropout_p=dropout_p,
+                                                   dropout_seed=seed))
+            continue
+        B, H, N, _ = q.shape
+        weights = reference.masked_softmax(scores, allowed[:, r, None])
+        keep = _numbered_keep(seed, dropout_p, B, H, N, numbering)
+        weights = torch.where(keep, weights * (1.0 / (1.0 - dropout_p)), torch.zeros((), dtype=weights.dtype,
+                                                                                     device=weights.device))
+        outs.append((weights.to(v.dtype) @ v).masked_fill(~allowed[:, r, None].any(dim=-1, keepdim=True), 0))
+    return torch.stack(outs, dim=1)
+
+
+def _seed_bits(seed: int) -> int:
+    """``seed`` (an int in ``[0, 2^64)``) as its int64 bit pattern, the ops' ``seed`` argument (as
+    ``_primitives.seed_bits``, which needs Triton)."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return seed - (1 << 64) if seed >= (1 << 63) else seed
+
+
+def _check_numbering(numbering, q: torch.Tensor):
+    """``numbering`` (None, or ``(token_item, token_pos)``: int32 ``[B * N]`` each on q's device) checked."""
+    if numbering is None:
+        return None
+    B, _, N, _ = q.shape
+    item, pos = numbering
+    for t in (item, pos):
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() != B * N
+                or t.device != q.device):
+            raise ValueError(f"dropout_numbering must be two int32 tensors of B * N = {B * N} tokens on {q.device}")
+    return item.contiguous().view(-1), pos.contiguous().view(-1)
 
 
 def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: EdgeLists, *,
-                   scale: Optional[float] = None, backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+                        scale: Optional[float] = None, backend: str = "auto", dropout_p: float = 0.0,
+                        dropout_seed: Optional[int] = None,
+                        dropout_numbering=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention restricted to per-row key lists: one softmax per (batch, head, relation, query row).
 
     Args:
@@ -139,6 +202,13 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
         scale: score scale, default ``1 / sqrt(D)``.
         backend: "auto" (C++ on CPU tensors, Triton on CUDA tensors), "triton" or "reference" (dense masks
             from the lists: the specification, O(N^2)).
+        dropout_p, dropout_seed: attention dropout on the probabilities: relation r's pairs are dropped with
+            :func:`~syntaxkernels.reference.dropout_keep`'s mask of seed ``reference.stream_seed(dropout_seed, r)``
+            (relation 0: the seed itself), the kept ones scaled by ``1 / (1 - dropout_p)`` (the normaliser is the
+            undropped one); every backend draws the same mask, the backward regenerates it.
+        dropout_numbering: None (pair (i, j) of item b is numbered (b, i, j)) or ``(token_item, token_pos)``, int32
+            ``[B * N]`` each: token t of the layout is position ``token_pos[t]`` of item ``token_item[t]`` in the
+            mask's numbering (a packed row: its sequence and its position in it; relations never cross items).
     Returns:
         ``out [B, R, H, N, Dv]`` in q's dtype (zero for an empty row, whose gradients are zero too) and
         ``nonempty bool [B, R, N]``.
@@ -147,22 +217,30 @@ def edge_list_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists
 
         allowed = lists.to_dense()                                   # [B, R, N, N]
         s = (q @ k.transpose(-1, -2)).float() * scale
-        out = torch.stack([masked_attention(s, allowed[:, r, None], v) for r in range(R)], dim=1)
+        out = torch.stack([masked_attention(s, allowed[:, r, None], v, dropout_p=dropout_p,
+                                            dropout_seed=stream_seed(dropout_seed, r)) for r in range(R)], dim=1)
     """
     V.check_qkv(q, k, v)
     _check_lists(lists, q)
+    V.check_dropout(dropout_p, dropout_seed)
+    numbering = _check_numbering(dropout_numbering, q)
+    dropout_p = float(dropout_p)
     chosen = implementation(q, v, backend)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if chosen == "reference":
-        return _reference_edge_attention(q, k, v, lists, scale), lists.nonempty
+        return _reference_edge_attention(q, k, v, lists, scale, dropout_p, dropout_seed, numbering), lists.nonempty
     if chosen == "triton":
         schedule = lists.schedule(SCHEDULE_CHUNK)
         sizes, tensors = tuple(schedule.sizes()), schedule.tensors()
     else:
         sizes, tensors = None, []
+    if dropout_p > 0.0:
+        dropout = (dropout_p, _seed_bits(dropout_seed)) + (numbering if numbering is not None else (None, None))
+    else:
+        dropout = ()
     out = _EdgeAttention.apply(q, k, v, lists.row_ptr, lists.col, lists.rel, lists.t_ptr, lists.t_col,
-                               lists.t_rel, lists.num_relations, float(scale), sizes, *tensors)
+                               lists.t_rel, lists.num_relations, float(scale), sizes, dropout, *tensors)
     return out, lists.nonempty
 
 

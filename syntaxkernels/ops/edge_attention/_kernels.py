@@ -13,13 +13,13 @@ first).
 
 No atomics, deterministic. Imported by :mod:`syntaxkernels.ops.edge_attention` only when Triton is.
 """
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .._primitives import LOG2E, launch
+from .._primitives import LOG2E, dropout_arguments, dropout_keep_pairs, dropout_stream_seed, launch
 from .configs import _next_power_of_2, edge_config
 
 __all__ = ["edge_attention_forward", "edge_attention_backward"]
@@ -133,6 +133,25 @@ def _items(ITEMS, I, block, BLOCK_E: tl.constexpr, F: tl.constexpr, SMALL: tl.co
     return index, ok, b, i, first, count, slot, longest
 
 @triton.jit
+def _keep_factor(seed, threshold, keep_scale, r, b, h, i, j, H, N, TOK_ITEM, TOK_POS, NUMBERED: tl.constexpr):
+    """Attention dropout's factor of the pairs (query i, key j) of relation r, item b, head h (int tensors of
+    one shape, or scalars): ``keep_scale`` where relation r's mask (seed ``dropout_stream_seed(seed, r)``)
+    keeps the pair, else 0. NUMBERED: the pairs' item and positions come from the int32 ``[B * N]`` tables
+    ``TOK_ITEM`` / ``TOK_POS`` (a packed row: the token's sequence and its position in it), else ``(b, i, j)``."""
+    full = b * 0 + i * 0 + j * 0 + r * 0  # every argument at the pairs' shape
+    if NUMBERED:
+        row_tok = b * N + i + full
+        item = tl.load(TOK_ITEM + row_tok)
+        row = tl.load(TOK_POS + row_tok)
+        col = tl.load(TOK_POS + b * N + j + full)
+    else:
+        item = b + full
+        row = i + full
+        col = j + full
+    keep = dropout_keep_pairs(dropout_stream_seed(seed, r + full), threshold, item * H + h, row, col)
+    return tl.where(keep, keep_scale, 0.0)
+
+@triton.jit(do_not_specialize=["seed", "threshold"])  # (one compile for every seed)
 def _edge_fwd_kernel(
     Q, K, V, COL, ITEMS, OUT, LSE, PART_O, PART_L,
     stride_qb, stride_qh, stride_qn,
@@ -143,6 +162,8 @@ def _edge_fwd_kernel(
     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     TPR: tl.constexpr, VEC: tl.constexpr, RESCALE_SLACK: tl.constexpr = 8.0,
+    seed=0, threshold=0, keep_scale=1.0, TOK_ITEM=None, TOK_POS=None,
+    DROPOUT: tl.constexpr = False, NUMBERED: tl.constexpr = False,
 ):
     """Forward of ``BLOCK_E`` forward work items (:class:`~syntaxkernels.trees.batch.EdgeSchedule`) of one head.
 
@@ -154,6 +175,9 @@ def _edge_fwd_kernel(
             ``[B, R, H, N]`` contiguous, +inf-filled: the base-2 logsumexp of the row's scores
             (``qk_scale2 = scale * log2(e)``). PART_O fp32 ``[P, H, DV]``, PART_L fp32 ``[P, H]``: the pieces
             of split rows (merged by ``_edge_merge_kernel``).
+        seed, threshold, keep_scale, TOK_ITEM, TOK_POS, DROPOUT, NUMBERED: attention dropout (:func:`_keep_factor`:
+            relation r's mask of ``dropout_stream_seed(seed, r)``); the kept pairs' weights are scaled by
+            ``keep_scale`` in the sum with V, the normaliser and LSE stay the undropped ones.
     Grid: ``(cdiv(I, BLOCK_E) * H,)``, the heads of one block adjacent. Each iteration takes edge t of every
     item of the block (gather k and v rows, one dot, an online-softmax step); the items are sorted longest
     first, so the block's first item bounds the loop and few slots are empty.
@@ -191,8 +215,10 @@ def _edge_fwd_kernel(
             l_i = l_i * alpha
             m_i = m_new
         p = tl.exp2(s - m_i)
-        acc += _bcast(p) * v
         l_i += p
+        if DROPOUT:
+            p = p * _keep_factor(seed, threshold, keep_scale, r, b, h, i, j, H, N, TOK_ITEM, TOK_POS, NUMBERED)
+        acc += _bcast(p) * v
     denom = tl.where(ok, l_i, 1.0)
     lse = m_i + tl.log2(denom)
     o = acc * _bcast(1.0 / denom)
@@ -306,7 +332,7 @@ def _edge_bwd_delta_kernel(
                  mask=mask, other=0.0).to(tl.float32)
     tl.store(DELTA + ((b * R + r) * H + h) * N + i, tl.sum(o * do, axis=1), mask=ok)
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "threshold"])  # (one compile for every seed)
 def _edge_bwd_dq_kernel(
     Q, K, V, DOUT, LSE, DELTA, COL, REL, ITEMS, DQ, DQ_PART,
     stride_qb, stride_qh, stride_qn,
@@ -317,13 +343,16 @@ def _edge_bwd_dq_kernel(
     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     TPR: tl.constexpr, VEC: tl.constexpr,
+    seed=0, threshold=0, keep_scale=1.0, TOK_ITEM=None, TOK_POS=None,
+    DROPOUT: tl.constexpr = False, NUMBERED: tl.constexpr = False,
 ):
     """dq of ``BLOCK_E`` query-side work items of one head, summed over every relation.
 
     Per edge (key j, relation r from REL): gather k_j, v_j and dO of (r, i); ``p = exp2(s - lse)``,
     ``ds = p (dO . v_j - delta)``, ``dq += ds k_j``. DQ: ``[B, H, N, D]`` contiguous (zero-filled: tokens
     without edges); an item of a split token writes fp32 ``DQ_PART[slot, h]`` instead (summed by
-    ``_edge_sum_kernel``). Grid ``(cdiv(I, BLOCK_E) * H,)``.
+    ``_edge_sum_kernel``). DROPOUT: the forward's mask regenerated (:func:`_keep_factor`), ``ds = p (m dO . v_j -
+    delta)`` with m the pair's factor and delta the dropped output's. Grid ``(cdiv(I, BLOCK_E) * H,)``.
     """
     pid = tl.program_id(0)
     h = _idx(pid % H, SMALL)
@@ -353,7 +382,11 @@ def _edge_bwd_dq_kernel(
         v = _rows_at(v_base, _bcast(v_row) + _offset(j, stride_vn, SMALL), offs_dv, DV, EVEN_DV)
         do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL), offs_dv, DV, EVEN_DV)
         p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
-        ds = p * (_bcast(_rowsum(do * v)) - delta)
+        dp = _bcast(_rowsum(do * v))
+        if DROPOUT:
+            dp = dp * _keep_factor(seed, threshold, keep_scale, rel, _bcast(b), h, _bcast(qi), j, H, N, TOK_ITEM,
+                                   TOK_POS, NUMBERED)
+        ds = p * (dp - delta)
         dq += ds * k
     dq = dq * sm_scale
     col_ok = offs_d < D
@@ -364,7 +397,7 @@ def _edge_bwd_dq_kernel(
         tl.store(DQ + _bcast((b * H + h) * N + qi) * D + offs_d, dq.to(DQ.dtype.element_ty),
                  mask=_bcast(ok) & col_ok)
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "threshold"])  # (one compile for every seed)
 def _edge_bwd_dkdv_kernel(
     Q, K, V, DOUT, LSE, DELTA, T_COL, T_REL, ITEMS, DK, DV_OUT, DK_PART, DV_PART,
     stride_qb, stride_qh, stride_qn,
@@ -375,13 +408,16 @@ def _edge_bwd_dkdv_kernel(
     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SMALL: tl.constexpr, PIECES: tl.constexpr,
     TPR: tl.constexpr, VEC: tl.constexpr,
+    seed=0, threshold=0, keep_scale=1.0, TOK_ITEM=None, TOK_POS=None,
+    DROPOUT: tl.constexpr = False, NUMBERED: tl.constexpr = False,
 ):
     """dk and dv of ``BLOCK_E`` key-side work items of one head, over the transposed lists.
 
     Per transposed edge (query i, relation r): gather q_i and dO of (r, i); ``p = exp2(s - lse)``,
     ``ds = p (dO . v_j - delta)``, ``dk += ds q_i``, ``dv += p dO``. DK ``[B, H, N, D]``, DV_OUT
     ``[B, H, N, DV]``, contiguous, zero-filled; items of split key tokens write fp32 ``DK_PART`` /
-    ``DV_PART[slot, h]``. Grid ``(cdiv(I, BLOCK_E) * H,)``.
+    ``DV_PART[slot, h]``. DROPOUT: the forward's mask regenerated (:func:`_keep_factor`), ``dv += p m dO``,
+    ``ds = p (m dO . v_j - delta)``. Grid ``(cdiv(I, BLOCK_E) * H,)``.
     """
     pid = tl.program_id(0)
     h = _idx(pid % H, SMALL)
@@ -413,9 +449,16 @@ def _edge_bwd_dkdv_kernel(
         do = _rows_at(do_base, _bcast(do_row) + _offset(rel, stride_gr, SMALL) + _offset(i, stride_gn, SMALL),
                       offs_dv, DV, EVEN_DV)
         p = tl.exp2(_bcast(_rowsum(q * k)) * qk_scale2 - lse)
-        ds = p * (_bcast(_rowsum(do * v)) - delta)
+        dp = _bcast(_rowsum(do * v))
+        if DROPOUT:
+            m = _keep_factor(seed, threshold, keep_scale, rel, _bcast(b), h, i, _bcast(kj), H, N, TOK_ITEM, TOK_POS,
+                             NUMBERED)
+            ds = p * (dp * m - delta)
+            dv += (p * m) * do
+        else:
+            ds = p * (dp - delta)
+            dv += p * do
         dk += ds * q
-        dv += p * do
     dk = dk * sm_scale
     # The item's coordinates loaded again, not kept live across the loop (keeping them spilled 8 B at bf16
     # D = 64 with H = 12 on sm_90).
@@ -463,6 +506,16 @@ def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
 _MERGE_BLOCK = 32
 _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
 
+def _dropout(dropout_p: float, seed: int, token_item: Optional[torch.Tensor],
+             token_pos: Optional[torch.Tensor]) -> dict:
+    """The kernels' dropout arguments (none when ``dropout_p == 0``: the variant without dropout compiles)."""
+    if dropout_p == 0.0:
+        return {}
+    seed, threshold, keep_scale = dropout_arguments(dropout_p, seed)
+    numbered = token_item is not None
+    return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, TOK_ITEM=token_item if numbered else None,
+                TOK_POS=token_pos if numbered else None, DROPOUT=True, NUMBERED=numbered)
+
 def _sum_partials(part, tokens, ptr, out, H, N):
     S, width = tokens.shape[0], out.shape[-1]
     if S:
@@ -472,7 +525,9 @@ def _sum_partials(part, tokens, ptr, out, H, N):
 @torch.library.triton_op("syntaxkernels::edge_attention_fwd", mutates_args=())
 def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col: torch.Tensor,
                            rel: torch.Tensor, schedule: List[torch.Tensor], sizes: List[int],
-                           num_relations: int, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                           num_relations: int, scale: float, dropout_p: float = 0.0, seed: int = 0,
+                           token_item: Optional[torch.Tensor] = None,
+                           token_pos: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triton forward launcher: ``(out [B, R, H, N, Dv] in q's dtype, lse2 fp32 [B, R, H, N])``.
 
     Args:
@@ -480,6 +535,10 @@ def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
         col, rel: int32 ``[E]`` (an :class:`EdgeLists`' edges); schedule, sizes: its
             :class:`EdgeSchedule`'s ``tensors()`` and ``sizes()``.
         num_relations: R; scale: score scale.
+        dropout_p, seed: attention dropout (0: none); relation r's mask has seed ``stream_seed(seed, r)``
+            (``seed``: the int64 bit pattern, :func:`~syntaxkernels.ops._primitives.seed_bits`).
+        token_item, token_pos: int32 ``[B * N]`` (both or neither): the pairs' item and positions in the mask's
+            numbering (a packed row), else ``(b, i, j)``.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -501,7 +560,8 @@ def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
                    q, k, v, col, items, out, lse, part_o, part_l,
                    q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                   out.stride(3), H, N, R, D, DV, items.shape[1], scale * LOG2E, PIECES=split, **tiles)
+                   out.stride(3), H, N, R, D, DV, items.shape[1], scale * LOG2E, PIECES=split, **tiles,
+                   **_dropout(dropout_p, seed, token_item, token_pos))
     S = merge_rows.shape[0]
     if S:
         launch(_edge_merge_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part_o, part_l, merge_rows, merge_ptr,
@@ -513,12 +573,17 @@ def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
 def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, col: torch.Tensor, rel: torch.Tensor,
                             t_col: torch.Tensor, t_rel: torch.Tensor, schedule: List[torch.Tensor],
-                            sizes: List[int], scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            sizes: List[int], scale: float, dropout_p: float = 0.0, seed: int = 0,
+                            token_item: Optional[torch.Tensor] = None,
+                            token_pos: Optional[torch.Tensor] = None
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton backward launcher: ``(dq, dk [B, H, N, D], dv [B, H, N, Dv])`` in q's dtype.
 
     Args: as :func:`edge_attention_forward`, plus ``dout`` (like out, any strides), the forward's ``out`` and
-    ``lse`` and the transposed edges ``t_col``, ``t_rel``.
+    ``lse`` and the transposed edges ``t_col``, ``t_rel`` (the forward's dropout arguments: its mask regenerated;
+    delta is ``rowsum(dO * O)`` of the dropped output).
     """
+    drop = _dropout(dropout_p, seed, token_item, token_pos)
     B, H, N, D = q.shape
     DV = v.shape[-1]
     R = out.shape[1]
@@ -551,13 +616,13 @@ def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         if items.shape[1]:
             launch(_edge_bwd_dq_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
                    lse, delta, col, rel, items, dq, dq_part, *strides, H, N, R, D, DV, items.shape[1],
-                   scale * LOG2E, scale, PIECES=split, **_wide_rows(tiles, q.dtype))
+                   scale * LOG2E, scale, PIECES=split, **_wide_rows(tiles, q.dtype), **drop)
     _sum_partials(dq_part, dq_tokens, dq_ptr, dq, H, N)
     for items, split in ((k_items, False), (kp_items, True)):
         if items.shape[1]:
             launch(_edge_bwd_dkdv_kernel, (triton.cdiv(items.shape[1], tiles["BLOCK_E"]) * H,), q, k, v, dout,
                    lse, delta, t_col, t_rel, items, dk, dv, dk_part, dv_part, *strides, H, N, R, D, DV,
-                   items.shape[1], scale * LOG2E, scale, PIECES=split, **tiles)
+                   items.shape[1], scale * LOG2E, scale, PIECES=split, **tiles, **drop)
     _sum_partials(dk_part, dk_tokens, dk_ptr, dk, H, N)
     _sum_partials(dv_part, dk_tokens, dk_ptr, dv, H, N)
     return dq, dk, dv
