@@ -22,12 +22,6 @@ ALL = sk.MaskSpec(max_distance=2, pairwise=True)  # relations, pairwise, full
 DENSE = sk.MaskSpec(max_distance=1, parent=False, child=False, sibling=False, pairwise=True, full=True)
 P, SEED = 0.3, 0xDEADBEEF12345678  # a seed above 2^63: the int64 bit pattern reaches the kernels
 
-# The C++ distance-bias op's dropout (what the dense masks run on under "auto" on CPU, and the varlen Triton op for
-# packed batches) lands separately; until then those paths raise NotImplementedError.
-BIAS_OP_DROPOUT = pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                                    reason="the C++ bias op's dropout lands separately")
-
-
 def _heads(backend: str) -> int:
     return 1 if backend == "triton" and interpreting() else 2
 
@@ -113,7 +107,6 @@ def test_cpp_relation_masks_dtypes(dtype):
 
 
 @needs_cpp
-@BIAS_OP_DROPOUT
 @pytest.mark.parametrize("masks", [ALL, DENSE], ids=["all", "dense"])
 def test_cpp_auto_with_dense_masks(masks):
     """Under "auto" on CPU the dense masks run on the C++ distance-bias op's dropout."""
@@ -233,8 +226,8 @@ def test_packed_relation_masks_draw_the_padded_masks(backend_device):
     check_packed(RELATIONS, backend, device)
 
 
-@pytest.mark.parametrize("backend_device", [pytest.param(CPP.values[0], marks=[needs_cpp, BIAS_OP_DROPOUT], id="cpp"),
-                                            pytest.param(TRITON.values[0], marks=[needs_triton, BIAS_OP_DROPOUT],
+@pytest.mark.parametrize("backend_device", [pytest.param(CPP.values[0], marks=[needs_cpp], id="cpp"),
+                                            pytest.param(TRITON.values[0], marks=[needs_triton],
                                                          id="triton"),
                                             pytest.param(("reference", "cpu"), id="reference")])
 def test_packed_dense_masks_draw_the_padded_masks(backend_device):
@@ -330,8 +323,4 @@ def test_syntax_bert_batches(backend_device, variant, pair):
     texts, word_ids, seqs, attention_mask, _, spec = _release_batch(pair)
     trees = sk.trees.syntax_bert_batch(texts, word_ids, sequence_ids=seqs, attention_mask=attention_mask,
                                        variant=variant)
-    try:
-        check(trees, spec, backend, device, D=8)
-    except NotImplementedError:  # "package" under "auto": the token tree's dense masks run on the C++ bias op
-        assert backend == "auto" and not getattr(trees, "word_level", False)
-        pytest.xfail("the C++ bias op's dropout lands separately")
+    check(trees, spec, backend, device, D=8)
