@@ -120,3 +120,37 @@ def test_syntax_head_attention_drops_probabilities():
     v0 = layer.v_proj(x)[0, 0].view(2, 8)
     for h in range(2):
         assert torch.allclose(row[h], 2 * v0[h], atol=1e-6) or torch.equal(row[h], torch.zeros(8))
+
+
+@pytest.mark.parametrize("method,kwargs", [("bias", {}), ("subnetwork", dict(masks=sk.MaskSpec(max_distance=2),
+                                                                              variant="package"))])
+def test_packed_rows_drop_what_their_padded_form_drops(method, kwargs):
+    """In training mode (attention dropout only) a padding-free batch gives the padded batch's logits at every
+    token: each sequence draws the mask its padded row draws, in every layer (the seeds come in the same order)."""
+    from syntaxkernels.integrations.transformers import syntax_parameters
+
+    config = transformers.BertConfig(**SMALL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.3)
+    model = transformers.BertForTokenClassification(config)
+    enable_syntax_attention(model, method, **kwargs)
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 0.5)
+    lengths = [9, 3, 14, 1]
+    gen = torch.Generator().manual_seed(17)
+    items = [dict(input_ids=torch.randint(4, 100, (n,), generator=gen).tolist(), heads=[-1] + list(range(n - 1)))
+             for n in lengths]
+    padded = sk.trees.TreeCollator()(items)
+    packed = sk.trees.TreeCollator(packed=True)(items)
+    model.train()
+    torch.manual_seed(3)
+    out_pad = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                    syntax_trees=padded["trees"]).logits
+    torch.manual_seed(3)
+    inputs = {k: v for k, v in packed.items() if k not in ("trees", "labels", "heads")}
+    out_pack = model(**inputs, syntax_trees=packed["trees"]).logits
+    valid = padded["attention_mask"].bool()
+    torch.testing.assert_close(out_pack[0], out_pad[valid], atol=1e-5, rtol=1e-5)
+    torch.manual_seed(4)  # (another seed: other masks)
+    other = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                  syntax_trees=padded["trees"]).logits
+    assert (other[valid] - out_pad[valid]).abs().max() > 1e-3

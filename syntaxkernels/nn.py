@@ -427,15 +427,17 @@ class Subnetworks(nn.Module):
 
 
 def _packed_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: PackedTreeBatch,
-                  scale: Optional[float]) -> torch.Tensor:
+                  scale: Optional[float], dropout_p: float = 0.0) -> torch.Tensor:
     """Plain softmax attention over every key of each sequence of a packed batch: ``q, k, v [T, H, D] -> [T, H, D]``
-    (the varlen distance-bias op with a zero table; on CPU the reference sequence by sequence)."""
+    (the varlen distance-bias op with a zero table: on CPU its C++ kernels); ``dropout_p``: attention dropout on
+    the probabilities (a seed from :func:`draw_dropout_seed`)."""
     from .ops._dispatch import device_constant
 
     buckets = BucketSpec(max_distance=1)
     dtype = torch.get_default_dtype()
     zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
-    return ops.syntax_bias_attention(q, k, v, trees, zeros, buckets=buckets, scale=scale)
+    return ops.syntax_bias_attention(q, k, v, trees, zeros, buckets=buckets, scale=scale, dropout_p=dropout_p,
+                                     dropout_seed=draw_dropout_seed() if dropout_p > 0.0 else None)
 
 
 def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...]:

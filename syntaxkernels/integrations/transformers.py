@@ -53,7 +53,8 @@ Other differences from the unpatched model:
   right padding (valid tokens first), and the trees' lengths must equal the attention mask's.
 - Attention dropout: in training mode ``"bias"`` layers drop attention probabilities in the fused op (its
   ``dropout_p``, a seed drawn per call from torch's default generator), as the model's own attention does; layers
-  left plain and ``"gat"`` layers keep ordinary attention dropout (SDPA's). ``"subnetwork"`` layers drop each
+  left plain and ``"gat"`` layers keep ordinary attention dropout (SDPA's; on a packed row the varlen op's, a zero
+  bias). ``"subnetwork"`` layers drop each
   sub-network's probabilities in the sub-network op (its ``dropout_p``, sub-network m drawing the mask of
   ``stream_seed(seed, m)`` of one seed per call), before the topical mix.
 - ``output_attentions=True`` returns no attention weights (the fused ops never form them).
@@ -225,11 +226,9 @@ def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, sca
 
 def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float]):
     """Ordinary softmax attention within each sequence of a packed row (``q, k, v [1, H, T, D]``): the varlen
-    fused kernel with a zero bias (on CPU the reference sequence by sequence); attention dropout is applied to
-    the output, as on the syntax layers."""
+    fused op with a zero bias, attention dropout on its probabilities (as on the padded rows' SDPA)."""
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    out = _packed_plain(q3, k3, v3, trees, scale).transpose(0, 1)[None]
-    return F.dropout(out, p=dropout, training=True) if dropout > 0.0 else out
+    return _packed_plain(q3, k3, v3, trees, scale, dropout).transpose(0, 1)[None]
 
 
 def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
