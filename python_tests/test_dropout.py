@@ -233,3 +233,32 @@ def test_short_rows_take_the_mask_in_their_own_backward(monkeypatch, N, arch, ke
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
     finally:
         P.interpret_as(previous)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "cpp"])
+def test_torch_compile_fullgraph_with_dropout(layout):
+    """torch.compile traces the dropout call (the ops' dropout arguments, a seed above 2^63 as its int64 bits) and
+    gives the reference's output and gradients for the same seed."""
+    if layout == "cpp" and not sk.ops.IMPLEMENTATION["syntax_bias_attention"](torch.zeros(1), torch.zeros(1)) == "cpp":
+        pytest.skip("the C++ kernels are not built")
+    device = "cpu" if layout == "cpp" else DEVICE
+    backend = "auto" if layout == "cpp" else "triton"
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0], [-1, 0, 0]], packed=layout == "packed")
+    g = torch.Generator().manual_seed(2)
+    shape = (8, 2, 16) if layout == "packed" else (2, 2, 5, 16)
+    q, k, v = (torch.randn(shape, generator=g).to(device).requires_grad_() for _ in range(3))
+    table = torch.randn(sk.BucketSpec().num_buckets, generator=g).to(device).requires_grad_()
+    trees = trees.to(device)
+    kw = dict(buckets=sk.BucketSpec(), dropout_p=0.3, dropout_seed=2 ** 64 - 7)
+
+    def f(q, k, v, table):
+        return sk.syntax_bias_attention(q, k, v, trees, table, backend=backend, **kw)
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if device == "cuda" else "eager")
+    out = compiled(q, k, v, table)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, table))
+    ref = sk.syntax_bias_attention(q, k, v, trees, table, backend="reference", **kw)
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v, table))
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -13,7 +13,7 @@ import torch
 import syntaxkernels as sk
 from syntaxkernels import reference
 from syntaxkernels.ops._dispatch import seed_bits
-from syntaxkernels.ops.bias_attention import _host, _varlen
+from syntaxkernels.ops.bias_attention import _host
 from syntaxkernels.ops.bias_attention import _varlen_kernels as bv
 
 from conftest import KERNEL_DEVICE as DEVICE

@@ -47,22 +47,24 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     Inputs: ``q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count`` (the forward's metadata), the
     nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
     and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that does not fit this GPU,
-    :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising), and
-    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed). The forward
+    :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising),
+    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed) and ``same_t``: the
+    transposed distance is the distance itself (symmetric), passed once (torch.compile traces no Function taking
+    one tensor twice) and its metadata slot None. The forward
     kernel writes the LUT (from the table, the strength and the buckets) that the backward reads; the backward's
     last kernel writes the table's and the strength's gradients."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
-        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed = rest[_META:]
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, same_t = rest[_META:]
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
                                  kv_count, scale, window, causal, dropout_p, dropout_seed)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
-        ctx.dropout = (dropout_p, dropout_seed)
+        ctx.dropout, ctx.same_t = (dropout_p, dropout_seed), same_t
         ctx.table_shape, ctx.fallback = table.shape, fallback
         return out
 
@@ -70,10 +72,13 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * (4 + _META + 7)
+        rest = (None,) * (4 + _META + 8)
+        meta = BackwardMetadata(*meta)
+        if ctx.same_t:  # a symmetric distance is its own transpose (one tensor, passed once)
+            meta = meta._replace(distance_t=distance)
         try:
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, lengths,
-                                                   BackwardMetadata(*meta), ctx.scale, ctx.window, ctx.causal,
+                                                   meta, ctx.scale, ctx.window, ctx.causal,
                                                    _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale,
                                                    *ctx.dropout)
         except KernelDoesNotFit as error:
@@ -95,7 +100,8 @@ class _SyntaxBiasAttention(torch.autograd.Function):
 
 class _LutAttention(torch.autograd.Function):
     """Attention with a fixed per-distance bias (no table gradient): gradients for q, k, v. Inputs: ``q, k, v,
-    distance, lut [H or 1, 256]`` (natural log, ``-inf`` = not allowed), ``lengths, distance_t, scale``."""
+    distance, lut [H or 1, 256]`` (natural log, ``-inf`` = not allowed), ``lengths, distance_t, scale``
+    (``distance_t`` None: the distance is its own transpose, passed once)."""
 
     @staticmethod
     def forward(ctx, q, k, v, distance, lut, lengths, distance_t, scale):
@@ -110,6 +116,7 @@ class _LutAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, lut2, lengths, distance_t, lut, one = ctx.saved_tensors
+        distance_t = distance if distance_t is None else distance_t
         try:
             dq, dk, dv, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, lengths,
                                          BackwardMetadata(distance_t=distance_t), ctx.scale, -1, False, LUT_BUCKETS,
@@ -138,9 +145,12 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):
         table_grad = table.requires_grad or bias_scale.requires_grad
         meta = backward_metadata(plan, configs, window, causal, buckets, table_grad)
+    same_t = meta.distance_t is not None and meta.distance_t is plan.distance
+    if same_t:
+        meta = meta._replace(distance_t=None)
     return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, plan.distance, plan.kernel_lengths, *forward_meta,
                                       *meta, scale, window, causal, bucket_args(buckets), fallback, dropout_p,
-                                      dropout_seed if dropout_p > 0.0 else 0)
+                                      dropout_seed if dropout_p > 0.0 else 0, same_t)
 
 
 def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:
@@ -148,6 +158,8 @@ def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:
     distance_t: Optional[torch.Tensor] = None
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         distance_t = plan.transposed_distance()
+        if distance_t is plan.distance:  # (torch.compile traces no Function taking one tensor twice)
+            distance_t = None
     return _LutAttention.apply(q, k, v, plan.distance, lut, plan.kernel_lengths, distance_t, scale)
 
 

@@ -51,7 +51,7 @@ import triton.language as tl
 from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, dropout_arguments, dropout_keep_pairs,
                            head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma, mma_acc,
-                           program_ids, KernelDoesNotFit)
+                           program_ids, seed_bits, KernelDoesNotFit)
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
