@@ -4,7 +4,8 @@ CHECKS: the Triton kernels against the fp64 reference (forward and the q, k, v, 
 gradients) on the current device: CUDA at real sizes, or CPU under ``TRITON_INTERPRET=1`` at small sizes
 (skipped otherwise); and ``deterministic=True``: close to the reference, and bit-identical over repeated runs
 (on CPU the interpreter runs the programs in shuffled orders, see
-:func:`syntaxkernels.tools.checks.shuffled_program_order`, since in index order every run is trivially the same).
+:func:`syntaxkernels.tools.checks.shuffled_program_order`, since in index order every run is trivially the same);
+attention dropout against the reference drawing the same mask.
 BENCHES: forward and forward+backward times of the kernel and the reference on CUDA, each size checked against
 the reference before it is timed (skipped on CPU, where the cost model of the compiled kernels is reported).
 """
@@ -97,7 +98,7 @@ def check_fp32_window(device):
     return _compare(device, shape, torch.float32, window=3)
 
 
-def _short_rows_check(device, shape):
+def _short_rows_check(device, shape, **kw):
     from syntaxkernels.ops.bias_attention import configs as op
     from syntaxkernels.ops._primitives import arch_family, current_arch
 
@@ -105,7 +106,7 @@ def _short_rows_check(device, shape):
     arch = current_arch()
     config = op._short_config(shape[2], torch.bfloat16, shape[3], 1, arch_family(arch), arch)
     lengths = [shape[2], 0] + [shape[2] // 2 - b for b in range(shape[0] - 2)]
-    ok, detail = _compare(device, shape, torch.bfloat16, lengths=lengths)
+    ok, detail = _compare(device, shape, torch.bfloat16, lengths=lengths, **kw)
     if config is None:
         path = "tiled kernels (no short-row tiles for this GPU family)"
     elif shape[2] > op.SHORT_ROW_LIMIT:
@@ -127,6 +128,19 @@ def check_two_block_rows(device):
     """Rows of 65..128 tokens (N = 100, two sentences of a pair; ragged, one empty, some of at most 64) with a
     shared table: the two-block short-row backward where this GPU family has it; the detail says which ran."""
     return _short_rows_check(device, _shape(device, (4, 2, 100, 64), (32, 12, 100, 64)))
+
+
+def check_dropout(device):
+    """Attention dropout (p = 0.2, a seed above 2^63) against the reference drawing the same mask: the short-row
+    kernels where the family has them (sentence-sized bf16 rows, ragged, one empty) and the tiled ones (fp32)."""
+    seed = 2 ** 63 + 12345
+    short = _short_rows_check(device, _shape(device, (3, 2, 40, 64), (32, 12, 57, 64)), dropout_p=0.2,
+                              dropout_seed=seed)
+    shape = _shape(device, (2, 2, 90, 32), (2, 8, 1024, 64))
+    tiled = _compare(device, shape, torch.float32, lengths=[shape[2], shape[2] // 2], dropout_p=0.2,
+                     dropout_seed=seed)
+    return short[0] and tiled[0], f"rows of {'40' if device == 'cpu' else '57'}: {short[1]}; fp32 N = {shape[2]} " \
+                                  f"(tiled): {tiled[1]}"
 
 
 def _runs(device, count, run):
@@ -204,6 +218,7 @@ CHECKS = [
     Check("bias_attention.triton_bf16_short_rows", check_short_rows),
     Check("bias_attention.triton_bf16_two_block_rows", check_two_block_rows),
     Check("bias_attention.deterministic", check_deterministic),
+    Check("bias_attention.triton_dropout", check_dropout),
 ]
 
 

@@ -1,8 +1,8 @@
 """Checks and benches of the C++ distance-bias attention on the CPU (``python -m syntaxkernels verify|bench``).
 
 CHECKS: the C++ kernels against the fp64 reference (forward and the q, k, v, table and bias-scale gradients) on CPU
-tensors, whatever ``--device`` says (they take CPU tensors only): fp32 ragged with a window, bf16 per-head causal;
-and the same bits run to run and for 1 and 2 threads.
+tensors, whatever ``--device`` says (they take CPU tensors only): fp32 ragged with a window, bf16 per-head causal,
+attention dropout; and the same bits run to run and for 1 and 2 threads.
 BENCHES: forward and forward + backward against plain SDPA (``F.scaled_dot_product_attention`` without a mask, same
 q, k, v) and the reference, fp32, H = 8, D = 64, N = 512 and 2048 on treebank sentences packed into rows
 (``$SYNTAXKERNELS_UD``; generated sentences without it, said in the row), one torch thread (and two with ``--full``);
@@ -63,6 +63,12 @@ def check_bf16_perhead_causal(device):
     return _compare((2, 2, 130, 64), torch.bfloat16, per_head=True, causal=True)
 
 
+def check_dropout(device):
+    """Attention dropout (p = 0.2, a seed above 2^63) on the C++ kernels against the reference drawing the same
+    mask: fp32, ragged, N = 301 (several query blocks)."""
+    return _compare((2, 2, 301, 64), torch.float32, lengths=[301, 150], dropout_p=0.2, dropout_seed=2 ** 63 + 12345)
+
+
 def check_threads(device):
     """The same bits run to run and with 1 and 2 threads, and close to the fp64 reference (so a consistently wrong
     result fails)."""
@@ -90,6 +96,7 @@ CHECKS = [
     Check("bias_attention.cpp_fp32_ragged_window", check_fp32_window),
     Check("bias_attention.cpp_bf16_perhead_causal", check_bf16_perhead_causal),
     Check("bias_attention.cpp_threads_bit_identical", check_threads),
+    Check("bias_attention.cpp_dropout", check_dropout),
 ]
 
 
