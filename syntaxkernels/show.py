@@ -465,7 +465,7 @@ class _MassRecorder:
         self.rows = 0.0  # valid query rows x heads
         self.query_rows = 0.0  # valid query rows
 
-    def __call__(self, q, k, v, trees, lengths=None, *, scale=None, window=None, causal=False):
+    def __call__(self, q, k, v, trees, lengths=None, *, scale=None, window=None, causal=False, dropout_p=0.0):
         from . import reference
         from .nn import _distance_and_lengths
 
@@ -488,7 +488,8 @@ class _MassRecorder:
         self.pairs += torch.zeros_like(self.pairs).scatter_add_(0, bucket.flatten().cpu(), per_row.flatten().cpu())
         self.rows += float(rows.sum()) * H
         self.query_rows += float(rows.sum())
-        return self._original(q, k, v, trees, lengths, scale=scale, window=window, causal=causal)
+        return self._original(q, k, v, trees, lengths, scale=scale, window=window, causal=causal,
+                              dropout_p=dropout_p)
 
 
 def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> LearnedSyntax:
