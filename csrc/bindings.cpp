@@ -24,6 +24,9 @@
 // packed_tree_distance(heads int64 [T] CPU, cu_seqlens int64 [S + 1] CPU, num_threads)
 //     -> (distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]): a packed
 //        batch, the distance stored per sequence (tree_distance.h, build_packed). Releases the GIL.
+// leak_free_tree_distance(heads, lengths, num_threads) and packed_leak_free_tree_distance(heads, cu_seqlens,
+//     num_threads): the same outputs as tree_distance / packed_tree_distance with leak-free distances for causal
+//     models (tree_distance.h, build_item_leak_free). Release the GIL.
 // packed_tree_distance_lists(rows, num_threads) -> the same plus heads, cu_seqlens, positions, sequence ids and
 //     max_seqlen, read straight from a list of per-sequence lists (None when a row is not a plain list/tuple).
 // graph_distance(edges int64 [B, E, 2] CPU, lengths int64 [B] CPU, N, P, directed, num_threads)
@@ -61,9 +64,11 @@
 
 namespace syntaxkernels {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tensor& heads_in,
-                                                                 const at::Tensor& lengths_in,
-                                                                 int64_t num_threads) {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_impl(const at::Tensor& heads_in,
+                                                                  const at::Tensor& lengths_in, int64_t num_threads,
+                                                                  bool leak_free) {
   if (heads_in.defined() && !heads_in.device().is_cpu()) {
     throw std::invalid_argument("tree_distance needs CPU tensors, got heads on " + heads_in.device().str() +
                                 " (use tree_distance_cuda)");
@@ -78,13 +83,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tenso
     pybind11::gil_scoped_release release;
     build_batch(heads.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), B, N, distance.data_ptr<uint8_t>(),
                 depth.data_ptr<int32_t>(), segment.data_ptr<int32_t>(),
-                static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+                static_cast<int>(std::min<int64_t>(num_threads, 1024)), leak_free);
   }
   return {distance, depth, segment};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_cpu(
-    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_impl(
+    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads, bool leak_free) {
   if (!heads_in.device().is_cpu() || !cu_in.device().is_cpu()) {
     throw std::invalid_argument("packed_tree_distance needs CPU tensors, got heads on " + heads_in.device().str() +
                                 " and cu_seqlens on " + cu_in.device().str());
@@ -111,9 +116,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_
     pybind11::gil_scoped_release release;
     build_packed(heads.data_ptr<int64_t>(), cu_ptr, S, offsets.data_ptr<int64_t>(), distance.data_ptr<uint8_t>(),
                  depth.data_ptr<int32_t>(), segment.data_ptr<int32_t>(),
-                 static_cast<int>(std::min<int64_t>(num_threads, 1024)));
+                 static_cast<int>(std::min<int64_t>(num_threads, 1024)), leak_free);
   }
   return {distance, offsets, depth, segment};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_distance_cpu(const at::Tensor& heads_in,
+                                                                 const at::Tensor& lengths_in,
+                                                                 int64_t num_threads) {
+  return tree_distance_impl(heads_in, lengths_in, num_threads, false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> leak_free_tree_distance_cpu(const at::Tensor& heads_in,
+                                                                           const at::Tensor& lengths_in,
+                                                                           int64_t num_threads) {
+  return tree_distance_impl(heads_in, lengths_in, num_threads, true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_tree_distance_cpu(
+    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads) {
+  return packed_tree_distance_impl(heads_in, cu_in, num_threads, false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> packed_leak_free_tree_distance_cpu(
+    const at::Tensor& heads_in, const at::Tensor& cu_in, int64_t num_threads) {
+  return packed_tree_distance_impl(heads_in, cu_in, num_threads, true);
 }
 
 namespace {
@@ -487,6 +516,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("num_threads") = 0,
         "(distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N]) for heads int64 [B, N] and "
         "lengths int64 [B] on the CPU; num_threads 0 = torch's intra-op thread count. Releases the GIL.");
+  m.def("leak_free_tree_distance", &syntaxkernels::leak_free_tree_distance_cpu, pybind11::arg("heads"),
+        pybind11::arg("lengths"), pybind11::arg("num_threads") = 0,
+        "(distance uint8 [B, N, N], depth int32 [B, N], segment int32 [B, N]) as tree_distance, the distance "
+        "leak-free for causal models: row i is the forest induced on tokens 0..i (255 for j > i and for paths "
+        "through a later token; not symmetric); depth and segment the whole tree's. Releases the GIL.");
   m.def("tree_distance_lists", &syntaxkernels::tree_distance_lists, pybind11::arg("rows"),
         pybind11::arg("lengths") = pybind11::none(), pybind11::arg("num_threads") = 0,
         "(heads int64 [B, N], lengths int64 [B], distance, depth, segment) from a ragged list/tuple of "
@@ -543,6 +577,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(distance uint8 [sum n_s^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T]) of a packed batch: "
         "heads int64 [T] local to each sequence, cu_seqlens int64 [S + 1]. ValueError names the sequence and "
         "token. Releases the GIL.");
+  m.def("packed_leak_free_tree_distance", &syntaxkernels::packed_leak_free_tree_distance_cpu,
+        pybind11::arg("heads"), pybind11::arg("cu_seqlens"), pybind11::arg("num_threads") = 0,
+        "packed_tree_distance with leak_free_tree_distance's distances (each sequence's block leak-free). "
+        "Releases the GIL.");
   m.def("packed_tree_distance_lists", &syntaxkernels::packed_tree_distance_lists, pybind11::arg("rows"),
         pybind11::arg("num_threads") = 0,
         "(heads, cu_seqlens int32, distance, offsets, depth, segment, positions int32, sequence int32, max_seqlen) "

@@ -217,8 +217,52 @@ std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t 
   return "";
 }
 
+std::string build_item_leak_free(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
+                                 int32_t* depth, int32_t* segment, TreeWorkspace& workspace) {
+  std::memset(distance, kUnreachable, static_cast<size_t>(N * N));
+  for (int64_t i = length; i < N; ++i) {
+    depth[i] = -1;
+    segment[i] = -1;
+  }
+  if (length == 0) return "";
+  std::string message = order_tokens(b, heads, length, depth, segment, workspace);
+  if (!message.empty()) return message;
+
+  // Row i: a breadth-first search from i over the edges whose both ends are <= i. The row itself marks the
+  // visited tokens (255 = not yet reached; distances saturate at 254, never 255). In a forest every token is
+  // reached once, from its neighbour on the path back to i.
+  const int32_t* child_start = workspace.child_start.data();
+  const int32_t* children = workspace.children.data();
+  workspace.scratch.resize(static_cast<size_t>(length));
+  int32_t* queue = workspace.scratch.data();
+  for (int64_t i = 0; i < length; ++i) {
+    uint8_t* row = distance + i * N;
+    row[i] = 0;
+    queue[0] = static_cast<int32_t>(i);
+    int64_t head = 0, tail = 1;
+    while (head < tail) {
+      const int32_t v = queue[head++];
+      const uint8_t next = static_cast<uint8_t>(row[v] + (row[v] < kMaxDistance));
+      const int64_t p = heads[v];
+      if (p >= 0 && p <= i && row[p] == kUnreachable) {
+        row[p] = next;
+        queue[tail++] = static_cast<int32_t>(p);
+      }
+      for (int32_t c = child_start[v]; c < child_start[v + 1]; ++c) {
+        const int32_t child = children[c];
+        if (child > i) break;  // children are increasing
+        if (row[child] == kUnreachable) {
+          row[child] = next;
+          queue[tail++] = child;
+        }
+      }
+    }
+  }
+  return "";
+}
+
 void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, uint8_t* distance,
-                 int32_t* depth, int32_t* segment, int num_threads) {
+                 int32_t* depth, int32_t* segment, int num_threads, bool leak_free) {
   for (int64_t b = 0; b < B; ++b) {
     std::string message = check_length(b, lengths[b], N);
     if (!message.empty()) throw std::invalid_argument(message);
@@ -230,9 +274,9 @@ void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_
   int64_t threads = std::max<int64_t>(1, num_threads);
   threads = std::min<int64_t>({threads, B, std::max<int64_t>(1, work / 65536)});
 
+  const auto build = leak_free ? &build_item_leak_free : &build_item;
   for_each_item<TreeWorkspace>(B, threads, [&](int64_t b, TreeWorkspace& workspace) {
-    return build_item(b, heads + b * N, lengths[b], N, distance + b * N * N, depth + b * N, segment + b * N,
-                      workspace);
+    return build(b, heads + b * N, lengths[b], N, distance + b * N * N, depth + b * N, segment + b * N, workspace);
   });
 }
 
@@ -272,16 +316,17 @@ std::string as_sequence_message(const std::string& message) {
 }  // namespace
 
 void build_packed(const int64_t* heads, const int64_t* cu_seqlens, int64_t S, const int64_t* offsets,
-                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads) {
+                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads, bool leak_free) {
   const int64_t T = cu_seqlens[S];
   if (S == 0 || T == 0) return;
   const int64_t work = offsets[S];
   int64_t threads = std::max<int64_t>(1, num_threads);
   threads = std::min<int64_t>({threads, S, std::max<int64_t>(1, work / 65536)});
+  const auto build = leak_free ? &build_item_leak_free : &build_item;
   try {
     for_each_item<TreeWorkspace>(S, threads, [&](int64_t s, TreeWorkspace& workspace) {
       const int64_t start = cu_seqlens[s], n = cu_seqlens[s + 1] - start;
-      return build_item(s, heads + start, n, n, distance + offsets[s], depth + start, segment + start, workspace);
+      return build(s, heads + start, n, n, distance + offsets[s], depth + start, segment + start, workspace);
     });
   } catch (const std::invalid_argument& error) {
     throw std::invalid_argument(as_sequence_message(error.what()));

@@ -55,11 +55,21 @@ std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, Tree
 std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
                        int32_t* depth, int32_t* segment, TreeWorkspace& workspace);
 
+// Leak-free distances for causal models, one batch item (arguments and validation as build_item):
+// distance[i, j] for j <= i is the path length between i and j in the forest induced on tokens 0..i (the
+// edges whose both ends are <= i): the tree path when every token on it is <= i, else 255; distance[i, j] = 255
+// for j > i. Not symmetric. Row i never depends on the heads of tokens > i. depth and segment are the whole
+// tree's (as build_item's). O(length^2): one breadth-first search per row over the induced forest (children
+// lists are increasing, so a search stops at the first child > i).
+std::string build_item_leak_free(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
+                                 int32_t* depth, int32_t* segment, TreeWorkspace& workspace);
+
 // Builds the whole batch on up to num_threads threads (num_threads <= 1: the calling thread only).
 // Validates every length first, then every sentence; throws std::invalid_argument with the message of
 // the lowest bad batch item. Never reads heads beyond [B, N] nor writes beyond the outputs.
+// leak_free: build_item_leak_free's distances instead of build_item's.
 void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_t N, uint8_t* distance,
-                 int32_t* depth, int32_t* segment, int num_threads);
+                 int32_t* depth, int32_t* segment, int num_threads, bool leak_free = false);
 
 // Packed batches: S sequences in T tokens, sequence s at tokens [cu_seqlens[s], cu_seqlens[s + 1]) with its
 // heads local to the sequence (0-based, -1 for a root). The distance is stored per sequence: sequence s's
@@ -71,6 +81,6 @@ void build_batch(const int64_t* heads, const int64_t* lengths, int64_t B, int64_
 std::string check_cu_seqlens(const int64_t* cu_seqlens, int64_t S, int64_t T);
 void packed_offsets(const int64_t* cu_seqlens, int64_t S, int64_t* offsets);  // offsets [S + 1]
 void build_packed(const int64_t* heads, const int64_t* cu_seqlens, int64_t S, const int64_t* offsets,
-                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads);
+                  uint8_t* distance, int32_t* depth, int32_t* segment, int num_threads, bool leak_free = false);
 
 }  // namespace syntaxkernels

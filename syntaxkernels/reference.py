@@ -35,6 +35,7 @@ __all__ = [
     "dropout_threshold",
     "stream_seed",
     "apply_attention_dropout",
+    "leak_free_distance",
 ]
 
 
@@ -296,8 +297,12 @@ def syntax_masks(trees, masks: MaskSpec) -> torch.Tensor:
     "Syntax-BERT masks").
 
     Derived from ``trees.distance``, ``trees.depth`` and ``trees.segment``: i is an ancestor of j iff they
-    are in the same tree and ``depth[j] - depth[i] == d(i, j)``.
+    are in the same tree and ``depth[j] - depth[i] == d(i, j)``. A leak-free batch (``leak_free=True``) raises
+    ``ValueError``: its depth and segment are the whole tree's.
     """
+    if getattr(trees, "leak_free", False):
+        raise ValueError("syntax_masks: a leak-free TreeBatch (leak_free=True) has no leak-free depth and segment "
+                         "(they are the whole tree's); the Syntax-BERT masks need a batch built without leak_free")
     V.check_masks(masks)
     pairs = _mask_pairs(trees.distance, trees.depth, trees.segment,
                         pairwise_self=getattr(trees, "pairwise_self", False))
@@ -566,3 +571,42 @@ def structural_probe_loss(g: torch.Tensor, proj: torch.Tensor, distance: torch.T
     depth_err = (depth.to(acc) ** 2 - norms).abs() * valid
     depth_loss = depth_err.sum() / valid.sum().clamp(min=1)
     return distance_loss, depth_loss
+
+
+def leak_free_distance(heads) -> torch.Tensor:
+    """The leak-free tree distance of one sequence, by brute force: the specification of
+    ``TreeBatch.from_heads(..., leak_free=True)`` (docs/semantics.md, "Leak-free distances for causal models").
+
+    Args:
+        heads: the sequence's n 0-based heads (-1 for a root; a forest), a list or a 1-D integer tensor. Assumed
+            valid (no range, self-loop or cycle checks: the builders do those).
+    Returns:
+        uint8 ``[n, n]``: ``[i, j]`` for ``j <= i`` is the number of edges on the path between i and j in the
+        forest induced on tokens ``0..i`` (the edges child -- head with both ends ``<= i``), saturating at
+        ``MAX_PATH``, and ``UNREACHABLE`` when no such path exists; ``UNREACHABLE`` for ``j > i``. Not symmetric.
+
+    One breadth-first search per row over that row's induced forest, in plain Python.
+    """
+    heads = [int(h) for h in (heads.tolist() if isinstance(heads, torch.Tensor) else heads)]
+    n = len(heads)
+    out = torch.full((n, n), UNREACHABLE, dtype=torch.uint8)
+    for i in range(n):
+        neighbours = [[] for _ in range(i + 1)]
+        for child in range(i + 1):
+            head = heads[child]
+            if 0 <= head <= i:
+                neighbours[child].append(head)
+                neighbours[head].append(child)
+        hops = {i: 0}
+        frontier = [i]
+        while frontier:
+            following = []
+            for v in frontier:
+                for u in neighbours[v]:
+                    if u not in hops:
+                        hops[u] = hops[v] + 1
+                        following.append(u)
+            frontier = following
+        for j, d in hops.items():
+            out[i, j] = min(d, MAX_PATH)
+    return out

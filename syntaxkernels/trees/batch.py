@@ -26,6 +26,11 @@ Layout. A ``TreeBatch``'s distance is a ``[B, N, N]`` view of a ``[B, roundup(N,
 A ``TreeBatch`` is the batch's structure plan (:class:`~syntaxkernels.plan.StructurePlan`): it knows its distance
 is symmetric (the bias op's backward then reads it transposed without a copy), holds the kernels' int32 lengths,
 and keeps what the ops derive from it (edge lists, tile lists) for every layer.
+
+Leak-free distances (``leak_free=True`` on the builders, docs/semantics.md "Leak-free distances for causal
+models"): row i is the forest induced on tokens ``0..i`` (255 for ``j > i`` and for paths through a later token),
+so that no row depends on the heads of later tokens. Not symmetric (the plan says so); depth and segment stay the
+whole tree's, and the edge lists, built from the whole tree, are refused.
 """
 from __future__ import annotations
 
@@ -306,12 +311,49 @@ def _sentence_tensors(b: int, h: np.ndarray):
     return out, depth, segment
 
 
-def python_tree_tensors(heads: torch.Tensor, lengths: torch.Tensor):
+def _path_max(h: np.ndarray) -> np.ndarray:
+    """int64 ``[L, L]``: the largest token on the tree path between i and j (i and j included) for tokens of one
+    tree (other pairs: unspecified), built level by level like :func:`_sentence_tensors` (a new token's path to an
+    earlier one runs through its parent). Expects a validated forest."""
+    length = h.shape[0]
+    tokens = np.arange(length, dtype=np.int64)
+    largest = np.full((length, length), -1, dtype=np.int64)
+    largest[tokens, tokens] = tokens
+    roots = np.nonzero(h == -1)[0]
+    processed = roots
+    level = roots
+    while level.size:
+        children = np.nonzero(np.isin(h, level))[0]
+        if children.size == 0:
+            break
+        parents = h[children]
+        to_old = np.maximum(largest[np.ix_(parents, processed)], children[:, None])
+        largest[np.ix_(children, processed)] = to_old
+        largest[np.ix_(processed, children)] = to_old.T
+        largest[np.ix_(children, children)] = np.maximum(largest[np.ix_(parents, children)], children[:, None])
+        largest[children, children] = children
+        processed = np.concatenate([processed, children])
+        level = children
+    return largest
+
+
+def _leak_free_sentence_tensors(b: int, h: np.ndarray):
+    """:func:`_sentence_tensors` with the leak-free distance: the tree path between i and j (j <= i) when no token
+    on it is later than i, else 255 (and 255 above the diagonal). depth and segment are the whole tree's."""
+    distance, depth, segment = _sentence_tensors(b, h)
+    rows = np.arange(h.shape[0], dtype=np.int64)[:, None]
+    keep = _path_max(h) <= rows
+    return np.where(keep, distance, np.uint8(UNREACHABLE)).astype(np.uint8), depth, segment
+
+
+def python_tree_tensors(heads: torch.Tensor, lengths: torch.Tensor, leak_free: bool = False):
     """The pure-Python/NumPy builder: ``(distance, depth, segment)`` on the CPU.
 
     O(n^2) per tree with O(1) work per pair: tokens are added level by level and each new token's row is
-    its parent's row plus one. Expects the output of :func:`normalize_heads`.
+    its parent's row plus one. Expects the output of :func:`normalize_heads`. ``leak_free``: the leak-free
+    distance (module docstring), from the same rows and each pair's largest token on its path.
     """
+    sentence = _leak_free_sentence_tensors if leak_free else _sentence_tensors
     heads_np = heads.cpu().numpy()
     lengths_np = lengths.cpu().numpy()
     B, N = heads_np.shape
@@ -322,21 +364,26 @@ def python_tree_tensors(heads: torch.Tensor, lengths: torch.Tensor):
         length = int(lengths_np[b])
         if length == 0:
             continue
-        d, dep, seg = _sentence_tensors(b, heads_np[b, :length])
+        d, dep, seg = sentence(b, heads_np[b, :length])
         distance[b, :length, :length] = d
         depth[b, :length] = dep
         segment[b, :length] = seg
     return torch.from_numpy(distance), torch.from_numpy(depth), torch.from_numpy(segment)
 
 
-def build_tree_tensors(heads: HeadsLike, lengths=None, *, backend: str = "auto", num_threads: int = 0):
+def build_tree_tensors(heads: HeadsLike, lengths=None, *, backend: str = "auto", num_threads: int = 0,
+                       leak_free: bool = False):
     """``(heads, lengths, distance, depth, segment)`` for a batch, all on the heads' device.
 
     ``backend``: "auto" (CUDA builder for CUDA tensors, else the C++ extension, else Python), "cpp",
     "cuda" or "python". ``num_threads`` (C++ only): 0 = all available threads.
     Ragged lists of list/tuple rows go straight to the C++ extension (same checks and messages as
     :func:`normalize_heads`); other inputs, or no extension, take the Python path.
+    ``leak_free``: the leak-free distance for causal models (module docstring), by the C++ extension (CUDA heads
+    are built on the CPU and copied back; ``backend="cuda"`` raises ValueError), else the Python builder.
     """
+    if leak_free:
+        return _build_leak_free(heads, lengths, backend, num_threads)
     if type(heads) in (list, tuple) and backend in ("auto", "cpp"):
         built = _build_from_lists(heads, lengths, num_threads)
         if built is not None:
@@ -364,6 +411,26 @@ def build_tree_tensors(heads: HeadsLike, lengths=None, *, backend: str = "auto",
         distance, depth, segment = _ext.load().tree_distance(heads_t.cpu(), lengths_t.cpu(), int(num_threads))
     else:
         distance, depth, segment = python_tree_tensors(heads_t, lengths_t)
+    return heads_t, lengths_t, distance.to(device), depth.to(device), segment.to(device)
+
+
+def _build_leak_free(heads: HeadsLike, lengths, backend: str, num_threads: int):
+    """:func:`build_tree_tensors` with ``leak_free=True``."""
+    heads_t, lengths_t = normalize_heads(heads, lengths)
+    device = heads_t.device
+    if backend not in ("auto", "cpp", "cuda", "python"):
+        raise ValueError(f"backend must be 'auto', 'cpp', 'cuda' or 'python', got {backend!r}")
+    if backend == "cuda":
+        raise ValueError("leak_free=True has no CUDA builder: use backend='auto' (built on the CPU, copied to the "
+                         "heads' device) or 'cpp'")
+    module = _ext.load()
+    has_cpp = module is not None and hasattr(module, "leak_free_tree_distance")
+    if backend == "cpp" and not has_cpp:
+        raise RuntimeError("the C++ extension (with leak_free_tree_distance) is not available: " + _ext.status())
+    if backend != "python" and has_cpp:
+        distance, depth, segment = module.leak_free_tree_distance(heads_t.cpu(), lengths_t.cpu(), int(num_threads))
+    else:
+        distance, depth, segment = python_tree_tensors(heads_t, lengths_t, leak_free=True)
     return heads_t, lengths_t, distance.to(device), depth.to(device), segment.to(device)
 
 
@@ -412,13 +479,15 @@ def _rootless_hint(error: ValueError, heads, lengths) -> ValueError:
     return ValueError(str(error) + ROOTLESS_HINT.format(b=b))
 
 
-def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> torch.Tensor:
+def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto", leak_free: bool = False) -> torch.Tensor:
     """All-pairs tree distance ``uint8 [B, N, N]`` (0 diagonal, saturating at 254, 255 = unreachable).
 
     Args:
         heads: ``int [B, N]`` tensor of 0-based heads (-1 = root) or a ragged list of lists.
         lengths: ``int [B]`` valid lengths (default: N, or the list lengths).
         backend: "auto", "cpp", "cuda" or "python" (see :func:`build_tree_tensors`).
+        leak_free: the leak-free distance for causal models instead (module docstring; not symmetric, so not
+            marked as a tree distance: pass ``symmetric=False`` or nothing to the ops).
     Returns:
         ``uint8 [B, N, N]`` on the heads' device; rows and columns of padding tokens are 255 (their diagonal
         too). Raises ``ValueError`` for bad heads or lengths, naming the batch item and token.
@@ -428,10 +497,10 @@ def tree_distance(heads: HeadsLike, lengths=None, *, backend: str = "auto") -> t
     (the tests compare the two).
     """
     try:
-        distance = build_tree_tensors(heads, lengths, backend=backend)[2]
+        distance = build_tree_tensors(heads, lengths, backend=backend, leak_free=leak_free)[2]
     except ValueError as error:
         raise _rootless_hint(error, heads, lengths) from None
-    return _mark_tree_distance(distance)
+    return distance if leak_free else _mark_tree_distance(distance)
 
 
 #: Edges per work item of the GPU edge kernels (:class:`EdgeSchedule`): longer rows are split into chunks.
@@ -833,6 +902,14 @@ def build_edge_lists(heads: torch.Tensor, lengths: torch.Tensor, *, max_distance
     return built if device.type == "cpu" else built.to(device, non_blocking=True)
 
 
+def _refuse_lists(trees, what: str) -> None:
+    """ValueError for the edge lists of a leak-free batch: they are built from the whole tree."""
+    if getattr(trees, "leak_free", False):
+        raise ValueError(f"{what}: a leak-free batch (leak_free=True) has no edge lists (they come from the whole "
+                         "tree, which would leak later tokens' heads into earlier rows); build the batch without "
+                         "leak_free for the relation masks and tree windows")
+
+
 @dataclass(eq=False)
 class TreeBatch(StructurePlan):
     """A batch of dependency trees with everything the attention ops need: the batch's structure plan
@@ -845,6 +922,10 @@ class TreeBatch(StructurePlan):
             (:func:`aligned_distance`; a view, not contiguous unless N is a multiple of 16).
         depth: ``int32 [B, N]`` (-1 for padding).
         segment: ``int32 [B, N]`` (-1 for padding).
+        leak_free: the distance is leak-free for causal models (``from_heads(..., leak_free=True)``): row i is the
+            forest induced on tokens ``0..i``, 255 for ``j > i``; not symmetric. depth and segment are then still
+            the whole tree's (``segment >= 0`` marks the real tokens), and :meth:`relation_lists`,
+            :meth:`window_lists` (built from the whole tree) raise ValueError.
         kernel_lengths: ``int32 [B]``, the lengths the fused kernels read.
 
     Edge lists (:meth:`relation_lists`, :meth:`window_lists`) and what the fused ops derive for their tiles are
@@ -856,14 +937,19 @@ class TreeBatch(StructurePlan):
     distance: torch.Tensor
     depth: torch.Tensor
     segment: torch.Tensor
+    leak_free: bool = False
 
     def __post_init__(self):
-        self.distance = _mark_tree_distance(aligned_distance(self.distance))
-        self._init_plan(symmetric=True, kernel_lengths=self.lengths.to(torch.int32))
+        self.leak_free = bool(self.leak_free)
+        self.distance = aligned_distance(self.distance)
+        if not self.leak_free:  # the mark says "symmetric": a leak-free distance is not
+            _mark_tree_distance(self.distance)
+        self._init_plan(symmetric=not self.leak_free, kernel_lengths=self.lengths.to(torch.int32))
 
     def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
         self.__dict__.update(state)
-        _mark_tree_distance(self.distance)
+        if not self.__dict__.get("leak_free", False):
+            _mark_tree_distance(self.distance)
         self._stamp = self._current_stamp()  # fresh tensors, the same data: what was derived still holds
 
     def _structure_tensors(self):
@@ -877,12 +963,19 @@ class TreeBatch(StructurePlan):
             getattr(self, name).copy_(getattr(other, name), non_blocking=non_blocking)
 
     @classmethod
-    def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto", packed: bool = False):
+    def from_heads(cls, heads: HeadsLike, lengths=None, *, backend: str = "auto", packed: bool = False,
+                   leak_free: bool = False):
         """Validate ``heads`` and build the distance, depth and segment tensors (see :func:`tree_distance`).
 
         ``packed=True`` returns a :class:`~syntaxkernels.trees.packed.PackedTreeBatch` instead: the sequences end
         to end without padding, the distance stored per sequence (``sum n^2`` bytes); ``heads`` is then a list of
         per-sequence lists (``lengths`` must be None; an ``[B, N]`` tensor with ``lengths`` is packed too).
+
+        ``leak_free=True``: distances for causal models (docs/semantics.md, "Leak-free distances for causal
+        models"): ``distance[b, i, j]`` for ``j <= i`` is the path in the forest induced on tokens ``0..i`` (255
+        when the tree path runs through a later token), 255 for ``j > i``; row i never depends on the heads of
+        later tokens. The batch is then not symmetric (the bias op's backward reads a transposed copy, derived
+        once per batch); depth and segment are the whole tree's; the edge lists are refused (ValueError).
 
         A ``ValueError`` about an item without a root (no -1) adds a pointer to the head converters
         (:func:`~syntaxkernels.trees.from_conllu_heads`, :func:`~syntaxkernels.trees.from_self_root`)."""
@@ -892,13 +985,14 @@ class TreeBatch(StructurePlan):
             if isinstance(heads, (torch.Tensor, np.ndarray)):
                 heads_t, lengths_t = normalize_heads(heads, lengths)
                 rows = [row[:n].tolist() for row, n in zip(heads_t.cpu(), lengths_t.cpu().tolist())]
-                return PackedTreeBatch.from_heads(rows, backend=backend).to(heads_t.device)
+                return PackedTreeBatch.from_heads(rows, backend=backend, leak_free=leak_free).to(heads_t.device)
             if lengths is not None:
                 raise ValueError("TreeBatch.from_heads(..., packed=True): give the sequences as lists (lengths "
                                  "must be None) or heads [B, N] as a tensor with lengths")
-            return PackedTreeBatch.from_heads(heads, backend=backend)
+            return PackedTreeBatch.from_heads(heads, backend=backend, leak_free=leak_free)
         try:
-            return cls(*build_tree_tensors(heads, lengths, backend=backend))
+            return cls(*build_tree_tensors(heads, lengths, backend=backend, leak_free=leak_free),
+                       leak_free=leak_free)
         except ValueError as error:
             raise _rootless_hint(error, heads, lengths) from None
 
@@ -916,7 +1010,7 @@ class TreeBatch(StructurePlan):
 
     def _map(self, fn) -> "TreeBatch":
         mapped = TreeBatch(fn(self.heads), fn(self.lengths), _map_distance(fn, self.distance), fn(self.depth),
-                           fn(self.segment))
+                           fn(self.segment), leak_free=self.leak_free)
         return self._carry_derived(mapped, fn)
 
     def to(self, *args, **kwargs) -> "TreeBatch":
@@ -935,6 +1029,7 @@ class TreeBatch(StructurePlan):
         lists). Raises ValueError when ``masks`` enables none of parent, child, sibling."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
+        _refuse_lists(self, "relation_lists")
         return self.derived(("relation lists", masks.relation_key()),
                             lambda: build_edge_lists(self.heads, self.lengths, **_relation_arguments(masks)))
 
@@ -942,6 +1037,7 @@ class TreeBatch(StructurePlan):
         """The :class:`EdgeLists` of the tree window ``d(i, j) <= window`` (one relation; the GAT's attention),
         built once per batch and kept."""
         _list_spec(1, {}, window)
+        _refuse_lists(self, "window_lists")
         return self.derived(("window lists", window),
                             lambda: build_edge_lists(self.heads, self.lengths, window=window))
 
@@ -967,4 +1063,5 @@ class TreeBatch(StructurePlan):
             shown = (f"lengths min/mean/max={min(lengths)}/{sum(lengths) / len(lengths):.1f}/{max(lengths)}, "
                      f"tokens={sum(lengths)}")
         cached = f", derived={len(self._derived)}" if self._derived else ""
+        cached += ", leak_free=True" if self.leak_free else ""
         return f"TreeBatch(batch_size={self.batch_size}, max_len={self.max_len}, {shown}{cached}, device={self.device})"

@@ -84,6 +84,9 @@ class TreeCollator:
         word_level: with a tokenizer, build Syntax-BERT's word-level batch instead of a token tree
             (:func:`~syntaxkernels.trees.syntax_bert_batch` with ``variant``: every piece of a word stands for the
             word); padded batches only.
+        leak_free: build leak-free distances for causal models (``TreeBatch.from_heads(..., leak_free=True)``,
+            padded or packed); not with ``masks``, ``windows`` or ``word_level`` (ValueError: those come from the
+            whole tree).
 
     Packed batches (``packed=True``), the layout of transformers' ``DataCollatorWithFlattening``
     (``return_flash_attn_kwargs=True``): every per-token key concatenated to ``[1, T]`` (``labels`` as given:
@@ -123,8 +126,13 @@ class TreeCollator:
         max_tokens: Optional[int] = None,
         variant: str = "paper",
         word_level: bool = False,
+        leak_free: bool = False,
     ) -> None:
         check_variant(variant)
+        self.leak_free = bool(leak_free)
+        if self.leak_free and (word_level or masks is not None or tuple(windows)):
+            raise ValueError("TreeCollator: leak_free does not combine with masks, windows or word_level (their "
+                             "edge lists and word-level batches come from the whole tree)")
         if word_level and packed:
             raise ValueError("TreeCollator: word_level (Syntax-BERT's word-level batches) has no packed form")
         self.variant = variant
@@ -158,7 +166,7 @@ class TreeCollator:
                 f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
                 f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r}, "
                 f"masks={self.masks}, windows={self.windows}, packed={self.packed}, max_tokens={self.max_tokens}, "
-                f"variant={self.variant!r}, word_level={self.word_level})")
+                f"variant={self.variant!r}, word_level={self.word_level}, leak_free={self.leak_free})")
 
     def __call__(self, items: Sequence) -> Dict[str, Any]:
         items = list(items)
@@ -251,12 +259,13 @@ class TreeCollator:
 
     def _trees(self, heads: List[List[int]], lengths: torch.Tensor, width: int):
         if self.packed:
-            return PackedTreeBatch.from_heads([list(row) for row in heads], backend=self.backend)
+            return PackedTreeBatch.from_heads([list(row) for row in heads], backend=self.backend,
+                                              leak_free=self.leak_free)
         padded = torch.full((len(heads), width), -1, dtype=torch.int64)
         for b, row in enumerate(heads):
             if row:
                 padded[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
-        trees = TreeBatch.from_heads(padded, lengths, backend=self.backend)
+        trees = TreeBatch.from_heads(padded, lengths, backend=self.backend, leak_free=self.leak_free)
         return trees if self.packed else self._with_lists(trees)
 
     def _with_lists(self, trees):
@@ -289,7 +298,8 @@ class TreeCollator:
         else:
             heads, lengths = align_batch(items, encoding, connect=self.connect,
                                          missing_words="reattach" if truncate else "error", variant=self.variant)
-            trees = TreeBatch.from_heads(heads, lengths, backend=self.backend, packed=self.packed)
+            trees = TreeBatch.from_heads(heads, lengths, backend=self.backend, packed=self.packed,
+                                         leak_free=self.leak_free)
         out["lengths"] = lengths
         out["trees"] = trees if self.packed else self._with_lists(trees)
         out["word_ids"] = [encoding.word_ids(b) for b in range(len(items))]

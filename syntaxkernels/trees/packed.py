@@ -19,6 +19,9 @@ Built in C++ (GIL released, parallel over sequences) by :meth:`PackedTreeBatch.f
 ``TreeBatch.from_heads(heads, packed=True)``). ``.to()`` / ``.pin_memory()`` move everything, cached edge
 lists included. The edge lists (:meth:`relation_lists`, :meth:`window_lists`) are in packed token numbering:
 one ``[1, T]`` row whose trees are the sequences' trees (relations and windows never cross sequences).
+
+``from_heads(..., leak_free=True)`` stores each sequence's leak-free distance (as ``TreeBatch``'s: row i the forest
+induced on the sequence's tokens ``0..i``); the plan is then not symmetric and the edge lists are refused.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ import torch
 from .. import _ext
 from ..plan import StructurePlan
 from ..specs import MaskSpec
-from .batch import (EdgeLists, TreeBatch, _list_spec, _move_arguments, _pad_rows, _relation_arguments,
-                    _sentence_tensors, build_edge_lists)
+from .batch import (EdgeLists, TreeBatch, _leak_free_sentence_tensors, _list_spec, _move_arguments, _pad_rows,
+                    _refuse_lists, _relation_arguments, _sentence_tensors, build_edge_lists)
 
 __all__ = ["PackedTreeBatch", "packed_tree_tensors", "pack_padded"]
 
@@ -57,8 +60,9 @@ def _sequence_error(error: ValueError) -> ValueError:
     return ValueError(text)
 
 
-def _python_packed(heads: torch.Tensor, cu: torch.Tensor):
+def _python_packed(heads: torch.Tensor, cu: torch.Tensor, leak_free: bool = False):
     """The pure-Python packed builder (no extension): the same tensors as the C++ one."""
+    sentence = _leak_free_sentence_tensors if leak_free else _sentence_tensors
     cu_list = cu.tolist()
     _check_cu(cu_list, heads.shape[0])
     heads_np = heads.numpy()
@@ -75,7 +79,7 @@ def _python_packed(heads: torch.Tensor, cu: torch.Tensor):
         if a == b:
             continue
         try:
-            d, dep, seg = _sentence_tensors(s, heads_np[a:b])
+            d, dep, seg = sentence(s, heads_np[a:b])
         except ValueError as error:
             raise _sequence_error(error) from None
         distance[offsets[s]:offsets[s + 1]] = d.reshape(-1)
@@ -98,21 +102,23 @@ def _check_cu(cu_list, T: int) -> None:
 
 
 def packed_tree_tensors(heads: torch.Tensor, cu_seqlens: torch.Tensor, *, backend: str = "auto",
-                        num_threads: int = 0):
+                        num_threads: int = 0, leak_free: bool = False):
     """``(distance uint8 [sum n^2], offsets int64 [S + 1], depth int32 [T], segment int32 [T])`` for packed heads
     ``int [T]`` (local to each sequence) and ``cu_seqlens int [S + 1]``, on the CPU. ``backend``: "auto" (C++
-    when built), "cpp" or "python". ValueError names the sequence and the token within it."""
+    when built), "cpp" or "python". ``leak_free``: each sequence's leak-free distance (:class:`TreeBatch`).
+    ValueError names the sequence and the token within it."""
     if backend not in ("auto", "cpp", "python"):
         raise ValueError(f"backend must be 'auto', 'cpp' or 'python', got {backend!r}")
     heads = heads.to("cpu", torch.int64).contiguous()
     cu = cu_seqlens.to("cpu", torch.int64).contiguous()
     module = _ext.load()
-    use_cpp = backend == "cpp" or (backend == "auto" and module is not None and hasattr(module, "packed_tree_distance"))
+    name = "packed_leak_free_tree_distance" if leak_free else "packed_tree_distance"
+    use_cpp = backend == "cpp" or (backend == "auto" and module is not None and hasattr(module, name))
     if use_cpp:
-        if module is None or not hasattr(module, "packed_tree_distance"):
-            raise RuntimeError("the C++ extension (with packed_tree_distance) is not available: " + _ext.status())
-        return module.packed_tree_distance(heads, cu, int(num_threads))
-    return _python_packed(heads, cu)
+        if module is None or not hasattr(module, name):
+            raise RuntimeError(f"the C++ extension (with {name}) is not available: " + _ext.status())
+        return getattr(module, name)(heads, cu, int(num_threads))
+    return _python_packed(heads, cu, leak_free)
 
 
 @dataclass(eq=False)
@@ -124,6 +130,8 @@ class PackedTreeBatch(StructurePlan):
         heads: int64 ``[T]``, local to each sequence. cu_seqlens: int32 ``[S + 1]``. max_seqlen: int.
         distance: uint8 ``[sum n_s^2]``; distance_offsets: int64 ``[S + 1]``.
         depth, segment: int32 ``[T]``. positions, sequence: int32 ``[T]``.
+        leak_free: each sequence's distance is leak-free for causal models (not symmetric; depth and segment the
+            whole trees'; no edge lists).
     """
 
     heads: torch.Tensor
@@ -135,6 +143,7 @@ class PackedTreeBatch(StructurePlan):
     max_seqlen: int
     positions: Optional[torch.Tensor] = None
     sequence: Optional[torch.Tensor] = None
+    leak_free: bool = False
 
     def __post_init__(self):
         if self.sequence is None or self.positions is None:
@@ -144,7 +153,8 @@ class PackedTreeBatch(StructurePlan):
             sequence = torch.searchsorted(cu[1:], tokens, right=True)
             self.sequence = sequence.to(torch.int32)
             self.positions = (tokens - cu[sequence]).to(torch.int32)
-        self._init_plan(symmetric=True)
+        self.leak_free = bool(self.leak_free)
+        self._init_plan(symmetric=not self.leak_free)
 
     def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
         self.__dict__.update(state)
@@ -160,7 +170,8 @@ class PackedTreeBatch(StructurePlan):
     # -- construction --------------------------------------------------------------------------------------
 
     @classmethod
-    def from_heads(cls, heads, cu_seqlens=None, *, backend: str = "auto", num_threads: int = 0) -> "PackedTreeBatch":
+    def from_heads(cls, heads, cu_seqlens=None, *, backend: str = "auto", num_threads: int = 0,
+                   leak_free: bool = False) -> "PackedTreeBatch":
         """Build a packed batch.
 
         Args:
@@ -168,11 +179,12 @@ class PackedTreeBatch(StructurePlan):
                 empty sequence), or with ``cu_seqlens`` an int tensor/array ``[T]`` of local heads.
             cu_seqlens: int ``[S + 1]`` (with tensor heads).
             backend: "auto" / "cpp" / "python" (the C++ builder, GIL released, parallel over sequences).
+            leak_free: each sequence's leak-free distance for causal models (``TreeBatch.from_heads``).
         Raises ValueError naming the sequence and token (``sequence 3, token 5: head 9 out of range ...``).
         """
         if cu_seqlens is None:
             module = _ext.load()
-            if (backend in ("auto", "cpp") and type(heads) in (list, tuple) and module is not None
+            if (not leak_free and backend in ("auto", "cpp") and type(heads) in (list, tuple) and module is not None
                     and hasattr(module, "packed_tree_distance_lists")):
                 built = module.packed_tree_distance_lists(heads, int(num_threads))
                 if built is not None:  # one extension call: read, validate, build
@@ -197,10 +209,12 @@ class PackedTreeBatch(StructurePlan):
             if cu.dtype == torch.bool or cu.is_floating_point() or cu.dim() != 1 or cu.shape[0] < 1:
                 raise ValueError(f"cu_seqlens must be an integer tensor [S + 1], got {cu.dtype} {tuple(cu.shape)}")
             device = flat.device
-        distance, offsets, depth, segment = packed_tree_tensors(flat, cu, backend=backend, num_threads=num_threads)
+        distance, offsets, depth, segment = packed_tree_tensors(flat, cu, backend=backend, num_threads=num_threads,
+                                                                leak_free=leak_free)
         cu64 = cu.to("cpu", torch.int64)
         max_seqlen = int((cu64[1:] - cu64[:-1]).max()) if cu64.shape[0] > 1 else 0
-        batch = cls(flat.to("cpu", torch.int64), cu64.to(torch.int32), distance, offsets, depth, segment, max_seqlen)
+        batch = cls(flat.to("cpu", torch.int64), cu64.to(torch.int32), distance, offsets, depth, segment, max_seqlen,
+                    leak_free=leak_free)
         return batch if device.type == "cpu" else batch.to(device)
 
     @classmethod
@@ -208,7 +222,8 @@ class PackedTreeBatch(StructurePlan):
         """The packed form of a padded :class:`TreeBatch` (its items as sequences, padding dropped)."""
         lengths = trees.lengths.cpu().tolist()
         heads = trees.heads.cpu()
-        return cls.from_heads([heads[b, :n].tolist() for b, n in enumerate(lengths)]).to(trees.device)
+        return cls.from_heads([heads[b, :n].tolist() for b, n in enumerate(lengths)],
+                              leak_free=getattr(trees, "leak_free", False)).to(trees.device)
 
     # -- shape ---------------------------------------------------------------------------------------------
 
@@ -252,7 +267,7 @@ class PackedTreeBatch(StructurePlan):
         heads = torch.full((S, N), -1, dtype=torch.int64)
         mask = torch.arange(N)[None, :] < lengths[:, None]
         heads[mask] = self.heads.cpu()
-        return TreeBatch.from_heads(heads, lengths).to(self.device)
+        return TreeBatch.from_heads(heads, lengths, leak_free=self.leak_free).to(self.device)
 
     def padded_layout(self):
         """``(sequence int64 [T], position int64 [T], lengths int64 [S], distance uint8 [S, N, N], depth int32 [S, N])``
@@ -289,7 +304,7 @@ class PackedTreeBatch(StructurePlan):
     def _map(self, fn) -> "PackedTreeBatch":
         mapped = PackedTreeBatch(fn(self.heads), fn(self.cu_seqlens), fn(self.distance), fn(self.distance_offsets),
                                  fn(self.depth), fn(self.segment), self.max_seqlen, fn(self.positions),
-                                 fn(self.sequence))
+                                 fn(self.sequence), leak_free=self.leak_free)
         return self._carry_derived(mapped, fn)
 
     def to(self, *args, **kwargs) -> "PackedTreeBatch":
@@ -313,6 +328,7 @@ class PackedTreeBatch(StructurePlan):
         (relations never cross sequences), built once per batch and kept."""
         if not isinstance(masks, MaskSpec):
             raise TypeError(f"masks must be a MaskSpec, got {type(masks).__name__}")
+        _refuse_lists(self, "relation_lists")
 
         def build():
             heads, lengths = self._forest()
@@ -323,6 +339,7 @@ class PackedTreeBatch(StructurePlan):
         """The window :class:`EdgeLists` (``d(i, j) <= window`` within a sequence) over one ``[1, T]`` row, built
         once per batch and kept."""
         _list_spec(1, {}, window)
+        _refuse_lists(self, "window_lists")
 
         def build():
             heads, lengths = self._forest()
@@ -334,7 +351,8 @@ class PackedTreeBatch(StructurePlan):
 
     def __repr__(self) -> str:
         return (f"PackedTreeBatch(sequences={self.num_sequences}, tokens={self.num_tokens}, "
-                f"max_seqlen={self.max_seqlen}, distance_bytes={self.distance.numel()}, device={self.device})")
+                f"max_seqlen={self.max_seqlen}, distance_bytes={self.distance.numel()}, "
+                f"{'leak_free=True, ' if self.leak_free else ''}device={self.device})")
 
 
 def pack_padded(x: torch.Tensor, lengths) -> torch.Tensor:
