@@ -334,3 +334,11 @@ def test_packed_causal_bias_attention_matches_the_padded_batch(backend):
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+def test_subnetwork_attention_refuses_a_leak_free_batch():
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1]], leak_free=True)
+    q = torch.randn(1, 1, 4, 8)
+    for masks in (sk.MaskSpec(), sk.MaskSpec(parent=False, child=False, sibling=False, pairwise=True, full=True)):
+        with pytest.raises(ValueError, match="leak-free"):
+            sk.syntax_subnetwork_attention(q, q, q, trees, masks)

@@ -348,8 +348,13 @@ def check_relations_defined(trees) -> None:
 
 
 def check_subnetwork_inputs(q, k, v, trees, masks) -> None:
-    """Every check of ``syntax_subnetwork_attention``'s arguments."""
+    """Every check of ``syntax_subnetwork_attention``'s arguments (a leak-free batch is refused: every mask, the
+    dense ones too, comes from the whole tree)."""
     check_relations_defined(trees)
+    if getattr(trees, "leak_free", False):
+        raise ValueError("syntax_subnetwork_attention: a leak-free batch (leak_free=True) has no sub-network masks "
+                         "(they come from the whole tree, which would leak later tokens' heads into earlier rows); "
+                         "build the batch without leak_free for Syntax-BERT's masks")
     check_qkv(q, k, v)
     check_trees(trees, q)
     check_masks(masks)
