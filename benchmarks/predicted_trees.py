@@ -23,7 +23,8 @@ Reported on the held-out sentences:
   token of the collator's gold token tree (the first piece of the gold head word, ``[CLS]`` for the root word);
   also over every valid token (special tokens and continuation pieces included).
 - UPOS accuracy (first pieces): ``predicted`` with the gold token trees given, ``predicted`` without trees (its own
-  predicted trees), ``unpatched``.
+  predicted trees), ``unpatched``; and how many first pieces change tag between the gold-tree and the predicted-tree
+  forwards (with the largest logit difference).
 - Inference speed, eval mode, ``torch.no_grad``, batches of 64 held-out sentences: words/s of ``predicted`` without
   trees (the predictor and the tree decoding included, they are part of the model's forward) vs the same model with
   the gold trees given (their building excluded: the collator builds them before the timed loop, as a parser's time
@@ -150,6 +151,21 @@ def accuracy(model, held, trees):
     return correct / total
 
 
+def tree_effect(model, held):
+    """How much the trees change the predictions: first pieces whose tag differs between the gold-tree and the
+    predicted-tree forwards, and the largest |logit difference| there."""
+    changed = largest = 0.0
+    with torch.no_grad():
+        for batch, labels in held:
+            kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            gold = model(**kwargs, syntax_trees=batch["trees"]).logits
+            predicted = model(**kwargs).logits
+            keep = labels != -100
+            changed += int((gold.argmax(-1) != predicted.argmax(-1))[keep].sum())
+            largest = max(largest, float((gold - predicted)[keep].abs().max()))
+    return int(changed), largest
+
+
 def speed(model, held, trees, repeats):
     """Best words/s over ``repeats`` passes (the trees, when given, were built before)."""
     words = sum(int((labels != -100).sum()) for _, labels in held)
@@ -218,6 +234,8 @@ def main(argv=None):
             row["uas_first_pieces"], row["words"], row["uas_all_tokens"], row["tokens"] = uas(model, held)
             row["upos_gold_trees"] = accuracy(model, held, trees=True)
             row["upos_predicted_trees"] = accuracy(model, held, trees=False)
+            row["tags_changed_by_trees"], row["max_logit_diff_by_trees"] = tree_effect(model, held)
+            row["bias_max_and_scale_per_syntax_layer"] = SL.bias_figures(model)
             row["words_per_s_predicted"], row["seconds_predicted"] = speed(model, held, False, args.repeats)
             row["words_per_s_gold_given"], row["seconds_gold_given"] = speed(model, held, True, args.repeats)
         else:

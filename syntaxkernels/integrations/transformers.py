@@ -30,6 +30,13 @@ How it plugs in (transformers 5.x):
   pre-hook on the base model hands the word embeddings of the input (its GAT input) on to the encoder. Because the trees and ``G`` travel as
   arguments, gradient checkpointing recomputes layers with the right inputs.
 
+Predicted trees (``trees="predicted", predictor_layer=k``): a :class:`SyntaxTreePredictor` on the output of encoder
+layer k (``encoder.syntax``) predicts the token trees when a forward gets no ``syntax_trees``: a forward hook on layer
+k decodes them and forward pre-hooks on the layers above hand them on as ``syntax_trees`` (a fresh record per
+forward, dropped when the encoder's forward ends; gradient checkpointing recomputes a layer's ``forward`` with the
+keyword arguments it got, so with the same trees). With trees given, the predictor's head cross-entropy on them is
+:func:`syntax_aux_loss`. :func:`predict_syntax_trees` runs layers ``0..k`` only and returns the trees.
+
 What each method promises for a freshly enabled model (same pre-trained weights); "subnetwork" and "gat" take
 ``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and package"):
 
