@@ -30,6 +30,13 @@ How it plugs in (transformers 5.x):
   pre-hook on the base model hands the word embeddings of the input (its GAT input) on to the encoder. Because the trees and ``G`` travel as
   arguments, gradient checkpointing recomputes layers with the right inputs.
 
+Predicted trees (``trees="predicted", predictor_layer=k``): a :class:`SyntaxTreePredictor` on the output of encoder
+layer k (``encoder.syntax``) predicts the token trees when a forward gets no ``syntax_trees``: a forward hook on layer
+k decodes them and forward pre-hooks on the layers above hand them on as ``syntax_trees`` (a fresh record per
+forward, dropped when the encoder's forward ends; gradient checkpointing recomputes a layer's ``forward`` with the
+keyword arguments it got, so with the same trees). With trees given, the predictor's head cross-entropy on them is
+:func:`syntax_aux_loss`. :func:`predict_syntax_trees` runs layers ``0..k`` only and returns the trees.
+
 What each method promises for a freshly enabled model (same pre-trained weights); "subnetwork" and "gat" take
 ``variant="paper" | "release" | "package"`` (docs/semantics.md, "Paper, release and package"):
 
@@ -100,7 +107,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from .. import _validation as V
 from .. import variants as VR
-from ..nn import DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, _check_pos_ids, _packed_plain
+from ..nn import (DistanceBias, StructuralProbeLoss, Subnetworks, SyntaxGAT, SyntaxHeads, TreePredictor,
+                  _check_pos_ids, _packed_plain)
 from ..plan import StructurePlan
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
@@ -120,6 +128,9 @@ __all__ = [
     "enable_syntax_attention",
     "load_syntax_model",
     "syntax_aux_loss",
+    "predict_syntax_trees",
+    "TREES",
+    "SyntaxTreePredictor",
     "syntax_attention_forward",
     "syntax_parameters",
     "token_pos_ids",
@@ -140,6 +151,9 @@ ATTN_IMPLEMENTATION = "syntaxkernels"
 SAVED_ATTN_IMPLEMENTATION = ("syntaxkernels - this checkpoint was saved with syntax attention, load it with "
                              "syntaxkernels.integrations.transformers.load_syntax_model")
 METHODS = ("bias", "subnetwork", "gat")
+#: Where the trees of a forward come from: ``"given"`` (``syntax_trees=`` on every forward) or ``"predicted"`` (a
+#: :class:`SyntaxTreePredictor` on the output of one encoder layer predicts them when none are given).
+TREES = ("given", "predicted")
 
 #: Defaults of ``gat_config`` (the paper's GAT shape, Appendix B; ``num_pos_tags=None``: the variant's, 21 for
 #: "paper" and "release", 18 for "package"; ``probe_rank=None`` leaves the structural probe off).
@@ -211,6 +225,26 @@ class SyntaxHeadInjection(SyntaxHeads):
                 g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``q, k, v [B, H, N, D]``, ``G [B, N, syntax_dim]`` -> updated ``(q, k, v)``."""
         return self.inject(q, k, v, g)
+
+
+class SyntaxTreePredictor(TreePredictor):
+    """``trees="predicted"``: the encoder's child ``syntax``, a :class:`syntaxkernels.nn.TreePredictor` (biaffine arc
+    scorer, Chu-Liu/Edmonds decoding) on the hidden states output by encoder layer ``layer``.
+
+    When a forward gets no ``syntax_trees`` it predicts the token trees of the batch from that layer's output
+    (:meth:`TreePredictor.predict` over each row's valid tokens) and the syntax layers above ``layer`` use them; when
+    ``syntax_trees`` are given its head cross-entropy on them is :func:`syntax_aux_loss`. ``predicted_tree_ratio``:
+    in training mode with trees given, the share of forwards (drawn per forward from torch's default generator)
+    whose syntax layers use the predicted trees instead (the loss is still on the given trees).
+    """
+
+    def __init__(self, hidden_size: int, layer: int, arc_size: int = 128, predicted_tree_ratio: float = 0.0):
+        super().__init__(hidden_size, arc_size)
+        self.layer = layer
+        self.predicted_tree_ratio = predicted_tree_ratio
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", layer={self.layer}, predicted_tree_ratio={self.predicted_tree_ratio}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -413,6 +447,8 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     if mask is not None and (mask.dim() != 2 or mask.dtype != torch.bool):
         raise ValueError("the syntaxkernels attention takes a 2-D padding attention_mask [B, N]; got "
                          f"{mask.dtype} {tuple(mask.shape)}")
+    if isinstance(getattr(encoder, "syntax", None), SyntaxTreePredictor):
+        return _predicted_trees_pre_hook(encoder, hidden, mask, args, kwargs)
     trees = kwargs.get("syntax_trees")
     pos = kwargs.pop("syntax_pos", None)
     if trees is None:
@@ -470,6 +506,156 @@ def _word_embeddings_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
             embeds = base.get_input_embeddings()(ids)
     kwargs["syntax_word_embeddings"] = embeds
     return args, kwargs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# trees="predicted": the predictor on layer k's output feeds the syntax layers above it
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _TreePrediction:
+    """What one forward of a ``trees="predicted"`` model carries from the encoder hook to the layer hooks (a fresh
+    object per forward, held by the encoder as ``syntax_prediction`` until the forward ends)."""
+
+    __slots__ = ("lengths", "given", "use_predicted", "trees", "done")
+
+    def __init__(self, lengths: torch.Tensor, given: Optional[TreeBatch], use_predicted: bool):
+        self.lengths = lengths  # int64 [B], valid tokens per row
+        self.given = given  # the checked syntax_trees, or None
+        self.use_predicted = use_predicted  # whether the layers above k take the predicted trees
+        self.trees: Optional[TreeBatch] = None  # the predicted trees, once layer k has run
+        self.done = False
+
+
+def _predicted_lengths(hidden: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Valid tokens per row from the padding mask (``bool [B, N]``, None: all valid); ``ValueError`` naming the
+    batch item when a row is not right-padded (the trees cover a valid prefix)."""
+    B, N = hidden.shape[:2]
+    if mask is None:
+        return torch.full((B,), N, dtype=torch.int64, device=hidden.device)
+    lengths = mask.sum(1).to(torch.int64)
+    prefix = torch.arange(N, device=mask.device)[None, :] < lengths[:, None]
+    bad = (prefix != mask).any(1)
+    if bool(bad.any()):  # read on the host: the decoder reads the scores there anyway
+        b = int(bad.nonzero()[0, 0])
+        kept = mask[b].nonzero()[:, 0].tolist()
+        raise ValueError(f"batch item {b}: the attention mask does not pad on the right (it attends positions "
+                         f"{_ranges(kept)} of N = {N}); predicted trees cover each row's valid tokens, which must "
+                         "come first (tokenizer.padding_side = 'right')")
+    return lengths.to(hidden.device)
+
+
+def _predicted_trees_pre_hook(encoder: nn.Module, hidden: torch.Tensor, mask: Optional[torch.Tensor], args: tuple,
+                              kwargs: dict):
+    """The encoder pre-hook of a ``trees="predicted"`` model: checks given trees (or that none are needed), and
+    starts this forward's :class:`_TreePrediction`."""
+    predictor: SyntaxTreePredictor = encoder.syntax
+    if kwargs.pop("syntax_pos", None) is not None:
+        raise ValueError("syntax_pos is used by method='gat' only")
+    trees = kwargs.pop("syntax_trees", None)
+    packed_kwargs = [k for k in ("cu_seq_lens_q", "cu_seq_lens_k") if kwargs.get(k) is not None]
+    if _is_packed(trees) or packed_kwargs:
+        raise ValueError("packed (padding-free) batches are not supported with trees='predicted': use padded "
+                         "batches (TreeCollator(packed=False), an attention_mask [B, N])")
+    encoder.syntax_aux_losses = None
+    encoder.syntax_prediction = None
+    if trees is not None:
+        if not isinstance(trees, TreeBatch):
+            raise TypeError(f"with trees='predicted', given syntax_trees must be a TreeBatch (the predictor learns "
+                            f"their heads), got {type(trees).__name__}")
+        trees = _check_trees(trees, hidden, mask)
+        kwargs["syntax_trees"] = trees
+        ratio = predictor.predicted_tree_ratio
+        use_predicted = bool(encoder.training and ratio > 0 and float(torch.rand(())) < ratio)
+        lengths = trees.lengths.to(hidden.device)
+    else:
+        use_predicted = True
+        lengths = _predicted_lengths(hidden, mask)
+    encoder.syntax_prediction = _TreePrediction(lengths, trees, use_predicted)
+    return args, kwargs
+
+
+def _predictor_layer_hook(encoder: nn.Module, layer: nn.Module, args: tuple, output):
+    """Forward hook of encoder layer k: the predictor's loss on the given trees, and the predicted trees when the
+    layers above take them (once per forward; a recomputation under gradient checkpointing runs the layer's
+    ``forward`` only, not its hooks)."""
+    state = getattr(encoder, "syntax_prediction", None)
+    if state is None or state.done:
+        return None
+    state.done = True
+    hidden = output[0] if isinstance(output, (tuple, list)) else output
+    predictor: SyntaxTreePredictor = encoder.syntax
+    if state.given is not None:
+        encoder.syntax_aux_losses = (predictor.loss(hidden, state.given),)
+    if state.use_predicted:
+        state.trees = predictor.predict(hidden, state.lengths)
+    return None
+
+
+def _predicted_layer_pre_hook(encoder: nn.Module, index: int, layer: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of each encoder layer above k: hands it this forward's predicted trees."""
+    state = getattr(encoder, "syntax_prediction", None)
+    if state is not None and state.use_predicted:
+        if state.trees is None:
+            raise RuntimeError(f"encoder layer {index} runs before layer {encoder.syntax.layer} predicted the trees of "
+                               "this forward (the encoder must run its layers in order)")
+        kwargs["syntax_trees"] = state.trees
+    return args, kwargs
+
+
+def _end_of_forward_hook(encoder: nn.Module, args: tuple, output):
+    """Forward hook of the encoder: drops this forward's predicted trees, so that no later forward sees them."""
+    encoder.syntax_prediction = None
+    return None
+
+
+class _StopAfterPrediction(Exception):
+    """Raised by :func:`predict_syntax_trees`' temporary hook to end the forward once the trees are predicted."""
+
+
+def predict_syntax_trees(model, input_ids: Optional[torch.Tensor] = None,
+                         attention_mask: Optional[torch.Tensor] = None, **kwargs) -> TreeBatch:
+    """The token trees a ``trees="predicted"`` model predicts for a batch, running layers ``0..predictor_layer``
+    only (the layers above are skipped): what the syntax layers would use in a forward without ``syntax_trees``.
+
+    Args:
+        model: a model after ``enable_syntax_attention(..., trees="predicted")`` (or a DDP wrapper of one).
+        input_ids: ``[B, N]``; attention_mask: ``[B, N]`` 0/1, right padding; kwargs: other inputs of the base
+            model (``token_type_ids``, ``inputs_embeds`` ...), not ``syntax_trees``.
+    Returns:
+        a :class:`TreeBatch` ``[B, N]`` on the model's device (lengths: the attention mask's valid tokens).
+    Raises:
+        ``ValueError`` for a model without predicted trees, or with ``syntax_trees`` given.
+    """
+    model = getattr(model, "module", model)
+    base = _base_model(model)
+    encoder = _encoder(base)
+    predictor = getattr(encoder, "syntax", None)
+    if not isinstance(predictor, SyntaxTreePredictor):
+        raise ValueError("predict_syntax_trees needs a model enabled with enable_syntax_attention(..., "
+                         "trees='predicted', predictor_layer=k)")
+    if kwargs.get("syntax_trees") is not None:
+        raise ValueError("predict_syntax_trees predicts the trees: do not pass syntax_trees")
+    found = []
+
+    def stop(layer, args, output):
+        state = encoder.syntax_prediction
+        found.append(None if state is None else state.trees)
+        raise _StopAfterPrediction
+
+    layer = getattr(encoder, _family(base).layers)[predictor.layer]
+    handle = layer.register_forward_hook(stop)  # after the predictor's own hook
+    try:
+        with torch.no_grad():
+            base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    except _StopAfterPrediction:
+        pass
+    finally:
+        handle.remove()
+        encoder.syntax_prediction = None
+    if not found or found[0] is None:
+        raise RuntimeError("the encoder did not reach the predictor's layer")
+    return found[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -664,12 +850,58 @@ def _use_own_config(model: nn.Module) -> None:
             module.config = copies[id(config)]
 
 
+def _predicted_layers(method: str, variant: Optional[str], layers, predictor_layer, arc_size, ratio,
+                      num_layers: int):
+    """Checks the ``trees="predicted"`` arguments; the syntax layers (``layers``, default every layer above k)."""
+    if method == "gat" or (method == "subnetwork" and variant != "package"):
+        what = ("method='gat' (its GAT reads the trees before the first layer)" if method == "gat" else
+                f"method='subnetwork' with variant={variant!r} (its masks come from word-level trees)")
+        raise ValueError(f"trees='predicted' supports method='bias' and method='subnetwork' with "
+                         f"variant='package' (token trees), not {what}")
+    if isinstance(predictor_layer, bool) or not isinstance(predictor_layer, int) or \
+            not 0 <= predictor_layer <= num_layers - 2:
+        raise ValueError(f"trees='predicted' needs predictor_layer, an int in 0..{num_layers - 2} (the encoder has "
+                         f"{num_layers} layers and the syntax layers come after it), got {predictor_layer!r}")
+    if isinstance(arc_size, bool) or not isinstance(arc_size, int) or arc_size <= 0:
+        raise ValueError(f"predictor_arc_size must be a positive int, got {arc_size!r}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"predicted_tree_ratio must be a number in [0, 1], got {ratio!r}")
+    if layers is None:
+        return list(range(predictor_layer + 1, num_layers))
+    chosen = _as_layers(layers, num_layers)
+    below = [i for i in chosen if i <= predictor_layer]
+    if below:
+        raise ValueError(f"with trees='predicted' the syntax layers must come after predictor_layer = "
+                         f"{predictor_layer} (layers 0..{predictor_layer} compute the hidden states the trees are "
+                         f"predicted from): layers {below} are not above it")
+    return chosen
+
+
+def _attach_predictor(base: nn.Module, encoder: nn.Module, config, k: int, arc_size: int, ratio: float,
+                      factory: dict, training: bool) -> None:
+    """Adds the :class:`SyntaxTreePredictor` as ``encoder.syntax`` and the hooks of ``trees="predicted"``."""
+    import functools
+
+    predictor = SyntaxTreePredictor(config.hidden_size, k, arc_size, ratio)
+    encoder.syntax = predictor.to(**factory).train(training)
+    encoder.syntax_prediction = None
+    layer_modules = getattr(encoder, _family(base).layers)
+    handles = [layer_modules[k].register_forward_hook(functools.partial(_predictor_layer_hook, encoder))]
+    for i in range(k + 1, len(layer_modules)):
+        handles.append(layer_modules[i].register_forward_pre_hook(
+            functools.partial(_predicted_layer_pre_hook, encoder, i), with_kwargs=True))
+    handles.append(encoder.register_forward_hook(_end_of_forward_hook))
+    encoder.syntax_prediction_handles = handles
+
+
 def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[BucketSpec, dict, None] = None,
                             per_head: bool = False, learnable_scale: bool = True, window: Optional[int] = None,
                             masks: Union[MaskSpec, dict, None] = None, gat_config: Optional[dict] = None,
                             syntax_heads: int = 1, targets: Optional[Sequence[str]] = None,
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto",
-                            variant: Optional[str] = None):
+                            variant: Optional[str] = None, trees: str = "given",
+                            predictor_layer: Optional[int] = None, predictor_arc_size: int = 128,
+                            predicted_tree_ratio: float = 0.0):
     """Make a transformers encoder of a family in :data:`FAMILIES` syntax-aware, in place.
 
     Args:
@@ -701,13 +933,27 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             (``token_pos_ids(..., variant=...)``), output LayerNorm (release), syntax heads (paper and release:
             with a bias, started as the release does, so a fresh model already differs from the pre-trained one;
             package: zero, so it does not) and probe. "bias" has one form (no variant).
+        trees: ``"given"`` (default): every forward needs ``syntax_trees``. ``"predicted"``: a
+            :class:`SyntaxTreePredictor` (``<base>.encoder.syntax``) reads the hidden states output by encoder layer
+            ``predictor_layer``; a forward without ``syntax_trees`` predicts the token trees of its valid tokens there
+            and the syntax layers above use them (padded batches only: packed ones raise ``ValueError``); a forward
+            with ``syntax_trees`` (a padded ``TreeBatch``) uses them and makes the predictor's head cross-entropy on
+            them :func:`syntax_aux_loss`. ``method="bias"`` and ``"subnetwork"`` with ``variant="package"`` only
+            (the GAT runs before the first layer; the paper's sub-network masks are word-level).
+        predictor_layer: ``trees="predicted"``: k in ``0..L-2``; layers ``0..k`` stay plain attention and every
+            layer in ``layers`` must be above k (``layers=None``: every layer above k).
+        predictor_arc_size: ``trees="predicted"``: the predictor's ``arc_size``.
+        predicted_tree_ratio: ``trees="predicted"``, in ``[0, 1]``: in training mode, the share of forwards with
+            ``syntax_trees`` given whose syntax layers use the predicted trees instead (drawn per forward from
+            torch's default generator; the loss stays on the given trees). 0 (default): never.
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
         ``"syntaxkernels"``). The model gets its own copy of its config first (``model.config`` is then a new
         object), so other models built from the same config object are not changed. Forward then needs
         ``syntax_trees=TreeBatch`` (and takes ``syntax_pos`` = POS ids ``int64 [B, N]`` for "gat", e.g. from
-        :func:`token_pos_ids`; without it every token gets tag 0, "unknown").
+        :func:`token_pos_ids`; without it every token gets tag 0, "unknown"); with ``trees="predicted"``
+        ``syntax_trees`` is optional (without it the predicted trees are used; :func:`predict_syntax_trees`).
 
     For "gat" the GAT reads the word embeddings of the input (``"paper"``, ``"release"``: ``w_i W_e``, the paper's
     ``g_i``) or the embedding layer's output (``"package"``: word + position + type embeddings after their
@@ -750,10 +996,22 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     num_heads = config.num_attention_heads
     head_dim = config.hidden_size // num_heads
-    chosen = _as_layers(layers, config.num_hidden_layers)
+    if trees not in TREES:
+        raise ValueError(f"trees must be one of {TREES}, got {trees!r}")
+    if trees == "given":
+        if predictor_layer is not None or predictor_arc_size != 128 or predicted_tree_ratio != 0.0:
+            raise ValueError("predictor_layer, predictor_arc_size and predicted_tree_ratio apply to "
+                             "trees='predicted' only")
+        chosen = _as_layers(layers, config.num_hidden_layers)
+    else:
+        chosen = _predicted_layers(method, variant, layers, predictor_layer, predictor_arc_size,
+                                   predicted_tree_ratio, config.num_hidden_layers)
     spec: Dict[str, Any] = {"method": method, "layers": None if layers is None else chosen, "backend": backend}
     if variant is not None:
         spec["variant"] = variant
+    if trees == "predicted":
+        spec.update(trees=trees, predictor_layer=predictor_layer, predictor_arc_size=predictor_arc_size,
+                    predicted_tree_ratio=float(predicted_tree_ratio))
     encoder_parts: Dict[str, nn.Module] = {}
     # Every part is built (and every argument checked by its constructor) before the model changes.
     if method == "bias":
@@ -813,6 +1071,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
         encoder.config = config  # the hook reads it (DistilBERT's encoder keeps none of its own)
     encoder.syntax_aux_losses = None
+    if trees == "predicted":
+        _attach_predictor(base, encoder, config, predictor_layer, predictor_arc_size, float(predicted_tree_ratio),
+                          factory, model.training)
     encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
     if method == "gat" and variant != "package":
         encoder.syntax_embedding_hook_handle = base.register_forward_pre_hook(_word_embeddings_pre_hook,
@@ -842,15 +1103,26 @@ def syntax_parameters(model) -> Dict[str, nn.Parameter]:
 
 
 def syntax_aux_loss(model, *, parts: bool = False):
-    """The structural-probe loss of the last forward (``method="gat"`` with ``gat_config["probe_rank"]``).
+    """The structural-probe loss of the last forward (``method="gat"`` with ``gat_config["probe_rank"]``), or the
+    tree predictor's loss (``trees="predicted"``).
 
     Returns ``distance_loss + depth_loss`` (a scalar tensor with gradients to the GAT and the probe), or the
-    pair when ``parts=True``; None when the probe is off. Add it to the task loss with a weight, e.g.
+    pair when ``parts=True``; None when the probe is off. With ``trees="predicted"``: the predictor's head
+    cross-entropy on the last forward's ``syntax_trees`` (mean over their valid tokens; gradients to the predictor
+    and to layers ``0..predictor_layer``), ``(loss,)`` when ``parts=True``; ``RuntimeError`` when the last forward
+    had no ``syntax_trees``. Add it to the task loss with a weight, e.g.
     ``loss = out.loss + 0.1 * syntax_aux_loss(model)``. Accepts a ``DistributedDataParallel`` wrapper.
     """
     model = getattr(model, "module", model)
     base = _base_model(model)
     encoder = _encoder(base)
+    if isinstance(getattr(encoder, "syntax", None), SyntaxTreePredictor):
+        losses = encoder.syntax_aux_losses
+        if losses is None:
+            raise RuntimeError("no forward with syntax_trees has run since the last one without: the tree "
+                               "predictor's loss is its head cross-entropy on given trees (a forward without "
+                               "syntax_trees predicts them and has no loss)")
+        return losses if parts else losses[0]
     if getattr(encoder, "syntax_probe", None) is None:
         return None
     losses = encoder.syntax_aux_losses
