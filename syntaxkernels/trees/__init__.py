@@ -1,7 +1,7 @@
 """Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``;
 trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers,
 constituency trees (PTB brackets,
-stanza), a cached parsing front (``parse``),
+stanza), a cached parsing front (``parse``; ``parse_dataset`` for 🤗 datasets),
 subword alignment, DataLoader collation.
 
 Every module here is part of the package and imported eagerly: an error inside one of them propagates (it is
@@ -20,7 +20,7 @@ from .graph import GraphBatch, graph_distance
 from .code import CodeTreeBatch, from_tree_sitter
 from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
-from .parse import join_sentences, parse, parser_identity
+from .parse import join_sentences, parse, parse_dataset, parser_identity, sentence_from_row
 from .spacy import from_spacy
 from .stanza import StanzaModelsNotFoundError, from_stanza, parse_with_stanza
 from .syntax_bert import WordTreeBatch, syntax_bert_batch
@@ -52,6 +52,8 @@ __all__ = [
     "StanzaModelsNotFoundError",
     "from_spacy",
     "parse",
+    "parse_dataset",
+    "sentence_from_row",
     "parser_identity",
     "join_sentences",
     "align_to_tokens",
