@@ -400,7 +400,8 @@ class _ParseRows:
         out: Dict[str, list] = {c: [] for c in DATASET_COLUMNS}
         words = 0
         for text, index in zip(texts, indices):
-            s = join_sentences(parsed[text], text=text)
+            parts = parsed[text]
+            s = parts[0] if len(parts) == 1 else join_sentences(parts)
             n = len(s.words)
             words += n
             out["words"].append(s.words)
