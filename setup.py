@@ -129,7 +129,8 @@ def build_ext_class():
 
 EXTRAS = {
     "test": ["pytest", "hypothesis", "scipy", "networkx", "pytest-benchmark", "pytest-timeout", "transformers",
-             "tokenizers", "stanza", "pyflakes", "matplotlib", "spacy", "tree-sitter", "tree-sitter-python"],
+             "tokenizers", "stanza", "pyflakes", "matplotlib", "spacy", "tree-sitter", "tree-sitter-python",
+             "datasets"],
     "bench": ["scipy", "networkx", "pytest", "pytest-benchmark", "transformers"],  # benchmarks/*.py
     # syntaxkernels.integrations.transformers (transformers 5: its attention and mask interfaces)
     "transformers": ["transformers>=5"],

@@ -173,8 +173,12 @@ def join_sentences(sentences: Sequence[Sentence], text: Optional[str] = None) ->
                     **{c: values[c] for c in columns})
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(Sentence))
+
+
 def _to_json(sentences: List[Sentence]) -> str:
-    return json.dumps([dataclasses.asdict(s) for s in sentences], ensure_ascii=False)
+    # the fields read directly (the JSON dataclasses.asdict would give, without its deep copies)
+    return json.dumps([{f: getattr(s, f) for f in _FIELDS} for s in sentences], ensure_ascii=False)
 
 
 def _from_json(text: str) -> List[Sentence]:
