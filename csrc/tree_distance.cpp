@@ -135,16 +135,26 @@ std::string check_sentence(int64_t b, const int64_t* heads, int64_t length, Tree
   return order_tokens(b, heads, length, depth.data(), segment.data(), workspace);
 }
 
-std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
-                       int32_t* depth, int32_t* segment, TreeWorkspace& workspace) {
+// What every item builder does first: the distance block all unreachable, padding depth and segment -1, the
+// tokens ordered (order_tokens). False when the builder has nothing more to do: an empty item (message "") or
+// heads that are not a forest (the message names the item and token).
+bool start_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance, int32_t* depth,
+                int32_t* segment, TreeWorkspace& workspace, std::string& message) {
   std::memset(distance, kUnreachable, static_cast<size_t>(N * N));
   for (int64_t i = length; i < N; ++i) {
     depth[i] = -1;
     segment[i] = -1;
   }
-  if (length == 0) return "";
-  std::string message = order_tokens(b, heads, length, depth, segment, workspace);
-  if (!message.empty()) return message;
+  message.clear();
+  if (length == 0) return false;
+  message = order_tokens(b, heads, length, depth, segment, workspace);
+  return message.empty();
+}
+
+std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
+                       int32_t* depth, int32_t* segment, TreeWorkspace& workspace) {
+  std::string message;
+  if (!start_item(b, heads, length, N, distance, depth, segment, workspace, message)) return message;
 
   // Subtree sizes (children before their head: reverse breadth-first order), then preorder positions:
   // the subtree of v is the tokens u with first[v] <= first[u] < first[v] + size[v].
@@ -219,14 +229,8 @@ std::string build_item(int64_t b, const int64_t* heads, int64_t length, int64_t 
 
 std::string build_item_leak_free(int64_t b, const int64_t* heads, int64_t length, int64_t N, uint8_t* distance,
                                  int32_t* depth, int32_t* segment, TreeWorkspace& workspace) {
-  std::memset(distance, kUnreachable, static_cast<size_t>(N * N));
-  for (int64_t i = length; i < N; ++i) {
-    depth[i] = -1;
-    segment[i] = -1;
-  }
-  if (length == 0) return "";
-  std::string message = order_tokens(b, heads, length, depth, segment, workspace);
-  if (!message.empty()) return message;
+  std::string message;
+  if (!start_item(b, heads, length, N, distance, depth, segment, workspace, message)) return message;
 
   // Row i: a breadth-first search from i over the edges whose both ends are <= i. The row itself marks the
   // visited tokens (255 = not yet reached; distances saturate at 254, never 255). In a forest every token is
