@@ -15,8 +15,8 @@ from .._dispatch import device_constant
 from ... import reference
 from .._primitives import KernelDoesNotFit, seed_bits
 from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
-from ._launch import (BackwardMetadata, backward_metadata, bias_attention_backward, bias_attention_forward,
-                      forward_metadata, launch_configs)
+from ._launch import (BackwardMetadata, backward_configs, backward_metadata, bias_attention_backward,
+                      bias_attention_forward, forward_metadata, launch_configs)
 
 _META = len(BackwardMetadata._fields)
 
@@ -138,8 +138,7 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
     """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
     B, H, N, D = q.shape
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
-    if dropout_p > 0.0 and configs.short is not None and N > configs.short["BLOCK_M"]:
-        configs = configs._replace(short=None)  # (the two-block backward takes no dropout mask: the tiled one runs)
+    configs = backward_configs(configs, N, dropout_p > 0.0)
     forward_meta = forward_metadata(plan, configs, window, causal)
     meta = BackwardMetadata()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):

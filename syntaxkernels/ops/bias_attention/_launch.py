@@ -212,6 +212,14 @@ class BackwardMetadata(NamedTuple):
     skip_bucket: Optional[torch.Tensor] = None
 
 
+def backward_configs(configs: LaunchConfigs, N: int, dropout: bool) -> LaunchConfigs:
+    """The backward's kernels: ``configs``, or with dropout on rows of 65..128 tokens the tiled ones (the two-block
+    short-row kernels take no dropout mask; the one-tile kernels do)."""
+    if dropout and configs.short is not None and N > configs.short["BLOCK_M"]:
+        return configs._replace(short=None)
+    return configs
+
+
 def forward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool) -> ForwardMetadata:
     """What the forward kernel reads beyond the distance and lengths: the live key blocks of a windowed call."""
     if configs.fwd_short is not None or window < 0:
@@ -417,8 +425,8 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     delta = _row_buffer(B, H, N, q.device)  # written by the dQ kernel (corrected with the table gradient)
     if lse.stride(1) != delta.stride(1) or lse.stride(2) != 1:  # an lse not from bias_attention_forward
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
-    short = configs.short
-    if short is not None and not (drop and N > short["BLOCK_M"]):  # (the two-block kernels take no dropout mask)
+    short = backward_configs(configs, N, bool(drop)).short
+    if short is not None:
         return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
                                short, dq, dk, dv, delta, drop)
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
