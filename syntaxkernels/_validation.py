@@ -19,8 +19,11 @@ def compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v ``[B, H, N, D]`` of one float dtype and one device."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_groups: bool = False) -> None:
+    """q, k, v ``[B, H, N, D]`` of one float dtype and one device.
+
+    ``kv_groups`` (the distance-bias op): k and v may hold fewer heads, ``[B, H_kv, N, D]`` with ``H % H_kv == 0``
+    (grouped-query attention: query head h reads key/value head ``h // (H / H_kv)``)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -28,7 +31,18 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(f"{name} must have shape [B, H, N, D], got {tuple(t.shape)}")
         if t.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+    B, H, N, D = q.shape
+    grouped = kv_groups and k.shape[1] != H and k.shape[1] > 0 and H % k.shape[1] == 0
+    if grouped:
+        if tuple(k.shape) != (B, k.shape[1], N, D) or v.shape[:3] != k.shape[:3]:
+            raise ValueError(
+                f"grouped-query k, v must be [B, H_kv, N, D] with q's B, N (and k q's D) and one H_kv; got "
+                f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    elif k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        if kv_groups and k.dim() == 4 and k.shape[1] != H:
+            raise ValueError(
+                f"k and v have {k.shape[1]} heads and q {H}: grouped-query attention needs H_kv to divide H "
+                f"(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})")
         raise ValueError(
             f"q, k, v must be [B, H, N, D] with the same B, H, N (and q, k the same D); got "
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -37,6 +51,12 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+
+
+def kv_group(q: torch.Tensor, k: torch.Tensor) -> int:
+    """How many query heads share one key/value head: ``H / H_kv`` (1 without grouped-query attention); q and k
+    ``[B, H, N, D]`` or packed ``[T, H, D]`` (heads on dim 1 either way)."""
+    return q.shape[1] // k.shape[1] if k.shape[1] else 1
 
 
 def check_distance(distance: torch.Tensor, q: torch.Tensor) -> None:
@@ -326,8 +346,9 @@ def check_dropout(p, seed) -> None:
 def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal=False,
                                 deterministic=False) -> None:
     """Every shape/dtype/device/type check of ``syntax_bias_attention``'s arguments (the reference, the fused
-    op and the Triton-less fallback all call it, before choosing a backend)."""
-    check_qkv(q, k, v)
+    op and the Triton-less fallback all call it, before choosing a backend). k, v may hold ``H_kv`` heads
+    (grouped-query attention, :func:`check_qkv`)."""
+    check_qkv(q, k, v, kv_groups=True)
     check_distance(distance, q)
     check_table(table, buckets, q)
     check_bias_scale(bias_scale, q)

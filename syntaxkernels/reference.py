@@ -36,6 +36,7 @@ __all__ = [
     "stream_seed",
     "apply_attention_dropout",
     "leak_free_distance",
+    "expand_kv_heads",
 ]
 
 
@@ -167,6 +168,16 @@ def apply_attention_dropout(weights: torch.Tensor, p: float, seed: Optional[int]
     return torch.where(keep, weights * (1.0 / (1.0 - p)), weights * 0.0)
 
 
+def expand_kv_heads(q: torch.Tensor, *tensors: torch.Tensor):
+    """Grouped-query attention's key/value heads repeated for their query heads: each ``[B, H_kv, N, *]`` (or packed
+    ``[T, H_kv, *]``) tensor becomes ``H = q.shape[1]`` heads, head h a copy of head ``h // (H / H_kv)`` (the
+    specification of every fused kernel's head mapping; autograd sums each group's gradients back)."""
+    group = q.shape[1] // tensors[0].shape[1]
+    if group == 1:
+        return tensors
+    return tuple(t.repeat_interleave(group, dim=1) for t in tensors)
+
+
 def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
     """The ``[B, H, N, *]`` tensors with their tokens at or past ``lengths`` set to 0 (None: unchanged), so that
     padding tokens take no part in the dense products: whatever they hold (a NaN included), the valid rows'
@@ -221,7 +232,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]``, softmax over allowed keys, ``o_i = sum_j p_ij v_j``.
 
     Args:
-        q, k, v: ``[B, H, N, D]`` (v may have its own last dim).
+        q, k, v: ``[B, H, N, D]`` (v may have its own last dim); k, v may have ``H_kv`` heads, ``H % H_kv == 0``
+            (grouped-query attention: query head h attends with key/value head ``h // (H / H_kv)``).
         distance: ``uint8 [B, N, N]`` from :func:`syntaxkernels.tree_distance`.
         table: ``[T]`` shared by all heads or ``[H, T]`` per head, ``T = buckets.num_buckets``.
         buckets: the :class:`BucketSpec` mapping distances to table entries.
@@ -239,6 +251,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     V.check_dropout(dropout_p, dropout_seed)
     lengths = V.normalize_lengths(lengths, q)
+    k, v = expand_kv_heads(q, k, v)
     q, k, v = _without_padding(lengths, q, k, v)
     acc = _acc_dtype(q.dtype)
     if scale is None:

@@ -118,7 +118,8 @@ TABLE_FLOOR = 1e-4
 def bias_attention_case(B: int, H: int, N: int, D: int, dtype: torch.dtype = torch.float32, *,
                         Dv: Optional[int] = None, lengths: Optional[Sequence[int]] = None, per_head: bool = False,
                         buckets=None, seed: int = 0, roots: int = 2, heads: Optional[Sequence[Sequence[int]]] = None,
-                        isolated: Sequence[Tuple[int, int]] = (), bias_scale: float = 0.9) -> dict:
+                        isolated: Sequence[Tuple[int, int]] = (), bias_scale: float = 0.9,
+                        kv_heads: Optional[int] = None) -> dict:
     """The inputs of one distance-bias attention call (CPU tensors, float32), the same for every seed.
 
     Trees: the given ``heads`` rows (one list of 0-based heads per item, ``-1`` a root), else ``roots`` random
@@ -129,7 +130,8 @@ def bias_attention_case(B: int, H: int, N: int, D: int, dtype: torch.dtype = tor
 
     Returns a dict:
 
-    - ``q``, ``k`` ``[B, H, N, D]``, ``v`` ``[B, H, N, Dv]`` (``Dv`` defaults to ``D``): standard normal;
+    - ``q``, ``k`` ``[B, H, N, D]``, ``v`` ``[B, H, N, Dv]`` (``Dv`` defaults to ``D``): standard normal; with
+      ``kv_heads`` k and v have that many heads (grouped-query attention);
     - ``distance`` uint8 ``[B, N, N]``: the trees' distances, 255 (unreachable) past each item's length;
     - ``lengths`` int64 ``[B]`` (default ``N`` each);
     - ``table`` ``[T]``, or ``[H, T]`` with ``per_head``: standard normal, ``T = buckets.num_buckets``;
@@ -153,8 +155,10 @@ def bias_attention_case(B: int, H: int, N: int, D: int, dtype: torch.dtype = tor
     for b, i in isolated:
         distance[b, i, :] = 255
         distance[b, :, i] = 255
-    q, k = (torch.randn(B, H, N, D, generator=gen) for _ in range(2))
-    v = torch.randn(B, H, N, Dv or D, generator=gen)
+    H_kv = H if kv_heads is None else kv_heads
+    q = torch.randn(B, H, N, D, generator=gen)
+    k = torch.randn(B, H_kv, N, D, generator=gen)
+    v = torch.randn(B, H_kv, N, Dv or D, generator=gen)
     T = buckets.num_buckets
     table = torch.randn((H, T) if per_head else (T,), generator=gen)
     return dict(q=q, k=k, v=v, distance=distance, table=table, bias_scale=torch.tensor([bias_scale]),

@@ -86,6 +86,10 @@ else:
 
 __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
+#: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a padded batch; another one runs the
+#: reference for them.
+GROUPED_PATHS = frozenset({"reference"})
+
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
     why = triton_unsupported(q, v)
@@ -165,7 +169,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     within each sequence; ``lengths`` and ``symmetric`` do not apply. See :func:`._varlen.syntax_bias_attention_varlen`.
 
     Args:
-        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device. The output (and on the Triton path
+        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]``; one float dtype and device. Grouped-query attention: k and v
+            may have ``H_kv`` heads with ``H % H_kv == 0`` (query head h reads key/value head ``h // (H / H_kv)``;
+            their gradients are summed over the group in a fixed order, no copy of K/V per query head). The output (and on the Triton path
             the gradients) take q's (k's, v's) memory layout: ``[B, N, H, D]`` views of the projections, as ``nn`` and
             transformers split heads, give outputs whose heads merge back without a copy.
         distance: the plan (a TreeBatch / PackedTreeBatch), or ``uint8 [B, N, N]`` (255 = unreachable); any uint8
@@ -226,6 +232,11 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
+    if V.kv_group(q, k) > 1 and chosen not in GROUPED_PATHS:
+        if backend != "auto":
+            raise ValueError(f"grouped-query k, v (H_kv = {k.shape[1]} for H = {q.shape[1]}) run on "
+                             f"{sorted(GROUPED_PATHS)} only, not backend={backend!r}")
+        chosen = "reference"
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)

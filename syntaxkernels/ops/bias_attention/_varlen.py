@@ -30,16 +30,22 @@ else:
 
 __all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "walked_tiles"]
 
+#: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a packed batch; another one runs the
+#: reference for them.
+GROUPED_PATHS = frozenset({"reference"})
+
 
 def _check_packed_qkv(q, k, v):
-    """q, k, v ``[T, H, D]``, ``[T, H, D]``, ``[T, H, Dv]`` of one float dtype."""
+    """q, k, v ``[T, H, D]``, ``[T, H_kv, D]``, ``[T, H_kv, Dv]`` of one float dtype (``H % H_kv == 0``)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"packed {name} must be a tensor [T, H, D] (flash-attention's varlen layout), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if q.shape != k.shape or v.shape[:2] != q.shape[:2]:
-        raise ValueError(f"packed q, k, v must be [T, H, D], [T, H, D], [T, H, Dv]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    grouped = k.shape[1] != q.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+    if (q.shape[0], q.shape[2]) != (k.shape[0], k.shape[2]) or v.shape[:2] != k.shape[:2] or (
+            k.shape[1] != q.shape[1] and not grouped):
+        raise ValueError(f"packed q, k, v must be [T, H, D], [T, H_kv, D], [T, H_kv, Dv] (H_kv = H, or a divisor of "
+                         f"H: grouped-query attention); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
@@ -142,7 +148,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
 
     Args:
-        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine).
+        q, k: ``[T, H, D]``; v: ``[T, H, Dv]`` (flash-attention's varlen layout; strided is fine); k, v may have
+            ``H_kv`` heads, ``H % H_kv == 0`` (grouped-query attention).
         distance: the :class:`~syntaxkernels.trees.PackedTreeBatch` (the batch's plan), or with ``cu_seqlens`` a
             packed distance uint8 ``[sum n_s^2]`` (a plan made for the call).
         table: ``[T_b]`` or ``[H, T_b]``; buckets: :class:`BucketSpec`; scale, bias_scale, window, causal: as in
@@ -177,6 +184,11 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     V.check_dropout(dropout_p, dropout_seed)
     chosen = implementation(q, v, backend)
+    if V.kv_group(q, k) > 1 and chosen not in GROUPED_PATHS:
+        if backend != "auto":
+            raise ValueError(f"grouped-query k, v (H_kv = {k.shape[1]} for H = {q.shape[1]}) of a packed batch run "
+                             f"on {sorted(GROUPED_PATHS)} only, not backend={backend!r}")
+        chosen = "reference"
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
         return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
                                           dropout_p, dropout_seed)
