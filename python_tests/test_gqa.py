@@ -6,6 +6,7 @@ the group) against an independent float64 loop over the heads; every fused path 
 not take them yet run the reference under ``backend="auto"`` and refuse a named backend; bad head counts are a
 ``ValueError`` that says what is wrong.
 """
+import contextlib
 import math
 
 import pytest
@@ -93,3 +94,114 @@ def test_grouped_auto_runs_a_grouped_path():
     outlp, gradslp = bias_attention_grads(reference.syntax_bias_attention, case, torch.float32, grad_out)
     assert grads["dk"].shape == case["k"].shape
     assert_bias_attention_close(case, (out, grads), (out64, grads64), (outlp, gradslp), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The padded Triton kernels (interpreted on the CPU): every kernel family a grouped call can take
+# ---------------------------------------------------------------------------------------------------------------
+
+from conftest import KERNEL_DEVICE as DEVICE, needs_triton  # noqa: E402
+
+from syntaxkernels.ops import _primitives as P  # noqa: E402
+
+
+def _spy(monkeypatch):
+    from syntaxkernels.ops.bias_attention import _launch
+
+    names = []
+    real_launch = _launch.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        names.append(fn.fn.__name__)
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    return names
+
+
+def _run(case, dtype, backend, grad_out, **kw):
+    def op(*args, **kwargs):
+        return sk.syntax_bias_attention(*args, backend=backend, **kwargs)
+    return bias_attention_grads(op, case, dtype, grad_out, DEVICE, **kw)
+
+
+# id, (B, H, H_kv, N, D), dtype, case options, op options, a kernel the call must run, arch (None: the default)
+TRITON_CASES = [
+    ("short-bf16", (2, 4, 2, 20, 32), torch.bfloat16, dict(lengths=[20, 13]), {}, "_bias_bwd_short_kernel", 90),
+    ("short-t-bf16-mqa-causal", (2, 4, 1, 33, 32), torch.bfloat16, dict(lengths=[33, 0]), dict(causal=True),
+     "_bias_bwd_short_t_kernel", 80),
+    ("short-bf16-dropout", (2, 6, 3, 24, 32), torch.bfloat16, dict(lengths=[24, 7]),
+     dict(dropout_p=0.2, dropout_seed=7), "_bias_bwd_short_kernel", 90),
+    ("two-block-bf16", (2, 4, 2, 90, 32), torch.bfloat16, dict(lengths=[90, 50]), {}, "_bias_bwd_short2_kernel", 90),
+    ("tiled-fp32-perhead-causal", (3, 6, 3, 45, 16), torch.float32, dict(lengths=[45, 0, 30], per_head=True),
+     dict(causal=True), "_bias_bwd_dkdv_kernel", None),
+    ("tiled-fp32-window-mqa", (2, 4, 1, 40, 32), torch.float32, dict(lengths=[40, 17], isolated=[(1, 3)]),
+     dict(window=1), "_bias_bwd_table_kernel", None),
+    ("tiled-fp32-dropout", (2, 4, 2, 70, 16), torch.float32, dict(lengths=[70, 41]),
+     dict(dropout_p=0.3, dropout_seed=2 ** 63 + 3), "_bias_bwd_dkdv_kernel", None),
+    ("tiled-fp16-perhead", (2, 4, 2, 36, 32), torch.float16, dict(lengths=[36, 20], per_head=True), {},
+     "_bias_bwd_table_kernel", None),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("shape,dtype,opts,kw,kernel,arch", [c[1:] for c in TRITON_CASES],
+                         ids=[c[0] for c in TRITON_CASES])
+def test_triton_grouped_matches_the_reference(monkeypatch, shape, dtype, opts, kw, kernel, arch):
+    """Forward and every gradient of a grouped call on the Triton path against the reference (float64 and the
+    call's dtype), with the kernel family the call must take; dK and dV come back in k's and v's shapes."""
+    B, H, H_kv, N, D = shape
+    names = _spy(monkeypatch)
+    previous = P.interpret_as(arch) if arch is not None else None
+    try:
+        case = bias_attention_case(B, H, N, D, dtype, kv_heads=H_kv, bias_scale=0.8, seed=N, **opts)
+        grad_out = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(1))
+        got = _run(case, dtype, "triton", grad_out, **kw)
+    finally:
+        if arch is not None:
+            P.interpret_as(previous)
+    assert kernel in names, names
+    assert got[1]["dk"].shape == (B, H_kv, N, D) and got[1]["dv"].shape == (B, H_kv, N, D)
+    ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+    reflp = _run(case, dtype, "reference", grad_out, **kw)
+    assert_bias_attention_close(case, got, ref64, reflp, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("N,dtype", [(20, torch.bfloat16), (90, torch.bfloat16), (45, torch.float32)])
+def test_triton_grouped_forward_is_the_expanded_forward_bit_for_bit(N, dtype):
+    """Each query head reads exactly its group's key/value head: the grouped output equals, bit for bit, the output
+    of the same call with k and v repeated per query head (a wrong head mapping differs)."""
+    case = bias_attention_case(2, 6, N, 32, dtype, kv_heads=2, seed=4, lengths=[N, N // 2])
+    args = dict(buckets=case["buckets"], bias_scale=case["bias_scale"].to(DEVICE), lengths=case["lengths"].to(DEVICE),
+                backend="triton")
+    q, k, v = (case[n].to(DEVICE, dtype) for n in ("q", "k", "v"))
+    distance, table = case["distance"].to(DEVICE), case["table"].to(DEVICE)
+    grouped = sk.syntax_bias_attention(q, k, v, distance, table, **args)
+    expanded = sk.syntax_bias_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), distance, table,
+                                        **args)
+    assert torch.equal(grouped, expanded)
+
+
+@needs_triton
+def test_triton_grouped_gradients_are_deterministic_and_layout_free():
+    """dK/dV are summed over each group in a fixed order: two runs (the second in a shuffled program order under
+    the interpreter) are bit-identical; k and v given as ``[B, N, H_kv, D]`` views get gradients in that layout,
+    equal to the contiguous call's."""
+    from syntaxkernels.tools.checks import shuffled_program_order
+
+    case = bias_attention_case(2, 4, 50, 32, torch.float32, kv_heads=2, seed=9, lengths=[50, 23])
+    grad_out = torch.randn(2, 4, 50, 32, generator=torch.Generator().manual_seed(2))
+    first = _run(case, torch.float32, "triton", grad_out)
+    with shuffled_program_order(seed=3) if P.interpreting() else contextlib.nullcontext():
+        second = _run(case, torch.float32, "triton", grad_out)
+    for name in first[1]:
+        assert torch.equal(first[1][name], second[1][name]), name
+    k, v = (case[n].to(DEVICE).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for n in ("k", "v"))
+    q, table, c = (case[n].to(DEVICE).requires_grad_() for n in ("q", "table", "bias_scale"))  # (as the first run)
+    out = sk.syntax_bias_attention(q, k, v, case["distance"].to(DEVICE), table, buckets=case["buckets"],
+                                   bias_scale=c, lengths=case["lengths"].to(DEVICE), backend="triton")
+    _, dk, dv, _, _ = torch.autograd.grad(out, (q, k, v, table, c), grad_out.to(DEVICE))
+    assert dk.stride() == k.stride() and dv.stride() == v.stride()
+    assert torch.equal(dk, first[1]["dk"]) and torch.equal(dv, first[1]["dv"])

@@ -71,6 +71,11 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dropout", type=float, default=0.0,
                         help="with --workload: the layer's attention dropout probability (default 0: the kernels "
                              "without their DROPOUT variant)")
+    parser.add_argument("--kv-heads", type=int, default=0,
+                        help="with --workload: key/value heads of the layer (grouped-query attention: the 12 query "
+                             "heads share them; default 0: 12, one a query head)")
+    parser.add_argument("--causal", action="store_true",
+                        help="with --workload: a causal layer (a decoder's self-attention: keys j <= i)")
     parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")
     parser.add_argument("--select", default="", help="only launch cases whose 'op name' contains this")
     parser.add_argument("--processes", type=int, default=2, help="compiler processes (default: 2)")

@@ -240,7 +240,7 @@ class DistanceBias(nn.Module):
         """Distance-bias attention of projected heads.
 
         Args:
-            q, k, v: ``[B, H, N, D]``.
+            q, k, v: ``[B, H, N, D]`` (k and v may have ``H_kv`` heads: grouped-query attention).
             trees: a :class:`TreeBatch`, another padded structure plan (a :class:`~syntaxkernels.GraphBatch`) or
                 ``uint8 distance [B, N, N]``; a packed plan with ``[1, H, T, D]`` (or ``[T, H, D]``) inputs.
             lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to the plan's

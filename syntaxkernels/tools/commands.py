@@ -301,6 +301,12 @@ def _run_inspect_workloads(args, I) -> int:
     if not 0.0 <= dropout < 1.0:
         print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
         return 2
+    kv_heads = int(getattr(args, "kv_heads", 0) or 0)
+    if kv_heads and (kv_heads < 0 or I.WORKLOAD_HEADS % kv_heads):
+        print(f"syntaxkernels inspect: --kv-heads must divide the layer's {I.WORKLOAD_HEADS} heads, got {kv_heads}",
+              file=sys.stderr)
+        return 2
+    causal = bool(getattr(args, "causal", False))
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
@@ -308,7 +314,7 @@ def _run_inspect_workloads(args, I) -> int:
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
-                                  buckets=buckets, dropout=dropout)
+                                  buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
@@ -317,7 +323,9 @@ def _run_inspect_workloads(args, I) -> int:
                   f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
                   f"{I.WORKLOAD_HEADS}, {buckets or 'BucketSpec()'} table"
                   f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
-                  f"window{f', attention dropout {dropout}' if dropout else ''}) compiled as "
+                  f"window{f', attention dropout {dropout}' if dropout else ''}"
+                  f"{f', {kv_heads} key/value heads (grouped-query)' if kv_heads else ''}"
+                  f"{', causal' if causal else ''}) compiled as "
                   "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)

@@ -1054,11 +1054,12 @@ def _kernels_on_cpu_tensors():
 
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
-               dropout: float = 0.0) -> None:
+               dropout: float = 0.0, kv_heads: int = 0, causal: bool = False) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
-    not causal (attention dropout ``dropout``: the kernels' DROPOUT variant); the output merged back to
+    not causal (attention dropout ``dropout``: the kernels' DROPOUT variant; ``kv_heads``: k and v with that many
+    heads, grouped-query attention, 0 = H; ``causal``: a decoder's layer); the output merged back to
     ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
     import torch
 
@@ -1068,23 +1069,24 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
     B, N = batch.distance.shape[0], batch.distance.shape[1]
     E = heads * head_dim
 
-    def projection():
-        return torch.zeros(B, N, E, dtype=dt).view(B, N, heads, head_dim).transpose(1, 2).requires_grad_()
+    def projection(h=heads):
+        return torch.zeros(B, N, h * head_dim, dtype=dt).view(B, N, h, head_dim).transpose(1, 2).requires_grad_()
 
-    q, k, v = projection(), projection(), projection()
+    q, k, v = projection(), projection(kv_heads or heads), projection(kv_heads or heads)
     layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
                                                                                       backend="triton")
     with _kernels_on_cpu_tensors():
-        out = layer.attend(q, k, v, batch, dropout_p=dropout)
+        out = layer.attend(q, k, v, batch, dropout_p=dropout, causal=causal)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
 
 def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
-                      dropout: float = 0.0) -> None:
+                      dropout: float = 0.0, kv_heads: int = 0, causal: bool = False) -> None:
     """Forward and backward of one bias-attention layer on a packed batch, as a padding-free model calls it:
     q, k, v the ``[T, H * D]`` projections viewed as ``[T, H, D]``, ``syntax_bias_attention(...,
     cu_seqlens=batch.cu_seqlens)`` with a shared ``BucketSpec()`` table and a learnable strength (both taking
-    gradients), no window, not causal, attention dropout ``dropout`` (a fixed seed)."""
+    gradients), no window, attention dropout ``dropout`` (a fixed seed), ``kv_heads`` and ``causal`` as in
+    :func:`_user_call`."""
     import torch
 
     from syntaxkernels.ops import syntax_bias_attention
@@ -1094,17 +1096,17 @@ def _user_call_packed(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HE
     T = batch.num_tokens
     E = heads * head_dim
 
-    def projection():
-        return torch.zeros(T, E, dtype=dt).view(T, heads, head_dim).requires_grad_()
+    def projection(h=heads):
+        return torch.zeros(T, h * head_dim, dtype=dt).view(T, h, head_dim).requires_grad_()
 
-    q, k, v = projection(), projection(), projection()
+    q, k, v = projection(), projection(kv_heads or heads), projection(kv_heads or heads)
     buckets = buckets or BucketSpec()
     table = torch.zeros(buckets.num_buckets, requires_grad=True)
     bias_scale = torch.ones(1, requires_grad=True)
     with _kernels_on_cpu_tensors():
         out = syntax_bias_attention(q, k, v, batch.distance, table, buckets=buckets, bias_scale=bias_scale,
                                     cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, backend="triton",
-                                    dropout_p=dropout, dropout_seed=1 if dropout else None)
+                                    dropout_p=dropout, dropout_seed=1 if dropout else None, causal=causal)
     out.reshape(T, E).backward(torch.zeros(T, E, dtype=dt))
 
 
@@ -1417,7 +1419,7 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 
 def _workload_job(job):
-    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec[, dropout]])
+    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec[, dropout[, H_kv[, causal]]]])
     return inspect_workload(name, dtype, head_dim, arch, *rest)
 
 
@@ -1447,17 +1449,19 @@ def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
 
 
 def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None,
-                     dropout: float = 0.0) -> List[KernelReport]:
+                     dropout: float = 0.0, kv_heads: int = 0, causal: bool = False) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
     and attach the whole batch's tile classes and weighted cost per valid pair to each report
     (``report.tiles``, ``report.cost``). ``buckets``: the layer's :class:`BucketSpec` (None: ``BucketSpec()``;
     another adds ``T<buckets>`` to the case name); ``dropout``: the layer's attention dropout (``p<dropout>`` in the
-    case name: the kernels' DROPOUT variant)."""
+    case name: the kernels' DROPOUT variant); ``kv_heads``: grouped-query k, v of that many heads (``kv<kv_heads>``
+    in the case name); ``causal``: a causal layer (``causal`` in the case name)."""
     _require_compiler()
     workload = _workload(name)
     case = (f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
-            + (f" p{dropout:g}" if dropout else ""))
+            + (f" p{dropout:g}" if dropout else "") + (f" kv{kv_heads}" if kv_heads else "")
+            + (" causal" if causal else ""))
     reports: List[KernelReport] = []
     seen = set()
     # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
@@ -1466,10 +1470,11 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     with fake_gpu(arch), capture_launches(keep_going=True) as launches, _whole_batch_head_groups(whole):
         try:
             if workload.packed:
-                _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets, dropout=dropout)
+                _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets, dropout=dropout,
+                                  kv_heads=kv_heads, causal=causal)
             else:
                 _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets,
-                           dropout=dropout)
+                           dropout=dropout, kv_heads=kv_heads, causal=causal)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1513,11 +1518,13 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
 def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dtypes: Sequence[str] = ("bf16",),
                       head_dims: Sequence[int] = (64, 128), processes: int = 2,
                       progress: Optional[Callable[[str], None]] = None, buckets=None,
-                      dropout: float = 0.0) -> List[KernelReport]:
+                      dropout: float = 0.0, kv_heads: int = 0, causal: bool = False) -> List[KernelReport]:
     """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool
-    (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``; ``dropout``: the layers' attention dropout)."""
+    (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``; ``dropout``: the layers' attention dropout;
+    ``kv_heads``, ``causal``: grouped-query k, v and a causal layer)."""
     _require_compiler()
-    jobs = [(n, dt, d, a, buckets, dropout) for n in names for dt in dtypes for d in head_dims for a in archs]
+    jobs = [(n, dt, d, a, buckets, dropout, kv_heads, causal) for n in names for dt in dtypes for d in head_dims
+            for a in archs]
 
     def describe(job, batch):
         errors = sum(1 for r in batch if r.error)

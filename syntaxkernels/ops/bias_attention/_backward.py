@@ -132,59 +132,63 @@ def _bias_bwd_dkdv_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
 
     Args:
-        Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided); DK, DV_OUT: like K, V (strides
-            ``stride_x*``, ``stride_y*``).
+        Q: ``[B, H, N, D]``, DOUT: ``[B, H, N, DV]``; K: ``[B, H / KV_GROUP, N, D]``, V: ``[B, H / KV_GROUP, N,
+            DV]`` (strided); DK, DV_OUT: like K, V (strides ``stride_x*``, ``stride_y*``).
         DIST: the distance read as ``[b, j, i]`` (the distance itself when symmetric, else its transpose).
         Q_LIST, Q_COUNT: int32 ``[B, nK, nQ]`` live query blocks of each key block (interior first) and
             ``[B, nK, 2]`` (read when USE_LISTS).
         LSE, DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         N, N_OUT and the others as in the forward (dropout too: the forward's mask, regenerated).
-    Grid: ``(nK * B * H,)``; one program owns BLOCK_N keys and walks the query blocks that see them.
+    Grid: ``(nK * B * H / KV_GROUP,)``; one program owns BLOCK_N keys of one key/value head and walks, for each of
+    the ``KV_GROUP`` query heads that read it (grouped-query attention: query heads ``kv * KV_GROUP ..``, in that
+    order), the query blocks that see them: dK and dV summed over the group in registers (no atomics).
     """
-    k_block, bh, b, h = program_ids(num_k_blocks, H)
+    k_block, bkv, b, kv = program_ids(num_k_blocks, H // KV_GROUP)
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k = load_rows(K + b * stride_kb + h * stride_kh, offs_n, offs_d, stride_kn, stride_kd, length, D, True, EVEN_D)
-    v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_dv, stride_vn, stride_vd, length, DV, True,
+    k = load_rows(K + b * stride_kb + kv * stride_kh, offs_n, offs_d, stride_kn, stride_kd, length, D, True, EVEN_D)
+    v = load_rows(V + b * stride_vb + kv * stride_vh, offs_n, offs_dv, stride_vn, stride_vd, length, DV, True,
                   EVEN_DV)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DOUT + b * stride_gb + h * stride_gh
-    lse_base = LSE + bh.to(tl.int64) * stride_row
-    delta_base = DELTA + bh.to(tl.int64) * stride_row
     dist_base = DIST + b * stride_db
-    lut_row = LUT + h * stride_lh
-
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     list_base, interior, boundary, diagonal = _query_block_range(Q_LIST, Q_COUNT, b, k_block, length, num_q_blocks,
                                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
-    for i in range(interior[0], interior[1]):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
-                            _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv, length,
-                            N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
-                            BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
-                            INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
-    for i in range(boundary[0], boundary[1]):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
-                            _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv, length,
-                            N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj, qk_scale2,
-                            BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS,
-                            INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
+    for g in range(0, KV_GROUP):  # (one trip without grouped-query attention: KV_GROUP is specialised to 1)
+        h = kv * KV_GROUP + g
+        bh = b * H + h
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DOUT + b * stride_gb + h * stride_gh
+        lse_base = LSE + bh * stride_row
+        delta_base = DELTA + bh * stride_row
+        lut_row = LUT + h * stride_lh
+        for i in range(interior[0], interior[1]):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv,
+                                length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
+                                qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
+                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
+        for i in range(boundary[0], boundary[1]):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv,
+                                length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
+                                qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
+                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
     dv = tl.where(key_ok[:, None], dv, 0.0)
-    dk_ptrs = DK + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
-    dv_ptrs = DV_OUT + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
+    dk_ptrs = DK + b * stride_xb + kv * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    dv_ptrs = DV_OUT + b * stride_yb + kv * stride_yh + offs_n[:, None] * stride_yn + offs_dv[None, :] * stride_yd
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_d[None, :] < D))
     tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=(offs_n[:, None] < N_OUT) & (offs_dv[None, :] < DV))
 
@@ -261,10 +265,10 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0,
-                keep_scale=1.0, DROPOUT: tl.constexpr = False):
+                keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
     them, then added to the per-bucket sums once (:func:`_bucket_sums`); with DROPOUT dP takes each head's kept
-    pairs (scaled)."""
+    pairs (scaled). Query head h reads key/value head ``h // KV_GROUP``."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
     bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
@@ -280,8 +284,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
             offs_c = c + tl.arange(0, CHUNK)
             q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_c, stride_qn, stride_qd, length, D, True,
                           EVEN_D)
-            k = load_rows(K + b * stride_kb + h * stride_kh, offs_n, offs_c, stride_kn, stride_kd, length, D, MASK,
-                          EVEN_D)
+            k = load_rows(K + b * stride_kb + (h // KV_GROUP) * stride_kh, offs_n, offs_c, stride_kn, stride_kd,
+                          length, D, MASK, EVEN_D)
             scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
         # Rows past the length: zero q and lse = +inf, so P is exactly 0 there without a mask.
         lse = tl.load(LSE + row + offs_m, mask=offs_m < length, other=float("inf"))
@@ -294,8 +298,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
             offs_c = c + tl.arange(0, CHUNK)
             do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
                            True, EVEN_DV)
-            v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, MASK,
-                          EVEN_DV)
+            v = load_rows(V + b * stride_vb + (h // KV_GROUP) * stride_vh, offs_n, offs_c, stride_vn, stride_vd,
+                          length, DV, MASK, EVEN_DV)
             dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
         if DROPOUT:
             keep = dropout_keep(seed, threshold, b * H + h, offs_m, k_block * BLOCK_N, BLOCK_M, BLOCK_N)
@@ -322,6 +326,7 @@ def _bias_bwd_table_kernel(
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
+    KV_GROUP=1,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -332,7 +337,7 @@ def _bias_bwd_table_kernel(
     per-head table takes one head per program (``HEADS = 1``, each head its own LUT row).
 
     Args:
-        Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT: as in the dQ kernel (key lists at this
+        Q, K, V, DOUT, DIST, LUT, LENGTHS, KV_LIST, KV_COUNT, KV_GROUP: as in the dQ kernel (key lists at this
             kernel's tiling).
         TILE_BUCKETS: int32 ``[B, nQ, nK]``: per tile the bit set of its allowed pairs' buckets, or with more
             than 31 buckets ``lowest + 256 * highest`` (see :func:`_bucket_sums`).
@@ -379,7 +384,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT)
+                               threshold, keep_scale, DROPOUT, KV_GROUP)
     for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -392,7 +397,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT)
+                               threshold, keep_scale, DROPOUT, KV_GROUP)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -420,7 +425,7 @@ def _bias_bwd_short_kernel(
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -434,9 +439,11 @@ def _bias_bwd_short_kernel(
     registers it would spill. Each pair is read at ``distance[b, i, j]`` only: a directed distance is exact.
 
     Args:
-        Q, K: ``[B, H, N, D]``; V, DOUT: ``[B, H, N, DV]`` (strided). DIST: uint8 ``[B, N, N]``; LUT: fp32
+        Q: ``[B, H, N, D]``, DOUT: ``[B, H, N, DV]``; K, V: ``[B, H / KV_GROUP, N, D / DV]`` (strided; query head h
+            reads key/value head ``h // KV_GROUP``, grouped-query attention). DIST: uint8 ``[B, N, N]``; LUT: fp32
             ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
-        DQ, DK, DV_OUT: like Q, K, V (strides ``stride_x*``, ``stride_y*``, ``stride_z*``).
+        DQ, DK, DV_OUT: like Q (strides ``stride_x*``, ``stride_y*``, ``stride_z*``): dK and dV per query head (with
+            KV_GROUP > 1 the launcher sums each group's in a fixed order).
         DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
         seed, threshold, keep_scale, DROPOUT: the forward's attention dropout (its mask regenerated): dV takes the
             kept probabilities, dP the kept pairs (both scaled), so delta = rowsum(P * dP) stays exact.
@@ -454,8 +461,8 @@ def _bias_bwd_short_kernel(
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
+        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+        v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
         do_base = DOUT + b * stride_gb + h * stride_gh
         # The products run over head-dim chunks of CHUNK columns; with one chunk the q and k tiles are read
         # once for both of their products.
@@ -545,7 +552,7 @@ def _bias_bwd_short_t_kernel(
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
@@ -565,8 +572,8 @@ def _bias_bwd_short_t_kernel(
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_vb + h * stride_vh
+        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+        v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
         do_base = DOUT + b * stride_gb + h * stride_gh
         for c in tl.static_range(0, BLOCK_D, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
@@ -675,7 +682,7 @@ def _bias_bwd_short2_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-    GROUPED: tl.constexpr = False,
+    GROUPED: tl.constexpr = False, KV_GROUP=1,
 ):
     """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
     fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
@@ -729,8 +736,9 @@ def _bias_bwd_short2_kernel(
                             EVEN_N, OPAQUE_BIAS, INTERPRETED)
         for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
-            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + h * stride_kh,
-                                V + b * stride_vb + h * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
+            kv = h // KV_GROUP
+            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + kv * stride_kh,
+                                V + b * stride_vb + kv * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
                                 offs_m, offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd,
                                 stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK,
                                 EVEN_D, EVEN_DV, DOT_PRECISION)
@@ -746,10 +754,11 @@ def _bias_bwd_short2_kernel(
                                 EVEN_N, OPAQUE_BIAS, INTERPRETED)
             for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
                 q_base = Q + b * stride_qb + h * stride_qh
-                k_base = K + b * stride_kb + h * stride_kh
+                k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
                 do_base = DOUT + b * stride_gb + h * stride_gh
                 lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
-                p, dp = _short_p_dp(q_base, k_base, V + b * stride_vb + h * stride_vh, do_base, bias, lse, offs_m,
+                v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+                p, dp = _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m,
                                     offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
                                     stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
                                     EVEN_DV, DOT_PRECISION)
@@ -996,7 +1005,7 @@ def _bias_bwd_dq_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1033,8 +1042,8 @@ def _bias_bwd_dq_kernel(
                    EVEN_DV)
     row_base = bh.to(tl.int64) * stride_row
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
 

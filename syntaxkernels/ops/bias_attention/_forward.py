@@ -136,11 +136,14 @@ def _bias_fwd_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
+    KV_GROUP=1,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
     Args:
-        Q, K: ``[B, H, N_OUT, D]``; V, OUT: ``[B, H, N_OUT, DV]`` (strided, one dtype).
+        Q: ``[B, H, N_OUT, D]``, OUT: ``[B, H, N_OUT, DV]``; K: ``[B, H / KV_GROUP, N_OUT, D]``, V: ``[B, H / KV_GROUP,
+            N_OUT, DV]`` (strided, one dtype): query head h reads key/value head ``h // KV_GROUP`` (grouped-query
+            attention; 1, the default, is specialised: one key/value head a query head, no division).
         N, N_OUT: the padded extent (``roundup(N_OUT, 16)``: the rows and columns of DIST's buffer and of the
             LSE rows, which reads are bounded by, so that masks and addresses stay 16-aligned) and the sequence
             extent (the rows of q, k, v and the outputs, which stores are bounded by).
@@ -168,8 +171,8 @@ def _bias_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
     if SYNTAX:
@@ -220,7 +223,7 @@ def _bias_fwd_short_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
-    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -233,7 +236,7 @@ def _bias_fwd_short_kernel(
     are 0 with ``lse = +inf``, as in :func:`_bias_fwd_kernel`. Products over head-dim chunks (CHUNK for
     ``q k^T``, OUT_CHUNK for ``P V``).
 
-    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout likewise).
+    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout and KV_GROUP likewise).
     Grid: ``(B, HEAD_GROUPS)``.
     """
     b = tl.program_id(0).to(tl.int64)
@@ -246,7 +249,7 @@ def _bias_fwd_short_kernel(
                     float("-inf"))
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + h * stride_kh
+        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
         for c in tl.static_range(0, BLOCK_D, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
             q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
@@ -272,8 +275,8 @@ def _bias_fwd_short_kernel(
         p_in = p.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
-            v = load_rows(V + b * stride_vb + h * stride_vh, offs_n, offs_c, stride_vn, stride_vd, length, DV, True,
-                          EVEN_DV)
+            v = load_rows(V + b * stride_vb + (h // KV_GROUP) * stride_vh, offs_n, offs_c, stride_vn, stride_vd,
+                          length, DV, True, EVEN_DV)
             # A select, not only the product with scale_rows: a padding row's q is 0, and 0 times a NaN k is NaN.
             out = tl.where(valid[:, None], mma(p_in, v, DOT_PRECISION) * scale_rows[:, None], 0.0)
             tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_c[None, :] * stride_od,

@@ -276,7 +276,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
 
     Args:
-        q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]`` (any strides; ``out`` takes q's layout: ``[B, N, H, Dv]``
+        q: ``[B, H, N, D]``; k: ``[B, H_kv, N, D]``, v: ``[B, H_kv, N, Dv]`` (``H_kv`` divides ``H``: grouped-query
+            attention when smaller; any strides; ``out`` takes q's layout: ``[B, N, H, Dv]``
             memory when q is such a view, so merging the heads back costs no copy); distance: uint8 ``[B, N, N]``
             with rows aligned to 16 bytes (a plan's).
         table: ``[H or 1, T]`` (rows contiguous), bias_scale: one element (the strength c), bucket_lut: int
@@ -291,6 +292,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     DV = v.shape[-1]
     rows = table.shape[0]
     drop = _dropout(dropout_p, dropout_seed)
+    group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
@@ -312,7 +314,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
                num_warps=short["num_warps"], num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"],
-               INTERPRETED=interpreting(), **drop)
+               INTERPRETED=interpreting(), KV_GROUP=group, **drop)
         return out, lse, lut
     config = configs.fwd
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -327,7 +329,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
            USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
            num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
-           INTERPRETED=interpreting(), **drop)
+           INTERPRETED=interpreting(), KV_GROUP=group, **drop)
     return out, lse, lut
 
 
@@ -412,6 +414,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     T = spec.num_buckets
     max_distance, log_distance, unreachable_bucket = spec.max_distance, spec.log_distance or 0, spec.unreachable_bucket
     rows = lut.shape[0]
+    group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     dq, dk, dv = output_like(q, D), output_like(k, D), output_like(v, DV)
     if dq.numel() == 0 or dv.numel() == 0:
         sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
@@ -427,8 +430,19 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         lse = _row_buffer(B, H, N, q.device, fill=float("inf")).copy_(lse)  # rows past N: no probability
     short = backward_configs(configs, N, bool(drop)).short
     if short is not None:
-        return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
-                               short, dq, dk, dv, delta, drop)
+        if group == 1:
+            return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
+                                   table_grad, short, dq, dk, dv, delta, drop)
+        # Grouped-query attention: the short-row kernels store each query head's dK and dV (fp32), summed over
+        # each group here in a fixed order.
+        dk_heads = torch.empty((B, H, N, D), dtype=torch.float32, device=q.device)
+        dv_heads = torch.empty((B, H, N, DV), dtype=torch.float32, device=q.device)
+        dq, dk_heads, dv_heads, sums = _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window,
+                                                       causal, spec, table_grad, short, dq, dk_heads, dv_heads, delta,
+                                                       drop)
+        dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2))
+        dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2))
+        return dq, dk, dv, sums
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = meta.distance_t
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
@@ -449,21 +463,21 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
-           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **drop)
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop)
 
-    # dK and dV: programs own key blocks.
+    # dK and dV: programs own key blocks of one key/value head (and walk its group's query heads).
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     q_list, q_count = meta.dkdv_list, meta.dkdv_count
     use_lists = q_list is not None
-    launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H),
+    launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H // group),
            q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
            q_count if use_lists else lengths, lse, delta, dk, dv, *strides_t, *dk.stride(), *dv.stride(),
            H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **drop)
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop)
     if not table_grad:
         return dq, dk, dv, None
 
@@ -490,7 +504,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], **drop)
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], KV_GROUP=group, **drop)
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     return dq, dk, dv, (partials, B, groups, num_q * splits)
 
@@ -499,7 +513,9 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
                     dq, dk, dv, delta, drop=None):
     """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
     (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
-    :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once)."""
+    :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once). ``dk``, ``dv``: per query
+    head (``[B, H, N, *]``: grouped-query k, v are read at head ``h // (H / H_kv)``, their gradients summed by the
+    caller)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     T = spec.num_buckets
@@ -523,7 +539,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"],
+           INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1],
            num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}))
     if not table_grad:
         return dq, dk, dv, None
@@ -585,7 +601,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config["OPAQUE_BIAS"])
+           OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1])
     sum_config = select_config("short2_sum", q.dtype, max(D, DV))
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),

@@ -33,15 +33,15 @@ def _usable(device: str) -> None:
         raise Skip("the Triton kernels run on CPU only under TRITON_INTERPRET=1")
 
 
-def _inputs(device, B, H, N, D, dtype, lengths=None, per_head=False, seed=0):
+def _inputs(device, B, H, N, D, dtype, lengths=None, per_head=False, seed=0, kv_heads=None):
     """The shared case (:func:`syntaxkernels.tools.testing.bias_attention_case`, c = :data:`BIAS_SCALE`) on one random
     tree per item (each token's head an earlier token), with ``distance`` and ``lengths`` on ``device`` and the
-    ``device`` named."""
+    ``device`` named (``kv_heads``: k, v with that many heads, grouped-query attention)."""
     rng = random.Random(seed)
     lengths = lengths or [N] * B
     heads = [[-1] + [rng.randrange(0, i) for i in range(1, L)] if L else [] for L in lengths]
     case = bias_attention_case(B, H, N, D, dtype, lengths=lengths, per_head=per_head, seed=seed, heads=heads,
-                               bias_scale=BIAS_SCALE)
+                               bias_scale=BIAS_SCALE, kv_heads=kv_heads)
     return dict(case, distance=case["distance"].to(device), lengths=case["lengths"].to(device), device=device)
 
 
@@ -73,7 +73,8 @@ def _compare(device, shape, dtype, **kw):
     _usable(device)
     lengths = kw.pop("lengths", None)
     per_head = kw.pop("per_head", False)
-    inp = _inputs(device, *shape, dtype, lengths=lengths, per_head=per_head)
+    kv_heads = kw.pop("kv_heads", None)
+    inp = _inputs(device, *shape, dtype, lengths=lengths, per_head=per_head, kv_heads=kv_heads)
     grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     got = _grads(inp, dtype, "triton", grad_out, **kw)
     return _against_reference(inp, dtype, grad_out, got, **kw)
@@ -141,6 +142,17 @@ def check_dropout(device):
                      dropout_seed=seed)
     return short[0] and tiled[0], f"rows of {'40' if device == 'cpu' else '57'}: {short[1]}; fp32 N = {shape[2]} " \
                                   f"(tiled): {tiled[1]}"
+
+
+def check_grouped_query(device):
+    """Grouped-query attention against the reference: sentence-sized causal bf16 rows with half of q's heads for k
+    and v (ragged, one empty; the short-row kernels where the family has them) and fp32 rows on the tiled kernels
+    with one key/value head (multi-query)."""
+    shape = _shape(device, (3, 4, 40, 64), (32, 12, 57, 64))
+    short = _short_rows_check(device, shape, kv_heads=shape[1] // 2, causal=True)
+    shape = _shape(device, (2, 4, 90, 32), (2, 8, 1024, 64))
+    tiled = _compare(device, shape, torch.float32, lengths=[shape[2], shape[2] // 2], kv_heads=1)
+    return short[0] and tiled[0], f"H_kv = H / 2, causal: {short[1]}; fp32 N = {shape[2]}, H_kv = 1: {tiled[1]}"
 
 
 def _runs(device, count, run):
@@ -219,6 +231,7 @@ CHECKS = [
     Check("bias_attention.triton_bf16_two_block_rows", check_two_block_rows),
     Check("bias_attention.deterministic", check_deterministic),
     Check("bias_attention.triton_dropout", check_dropout),
+    Check("bias_attention.triton_grouped_query", check_grouped_query),
 ]
 
 
