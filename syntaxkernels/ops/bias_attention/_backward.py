@@ -164,11 +164,11 @@ def _bias_bwd_dkdv_kernel(
                                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
     for g in range(0, KV_GROUP):  # (one trip without grouped-query attention: KV_GROUP is specialised to 1)
         h = kv * KV_GROUP + g
-        bh = b * H + h
+        bh = bkv * KV_GROUP + g  # (b * H + h)
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DOUT + b * stride_gb + h * stride_gh
-        lse_base = LSE + bh * stride_row
-        delta_base = DELTA + bh * stride_row
+        lse_base = LSE + bh.to(tl.int64) * stride_row
+        delta_base = DELTA + bh.to(tl.int64) * stride_row
         lut_row = LUT + h * stride_lh
         for i in range(interior[0], interior[1]):
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
