@@ -88,7 +88,7 @@ __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
 #: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a padded batch; another one runs the
 #: reference for them.
-GROUPED_PATHS = frozenset({"reference"})
+GROUPED_PATHS = frozenset({"reference", "cpp"})
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:

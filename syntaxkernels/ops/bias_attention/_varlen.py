@@ -32,7 +32,7 @@ __all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "w
 
 #: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a packed batch; another one runs the
 #: reference for them.
-GROUPED_PATHS = frozenset({"reference"})
+GROUPED_PATHS = frozenset({"reference", "cpp", "triton"})
 
 
 def _check_packed_qkv(q, k, v):
