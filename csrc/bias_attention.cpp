@@ -7,11 +7,12 @@
 //   S = Q_blk K_span^T (sgemm), then per row t = S * scale2 + lut[d] (causal: -inf past the diagonal), the online
 //   softmax update (running max and sum, the accumulator rescaled by exp2(old max - new max)), P stored over S;
 //   acc += P V_span (sgemm). Epilogue: out = acc / sum, lse = max + log2(sum).
-// Backward, one task per (b, h) (it owns dK and dV of that head, so they are summed without atomics), query
-// blocks of 64 rows in order, spans of up to 256 keys. For a block: pass A over its spans: S = Q_blk K^T,
-// dP = dO_blk V^T (sgemm), P = exp2(S * scale2 + lut[d] - lse) and delta_i = sum_j P_ij dP_ij (exact: formed from
-// the tile, not from the rounded output); pass B: dS = P (dP - delta) in place, the per-distance sums of dS (table
-// gradient), then
+// Backward, one task per (b, key/value head) (it owns dK and dV of that head, so they are summed without atomics;
+// with grouped-query attention it walks the group's query heads in order, each adding its products to the same dK
+// and dV), query blocks of 64 rows in order, spans of up to 256 keys. For a block: pass A over its spans:
+// S = Q_blk K^T, dP = dO_blk V^T (sgemm), P = exp2(S * scale2 + lut[d] - lse) and delta_i = sum_j P_ij dP_ij
+// (exact: formed from the tile, not from the rounded output); pass B: dS = P (dP - delta) in place, the
+// per-distance sums of dS (table gradient), then
 //   dV_span += P^T dO_blk,  dK_span += scale dS^T Q_blk,  dQ_blk += scale dS K_span   (sgemm).
 // P and dP of the block's live keys stay in a [64, N] band per task (O(N), not O(N^2), per head).
 //
@@ -295,6 +296,7 @@ SK_INLINE void apply_keep(float* x, const float* m, int64_t n) {
 
 struct Problem {
   int64_t B, H, N, D, Dv, nQ, nK;
+  int64_t H_kv, group;  // key/value heads, and query heads per key/value head (grouped-query attention: H / H_kv)
   int64_t block_m, span;  // query rows per block, most keys per span
   const float *q, *k, *v;
   int64_t q_b, q_h, q_n, k_b, k_h, k_n, v_b, v_h, v_n;
@@ -359,7 +361,8 @@ SK_INLINE int64_t causal_stop(const Problem& P, int64_t i, int64_t j1) {
 
 // ------------------------------------------------------------------------------------------------ forward
 
-// Tasks [begin, end) of the flattened (b, h, query block). kDropout: the probabilities that go into P V are the
+// Tasks [begin, end) of the flattened (b, h, query block), h a query head (reading key/value head h / group).
+// kDropout: the probabilities that go into P V are the
 // softmax's times the keep multipliers (the row sums, and so lse, stay those of the undropped softmax).
 template <bool kDropout>
 SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
@@ -385,8 +388,8 @@ SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
     std::fill(lse, lse + block_rows, kInf);
     if (rows == 0) continue;
     const float* q = P.q + b * P.q_b + h * P.q_h + i0 * P.q_n;
-    const float* k = P.k + b * P.k_b + h * P.k_h;
-    const float* v = P.v + b * P.v_b + h * P.v_h;
+    const float* k = P.k + b * P.k_b + (h / P.group) * P.k_h;
+    const float* v = P.v + b * P.v_b + (h / P.group) * P.v_h;
     const float* lut = P.lut + h * P.lut_h;
     std::fill(row_max, row_max + P.block_m, -kInf);
     std::fill(row_sum, row_sum + P.block_m, 0.f);
@@ -441,7 +444,9 @@ SK_INLINE void forward_dropout_tasks_impl(const Problem& P, int64_t begin, int64
 
 // ------------------------------------------------------------------------------------------------ backward
 
-// Tasks [begin, end) of the flattened (b, h); see the top of the file. kDropout: pass A regenerates the keep
+// Tasks [begin, end) of the flattened (b, key/value head kv); see the top of the file. Each walks the query heads
+// h = kv * group + g, g = 0, 1, ... in order (dK and dV sum theirs in that order; dQ, the table sums and the
+// dropout stream b * H + h stay the query head's). kDropout: pass A regenerates the keep
 // multipliers of the block's live keys (into a [64, N rounded up to 4] band: key j of row r at r * keep_band + j)
 // and drops dP with them, so delta = rowsum(P * dPd) = rowsum(dO * O) and dS = P (dPd - delta); pass B turns P into
 // the dropped Pd after forming dS, for dV = Pd^T dO.
@@ -462,80 +467,83 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
   at::Tensor stripe_scratch = at::empty({8 * 256}, at::TensorOptions().dtype(at::kDouble));
   double* const stripes = stripe_scratch.data_ptr<double>();
   std::vector<int64_t> spans;
-  for (int64_t bh = begin; bh < end; ++bh) {
-    const int64_t h = bh % P.H, b = bh / P.H, L = P.length(b);
-    const float* q = P.q + b * P.q_b + h * P.q_h;
-    const float* k = P.k + b * P.k_b + h * P.k_h;
-    const float* v = P.v + b * P.v_b + h * P.v_h;
-    const float* dout = P.dout + b * P.g_b + h * P.g_h;
-    const float* lut = P.lut + h * P.lut_h;
-    const float* lse = P.lse + bh * P.N;
-    float* dq = P.dq + bh * P.N * P.D;
-    float* dk = P.dk + bh * P.N * P.D;
-    float* dv = P.dv + bh * P.N * P.Dv;
-    double* hist = P.hist != nullptr ? P.hist + bh * 256 : nullptr;
-    for (int64_t qb = 0; qb * P.block_m < L; ++qb) {
-      const int64_t i0 = qb * P.block_m, rows = std::min(i0 + P.block_m, L) - i0;
-      const float* q_blk = q + i0 * P.q_n;
-      const float* do_blk = dout + i0 * P.g_n;
-      key_spans(P, b, qb, i0, rows, spans);
-      if (spans.empty()) continue;
-      // Pass A: P and dP of every live key, and delta = rowsum(P * dP).
-      std::fill(delta, delta + P.block_m, 0.f);
-      for (size_t s = 0; s < spans.size(); s += 2) {
-        const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
-        gemm(false, true, rows, width, P.D, 1.f, q_blk, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, probs + j0, band);
-        gemm(false, true, rows, width, P.Dv, 1.f, do_blk, P.g_n, v + j0 * P.v_n, P.v_n, 0.f, grads + j0,
-             band);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r;
-          float* p = probs + r * band + j0;
-          const int64_t n = causal_stop(P, i, j1) - j0;
-          if (n < width) std::fill(p + std::max<int64_t>(n, 0), p + width, 0.f);
-          if constexpr (kDropout) {
-            if (n > 0) {
-              float* m = keep + r * keep_band;
-              keep_multipliers(m + (j0 & ~int64_t(3)), j0, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh),
-                               P.key0, P.key1, P.threshold, P.keep_scale);
-              apply_keep(grads + r * band + j0, m + j0, n);
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t kv = task % P.H_kv, b = task / P.H_kv, L = P.length(b);
+    const float* k = P.k + b * P.k_b + kv * P.k_h;
+    const float* v = P.v + b * P.v_b + kv * P.v_h;
+    float* dk = P.dk + task * P.N * P.D;
+    float* dv = P.dv + task * P.N * P.Dv;
+    for (int64_t g = 0; g < P.group; ++g) {
+      const int64_t h = kv * P.group + g, bh = b * P.H + h;
+      const float* q = P.q + b * P.q_b + h * P.q_h;
+      const float* dout = P.dout + b * P.g_b + h * P.g_h;
+      const float* lut = P.lut + h * P.lut_h;
+      const float* lse = P.lse + bh * P.N;
+      float* dq = P.dq + bh * P.N * P.D;
+      double* hist = P.hist != nullptr ? P.hist + bh * 256 : nullptr;
+      for (int64_t qb = 0; qb * P.block_m < L; ++qb) {
+        const int64_t i0 = qb * P.block_m, rows = std::min(i0 + P.block_m, L) - i0;
+        const float* q_blk = q + i0 * P.q_n;
+        const float* do_blk = dout + i0 * P.g_n;
+        key_spans(P, b, qb, i0, rows, spans);
+        if (spans.empty()) continue;
+        // Pass A: P and dP of every live key, and delta = rowsum(P * dP).
+        std::fill(delta, delta + P.block_m, 0.f);
+        for (size_t s = 0; s < spans.size(); s += 2) {
+          const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
+          gemm(false, true, rows, width, P.D, 1.f, q_blk, P.q_n, k + j0 * P.k_n, P.k_n, 0.f, probs + j0, band);
+          gemm(false, true, rows, width, P.Dv, 1.f, do_blk, P.g_n, v + j0 * P.v_n, P.v_n, 0.f, grads + j0,
+               band);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            float* p = probs + r * band + j0;
+            const int64_t n = causal_stop(P, i, j1) - j0;
+            if (n < width) std::fill(p + std::max<int64_t>(n, 0), p + width, 0.f);
+            if constexpr (kDropout) {
+              if (n > 0) {
+                float* m = keep + r * keep_band;
+                keep_multipliers(m + (j0 & ~int64_t(3)), j0, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh),
+                                 P.key0, P.key1, P.threshold, P.keep_scale);
+                apply_keep(grads + r * band + j0, m + j0, n);
+              }
             }
+            if (n > 0) delta[r] += probabilities(p, grads + r * band + j0, P.dist + b * P.d_b + i * P.d_i + j0,
+                                                 lut, P.scale2, lse[i], n);
           }
-          if (n > 0) delta[r] += probabilities(p, grads + r * band + j0, P.dist + b * P.d_b + i * P.d_i + j0,
-                                               lut, P.scale2, lse[i], n);
         }
-      }
-      // Pass B: dS over dP, its sums by distance, and the gradient products.
-      if (hist != nullptr) std::fill(stripes, stripes + 8 * 256, 0.0);
-      for (size_t s = 0; s < spans.size(); s += 2) {
-        const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r;
-          float* ds = grads + r * band + j0;
-          score_gradients(probs + r * band + j0, ds, delta[r], width);
-          const int64_t n = causal_stop(P, i, j1) - j0;
-          if constexpr (kDropout) {
-            if (n > 0) apply_keep(probs + r * band + j0, keep + r * keep_band + j0, n);
+        // Pass B: dS over dP, its sums by distance, and the gradient products.
+        if (hist != nullptr) std::fill(stripes, stripes + 8 * 256, 0.0);
+        for (size_t s = 0; s < spans.size(); s += 2) {
+          const int64_t j0 = spans[s], j1 = spans[s + 1], width = j1 - j0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            float* ds = grads + r * band + j0;
+            score_gradients(probs + r * band + j0, ds, delta[r], width);
+            const int64_t n = causal_stop(P, i, j1) - j0;
+            if constexpr (kDropout) {
+              if (n > 0) apply_keep(probs + r * band + j0, keep + r * keep_band + j0, n);
+            }
+            if (hist == nullptr) continue;
+            const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0;
+            int64_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+              for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += static_cast<double>(ds[j + l]);
+            }
+            for (; j < n; ++j) stripes[(j & 7) * 256 + d[j]] += static_cast<double>(ds[j]);
           }
-          if (hist == nullptr) continue;
-          const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0;
-          int64_t j = 0;
-          for (; j + 8 <= n; j += 8) {
-            for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += static_cast<double>(ds[j + l]);
-          }
-          for (; j < n; ++j) stripes[(j & 7) * 256 + d[j]] += static_cast<double>(ds[j]);
+          gemm(true, false, width, P.Dv, rows, 1.f, probs + j0, band, do_blk, P.g_n, 1.f, dv + j0 * P.Dv, P.Dv);
+          gemm(true, false, width, P.D, rows, P.scale, grads + j0, band, q_blk, P.q_n, 1.f, dk + j0 * P.D,
+               P.D);
+          gemm(false, false, rows, P.D, width, P.scale, grads + j0, band, k + j0 * P.k_n, P.k_n,
+               s == 0 ? 0.f : 1.f, dq_block, P.D);
         }
-        gemm(true, false, width, P.Dv, rows, 1.f, probs + j0, band, do_blk, P.g_n, 1.f, dv + j0 * P.Dv, P.Dv);
-        gemm(true, false, width, P.D, rows, P.scale, grads + j0, band, q_blk, P.q_n, 1.f, dk + j0 * P.D,
-             P.D);
-        gemm(false, false, rows, P.D, width, P.scale, grads + j0, band, k + j0 * P.k_n, P.k_n,
-             s == 0 ? 0.f : 1.f, dq_block, P.D);
-      }
-      std::copy(dq_block, dq_block + rows * P.D, dq + i0 * P.D);
-      if (hist != nullptr) {
-        for (int64_t d = 0; d < 256; ++d) {
-          double sum = 0.0;
-          for (int64_t l = 0; l < 8; ++l) sum += stripes[l * 256 + d];
-          hist[d] += sum;
+        std::copy(dq_block, dq_block + rows * P.D, dq + i0 * P.D);
+        if (hist != nullptr) {
+          for (int64_t d = 0; d < 256; ++d) {
+            double sum = 0.0;
+            for (int64_t l = 0; l < 8; ++l) sum += stripes[l * 256 + d];
+            hist[d] += sum;
+          }
         }
       }
     }
@@ -589,9 +597,10 @@ at::Tensor tile_minima(const at::Tensor& distance, int64_t block_m, int64_t nQ, 
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& distance,
                   const at::Tensor& lut, const at::Tensor& lengths) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.size(0) == q.size(0) &&
-                  v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "q, k must be [B, H, N, D] and v [B, H, N, Dv]");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0 && k.size(2) == q.size(2) && k.size(3) == q.size(3) && v.dim() == 4 &&
+                  v.size(0) == q.size(0) && v.size(1) == k.size(1) && v.size(2) == q.size(2),
+              "q must be [B, H, N, D], k [B, H_kv, N, D] and v [B, H_kv, N, Dv] with H % H_kv == 0");
   for (const at::Tensor* t : {&q, &k, &v, &distance, &lut, &lengths}) {
     TORCH_CHECK(t->device().is_cpu(), "the CPU bias-attention kernels take CPU tensors");
   }
@@ -624,6 +633,7 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   Problem P{};
   P.block_m = block_m, P.span = span;
   P.B = q.size(0), P.H = q.size(1), P.N = q.size(2), P.D = q.size(3), P.Dv = v.size(3);
+  P.H_kv = k.size(1), P.group = P.H / P.H_kv;
   P.nQ = (P.N + P.block_m - 1) / P.block_m;
   P.nK = (P.N + kTileN - 1) / kTileN;
   P.q = q.data_ptr<float>(), P.k = k.data_ptr<float>(), P.v = v.data_ptr<float>();
@@ -713,16 +723,17 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
   const bool dropout = check_dropout(dropout_threshold, keep_scale);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), D = q_in.size(3), Dv = v_in.size(3);
-  TORCH_CHECK(dout_in.sizes() == v_in.sizes() && dout_in.scalar_type() == q_in.scalar_type(),
+  TORCH_CHECK(dout_in.dim() == 4 && dout_in.size(0) == B && dout_in.size(1) == H && dout_in.size(2) == N &&
+                  dout_in.size(3) == Dv && dout_in.scalar_type() == q_in.scalar_type(),
               "dout must be [B, H, N, Dv] in q's dtype");
   TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == at::kFloat && lse.numel() == B * H * N,
               "lse must be the forward's contiguous float32 [B, H, N] tensor");
-  for (const at::Tensor* g : {&dq, &dk}) {
-    TORCH_CHECK(g->is_contiguous() && g->scalar_type() == q_in.scalar_type() && g->sizes() == q_in.sizes(),
-                "dq and dk must be contiguous [B, H, N, D] tensors in q's dtype");
-  }
+  TORCH_CHECK(dq.is_contiguous() && dq.scalar_type() == q_in.scalar_type() && dq.sizes() == q_in.sizes(),
+              "dq must be a contiguous [B, H, N, D] tensor in q's dtype");
+  TORCH_CHECK(dk.is_contiguous() && dk.scalar_type() == q_in.scalar_type() && dk.sizes() == k_in.sizes(),
+              "dk must be a contiguous [B, H_kv, N, D] tensor in q's dtype");
   TORCH_CHECK(dv.is_contiguous() && dv.scalar_type() == q_in.scalar_type() && dv.sizes() == v_in.sizes(),
-              "dv must be a contiguous [B, H, N, Dv] tensor in q's dtype");
+              "dv must be a contiguous [B, H_kv, N, Dv] tensor in q's dtype");
   const at::Tensor bucket_index = bucket_index_in.to(at::kLong).contiguous();
   TORCH_CHECK(bucket_index.numel() == 256, "bucket_index must hold 256 entries");
   const int64_t rows = lut_in.size(0), T = bucket_grad.dim() == 2 ? bucket_grad.size(1) : -1;
@@ -768,7 +779,8 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   }
   {
     pybind11::gil_scoped_release release;
-    at::parallel_for(0, B * H, grain(2 * N * N * (D + Dv)), [&](int64_t begin, int64_t end) {
+    // One task per (b, key/value head): it owns that head's dK and dV (its group's query heads walked inside).
+    at::parallel_for(0, B * P.H_kv, grain(P.group * 2 * N * N * (D + Dv)), [&](int64_t begin, int64_t end) {
       if (dropout) {
         SK_RUN_PASS(backward_dropout_tasks, P, begin, end);
       } else {

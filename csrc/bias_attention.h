@@ -17,14 +17,16 @@
 
 namespace syntaxkernels {
 
-// q, k [B, H, N, D]; v [B, H, N, Dv] (float32, bfloat16 or float16, one dtype; last dim contiguous, other strides
-// free); distance uint8 [B, N, N]; lut float32 [1 or H, 256]; lengths int32 [B]. window < 0: none (the LUT holds it;
-// here it only enables tile skipping). Writes out [B, H, N, Dv] (q's dtype, contiguous) and lse [B, H, N] (float32,
-// contiguous; log2 of the row's softmax denominator at the log2-domain scores, +inf for an empty row).
+// q [B, H, N, D]; k [B, H_kv, N, D], v [B, H_kv, N, Dv] with H % H_kv == 0 (grouped-query attention: query head h reads
+// key/value head h / (H / H_kv); H_kv = H is the plain op) (float32, bfloat16 or float16, one dtype; last dim
+// contiguous, other strides free); distance uint8 [B, N, N]; lut float32 [1 or H, 256]; lengths int32 [B]. window < 0:
+// none (the LUT holds it; here it only enables tile skipping). Writes out [B, H, N, Dv] (q's dtype, contiguous) and lse
+// [B, H, N] (float32, contiguous; log2 of the row's softmax denominator at the log2-domain scores, +inf for an empty
+// row).
 //
 // Attention dropout (dropout_threshold > 0 or keep_scale != 1; threshold 0 and keep_scale 1 run the kernels
 // without it): out = Pd V with Pd_ij = P_ij * keep_ij * keep_scale (keep_scale = 1 / (1 - p)), P the softmax (lse
-// stays the undropped one's). keep_ij of item b, head h: word j % 4 of Philox-4x32-7 of the counter
+// stays the undropped one's). keep_ij of item b, query head h: word j % 4 of Philox-4x32-7 of the counter
 // (j / 4, i, b * H + h, 0) under the key (low, high 32 bits of dropout_seed, the uint64 seed's bit pattern) is
 // >= dropout_threshold (uint32, reference.dropout_threshold(p)): reference.dropout_keep, the same mask.
 void bias_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -32,9 +34,10 @@ void bias_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const 
                                 double scale, int64_t window, bool causal, int64_t dropout_seed,
                                 int64_t dropout_threshold, double keep_scale, at::Tensor& out, at::Tensor& lse);
 
-// Gradients of the forward from dout [B, H, N, Dv] (last dim contiguous) and the forward's lse: dq, dk [B, H, N, D],
-// dv [B, H, N, Dv] (q's dtype, contiguous) and, when table_grad, bucket_grad float32 [1 or H, T] (like the LUT's
-// rows): the sums of dS (the gradient of the natural-log scores) over the pairs whose distance d has
+// Gradients of the forward from dout [B, H, N, Dv] (last dim contiguous) and the forward's lse: dq [B, H, N, D], dk [B,
+// H_kv, N, D], dv [B, H_kv, N, Dv] (q's dtype, contiguous; a key/value head's gradients are the sums over its group's
+// query heads, added in head order by the one task that owns it) and, when table_grad, bucket_grad float32 [1 or H, T]
+// (like the LUT's rows): the sums of dS (the gradient of the natural-log scores) over the pairs whose distance d has
 // bucket_index[d] == t (bucket_index int64 [256]); d table = c * bucket_grad, d c = sum(table * bucket_grad).
 // The row term delta_i = sum_j p_ij dp_ij is formed from the recomputed tile (the output is not read back).
 // Dropout (the forward's arguments; the mask regenerated from the seed, never stored): dV = Pd^T dO,

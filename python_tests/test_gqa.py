@@ -1,10 +1,10 @@
 """Grouped-query attention in the distance-bias op: k and v with ``H_kv`` heads, ``H % H_kv == 0``.
 
 The reference (the specification: query head h reads key/value head ``h // (H / H_kv)``, gradients summed over
-the group) against an independent float64 loop over the heads; every fused path that takes grouped k, v
-(``GROUPED_PATHS``, padded and packed) against the reference in forward and every gradient; the paths that do
-not take them yet run the reference under ``backend="auto"`` and refuse a named backend; bad head counts are a
-``ValueError`` that says what is wrong.
+the group) against an independent float64 loop over the heads; the padded Triton kernels (interpreted on the CPU:
+every kernel family a grouped call takes) against the reference in forward and every gradient, bit for bit against
+the call with k and v repeated, deterministic; bad head counts are a ``ValueError`` that says what is wrong. The C++
+kernels and the packed paths: test_gqa_cpu_packed.py.
 """
 import contextlib
 import math
@@ -14,8 +14,6 @@ import torch
 
 import syntaxkernels as sk
 from syntaxkernels import reference
-from syntaxkernels.ops import bias_attention as ba
-from syntaxkernels.ops.bias_attention import _varlen
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
 

@@ -177,14 +177,23 @@ def check_packed(case, dtype, **kw):
     :mod:`syntaxkernels.tools.testing`, the bias-scale gradient by its own rule), none all zeros where the reference's
     is not."""
     out, grads = _run_packed(case, dtype, "triton", **kw)
-    out64, grads64 = _run_packed(case, torch.float64, "spec", **kw)
-    outlp, gradslp = _run_packed(case, dtype, "spec", **kw)
+    assert_matches_reference(case, (out, grads), _run_packed(case, torch.float64, "spec", **kw),
+                             _run_packed(case, dtype, "spec", **kw), dtype)
+    return out, grads
+
+
+def assert_matches_reference(case, got, ref_fp64, ref_lowp, dtype):
+    """``(out, grads)`` of a fused path against the reference's in float64 and in ``dtype``
+    (:func:`assert_bias_attention_close`): out in ``dtype`` with the reference's shape, each gradient within the
+    rule, none all zeros where the reference's is not; the gradients have their inputs' shapes."""
+    (out, grads), (out64, grads64) = got, ref_fp64
     assert out.dtype == dtype and out.shape == out64.shape
-    assert_bias_attention_close(case, (out, grads), (out64, grads64), (outlp, gradslp), dtype)
+    for name in grads:
+        assert grads[name].shape == grads64[name].shape, name
+    assert_bias_attention_close(case, got, ref_fp64, ref_lowp, dtype)
     for name in grads:
         if grads64[name].abs().max() > 1e-3:
             assert grads[name].abs().max() > 0, f"{name} is all zeros"
-    return out, grads
 
 
 # id, lengths, H, D, dtype, options

@@ -86,9 +86,6 @@ else:
 
 __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
-#: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a padded batch; another one runs the
-#: reference for them.
-GROUPED_PATHS = frozenset({"reference", "triton"})
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -232,11 +229,6 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
-    if V.kv_group(q, k) > 1 and chosen not in GROUPED_PATHS:
-        if backend != "auto":
-            raise ValueError(f"grouped-query k, v (H_kv = {k.shape[1]} for H = {q.shape[1]}) run on "
-                             f"{sorted(GROUPED_PATHS)} only, not backend={backend!r}")
-        chosen = "reference"
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)

@@ -11,9 +11,15 @@ count (every output has one writer, every sum a fixed order). Attention dropout 
 probabilities with :func:`syntaxkernels.reference.dropout_keep`'s mask (batch item b = the mask's item b),
 generated in the kernels and regenerated in the backward; ``dropout_p == 0`` runs kernels compiled without it.
 
+Grouped-query attention: k and v may have ``H_kv`` heads (``H % H_kv == 0``; query head h reads key/value head
+``h // (H / H_kv)``), read in place (no copy per query head); dk and dv come back ``[B, H_kv, N, *]``, each the
+sum over its group's query heads in head order (one task owns a key/value head and walks its group), and the
+dropout mask stays numbered by the query head (stream ``b * H + h``).
+
 Limits: CPU tensors; float32, bfloat16 and float16 (computed in float32; bf16/fp16 inputs are converted once per
 call); float64 runs the reference; any head dim >= 1, any N. Parallel over batch, heads and query blocks in the
-forward, over batch and heads in the backward (a task owns one head's dK and dV), on ATen's thread pool. Needs no
+forward, over batch and key/value heads in the backward (a task owns one key/value head's dK and dV), on ATen's
+thread pool. Needs no
 Triton (the LUT builder and the rest this path shares with the others live in :mod:`._host`).
 
 Layers: ``torch.library`` ops ``syntaxkernels::bias_attention_cpu_fwd`` / ``_cpu_bwd`` (with fake implementations),
@@ -43,7 +49,8 @@ def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                keep_scale: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """C++ forward: ``(out [B, H, N, Dv] in q's dtype, lse2 float32 [B, H, N])`` (log2, +inf for empty rows).
 
-    Args: q, k ``[B, H, N, D]``, v ``[B, H, N, Dv]`` (last dim contiguous, other strides free); distance uint8
+    Args: q ``[B, H, N, D]``, k ``[B, H_kv, N, D]``, v ``[B, H_kv, N, Dv]`` (``H % H_kv == 0``, grouped-query
+    attention; last dim contiguous, other strides free); distance uint8
     ``[B, N, N]``; lut float32 ``[1 or H, 256]`` (:func:`bias_lut`); lengths int32 ``[B]``; window -1 for none
     (the LUT holds it; here it enables tile skipping); causal: only ``j <= i``. Attention dropout
     (:func:`.._dispatch.dropout_arguments`; the defaults are none): ``dropout_seed`` the uint64 seed's bit pattern as an
@@ -72,7 +79,8 @@ def bias_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Te
                                 table_grad: bool, dropout_seed: int = 0, dropout_threshold: int = 0,
                                 keep_scale: float = 1.0
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """C++ backward: ``(dq, dk, dv, G)``, G float32 ``[1 or H, num_buckets]`` the per-bucket sums of dS (zeros
+    """C++ backward: ``(dq, dk, dv, G)`` (dq like q, dk and dv like k and v: ``[B, H_kv, N, *]``, summed over each
+    group's query heads), G float32 ``[1 or H, num_buckets]`` the per-bucket sums of dS (zeros
     unless ``table_grad``); ``bucket_index`` int64 ``[256]`` is ``BucketSpec.lut()``. Other arguments as the
     forward's (the dropout ones the forward's: the mask is regenerated from the seed), plus ``dout`` (like out, any
     strides) and the forward's ``lse``."""

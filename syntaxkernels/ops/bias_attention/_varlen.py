@@ -30,9 +30,6 @@ else:
 
 __all__ = ["syntax_bias_attention_varlen", "reference_bias_attention_varlen", "walked_tiles"]
 
-#: The implementations that take grouped-query k, v (``H_kv < H`` heads) of a packed batch; another one runs the
-#: reference for them.
-GROUPED_PATHS = frozenset({"reference"})
 
 
 def _check_packed_qkv(q, k, v):
@@ -184,11 +181,6 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     V.check_dropout(dropout_p, dropout_seed)
     chosen = implementation(q, v, backend)
-    if V.kv_group(q, k) > 1 and chosen not in GROUPED_PATHS:
-        if backend != "auto":
-            raise ValueError(f"grouped-query k, v (H_kv = {k.shape[1]} for H = {q.shape[1]}) of a packed batch run "
-                             f"on {sorted(GROUPED_PATHS)} only, not backend={backend!r}")
-        chosen = "reference"
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
         return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
                                           dropout_p, dropout_seed)

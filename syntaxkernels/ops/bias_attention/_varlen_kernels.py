@@ -24,13 +24,18 @@ Kernels:
 - ``_varlen_fwd_kernel``: one query block: output rows and their log2-sum-exp (online softmax).
 - ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
   padded op: the table kernel's per-bucket sums then see rows of dS summing to zero).
-- ``_varlen_dkdv_kernel``: one key block: dK, dV (and for a per-head table its head's per-bucket sums of dS).
+- ``_varlen_dkdv_kernel``: one key block of one key/value head: dK, dV, summed over the head's group of query
+  heads in order (and for a per-head table each query head's per-bucket sums of dS).
 - ``_varlen_table_kernel``: one query block and the heads of a shared table: dS
   recomputed per head and summed over the heads, then added to the buckets once per element (the padded op's
   ``_bucket_sums``, over the bucket range of the tile's live distances); one ``[T_b]`` row per program,
   reduced in a fixed order by the launcher (the table gradient without atomics).
 
 ``delta = rowsum(dO * O)`` is formed by the dQ kernel from its own rows (no separate reduction).
+
+Grouped-query attention: k and v may have ``H_kv`` heads (``H % H_kv == 0``); every kernel reads key/value head
+``h // kv_group`` for query head h (``kv_group = H / H_kv``, a runtime argument that Triton specialises at 1, so
+the plain op compiles as before), no copy of K/V per query head.
 
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
 beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
@@ -169,7 +174,7 @@ def _varlen_fwd_kernel(
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_ot, stride_oh, stride_od, stride_lut, stride_lse,
     H, T, D, DV, num_q_blocks, qk_scale2,
-    TABLE, SCALE, BUCKETS, stride_tr, window, seed, threshold, keep_scale,
+    TABLE, SCALE, BUCKETS, stride_tr, window, seed, threshold, keep_scale, kv_group,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
@@ -178,7 +183,9 @@ def _varlen_fwd_kernel(
     """Forward for one packed query block of one head.
 
     Args:
-        Q, K: ``[T, H, D]``; V, OUT: ``[T, H, DV]`` (strided). DIST: uint8 ``[sum n^2]``. LUT: fp32 ``[H or 1,
+        Q: ``[T, H, D]``, K: ``[T, H_kv, D]``; V: ``[T, H_kv, DV]``, OUT: ``[T, H, DV]`` (strided); query head h
+            reads key/value head ``h // kv_group`` (``kv_group = H / H_kv``, grouped-query attention; 1 without it,
+            a value Triton specialises). DIST: uint8 ``[sum n^2]``. LUT: fp32 ``[H or 1,
             256]`` (row stride ``stride_lut``, 0 when shared), log2 domain, -inf = not allowed: written first
             (:func:`build_lut`) from TABLE (row stride ``stride_tr``), SCALE, BUCKETS and the window, as the padded
             forward does.
@@ -198,8 +205,8 @@ def _varlen_fwd_kernel(
     seq_m, base_m, seq_start_m = _rows_meta(SEQ, CU, DOFF, offs_m, T)
     q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_d, stride_qt, stride_qd, T - first, D,
                   True, EVEN_D)
-    k_base = K + h * stride_kh
-    v_base = V + h * stride_vh
+    k_base = K + (h // kv_group) * stride_kh
+    v_base = V + (h // kv_group) * stride_vh
     lut_row = LUT + h * stride_lut
     if SYNTAX:
         build_lut(TABLE, SCALE, BUCKETS, lut_row, TABLE + h * stride_tr, window, HAS_WINDOW)
@@ -247,7 +254,7 @@ def _varlen_dq_kernel(
     Q, K, V, DOUT, OUT, DIST, LUT, SEQ, CU, DOFF, LSE, DQ, DELTA_CORRECTED,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_ot, stride_oh, stride_od, stride_xt, stride_xh, stride_xd, stride_lut,
-    stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2, seed, threshold, keep_scale,
+    stride_lse, H, T, D, DV, num_q_blocks, scale, qk_scale2, seed, threshold, keep_scale, kv_group,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
@@ -255,7 +262,8 @@ def _varlen_dq_kernel(
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
-    rows of dS then sum to zero for the per-bucket sums). Arguments as in the forward; DOUT and OUT ``[T, H, DV]``
+    rows of dS then sum to zero for the per-bucket sums). Arguments as in the forward (K, V ``[T, H_kv, *]``, read
+    at head ``h // kv_group``); DOUT and OUT ``[T, H, DV]``
     (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``). With DROPOUT (seed, threshold,
     keep_scale as in the forward; O is the dropped output) ``dP = (dO V^T) * keep * keep_scale`` and ``dS = P (dP -
     delta)`` with the undropped P: the forward's mask, drawn again (:func:`_keep`)."""
@@ -274,8 +282,8 @@ def _varlen_dq_kernel(
                   DV, True, EVEN_DV)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     lse = tl.load(LSE + h * stride_lse + offs_m, mask=offs_m < T, other=float("inf"))
-    k_base = K + h * stride_kh
-    v_base = V + h * stride_vh
+    k_base = K + (h // kv_group) * stride_kh
+    v_base = V + (h // kv_group) * stride_vh
     lut_row = LUT + h * stride_lut
     kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
     if CAUSAL:
@@ -314,7 +322,7 @@ def _varlen_dkdv_kernel(
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_xt, stride_xh, stride_xd, stride_yt, stride_yh, stride_yd,
     stride_lut, stride_lse,
-    H, T, D, DV, num_k_blocks, scale, qk_scale2, seed, threshold, keep_scale,
+    H, T, D, DV, num_k_blocks, scale, qk_scale2, seed, threshold, keep_scale, kv_group,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
@@ -323,16 +331,20 @@ def _varlen_dkdv_kernel(
     UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
     DROPOUT: tl.constexpr = False,
 ):
-    """dK, dV for one packed key block (BLOCK_N keys), walking the query tiles of its sequences in transposed
-    orientation (keys are rows). DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
+    """dK, dV for one packed key block (BLOCK_N keys) of one key/value head, walking the query tiles of its
+    sequences in transposed orientation (keys are rows). Grouped-query attention (K, V, DK, DV_OUT ``[T, H_kv, *]``,
+    ``kv_group = H / H_kv``): the program walks the query heads ``h = kv * kv_group + g``, g = 0, 1, ... in order,
+    each adding its products to the same dK, dV registers (a fixed order, no atomics); ``kv_group = 1`` (Triton
+    specialises it) is one pass. DELTA: the dQ kernel's (corrected when the table takes a gradient, as in the
     padded op). A shared table's gradient is not here (:func:`_varlen_table_kernel` sums the heads' dS first);
-    with TABLE_GRAD (a per-head table) this program also sums its head's dS per bucket over each tile's bucket
-    range (:func:`_tile_buckets`, :func:`._backward._bucket_sums`) and writes them once to ``BUCKET_PARTIALS [H *
-    nK, NUM_BUCKETS]`` (BUCKET_LUT: int64 ``[256]``, ``BucketSpec.lut()``; both unused otherwise). With DROPOUT
-    (seed, threshold, keep_scale as in the forward): ``dV = (P * keep)^T dO * keep_scale`` and dP takes the keep
-    as in the dQ kernel (the mask of :func:`_keep_t`, the forward's pairs transposed).
-    Grid: ``(cdiv(T, BLOCK_N) * H,)``."""
-    k_block, bh, b, h = program_ids(num_k_blocks, H)
+    with TABLE_GRAD (a per-head table) this program also sums each query head's dS per bucket over each tile's
+    bucket range (:func:`_tile_buckets`, :func:`._backward._bucket_sums`) and writes them once per head to
+    ``BUCKET_PARTIALS [H * nK, NUM_BUCKETS]`` (row ``h * nK + key block``; BUCKET_LUT: int64 ``[256]``,
+    ``BucketSpec.lut()``; both unused otherwise). With DROPOUT (seed, threshold, keep_scale as in the forward):
+    ``dV = (P * keep)^T dO * keep_scale`` and dP takes the keep as in the dQ kernel (the mask of :func:`_keep_t`,
+    the forward's pairs transposed, numbered by the query head).
+    Grid: ``(cdiv(T, BLOCK_N) * H_kv,)``."""
+    k_block, bkv, b, kv = program_ids(num_k_blocks, H // kv_group)
     first = k_block * BLOCK_N
     keys = tl.arange(0, BLOCK_N)
     offs_n = first + keys
@@ -340,75 +352,79 @@ def _varlen_dkdv_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     seq_n, base_n, len_n, seq_start_n = _cols_meta(SEQ, CU, DOFF, offs_n, T)
     len_n32 = len_n.to(tl.int32)
-    k = load_rows(_rows_at(K + h * stride_kh, first, stride_kt), keys, offs_d, stride_kt, stride_kd, T - first, D,
+    k = load_rows(_rows_at(K + kv * stride_kh, first, stride_kt), keys, offs_d, stride_kt, stride_kd, T - first, D,
                   True, EVEN_D)
-    v = load_rows(_rows_at(V + h * stride_vh, first, stride_vt), keys, offs_dv, stride_vt, stride_vd, T - first, DV,
+    v = load_rows(_rows_at(V + kv * stride_vh, first, stride_vt), keys, offs_dv, stride_vt, stride_vd, T - first, DV,
                   True, EVEN_DV)
-    q_base = Q + h * stride_qh
-    do_base = DOUT + h * stride_gh
-    lut_row = LUT + h * stride_lut
     qstart, qend = _span(SEQ, CU, first, BLOCK_N, T)
     if CAUSAL:
         qstart = tl.maximum(qstart, first)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    if TABLE_GRAD:
-        sums = _bucket_accumulators(BLOCK_N, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     rows = tl.arange(0, BLOCK_M)
-    for start_m in range(qstart, qend, BLOCK_M):
-        offs_m = start_m + rows
-        in_range = offs_m < qend
-        seq_m = tl.load(SEQ + offs_m, mask=in_range, other=-2)
-        allowed_t = seq_n[:, None] == seq_m[None, :]
-        if CAUSAL:
-            allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
-        q = load_rows(_rows_at(q_base, start_m, stride_qt), rows, offs_d, stride_qt, stride_qd, qend - start_m, D,
-                      True, EVEN_D)
-        lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
-        scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
-        if SYNTAX:
-            # int64 per key and tile, int32 inside the tile (rows < BLOCK_M, n_j <= 2^24: n_j^2 bytes are stored)
-            tile_base = base_n + tl.cast(start_m, tl.int64) * len_n
-            dist_t = tl.load(DIST + tile_base[:, None] + rows[None, :] * len_n32[:, None], mask=allowed_t, other=255)
-            bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
-            scores_t += bias_t
-        p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
-        do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd, qend - start_m, DV,
-                       True, EVEN_DV)
-        if DROPOUT:  # (keep_scale applied to dV once at the end)
-            keep_t = _keep_t(seed, threshold, seq_n * H + h, seq_start_n, offs_n, offs_m)
-            dv = mma_acc(tl.where(keep_t, p_t, 0.0).to(do.dtype), do, dv, DOT_PRECISION)
-        else:
-            dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
-        delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
-        dp_t = mma(v, tl.trans(do), DOT_PRECISION)
-        if DROPOUT:
-            dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-        if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
-            walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")), NUM_BUCKETS,
-                                          STATIC_BUCKETS)
-            if walk:
-                sums = _bucket_sums(sums, ds_t, dist_t, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
-                                    LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+    for g in range(0, kv_group):
+        h = kv * kv_group + g
+        q_base = Q + h * stride_qh
+        do_base = DOUT + h * stride_gh
+        lut_row = LUT + h * stride_lut
+        if TABLE_GRAD:
+            sums = _bucket_accumulators(BLOCK_N, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+        for start_m in range(qstart, qend, BLOCK_M):
+            offs_m = start_m + rows
+            in_range = offs_m < qend
+            seq_m = tl.load(SEQ + offs_m, mask=in_range, other=-2)
+            allowed_t = seq_n[:, None] == seq_m[None, :]
+            if CAUSAL:
+                allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+            q = load_rows(_rows_at(q_base, start_m, stride_qt), rows, offs_d, stride_qt, stride_qd, qend - start_m,
+                          D, True, EVEN_D)
+            lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
+            scores_t = mma(k, tl.trans(q), DOT_PRECISION) * qk_scale2
+            if SYNTAX:
+                # int64 per key and tile, int32 inside the tile (rows < BLOCK_M, n_j <= 2^24: n_j^2 bytes are stored)
+                tile_base = base_n + tl.cast(start_m, tl.int64) * len_n
+                dist_t = tl.load(DIST + tile_base[:, None] + rows[None, :] * len_n32[:, None], mask=allowed_t,
+                                 other=255)
+                bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+                scores_t += bias_t
+            p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
+            do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd,
+                           qend - start_m, DV, True, EVEN_DV)
+            if DROPOUT:  # (keep_scale applied to dV once at the end)
+                keep_t = _keep_t(seed, threshold, seq_n * H + h, seq_start_n, offs_n, offs_m)
+                dv = mma_acc(tl.where(keep_t, p_t, 0.0).to(do.dtype), do, dv, DOT_PRECISION)
+            else:
+                dv = mma_acc(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+            delta = tl.load(DELTA + h * stride_lse + offs_m, mask=in_range, other=0.0)
+            dp_t = mma(v, tl.trans(do), DOT_PRECISION)
+            if DROPOUT:
+                dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+            if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
+                walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")),
+                                              NUM_BUCKETS, STATIC_BUCKETS)
+                if walk:
+                    sums = _bucket_sums(sums, ds_t, dist_t, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE,
+                                        LOG_DISTANCE, UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD,
+                                        INTERPRETED)
+        if TABLE_GRAD:  # one row of bucket sums per program and query head (keys past T hold zero dS)
+            bucket_ids = tl.arange(0, BUCKETS_PAD)
+            totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+            program = (b * H + h) * num_k_blocks + k_block
+            tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
     if DROPOUT:
         dv = dv * keep_scale
     dv = tl.where(key_ok[:, None], dv, 0.0)
-    dk_ptrs = _rows_at(DK + h * stride_xh, first, stride_xt) + keys[:, None] * stride_xt + offs_d[None, :] * stride_xd
-    dv_ptrs = (_rows_at(DV_OUT + h * stride_yh, first, stride_yt) + keys[:, None] * stride_yt
+    dk_ptrs = _rows_at(DK + kv * stride_xh, first, stride_xt) + keys[:, None] * stride_xt + offs_d[None, :] * stride_xd
+    dv_ptrs = (_rows_at(DV_OUT + kv * stride_yh, first, stride_yt) + keys[:, None] * stride_yt
                + offs_dv[None, :] * stride_yd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok[:, None] & (offs_d[None, :] < D))
     tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=key_ok[:, None] & (offs_dv[None, :] < DV))
-    if TABLE_GRAD:  # one row of bucket sums per program (keys past T hold zero dS)
-        bucket_ids = tl.arange(0, BUCKETS_PAD)
-        totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-        program = bh.to(tl.int64) * num_k_blocks + k_block
-        tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
 
 
 @triton.jit
@@ -436,7 +452,7 @@ def _varlen_table_kernel(
     Q, K, V, DOUT, DIST, LUT, BUCKET_LUT, SEQ, CU, DOFF, LSE, DELTA, BUCKET_PARTIALS,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_gt, stride_gh, stride_gd, stride_lut, stride_lse,
-    H, T, D, DV, num_q_blocks, qk_scale2, HEADS, seed, threshold, keep_scale,
+    H, T, D, DV, num_q_blocks, qk_scale2, HEADS, seed, threshold, keep_scale, kv_group,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr,
@@ -456,7 +472,8 @@ def _varlen_table_kernel(
     above the causal diagonal) costs its distance reductions only.
 
     Args:
-        Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE: as in the dQ kernel; BUCKET_LUT: int64 ``[256]``
+        Q, K, V, DOUT, DIST, LUT, SEQ, CU, DOFF, LSE, kv_group: as in the dQ kernel (query head h reads key/value
+            head ``h // kv_group``); BUCKET_LUT: int64 ``[256]``
             (``BucketSpec.lut()``).
         DELTA: fp32 ``[H, T]`` (row stride ``stride_lse``), the dQ kernel's corrected delta ``delta +
             rowsum(dS)``: the rows of dS recomputed from it sum to zero up to fp32 rounding, as in the padded op.
@@ -493,13 +510,14 @@ def _varlen_table_kernel(
             ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for j in range(0, HEADS):
                 h = h0 + j
+                kvh = h // kv_group  # its key/value head (grouped-query attention)
                 # The products run over head-dim chunks of at most 64: fewer operand registers live.
                 scores = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for c in tl.static_range(0, BLOCK_D, CHUNK):
                     offs_c = c + tl.arange(0, CHUNK)
                     q = load_rows(_rows_at(Q + h * stride_qh, first, stride_qt), rows, offs_c, stride_qt, stride_qd,
                                   T - first, D, True, EVEN_D)
-                    k = load_rows(_rows_at(K + h * stride_kh, start_n, stride_kt), cols, offs_c, stride_kt,
+                    k = load_rows(_rows_at(K + kvh * stride_kh, start_n, stride_kt), cols, offs_c, stride_kt,
                                   stride_kd, kend - start_n, D, True, EVEN_D)
                     scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
                 lse = tl.load(LSE + h * stride_lse + offs_m, mask=row_ok, other=float("inf"))
@@ -516,7 +534,7 @@ def _varlen_table_kernel(
                     offs_c = c + tl.arange(0, CHUNK)
                     do = load_rows(_rows_at(DOUT + h * stride_gh, first, stride_gt), rows, offs_c, stride_gt,
                                    stride_gd, T - first, DV, True, EVEN_DV)
-                    v = load_rows(_rows_at(V + h * stride_vh, start_n, stride_vt), cols, offs_c, stride_vt,
+                    v = load_rows(_rows_at(V + kvh * stride_vh, start_n, stride_vt), cols, offs_c, stride_vt,
                                   stride_vd, kend - start_n, DV, True, EVEN_DV)
                     dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
                 delta = tl.load(DELTA + h * stride_lse + offs_m, mask=row_ok, other=0.0)
@@ -567,7 +585,9 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
                    dropout_seed: Optional[int] = None):
-    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])``: the kernel writes the
+    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])`` from q ``[T, H, D]`` and k, v
+    ``[T, H_kv, *]`` (``H % H_kv == 0``, grouped-query attention: query head h reads key/value head
+    ``h // (H / H_kv)`` in place, no copy per query head): the kernel writes the
     log2-domain LUT from ``table`` (``[H or 1, T_b]``, rows contiguous), ``bias_scale`` and ``bucket_lut``
     (``BucketSpec.lut()``) and the window (-1: none), as the padded forward does; the packed plan's ``cu_seqlens``
     (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``).
@@ -589,7 +609,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            q, k, v, distance, lut, sequence, cu_seqlens, offsets, out, lse, *q.stride(), *k.stride(), *v.stride(),
            *out.stride(), lut.stride(0) if rows > 1 else 0, lse.stride(0), H, T, D, DV, num_q, scale * LOG2E,
            table, bias_scale, bucket_lut, table.stride(0) if rows > 1 else 0, window, seed, threshold, keep_scale,
-           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+           H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
            INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0,
@@ -600,7 +620,9 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None):
-    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted): the dQ kernel (and delta,
+    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted; dk, dv ``[T, H_kv, *]``
+    like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
+    program of that head): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
     (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
     kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
@@ -613,8 +635,10 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     rows = lut.shape[0]
     table_grad = (want_table or want_scale) and syntax
     dq = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((T, H, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((T, H, DV), dtype=v.dtype, device=q.device)
+    H_kv = k.shape[1]
+    kv_group = H // H_kv  # query heads per key/value head (grouped-query attention; 1 without it)
+    dk = torch.empty((T, H_kv, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((T, H_kv, DV), dtype=v.dtype, device=q.device)
     if T == 0 or H == 0:
         partials = torch.zeros((1, 1, 1, NB), dtype=torch.float32, device=q.device)
         return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale)
@@ -631,7 +655,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     launch(_varlen_dq_kernel, launch_grid(num_q, 1, H),
            q, k, v, dout, out, distance, lut, seq, cu, offsets, lse, dq, delta,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *out.stride(), *dq.stride(), stride_lut,
-           lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E, *dropout,
+           lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E, *dropout, kv_group,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
            TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping,
@@ -647,11 +671,11 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
                         LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
                         LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1) if inline else {}
     partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if inline else delta
-    launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H),
+    launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H_kv),  # one program per (key block, key/value head)
            q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv,
            _bucket_lut(spec, q) if inline else seq, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), stride_lut,
-           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E, *dropout,
+           lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E, *dropout, kv_group,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
            OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_,
@@ -673,7 +697,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            q, k, v, dout, distance, lut, _bucket_lut(spec, q), seq, cu, offsets, lse, delta, partials,
            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), stride_lut, lse.stride(0),
            H, T, D, DV, num_q, scale * LOG2E, HEADS=heads,  # (by name: the inspection reads it)
-           seed=dropout[0], threshold=dropout[1], keep_scale=dropout[2], DROPOUT=dropping,
+           seed=dropout[0], threshold=dropout[1], keep_scale=dropout[2], kv_group=kv_group, DROPOUT=dropping,
            NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)), STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT,
            MAX_DISTANCE=spec.max_distance, LOG_DISTANCE=spec.log_distance or 0,
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
