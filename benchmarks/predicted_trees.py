@@ -14,7 +14,7 @@ Runs (same seed, same batches, same head initialisation):
 - ``predicted``: "bias" on the layers above ``--predictor-layer`` (``BucketSpec()``, shared table, learnable scale)
   and the tree predictor on that layer's output; trained with the gold token trees given and
   ``loss = task loss + --aux-weight * syntax_aux_loss(model)``; AdamW: the model at ``--lr``, the distance tables
-  and scales at ``--syntax-lr`` (``sk.syntax_param_groups``), the predictor at ``--predictor-lr``.
+  and scales at ``--syntax-lr``, the predictor at ``--predictor-lr`` (the groups of ``sk.syntax_param_groups``).
 - ``unpatched``: the model without syntax attention, AdamW at ``--lr`` (the baseline).
 
 Reported on the held-out sentences:
@@ -67,12 +67,9 @@ def build(kind, path, args):
         groups = [{"params": list(model.parameters()), "lr": args.lr, "weight_decay": args.weight_decay}]
         return model, groups
     enable_syntax_attention(model, method="bias", trees="predicted", predictor_layer=args.predictor_layer)
-    predictor = list(model.bert.encoder.syntax.parameters())
-    ids = {id(p) for p in predictor}
-    groups = sk.syntax_param_groups(model, lr=args.lr, syntax_lr=args.syntax_lr, weight_decay=args.weight_decay)
-    for group in groups:
-        group["params"] = [p for p in group["params"] if id(p) not in ids]
-    groups.append({"params": predictor, "lr": args.predictor_lr, "weight_decay": 0.0, "name": "predictor"})
+    # the predictor in its own group: --predictor-lr, no weight decay
+    groups = sk.syntax_param_groups(model, lr=args.lr, syntax_lr=args.syntax_lr, weight_decay=args.weight_decay,
+                                    predictor_lr=args.predictor_lr, predictor_weight_decay=0.0)
     return model, groups
 
 

@@ -263,3 +263,70 @@ def test_syntax_lr_script_end_to_end_on_a_tiny_model(ud_dev_path, tmp_path):
     assert abs(sum(plain["share_before"]) - 1.0) < 1e-4
     marks = [b.negligible for b in learned_syntax(plain["saved"]).bias]
     assert marks == [True, True] and not any(b.negligible for b in learned_syntax(helper["saved"]).bias)
+
+
+# ----------------------------------------------------------------------------- the tree predictor's group
+
+
+def test_predicted_trees_model_gives_the_predictor_its_own_group():
+    from syntaxkernels.nn import DEFAULT_PREDICTOR_LR
+
+    model, syntax = _transformers_model("bias", trees="predicted", predictor_layer=0)
+    predictor = {id(p) for p in model.bert.encoder.syntax.parameters()}
+    assert predictor and predictor <= {id(p) for p in syntax.values()}
+    groups = syntax_param_groups(model, lr=1e-4, weight_decay=0.01)
+    _check_partition(model, groups)
+    named = _by_name(groups)
+    assert [g["name"] for g in groups] == ["syntax", "predictor", "other"]
+    assert {id(p) for p in named["predictor"]["params"]} == predictor
+    assert {id(p) for p in named["syntax"]["params"]} == {id(p) for p in syntax.values()} - predictor
+    assert (named["predictor"]["lr"], named["predictor"]["weight_decay"]) == (DEFAULT_PREDICTOR_LR, 0.0)
+    assert (named["syntax"]["lr"], named["other"]["lr"], named["other"]["weight_decay"]) == (DEFAULT_SYNTAX_LR,
+                                                                                            1e-4, 0.01)
+    # given values; the default never goes below the model's rate
+    named = _by_name(syntax_param_groups(model, lr=1e-4, predictor_lr=5e-4, predictor_weight_decay=0.1))
+    assert (named["predictor"]["lr"], named["predictor"]["weight_decay"]) == (5e-4, 0.1)
+    assert _by_name(syntax_param_groups(model, lr=5e-3))["predictor"]["lr"] == 5e-3
+
+
+def test_predictor_alone_and_its_errors():
+    predictor = sk.nn.TreePredictor(8, 4)
+    groups = syntax_param_groups(predictor, lr=1e-4)
+    assert [(g["name"], len(g["params"])) for g in groups] == [("predictor", 8)]
+    for p in predictor.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable syntax parameters.*'weight', 'head_bias'"):
+        syntax_param_groups(predictor, lr=1e-4)
+    layer = sk.nn.TreePredictor(8, 4)
+    with pytest.raises(ValueError, match="predictor_lr must be a positive finite number"):
+        syntax_param_groups(layer, lr=1e-4, predictor_lr=0.0)
+    with pytest.raises(ValueError, match="predictor_weight_decay must be a number >= 0"):
+        syntax_param_groups(layer, lr=1e-4, predictor_weight_decay=-1.0)
+
+    class Shared(torch.nn.Module):  # a predictor weight that is also a distance table
+        def __init__(self):
+            super().__init__()
+            self.attn = sk.nn.SyntaxBiasedSelfAttention(16, 2)
+            self.predictor = sk.nn.TreePredictor(8, 4)
+            self.predictor.root_bias = self.attn.bias_scale
+
+    with pytest.raises(ValueError, match="predictor.root_bias of a TreePredictor is also attn.bias_scale"):
+        syntax_param_groups(Shared(), lr=1e-3)
+
+
+def test_one_adamw_step_moves_the_predictor_at_its_rate():
+    """The zero-initialised biaffine weight moves by about its group's rate in one AdamW step (Adam's first step is
+    about lr * sign(gradient)), twenty times what the model's rate moves the encoder."""
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(6, 8)
+    predictor = sk.nn.TreePredictor(8, 4)
+    model = torch.nn.ModuleDict({"encoder": encoder, "predictor": predictor})
+    optimizer = torch.optim.AdamW(syntax_param_groups(model, lr=1e-4))
+    before = encoder.weight.detach().clone()
+    hidden = encoder(torch.randn(2, 5, 6))
+    heads = torch.tensor([[-1, 0, 1, 1, 0], [1, -1, 1, 2, 2]])
+    # a task loss for the encoder (the fresh predictor's zero weights pass it no gradient yet)
+    (predictor.loss(hidden, heads) + hidden.pow(2).mean()).backward()
+    optimizer.step()
+    assert predictor.weight.detach().abs().max().item() == pytest.approx(2e-3, rel=1e-2)
+    assert (encoder.weight.detach() - before).abs().max().item() == pytest.approx(1e-4, rel=1e-2)

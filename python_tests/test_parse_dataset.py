@@ -62,20 +62,22 @@ def _cached_entries(directory):
 
 
 def _columns(ds):
-    return {c: ds[c] for c in ("words", "heads", "upos", "deprel")}
+    return {c: ds[c] for c in ("words", "heads", "upos", "deprel", "sentence_lengths")}
 
 
 def test_columns_are_each_texts_parse(tmp_path):
     ds = datasets.Dataset.from_dict({"text": ["a b c", "a b . c d e", "f"], "label": [1, 0, 1]})
     out = parse_dataset(ds, chain, parser_id="chain", cache_dir=tmp_path, progress=False)
-    assert out.column_names == ["text", "label", "words", "heads", "upos", "deprel"]
+    assert out.column_names == ["text", "label", "words", "heads", "upos", "deprel", "sentence_lengths"]
     assert out["label"] == [1, 0, 1]
     assert out["words"] == [["a", "b", "c"], ["a", "b", "c", "d", "e"], ["f"]]
     # the two sentences of row 1 form one forest, the second one's heads shifted by the 2 words before it
     assert out["heads"] == [[-1, 0, 1], [-1, 0, -1, 2, 3], [-1]]
     assert out["upos"] == [["X"] * 3, ["X"] * 5, ["X"]]
     assert out["deprel"] == [["root", "dep", "dep"], ["root", "dep", "root", "dep", "dep"], ["root"]]
+    assert out["sentence_lengths"] == [[3], [2, 3], [1]]
     assert str(out.features["heads"].feature.dtype) == "int32"
+    assert str(out.features["sentence_lengths"].feature.dtype) == "int32"
 
 
 def test_rows_feed_tree_collator_and_come_back_as_sentences(tmp_path):
@@ -179,3 +181,128 @@ def test_errors(tmp_path, monkeypatch):
 
 def test_exported():
     assert sk.trees.parse_dataset is parse_dataset and sk.trees.sentence_from_row is sentence_from_row
+
+
+# ----------------------------------------------------------------------------- sentence boundaries
+
+
+def test_sentence_lengths_delimit_each_rows_sentences(tmp_path):
+    ds = datasets.Dataset.from_dict({"text": ["a b . c d e . f", "g h"]})
+    out = parse_dataset(ds, backward, parser_id="backward", cache_dir=tmp_path, progress=False)
+    assert out["sentence_lengths"] == [[2, 3, 1], [2]]
+    assert out["heads"][0] == [1, -1, 3, 4, -1, -1]
+    row = out[0]
+    assert sentence_from_row(row) == parse(["a b . c d e . f"], parser=backward, cache_dir=False)[0]
+    split = sentence_from_row(row, split_sentences=True)
+    assert split == parse(["a b . c d e . f"], parser=backward, cache_dir=False, split_sentences=True)[0]
+    assert [s.heads for s in split] == [[1, -1], [1, 2, -1], [-1]]
+    assert [s.upos for s in split] == [["Y"] * 2, ["Y"] * 3, ["Y"]]
+    # a row without the column (written before it existed) is one sentence
+    old = {k: v for k, v in row.items() if k != "sentence_lengths"}
+    assert sentence_from_row(old) == sentence_from_row(row)
+    assert len(sentence_from_row(old, split_sentences=True)) == 1
+
+
+def test_sentence_lengths_are_checked():
+    row = {"text": "a b c", "words": ["a", "b", "c"], "heads": [-1, 0, 1], "sentence_lengths": [2, 1]}
+    with pytest.raises(ValueError, match=r"word 2 \(sentence 1, words 2..2\) has head 1, outside its sentence"):
+        sentence_from_row(row)
+    with pytest.raises(ValueError, match=r"add up to 4 words but 'words' has 3"):
+        sentence_from_row({**row, "sentence_lengths": [2, 2]})
+    with pytest.raises(ValueError, match=r"'sentence_lengths'\[1\] = 0"):
+        sentence_from_row({**row, "sentence_lengths": [3, 0]})
+    with pytest.raises(ValueError, match="'heads' has 2 entries but 'words' has 3"):
+        sentence_from_row({**row, "heads": [-1, 0], "sentence_lengths": [3]})
+    assert sentence_from_row({**row, "sentence_lengths": [3]}).heads == [-1, 0, 1]
+
+
+# ----------------------------------------------------------------------------- TreeCollator(tokenizer=...) on rows
+
+
+def _tokenizer(texts, folder, special=True):
+    """The package's offline WordPiece tokenizer, with [CLS] ... [SEP] added around each sequence when ``special``."""
+    pytest.importorskip("tokenizers")
+    from tokenizers.processors import TemplateProcessing
+
+    from syntaxkernels.tools.testing import wordpiece_tokenizer
+
+    tok = wordpiece_tokenizer(texts, folder, vocab_size=60)
+    if special:
+        cls, sep = tok.convert_tokens_to_ids("[CLS]"), tok.convert_tokens_to_ids("[SEP]")
+        tok.backend_tokenizer.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok
+
+
+ROW_TEXTS = ["the cat sat . it purred loudly", "dogs bark", "a dog barked at the cat . cats hiss . ok"]
+
+
+def test_collator_takes_parsed_rows_directly(tmp_path):
+    ds = datasets.Dataset.from_dict({"text": ROW_TEXTS, "label": [2, 0, 1], "source": ["x", "y", "z"]})
+    parsed = parse_dataset(ds, chain, parser_id="chain", cache_dir=tmp_path / "parses", progress=False)
+    tok = _tokenizer(ROW_TEXTS, tmp_path)
+    collator = TreeCollator(tokenizer=tok)
+    loader = torch.utils.data.DataLoader(parsed, batch_size=3, collate_fn=collator)
+    batch = next(iter(loader))
+    # the same batch as the Sentence items of sk.trees.parse give (the route the package had)
+    expected = collator(parse(ROW_TEXTS, parser=chain, cache_dir=False))
+    for key in ("input_ids", "attention_mask", "lengths"):
+        assert torch.equal(batch[key], expected[key]), key
+    for name in ("heads", "distance", "depth", "lengths"):
+        assert torch.equal(getattr(batch["trees"], name), getattr(expected["trees"], name)), name
+    assert batch["word_ids"] == expected["word_ids"] and batch["sentences"] == expected["sentences"]
+    assert batch["sentences"][0].text == ROW_TEXTS[0]
+    assert batch["sentence_lengths"] == [[3, 3], [2], [6, 2, 1]]
+    assert batch["label"].tolist() == [2, 0, 1] and batch["source"] == ["x", "y", "z"]
+    assert "words" not in batch and "heads" not in batch and "text" not in batch
+    # by hand for row 1, "dogs bark" = [CLS] dog ##s bark [SEP]: [CLS] roots the sequence, "dog" (the first piece of
+    # the chain's root word) hangs from it, "##s" from "dog", "bark" from "dog", [SEP] from [CLS]
+    assert tok.convert_ids_to_tokens(batch["input_ids"][1, :5]) == ["[CLS]", "dog", "##s", "bark", "[SEP]"]
+    assert batch["trees"].heads[1, :5].tolist() == [-1, 0, 1, 1, 0]
+    # the tree batch is aligned to the tokenizer's tokens: one entry per valid token
+    assert batch["trees"].heads.shape == batch["input_ids"].shape
+    assert batch["lengths"].tolist() == batch["attention_mask"].sum(1).tolist()
+
+
+def test_collator_on_rows_reads_sentence_boundaries(tmp_path):
+    tok = _tokenizer(ROW_TEXTS, tmp_path)
+    collator = TreeCollator(tokenizer=tok)
+    row = {"text": "dogs bark", "words": ["dogs", "bark"], "heads": [-1, 0], "upos": [], "deprel": [],
+           "sentence_lengths": [2]}
+    assert collator([row])["word_ids"] == [[None, 0, 0, 1, None]]  # [CLS] dog ##s bark [SEP]
+    assert collator([row])["trees"].heads[0].tolist() == [-1, 0, 1, 1, 0]
+    # a head that crosses the boundary the row states is refused, naming the item; without the column it is one
+    # sentence, and the same heads are a tree
+    crossing = {**row, "heads": [-1, 0], "sentence_lengths": [1, 1]}
+    with pytest.raises(ValueError, match="batch item 1: .*word 1 .*outside its sentence"):
+        collator([row, crossing])
+    two_roots = {**row, "heads": [-1, -1], "sentence_lengths": [1, 1]}
+    batch = collator([row, two_roots])
+    assert batch["sentence_lengths"] == [[2], [1, 1]]
+    # both sentence roots hang from [CLS] (connect=True)
+    assert batch["trees"].heads[1].tolist() == [-1, 0, 1, 0, 0]
+
+
+def test_collator_on_rows_options_and_errors(tmp_path):
+    ds = datasets.Dataset.from_dict({"text": ROW_TEXTS})
+    parsed = parse_dataset(ds, chain, parser_id="chain", cache_dir=False, progress=False)
+    rows = [parsed[i] for i in range(len(parsed))]
+    tok = _tokenizer(ROW_TEXTS, tmp_path)
+    sentences = parse(ROW_TEXTS, parser=chain, cache_dir=False)
+    for options in (dict(packed=True), dict(max_length=6), dict(word_level=True), dict(connect=False),
+                    dict(variant="release")):
+        got, want = TreeCollator(tokenizer=tok, **options)(rows), TreeCollator(tokenizer=tok, **options)(sentences)
+        for key in ("input_ids", "lengths"):
+            assert torch.equal(got[key], want[key]), (options, key)
+        assert torch.equal(got["trees"].distance, want["trees"].distance), options
+    # without a tokenizer the rows stay dict items (word-level trees), as before
+    assert TreeCollator()(rows)["lengths"].tolist() == [len(s.words) for s in sentences]
+    with pytest.raises(ValueError, match="column 'lengths'"):
+        TreeCollator(tokenizer=tok)([{**r, "lengths": 3} for r in rows])
+    with pytest.raises(ValueError, match="batch item 1 has keys"):
+        TreeCollator(tokenizer=tok)([rows[0], {k: v for k, v in rows[1].items() if k != "upos"}])
+    # the collator still pickles (DataLoader workers)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(TreeCollator(tokenizer=tok)))
+    assert torch.equal(again(rows)["input_ids"], TreeCollator(tokenizer=tok)(rows)["input_ids"])

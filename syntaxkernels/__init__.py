@@ -9,7 +9,7 @@ Public API (docs/api.md)::
     sk.BucketSpec, sk.MaskSpec
     sk.syntax_bias_attention(q, k, v, distance, table, *, buckets, ...)
     sk.syntax_subnetwork_attention(q, k, v, trees, masks, *, ...)
-    sk.syntax_param_groups(model, lr, syntax_lr=None, weight_decay=0.0)
+    sk.syntax_param_groups(model, lr, syntax_lr=None, weight_decay=0.0, *, predictor_lr=None, ...)
     sk.reference.<same names>, sk.trees, sk.nn
 
 Names load on first use (PEP 562), so ``import syntaxkernels`` and ``python -m syntaxkernels --help`` do not

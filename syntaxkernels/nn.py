@@ -50,7 +50,7 @@ zero before ``out_proj`` (so after it, it is ``out_proj.bias``). Mask padded pos
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +79,7 @@ __all__ = [
     "SyntaxTransformerEncoderLayer",
     "syntax_param_groups",
     "DEFAULT_SYNTAX_LR",
+    "DEFAULT_PREDICTOR_LR",
     "draw_dropout_seed",
 ]
 
@@ -1209,6 +1210,12 @@ class SyntaxTransformerEncoderLayer(nn.Module):
 #: figures and why.
 DEFAULT_SYNTAX_LR = 1e-2
 
+#: The learning rate :func:`syntax_param_groups` gives a :class:`TreePredictor` (the ``SyntaxTreePredictor`` of
+#: ``trees="predicted"`` included) when none is given (``max(lr, DEFAULT_PREDICTOR_LR)``): the Adam rate of the
+#: biaffine parser it follows (Dozat and Manning), and the rate of the two runs in benchmarks/RESULTS.md that
+#: measured the predictor ("Predicted trees: held-out UAS ...", "Predicted trees in a fine-tuned MiniLM").
+DEFAULT_PREDICTOR_LR = 2e-3
+
 
 def _syntax_parameter_kinds(model: nn.Module):
     """``{id(p): (name, decays)}`` of the syntax parameters of ``model``, found by module type.
@@ -1248,13 +1255,29 @@ def _syntax_parameter_kinds(model: nn.Module):
     return found
 
 
+def _predictor_parameters(model: nn.Module, kinds) -> Dict[int, str]:
+    """``{id(p): name}`` of the parameters of every :class:`TreePredictor` in ``model``; ``ValueError`` for one that
+    is also a syntax parameter of ``kinds`` (it would be in two groups)."""
+    found: Dict[int, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, TreePredictor):
+            for pname, p in module.named_parameters(prefix=name, remove_duplicate=False):
+                if id(p) in kinds:
+                    raise ValueError(f"parameter {pname} of a TreePredictor is also {kinds[id(p)][0]}, a syntax "
+                                     "parameter of another group; a parameter can be in one group only")
+                found.setdefault(id(p), pname)
+    return found
+
+
 def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] = None,
-                        weight_decay: float = 0.0) -> list:
-    """Optimizer parameter groups that give the syntax parameters a learning rate of their own.
+                        weight_decay: float = 0.0, *, predictor_lr: Optional[float] = None,
+                        predictor_weight_decay: float = 0.0) -> list:
+    """Optimizer parameter groups that give the syntax parameters, and a tree predictor, learning rates of their own.
 
     A zero-initialised distance table moves by about the learning rate per Adam step, so at a fine-tuning rate
     (1e-4) it stays far too small to change attention in the steps a fine-tuning run takes; this puts the syntax
-    parameters at ``syntax_lr`` and leaves everything else as it was::
+    parameters at ``syntax_lr``, a :class:`TreePredictor` (the ``SyntaxTreePredictor`` of
+    ``enable_syntax_attention(..., trees="predicted")``) at ``predictor_lr``, and leaves everything else as it was::
 
         optimizer = torch.optim.AdamW(sk.syntax_param_groups(model, lr=1e-4, weight_decay=0.01))
 
@@ -1266,46 +1289,62 @@ def syntax_param_groups(model: nn.Module, lr: float, syntax_lr: Optional[float] 
         syntax_lr: the learning rate of the syntax parameters (> 0); None: ``max(lr, DEFAULT_SYNTAX_LR)``.
         weight_decay: the weight decay of every other parameter and of the syntax weight matrices (the GAT, the
             probe, the syntax-head injection); distance tables, bias scales and the topical attention get none.
+        predictor_lr: the learning rate of every :class:`TreePredictor`'s parameters (> 0); None:
+            ``max(lr, DEFAULT_PREDICTOR_LR)`` (2e-3). The predictor is a freshly initialised parser head (its
+            biaffine weight, root vector and biases start at zero) trained by its own loss on top of the encoder,
+            like a biaffine parser: at the model's fine-tuning rate it learns slowly; 2e-3 is the biaffine parser's
+            Adam rate and the rate its measured runs used (benchmarks/RESULTS.md).
+        predictor_weight_decay: its weight decay (>= 0; default 0: the measured runs trained it without decay).
 
     Returns:
-        a list of up to three dicts for ``torch.optim`` (each ``{"params", "lr", "weight_decay", "name"}``; groups
+        a list of up to four dicts for ``torch.optim`` (each ``{"params", "lr", "weight_decay", "name"}``; groups
         without parameters are left out): ``"syntax"`` (syntax parameters without decay, at ``syntax_lr``),
-        ``"syntax_decay"`` (syntax weight matrices, at ``syntax_lr`` with ``weight_decay``) and ``"other"``
-        (every other parameter, at ``lr`` with ``weight_decay``). Only parameters with ``requires_grad`` are
-        included; together the groups hold each of them exactly once.
+        ``"syntax_decay"`` (syntax weight matrices, at ``syntax_lr`` with ``weight_decay``), ``"predictor"`` (the
+        tree predictors' parameters, at ``predictor_lr`` with ``predictor_weight_decay``) and ``"other"`` (every
+        other parameter, at ``lr`` with ``weight_decay``). Only parameters with ``requires_grad`` are included;
+        together the groups hold each of them exactly once.
 
     Raises:
         ``TypeError`` for a ``model`` that is not an ``nn.Module``; ``ValueError`` for a learning rate that is not
-        positive, a negative weight decay, a model without trainable syntax parameters (e.g. one on which
-        ``enable_syntax_attention`` was not called), or a parameter that would land in two groups (one shared
-        between a distance table / scale / topical attention and a GAT, probe or injection weight). A parameter
-        tied elsewhere in the model (registered under two names) is one syntax parameter, listed once.
+        positive, a negative weight decay, a model without trainable syntax or predictor parameters (e.g. one on
+        which ``enable_syntax_attention`` was not called), or a parameter that would land in two groups (one shared
+        between a distance table / scale / topical attention and a GAT, probe or injection weight, or between a
+        predictor and another syntax module). A parameter tied elsewhere in the model (registered under two names)
+        is one parameter, listed once.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         model = model.module  # the wrapper holds no parameters of its own
-    for what, value in (("lr", lr), ("syntax_lr", syntax_lr)):
-        if value is None and what == "syntax_lr":
+    for what, value in (("lr", lr), ("syntax_lr", syntax_lr), ("predictor_lr", predictor_lr)):
+        if value is None and what != "lr":
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
             raise ValueError(f"{what} must be a positive finite number, got {value!r}")
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+    for what, value in (("weight_decay", weight_decay), ("predictor_weight_decay", predictor_weight_decay)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{what} must be a number >= 0, got {value!r}")
     syntax_lr = max(float(lr), DEFAULT_SYNTAX_LR) if syntax_lr is None else float(syntax_lr)
+    predictor_lr = max(float(lr), DEFAULT_PREDICTOR_LR) if predictor_lr is None else float(predictor_lr)
     kinds = _syntax_parameter_kinds(model)
-    groups = {"syntax": [], "syntax_decay": [], "other": []}
+    predictor = _predictor_parameters(model, kinds)
+    groups = {"syntax": [], "syntax_decay": [], "predictor": [], "other": []}
     for p in model.parameters():  # each parameter once, tied ones too
         if p.requires_grad:
-            key = "other" if id(p) not in kinds else ("syntax_decay" if kinds[id(p)][1] else "syntax")
+            if id(p) in predictor:
+                key = "predictor"
+            else:
+                key = "other" if id(p) not in kinds else ("syntax_decay" if kinds[id(p)][1] else "syntax")
             groups[key].append(p)
-    if not groups["syntax"] and not groups["syntax_decay"]:
-        frozen = [name for name, _ in kinds.values()]
+    if not groups["syntax"] and not groups["syntax_decay"] and not groups["predictor"]:
+        frozen = [name for name, _ in kinds.values()] + list(predictor.values())
         raise ValueError("the model has no trainable syntax parameters" + (
             f" (the syntax parameters {frozen[:4]} have requires_grad=False)" if frozen else
-            " (no DistanceBias, TopicalAttention, SyntaxHeads, SyntaxGAT or StructuralProbeLoss module: call "
-            "enable_syntax_attention(model, ...) first, or build the model from syntaxkernels.nn modules)"))
+            " (no DistanceBias, TopicalAttention, SyntaxHeads, SyntaxGAT, StructuralProbeLoss or TreePredictor "
+            "module: call enable_syntax_attention(model, ...) first, or build the model from syntaxkernels.nn "
+            "modules)"))
     settings = {"syntax": (syntax_lr, 0.0), "syntax_decay": (syntax_lr, float(weight_decay)),
+                "predictor": (predictor_lr, float(predictor_weight_decay)),
                 "other": (float(lr), float(weight_decay))}
     return [{"params": params, "lr": settings[key][0], "weight_decay": settings[key][1], "name": key}
             for key, params in groups.items() if params]

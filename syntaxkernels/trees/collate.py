@@ -9,7 +9,11 @@ Items are either
   ``"input_ids"``; any other key is collated too (see :class:`TreeCollator`); or
 - :class:`~syntaxkernels.trees.Sentence` objects (anything with ``words`` and ``heads``): with a
   ``tokenizer`` they are tokenised (``is_split_into_words=True``) and their trees aligned to the tokens
-  with :func:`~syntaxkernels.trees.align.align_batch`; without one the trees stay word-level.
+  with :func:`~syntaxkernels.trees.align.align_batch`; without one the trees stay word-level; or
+- rows of :func:`~syntaxkernels.trees.parse_dataset` (dicts with ``words`` and ``heads``, no ``input_ids``) with a
+  ``tokenizer``: each row is read back as its text's Sentence (:func:`~syntaxkernels.trees.sentence_from_row`,
+  which checks the heads against the row's ``sentence_lengths``) and collated as Sentence items are, so ``DataLoader(parsed, collate_fn=TreeCollator(tokenizer=tok))`` is the whole pipeline from a parsed
+  corpus to a model's batch. Without a tokenizer such rows are dict items (word-level trees from ``heads``).
 """
 from __future__ import annotations
 
@@ -24,11 +28,16 @@ from ..variants import check_variant
 from .align import align_batch
 from .batch import TreeBatch
 from .packed import PackedTreeBatch
+from .parse import DATASET_COLUMNS, sentence_from_row
 from .syntax_bert import syntax_bert_batch
 
 __all__ = ["TreeCollator", "collate_trees", "TokenBudgetBatchSampler"]
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
+#: Keys of a collated batch of parsed rows that no other column of the rows may take.
+_ROW_OUTPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "lengths", "trees",
+                    "word_ids", "sentences", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                    "max_length_k", "cu_seqlens", "max_seqlen")
 
 
 def _is_number_sequence(value) -> bool:
@@ -65,7 +74,8 @@ class TreeCollator:
         pad_token_id: padding value of ``input_ids``.
         pad_values: padding value per key for the other per-token keys (default 0; ``"labels"`` -100).
         heads_key: the key of the token-level heads in dict items.
-        tokenizer: a fast tokenizer, for :class:`Sentence` items (ignored for dict items).
+        tokenizer: a fast tokenizer, for :class:`Sentence` items and ``parse_dataset`` rows (ignored for other
+            dict items).
         max_length: with a tokenizer, truncate to this many tokens (words cut off are dropped from the
             trees and their dependents re-attach to the nearest remaining ancestor).
         connect: with a tokenizer, one tree per sequence rooted at ``[CLS]`` (see ``align_to_tokens``).
@@ -87,6 +97,7 @@ class TreeCollator:
         leak_free: build leak-free distances for causal models (``TreeBatch.from_heads(..., leak_free=True)``,
             padded or packed); not with ``masks``, ``windows`` or ``word_level`` (ValueError: those come from the
             whole tree).
+        text_column: for ``parse_dataset`` rows, the column holding the text (kept as ``Sentence.text``).
 
     Packed batches (``packed=True``), the layout of transformers' ``DataCollatorWithFlattening``
     (``return_flash_attn_kwargs=True``): every per-token key concatenated to ``[1, T]`` (``labels`` as given:
@@ -108,6 +119,14 @@ class TreeCollator:
       and ``"sentences"``.
     - Sentence items with a tokenizer: the tokenizer's tensors (``input_ids``, ``attention_mask``, ...),
       ``"trees"`` (token-level), ``"lengths"``, ``"word_ids"`` (lists) and ``"sentences"``.
+    - ``parse_dataset`` rows with a tokenizer (dicts with ``words`` and ``heads`` and no ``input_ids``): what
+      Sentence items give (``"sentences"``: each row as :func:`~syntaxkernels.trees.sentence_from_row` reads it, one
+      forest per text; a head outside the sentence ``sentence_lengths`` puts it in is a ``ValueError`` naming the
+      batch item), plus ``"sentence_lengths"`` (lists of the words per sentence; ``[L]`` for a row without the
+      column) and every other column of the rows (not the text nor the parse columns): numeric scalars stacked to
+      ``[B]`` (a ``label`` column), anything else a list. A column named like an output key (``input_ids``,
+      ``trees``, ...) is a ``ValueError``. The token trees are those of the forest: where a sentence ends changes
+      no token head (every sentence root hangs from ``[CLS]``, or with ``connect=False`` is a root of its own).
     """
 
     def __init__(
@@ -127,6 +146,7 @@ class TreeCollator:
         variant: str = "paper",
         word_level: bool = False,
         leak_free: bool = False,
+        text_column: str = "text",
     ) -> None:
         check_variant(variant)
         self.leak_free = bool(leak_free)
@@ -160,20 +180,25 @@ class TreeCollator:
         self.backend = backend
         self.masks = masks
         self.windows = windows
+        self.text_column = text_column
 
     def __repr__(self) -> str:
         return (f"TreeCollator(pad_token_id={self.pad_token_id}, heads_key={self.heads_key!r}, "
                 f"tokenizer={type(self.tokenizer).__name__ if self.tokenizer is not None else None}, "
                 f"max_length={self.max_length}, connect={self.connect}, backend={self.backend!r}, "
                 f"masks={self.masks}, windows={self.windows}, packed={self.packed}, max_tokens={self.max_tokens}, "
-                f"variant={self.variant!r}, word_level={self.word_level}, leak_free={self.leak_free})")
+                f"variant={self.variant!r}, word_level={self.word_level}, leak_free={self.leak_free}, "
+                f"text_column={self.text_column!r})")
 
     def __call__(self, items: Sequence) -> Dict[str, Any]:
         items = list(items)
         if not items:
             raise ValueError("TreeCollator: empty batch")
         if all(isinstance(item, Mapping) for item in items):
-            out = self._collate_dicts(items)
+            if self.tokenizer is not None and "words" in items[0] and "input_ids" not in items[0]:
+                out = self._collate_rows(items)
+            else:
+                out = self._collate_dicts(items)
             return self._flatten(out) if self.packed else out
         if all(hasattr(item, "heads") and hasattr(item, "words") for item in items):
             out = self._collate_sentences(items)
@@ -275,6 +300,45 @@ class TreeCollator:
         for window in self.windows:
             trees.window_lists(window)
         return trees
+
+    def _collate_rows(self, rows: List[Mapping]) -> Dict[str, Any]:
+        """``parse_dataset`` rows with a tokenizer: collated as their Sentences, the other columns kept."""
+        keys = set(rows[0])
+        for b, row in enumerate(rows):
+            if set(row) != keys:
+                raise ValueError(f"TreeCollator: batch item {b} has keys {sorted(row)}, item 0 has {sorted(rows[0])}")
+            if self.heads_key not in row:
+                raise ValueError(f"TreeCollator: batch item {b} has 'words' but no {self.heads_key!r} key (rows of "
+                                 "sk.trees.parse_dataset have both)")
+        sentences, sentence_lengths = [], []
+        for b, row in enumerate(rows):
+            if self.heads_key != "heads":
+                row = {**row, "heads": row[self.heads_key]}
+            try:  # checks every head within its sentence (sentence_lengths)
+                sentence = sentence_from_row(row, self.text_column)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"TreeCollator: batch item {b}: {exc}") from None
+            sentences.append(sentence)
+            lengths = row.get("sentence_lengths")
+            sentence_lengths.append([int(n) for n in lengths] if lengths is not None and len(lengths)
+                                    else [len(sentence.words)])
+        # The token trees do not depend on where the sentences end (each sentence root attaches to the sequence
+        # root, or with connect=False is a root of its own, either way), so the forest is aligned as it is.
+        out = self._collate_sentences(sentences)
+        out["sentence_lengths"] = sentence_lengths
+        skip = {self.text_column, self.heads_key, *DATASET_COLUMNS}
+        for key in rows[0]:
+            if key in skip:
+                continue
+            if key in _ROW_OUTPUT_KEYS:
+                raise ValueError(f"TreeCollator: the rows have a column {key!r}, which the collated batch of parsed "
+                                 "rows has as a key of its own: rename or remove it (dataset.remove_columns)")
+            values = [row[key] for row in rows]
+            if all(_is_scalar(v) and not isinstance(v, str) for v in values):
+                out[key] = torch.as_tensor([v.item() if hasattr(v, "item") else v for v in values])
+            else:
+                out[key] = values
+        return out
 
     def _collate_sentences(self, items: List) -> Dict[str, Any]:
         if self.tokenizer is None:

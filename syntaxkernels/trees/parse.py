@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import os
 import sqlite3
 import sys
@@ -347,8 +348,9 @@ def parse(
 
 # ------------------------------------------------------------------------------------------ 🤗 datasets
 
-#: The columns :func:`parse_dataset` writes, one list per row (per text), in word order.
-DATASET_COLUMNS = ("words", "heads", "upos", "deprel")
+#: The columns :func:`parse_dataset` writes, one list per row (per text): four in word order, and
+#: ``sentence_lengths`` (the words of each sentence of the text, in order).
+DATASET_COLUMNS = ("words", "heads", "upos", "deprel", "sentence_lengths")
 
 
 def _import_datasets():
@@ -412,6 +414,7 @@ class _ParseRows:
             out["heads"].append(s.heads)
             out["upos"].append(s.upos if len(s.upos) == n else [])
             out["deprel"].append(s.deprel if len(s.deprel) == n else [])
+            out["sentence_lengths"].append([len(part.words) for part in parts])
         self._counts[0] += words
         self._counts[1] += len(texts)
         self._counts[2] += fresh
@@ -431,14 +434,39 @@ class _ParseRows:
               flush=True)
 
 
-def sentence_from_row(row: Mapping, text_column: Optional[str] = "text") -> Sentence:
-    """A row written by :func:`parse_dataset` (a dict with ``words`` and ``heads``, and ``upos``/``deprel``
-    when present) back as a :class:`Sentence`, for ``TreeCollator(tokenizer=...)`` and ``align_to_tokens``::
+def _row_sentence_lengths(row: Mapping, words: int) -> Optional[List[int]]:
+    """The row's ``sentence_lengths`` checked against its ``words`` count, or None when it has none."""
+    value = row.get("sentence_lengths")
+    if value is None:
+        return None
+    lengths = value.tolist() if hasattr(value, "tolist") else list(value)
+    if not lengths:
+        return None
+    for k, n in enumerate(lengths):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"sentence_from_row: 'sentence_lengths'[{k}] = {n!r}: each sentence length must be a "
+                             "positive int")
+    lengths = [int(n) for n in lengths]
+    if sum(lengths) != words:
+        raise ValueError(f"sentence_from_row: 'sentence_lengths' {lengths} add up to {sum(lengths)} words but 'words' "
+                         f"has {words}")
+    return lengths
 
-        collate = lambda rows: collator([sk.trees.sentence_from_row(r) for r in rows])
+
+def sentence_from_row(row: Mapping, text_column: Optional[str] = "text", *, split_sentences: bool = False):
+    """A row written by :func:`parse_dataset` (a dict with ``words`` and ``heads``, and ``upos``/``deprel``/
+    ``sentence_lengths`` when present) back as a :class:`Sentence`, or as the list of its sentences.
+
+    ``TreeCollator(tokenizer=...)`` takes the rows themselves; this is for ``align_to_tokens`` and own code.
 
     ``text_column``: the row's key holding the text (kept as ``Sentence.text``; None or a missing key: none).
-    ``ValueError`` naming the key for a row without ``words`` or ``heads``, or with columns of unequal lengths.
+    ``sentence_lengths`` (the words of each sentence; absent or empty in rows written without it: the row is one
+    sentence) is checked: its entries add up to the words, and every head stays inside its own sentence.
+    ``split_sentences``: False (default): one :class:`Sentence` (a forest: one root per sentence, as
+    :func:`join_sentences` gives); True: the list of the row's sentences (heads 0-based within each sentence; no
+    ``text``), which is what :func:`parse` with ``split_sentences=True`` returns and ``align_to_tokens`` takes as a
+    text. ``ValueError`` naming the key for a row without ``words`` or ``heads``, with columns of unequal lengths,
+    with ``sentence_lengths`` that do not add up to the words, or with a head outside its sentence.
     """
     if not isinstance(row, Mapping):
         raise TypeError(f"sentence_from_row: row must be a mapping (a dataset row), got {type(row).__name__}")
@@ -448,12 +476,28 @@ def sentence_from_row(row: Mapping, text_column: Optional[str] = "text") -> Sent
                              "rows come from sk.trees.parse_dataset")
     words = list(row["words"])
     heads = [int(h) for h in row["heads"]]
+    if len(heads) != len(words):
+        raise ValueError(f"sentence_from_row: 'heads' has {len(heads)} entries but 'words' has {len(words)}")
     columns = {}
     for key in ("upos", "deprel"):
         value = list(row.get(key) or [])
         if value and len(value) != len(words):
             raise ValueError(f"sentence_from_row: {key!r} has {len(value)} entries but 'words' has {len(words)}")
         columns[key] = value
+    lengths = _row_sentence_lengths(row, len(words))
+    bounds = []
+    start = 0
+    for k, n in enumerate(lengths or [len(words)]):
+        for i in range(start, start + n):
+            h = heads[i]
+            if h != -1 and not start <= h < start + n:
+                raise ValueError(f"sentence_from_row: word {i} (sentence {k}, words {start}..{start + n - 1}) has "
+                                 f"head {h}, outside its sentence ('sentence_lengths' {lengths})")
+        bounds.append((start, start + n))
+        start += n
+    if split_sentences:
+        return [Sentence(words=words[a:b], heads=[h if h == -1 else h - a for h in heads[a:b]],
+                         **{key: value[a:b] for key, value in columns.items()}) for a, b in bounds]
     text = row.get(text_column) if text_column is not None else None
     return Sentence(words=words, heads=heads, text=text if isinstance(text, str) else None, **columns)
 
@@ -472,16 +516,20 @@ def parse_dataset(
 ):
     """Parse the texts of a 🤗 ``datasets`` dataset once, into Arrow columns of trees, through the parse cache.
 
-    ``dataset.map(..., batched=True, num_proc=num_proc)`` adds four list columns per row (one row = one text;
+    ``dataset.map(..., batched=True, num_proc=num_proc)`` adds five list columns per row (one row = one text;
     a text of several sentences is one forest, as :func:`join_sentences` gives, with one ``-1`` per sentence):
 
     - ``words`` (str, length L), ``heads`` (int32, 0-based, ``-1`` for a root, length L),
-    - ``upos`` and ``deprel`` (str, length L; empty when the parser gives none).
+    - ``upos`` and ``deprel`` (str, length L; empty when the parser gives none),
+    - ``sentence_lengths`` (int32, length S: the words of each of the text's S sentences, in order, adding up to
+      L): the sentence boundaries of the forest (sentence k is words ``sum(lengths[:k]) ..``), which the forest's
+      heads alone do not give.
 
     Columns of those names already in the dataset are replaced; the others are kept. ``TreeCollator`` takes
-    the rows as they are (dict items: word-level trees from ``heads``; ``words``/``upos``/``deprel`` come back
-    as lists); for subword trees (``TreeCollator(tokenizer=...)``, ``align_to_tokens``) turn each row back into
-    a :class:`Sentence` with :func:`sentence_from_row`.
+    the rows as they are: without a tokenizer, word-level trees from ``heads`` (the other columns come back as
+    lists); with one (``TreeCollator(tokenizer=...)``) the text's words are tokenised and the trees aligned to the
+    subword tokens, each sentence checked within its ``sentence_lengths`` bounds. :func:`sentence_from_row` turns
+    a row back into a :class:`Sentence` (or its sentences).
 
     Every parse goes through the SQLite cache of :func:`parse` (same keys: the parser's identity and the text),
     committed after each map batch and also when the parser raises: a crash loses at most the batch in
@@ -505,7 +553,7 @@ def parse_dataset(
         parse_batch_size: texts per ``nlp.pipe`` batch (spaCy).
 
     Returns:
-        the dataset (same type) with the four columns.
+        the dataset (same type) with the five columns.
 
     Raises:
         ``ImportError`` naming ``pip install datasets`` when it is missing; ``TypeError``/``ValueError`` as
@@ -539,7 +587,8 @@ def parse_dataset(
     features = None
     if dataset.features is not None:
         features = datasets.Features(dict(dataset.features))
-        features.update({"words": strings, "heads": ints, "upos": strings, "deprel": strings})
+        features.update({"words": strings, "heads": ints, "upos": strings, "deprel": strings,
+                         "sentence_lengths": ints})
     function = _ParseRows(parser, kind, identity, directory, text_column, parse_batch_size, progress, num_proc)
     start = time.perf_counter()
     if iterable:
@@ -549,7 +598,9 @@ def parse_dataset(
         return dataset.map(function, with_indices=True, batched=True, batch_size=batch_size, features=features)
     fingerprint = None
     if identity is not None:
-        payload = "\x00".join([str(_FORMAT), dataset._fingerprint, identity, text_column, "parse_dataset"])
+        # the columns written are part of it: a version writing other columns never reads an older map's output
+        payload = "\x00".join([str(_FORMAT), dataset._fingerprint, identity, text_column, "parse_dataset",
+                               ",".join(DATASET_COLUMNS)])
         fingerprint = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
     out = dataset.map(function, with_indices=True, with_rank=True, batched=True, batch_size=batch_size,
                       num_proc=num_proc, features=features, new_fingerprint=fingerprint,
