@@ -304,6 +304,15 @@ def check_window(window) -> None:
         raise ValueError(f"window must be None or an int in 0..{MAX_PATH}, got {window!r}")
 
 
+def check_position_window(position_window) -> None:
+    """A positional (sliding) window: None, or an int >= 0 (``|i - j| <= position_window``)."""
+    if position_window is None:
+        return
+    if isinstance(position_window, bool) or not isinstance(position_window, int) or position_window < 0:
+        raise ValueError(f"position_window must be None or an int >= 0 (|i - j| <= position_window), got "
+                         f"{position_window!r}")
+
+
 def check_backend(backend: str) -> None:
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")

@@ -237,7 +237,7 @@ class DistanceBias(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreesLike, lengths=None, *,
                scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False,
-               dropout_p: float = 0.0) -> torch.Tensor:
+               dropout_p: float = 0.0, position_window: Optional[int] = None) -> torch.Tensor:
         """Distance-bias attention of projected heads.
 
         Args:
@@ -249,6 +249,7 @@ class DistanceBias(nn.Module):
             scale: score scale, default ``1/sqrt(D)``.
             window: allow only pairs with ``d_ij <= window``.
             causal: allow only keys ``j <= i``.
+            position_window: allow only keys with ``|i - j| <= position_window`` (a sliding window; padded batches).
             dropout_p: attention dropout on the probabilities (whatever the module's mode: the caller decides;
                 a seed is drawn from torch's default generator, :func:`draw_dropout_seed`).
         Returns:
@@ -265,7 +266,8 @@ class DistanceBias(nn.Module):
         # every layer (a bare distance tensor gets a plan of its own, per call).
         return ops.syntax_bias_attention(q, k, v, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
-                                         backend=self.backend, dropout_p=dropout_p, dropout_seed=seed)
+                                         backend=self.backend, dropout_p=dropout_p, dropout_seed=seed,
+                                         position_window=position_window)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"

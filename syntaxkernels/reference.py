@@ -190,11 +190,12 @@ def _without_padding(lengths: Optional[torch.Tensor], *tensors: torch.Tensor):
 
 
 def allowed_pairs(distance: torch.Tensor, lengths: Optional[torch.Tensor] = None, window: Optional[int] = None,
-                  causal: bool = False) -> torch.Tensor:
+                  causal: bool = False, position_window: Optional[int] = None) -> torch.Tensor:
     """bool ``[B, N, N]``: query i may attend key j.
 
     Both tokens valid (``< lengths``), ``distance <= window`` when a window is given (unreachable never),
-    and ``j <= i`` when causal.
+    ``j <= i`` when causal, and ``|i - j| <= position_window`` when a positional window is given (a sliding window:
+    ModernBERT's local layers, Mistral).
     """
     B, N, _ = distance.shape
     allowed = torch.ones(B, N, N, dtype=torch.bool, device=distance.device)
@@ -205,6 +206,9 @@ def allowed_pairs(distance: torch.Tensor, lengths: Optional[torch.Tensor] = None
         allowed = allowed & (distance.to(torch.int32) <= window)
     if causal:
         allowed = allowed & torch.ones(N, N, dtype=torch.bool, device=distance.device).tril()[None]
+    if position_window is not None:
+        positions = torch.arange(N, device=distance.device)
+        allowed = allowed & ((positions[:, None] - positions[None, :]).abs() <= position_window)[None]
     return allowed
 
 
@@ -226,7 +230,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
                           deterministic: bool = False, backend: str = "reference", dropout_p: float = 0.0,
-                          dropout_seed: Optional[int] = None, dropout_item: int = 0) -> torch.Tensor:
+                          dropout_seed: Optional[int] = None, dropout_item: int = 0,
+                          position_window: Optional[int] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]``, softmax over allowed keys, ``o_i = sum_j p_ij v_j``.
@@ -243,6 +248,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             query rows at i >= length output 0.
         window: allow only pairs with ``d_ij <= window``.
         causal: allow only ``j <= i``.
+        position_window: allow only ``|i - j| <= position_window`` (a sliding window over positions).
         dropout_p, dropout_seed: attention dropout on the probabilities (:func:`dropout_keep`'s mask for the
             seed); ``dropout_item``: batch item 0's index in the mask's numbering (a packed batch's sequence).
     Returns:
@@ -250,6 +256,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     """
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     V.check_dropout(dropout_p, dropout_seed)
+    V.check_position_window(position_window)
     lengths = V.normalize_lengths(lengths, q)
     k, v = expand_kv_heads(q, k, v)
     q, k, v = _without_padding(lengths, q, k, v)
@@ -258,7 +265,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-1, -2)).to(acc) * scale
     scores = scores + gather_bias(distance, table, buckets, bias_scale, acc)
-    allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
+    allowed = allowed_pairs(distance, lengths, window, causal, position_window)[:, None]
     return masked_attention(scores, allowed, v, dropout_p=dropout_p, dropout_seed=dropout_seed,
                             dropout_item=dropout_item)
 

@@ -193,11 +193,12 @@ def _block_distance_range_torch(distance: torch.Tensor, lengths: torch.Tensor, b
 
 
 def live_blocks(min_distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int,
-                window: Optional[int] = None, causal: bool = False) -> torch.Tensor:
+                window: Optional[int] = None, causal: bool = False, band: Optional[int] = None) -> torch.Tensor:
     """bool ``[B, nQ, nK]``: the tile may hold an allowed pair.
 
     A tile is live when both its query and key blocks start inside the sequence, its smallest distance is
-    ``<= window`` (when given) and, for causal attention, its first key is ``<=`` its last query.
+    ``<= window`` (when given), for causal attention its first key is ``<=`` its last query, and with a
+    positional window ``band`` some pair of it has ``|i - j| <= band``.
     """
     B, num_q, num_k = min_distance.shape
     device = min_distance.device
@@ -209,6 +210,10 @@ def live_blocks(min_distance: torch.Tensor, lengths: torch.Tensor, block_m: int,
         live = live & (min_distance.to(torch.int32) <= window)
     if causal:
         live = live & (k_start[None, None, :] <= q_start[None, :, None] + block_m - 1)
+    if band is not None:
+        near = ((k_start[None, :] <= q_start[:, None] + block_m - 1 + band)
+                & (k_start[None, :] + block_n - 1 >= q_start[:, None] - band))
+        live = live & near[None]
     return live
 
 
@@ -232,14 +237,15 @@ def compact_rows(mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def boundary_tiles(lengths: torch.Tensor, num_q: int, num_k: int, block_m: int, block_n: int, causal: bool,
-                   by_key: bool) -> torch.Tensor:
+                   by_key: bool, band: Optional[int] = None) -> torch.Tensor:
     """bool ``[B, nQ, nK]``: the tiles a kernel must run through its masked path.
 
     A kernel whose programs own query blocks and walk key blocks (the forward, dQ) needs masks where the key
     block runs past the sequence length (``by_key``); one whose programs own key blocks and walk query blocks
     (dK/dV) needs them where the query block does. Causal attention also masks the tiles that cross the
-    diagonal (some key after some query). Every other tile is interior: all its pairs are allowed by the
-    length and by causality, so it is computed without a mask.
+    diagonal (some key after some query), and a positional window ``band`` the tiles holding a pair with
+    ``|i - j| > band``. Every other tile is interior: all its pairs are allowed by the length, causality and the
+    positional window, so it is computed without a mask.
     """
     device = lengths.device
     q_start = torch.arange(num_q, device=device) * block_m
@@ -252,6 +258,10 @@ def boundary_tiles(lengths: torch.Tensor, num_q: int, num_k: int, block_m: int, 
     boundary = boundary.expand(lengths.shape[0], num_q, num_k)
     if causal:
         boundary = boundary | ((k_start[None, None, :] + block_n - 1) > q_start[None, :, None])
+    if band is not None:
+        far = (((q_start[:, None] + block_m - 1) - k_start[None, :] > band)
+               | ((k_start[None, :] + block_n - 1) - q_start[:, None] > band))
+        boundary = boundary | far[None]
     return boundary
 
 

@@ -86,6 +86,9 @@ else:
 
 __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
+#: The implementations that take a positional window (``position_window``) on a padded batch; another one runs the
+#: reference for it.
+BAND_PATHS = frozenset({"reference", "triton"})
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -151,7 +154,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
                           backend: str = "auto", symmetric: Optional[bool] = None,
                           cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
-                          dropout_p: float = 0.0, dropout_seed: Optional[int] = None) -> torch.Tensor:
+                          dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+                          position_window: Optional[int] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
 
     ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
@@ -186,6 +190,10 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             (:func:`syntaxkernels._validation.check_lengths_match_distance`).
         window: allow only ``d_ij <= window`` (0..254); tiles without such a pair are skipped.
         causal: allow only ``j <= i``.
+        position_window: allow only ``|i - j| <= position_window`` (a sliding window over positions, as ModernBERT's
+            local layers and Mistral attend; combined with ``window``, ``causal`` and the lengths); tiles outside it
+            are skipped. Padded batches; the C++ kernels do not take it yet (``backend="auto"`` runs the reference
+            for it on CPU tensors).
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
             distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor
@@ -212,12 +220,14 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
 
         bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
         s = (q @ k.transpose(-1, -2)) * scale + bias
-        allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
+        allowed = allowed_pairs(distance, lengths, window, causal, position_window)[:, None]
         p = s.masked_fill(~allowed, -inf).softmax(-1)       # NaN in a row with a NaN or +inf allowed score
         p = torch.where(dropout_keep(seed, dropout_p, B, H, N, N), p / (1 - dropout_p), 0)  # dropout_p > 0
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
+        if position_window is not None:
+            raise ValueError("position_window is not supported on packed batches yet; pass the padded batch")
         if lengths is not None:  # packed (varlen) batches: their own kernels
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
         return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
@@ -225,27 +235,35 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                             causal=causal, deterministic=deterministic, backend=backend,
                                             dropout_p=dropout_p, dropout_seed=dropout_seed)
     V.check_dropout(dropout_p, dropout_seed)
+    V.check_position_window(position_window)
     V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
+    if position_window is not None and chosen not in BAND_PATHS:
+        if backend != "auto":
+            raise ValueError(f"position_window runs on {sorted(BAND_PATHS)} only, not backend={backend!r}")
+        chosen = "reference"
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
-                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                               position_window=position_window)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     try:
         return _autograd.bias_attention(q, k, v, table, bias_scale, plan, scale=scale,
                                         window=-1 if window is None else int(window), causal=bool(causal),
                                         buckets=buckets, fallback=backend == "auto", dropout_p=float(dropout_p),
-                                        dropout_seed=dropout_seed)
+                                        dropout_seed=dropout_seed,
+                                        position_window=-1 if position_window is None else int(position_window))
     except _primitives.KernelDoesNotFit as error:
         if backend != "auto":
             raise
         warn_once(f"syntax_bias_attention runs the reference on this GPU: {error}")
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
-                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                                               causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                               position_window=position_window)

@@ -22,23 +22,23 @@ _META = len(BackwardMetadata._fields)
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal,
-             dropout_p=0.0, dropout_seed=0):
+             dropout_p=0.0, dropout_seed=0, band=-1):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, table, bias_scale, bucket_lut, lengths,
                                                           kv_list, kv_count, scale, window, causal, dropout_p,
-                                                          seed_bits(dropout_seed))
+                                                          seed_bits(dropout_seed), band)
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed)
+                                  window, causal, dropout_p, dropout_seed, band)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
-              want_table, want_scale, dropout_p=0.0, dropout_seed=0):
+              want_table, want_scale, dropout_p=0.0, dropout_seed=0, band=-1):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, *meta, scale, window, causal, *bucket_args(spec), table,
-            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed))
+            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed), band)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec,
-                                   table, bias_scale, want_table, want_scale, dropout_p, dropout_seed)
+                                   table, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band)
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):
@@ -48,7 +48,8 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
     and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that does not fit this GPU,
     :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising),
-    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed) and ``same_t``: the
+    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed), ``band`` (the
+    positional window ``|i - j| <= band``, -1: none) and ``same_t``: the
     transposed distance is the distance itself (symmetric), passed once (torch.compile traces no Function taking
     one tensor twice) and its metadata slot None. The forward
     kernel writes the LUT (from the table, the strength and the buckets) that the backward reads; the backward's
@@ -57,14 +58,14 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
-        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, same_t = rest[_META:]
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, same_t = rest[_META:]
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
-                                 kv_count, scale, window, causal, dropout_p, dropout_seed)
+                                 kv_count, scale, window, causal, dropout_p, dropout_seed, band)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
-        ctx.dropout, ctx.same_t = (dropout_p, dropout_seed), same_t
+        ctx.dropout, ctx.band, ctx.same_t = (dropout_p, dropout_seed), band, same_t
         ctx.table_shape, ctx.fallback = table.shape, fallback
         return out
 
@@ -72,7 +73,7 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * (4 + _META + 8)
+        rest = (None,) * (4 + _META + 9)
         meta = BackwardMetadata(*meta)
         if ctx.same_t:  # a symmetric distance is its own transpose (one tensor, passed once)
             meta = meta._replace(distance_t=distance)
@@ -80,7 +81,7 @@ class _SyntaxBiasAttention(torch.autograd.Function):
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, lengths,
                                                    meta, ctx.scale, ctx.window, ctx.causal,
                                                    _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale,
-                                                   *ctx.dropout)
+                                                   *ctx.dropout, ctx.band)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -91,7 +92,8 @@ class _SyntaxBiasAttention(torch.autograd.Function):
                 return reference.syntax_bias_attention(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
                                                        scale=ctx.scale, bias_scale=c, lengths=lengths, window=window,
                                                        causal=ctx.causal, dropout_p=ctx.dropout[0],
-                                                       dropout_seed=ctx.dropout[1])
+                                                       dropout_seed=ctx.dropout[1],
+                                                       position_window=None if ctx.band < 0 else ctx.band)
             return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
                                              (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
         return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
@@ -134,22 +136,23 @@ class _LutAttention(torch.autograd.Function):
 
 def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: int, causal: bool,
                    buckets: BucketSpec, fallback: bool = False, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None) -> torch.Tensor:
-    """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in."""
+                   dropout_seed: Optional[int] = None, position_window: int = -1) -> torch.Tensor:
+    """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in
+    (``position_window``: the positional window, -1 for none)."""
     B, H, N, D = q.shape
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
     configs = backward_configs(configs, N, dropout_p > 0.0)
-    forward_meta = forward_metadata(plan, configs, window, causal)
+    forward_meta = forward_metadata(plan, configs, window, causal, position_window)
     meta = BackwardMetadata()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):
         table_grad = table.requires_grad or bias_scale.requires_grad
-        meta = backward_metadata(plan, configs, window, causal, buckets, table_grad)
+        meta = backward_metadata(plan, configs, window, causal, buckets, table_grad, position_window)
     same_t = meta.distance_t is not None and meta.distance_t is plan.distance
     if same_t:
         meta = meta._replace(distance_t=None)
     return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, plan.distance, plan.kernel_lengths, *forward_meta,
                                       *meta, scale, window, causal, bucket_args(buckets), fallback, dropout_p,
-                                      dropout_seed if dropout_p > 0.0 else 0, same_t)
+                                      dropout_seed if dropout_p > 0.0 else 0, position_window, same_t)
 
 
 def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:

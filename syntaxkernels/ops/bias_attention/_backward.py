@@ -28,9 +28,11 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
                stride_dj, qk_scale2, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
                EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-               seed=0, threshold=0, bh=0, keep_scale=1.0, k_start=0, DROPOUT: tl.constexpr = False):
+               seed=0, threshold=0, bh=0, keep_scale=1.0, k_start=0, DROPOUT: tl.constexpr = False,
+               BAND: tl.constexpr = False, band=0):
     """One query tile of the dK/dV backward in transposed orientation (keys are rows). With DROPOUT, dV takes the
-    kept probabilities (scaled) and dP the kept pairs (scaled): the forward's :func:`dropout_keep` mask."""
+    kept probabilities (scaled) and dP the kept pairs (scaled): the forward's :func:`dropout_keep` mask. A masked
+    tile (MASK) also masks the positional window (BAND)."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if SYNTAX:
         # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
@@ -50,6 +52,8 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
     exponent_t = scores_t - lse[None, :]
     if MASK and CAUSAL:  # masked before exp2: an excluded pair's exponent may be large
         exponent_t = tl.where(offs_n[:, None] <= offs_m[None, :], exponent_t, float("-inf"))
+    if MASK and BAND:
+        exponent_t = tl.where(tl.abs(offs_n[:, None] - offs_m[None, :]) <= band, exponent_t, float("-inf"))
     p_t = tl.exp2(exponent_t)
     do = load_rows(do_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV, MASK, EVEN_DV)
     if DROPOUT:
@@ -132,7 +136,7 @@ def _bias_bwd_dkdv_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False, KV_GROUP=1,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
@@ -175,13 +179,15 @@ def _bias_bwd_dkdv_kernel(
                                 _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv,
                                 length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
                                 qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
-                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
+                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT,
+                                BAND, band)
         for i in range(boundary[0], boundary[1]):
             dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
                                 _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv,
                                 length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
                                 qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
-                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT)
+                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT,
+                                BAND, band)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
@@ -265,7 +271,7 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0,
-                keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1):
+                keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
     them, then added to the per-bucket sums once (:func:`_bucket_sums`); with DROPOUT dP takes each head's kept
     pairs (scaled). Query head h reads key/value head ``h // KV_GROUP``."""
@@ -273,7 +279,7 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
     dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
     bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
     if MASK:
-        allowed = _allowed(offs_m, offs_n, length, CAUSAL)
+        allowed = _allowed(offs_m, offs_n, length, CAUSAL, BAND, band)
     ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for j in range(0, HEADS):
         h = h0 + j
@@ -326,7 +332,7 @@ def _bias_bwd_table_kernel(
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
-    KV_GROUP=1,
+    KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -384,7 +390,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band)
     for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -397,7 +403,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -425,7 +431,7 @@ def _bias_bwd_short_kernel(
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False, KV_GROUP=1,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -456,8 +462,8 @@ def _bias_bwd_short_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
     # Once for every head: the bias, -inf where the length or causality excludes the pair.
-    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
-                    float("-inf"))
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band),
+                    lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
@@ -552,7 +558,7 @@ def _bias_bwd_short_t_kernel(
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
-    DROPOUT: tl.constexpr = False, KV_GROUP=1,
+    DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
@@ -568,6 +574,8 @@ def _bias_bwd_short_t_kernel(
     allowed_t = (offs_n[:, None] < length) & (offs_m[None, :] < length)
     if CAUSAL:
         allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+    if BAND:
+        allowed_t = allowed_t & (tl.abs(offs_n[:, None] - offs_m[None, :]) <= band)
     bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
@@ -658,11 +666,12 @@ def _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, leng
 
 @triton.jit
 def _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL: tl.constexpr,
-                 EVEN_N: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False):
+                 EVEN_N: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+                 BAND: tl.constexpr = False, band=0):
     """The bias of one tile of :func:`_bias_bwd_short2_kernel` for every head: the LUT gathered at the distance,
-    -inf where the length or causality excludes the pair."""
+    -inf where the length, causality or the positional window (BAND) excludes the pair."""
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
+    return tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
                     float("-inf"))
 
 
@@ -682,7 +691,7 @@ def _bias_bwd_short2_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-    GROUPED: tl.constexpr = False, KV_GROUP=1,
+    GROUPED: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
     fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
@@ -733,7 +742,7 @@ def _bias_bwd_short2_kernel(
     if num_k == 2:
         offs_n = BLOCK_N + offs_j
         bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
-                            EVEN_N, OPAQUE_BIAS, INTERPRETED)
+                            EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
         for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
             kv = h // KV_GROUP
@@ -751,7 +760,7 @@ def _bias_bwd_short2_kernel(
         if kb < num_k:
             offs_n = kb * BLOCK_N + offs_j
             bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
-                                EVEN_N, OPAQUE_BIAS, INTERPRETED)
+                                EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
             for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
                 q_base = Q + b * stride_qb + h * stride_qh
                 k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
@@ -967,16 +976,17 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, TABLE_GRAD: tl.constexpr,
              DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-             seed=0, threshold=0, bh=0, keep_scale=1.0, DROPOUT: tl.constexpr = False):
+             seed=0, threshold=0, bh=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False,
+             band=0):
     """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``); with DROPOUT
-    dP takes the forward's kept pairs (scaled)."""
+    dP takes the forward's kept pairs (scaled); a masked tile also masks the positional window (BAND)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
                              OPAQUE_BIAS, INTERPRETED)
     exponent = scores - lse[:, None]
     if MASK:  # masked before exp2: an excluded pair's exponent may be large
-        exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), exponent, float("-inf"))
+        exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band), exponent, float("-inf"))
     p = tl.exp2(exponent)
     v = load_rows(v_base, offs_n, offs_dv, stride_vn, stride_vd, length, DV, MASK, EVEN_DV)
     dp = mma(do, tl.trans(v), DOT_PRECISION)
@@ -1005,7 +1015,8 @@ def _bias_bwd_dq_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
-    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
+    band=0,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1056,13 +1067,13 @@ def _bias_bwd_dq_kernel(
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band)
     for i in range(interior, total):
         dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band)
 
     # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
     row_ok = offs_m < length

@@ -14,11 +14,14 @@ from .._primitives import build_lut, distance_tile, dropout_keep, load_rows, lut
 
 
 @triton.jit
-def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr):
-    """bool ``[M, N]``: query i may attend key j by length and causality (the window lives in the LUT)."""
+def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr, BAND: tl.constexpr = False, band=0):
+    """bool ``[M, N]``: query i may attend key j by length, causality and, with BAND, the positional window
+    ``|i - j| <= band`` (the distance window lives in the LUT)."""
     ok = (offs_m[:, None] < length) & (offs_n[None, :] < length)
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= offs_m[:, None])
+    if BAND:
+        ok = ok & (tl.abs(offs_m[:, None] - offs_n[None, :]) <= band)
     return ok
 
 
@@ -65,15 +68,16 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr,
               OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, bh=0,
-              DROPOUT: tl.constexpr = False):
+              DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0):
     """One key tile of the forward's online softmax (log2 domain). With DROPOUT the normaliser takes every
-    probability and the product with V only the kept ones (:func:`dropout_keep` of row key ``bh``)."""
+    probability and the product with V only the kept ones (:func:`dropout_keep` of row key ``bh``); a masked tile
+    (MASK) also masks the positional window (BAND)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
                              OPAQUE_BIAS, INTERPRETED)
     if MASK:
-        scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), scores, float("-inf"))
+        scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band), scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     if SYNTAX or MASK:  # a row may have seen only -inf so far
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -136,7 +140,7 @@ def _bias_fwd_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
-    KV_GROUP=1,
+    KV_GROUP=1, BAND: tl.constexpr = False, band=0,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -160,6 +164,8 @@ def _bias_fwd_kernel(
         qk_scale2: ``scale * log2(e)``.
         SYNTAX: False compiles out the distance tile and the bias (a plain flash kernel with the same tiles,
             for the inspection report only).
+        BAND, band: the positional window ``|i - j| <= band`` (the launcher's ``position_window``): masked in the
+            boundary tiles, which the live-tile lists (USE_LISTS) then include; tiles outside it are not walked.
         seed, threshold, keep_scale, DROPOUT: attention dropout on the probabilities (the launcher's
             :func:`~syntaxkernels.ops._primitives.dropout_arguments`): the pairs :func:`dropout_keep` drops leave
             the product with V, the output is scaled by ``keep_scale``; the lse is the undropped one.
@@ -188,13 +194,13 @@ def _bias_fwd_kernel(
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band)
     for i in range(interior, total):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band)
 
     # Epilogue: normalise; rows past the length or without an allowed key (l_i exactly 0) are 0 with lse = +inf.
     # A NaN l_i (a NaN or +inf score among the allowed ones) is normalised: the row and its lse are NaN.
@@ -223,7 +229,8 @@ def _bias_fwd_short_kernel(
     CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
-    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1,
+    seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
+    band=0,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -245,8 +252,8 @@ def _bias_fwd_short_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL), lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED),
-                    float("-inf"))
+    bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band),
+                    lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh

@@ -113,11 +113,15 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _build_lists(distance, lengths, block_m, block_n, window, causal, by_key):
-    """Live-tile lists (interior first) of a windowed call: ``(indices int32 [B, R, C], counts int32 [B, R, 2])``."""
+def _build_lists(distance, lengths, block_m, block_n, window, causal, by_key, band=-1):
+    """Live-tile lists (interior first) of a call with a distance window (``window >= 0``) or a positional one
+    (``band >= 0``): ``(indices int32 [B, R, C], counts int32 [B, R, 2])``."""
     smallest, _ = block_distance_range(distance, lengths, block_m, block_n)
-    live = live_blocks(smallest, lengths, block_m, block_n, window=window, causal=causal)
-    boundary = boundary_tiles(lengths, live.shape[1], live.shape[2], block_m, block_n, causal, by_key=by_key)
+    band = None if band < 0 else band
+    live = live_blocks(smallest, lengths, block_m, block_n, window=None if window < 0 else window, causal=causal,
+                       band=band)
+    boundary = boundary_tiles(lengths, live.shape[1], live.shape[2], block_m, block_n, causal, by_key=by_key,
+                              band=band)
     if not by_key:  # programs own key blocks: rows are key blocks
         live, boundary = live.transpose(1, 2), boundary.transpose(1, 2)
     return split_lists(live, boundary)
@@ -159,9 +163,9 @@ def _skip_buckets(tile_buckets: torch.Tensor, num_buckets: int) -> torch.Tensor:
 
 @torch.library.triton_op("syntaxkernels::bias_tile_lists", mutates_args=())
 def _lists_op(distance: torch.Tensor, lengths: torch.Tensor, block_m: int, block_n: int, window: int, causal: bool,
-              by_key: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+              by_key: bool, band: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`_build_lists` as a ``torch.library`` op: what ``torch.compile`` traces (its kernels in the graph)."""
-    return _build_lists(distance, lengths, block_m, block_n, window, causal, by_key)
+    return _build_lists(distance, lengths, block_m, block_n, window, causal, by_key, band)
 
 
 @torch.library.triton_op("syntaxkernels::bias_tile_buckets", mutates_args=())
@@ -172,11 +176,11 @@ def _tile_buckets_op(distance: torch.Tensor, lengths: torch.Tensor, block_m: int
                          _spec(max_distance, log_distance, unreachable_bucket))
 
 
-def _derive_lists(plan, block_m, block_n, window, causal, by_key):
+def _derive_lists(plan, block_m, block_n, window, causal, by_key, band=-1):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_tile_lists(plan.distance, plan.kernel_lengths, block_m, block_n, window,
-                                                       causal, by_key)
-    return _build_lists(plan.distance, plan.kernel_lengths, block_m, block_n, window, causal, by_key)
+                                                       causal, by_key, band)
+    return _build_lists(plan.distance, plan.kernel_lengths, block_m, block_n, window, causal, by_key, band)
 
 
 def _derive_tile_buckets(plan, block_m, block_n, window, causal, spec):
@@ -188,7 +192,7 @@ def _derive_tile_buckets(plan, block_m, block_n, window, causal, spec):
 
 
 # The plan's derived entries (kept on the batch's plan for every layer; keys ("bias lists", block_m, block_n, window,
-# causal, by_key) and ("bias tile buckets" | "bias skip bucket", block_m, block_n, window, causal, spec)).
+# causal, by_key, band) and ("bias tile buckets" | "bias skip bucket", block_m, block_n, window, causal, spec)).
 register_derivation("bias lists", _derive_lists)
 register_derivation("bias tile buckets", _derive_tile_buckets)
 register_derivation("bias skip bucket", lambda plan, *key: _skip_buckets(plan.derived(("bias tile buckets",) + key),
@@ -220,24 +224,27 @@ def backward_configs(configs: LaunchConfigs, N: int, dropout: bool) -> LaunchCon
     return configs
 
 
-def forward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool) -> ForwardMetadata:
-    """What the forward kernel reads beyond the distance and lengths: the live key blocks of a windowed call."""
-    if configs.fwd_short is not None or window < 0:
+def forward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool, band: int = -1) -> ForwardMetadata:
+    """What the forward kernel reads beyond the distance and lengths: the live key blocks of a call with a distance
+    window or a positional one (``band``)."""
+    if configs.fwd_short is not None or (window < 0 and band < 0):
         return ForwardMetadata()
     config = configs.fwd
-    return ForwardMetadata(*plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, True)))
+    return ForwardMetadata(*plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, True,
+                                          band)))
 
 
 def backward_metadata(plan, configs: LaunchConfigs, window: int, causal: bool, spec: BucketSpec,
-                      table_grad: bool) -> BackwardMetadata:
+                      table_grad: bool, band: int = -1) -> BackwardMetadata:
     """What the backward kernels read beyond the distance and lengths (derived from ``plan`` once per batch)."""
     if configs.short is not None:
         return BackwardMetadata()
     lists = {}
     for name, config, by_key in (("dq", configs.dq, True), ("dkdv", configs.dkdv, False),
                                  ("table", configs.table, True)):
-        if window >= 0 and (name != "table" or table_grad):
-            lists[name] = plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, by_key))
+        if (window >= 0 or band >= 0) and (name != "table" or table_grad):
+            lists[name] = plan.derived(("bias lists", config["BLOCK_M"], config["BLOCK_N"], window, causal, by_key,
+                                        band))
         else:
             lists[name] = (None, None)
     tile_buckets = skip_bucket = None
@@ -272,7 +279,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
                            scale: float, window: int, causal: bool, dropout_p: float = 0.0,
-                           dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           dropout_seed: int = 0, band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
 
     Args:
@@ -284,14 +291,15 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
             ``[256]`` (``BucketSpec.lut()``): the kernel writes the log2-domain LUT it gathers from,
             ``lut[h, d] = c * table[h, bucket(d)] * log2(e)`` (``-inf`` past the window), which the backward reads.
         lengths: int32 ``[B]``; kv_list, kv_count: a windowed call's live key blocks (:func:`forward_metadata`),
-            else None; scale: score scale; window: -1 for none; causal: ``j <= i``.
+            else None; scale: score scale; window: -1 for none; causal: ``j <= i``; band: the positional window
+            ``|i - j| <= band`` (-1: none; the tiled kernel then needs the live-tile lists).
         dropout_p, dropout_seed: attention dropout on the probabilities (0: compiled out); the lse stays the
             undropped one, so the backward recomputes P and regenerates the mask from the seed.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
-    drop = _dropout(dropout_p, dropout_seed)
+    drop = {**_dropout(dropout_p, dropout_seed), **_band(band)}
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
@@ -341,6 +349,11 @@ def _dropout(p: float, seed: int) -> dict:
     return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
 
 
+def _band(band: int) -> dict:
+    """The kernels' positional-window arguments by name: none (BAND compiled out) for ``band < 0``."""
+    return {} if band < 0 else dict(BAND=True, band=int(band))
+
+
 def _host_lut(table, bias_scale, bucket_lut, window):
     """The LUT the kernel would write, built with tensor ops (an empty call: no kernel runs)."""
     lut = table.to(torch.float32)[:, bucket_lut] * (bias_scale.to(torch.float32).reshape(1, 1) * LOG2E)
@@ -387,7 +400,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
                             lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,
                             spec: BucketSpec, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
-                            want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0) -> Tuple[torch.Tensor, ...]:
+                            want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
+                            band: int = -1) -> Tuple[torch.Tensor, ...]:
     """Backward launcher: ``(dq, dk, dv, d table, d bias_scale)``, the first three in q's, k's and v's layouts; the
     table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the per-bucket sums of dS
     ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted.
@@ -396,17 +410,18 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
     of a windowed call, the table kernel's tile bucket sets), the BucketSpec, the table and strength, and which of
     their gradients to compute; the forward's dropout (its mask regenerated from the seed; rows of 65..128 tokens
-    then run the tiled kernels: the two-block ones take no mask).
+    then run the tiled kernels: the two-block ones take no mask), and the positional window ``band``.
     """
     dq, dk, dv, sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
-                                         spec, want_table or want_scale, _dropout(dropout_p, dropout_seed))
+                                         spec, want_table or want_scale, _dropout(dropout_p, dropout_seed),
+                                         _band(band))
     if sums is None:
         return dq, dk, dv, _nothing(q.device), _nothing(q.device)
     return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale)
 
 
 def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad,
-                      drop: dict):
+                      drop: dict, band: dict):
     """The backward's kernels: ``(dq, dk, dv, sums)``, ``sums`` the per-program bucket sums of dS as
     ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``)."""
     B, H, N, D = q.shape
@@ -432,14 +447,14 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if short is not None:
         if group == 1:
             return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                   table_grad, short, dq, dk, dv, delta, drop)
+                                   table_grad, short, dq, dk, dv, delta, drop, band)
         # Grouped-query attention: the short-row kernels store each query head's dK and dV (fp32), summed over
         # each group here in a fixed order.
         dk_heads = torch.empty((B, H, N, D), dtype=torch.float32, device=q.device)
         dv_heads = torch.empty((B, H, N, DV), dtype=torch.float32, device=q.device)
         dq, dk_heads, dv_heads, sums = _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window,
                                                        causal, spec, table_grad, short, dq, dk_heads, dv_heads, delta,
-                                                       drop)
+                                                       drop, band)
         dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2))
         dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2))
         return dq, dk, dv, sums
@@ -463,7 +478,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
-           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop)
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop, **band)
 
     # dK and dV: programs own key blocks of one key/value head (and walk its group's query heads).
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
@@ -477,7 +492,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop)
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop, **band)
     if not table_grad:
         return dq, dk, dv, None
 
@@ -504,13 +519,13 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], KV_GROUP=group, **drop)
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], KV_GROUP=group, **drop, **band)
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     return dq, dk, dv, (partials, B, groups, num_q * splits)
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                    dq, dk, dv, delta, drop=None):
+                    dq, dk, dv, delta, drop=None, band=None):
     """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
     (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
     :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once). ``dk``, ``dv``: per query
@@ -523,7 +538,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
     block_d, block_dv = head_block(D), head_block(DV)
     if N > block:
         return _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                table_grad, config, dq, dk, dv, delta)
+                                table_grad, config, dq, dk, dv, delta, band)
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
     ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
     groups = head_groups(B, H, q.device) if config["GROUPED"] else 1
@@ -540,7 +555,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1],
-           num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}))
+           num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}), **(band or {}))
     if not table_grad:
         return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1,
@@ -566,7 +581,7 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
 
 
 def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                     dq, dk, dv, delta):
+                     dq, dk, dv, delta, band=None):
     """:func:`bias_attention_backward` for rows of 65..128 tokens: :func:`_bias_bwd_short2_kernel` (every head
     of one batch item and query block a program; items of at most 64 tokens store their gradients, longer ones
     fp32 shares), :func:`_bias_bwd_short2_sum_kernel` (the shares added in a fixed order), then with
@@ -601,7 +616,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1])
+           OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1], **(band or {}))
     sum_config = select_config("short2_sum", q.dtype, max(D, DV))
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
@@ -623,11 +638,11 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: tor
                 bias_scale: torch.Tensor, bucket_lut: torch.Tensor, lengths: torch.Tensor,
                 kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
                 causal: bool, dropout_p: float = 0.0,
-                dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                dropout_seed: int = 0, band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
     :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed)
+                                  window, causal, dropout_p, dropout_seed, band)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
@@ -639,10 +654,11 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  tile_buckets: Optional[torch.Tensor], skip_bucket: Optional[torch.Tensor], scale: float, window: int,
                  causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
                  bias_scale: torch.Tensor, want_table: bool, want_scale: bool, dropout_p: float = 0.0,
-                 dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 dropout_seed: int = 0,
+                 band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
     meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
                             skip_bucket)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                    _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                                   want_scale, dropout_p, dropout_seed)
+                                   want_scale, dropout_p, dropout_seed, band)
