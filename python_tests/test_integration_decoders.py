@@ -123,6 +123,25 @@ def test_fresh_model_gives_the_unpatched_logits(arch, leak_free):
     assert all(torch.count_nonzero(p.distance_bias) == 0 for p in parts)
 
 
+@pytest.mark.parametrize("arch", PRIORITY)
+def test_plain_layers_stay_causal_padded_and_packed(arch):
+    """With ``layers=[1]`` layer 0 stays plain attention (SDPA on padded rows, the varlen op on a packed row): a
+    fresh model still gives the unpatched logits, and a packed row equals them."""
+    plain, patched = _pair(arch, layers=[1])
+    names = list(syntax_parameters(patched))
+    assert len(names) == 2 and all(".1." in name for name in names), names
+    ids, mask, trees = _batch()
+    valid = mask.bool()
+    ref = plain(input_ids=ids, attention_mask=mask).logits[valid]
+    torch.testing.assert_close(_logits(patched, ids, mask, trees)[valid], ref, atol=1e-5, rtol=1e-5)
+    packed_ids, positions, packed_trees = _packed(ids, trees)
+    out = patched(input_ids=packed_ids, position_ids=positions, syntax_trees=packed_trees).logits[0]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    one = sk.TreeBatch.from_heads(HEADS[:1], leak_free=True)  # no attention mask at all
+    torch.testing.assert_close(patched(input_ids=ids[:1], syntax_trees=one).logits,
+                               plain(input_ids=ids[:1]).logits, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- causal masking
 
 
@@ -299,6 +318,25 @@ def test_fresh_generate_equals_the_unpatched_generate(arch):
     ref = plain.generate(prompts, **GENERATE)
     out = patched.generate(prompts, syntax_trees=trees, **GENERATE)
     assert out.shape == (2, 12) and torch.equal(out, ref)
+
+
+def test_generate_past_a_sliding_window():
+    """Mistral with a sliding window of 8: a prompt of 6 tokens fits it, the 6 generated tokens run past it (their
+    plain attention takes transformers' sliding mask); greedy generation equals the unpatched model's."""
+    plain = _model("mistral", sliding_window=8)
+    patched = copy.deepcopy(plain)
+    enable_syntax_attention(patched, "bias")
+    ids, _, _ = _batch()
+    trees = sk.TreeBatch.from_heads([HEADS[1]], leak_free=True)
+    scores = dict(output_scores=True, return_dict_in_generate=True, **GENERATE)
+    ref = plain.generate(ids[:1, :6], **scores)
+    out = patched.generate(ids[:1, :6], syntax_trees=trees, **scores)
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(torch.stack(out.scores), torch.stack(ref.scores), atol=1e-5, rtol=1e-5)
+    # (the window is what changes the last steps' logits: without it they differ)
+    wide = _model("mistral", sliding_window=None)
+    other = wide.generate(ids[:1, :6], **scores)
+    assert (other.scores[-1] - ref.scores[-1]).abs().max() > 1e-4
 
 
 def _extended(trees, new: int):
