@@ -239,6 +239,27 @@ def test_autocast_bf16_stays_close_to_fp32(arch):
     torch.testing.assert_close(out.float()[valid], ref[valid], atol=0.1, rtol=0.05)
 
 
+@pytest.mark.parametrize("arch", PRIORITY)
+@pytest.mark.long_on_cpu
+def test_torch_compile_matches_eager(arch):
+    """torch.compile (aot_eager: dynamo and AOT autograd, no code generation) of a decoder's training forward: the
+    logits and the syntax gradients equal eager."""
+    torch._dynamo.reset()
+    _, model = _pair(arch, per_head=True)
+    _randomise(model, std=0.5)
+    ids, mask, trees = _batch()
+    out = _logits(model, ids, mask, trees)
+    out[mask.bool()].sum().backward()
+    grads = {n: p.grad.clone() for n, p in syntax_parameters(model).items()}
+    model.zero_grad()
+    got = _logits(torch.compile(model, backend="aot_eager"), ids, mask, trees)
+    torch.testing.assert_close(got[mask.bool()], out[mask.bool()], atol=1e-5, rtol=1e-5)
+    got[mask.bool()].sum().backward()
+    for name, p in syntax_parameters(model).items():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------------- save and load
 
 
@@ -394,6 +415,8 @@ def test_decoder_input_errors():
     left = mask.flip(1)
     with pytest.raises(ValueError, match="pads on the left"):
         model(input_ids=ids, attention_mask=left, syntax_trees=trees)
+    with pytest.raises(ValueError, match="pads on the left"):  # positional: GPT2Model(input_ids, cache, mask)
+        model.transformer(ids, None, left, syntax_trees=trees)
     with pytest.raises(ValueError, match="expected batch 2 and N = 8"):
         model(input_ids=ids[:, :8], syntax_trees=trees)
     # A prompt fed in two chunks: the second forward continues inside the trees.
@@ -403,6 +426,9 @@ def test_decoder_input_errors():
         model(input_ids=ids[:1, 4:], cache=cache, syntax_trees=sk.TreeBatch.from_heads([HEADS[0]],
                                                                                                   leak_free=True),
               use_cache=True)
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="set_attn_implementation"):
+        _logits(model, ids, mask, trees)
 
 
 def test_sliding_window_shorter_than_the_sequence_is_refused():

@@ -571,14 +571,19 @@ def _check_packed_trees(trees: StructurePlan, hidden: torch.Tensor, valid: Optio
     return trees
 
 
-def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
-    config = encoder.config
+def _check_attn_implementation(config) -> None:
+    """``RuntimeError`` when ``set_attn_implementation`` replaced the syntaxkernels attention of a syntax model."""
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise RuntimeError(
             f"syntax attention is enabled on this model but config._attn_implementation is "
             f"{config._attn_implementation!r}: set_attn_implementation() replaced the syntaxkernels attention. "
             f"Call model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) to restore it."
         )
+
+
+def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
+    config = encoder.config
+    _check_attn_implementation(config)
     hidden = args[0] if args else kwargs["hidden_states"]
     mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
     if mask is not None and (mask.dim() != 2 or mask.dtype != torch.bool):
@@ -658,12 +663,7 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     forward that continues inside the trees (a prompt fed in chunks) raises ``ValueError``.
     """
     config = base.config
-    if config._attn_implementation != ATTN_IMPLEMENTATION:
-        raise RuntimeError(
-            f"syntax attention is enabled on this model but config._attn_implementation is "
-            f"{config._attn_implementation!r}: set_attn_implementation() replaced the syntaxkernels attention. "
-            f"Call model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) to restore it."
-        )
+    _check_attn_implementation(config)
     if kwargs.get("syntax_pos") is not None:
         raise ValueError("syntax_pos is used by method='gat' only (decoder-only families take method='bias')")
     kwargs.pop("syntax_pos", None)
