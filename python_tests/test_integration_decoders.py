@@ -341,6 +341,24 @@ def test_fresh_generate_equals_the_unpatched_generate(arch):
     assert out.shape == (2, 12) and torch.equal(out, ref)
 
 
+def test_copied_and_pickled_models_generate():
+    """generate's check of syntax_trees travels with the model: a deepcopy and a torch.save / torch.load copy check
+    against themselves and generate as the original does."""
+    import io
+
+    _, model = _pair("gpt2")
+    _randomise(model)
+    ids, _, _ = _batch()
+    trees = sk.TreeBatch.from_heads([HEADS[0]], leak_free=True)
+    ref = model.generate(ids[:1], syntax_trees=trees, **GENERATE)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for copied in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        assert copied._validate_model_kwargs.args[0] is copied
+        assert torch.equal(copied.generate(ids[:1], syntax_trees=trees, **GENERATE), ref)
+
+
 def test_generate_past_a_sliding_window():
     """Mistral with a sliding window of 8: a prompt of 6 tokens fits it, the 6 generated tokens run past it (their
     plain attention takes transformers' sliding mask); greedy generation equals the unpatched model's."""
