@@ -430,17 +430,18 @@ class Subnetworks(nn.Module):
 
 
 def _packed_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: PackedTreeBatch,
-                  scale: Optional[float], dropout_p: float = 0.0) -> torch.Tensor:
+                  scale: Optional[float], dropout_p: float = 0.0, *, causal: bool = False) -> torch.Tensor:
     """Plain softmax attention over every key of each sequence of a packed batch: ``q, k, v [T, H, D] -> [T, H, D]``
-    (the varlen distance-bias op with a zero table: on CPU its C++ kernels); ``dropout_p``: attention dropout on
-    the probabilities (a seed from :func:`draw_dropout_seed`)."""
+    (k, v may have fewer heads, grouped-query attention; the varlen distance-bias op with a zero table: on CPU its
+    C++ kernels); ``dropout_p``: attention dropout on the probabilities (a seed from :func:`draw_dropout_seed`);
+    ``causal``: keys ``j <= i`` of the sequence only."""
     from .ops._dispatch import device_constant
 
     buckets = BucketSpec(max_distance=1)
     dtype = torch.get_default_dtype()
     zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
     return ops.syntax_bias_attention(q, k, v, trees, zeros, buckets=buckets, scale=scale, dropout_p=dropout_p,
-                                     dropout_seed=draw_dropout_seed() if dropout_p > 0.0 else None)
+                                     dropout_seed=draw_dropout_seed() if dropout_p > 0.0 else None, causal=causal)
 
 
 def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...]:

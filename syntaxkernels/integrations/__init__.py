@@ -1,7 +1,8 @@
 """Integrations with model libraries.
 
 - :mod:`syntaxkernels.integrations.transformers`: ``enable_syntax_attention(model, method=...)`` turns a
-  transformers BERT, RoBERTa or XLM-RoBERTa model into a syntax-aware one in one call, and
+  transformers encoder (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT) or decoder-only language model
+  (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias") into a syntax-aware one in one call, and
   ``load_syntax_model`` reloads what ``save_pretrained`` wrote.
 - :mod:`syntaxkernels.integrations.upos`: ``token_pos_ids``, the GAT's POS input from parsed sentences and a
   tokenizer's word ids (needs torch only).

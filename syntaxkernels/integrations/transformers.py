@@ -1,4 +1,5 @@
-"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT), in one call.
+"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT) and
+decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one call.
 
 ::
 
@@ -65,7 +66,43 @@ Other differences from the unpatched model:
   sub-network's probabilities in the sub-network op (its ``dropout_p``, sub-network m drawing the mask of
   ``stream_seed(seed, m)`` of one seed per call), before the topical mix.
 - ``output_attentions=True`` returns no attention weights (the fused ops never form them).
-- Encoder-decoder / decoder (``is_decoder``) BERT configurations are rejected.
+- Encoder-decoder / decoder (``is_decoder``) BERT configurations and cross-attention layers are rejected.
+
+Decoder-only language models (the rows of :data:`FAMILIES` with ``causal=True``: GPT-2, Llama, Mistral, Qwen2,
+Qwen3) take ``method="bias"`` (with ``trees="given"``): every syntax layer runs
+:func:`syntaxkernels.syntax_bias_attention` with ``causal=True``; the sub-network masks and the GAT read the whole
+tree and are refused (``ValueError``). What differs from the encoders:
+
+- Trees: a whole-sentence tree tells token i about the words after it (its distances to earlier tokens can run
+  through later ones), so a causal LM trained on it peeks at the future. Build leak-free trees
+  (``TreeBatch.from_heads(..., leak_free=True)``, ``TreeCollator(leak_free=True)``, docs/semantics.md "Leak-free
+  distances for causal models"): row i is computed on the tree induced on tokens ``0..i``, so no position's output
+  depends on a later token or head. Whole-tree batches are accepted (for a model that is only scored on whole
+  sentences), but they leak.
+- Positions and heads: rotary positions are applied by the model before the attention function, and k, v arrive
+  with ``config.num_key_value_heads`` heads (grouped-query attention); they are passed to the op unrepeated. GPT-2
+  computes q, k, v with one fused ``Conv1D`` (``c_attn``) and adds learned positions before the layers.
+- The base model runs its layers itself (``encoder == ""``): a forward pre-hook on it checks the trees against
+  ``input_ids`` (or ``inputs_embeds``) and the padding mask (right padding, as for encoders); its positional
+  arguments are read by name.
+- Padded batches: ``attention_mask [B, N]`` (right padding) and ``syntax_trees`` (a ``TreeBatch``); layers left
+  plain run causal SDPA. Packed batches (``DataCollatorWithFlattening``'s layout, or
+  ``TreeCollator(packed=True, leak_free=True)``): ``input_ids [1, T]``, ``position_ids`` restarting at every
+  sequence, no attention mask, ``syntax_trees=<PackedTreeBatch>``; attention stays causal within each sequence.
+- Generation (``model.generate(input_ids, syntax_trees=trees, ...)`` with the default dynamic KV cache): the trees
+  cover the prompt, whose forward (from an empty cache) uses them. A generated token has no tree row, so it gets no
+  syntax bias: a forward after cached tokens runs plain attention in every layer, with transformers' own causal mask;
+  without a ``window`` this equals giving the token distance 255 (the unreachable bucket, one constant per row, which
+  softmax cancels) to every key. The prompt's keys and values in the cache were computed with the bias, so later
+  tokens still see the prompt's syntax-aware states. A prompt fed in chunks (a forward that starts inside the trees
+  after cached tokens) and static caches raise ``ValueError``; batched prompts of different lengths would need left
+  padding, which the syntax ops do not take (generate them one length at a time).
+- Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): sequences must fit in the
+  window (``ValueError`` otherwise); cached decoding uses transformers' sliding mask.
+- Under autocast the rotary positions leave q, k in float32 and v in the autocast dtype: q, k, v go to the autocast
+  dtype, as SDPA's autocast rule does.
+- ``generate`` checks its keyword arguments against the model's forward: ``enable_syntax_attention`` lets
+  ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument).
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -94,6 +131,7 @@ the probe live in ``encoder`` and shard with the root) synchronise them like any
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
@@ -104,6 +142,7 @@ from torch import nn
 import transformers
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
+from transformers.pytorch_utils import Conv1D
 
 from .. import _validation as V
 from .. import variants as VR
@@ -178,23 +217,26 @@ class SyntaxDistanceBias(DistanceBias):
 
     ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]``. Parameters ``distance_bias`` (``[T]`` shared,
     ``[H, T]`` per head; zeros) and ``bias_scale`` (``[1]``, ones; None when ``learnable_scale=False``): a fresh
-    module is plain attention. ``window``: None or an int in 0..254 (``ValueError`` otherwise).
+    module is plain attention. ``window``: None or an int in 0..254 (``ValueError`` otherwise). ``causal``: keys
+    ``j <= i`` only (the layers of a decoder-only family).
     """
 
     def __init__(self, num_heads: int, buckets: BucketSpec, per_head: bool = False, learnable_scale: bool = True,
-                 window: Optional[int] = None, backend: str = "auto"):
+                 window: Optional[int] = None, backend: str = "auto", *, causal: bool = False):
         V.check_window(window)
         super().__init__(num_heads, buckets, per_head, learnable_scale, backend)
         self.window = window
+        self.causal = bool(causal)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
                 scale: Optional[float] = None, dropout_p: float = 0.0) -> torch.Tensor:
-        """``q, k, v [B, H, N, D]``, the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0);
-        ``dropout_p``: attention dropout on the probabilities."""
-        return self.attend(q, k, v, trees, scale=scale, window=self.window, dropout_p=dropout_p)
+        """``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]`` (``H % H_kv == 0``: grouped-query attention, k and v not
+        repeated), the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0); ``dropout_p``:
+        attention dropout on the probabilities."""
+        return self.attend(q, k, v, trees, scale=scale, window=self.window, causal=self.causal, dropout_p=dropout_p)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", window={self.window}"
+        return super().extra_repr() + f", window={self.window}" + (", causal=True" if self.causal else "")
 
 
 class SyntaxSubnetworks(Subnetworks):
@@ -258,11 +300,85 @@ def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, sca
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
 
-def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float]):
-    """Ordinary softmax attention within each sequence of a packed row (``q, k, v [1, H, T, D]``): the varlen
-    fused op with a zero bias, attention dropout on its probabilities (as on the padded rows' SDPA)."""
+def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float],
+                            causal: bool = False):
+    """Ordinary softmax attention within each sequence of a packed row (``q [1, H, T, D]``, ``k, v [1, H_kv, T,
+    D]``): the varlen fused op with a zero bias, attention dropout on its probabilities (as on the padded rows'
+    SDPA); ``causal``: keys ``j <= i`` of the sequence only."""
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    return _packed_plain(q3, k3, v3, trees, scale, dropout).transpose(0, 1)[None]
+    return _packed_plain(q3, k3, v3, trees, scale, dropout, causal=causal).transpose(0, 1)[None]
+
+
+def _causal_plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float]):
+    """Causal softmax attention over the valid keys ``j <= i`` (``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]``;
+    ``valid bool [B, N]`` or None): what transformers' "sdpa" implementation computes for a decoder."""
+    gqa = q.shape[1] != k.shape[1]
+    if valid is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale, is_causal=True, enable_gqa=gqa)
+    n = q.shape[2]
+    lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask = valid[:, None, None, :] & lower
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
+
+
+def _same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v in one dtype. Under autocast, rotary positions (float32 cos and sin) promote q and k while v stays in
+    the autocast dtype: all three go to the autocast dtype, as SDPA's autocast rule does; otherwise to the promoted
+    dtype."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
+                      trees, sliding_window: Optional[int]) -> torch.Tensor:
+    """One layer of a decoder-only family: ``query [B, H, N, D]``, ``key, value [B, H_kv, N_k, D]`` ->
+    ``[B, H, N, D]``.
+
+    - No cache yet (``N_k == N``): a syntax layer runs :class:`SyntaxDistanceBias` with ``causal=True`` on the
+      trees (checked by the base model's pre-hook); a plain layer runs causal softmax attention (SDPA; on a packed
+      row the varlen op with a zero bias, causal within each sequence).
+    - Decoding with a cache (``N_k > N``): the new tokens have no tree rows (the trees cover the prompt), so every
+      layer runs plain attention with transformers' mask (``bool [B, 1, N, N_k]``): the same as distance 255 (the
+      unreachable bucket, one constant per row) to every key when the layer has no ``window``.
+    """
+    part = getattr(module, "syntax", None)
+    n, n_k = query.shape[2], key.shape[2]
+    gqa = query.shape[1] != key.shape[1]
+    query, key, value = _same_dtype(query, key, value)
+    if _is_packed(trees):
+        if sliding_window is not None and trees.max_seqlen > sliding_window:
+            raise ValueError(f"a packed sequence has {trees.max_seqlen} tokens, more than the model's sliding window "
+                             f"({sliding_window}): syntax attention attends every earlier token of a sequence")
+        if isinstance(part, SyntaxDistanceBias):
+            return part(query, key, value, trees, scale=scaling, dropout_p=dropout)
+        return _packed_plain_attention(query, key, value, trees, dropout, scaling, causal=True)
+    if n != n_k:
+        if trees is not None:
+            raise ValueError(f"syntax_trees cover the queries, but this layer attends {n_k} keys for {n} queries (a "
+                             "static or pre-filled cache): syntax attention needs the prompt's forward to start "
+                             "from an empty dynamic cache (the default of generate)")
+        if attention_mask is None and n > 1:
+            raise ValueError("decoding with a cache needs the causal mask transformers builds (got none)")
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                              scale=scaling, enable_gqa=gqa)
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
+                         f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
+    if sliding_window is not None and n > sliding_window:
+        raise ValueError(f"the sequence has {n} tokens, more than the model's sliding window ({sliding_window}): "
+                         "syntax attention attends every earlier token (use sequences within the window)")
+    if isinstance(part, SyntaxDistanceBias):
+        if trees is None:
+            raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+        return part(query, key, value, trees, scale=scaling, dropout_p=dropout)
+    return _causal_plain_attention(query, key, value, attention_mask, dropout, scaling)
 
 
 def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -272,9 +388,12 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     """The attention function behind ``attn_implementation="syntaxkernels"``.
 
     Args:
-        module: the layer's self-attention module; its child ``syntax`` (if any) decides the method.
-        query, key, value: ``[B, H, N, D]``.
-        attention_mask: ``bool [B, N]`` (True = attend) from the registered mask function, or None.
+        module: the layer's self-attention module; its child ``syntax`` (if any) decides the method; a module with
+            ``is_causal`` True (a decoder-only family) attends causally (:func:`_causal_attention`).
+        query, key, value: ``[B, H, N, D]`` (decoders: key and value ``[B, H_kv, N_k, D]``, grouped-query
+            attention; ``N_k > N`` while decoding with a cache).
+        attention_mask: ``bool [B, N]`` (True = attend) from the registered mask function, or None (decoders
+            decoding with a cache: transformers' ``bool [B, 1, N, N_k]`` mask).
         dropout: the attention dropout probability transformers passes (0 in eval mode).
         scaling: the score scale (``1/sqrt(D)``).
         syntax_trees: the :class:`TreeBatch` of the batch (checked and moved by the encoder hook).
@@ -282,6 +401,10 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     Returns:
         ``(attn_output [B, N, H, D], None)`` as transformers expects.
     """
+    if getattr(module, "is_causal", False):  # a layer of a decoder-only family
+        out = _causal_attention(module, query, key, value, attention_mask, dropout, scaling, syntax_trees,
+                                kwargs.get("sliding_window"))
+        return out.transpose(1, 2).contiguous(), None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
@@ -312,17 +435,31 @@ def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_off
     """Mask function for ``attn_implementation="syntaxkernels"``: the 2-D padding mask, unexpanded.
 
     ``attention_mask`` arrives as ``bool [B, kv_length]`` (True = attend) or None; the syntax ops need the
-    key padding only (they take ``lengths``), so nothing ``[B, 1, N, N]`` is built.
+    key padding only (they take ``lengths``), so nothing ``[B, 1, N, N]`` is built. Decoders decoding with a cache
+    (queries after the keys already cached) get transformers' ``bool [B, 1, q_length, kv_length]`` mask instead.
     """
-    from transformers.masking_utils import bidirectional_mask_function
+    from transformers.masking_utils import bidirectional_mask_function, sdpa_mask
 
-    if mask_function is not bidirectional_mask_function:
-        raise ValueError("the syntaxkernels attention supports bidirectional encoders only (no causal, sliding or "
-                         "custom mask functions)")
+    if mask_function is not bidirectional_mask_function and not _starts_empty(q_length, kv_length, q_offset,
+                                                                                kv_offset):
+        # A decoder decoding with a cache: its layers run plain attention (_causal_attention) with the mask
+        # transformers' "sdpa" implementation builds (causal, padding, sliding window), always as a tensor.
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+    # An encoder, or a decoder's forward from an empty cache (causal or sliding mask function: the syntax ops attend
+    # causally themselves, the sliding window is checked by the attention function).
     if attention_mask is not None and tuple(attention_mask.shape) != (batch_size, kv_length):
         raise ValueError(f"attention_mask must have shape [B, N] = [{batch_size}, {kv_length}], got "
                          f"{tuple(attention_mask.shape)}")
     return attention_mask
+
+
+def _starts_empty(q_length: int, kv_length: int, q_offset, kv_offset) -> bool:
+    """Whether a forward's queries are its keys (no cached tokens before them): a tensor offset (a static cache)
+    counts as not."""
+    plain = all(isinstance(x, int) for x in (q_length, kv_length, q_offset, kv_offset))
+    return plain and q_length == kv_length and q_offset == 0 and kv_offset == 0
 
 
 def _dropped_syntax_guard(*args, **kwargs):
@@ -434,14 +571,19 @@ def _check_packed_trees(trees: StructurePlan, hidden: torch.Tensor, valid: Optio
     return trees
 
 
-def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
-    config = encoder.config
+def _check_attn_implementation(config) -> None:
+    """``RuntimeError`` when ``set_attn_implementation`` replaced the syntaxkernels attention of a syntax model."""
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise RuntimeError(
             f"syntax attention is enabled on this model but config._attn_implementation is "
             f"{config._attn_implementation!r}: set_attn_implementation() replaced the syntaxkernels attention. "
             f"Call model.set_attn_implementation({ATTN_IMPLEMENTATION!r}) to restore it."
         )
+
+
+def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
+    config = encoder.config
+    _check_attn_implementation(config)
     hidden = args[0] if args else kwargs["hidden_states"]
     mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
     if mask is not None and (mask.dim() != 2 or mask.dtype != torch.bool):
@@ -493,6 +635,78 @@ def _encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     elif pos is not None:
         raise ValueError("syntax_pos is used by method='gat' only")
     return args, kwargs
+
+
+def _forward_argument_names(module: nn.Module) -> Tuple[str, ...]:
+    """The names of ``module.forward``'s positional parameters, in order (to read positional arguments by name)."""
+    import inspect
+
+    names = []
+    for name, parameter in inspect.signature(module.forward).parameters.items():
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            names.append(name)
+    return tuple(names)
+
+
+def _tree_tokens(trees) -> int:
+    """The tokens a batch's trees cover per row: N of a padded plan, the longest sequence of a packed one."""
+    return int(trees.max_seqlen) if _is_packed(trees) else int(trees.distance.shape[1])
+
+
+def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of a decoder-only family's base model (it runs the layers itself).
+
+    A forward from an empty cache (training, scoring, the prompt of ``generate``) needs ``syntax_trees`` covering its
+    tokens; they are checked against the input and the padding mask (:func:`_check_trees`) and moved. A forward after
+    cached tokens (each generated token) gets no tree rows: when its cache already holds at least the trees' tokens,
+    ``syntax_trees`` (which ``generate`` hands to every step) is dropped and every layer runs plain attention; a
+    forward that continues inside the trees (a prompt fed in chunks) raises ``ValueError``.
+    """
+    config = base.config
+    _check_attn_implementation(config)
+    if kwargs.get("syntax_pos") is not None:
+        raise ValueError("syntax_pos is used by method='gat' only (decoder-only families take method='bias')")
+    kwargs.pop("syntax_pos", None)
+    given = dict(zip(base.syntax_forward_arguments, args))
+    given.update(kwargs)
+    tokens = given.get("input_ids")
+    if tokens is None:
+        tokens = given.get("inputs_embeds")
+    if tokens is None:
+        return args, kwargs  # the model's own error follows
+    cache = given.get("cache", given.get("past_key_values"))
+    past = cache.get_seq_length() if cache is not None else 0
+    past = int(past) if isinstance(past, (int, torch.Tensor)) else past
+    trees = kwargs.get("syntax_trees")
+    if past > 0:
+        if trees is not None:
+            covered = _tree_tokens(trees)
+            if past < covered:
+                raise ValueError(f"the cache holds {past} tokens but syntax_trees cover {covered}: a prompt fed in "
+                                 "chunks is not supported (run the prompt in one forward from an empty cache)")
+            kwargs["syntax_trees"] = None  # generated tokens have no tree rows: plain attention
+        return args, kwargs
+    if trees is None:
+        raise ValueError("syntax attention (method='bias') is enabled on this model: pass syntax_trees=<TreeBatch> "
+                         "(token-level, N = sequence length; leak-free for a causal model: "
+                         "TreeBatch.from_heads(..., leak_free=True)) to forward or generate")
+    mask = given.get("attention_mask")
+    if mask is not None:
+        if mask.dim() != 2:
+            raise ValueError("the syntaxkernels attention takes a 2-D padding attention_mask [B, N]; got "
+                             f"{mask.dtype} {tuple(mask.shape)} (custom 4-D masks are not supported)")
+        mask = mask.to(torch.bool)
+    kwargs["syntax_trees"] = _check_trees(trees, tokens, mask)
+    return args, kwargs
+
+
+def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
+    """``generate``'s check of its keyword arguments on a decoder with syntax attention: ``syntax_trees`` is one
+    (``generate`` hands it to every forward; :func:`_decoder_pre_hook` uses it for the prompt only), the others are
+    checked by transformers' own method. Set on the model as ``functools.partial(this, model)`` (copied with the
+    model by ``copy.deepcopy`` and pickle)."""
+    model_kwargs.pop("syntax_trees", None)
+    return type(model)._validate_model_kwargs(model, model_kwargs)
 
 
 def _word_embeddings_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
@@ -680,8 +894,12 @@ class ModelFamily:
     - ``layers``: the attribute of the encoder holding the layers (``nn.ModuleList``; FSDP shards each);
     - ``self_attention``: the dotted path inside a layer to the module that calls the attention function (its
       child ``syntax`` holds a layer's syntax parameters);
-    - ``projections``: the q, k, v projections of that module;
-    - ``positions``: how the family encodes positions (the syntax ops add the tree on top of it).
+    - ``projections``: the q, k, v projections of that module (``nn.Linear``, or one fused ``Conv1D`` for GPT-2);
+    - ``positions``: how the family encodes positions (the syntax ops add the tree on top of it);
+    - ``causal``: a decoder-only language model (see "Decoder-only language models" in the module docstring):
+      ``encoder`` is ``""`` (the base model runs the layers itself, and the trees are checked by a forward pre-hook
+      on it), the mask comes from ``create_causal_mask`` (or ``create_sliding_window_causal_mask``), k and v may
+      have fewer heads than q (grouped-query attention), and only ``method="bias"`` applies.
     """
 
     name: str
@@ -690,11 +908,14 @@ class ModelFamily:
     encoder: str
     layers: str
     self_attention: str
-    projections: Tuple[str, str, str]
+    projections: Tuple[str, ...]
     positions: str
+    causal: bool = False
 
 
 _ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
+_ROTARY = ("rotary (RoPE), applied to q and k inside the attention module before the attention function; k, v with "
+           "config.num_key_value_heads heads (grouped-query attention)")
 
 #: The supported families, one row each (see :class:`ModelFamily`).
 FAMILIES: Tuple[ModelFamily, ...] = (
@@ -712,6 +933,19 @@ FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("DistilBERT", "distilbert", "DistilBertModel", "transformer", "layer", "attention",
                 ("q_lin", "k_lin", "v_lin"), "learned or sinusoidal (config.sinusoidal_pos_embds) absolute position "
                 "embeddings, added before the encoder"),
+    ModelFamily("GPT-2", "gpt2", "GPT2Model", "", "h", "attn", ("c_attn",),
+                "learned absolute position embeddings (wpe), added before the layers; q, k, v from one fused "
+                "Conv1D", causal=True),
+    ModelFamily("Llama", "llama", "LlamaModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
+                _ROTARY, causal=True),
+    ModelFamily("Mistral", "mistral", "MistralModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
+                _ROTARY + "; config.sliding_window (if set) must be at least the sequence length", causal=True),
+    ModelFamily("Qwen2", "qwen2", "Qwen2Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
+                _ROTARY + "; sliding-window layers (use_sliding_window) need sequences within the window",
+                causal=True),
+    ModelFamily("Qwen3", "qwen3", "Qwen3Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
+                _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers need sequences within the "
+                "window", causal=True),
 )
 
 #: Families that are refused, with why (a model of another family is refused as not supported).
@@ -730,7 +964,10 @@ def _supported_names() -> str:
 
 
 def _family(base: nn.Module) -> Optional[ModelFamily]:
+    names = {cls.__name__ for cls in type(base).__mro__}
     for family in FAMILIES:
+        if family.base_class not in names:  # (no import of the other families' modules)
+            continue
         cls = getattr(transformers, family.base_class, None)
         if cls is not None and isinstance(base, cls):
             return family
@@ -752,14 +989,21 @@ def _base_model(model) -> nn.Module:
             f"enable_syntax_attention supports {_supported_names()}; {type(model).__name__} (model_type "
             f"{model_type!r}) is not supported"
         )
-    if getattr(base.config, "is_decoder", False) or getattr(base.config, "add_cross_attention", False):
-        raise ValueError("enable_syntax_attention supports encoders only: this model has is_decoder=True or "
-                         "add_cross_attention=True")
+    if getattr(base.config, "add_cross_attention", False):
+        raise ValueError("enable_syntax_attention supports self-attention only: this model has "
+                         "add_cross_attention=True (cross-attention layers)")
+    if not _family(base).causal and getattr(base.config, "is_decoder", False):
+        raise ValueError(f"enable_syntax_attention supports encoders only for {_family(base).name}: this model has "
+                         "is_decoder=True (decoder-only language models: the causal rows of FAMILIES, GPT-2, Llama, "
+                         "Mistral, Qwen2, Qwen3)")
     return base
 
 
 def _encoder(base: nn.Module) -> nn.Module:
-    return getattr(base, _family(base).encoder)
+    """The module whose forward runs the layers: the family's ``encoder`` attribute, the base model itself for a
+    decoder-only family (``encoder == ""``)."""
+    name = _family(base).encoder
+    return getattr(base, name) if name else base
 
 
 def encoder_layers(model) -> nn.ModuleList:
@@ -815,6 +1059,9 @@ def _as_layers(layers, num_layers: int):
     return sorted(out)
 
 
+_PROJECTIONS = (nn.Linear, Conv1D)  # Conv1D: GPT-2's fused q, k, v projection
+
+
 def _self_attention_modules(base: nn.Module):
     family = _family(base)
     modules = []
@@ -822,7 +1069,7 @@ def _self_attention_modules(base: nn.Module):
         module = layer
         for name in family.self_attention.split("."):
             module = getattr(module, name)
-        missing = [p for p in family.projections if not isinstance(getattr(module, p, None), nn.Linear)]
+        missing = [p for p in family.projections if not isinstance(getattr(module, p, None), _PROJECTIONS)]
         if missing:  # another transformers version moved them: refuse rather than patch the wrong module
             raise ValueError(f"enable_syntax_attention: {family.name} layer {family.self_attention} "
                              f"({type(module).__name__}) has no projections {missing}; this transformers "
@@ -880,8 +1127,6 @@ def _predicted_layers(method: str, variant: Optional[str], layers, predictor_lay
 def _attach_predictor(base: nn.Module, encoder: nn.Module, config, k: int, arc_size: int, ratio: float,
                       factory: dict, training: bool) -> None:
     """Adds the :class:`SyntaxTreePredictor` as ``encoder.syntax`` and the hooks of ``trees="predicted"``."""
-    import functools
-
     predictor = SyntaxTreePredictor(config.hidden_size, k, arc_size, ratio)
     encoder.syntax = predictor.to(**factory).train(training)
     encoder.syntax_prediction = None
@@ -902,12 +1147,15 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             variant: Optional[str] = None, trees: str = "given",
                             predictor_layer: Optional[int] = None, predictor_arc_size: int = 128,
                             predicted_tree_ratio: float = 0.0):
-    """Make a transformers encoder of a family in :data:`FAMILIES` syntax-aware, in place.
+    """Make a transformers encoder or decoder-only language model of a family in :data:`FAMILIES` syntax-aware, in
+    place.
 
     Args:
         model: any model whose ``base_model`` is the base class of a row of :data:`FAMILIES` (``BertModel``,
             ``RobertaModel``, ``XLMRobertaModel``, ``CamembertModel``, ``ElectraModel``, ``DistilBertModel``; e.g.
-            ``BertForTokenClassification``), configured as an encoder.
+            ``BertForTokenClassification``), configured as an encoder; or of a causal row (``GPT2Model``,
+            ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``Qwen3Model``; e.g. ``LlamaForCausalLM``) with
+            ``method="bias"`` (module docstring, "Decoder-only language models").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -963,11 +1211,13 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
-    ``syntax_gat.*`` and ``syntax_probe.proj``. They take the dtype and device of the model's parameters.
+    ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
+    ``<base>.layers.{i}.self_attn.syntax.*`` (the others). They take the dtype and device of the model's parameters.
 
     Raises:
         ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
-        kind; ``ValueError`` for an unsupported architecture or decoder, a second call, an unknown method or
+        kind; ``ValueError`` for an unsupported architecture or an ``is_decoder`` encoder, a decoder-only family with
+        another method than "bias" or with ``trees="predicted"``, a second call, an unknown method or
         backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
         ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets. The model is unchanged when it
         raises.
@@ -982,7 +1232,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     base = _base_model(model)
     config = base.config
     encoder = _encoder(base)
+    causal = _family(base).causal
     attention_modules = _self_attention_modules(base)  # checks the family's layout before anything changes
+    if causal and (method != "bias" or trees != "given"):
+        raise ValueError(f"decoder-only families ({_family(base).name}) take method='bias' with trees='given' "
+                         f"(got method={method!r}, trees={trees!r}): the sub-network masks and the GAT read the whole "
+                         "tree, which would tell a token about later words")
     if getattr(config, "syntax_attention", None) is not None or hasattr(encoder, "syntax_hook_handle"):
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
@@ -1019,7 +1274,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         spec.update(buckets=asdict(bucket_spec), per_head=per_head, learnable_scale=learnable_scale, window=window)
 
         def make():
-            return SyntaxDistanceBias(num_heads, bucket_spec, per_head, learnable_scale, window, backend)
+            return SyntaxDistanceBias(num_heads, bucket_spec, per_head, learnable_scale, window, backend,
+                                      causal=causal)
     elif method == "subnetwork":
         mask_spec = _as_masks(masks)
         spec.update(masks=asdict(mask_spec))
@@ -1074,7 +1330,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if trees == "predicted":
         _attach_predictor(base, encoder, config, predictor_layer, predictor_arc_size, float(predicted_tree_ratio),
                           factory, model.training)
-    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_encoder_pre_hook, with_kwargs=True)
+    if causal:
+        base.syntax_forward_arguments = _forward_argument_names(base)
+        if callable(getattr(model, "_validate_model_kwargs", None)):  # generate(..., syntax_trees=...)
+            model._validate_model_kwargs = functools.partial(_validate_generate_kwargs, model)
+    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_decoder_pre_hook if causal else _encoder_pre_hook,
+                                                                   with_kwargs=True)
     if method == "gat" and variant != "package":
         encoder.syntax_embedding_hook_handle = base.register_forward_pre_hook(_word_embeddings_pre_hook,
                                                                               with_kwargs=True)
