@@ -449,9 +449,35 @@ def test_decoder_input_errors():
         _logits(model, ids, mask, trees)
 
 
-def test_sliding_window_shorter_than_the_sequence_is_refused():
+@pytest.mark.parametrize("layers", [None, [1]])
+def test_a_sliding_window_shorter_than_the_sequence_is_kept(layers):
+    """Mistral with a sliding window of 4 on 9-token rows: a fresh syntax model (every layer, or layer 1 with layer
+    0 plain) gives the unpatched model's logits, whose sdpa attention applies the window; with a trained table, the
+    window still holds (the first 4 positions, which see every earlier key either way, equal the windowless syntax
+    model's logits, the later ones do not)."""
+    plain = _model("mistral", sliding_window=4)
+    patched = copy.deepcopy(plain)
+    enable_syntax_attention(patched, "bias", layers=layers)
+    ids, mask, trees = _batch()
+    valid = mask.bool()
+    torch.testing.assert_close(_logits(patched, ids, mask, trees)[valid], _logits(plain, ids, mask, trees)[valid],
+                               atol=1e-5, rtol=1e-5)
+    _randomise(patched)
+    wide = copy.deepcopy(patched)
+    wide.config.sliding_window = None
+    for layer in wide.model.layers:
+        layer.self_attn.sliding_window = None
+    windowed, unwindowed = _logits(patched, ids, mask, trees), _logits(wide, ids, mask, trees)
+    torch.testing.assert_close(windowed[:, :4], unwindowed[:, :4], atol=1e-5, rtol=1e-5)
+    assert (windowed[0, 4:9] - unwindowed[0, 4:9]).abs().max() > 1e-3
+
+
+def test_a_packed_sequence_longer_than_the_sliding_window_is_refused():
     model = _model("mistral", sliding_window=4)
     enable_syntax_attention(model, "bias")
-    ids, mask, trees = _batch()
+    trees = sk.PackedTreeBatch.from_heads(HEADS, leak_free=True)
+    ids = torch.randint(3, VOCAB, (1, trees.num_tokens), generator=torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="sliding window"):
-        _logits(model, ids, mask, trees)
+        model(input_ids=ids, position_ids=trees.positions[None].long(), syntax_trees=trees)
+
+

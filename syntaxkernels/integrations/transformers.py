@@ -97,7 +97,8 @@ tree and are refused (``ValueError``). What differs from the encoders:
   tokens still see the prompt's syntax-aware states. A prompt fed in chunks (a forward that starts inside the trees
   after cached tokens) and static caches raise ``ValueError``; batched prompts of different lengths would need left
   padding, which the syntax ops do not take (generate them one length at a time).
-- Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): sequences must fit in the
+- Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): a padded batch longer than
+  the window keeps it (the op's ``position_window``, combined with the tree bias); a packed sequence must fit in the
   window (``ValueError`` otherwise); cached decoding uses transformers' sliding mask.
 - Under autocast the rotary positions leave q, k in float32 and v in the autocast dtype: q, k, v go to the autocast
   dtype, as SDPA's autocast rule does.
@@ -229,11 +230,14 @@ class SyntaxDistanceBias(DistanceBias):
         self.causal = bool(causal)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
-                scale: Optional[float] = None, dropout_p: float = 0.0) -> torch.Tensor:
+                scale: Optional[float] = None, dropout_p: float = 0.0,
+                position_window: Optional[int] = None) -> torch.Tensor:
         """``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]`` (``H % H_kv == 0``: grouped-query attention, k and v not
         repeated), the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0); ``dropout_p``:
-        attention dropout on the probabilities."""
-        return self.attend(q, k, v, trees, scale=scale, window=self.window, causal=self.causal, dropout_p=dropout_p)
+        attention dropout on the probabilities; ``position_window``: keys with ``|i - j| <= position_window`` only
+        (a decoder's sliding window)."""
+        return self.attend(q, k, v, trees, scale=scale, window=self.window, causal=self.causal, dropout_p=dropout_p,
+                           position_window=position_window)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", window={self.window}" + (", causal=True" if self.causal else "")
@@ -309,15 +313,19 @@ def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, sca
     return _packed_plain(q3, k3, v3, trees, scale, dropout, causal=causal).transpose(0, 1)[None]
 
 
-def _causal_plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float]):
-    """Causal softmax attention over the valid keys ``j <= i`` (``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]``;
-    ``valid bool [B, N]`` or None): what transformers' "sdpa" implementation computes for a decoder."""
+def _causal_plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float],
+                            band: Optional[int] = None):
+    """Causal softmax attention over the valid keys ``j <= i`` (and ``i - j <= band`` when given: a sliding window)
+    (``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]``; ``valid bool [B, N]`` or None): what transformers' "sdpa"
+    implementation computes for a decoder."""
     gqa = q.shape[1] != k.shape[1]
-    if valid is None:
+    if valid is None and band is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale, is_causal=True, enable_gqa=gqa)
     n = q.shape[2]
     lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    mask = valid[:, None, None, :] & lower
+    if band is not None:
+        lower = lower & ~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(-band - 1)
+    mask = lower if valid is None else valid[:, None, None, :] & lower
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, enable_gqa=gqa)
 
 
@@ -343,7 +351,8 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
     - No cache yet (``N_k == N``): a syntax layer runs :class:`SyntaxDistanceBias` with ``causal=True`` on the
       trees (checked by the base model's pre-hook); a plain layer runs causal softmax attention (SDPA; on a packed
-      row the varlen op with a zero bias, causal within each sequence).
+      row the varlen op with a zero bias, causal within each sequence). A padded batch longer than the layer's
+      sliding window keeps it (the op's ``position_window``); a packed one must fit it (``ValueError``).
     - Decoding with a cache (``N_k > N``): the new tokens have no tree rows (the trees cover the prompt), so every
       layer runs plain attention with transformers' mask (``bool [B, 1, N, N_k]``): the same as distance 255 (the
       unreachable bucket, one constant per row) to every key when the layer has no ``window``.
@@ -371,14 +380,13 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
-    if sliding_window is not None and n > sliding_window:
-        raise ValueError(f"the sequence has {n} tokens, more than the model's sliding window ({sliding_window}): "
-                         "syntax attention attends every earlier token (use sequences within the window)")
+    # A sliding window W (transformers: key j attended by query i when i - j < W) as the op's positional window.
+    band = sliding_window - 1 if sliding_window is not None and n > sliding_window else None
     if isinstance(part, SyntaxDistanceBias):
         if trees is None:
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
-        return part(query, key, value, trees, scale=scaling, dropout_p=dropout)
-    return _causal_plain_attention(query, key, value, attention_mask, dropout, scaling)
+        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band)
+    return _causal_plain_attention(query, key, value, attention_mask, dropout, scaling, band)
 
 
 def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -939,13 +947,14 @@ FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("Llama", "llama", "LlamaModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
                 _ROTARY, causal=True),
     ModelFamily("Mistral", "mistral", "MistralModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + "; config.sliding_window (if set) must be at least the sequence length", causal=True),
-    ModelFamily("Qwen2", "qwen2", "Qwen2Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + "; sliding-window layers (use_sliding_window) need sequences within the window",
+                _ROTARY + "; config.sliding_window kept (the op's position_window; packed sequences must fit it)",
                 causal=True),
+    ModelFamily("Qwen2", "qwen2", "Qwen2Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
+                _ROTARY + "; sliding-window layers (use_sliding_window) keep their window (packed sequences must fit "
+                "it)", causal=True),
     ModelFamily("Qwen3", "qwen3", "Qwen3Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers need sequences within the "
-                "window", causal=True),
+                _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers keep their window (packed "
+                "sequences must fit it)", causal=True),
 )
 
 #: Families that are refused, with why (a model of another family is refused as not supported).
