@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .._primitives import (bucket_from_distance, distance_tile, dropout_keep, in_bucket, load_rows, lut_bias, mma,
                            mma_acc, opaque_int32, program_ids)
-from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _tile_scores
+from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _kv_offset, _tile_scores
 
 
 @triton.jit
@@ -137,6 +137,7 @@ def _bias_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    GROUPED_KV: tl.constexpr = False,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
@@ -271,7 +272,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0,
-                keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0):
+                keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+                GROUPED_KV: tl.constexpr = False):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
     them, then added to the per-bucket sums once (:func:`_bucket_sums`); with DROPOUT dP takes each head's kept
     pairs (scaled). Query head h reads key/value head ``h // KV_GROUP``."""
@@ -290,8 +292,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
             offs_c = c + tl.arange(0, CHUNK)
             q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_c, stride_qn, stride_qd, length, D, True,
                           EVEN_D)
-            k = load_rows(K + b * stride_kb + (h // KV_GROUP) * stride_kh, offs_n, offs_c, stride_kn, stride_kd,
-                          length, D, MASK, EVEN_D)
+            k = load_rows(K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV), offs_n, offs_c,
+                          stride_kn, stride_kd, length, D, MASK, EVEN_D)
             scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
         # Rows past the length: zero q and lse = +inf, so P is exactly 0 there without a mask.
         lse = tl.load(LSE + row + offs_m, mask=offs_m < length, other=float("inf"))
@@ -304,8 +306,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
             offs_c = c + tl.arange(0, CHUNK)
             do = load_rows(DOUT + b * stride_gb + h * stride_gh, offs_m, offs_c, stride_gn, stride_gd, length, DV,
                            True, EVEN_DV)
-            v = load_rows(V + b * stride_vb + (h // KV_GROUP) * stride_vh, offs_n, offs_c, stride_vn, stride_vd,
-                          length, DV, MASK, EVEN_DV)
+            v = load_rows(V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV), offs_n, offs_c,
+                          stride_vn, stride_vd, length, DV, MASK, EVEN_DV)
             dp = mma_acc(do, tl.trans(v), dp, DOT_PRECISION)
         if DROPOUT:
             keep = dropout_keep(seed, threshold, b * H + h, offs_m, k_block * BLOCK_N, BLOCK_M, BLOCK_N)
@@ -332,7 +334,7 @@ def _bias_bwd_table_kernel(
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr,
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
-    KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    KV_GROUP=1, BAND: tl.constexpr = False, band=0, GROUPED_KV: tl.constexpr = False,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -390,7 +392,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV)
     for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -403,7 +405,7 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -432,6 +434,7 @@ def _bias_bwd_short_kernel(
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    GROUPED_KV: tl.constexpr = False,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -467,8 +470,8 @@ def _bias_bwd_short_kernel(
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
-        v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+        k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+        v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
         do_base = DOUT + b * stride_gb + h * stride_gh
         # The products run over head-dim chunks of CHUNK columns; with one chunk the q and k tiles are read
         # once for both of their products.
@@ -559,6 +562,7 @@ def _bias_bwd_short_t_kernel(
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    GROUPED_KV: tl.constexpr = False,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
@@ -580,8 +584,8 @@ def _bias_bwd_short_t_kernel(
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
-        v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+        k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+        v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
         do_base = DOUT + b * stride_gb + h * stride_gh
         for c in tl.static_range(0, BLOCK_D, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
@@ -692,6 +696,7 @@ def _bias_bwd_short2_kernel(
     EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
     GROUPED: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    GROUPED_KV: tl.constexpr = False,
 ):
     """The backward of rows of ``BLOCK_M < N <= 2 * BLOCK_M`` tokens (two sentences of a pair under one root, a
     fine-tuning batch padded to 128) with a LUT shared by the heads: one program per batch item and query block
@@ -745,9 +750,10 @@ def _bias_bwd_short2_kernel(
                             EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
         for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
             lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
-            kv = h // KV_GROUP
-            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + kv * stride_kh,
-                                V + b * stride_vb + kv * stride_vh, DOUT + b * stride_gb + h * stride_gh, bias, lse,
+            p, dp = _short_p_dp(Q + b * stride_qb + h * stride_qh,
+                                K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV),
+                                V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV),
+                                DOUT + b * stride_gb + h * stride_gh, bias, lse,
                                 offs_m, offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd,
                                 stride_vn, stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK,
                                 EVEN_D, EVEN_DV, DOT_PRECISION)
@@ -763,10 +769,10 @@ def _bias_bwd_short2_kernel(
                                 EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
             for h in range(_first_head(GROUPED, 2), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
                 q_base = Q + b * stride_qb + h * stride_qh
-                k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+                k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
                 do_base = DOUT + b * stride_gb + h * stride_gh
                 lse = tl.load(lse_rows + h * stride_row, mask=row_ok, other=float("inf"))
-                v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+                v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
                 p, dp = _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m,
                                     offs_n, length, D, DV, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
                                     stride_vd, stride_gn, stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D,
@@ -1016,7 +1022,7 @@ def _bias_bwd_dq_kernel(
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
     seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
-    band=0,
+    band=0, GROUPED_KV: tl.constexpr = False,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1053,8 +1059,8 @@ def _bias_bwd_dq_kernel(
                    EVEN_DV)
     row_base = bh.to(tl.int64) * stride_row
     lse = tl.load(LSE + row_base + offs_m, mask=offs_m < length, other=float("inf"))
-    k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+    k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+    v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
 

@@ -26,6 +26,17 @@ def _allowed(offs_m, offs_n, length, CAUSAL: tl.constexpr, BAND: tl.constexpr = 
 
 
 @triton.jit
+def _kv_offset(h, stride, KV_GROUP, GROUPED_KV: tl.constexpr):
+    """Where query head h's key/value head ``h // KV_GROUP`` starts along a head stride (grouped-query attention):
+    with GROUPED_KV an int32 division (an int64 one is a long subroutine), else ``h * stride`` as without grouping."""
+    if GROUPED_KV:
+        offset = tl.cast(tl.cast(h, tl.int32) // KV_GROUP, tl.int64) * stride
+    else:
+        offset = h * stride
+    return offset
+
+
+@triton.jit
 def _first_head(GROUPED: tl.constexpr, BLOCKS: tl.constexpr = 1):
     """The first head a short-row program walks: with GROUPED its head group (``program_id(1) // BLOCKS``; group g
     walks heads g, g + HEAD_GROUPS, ...), else 0 (one program walks every head: the loop of a single-axis grid)."""
@@ -140,14 +151,15 @@ def _bias_fwd_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, USE_LISTS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
-    KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    KV_GROUP=1, BAND: tl.constexpr = False, band=0, GROUPED_KV: tl.constexpr = False,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
     Args:
         Q: ``[B, H, N_OUT, D]``, OUT: ``[B, H, N_OUT, DV]``; K: ``[B, H / KV_GROUP, N_OUT, D]``, V: ``[B, H / KV_GROUP,
             N_OUT, DV]`` (strided, one dtype): query head h reads key/value head ``h // KV_GROUP`` (grouped-query
-            attention; 1, the default, is specialised: one key/value head a query head, no division).
+            attention; 1, the default, is specialised: one key/value head a query head, no division); GROUPED_KV: the
+            launcher's ``KV_GROUP > 1``.
         N, N_OUT: the padded extent (``roundup(N_OUT, 16)``: the rows and columns of DIST's buffer and of the
             LSE rows, which reads are bounded by, so that masks and addresses stay 16-aligned) and the sequence
             extent (the rows of q, k, v and the outputs, which stores are bounded by).
@@ -177,8 +189,8 @@ def _bias_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
-    k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // KV_GROUP) * stride_vh
+    k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+    v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
     dist_base = DIST + b * stride_db
     lut_row = LUT + h * stride_lh
     if SYNTAX:
@@ -230,7 +242,7 @@ def _bias_fwd_short_kernel(
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
     seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
-    band=0,
+    band=0, GROUPED_KV: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -256,7 +268,7 @@ def _bias_fwd_short_kernel(
                     lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
-        k_base = K + b * stride_kb + (h // KV_GROUP) * stride_kh
+        k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
         for c in tl.static_range(0, BLOCK_D, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
             q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
@@ -282,7 +294,8 @@ def _bias_fwd_short_kernel(
         p_in = p.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_DV, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
-            v = load_rows(V + b * stride_vb + (h // KV_GROUP) * stride_vh, offs_n, offs_c, stride_vn, stride_vd,
+            v = load_rows(V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV), offs_n, offs_c,
+                          stride_vn, stride_vd,
                           length, DV, True, EVEN_DV)
             # A select, not only the product with scale_rows: a padding row's q is 0, and 0 times a NaN k is NaN.
             out = tl.where(valid[:, None], mma(p_in, v, DOT_PRECISION) * scale_rows[:, None], 0.0)

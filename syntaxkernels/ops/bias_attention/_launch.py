@@ -322,7 +322,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), short),
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
                num_warps=short["num_warps"], num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"],
-               INTERPRETED=interpreting(), KV_GROUP=group, **drop)
+               INTERPRETED=interpreting(), **_kv_group(group), **drop)
         return out, lse, lut
     config = configs.fwd
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -337,7 +337,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, EVEN_N=_even(_padded(N), config),
            USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
            num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
-           INTERPRETED=interpreting(), KV_GROUP=group, **drop)
+           INTERPRETED=interpreting(), **_kv_group(group), **drop)
     return out, lse, lut
 
 
@@ -347,6 +347,12 @@ def _dropout(p: float, seed: int) -> dict:
         return {}
     seed, threshold, keep_scale = dropout_arguments(p, seed)
     return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
+
+
+def _kv_group(group: int) -> dict:
+    """The kernels' grouped-query arguments by name: none (one key/value head a query head, compiled as without
+    grouping) for ``group == 1``."""
+    return {} if group == 1 else dict(KV_GROUP=group, GROUPED_KV=True)
 
 
 def _band(band: int) -> dict:
@@ -448,15 +454,15 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         if group == 1:
             return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
                                    table_grad, short, dq, dk, dv, delta, drop, band)
-        # Grouped-query attention: the short-row kernels store each query head's dK and dV (fp32), summed over
-        # each group here in a fixed order.
-        dk_heads = torch.empty((B, H, N, D), dtype=torch.float32, device=q.device)
-        dv_heads = torch.empty((B, H, N, DV), dtype=torch.float32, device=q.device)
+        # Grouped-query attention: the short-row kernels store each query head's dK and dV (in q's dtype, as
+        # without grouping: fp32 stores would spill), summed over each group here in fp32, in a fixed order.
+        dk_heads = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
+        dv_heads = torch.empty((B, H, N, DV), dtype=q.dtype, device=q.device)
         dq, dk_heads, dv_heads, sums = _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window,
                                                        causal, spec, table_grad, short, dq, dk_heads, dv_heads, delta,
                                                        drop, band)
-        dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2))
-        dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2))
+        dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2, dtype=torch.float32))
+        dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2, dtype=torch.float32))
         return dq, dk, dv, sums
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = meta.distance_t
@@ -478,7 +484,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
            TABLE_GRAD=table_grad, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
-           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop, **band)
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band)
 
     # dK and dV: programs own key blocks of one key/value head (and walk its group's query heads).
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
@@ -492,7 +498,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), KV_GROUP=group, **drop, **band)
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band)
     if not table_grad:
         return dq, dk, dv, None
 
@@ -519,7 +525,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], KV_GROUP=group, **drop, **band)
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], **_kv_group(group), **drop, **band)
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
     return dq, dk, dv, (partials, B, groups, num_q * splits)
 
@@ -554,7 +560,7 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1],
+           INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"], **_kv_group(H // k.shape[1]),
            num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}), **(band or {}))
     if not table_grad:
         return dq, dk, dv, None
@@ -616,7 +622,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
            num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config["OPAQUE_BIAS"], KV_GROUP=H // k.shape[1], **(band or {}))
+           OPAQUE_BIAS=config["OPAQUE_BIAS"], **_kv_group(H // k.shape[1]), **(band or {}))
     sum_config = select_config("short2_sum", q.dtype, max(D, DV))
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
            lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
