@@ -120,10 +120,10 @@ ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causa
 - The base model runs its layers itself (``encoder == ""``): a forward pre-hook on it checks the trees against
   ``input_ids`` (or ``inputs_embeds``) and the 2-D padding mask (right padding, any 0/1 dtype); a precomputed dict of
   masks is refused. The model code of transformers 5 (5.24 tested) no longer unpads ModernBERT batches
-  (``reference_compile`` and the unpadded flash path are gone from its forward; a flash implementation unpads
-  inside its own attention function, which the integration replaces): the integration runs the padded batch. Packed rows (``position_ids`` restarting, no
-  mask, a ``PackedTreeBatch``) are taken when every sequence fits the local window (``max_seqlen <= local_attention //
-  2 + 1``; ``ValueError`` otherwise: the packed ops take no positional window).
+  (``reference_compile`` and the unpadded flash path are gone from its forward; a flash implementation unpads inside
+  its own attention function, which the integration replaces): the integration runs the padded batch. Packed rows
+  (``position_ids`` restarting, no mask, a ``PackedTreeBatch``) are taken when every sequence fits the local window
+  (``max_seqlen <= local_attention // 2 + 1``; ``ValueError`` otherwise: the packed ops take no positional window).
 - "subnetwork", "gat" and ``trees="predicted"`` are refused (``ValueError``, :attr:`ModelFamily.limits`): the
   sub-network op takes no positional window, and there is no encoder module whose input the GAT reads or whose
   layers the tree predictor hooks.
@@ -1314,7 +1314,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
-    ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``. They take the dtype and device of the model's parameters.
+    ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``. They take
+    the dtype and device of the model's parameters.
 
     Raises:
         ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
