@@ -18,7 +18,6 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
     ATTN_IMPLEMENTATION,
     SyntaxSubnetworks,
     FAMILIES,
-    REFUSED_FAMILIES,
     enable_syntax_attention,
     encoder_layers,
     load_syntax_model,
@@ -425,7 +424,9 @@ def test_family_table_names_real_classes_and_layouts():
 
     root = pathlib.Path(__file__).resolve().parents[1]
     readme, api = (root / "README.md").read_text(), (root / "docs" / "api.md").read_text()
-    encoders = [f for f in FAMILIES if not f.causal]  # the decoder rows: test_integration_decoders.py
+    # the decoder rows: test_integration_decoders.py; ModernBERT (its base model runs the layers):
+    # test_integration_modernbert.py
+    encoders = [f for f in FAMILIES if not f.causal and f.encoder]
     assert len({f.model_type for f in FAMILIES}) == len(FAMILIES) and len(encoders) == len(ARCHS)
     for family, arch in zip(encoders, ARCHS):
         model = _model(arch)
@@ -438,17 +439,6 @@ def test_family_table_names_real_classes_and_layouts():
         assert all(isinstance(getattr(module, p), torch.nn.Linear) for p in family.projections), family
         short = family.name.split(" (")[0]
         assert short in readme and short in api, short
-
-
-def test_modernbert_is_refused_with_the_reason():
-    config = transformers.ModernBertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                                           intermediate_size=64, vocab_size=100, pad_token_id=0, bos_token_id=1,
-                                           eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    model = transformers.ModernBertForTokenClassification(config)
-    with pytest.raises(ValueError, match="ModernBERT is not supported yet: .*sliding window") as error:
-        enable_syntax_attention(model, "bias")
-    assert "Supported: BERT" in str(error.value) and "modernbert" in REFUSED_FAMILIES
-    assert getattr(model.config, "syntax_attention", None) is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -1,5 +1,6 @@
-"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT) and
-decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one call.
+"""Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT; ModernBERT
+with method "bias") and decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one
+call.
 
 ::
 
@@ -104,6 +105,28 @@ tree and are refused (``ValueError``). What differs from the encoders:
   dtype, as SDPA's autocast rule does.
 - ``generate`` checks its keyword arguments against the model's forward: ``enable_syntax_attention`` lets
   ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument).
+
+ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causal) takes ``method="bias"`` with
+``trees="given"``:
+
+- Layers: global layers (``config.layer_types`` ``"full_attention"``, every ``global_attn_every_n_layers``-th from
+  layer 0) attend every valid key; local layers (``"sliding_attention"``) only keys with ``|i - j| <=
+  local_attention // 2`` (transformers passes ``sliding_window = local_attention // 2 + 1`` to the attention function;
+  its "sdpa" and "eager" masks are ``|i - j| <= config.sliding_window``). A syntax layer keeps the window as the op's
+  ``position_window`` (combined with the tree bias and the lengths), a local layer left plain as a band in its SDPA
+  mask; a fresh model therefore gives the unpatched model's outputs on valid tokens.
+- Positions: rotary, applied by the attention module before the attention function (separate ``rope_theta`` for
+  global and local layers); q, k, v come from one fused ``Wqkv``.
+- The base model runs its layers itself (``encoder == ""``): a forward pre-hook on it checks the trees against
+  ``input_ids`` (or ``inputs_embeds``) and the 2-D padding mask (right padding, any 0/1 dtype); a precomputed dict of
+  masks is refused. The model code of transformers 5 (5.24 tested) no longer unpads ModernBERT batches
+  (``reference_compile`` and the unpadded flash path are gone from its forward; a flash implementation unpads inside
+  its own attention function, which the integration replaces): the integration runs the padded batch. Packed rows
+  (``position_ids`` restarting, no mask, a ``PackedTreeBatch``) are taken when every sequence fits the local window
+  (``max_seqlen <= local_attention // 2 + 1``; ``ValueError`` otherwise: the packed ops take no positional window).
+- "subnetwork", "gat" and ``trees="predicted"`` are refused (``ValueError``, :attr:`ModelFamily.limits`): the
+  sub-network op takes no positional window, and there is no encoder module whose input the GAT reads or whose
+  layers the tree predictor hooks.
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -298,10 +321,32 @@ class SyntaxTreePredictor(TreePredictor):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float]):
-    """Ordinary softmax attention over the valid keys (what transformers' "sdpa" implementation computes)."""
+def _plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float],
+                     band: Optional[int] = None):
+    """Ordinary softmax attention over the valid keys (what transformers' "sdpa" implementation computes), and only
+    keys with ``|i - j| <= band`` when given (a local layer's sliding window)."""
     mask = None if valid is None else valid[:, None, None, :]
+    if band is not None:
+        n = q.shape[2]
+        near = torch.ones(n, n, dtype=torch.bool, device=q.device).tril(band).triu(-band)
+        mask = near if mask is None else mask & near
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+
+
+def _position_band(sliding_window: Optional[int], n: int) -> Optional[int]:
+    """The op's ``position_window`` for the ``sliding_window`` transformers passes to the attention function (keys
+    with ``|i - j| < sliding_window``: a decoder's ``i - j < W``, ModernBERT's local layers ``local_attention // 2 +
+    1``), or None when the window covers every pair of the ``n`` tokens (or there is none)."""
+    return sliding_window - 1 if sliding_window is not None and n > sliding_window else None
+
+
+def _check_packed_window(trees: PackedTreeBatch, sliding_window: Optional[int]) -> None:
+    """``ValueError`` when a packed sequence is longer than the layer's sliding window (the packed ops take no
+    positional window)."""
+    if sliding_window is not None and trees.max_seqlen > sliding_window:
+        raise ValueError(f"a packed sequence has {trees.max_seqlen} tokens, more than the model's sliding window "
+                         f"({sliding_window}): the packed syntax ops take no positional window (pad the batch "
+                         "instead)")
 
 
 def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float],
@@ -362,9 +407,7 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     gqa = query.shape[1] != key.shape[1]
     query, key, value = _same_dtype(query, key, value)
     if _is_packed(trees):
-        if sliding_window is not None and trees.max_seqlen > sliding_window:
-            raise ValueError(f"a packed sequence has {trees.max_seqlen} tokens, more than the model's sliding window "
-                             f"({sliding_window}): syntax attention attends every earlier token of a sequence")
+        _check_packed_window(trees, sliding_window)
         if isinstance(part, SyntaxDistanceBias):
             return part(query, key, value, trees, scale=scaling, dropout_p=dropout)
         return _packed_plain_attention(query, key, value, trees, dropout, scaling, causal=True)
@@ -381,7 +424,7 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
     # A sliding window W (transformers: key j attended by query i when i - j < W) as the op's positional window.
-    band = sliding_window - 1 if sliding_window is not None and n > sliding_window else None
+    band = _position_band(sliding_window, n)
     if isinstance(part, SyntaxDistanceBias):
         if trees is None:
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
@@ -419,8 +462,16 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     part = getattr(module, "syntax", None)
     if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)) and syntax_trees is None:
         raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+    # A local layer (ModernBERT's "sliding_attention": transformers passes sliding_window = local_attention // 2 + 1,
+    # keys with |i - j| < sliding_window) keeps its window: the op's position_window, the band in a plain layer.
+    sliding_window = kwargs.get("sliding_window")
+    band = None
+    if _is_packed(syntax_trees):
+        _check_packed_window(syntax_trees, sliding_window)
+    else:
+        band = _position_band(sliding_window, query.shape[2])
     if isinstance(part, SyntaxDistanceBias):
-        out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout)
+        out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout, position_window=band)
     elif isinstance(part, SyntaxSubnetworks):
         out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout)
     elif isinstance(part, SyntaxHeadInjection):
@@ -430,11 +481,11 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         if _is_packed(syntax_trees):
             out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
         else:
-            out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+            out = _plain_attention(query, key, value, attention_mask, dropout, scaling, band)
     elif _is_packed(syntax_trees):  # a plain layer of a packed row: within each sequence
         out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
     else:
-        out = _plain_attention(query, key, value, attention_mask, dropout, scaling)
+        out = _plain_attention(query, key, value, attention_mask, dropout, scaling, band)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -670,16 +721,7 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     ``syntax_trees`` (which ``generate`` hands to every step) is dropped and every layer runs plain attention; a
     forward that continues inside the trees (a prompt fed in chunks) raises ``ValueError``.
     """
-    config = base.config
-    _check_attn_implementation(config)
-    if kwargs.get("syntax_pos") is not None:
-        raise ValueError("syntax_pos is used by method='gat' only (decoder-only families take method='bias')")
-    kwargs.pop("syntax_pos", None)
-    given = dict(zip(base.syntax_forward_arguments, args))
-    given.update(kwargs)
-    tokens = given.get("input_ids")
-    if tokens is None:
-        tokens = given.get("inputs_embeds")
+    given, tokens = _base_model_inputs(base, args, kwargs, "decoder-only families take method='bias'")
     if tokens is None:
         return args, kwargs  # the model's own error follows
     cache = given.get("cache", given.get("past_key_values"))
@@ -698,13 +740,51 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
         raise ValueError("syntax attention (method='bias') is enabled on this model: pass syntax_trees=<TreeBatch> "
                          "(token-level, N = sequence length; leak-free for a causal model: "
                          "TreeBatch.from_heads(..., leak_free=True)) to forward or generate")
+    kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
+    return args, kwargs
+
+
+def _base_model_inputs(base: nn.Module, args: tuple, kwargs: dict, why_no_pos: str):
+    """The forward arguments of a base model that runs its layers itself (read by name, positional ones included)
+    and its token tensor (``input_ids``, else ``inputs_embeds``; None when neither is given). Checks the attention
+    implementation and drops a ``syntax_pos`` of None (``ValueError`` for one given: only the GAT reads it)."""
+    _check_attn_implementation(base.config)
+    if kwargs.get("syntax_pos") is not None:
+        raise ValueError(f"syntax_pos is used by method='gat' only ({why_no_pos})")
+    kwargs.pop("syntax_pos", None)
+    given = dict(zip(base.syntax_forward_arguments, args))
+    given.update(kwargs)
+    tokens = given.get("input_ids")
+    if tokens is None:
+        tokens = given.get("inputs_embeds")
+    return given, tokens
+
+
+def _base_model_mask(given: dict) -> Optional[torch.Tensor]:
+    """A base model's ``attention_mask`` argument as ``bool [B, N]`` (None when absent); ``ValueError`` for
+    anything but a 2-D tensor (4-D masks, ModernBERT's precomputed dict of masks)."""
     mask = given.get("attention_mask")
-    if mask is not None:
-        if mask.dim() != 2:
-            raise ValueError("the syntaxkernels attention takes a 2-D padding attention_mask [B, N]; got "
-                             f"{mask.dtype} {tuple(mask.shape)} (custom 4-D masks are not supported)")
-        mask = mask.to(torch.bool)
-    kwargs["syntax_trees"] = _check_trees(trees, tokens, mask)
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        what = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError("the syntaxkernels attention takes a 2-D padding attention_mask [B, N]; got "
+                         f"{what} (custom 4-D masks and precomputed masks are not supported)")
+    return mask.to(torch.bool)
+
+
+def _base_encoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of an encoder family whose base model runs the layers itself (``encoder == ""``, not
+    causal: ModernBERT): checks ``syntax_trees`` against ``input_ids`` (or ``inputs_embeds``) and the padding mask
+    (right padding; :func:`_check_trees`) and moves them to the model's device."""
+    given, tokens = _base_model_inputs(base, args, kwargs, f"{_family(base).name} takes method='bias'")
+    if tokens is None:
+        return args, kwargs  # the model's own error follows
+    trees = kwargs.get("syntax_trees")
+    if trees is None:
+        raise ValueError("syntax attention (method='bias') is enabled on this model: pass "
+                         "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = sequence length) to forward")
+    kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
     return args, kwargs
 
 
@@ -908,6 +988,14 @@ class ModelFamily:
       ``encoder`` is ``""`` (the base model runs the layers itself, and the trees are checked by a forward pre-hook
       on it), the mask comes from ``create_causal_mask`` (or ``create_sliding_window_causal_mask``), k and v may
       have fewer heads than q (grouped-query attention), and only ``method="bias"`` applies.
+    - ``methods``: the methods the family takes (an encoder whose base model runs the layers, ``encoder == ""`` and
+      not causal, takes ``trees="given"`` only: the predicted trees hook an encoder module), and ``limits``: why it
+      takes no others (quoted by the ``ValueError``).
+
+    A layer that attends within a sliding window gets it as transformers' ``sliding_window`` argument of the
+    attention function (keys with ``|i - j| < sliding_window``; a decoder's ``i - j < W``): it becomes the op's
+    ``position_window`` (``sliding_window - 1``) in a syntax layer and a band in the mask of a plain one, whatever
+    the family.
     """
 
     name: str
@@ -919,6 +1007,8 @@ class ModelFamily:
     projections: Tuple[str, ...]
     positions: str
     causal: bool = False
+    methods: Tuple[str, ...] = METHODS
+    limits: str = ""
 
 
 _ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
@@ -955,17 +1045,19 @@ FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("Qwen3", "qwen3", "Qwen3Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
                 _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers keep their window (packed "
                 "sequences must fit it)", causal=True),
+    ModelFamily("ModernBERT", "modernbert", "ModernBertModel", "", "layers", "attn", ("Wqkv",),
+                "rotary (RoPE), applied to q and k inside the attention module before the attention function; q, k, "
+                "v from one fused Linear Wqkv; global layers (every config.global_attn_every_n_layers-th) attend "
+                "everywhere, local ones |i - j| <= local_attention // 2 (kept: the op's position_window; packed "
+                "sequences must fit it)",
+                methods=("bias",),
+                limits="its local layers attend within a sliding window, which the sub-network op does not take, and "
+                "its base model runs the layers itself (no encoder module whose input the GAT reads or whose layers "
+                "the tree predictor hooks)"),
 )
 
-#: Families that are refused, with why (a model of another family is refused as not supported).
-REFUSED_FAMILIES: Dict[str, str] = {
-    "modernbert": (
-        "ModernBERT is not supported yet: every third layer is global but the others attend within a sliding "
-        "window of config.local_attention tokens, which the fused syntax ops cannot combine with the tree (they "
-        "take padding lengths, not a positional window), and its layers run directly in ModernBertModel.forward "
-        "(no encoder module whose input the GAT could read)"
-    ),
-}
+#: Families that are refused, with why (a model of another family is refused as not supported). None at present.
+REFUSED_FAMILIES: Dict[str, str] = {}
 
 
 def _supported_names() -> str:
@@ -1164,7 +1256,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             ``RobertaModel``, ``XLMRobertaModel``, ``CamembertModel``, ``ElectraModel``, ``DistilBertModel``; e.g.
             ``BertForTokenClassification``), configured as an encoder; or of a causal row (``GPT2Model``,
             ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``Qwen3Model``; e.g. ``LlamaForCausalLM``) with
-            ``method="bias"`` (module docstring, "Decoder-only language models").
+            ``method="bias"`` (module docstring, "Decoder-only language models"); or ``ModernBertModel`` (e.g.
+            ``ModernBertForMaskedLM``) with ``method="bias"`` (module docstring, "ModernBERT").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -1221,12 +1314,14 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
-    ``<base>.layers.{i}.self_attn.syntax.*`` (the others). They take the dtype and device of the model's parameters.
+    ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``. They take
+    the dtype and device of the model's parameters.
 
     Raises:
         ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
         kind; ``ValueError`` for an unsupported architecture or an ``is_decoder`` encoder, a decoder-only family with
-        another method than "bias" or with ``trees="predicted"``, a second call, an unknown method or
+        another method than "bias" or with ``trees="predicted"``, a family's method outside its ``methods`` (ModernBERT:
+        "bias" with ``trees="given"`` only; the message says why), a second call, an unknown method or
         backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
         ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets. The model is unchanged when it
         raises.
@@ -1247,6 +1342,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError(f"decoder-only families ({_family(base).name}) take method='bias' with trees='given' "
                          f"(got method={method!r}, trees={trees!r}): the sub-network masks and the GAT read the whole "
                          "tree, which would tell a token about later words")
+    family = _family(base)
+    if method not in family.methods or (not family.encoder and trees != "given"):
+        takes = " or ".join(repr(m) for m in family.methods)
+        raise ValueError(f"{family.name} takes method={takes} with trees='given' (got method={method!r}, "
+                         f"trees={trees!r}): {family.limits}")
     if getattr(config, "syntax_attention", None) is not None or hasattr(encoder, "syntax_hook_handle"):
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
@@ -1340,11 +1440,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         _attach_predictor(base, encoder, config, predictor_layer, predictor_arc_size, float(predicted_tree_ratio),
                           factory, model.training)
     if causal:
-        base.syntax_forward_arguments = _forward_argument_names(base)
         if callable(getattr(model, "_validate_model_kwargs", None)):  # generate(..., syntax_trees=...)
             model._validate_model_kwargs = functools.partial(_validate_generate_kwargs, model)
-    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(_decoder_pre_hook if causal else _encoder_pre_hook,
-                                                                   with_kwargs=True)
+    if not _family(base).encoder:  # the base model runs the layers: its forward's arguments are read by name
+        base.syntax_forward_arguments = _forward_argument_names(base)
+    hook = _decoder_pre_hook if causal else _base_encoder_pre_hook if encoder is base else _encoder_pre_hook
+    encoder.syntax_hook_handle = encoder.register_forward_pre_hook(hook, with_kwargs=True)
     if method == "gat" and variant != "package":
         encoder.syntax_embedding_hook_handle = base.register_forward_pre_hook(_word_embeddings_pre_hook,
                                                                               with_kwargs=True)
