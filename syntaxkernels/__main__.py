@@ -74,6 +74,9 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=0,
                         help="with --workload: key/value heads of the layer (grouped-query attention: the 12 query "
                              "heads share them; default 0: 12, one a query head)")
+    parser.add_argument("--position-window", type=int, default=-1,
+                        help="with --workload: the layer's positional window |i - j| <= W (a sliding window, as "
+                             "ModernBERT's local layers and Mistral; default -1: none)")
     parser.add_argument("--causal", action="store_true",
                         help="with --workload: a causal layer (a decoder's self-attention: keys j <= i)")
     parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")

@@ -307,6 +307,10 @@ def _run_inspect_workloads(args, I) -> int:
               file=sys.stderr)
         return 2
     causal = bool(getattr(args, "causal", False))
+    band = int(getattr(args, "position_window", -1))
+    if band < -1:
+        print(f"syntaxkernels inspect: --position-window takes an int >= 0 (or -1: none), got {band}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
@@ -314,7 +318,7 @@ def _run_inspect_workloads(args, I) -> int:
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
-                                  buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal)
+                                  buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal, band=band)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
@@ -325,7 +329,7 @@ def _run_inspect_workloads(args, I) -> int:
                   f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
                   f"window{f', attention dropout {dropout}' if dropout else ''}"
                   f"{f', {kv_heads} key/value heads (grouped-query)' if kv_heads else ''}"
-                  f"{', causal' if causal else ''}) compiled as "
+                  f"{', causal' if causal else ''}{f', positional window {band}' if band >= 0 else ''}) compiled as "
                   "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)
