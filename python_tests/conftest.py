@@ -41,6 +41,35 @@ CPP = pytest.param(("auto", "cpu"), marks=needs_cpp, id="cpp")
 TRITON = pytest.param(("triton", KERNEL_DEVICE), marks=needs_triton, id="triton")
 
 
+class Launches(list):
+    """The names of the kernels the distance-bias launchers started, in order; ``kwargs``: each launch's keyword
+    arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.kwargs = []
+
+
+def spy_launches(monkeypatch, fresh_configs: bool = False) -> Launches:
+    """Record every kernel the padded distance-bias launchers start (:class:`Launches`, filled as they run) and
+    still run it. ``fresh_configs``: forget the remembered launch configurations first (so that a GPU family set
+    with ``interpret_as`` takes effect)."""
+    from syntaxkernels.ops.bias_attention import _launch
+
+    launches = Launches()
+    real_launch = _launch.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        launches.append(fn.fn.__name__)
+        launches.kwargs.append(kwargs)
+        real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    if fresh_configs:
+        monkeypatch.setattr(_launch, "_CONFIGS", {})
+    return launches
+
+
 def sentence_lengths(rng: random.Random, total: int, longest: int):
     """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
     lengths = []

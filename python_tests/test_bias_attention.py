@@ -25,7 +25,7 @@ from syntaxkernels.ops.bias_attention import _autograd, _host, _launch, configs
 from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
-from conftest import KERNEL_DEVICE as DEVICE
+from conftest import KERNEL_DEVICE as DEVICE, spy_launches
 from conftest import requires_cuda
 
 
@@ -279,15 +279,7 @@ SHORT2_CASES = [
 
 
 def _spy_launches(monkeypatch):
-    names = []
-    real_launch = _launch.launch
-
-    def spy(fn, grid, *args, **kwargs):
-        names.append(fn.fn.__name__)
-        real_launch(fn, grid, *args, **kwargs)
-
-    monkeypatch.setattr(_launch, "launch", spy)
-    return names
+    return spy_launches(monkeypatch)
 
 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT_CASES], ids=[c[0] for c in SHORT_CASES])

@@ -98,24 +98,9 @@ def test_grouped_auto_runs_a_grouped_path():
 # The padded Triton kernels (interpreted on the CPU): every kernel family a grouped call can take
 # ---------------------------------------------------------------------------------------------------------------
 
-from conftest import KERNEL_DEVICE as DEVICE, needs_triton  # noqa: E402
+from conftest import KERNEL_DEVICE as DEVICE, needs_triton, spy_launches  # noqa: E402
 
 from syntaxkernels.ops import _primitives as P  # noqa: E402
-
-
-def _spy(monkeypatch):
-    from syntaxkernels.ops.bias_attention import _launch
-
-    names = []
-    real_launch = _launch.launch
-
-    def spy(fn, grid, *args, **kwargs):
-        names.append(fn.fn.__name__)
-        real_launch(fn, grid, *args, **kwargs)
-
-    monkeypatch.setattr(_launch, "launch", spy)
-    monkeypatch.setattr(_launch, "_CONFIGS", {})
-    return names
 
 
 def _run(case, dtype, backend, grad_out, **kw):
@@ -150,7 +135,7 @@ def test_triton_grouped_matches_the_reference(monkeypatch, shape, dtype, opts, k
     """Forward and every gradient of a grouped call on the Triton path against the reference (float64 and the
     call's dtype), with the kernel family the call must take; dK and dV come back in k's and v's shapes."""
     B, H, H_kv, N, D = shape
-    names = _spy(monkeypatch)
+    names = spy_launches(monkeypatch, fresh_configs=True)
     previous = P.interpret_as(arch) if arch is not None else None
     try:
         case = bias_attention_case(B, H, N, D, dtype, kv_heads=H_kv, bias_scale=0.8, seed=N, **opts)

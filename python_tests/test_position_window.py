@@ -15,7 +15,7 @@ from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import block_meta
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
-from conftest import KERNEL_DEVICE as DEVICE, needs_triton
+from conftest import KERNEL_DEVICE as DEVICE, needs_triton, spy_launches
 
 
 def _run(case, dtype, backend, grad_out, **kw):
@@ -105,17 +105,7 @@ TRITON_CASES = [
 @pytest.mark.parametrize("shape,dtype,opts,kw,kernel,arch", [c[1:] for c in TRITON_CASES],
                          ids=[c[0] for c in TRITON_CASES])
 def test_triton_position_window_matches_the_reference(monkeypatch, shape, dtype, opts, kw, kernel, arch):
-    from syntaxkernels.ops.bias_attention import _launch
-
-    names = []
-    real_launch = _launch.launch
-
-    def spy(fn, grid, *args, **kwargs):
-        names.append((fn.fn.__name__, kwargs.get("USE_LISTS")))
-        real_launch(fn, grid, *args, **kwargs)
-
-    monkeypatch.setattr(_launch, "launch", spy)
-    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    launches = spy_launches(monkeypatch, fresh_configs=True)
     B, H, N, D = shape
     previous = P.interpret_as(arch) if arch is not None else None
     try:
@@ -125,10 +115,11 @@ def test_triton_position_window_matches_the_reference(monkeypatch, shape, dtype,
     finally:
         if arch is not None:
             P.interpret_as(previous)
-    assert kernel in [n for n, _ in names], names
+    assert kernel in launches, launches
     # The tiled kernels walk live-tile lists (tiles outside the window skipped).
-    assert all(lists for n, lists in names if n in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel",
-                                                     "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")), names
+    assert all(kw.get("USE_LISTS") for name, kw in zip(launches, launches.kwargs)
+               if name in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel",
+                           "_bias_bwd_table_kernel")), launches
     ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
     reflp = _run(case, dtype, "reference", grad_out, **kw)
     assert_bias_attention_close(case, got, ref64, reflp, dtype)
