@@ -381,6 +381,18 @@ SK_INLINE Columns row_columns(const Problem& P, int64_t i, int64_t j0, int64_t j
   return {lo - j0, hi - j0};
 }
 
+// Zeroes the columns of a span's row (width values) outside c (the whole row when c is empty); returns c's width,
+// <= 0 when the row has no allowed column there.
+SK_INLINE int64_t zero_outside(float* row, int64_t width, Columns c) {
+  if (c.hi <= c.lo) {
+    std::fill(row, row + width, 0.f);
+    return 0;
+  }
+  std::fill(row, row + c.lo, 0.f);
+  std::fill(row + c.hi, row + width, 0.f);
+  return c.hi - c.lo;
+}
+
 // ------------------------------------------------------------------------------------------------ forward
 
 // Tasks [begin, end) of the flattened (b, h, query block), h a query head (reading key/value head h / group).
@@ -423,14 +435,9 @@ SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float* t = scores + r * P.span;
-        const auto [lo, hi] = row_columns(P, i, j0, j1);
-        const int64_t n = hi - lo;
-        if (n <= 0) {
-          std::fill(t, t + width, 0.f);
-          continue;
-        }
-        std::fill(t, t + lo, 0.f);
-        std::fill(t + hi, t + width, 0.f);
+        const Columns allowed = row_columns(P, i, j0, j1);
+        const int64_t n = zero_outside(t, width, allowed), lo = allowed.lo;
+        if (n <= 0) continue;
         t += lo;
         const float block_max = biased_scores(t, P.dist + b * P.d_b + i * P.d_i + j0 + lo, lut, P.scale2, n);
         const float new_max = std::max(row_max[r], block_max);
@@ -525,14 +532,9 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             float* p = probs + r * band + j0;
-            const auto [lo, hi] = row_columns(P, i, j0, j1);
-            const int64_t n = hi - lo;
-            if (n <= 0) {
-              std::fill(p, p + width, 0.f);
-              continue;
-            }
-            std::fill(p, p + lo, 0.f);
-            std::fill(p + hi, p + width, 0.f);
+            const Columns allowed = row_columns(P, i, j0, j1);
+            const int64_t n = zero_outside(p, width, allowed), lo = allowed.lo;
+            if (n <= 0) continue;
             const int64_t c0 = j0 + lo;  // the row's first allowed column
             if constexpr (kDropout) {
               float* m = keep + r * keep_band;

@@ -18,11 +18,10 @@ from syntaxkernels import reference
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.bias_attention import _cpu, _host
 from syntaxkernels.tools.testing import bias_attention_case, bias_attention_grads
-from syntaxkernels.trees import pack_padded
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import needs_cpp, needs_triton
-from test_gqa_cpu_packed import _packed_case, _padded_distance, _padded_form, _run
+from test_gqa_cpu_packed import _packed_case, _run, assert_packed_equals_padded_form
 from test_packed import assert_matches_reference
 
 
@@ -213,20 +212,8 @@ def test_packed_position_window_equals_its_padded_form(monkeypatch, backend):
     sequences' output and gradients (sequence s = item s, positions from 0 in each), the padded one by the C++
     kernels."""
     case = _packed(monkeypatch, [11, 0, 5, 18], 4, 2, 16, dict(per_head=True, tiles=(16, 16)), seed=42)
-    kw = dict(dropout_p=0.35, dropout_seed=31337, window=3, position_window=2, causal=True)
-    out_p, grads_p = _run(case, torch.float32, backend, **kw)
-    padded = {}
-    for name in ("q", "k", "v", "grad_out"):
-        padded[name], lengths = _padded_form(case, case[name])
-    padded_case = dict(case, distance=_padded_distance(case), lengths=lengths, q=padded["q"], k=padded["k"],
-                       v=padded["v"])
-    out, grads = bias_attention_grads(_cpu.cpu_bias_attention, padded_case, torch.float32, padded["grad_out"], **kw)
-    tol = dict(rtol=1e-5, atol=2e-5)
-    torch.testing.assert_close(out_p.cpu(), pack_padded(out.transpose(1, 2), lengths), **tol)
-    for name in ("dq", "dk", "dv"):
-        torch.testing.assert_close(grads_p[name].cpu(), pack_padded(grads[name].transpose(1, 2), lengths), **tol)
-    for name in ("dtable", "dbias_scale"):
-        torch.testing.assert_close(grads_p[name].cpu(), grads[name], **tol)
+    assert_packed_equals_padded_form(case, backend, dropout_p=0.35, dropout_seed=31337, window=3, position_window=2,
+                                     causal=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
