@@ -27,6 +27,12 @@
 // distance, shared by the heads); tiles whose smallest distance is beyond the window are skipped, live ones merged
 // into spans.
 //
+// Positional window (|i - j| <= w): a query block's spans cover only the keys [i0 - w, i0 + rows - 1 + w] (the keys
+// some row of the block may attend: the rest is never multiplied), and each row masks the columns of a span
+// outside its own [i - w, i + w] as causality masks those past the diagonal (P = 0 there; the bias, the exp2, the
+// dropout mask and the table sums run over the allowed columns only). A query block without a live key is skipped
+// in both passes.
+//
 // Attention dropout: separate passes (a template parameter; p = 0 runs the passes above unchanged). The keep
 // multipliers of a row segment (keep_scale or 0) come from one Philox-4x32-7 call per 4 keys (the loop over groups
 // vectorises). Forward: applied to P after the online softmax has summed it (the sum and lse stay the undropped
@@ -307,6 +313,7 @@ struct Problem {
   const int32_t* lengths;
   const uint8_t* tile_min;  // [B, nQ, nK] smallest distance of each tile (window only), else null
   int64_t window;
+  int64_t position_window;  // |i - j| <= position_window (clamped to N), -1 for none
   bool causal;
   float scale, scale2;
   // forward outputs
@@ -325,11 +332,17 @@ struct Problem {
 };
 
 // The spans [start, stop) of live keys of query block qb (rows [i0, i0 + rows)) of item b: keys below the length
-// (and up to the block's last row when causal), without the tiles the window rules out, cut at P.span keys.
+// (and up to the block's last row when causal), within the positional window of some row of the block
+// ([i0 - w, i0 + rows - 1 + w]), without the tiles the distance window rules out, cut at P.span keys.
 void key_spans(const Problem& P, int64_t b, int64_t qb, int64_t i0, int64_t rows, std::vector<int64_t>& spans) {
   spans.clear();
   const int64_t L = P.length(b);
-  const int64_t stop = P.causal ? std::min(L, i0 + rows) : L;
+  int64_t first = 0, stop = P.causal ? std::min(L, i0 + rows) : L;
+  if (P.position_window >= 0) {
+    first = std::max<int64_t>(0, i0 - P.position_window);
+    stop = std::min(stop, i0 + rows + P.position_window);
+  }
+  if (first >= stop) return;
   auto add = [&](int64_t from, int64_t to) {
     for (int64_t j = from; j < to; j += P.span) {
       spans.push_back(j);
@@ -337,15 +350,15 @@ void key_spans(const Problem& P, int64_t b, int64_t qb, int64_t i0, int64_t rows
     }
   };
   if (P.tile_min == nullptr) {
-    add(0, stop);
+    add(first, stop);
     return;
   }
   // Merge consecutive live tiles (query tiles and query blocks coincide: P.block_m rows).
   const uint8_t* row = P.tile_min + (b * P.nQ + qb) * P.nK;
   int64_t run = -1;
-  for (int64_t kb = 0; kb * kTileN < stop; ++kb) {
+  for (int64_t kb = first / kTileN; kb * kTileN < stop; ++kb) {
     const bool live = row[kb] <= P.window;
-    if (live && run < 0) run = kb * kTileN;
+    if (live && run < 0) run = std::max(kb * kTileN, first);
     if (!live && run >= 0) {
       add(run, kb * kTileN);
       run = -1;
@@ -354,9 +367,30 @@ void key_spans(const Problem& P, int64_t b, int64_t qb, int64_t i0, int64_t rows
   if (run >= 0) add(run, stop);
 }
 
-// The columns of row i of a span [j0, j1) that causality allows: [j0, min(j1, i + 1)).
-SK_INLINE int64_t causal_stop(const Problem& P, int64_t i, int64_t j1) {
-  return P.causal ? std::min(j1, i + 1) : j1;
+// The columns of row i of a span [j0, j1) that causality and the positional window allow, as offsets into the
+// span: [lo, hi), none when hi <= lo (the length and the distance window are the spans' and the LUT's).
+struct Columns {
+  int64_t lo, hi;
+};
+SK_INLINE Columns row_columns(const Problem& P, int64_t i, int64_t j0, int64_t j1) {
+  int64_t lo = j0, hi = P.causal ? std::min(j1, i + 1) : j1;
+  if (P.position_window >= 0) {
+    lo = std::max(lo, i - P.position_window);
+    hi = std::min(hi, i + P.position_window + 1);
+  }
+  return {lo - j0, hi - j0};
+}
+
+// Zeroes the columns of a span's row (width values) outside c (the whole row when c is empty); returns c's width,
+// <= 0 when the row has no allowed column there.
+SK_INLINE int64_t zero_outside(float* row, int64_t width, Columns c) {
+  if (c.hi <= c.lo) {
+    std::fill(row, row + width, 0.f);
+    return 0;
+  }
+  std::fill(row, row + c.lo, 0.f);
+  std::fill(row + c.hi, row + width, 0.f);
+  return c.hi - c.lo;
 }
 
 // ------------------------------------------------------------------------------------------------ forward
@@ -401,18 +435,19 @@ SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         float* t = scores + r * P.span;
-        const int64_t n = causal_stop(P, i, j1) - j0;
-        if (n < width) std::fill(t + std::max<int64_t>(n, 0), t + width, 0.f);
+        const Columns allowed = row_columns(P, i, j0, j1);
+        const int64_t n = zero_outside(t, width, allowed), lo = allowed.lo;
         if (n <= 0) continue;
-        const float block_max = biased_scores(t, P.dist + b * P.d_b + i * P.d_i + j0, lut, P.scale2, n);
+        t += lo;
+        const float block_max = biased_scores(t, P.dist + b * P.d_b + i * P.d_i + j0 + lo, lut, P.scale2, n);
         const float new_max = std::max(row_max[r], block_max);
         const float shift = new_max == -kInf ? 0.f : new_max;
         const float alpha = exp2_scalar(row_max[r] - shift);
         const float sum = exp2_shifted(t, shift, n);
         if constexpr (kDropout) {
-          keep_multipliers(keep, j0, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh), P.key0, P.key1,
+          keep_multipliers(keep, j0 + lo, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh), P.key0, P.key1,
                            P.threshold, P.keep_scale);
-          apply_keep(t, keep + (j0 & 3), n);
+          apply_keep(t, keep + ((j0 + lo) & 3), n);
         }
         row_sum[r] = row_sum[r] * alpha + sum;
         row_max[r] = new_max;
@@ -497,18 +532,18 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r;
             float* p = probs + r * band + j0;
-            const int64_t n = causal_stop(P, i, j1) - j0;
-            if (n < width) std::fill(p + std::max<int64_t>(n, 0), p + width, 0.f);
+            const Columns allowed = row_columns(P, i, j0, j1);
+            const int64_t n = zero_outside(p, width, allowed), lo = allowed.lo;
+            if (n <= 0) continue;
+            const int64_t c0 = j0 + lo;  // the row's first allowed column
             if constexpr (kDropout) {
-              if (n > 0) {
-                float* m = keep + r * keep_band;
-                keep_multipliers(m + (j0 & ~int64_t(3)), j0, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh),
-                                 P.key0, P.key1, P.threshold, P.keep_scale);
-                apply_keep(grads + r * band + j0, m + j0, n);
-              }
+              float* m = keep + r * keep_band;
+              keep_multipliers(m + (c0 & ~int64_t(3)), c0, n, static_cast<uint32_t>(i), static_cast<uint32_t>(bh),
+                               P.key0, P.key1, P.threshold, P.keep_scale);
+              apply_keep(grads + r * band + c0, m + c0, n);
             }
-            if (n > 0) delta[r] += probabilities(p, grads + r * band + j0, P.dist + b * P.d_b + i * P.d_i + j0,
-                                                 lut, P.scale2, lse[i], n);
+            delta[r] += probabilities(p + lo, grads + r * band + c0, P.dist + b * P.d_b + i * P.d_i + c0, lut,
+                                      P.scale2, lse[i], n);
           }
         }
         // Pass B: dS over dP, its sums by distance, and the gradient products.
@@ -519,12 +554,15 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
             const int64_t i = i0 + r;
             float* ds = grads + r * band + j0;
             score_gradients(probs + r * band + j0, ds, delta[r], width);
-            const int64_t n = causal_stop(P, i, j1) - j0;
+            const auto [lo, hi] = row_columns(P, i, j0, j1);
+            const int64_t n = hi - lo;
+            if (n <= 0) continue;
             if constexpr (kDropout) {
-              if (n > 0) apply_keep(probs + r * band + j0, keep + r * keep_band + j0, n);
+              apply_keep(probs + r * band + j0 + lo, keep + r * keep_band + j0 + lo, n);
             }
             if (hist == nullptr) continue;
-            const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0;
+            ds += lo;
+            const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0 + lo;
             int64_t j = 0;
             for (; j + 8 <= n; j += 8) {
               for (int64_t l = 0; l < 8; ++l) stripes[l * 256 + d[j + l]] += static_cast<double>(ds[j + l]);
@@ -629,7 +667,7 @@ at::Tensor as_rows(const at::Tensor& t) {
 
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& distance,
                      const at::Tensor& lut, const at::Tensor& lengths, double scale, int64_t window, bool causal,
-                     int64_t block_m, int64_t span) {
+                     int64_t position_window, int64_t block_m, int64_t span) {
   Problem P{};
   P.block_m = block_m, P.span = span;
   P.B = q.size(0), P.H = q.size(1), P.N = q.size(2), P.D = q.size(3), P.Dv = v.size(3);
@@ -646,6 +684,8 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   P.lut_h = lut.size(0) > 1 ? lut.stride(0) : 0;
   P.lengths = lengths.data_ptr<int32_t>();
   P.window = window;
+  // Every |i - j| is below N: a wider window is none (clamped, so that i + w + 1 cannot overflow).
+  P.position_window = position_window < 0 ? -1 : std::min(position_window, P.N);
   P.causal = causal;
   P.scale = static_cast<float>(scale);
   P.scale2 = static_cast<float>(scale) * kLog2e;
@@ -675,8 +715,9 @@ void set_dropout(Problem& P, int64_t seed, int64_t threshold, double keep_scale)
 
 void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& distance_in, const at::Tensor& lut_in, const at::Tensor& lengths_in,
-                                double scale, int64_t window, bool causal, int64_t dropout_seed,
-                                int64_t dropout_threshold, double keep_scale, at::Tensor& out, at::Tensor& lse) {
+                                double scale, int64_t window, bool causal, int64_t position_window,
+                                int64_t dropout_seed, int64_t dropout_threshold, double keep_scale, at::Tensor& out,
+                                at::Tensor& lse) {
   check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
   const bool dropout = check_dropout(dropout_threshold, keep_scale);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), Dv = v_in.size(3);
@@ -690,7 +731,8 @@ void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in);
   const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
   const at::Tensor lengths = lengths_in.contiguous();
-  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kForwardBlockM, kForwardSpan);
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, position_window, kForwardBlockM,
+                           kForwardSpan);
   set_dropout(P, dropout_seed, dropout_threshold, keep_scale);
   at::Tensor minima;
   if (window >= 0) {
@@ -718,8 +760,9 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
                                  const at::Tensor& v_in, const at::Tensor& lse, const at::Tensor& distance_in,
                                  const at::Tensor& lut_in, const at::Tensor& lengths_in,
                                  const at::Tensor& bucket_index_in, double scale, int64_t window, bool causal,
-                                 bool table_grad, int64_t dropout_seed, int64_t dropout_threshold, double keep_scale,
-                                 at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& bucket_grad) {
+                                 int64_t position_window, bool table_grad, int64_t dropout_seed,
+                                 int64_t dropout_threshold, double keep_scale, at::Tensor& dq, at::Tensor& dk,
+                                 at::Tensor& dv, at::Tensor& bucket_grad) {
   check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
   const bool dropout = check_dropout(dropout_threshold, keep_scale);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), D = q_in.size(3), Dv = v_in.size(3);
@@ -754,7 +797,8 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
   const at::Tensor q = as_rows(q_in), k = as_rows(k_in), v = as_rows(v_in), dout = as_rows(dout_in);
   const at::Tensor distance = last_dim_contiguous(distance_in), lut = lut_in.contiguous();
   const at::Tensor lengths = lengths_in.contiguous();
-  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, kBackwardBlockM, kBackwardSpan);
+  Problem P = make_problem(q, k, v, distance, lut, lengths, scale, window, causal, position_window, kBackwardBlockM,
+                           kBackwardSpan);
   set_dropout(P, dropout_seed, dropout_threshold, keep_scale);
   at::Tensor minima;
   if (window >= 0) {

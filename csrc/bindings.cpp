@@ -15,10 +15,10 @@
 // edge_attention_backward(dout, q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, scale, dq, dk, dv)
 //     (both with optional dropout_p, seed, token_item, token_pos):
 //     CPU edge-list attention writing into the given tensors; see edge_attention.h.
-// bias_attention_forward(q, k, v, distance, lut, lengths, scale, window, causal, dropout_seed, dropout_threshold,
-//     keep_scale, out, lse) and
+// bias_attention_forward(q, k, v, distance, lut, lengths, scale, window, causal, position_window, dropout_seed,
+//     dropout_threshold, keep_scale, out, lse) and
 // bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, scale, window, causal,
-//     table_grad, dropout_seed, dropout_threshold, keep_scale, dq, dk, dv, bucket_grad): CPU distance-bias
+//     position_window, table_grad, dropout_seed, dropout_threshold, keep_scale, dq, dk, dv, bucket_grad): CPU distance-bias
 //     attention (attention dropout when dropout_threshold > 0 or keep_scale != 1) writing into the given tensors;
 //     see bias_attention.h.
 // packed_tree_distance(heads int64 [T] CPU, cu_seqlens int64 [S + 1] CPU, num_threads)
@@ -560,14 +560,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bias_attention_forward", &syntaxkernels::bias_attention_forward_cpu, pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("distance"), pybind11::arg("lut"),
         pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window"), pybind11::arg("causal"),
-        pybind11::arg("dropout_seed"), pybind11::arg("dropout_threshold"), pybind11::arg("keep_scale"),
+        pybind11::arg("position_window"), pybind11::arg("dropout_seed"), pybind11::arg("dropout_threshold"), pybind11::arg("keep_scale"),
         pybind11::arg("out"), pybind11::arg("lse"),
         "CPU distance-bias attention forward: writes out [B, H, N, Dv] and lse [B, H, N] (log2, +inf for an empty "
         "row). Releases the GIL.");
   m.def("bias_attention_backward", &syntaxkernels::bias_attention_backward_cpu, pybind11::arg("dout"),
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("lse"), pybind11::arg("distance"),
         pybind11::arg("lut"), pybind11::arg("lengths"), pybind11::arg("bucket_index"), pybind11::arg("scale"),
-        pybind11::arg("window"), pybind11::arg("causal"), pybind11::arg("table_grad"),
+        pybind11::arg("window"), pybind11::arg("causal"), pybind11::arg("position_window"),
+        pybind11::arg("table_grad"),
         pybind11::arg("dropout_seed"), pybind11::arg("dropout_threshold"), pybind11::arg("keep_scale"),
         pybind11::arg("dq"), pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("bucket_grad"),
         "CPU distance-bias attention backward: writes dq, dk, dv and the per-bucket sums of dS bucket_grad "

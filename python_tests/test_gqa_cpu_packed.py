@@ -245,7 +245,12 @@ def test_packed_grouped_equals_its_padded_form(backend):
     """A packed grouped batch (an empty sequence and a dropout mask included) gives the padded batch of the same
     sequences' output and gradients (sequence s = item s), the padded one by the C++ kernels."""
     case = _packed_case([11, 0, 5, 18], 4, 2, 16, seed=42, per_head=True)
-    kw = dict(dropout_p=0.35, dropout_seed=31337, window=3)
+    assert_packed_equals_padded_form(case, backend, dropout_p=0.35, dropout_seed=31337, window=3)
+
+
+def assert_packed_equals_padded_form(case, backend, **kw):
+    """The packed call of ``case`` (:func:`_packed_case`) on ``backend`` gives the output and gradients of the C++
+    kernels on the padded batch of the same sequences (item s = sequence s), with the call options ``kw``."""
     out_p, grads_p = _run(case, torch.float32, backend, **kw)
     distance = _padded_distance(case)
     padded = {}

@@ -3,8 +3,8 @@
 
 The reference against an independent mask; the padded Triton kernels (interpreted on the CPU: the short-row
 forward and backward, the two-block backward, the tiled kernels walking live-tile lists) against the reference in
-forward and every gradient; tiles outside the window are not walked; the paths that do not take it run the
-reference under ``backend="auto"``; bad values are a ``ValueError``.
+forward and every gradient; tiles outside the window are not walked; ``backend="auto"`` on CPU tensors runs a path
+that takes it; bad values are a ``ValueError``. The C++ kernels and packed batches: test_position_window_cpu_packed.py.
 """
 import pytest
 import torch
@@ -50,17 +50,19 @@ def test_bad_position_windows_are_refused():
     q = torch.randn(1, 1, 4, 8)
     d = torch.zeros(1, 4, 4, dtype=torch.uint8)
     table = torch.zeros(sk.BucketSpec().num_buckets)
+    packed = q[0].transpose(0, 1)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ValueError, match="position_window"):
             sk.syntax_bias_attention(q, q, q, d, table, buckets=sk.BucketSpec(), position_window=bad)
-    with pytest.raises(ValueError, match="packed"):
-        sk.syntax_bias_attention(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), d.view(-1), table,
-                                 buckets=sk.BucketSpec(), cu_seqlens=torch.tensor([0, 4], dtype=torch.int32),
-                                 position_window=2)
+        with pytest.raises(ValueError, match="position_window"):  # packed batches take it, and check it
+            sk.syntax_bias_attention(packed, packed, packed, d.view(-1), table, buckets=sk.BucketSpec(),
+                                     cu_seqlens=cu, position_window=bad)
 
 
 def test_cpu_auto_runs_a_path_that_takes_it():
-    """On CPU tensors "auto" runs the reference for a positional window (the C++ kernels do not take it yet)."""
+    """On CPU tensors "auto" runs a path that takes a positional window (the C++ kernels where the extension is
+    built: test_position_window_cpu_packed.py checks them; else the reference)."""
     case = bias_attention_case(2, 2, 13, 8, lengths=[13, 6], seed=2)
     grad_out = torch.randn(2, 2, 13, 8, generator=torch.Generator().manual_seed(3))
     got = bias_attention_grads(sk.syntax_bias_attention, case, torch.float32, grad_out, position_window=2)

@@ -86,9 +86,9 @@ else:
 
 __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
-#: The implementations that take a positional window (``position_window``) on a padded batch; another one runs the
+#: The implementations that take a positional window (``position_window``), padded or packed; another one runs the
 #: reference for it.
-BAND_PATHS = frozenset({"reference", "triton"})
+BAND_PATHS = frozenset({"reference", "triton", "cpp"})
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -192,8 +192,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         causal: allow only ``j <= i``.
         position_window: allow only ``|i - j| <= position_window`` (a sliding window over positions, as ModernBERT's
             local layers and Mistral attend; combined with ``window``, ``causal`` and the lengths); tiles outside it
-            are skipped. Padded batches; the C++ kernels do not take it yet (``backend="auto"`` runs the reference
-            for it on CPU tensors).
+            are skipped. Every path takes it (Triton, C++, padded and packed); in a packed batch positions count
+            within each sequence.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
             distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor
@@ -226,14 +226,13 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
     if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
-        if position_window is not None:
-            raise ValueError("position_window is not supported on packed batches yet; pass the padded batch")
         if lengths is not None:  # packed (varlen) batches: their own kernels
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
         return syntax_bias_attention_varlen(q, k, v, distance, table, buckets=buckets, cu_seqlens=cu_seqlens,
                                             max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale, window=window,
                                             causal=causal, deterministic=deterministic, backend=backend,
-                                            dropout_p=dropout_p, dropout_seed=dropout_seed)
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                            position_window=position_window)
     V.check_dropout(dropout_p, dropout_seed)
     V.check_position_window(position_window)
     V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
@@ -246,7 +245,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         chosen = "reference"
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
-                                       window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                                       window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                       position_window=position_window)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,

@@ -5,8 +5,9 @@
 up to 512 keys (backward 64 x 256) with an online softmax, the bias gathered per score from the Triton kernels'
 per-head 256-entry LUT (:func:`._host.bias_lut`: log2 domain, ``-inf`` past the window); matrix products through the
 BLAS torch links, the rest vectorised (AVX2+FMA chosen at run time); key tiles with no pair inside the window
-skipped. The backward gives dq, dk, dv and the per-bucket sums of dS, from which the table and bias-scale gradients
-follow (``d table = c * G``, ``d c = sum(table * G)``). Deterministic: the same bits run to run and for any thread
+skipped (and, with a positional window ``|i - j| <= w``, the keys outside every row's window of a query block; the
+pairs outside a row's own window masked as causality masks them). The backward gives dq, dk, dv and the per-bucket
+sums of dS, from which the table and bias-scale gradients follow (``d table = c * G``, ``d c = sum(table * G)``). Deterministic: the same bits run to run and for any thread
 count (every output has one writer, every sum a fixed order). Attention dropout (``dropout_p > 0``) drops the
 probabilities with :func:`syntaxkernels.reference.dropout_keep`'s mask (batch item b = the mask's item b),
 generated in the kernels and regenerated in the backward; ``dropout_p == 0`` runs kernels compiled without it.
@@ -46,13 +47,15 @@ __all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_c
 def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                                lut: torch.Tensor, lengths: torch.Tensor, scale: float, window: int,
                                causal: bool, dropout_seed: int = 0, dropout_threshold: int = 0,
-                               keep_scale: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+                               keep_scale: float = 1.0, position_window: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """C++ forward: ``(out [B, H, N, Dv] in q's dtype, lse2 float32 [B, H, N])`` (log2, +inf for empty rows).
 
     Args: q ``[B, H, N, D]``, k ``[B, H_kv, N, D]``, v ``[B, H_kv, N, Dv]`` (``H % H_kv == 0``, grouped-query
     attention; last dim contiguous, other strides free); distance uint8
     ``[B, N, N]``; lut float32 ``[1 or H, 256]`` (:func:`bias_lut`); lengths int32 ``[B]``; window -1 for none
-    (the LUT holds it; here it enables tile skipping); causal: only ``j <= i``. Attention dropout
+    (the LUT holds it; here it enables tile skipping); causal: only ``j <= i``; position_window: only ``|i - j| <=
+    position_window`` (-1 for none; the keys outside every row's window of a query block are skipped). Attention
+    dropout
     (:func:`.._dispatch.dropout_arguments`; the defaults are none): ``dropout_seed`` the uint64 seed's bit pattern as an
     int64, ``dropout_threshold`` the uint32 threshold, ``keep_scale`` ``1 / (1 - p)``; the mask is
     :func:`syntaxkernels.reference.dropout_keep`'s (item = batch index), lse the undropped softmax's.
@@ -61,13 +64,14 @@ def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = torch.empty((B, H, N, v.shape[-1]), dtype=q.dtype)
     lse = torch.empty((B, H, N), dtype=torch.float32)
     _ext.load().bias_attention_forward(q, k, v, distance, lut, lengths, float(scale), int(window), bool(causal),
-                                       int(dropout_seed), int(dropout_threshold), float(keep_scale), out, lse)
+                                       int(position_window), int(dropout_seed), int(dropout_threshold),
+                                       float(keep_scale), out, lse)
     return out, lse
 
 
 @bias_attention_cpu_forward.register_fake
 def _(q, k, v, distance, lut, lengths, scale, window, causal, dropout_seed=0, dropout_threshold=0,
-      keep_scale=1.0):
+      keep_scale=1.0, position_window=-1):
     B, H, N, _ = q.shape
     return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
 
@@ -77,26 +81,27 @@ def bias_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Te
                                 lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, lengths: torch.Tensor,
                                 bucket_index: torch.Tensor, num_buckets: int, scale: float, window: int, causal: bool,
                                 table_grad: bool, dropout_seed: int = 0, dropout_threshold: int = 0,
-                                keep_scale: float = 1.0
+                                keep_scale: float = 1.0, position_window: int = -1
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """C++ backward: ``(dq, dk, dv, G)`` (dq like q, dk and dv like k and v: ``[B, H_kv, N, *]``, summed over each
     group's query heads), G float32 ``[1 or H, num_buckets]`` the per-bucket sums of dS (zeros
     unless ``table_grad``); ``bucket_index`` int64 ``[256]`` is ``BucketSpec.lut()``. Other arguments as the
-    forward's (the dropout ones the forward's: the mask is regenerated from the seed), plus ``dout`` (like out, any
-    strides) and the forward's ``lse``."""
+    forward's (the dropout ones and the positional window the forward's: the mask is regenerated from the seed),
+    plus ``dout`` (like out, any strides) and the forward's ``lse``."""
     dq = torch.empty(q.shape, dtype=q.dtype)
     dk = torch.empty(k.shape, dtype=q.dtype)
     dv = torch.empty(v.shape, dtype=q.dtype)
     bucket_grad = torch.empty((lut.shape[0], num_buckets), dtype=torch.float32)
     _ext.load().bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, float(scale),
-                                        int(window), bool(causal), bool(table_grad), int(dropout_seed),
-                                        int(dropout_threshold), float(keep_scale), dq, dk, dv, bucket_grad)
+                                        int(window), bool(causal), int(position_window), bool(table_grad),
+                                        int(dropout_seed), int(dropout_threshold), float(keep_scale), dq, dk, dv,
+                                        bucket_grad)
     return dq, dk, dv, bucket_grad
 
 
 @bias_attention_cpu_backward.register_fake
 def _(dout, q, k, v, lse, distance, lut, lengths, bucket_index, num_buckets, scale, window, causal, table_grad,
-      dropout_seed=0, dropout_threshold=0, keep_scale=1.0):
+      dropout_seed=0, dropout_threshold=0, keep_scale=1.0, position_window=-1):
     # Contiguous like the real op's outputs, whatever q, k, v's strides (the modules pass transposed views).
     return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
             q.new_empty((lut.shape[0], num_buckets), dtype=torch.float32))
@@ -105,19 +110,20 @@ def _(dout, q, k, v, lse, distance, lut, lengths, bucket_index, num_buckets, sca
 class _SyntaxBiasAttentionCPU(torch.autograd.Function):
     """Autograd over the two C++ ops; gradients for q, k, v, the table and a tensor ``bias_scale`` (the table and
     bias-scale gradients from the per-bucket sums, as ``_SyntaxBiasAttention`` does on the Triton path).
-    ``dropout_p``, ``dropout_seed``: attention dropout (saved, not the mask: the backward regenerates it)."""
+    ``dropout_p``, ``dropout_seed``: attention dropout (saved, not the mask: the backward regenerates it);
+    ``position_window``: ``|i - j| <= position_window`` (-1: none)."""
 
     @staticmethod
     def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec,
-                dropout_p=0.0, dropout_seed=None):
+                dropout_p=0.0, dropout_seed=None, position_window=-1):
         spec = _spec(*bucket_spec)
         lut = bias_lut(table, bias_scale, spec, window)
         out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(
             q, k, v, distance, lut, lengths, scale, window, causal,
-            *dropout_arguments(dropout_p, dropout_seed))
+            *dropout_arguments(dropout_p, dropout_seed), position_window)
         ctx.save_for_backward(q, k, v, lse, distance, table, bias_scale, lengths, lut)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
-        ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
+        ctx.dropout_p, ctx.dropout_seed, ctx.position_window = dropout_p, dropout_seed, position_window
         return out
 
     @staticmethod
@@ -127,15 +133,16 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         spec = _spec(*ctx.bucket_spec)
         dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
             dout, q, k, v, lse, distance, lut, lengths, _bucket_lut(spec, distance), spec.num_buckets, ctx.scale,
-            ctx.window, ctx.causal, table_grad, *dropout_arguments(ctx.dropout_p, ctx.dropout_seed))
+            ctx.window, ctx.causal, table_grad, *dropout_arguments(ctx.dropout_p, ctx.dropout_seed),
+            ctx.position_window)
         dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
-        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None
+        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None, None
 
 
 def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
                        buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
                        window: Optional[int] = None, causal: bool = False, dropout_p: float = 0.0,
-                       dropout_seed: Optional[int] = None) -> torch.Tensor:
+                       dropout_seed: Optional[int] = None, position_window: Optional[int] = None) -> torch.Tensor:
     """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
     :func:`._host.cpu_kernels_take` true): ``distance`` the batch's padded :class:`~syntaxkernels.plan.StructurePlan`
     (a TreeBatch) or a distance tensor with its ``lengths``. Same arguments and result; see that function.
@@ -144,16 +151,19 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
 
         bias = table[..., buckets.lut()[distance.long()]] * c           # [B, 1 or H, N, N]
         s = (q @ k.transpose(-1, -2)) * scale + bias
-        allowed = allowed_pairs(distance, lengths, window, causal)[:, None]
+        allowed = allowed_pairs(distance, lengths, window, causal, position_window)[:, None]
         p = s.masked_fill(~allowed, -inf).softmax(-1)       # NaN in a row with a NaN or +inf allowed score
         p = reference.apply_attention_dropout(p, dropout_p, dropout_seed)   # when dropout_p > 0
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
 
     Attention dropout runs in the kernels: one Philox-4x32-7 call per 4 keys of a row, the mask regenerated in the
-    backward from the seed (never stored); ``dropout_p == 0`` runs the kernels without it.
+    backward from the seed (never stored); ``dropout_p == 0`` runs the kernels without it. A positional window
+    (``position_window``) masks ``|i - j| > position_window`` in the kernels and skips the keys outside every row's
+    window of a query block.
     """
     plan = as_plan(distance, lengths)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     return _SyntaxBiasAttentionCPU.apply(q, k, v, plan.distance, table, bias_scale, plan.kernel_lengths, float(scale),
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets),
-                                         float(dropout_p), None if dropout_p == 0.0 else int(dropout_seed))
+                                         float(dropout_p), None if dropout_p == 0.0 else int(dropout_seed),
+                                         -1 if position_window is None else int(position_window))

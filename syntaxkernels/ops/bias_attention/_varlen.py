@@ -67,11 +67,13 @@ def _check_varlen(q, k, v, plan, table, buckets, window):
 
 def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
                                     window=None, causal=False, dropout_p: float = 0.0,
-                                    dropout_seed: Optional[int] = None):
+                                    dropout_seed: Optional[int] = None, position_window: Optional[int] = None):
     """The specification: :func:`syntaxkernels.reference.syntax_bias_attention` run sequence by sequence
     (``[1, H, n, D]`` each, its ``n x n`` distance block), outputs concatenated back to ``[T, H, Dv]``. Rows of an
     empty sequence do not exist; gradients flow through autograd. Dropout: sequence s draws the mask of batch
-    item s (:func:`syntaxkernels.reference.dropout_keep`), as the padded batch of the same sequences would."""
+    item s (:func:`syntaxkernels.reference.dropout_keep`), as the padded batch of the same sequences would. A
+    positional window counts positions within each sequence (``|i - j| <= position_window``, i and j the tokens'
+    positions in it)."""
     cu = cu_seqlens.to("cpu", torch.int64).tolist()
     outs = []
     offset = 0
@@ -85,7 +87,8 @@ def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seq
         qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         o = reference.syntax_bias_attention(qs, ks, vs, block, table, buckets=buckets, scale=scale,
                                             bias_scale=bias_scale, window=window, causal=causal,
-                                            dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_item=s)
+                                            dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_item=s,
+                                            position_window=position_window)
         outs.append(o[0].transpose(0, 1))
     if not outs:
         return q.new_zeros((0, q.shape[1], v.shape[-1])) + 0 * v.sum()
@@ -118,10 +121,11 @@ def _cpu_layout(plan):
 
 
 def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal, dropout_p=0.0,
-                               dropout_seed=None):
+                               dropout_seed=None, position_window=None):
     """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
     inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
-    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter."""
+    the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter. A positional window is
+    the padded op's (each sequence starts at position 0 of its row)."""
     sequence, position, lengths, padded = _cpu_layout(plan)
     S, N = padded.distance.shape[:2]
 
@@ -132,7 +136,7 @@ def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale,
 
     out = _cpu.cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
                                   bias_scale=bias_scale, window=window, causal=causal, dropout_p=dropout_p,
-                                  dropout_seed=dropout_seed)
+                                  dropout_seed=dropout_seed, position_window=position_window)
     return out.transpose(1, 2)[sequence, position]
 
 
@@ -141,7 +145,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  max_seqlen: Optional[int] = None, scale: Optional[float] = None, bias_scale=None,
                                  window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
                                  backend: str = "auto", dropout_p: float = 0.0,
-                                 dropout_seed: Optional[int] = None) -> torch.Tensor:
+                                 dropout_seed: Optional[int] = None,
+                                 position_window: Optional[int] = None) -> torch.Tensor:
     """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
 
     Args:
@@ -161,6 +166,9 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dropout_p, dropout_seed: attention dropout on the probabilities, as in
             :func:`syntaxkernels.syntax_bias_attention`; sequence s draws the mask of batch item s (the padded
             batch of the same sequences drops the same pairs).
+        position_window: allow only ``|i - j| <= position_window`` with i and j the positions within the sequence
+            (the padded batch of the same sequences allows the same pairs); the Triton kernels skip the key (query)
+            tiles outside every row's (key's) window.
     Returns:
         ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
 
@@ -180,22 +188,26 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     V.check_dropout(dropout_p, dropout_seed)
+    V.check_position_window(position_window)
     chosen = implementation(q, v, backend)
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
         return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
-                                          dropout_p, dropout_seed)
+                                          dropout_p, dropout_seed, position_window)
     if chosen != "triton":
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
                                                window=window, causal=causal, dropout_p=dropout_p,
-                                               dropout_seed=dropout_seed)
+                                               dropout_seed=dropout_seed, position_window=position_window)
     fused_scale, fused_strength = kernel_arguments(q, scale, bias_scale)
     try:
         return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, table, fused_strength, plan.distance,
                                                           plan.cu_seqlens, plan.sequence, plan.distance_offsets,
                                                           float(fused_scale), -1 if window is None else int(window),
                                                           bool(causal), bucket_args(buckets), backend == "auto",
-                                                          float(dropout_p), dropout_seed)
+                                                          float(dropout_p), dropout_seed,
+                                                          # (a window past T tokens is none: kept in int32 range)
+                                                          -1 if position_window is None
+                                                          else min(int(position_window), q.shape[0]))
     except _varlen_kernels.KernelDoesNotFit as error:
         if backend != "auto":
             raise
@@ -203,7 +215,7 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
                                                window=window, causal=causal, dropout_p=dropout_p,
-                                               dropout_seed=dropout_seed)
+                                               dropout_seed=dropout_seed, position_window=position_window)
 
 
 def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:

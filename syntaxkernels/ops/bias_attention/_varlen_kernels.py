@@ -38,7 +38,10 @@ Grouped-query attention: k and v may have ``H_kv`` heads (``H % H_kv == 0``); ev
 the plain op compiles as before), no copy of K/V per query head.
 
 Every tile takes the masked path (a packed tile holds several sequences). Windows come from the LUT (``-inf``
-beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order).
+beyond the window); ``causal`` keeps ``j <= i`` (within a sequence, as packed positions keep the order). A
+positional window (the BAND variant, runtime ``band``) keeps ``|i - j| <= band``: two tokens of one sequence lie as
+far apart in the packed row as in their sequence, so the packed indices give it, and a block walks only the tiles
+within ``band`` of its own tokens.
 
 Also here: the choice of configuration (:func:`select_varlen_config`, from :data:`.configs.CONFIGS`), the
 launchers (``torch.library`` Triton ops ``syntaxkernels::bias_attention_varlen_fwd`` / ``_bwd``) and the autograd
@@ -145,16 +148,34 @@ def _rows_at(base, first, stride):
 
 
 @triton.jit
+def _in_band(rows, cols, band):
+    """The positional window of packed tokens ``rows`` and ``cols`` (broadcast): ``|rows - cols| <= band``. Two
+    tokens of one sequence lie as far apart in the packed row as in their sequence, so on the pairs the sequence
+    test keeps this is ``|pos_i - pos_j| <= band`` with the positions counted within the sequence."""
+    return tl.abs(rows - cols) <= band
+
+
+@triton.jit
+def _band_range(start, end, first, BLOCK: tl.constexpr, band):
+    """``[start, end)`` cut to the tokens within ``band`` of some token of the block ``[first, first + BLOCK)``:
+    the tiles a block walks with a positional window (the rest hold no pair in the window)."""
+    return tl.maximum(start, first - band), tl.minimum(end, first + BLOCK + band)
+
+
+@triton.jit
 def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d, kend, D, stride_kt,
             stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr,
-            TILE_BASE: tl.constexpr, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr):
+            TILE_BASE: tl.constexpr, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False,
+            band=0):
     """``(scores, allowed, k)`` of the tile of keys ``start_n + cols``: log2-domain scores with the bias, -inf where
-    not allowed."""
+    not allowed (another sequence, causality, and with BAND the positional window: :func:`_in_band`)."""
     offs_n = start_n + cols
     seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
     allowed = seq_m[:, None] == seq_n[None, :]
     if CAUSAL:
         allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+    if BAND:
+        allowed = allowed & _in_band(offs_m[:, None], offs_n[None, :], band)
     if TILE_BASE:  # the tile's first row as an int64 base, int32 offsets inside it
         k = load_rows(_rows_at(k_base, start_n, stride_kt), cols, offs_d, stride_kt, stride_kd, kend - start_n, D,
                       True, EVEN_D)
@@ -178,7 +199,7 @@ def _varlen_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
 ):
     """Forward for one packed query block of one head.
 
@@ -194,6 +215,9 @@ def _varlen_fwd_kernel(
         seed, threshold, keep_scale: attention dropout with DROPOUT (:func:`._primitives.dropout_arguments`;
             unused otherwise): the probabilities of the dropped pairs (:func:`_keep`) leave the product with V, the
             normaliser keeps them, the output is scaled by ``keep_scale``. LSE stays the undropped softmax's.
+        BAND, band: the positional window ``|pos_i - pos_j| <= band`` (positions within the sequence): masked in
+            every tile (:func:`_in_band`), and the key tiles beyond every row's window are not walked
+            (:func:`_band_range`). Off, it compiles as without.
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -213,6 +237,8 @@ def _varlen_fwd_kernel(
     kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
     if CAUSAL:
         kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+    if BAND:
+        kstart, kend = _band_range(kstart, kend, first, BLOCK_M, band)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -221,7 +247,7 @@ def _varlen_fwd_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED)
+                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED, BAND, band)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -258,7 +284,7 @@ def _varlen_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
@@ -266,7 +292,8 @@ def _varlen_dq_kernel(
     at head ``h // kv_group``); DOUT and OUT ``[T, H, DV]``
     (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``). With DROPOUT (seed, threshold,
     keep_scale as in the forward; O is the dropped output) ``dP = (dO V^T) * keep * keep_scale`` and ``dS = P (dP -
-    delta)`` with the undropped P: the forward's mask, drawn again (:func:`_keep`)."""
+    delta)`` with the undropped P: the forward's mask, drawn again (:func:`_keep`). BAND, band: the positional
+    window, as in the forward (masked, far key tiles not walked)."""
     q_block, bh, b, h = program_ids(num_q_blocks, H)
     first = q_block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
@@ -288,6 +315,8 @@ def _varlen_dq_kernel(
     kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
     if CAUSAL:
         kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
+    if BAND:
+        kstart, kend = _band_range(kstart, kend, first, BLOCK_M, band)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_error = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -295,7 +324,7 @@ def _varlen_dq_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     True, OPAQUE_BIAS, INTERPRETED)
+                                     True, OPAQUE_BIAS, INTERPRETED, BAND, band)
         p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
         v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
                       kend - start_n, DV, True, EVEN_DV)
@@ -329,7 +358,7 @@ def _varlen_dkdv_kernel(
     TABLE_GRAD: tl.constexpr = False, NUM_BUCKETS: tl.constexpr = 1, BUCKETS_PAD: tl.constexpr = 16,
     STATIC_BUCKETS: tl.constexpr = True, MAX_DISTANCE: tl.constexpr = 1, LOG_DISTANCE: tl.constexpr = 0,
     UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
-    DROPOUT: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
 ):
     """dK, dV for one packed key block (BLOCK_N keys) of one key/value head, walking the query tiles of its
     sequences in transposed orientation (keys are rows). Grouped-query attention (K, V, DK, DV_OUT ``[T, H_kv, *]``,
@@ -342,7 +371,8 @@ def _varlen_dkdv_kernel(
     ``BUCKET_PARTIALS [H * nK, NUM_BUCKETS]`` (row ``h * nK + key block``; BUCKET_LUT: int64 ``[256]``,
     ``BucketSpec.lut()``; both unused otherwise). With DROPOUT (seed, threshold, keep_scale as in the forward):
     ``dV = (P * keep)^T dO * keep_scale`` and dP takes the keep as in the dQ kernel (the mask of :func:`_keep_t`,
-    the forward's pairs transposed, numbered by the query head).
+    the forward's pairs transposed, numbered by the query head). BAND, band: the positional window, as in the
+    forward (masked; the query tiles beyond every key's window are not walked).
     Grid: ``(cdiv(T, BLOCK_N) * H_kv,)``."""
     k_block, bkv, b, kv = program_ids(num_k_blocks, H // kv_group)
     first = k_block * BLOCK_N
@@ -359,6 +389,8 @@ def _varlen_dkdv_kernel(
     qstart, qend = _span(SEQ, CU, first, BLOCK_N, T)
     if CAUSAL:
         qstart = tl.maximum(qstart, first)
+    if BAND:
+        qstart, qend = _band_range(qstart, qend, first, BLOCK_N, band)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -377,6 +409,8 @@ def _varlen_dkdv_kernel(
             allowed_t = seq_n[:, None] == seq_m[None, :]
             if CAUSAL:
                 allowed_t = allowed_t & (offs_n[:, None] <= offs_m[None, :])
+            if BAND:
+                allowed_t = allowed_t & _in_band(offs_n[:, None], offs_m[None, :], band)
             q = load_rows(_rows_at(q_base, start_m, stride_qt), rows, offs_d, stride_qt, stride_qd, qend - start_m,
                           D, True, EVEN_D)
             lse = tl.load(LSE + h * stride_lse + offs_m, mask=in_range, other=float("inf"))
@@ -459,6 +493,7 @@ def _varlen_table_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
     INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr = False,
+    BAND: tl.constexpr = False, band=0,
 ):
     """The table gradient of a packed batch: per bucket, the sum of dS over one packed query block's pairs and
     ``HEADS`` heads (the padded op's :func:`._backward._bias_bwd_table_kernel` on packed tiles).
@@ -480,6 +515,7 @@ def _varlen_table_kernel(
         BUCKET_PARTIALS: fp32 ``[(H / HEADS) * nQ, NUM_BUCKETS]``: each program's sums, written once and reduced in
             a fixed order by the launcher (no atomics).
         seed, threshold, keep_scale: with DROPOUT, each head's dP takes that head's keep mask as in the dQ kernel.
+        BAND, band: the positional window, as in the dQ kernel.
     Grid: ``(nQ * H / HEADS,)``.
     """
     q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
@@ -493,6 +529,8 @@ def _varlen_table_kernel(
     kstart, kend = _span(SEQ, CU, first, BLOCK_M, T)
     if CAUSAL:
         kend = tl.minimum(kend, tl.minimum(first + BLOCK_M, T))
+    if BAND:
+        kstart, kend = _band_range(kstart, kend, first, BLOCK_M, band)
     cols = tl.arange(0, BLOCK_N)
     sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
     for start_n in range(kstart, kend, BLOCK_N):
@@ -501,6 +539,8 @@ def _varlen_table_kernel(
         allowed = seq_m[:, None] == seq_n[None, :]
         if CAUSAL:
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        if BAND:
+            allowed = allowed & _in_band(offs_m[:, None], offs_n[None, :], band)
         dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
         bias = tl.load(lut_row + dist.to(tl.int32))  # the same LUT row for every head of the program
         # Live: allowed and not beyond the window (-inf); a NaN bias stays live (its NaN reaches its bucket).
@@ -584,7 +624,7 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None):
+                   dropout_seed: Optional[int] = None, band: int = -1):
     """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])`` from q ``[T, H, D]`` and k, v
     ``[T, H_kv, *]`` (``H % H_kv == 0``, grouped-query attention: query head h reads key/value head
     ``h // (H / H_kv)`` in place, no copy per query head): the kernel writes the
@@ -592,7 +632,10 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     (``BucketSpec.lut()``) and the window (-1: none), as the padded forward does; the packed plan's ``cu_seqlens``
     (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``).
     ``dropout_p > 0``: attention dropout with the mask of ``dropout_seed`` (an int in ``[0, 2^64)``; sequence s
-    draws batch item s's mask), the kernels' DROPOUT variant."""
+    draws batch item s's mask), the kernels' DROPOUT variant. ``band >= 0``: the positional window ``|pos_i - pos_j|
+    <= band`` within each sequence, the kernels' BAND variant (-1: none)."""
+    from ._launch import _band
+
     T, H, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
@@ -612,22 +655,24 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
-           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0,
+           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut
 
 
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
-                    syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None):
+                    syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+                    band: int = -1):
     """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted; dk, dv ``[T, H_kv, *]``
     like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
     program of that head): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
     (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
     kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
-    ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again."""
-    from ._launch import _nothing, table_gradient, table_heads
+    ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again. ``band``: the
+    forward's positional window (-1: none)."""
+    from ._launch import _band, _nothing, table_gradient, table_heads
 
     T, H, D = q.shape
     DV = v.shape[-1]
@@ -659,7 +704,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
            TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping,
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           **_band(band), num_warps=config["num_warps"], num_stages=config["num_stages"])
 
     # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
     # for one head only); a shared table: the table kernel below sums the heads first.
@@ -678,7 +723,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            lse.stride(0), H, T, D, DV, num_k, scale, scale * LOG2E, *dropout, kv_group,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
-           OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_,
+           OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_, **_band(band),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     if inline:  # row h sums its own num_k programs
         return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)
@@ -703,7 +748,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(64, block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal,
-           INTERPRETED=interpreting(), DOT_PRECISION=precision,
+           INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
     return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale)
@@ -713,12 +758,12 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
 def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, table: torch.Tensor,
                       bias_scale: torch.Tensor, bucket_lut: torch.Tensor, cu_seqlens: torch.Tensor,
                       sequence: torch.Tensor, offsets: torch.Tensor, scale: float, window: int,
-                      causal: bool, dropout_p: float = 0.0,
-                      dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      causal: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
+                      band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it);
     ``dropout_seed`` as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
@@ -726,35 +771,36 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, cu_seqlens: torch.Tensor,
                        sequence: torch.Tensor, offsets: torch.Tensor, scale: float, causal: bool, max_distance: int,
                        log_distance: int, unreachable_bucket: bool, table: torch.Tensor, bias_scale: torch.Tensor,
-                       want_table: bool, want_scale: bool, dropout_p: float = 0.0,
-                       dropout_seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                       torch.Tensor]:
+                       want_table: bool, want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
+                       band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor]:
     """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`, ``dropout_seed``
     as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
                            _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                           want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                           want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
 
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal,
-             dropout_p=0.0, dropout_seed=None):
+             dropout_p=0.0, dropout_seed=None, band=-1):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, table, bias_scale, bucket_lut,
                                                                  cu_seqlens, sequence, offsets, scale, window, causal,
-                                                                 dropout_p, seed_bits(dropout_seed or 0))
+                                                                 dropout_p, seed_bits(dropout_seed or 0), band)
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
-              bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None):
+              bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None, band=-1):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_bwd(
             dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, *bucket_args(spec),
-            table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0))
+            table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0), band)
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec,
-                           table, bias_scale, want_table, want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                           table, bias_scale, want_table, want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                           band=band)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -767,31 +813,32 @@ class _VarlenBiasAttention(torch.autograd.Function):
     ``q, k, v, table, bias_scale``, the packed plan's ``distance, cu_seqlens, sequence, distance_offsets``, then
     ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that
     does not fit this GPU gives way to the reference, with a warning), ``dropout_p`` and ``dropout_seed`` (attention
-    dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again)."""
+    dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again) and ``band`` (the positional
+    window ``|pos_i - pos_j| <= band`` within each sequence, -1 for none: the kernels' BAND variant)."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
-                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None):
+                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None, band=-1):
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
-                                 offsets, scale, window, causal, dropout_p, dropout_seed)
+                                 offsets, scale, window, causal, dropout_p, dropout_seed, band)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut)
         ctx.scale, ctx.causal, ctx.bucket_spec, ctx.table_shape = scale, causal, bucket_spec, table.shape
         ctx.window, ctx.fallback = window, fallback
-        ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
+        ctx.dropout_p, ctx.dropout_seed, ctx.band = dropout_p, dropout_seed, band
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * 11
+        rest = (None,) * 12
         try:
             dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
                                                    offsets, ctx.scale, ctx.causal, _spec(*ctx.bucket_spec), rows,
                                                    bias_scale, want_table, want_scale, ctx.dropout_p,
-                                                   ctx.dropout_seed)
+                                                   ctx.dropout_seed, ctx.band)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -804,7 +851,8 @@ class _VarlenBiasAttention(torch.autograd.Function):
                                                        cu_seqlens=cu_seqlens, scale=ctx.scale, bias_scale=c,
                                                        window=None if ctx.window < 0 else ctx.window,
                                                        causal=ctx.causal, dropout_p=ctx.dropout_p,
-                                                       dropout_seed=ctx.dropout_seed)
+                                                       dropout_seed=ctx.dropout_seed,
+                                                       position_window=None if ctx.band < 0 else ctx.band)
             return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
                                              (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
         return (dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None) + rest
