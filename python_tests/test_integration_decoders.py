@@ -472,12 +472,25 @@ def test_a_sliding_window_shorter_than_the_sequence_is_kept(layers):
     assert (windowed[0, 4:9] - unwindowed[0, 4:9]).abs().max() > 1e-3
 
 
-def test_a_packed_sequence_longer_than_the_sliding_window_is_refused():
-    model = _model("mistral", sliding_window=4)
-    enable_syntax_attention(model, "bias")
-    trees = sk.PackedTreeBatch.from_heads(HEADS, leak_free=True)
-    ids = torch.randint(3, VOCAB, (1, trees.num_tokens), generator=torch.Generator().manual_seed(1))
-    with pytest.raises(ValueError, match="sliding window"):
-        model(input_ids=ids, position_ids=trees.positions[None].long(), syntax_trees=trees)
+@pytest.mark.parametrize("layers", [None, [1]])
+def test_a_packed_row_longer_than_the_sliding_window_keeps_it(layers):
+    """Mistral with a sliding window of 4, a trained table: a packed row of sequences longer than the window (9 and
+    6 tokens) gives the padded batch's logits (the window counted within each sequence; with layers=[1] layer 0 is
+    a plain packed layer), which differ from the windowless model's."""
+    patched = _model("mistral", sliding_window=4)
+    enable_syntax_attention(patched, "bias", layers=layers)
+    _randomise(patched)
+    ids, mask, trees = _batch()
+    valid = mask.bool()
+    padded = _logits(patched, ids, mask, trees)[valid]
+    packed_ids, positions, packed_trees = _packed(ids, trees)
+    out = patched(input_ids=packed_ids, position_ids=positions, syntax_trees=packed_trees).logits[0]
+    torch.testing.assert_close(out, padded, atol=1e-5, rtol=1e-5)
+    wide = copy.deepcopy(patched)
+    wide.config.sliding_window = None
+    for layer in wide.model.layers:
+        layer.self_attn.sliding_window = None
+    unwindowed = wide(input_ids=packed_ids, position_ids=positions, syntax_trees=packed_trees).logits[0]
+    assert (unwindowed - out).abs().max() > 1e-3
 
 

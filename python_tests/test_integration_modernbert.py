@@ -328,8 +328,8 @@ def test_save_and_load_syntax_model(tmp_path):
 
 
 def test_packed_rows_within_the_window_equal_the_padded_batch():
-    """Packed sequences (no padding, position_ids restarting) no longer than the local window + 1 equal the padded
-    batch; a longer one is refused (the packed ops take no positional window)."""
+    """Packed sequences (no padding, position_ids restarting) equal the padded batch, those within the local window
+    + 1 and a longer one (the window counted within each sequence)."""
     _, model = _pair("token", overrides=dict(local_attention=8), per_head=True)  # |i - j| <= 4
     _randomise(model)
     rows = [[-1, 0, 1, 1, 0], [-1, 0, 0], [-1, 0, 1, 2]]
@@ -342,10 +342,14 @@ def test_packed_rows_within_the_window_equal_the_padded_batch():
     got = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
                 syntax_trees=packed["trees"]).logits
     torch.testing.assert_close(got[0], sk.trees.pack_padded(expected, padded["lengths"]), atol=1e-5, rtol=1e-5)
-    long = items + [dict(input_ids=list(range(3, 9)), heads=[-1, 0, 1, 2, 3, 4])]
+    long = items + [dict(input_ids=list(range(3, 12)), heads=[-1, 0, 1, 2, 3, 4, 0, 6, 7])]
+    padded = sk.trees.TreeCollator(pad_token_id=0)(long)
     packed = sk.trees.TreeCollator(packed=True)(long)
-    with pytest.raises(ValueError, match="a packed sequence has 6 tokens, more than the model's sliding window"):
-        model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], syntax_trees=packed["trees"])
+    expected = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                     syntax_trees=padded["trees"]).logits
+    got = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
+                syntax_trees=packed["trees"]).logits
+    torch.testing.assert_close(got[0], sk.trees.pack_padded(expected, padded["lengths"]), atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- refusals

@@ -249,7 +249,8 @@ class DistanceBias(nn.Module):
             scale: score scale, default ``1/sqrt(D)``.
             window: allow only pairs with ``d_ij <= window``.
             causal: allow only keys ``j <= i``.
-            position_window: allow only keys with ``|i - j| <= position_window`` (a sliding window; padded batches).
+            position_window: allow only keys with ``|i - j| <= position_window`` (a sliding window; positions within
+                each sequence of a packed batch).
             dropout_p: attention dropout on the probabilities (whatever the module's mode: the caller decides;
                 a seed is drawn from torch's default generator, :func:`draw_dropout_seed`).
         Returns:
@@ -260,7 +261,7 @@ class DistanceBias(nn.Module):
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
                 q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                 bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
-                dropout_p=dropout_p, dropout_seed=seed))
+                dropout_p=dropout_p, dropout_seed=seed, position_window=position_window))
         _distance_and_lengths(trees, lengths)  # (the TypeError for anything else)
         # The TreeBatch itself is the batch's structure plan: what the kernels derive from it is kept on it for
         # every layer (a bare distance tensor gets a plan of its own, per call).
@@ -430,18 +431,21 @@ class Subnetworks(nn.Module):
 
 
 def _packed_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: PackedTreeBatch,
-                  scale: Optional[float], dropout_p: float = 0.0, *, causal: bool = False) -> torch.Tensor:
+                  scale: Optional[float], dropout_p: float = 0.0, *, causal: bool = False,
+                  position_window: Optional[int] = None) -> torch.Tensor:
     """Plain softmax attention over every key of each sequence of a packed batch: ``q, k, v [T, H, D] -> [T, H, D]``
     (k, v may have fewer heads, grouped-query attention; the varlen distance-bias op with a zero table: on CPU its
     C++ kernels); ``dropout_p``: attention dropout on the probabilities (a seed from :func:`draw_dropout_seed`);
-    ``causal``: keys ``j <= i`` of the sequence only."""
+    ``causal``: keys ``j <= i`` of the sequence only; ``position_window``: keys with ``|i - j| <= position_window``
+    only."""
     from .ops._dispatch import device_constant
 
     buckets = BucketSpec(max_distance=1)
     dtype = torch.get_default_dtype()
     zeros = device_constant(("zero table", dtype), q, lambda: torch.zeros(buckets.num_buckets, dtype=dtype))
     return ops.syntax_bias_attention(q, k, v, trees, zeros, buckets=buckets, scale=scale, dropout_p=dropout_p,
-                                     dropout_seed=draw_dropout_seed() if dropout_p > 0.0 else None, causal=causal)
+                                     dropout_seed=draw_dropout_seed() if dropout_p > 0.0 else None, causal=causal,
+                                     position_window=position_window)
 
 
 def _check_syntax_heads(syntax_heads, num_heads: int, targets) -> Tuple[str, ...]:

@@ -99,8 +99,8 @@ tree and are refused (``ValueError``). What differs from the encoders:
   after cached tokens) and static caches raise ``ValueError``; batched prompts of different lengths would need left
   padding, which the syntax ops do not take (generate them one length at a time).
 - Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): a padded batch longer than
-  the window keeps it (the op's ``position_window``, combined with the tree bias); a packed sequence must fit in the
-  window (``ValueError`` otherwise); cached decoding uses transformers' sliding mask.
+  the window keeps it (the op's ``position_window``, combined with the tree bias), and so does a packed row (positions
+  within each sequence); cached decoding uses transformers' sliding mask.
 - Under autocast the rotary positions leave q, k in float32 and v in the autocast dtype: q, k, v go to the autocast
   dtype, as SDPA's autocast rule does.
 - ``generate`` checks its keyword arguments against the model's forward: ``enable_syntax_attention`` lets
@@ -122,8 +122,8 @@ ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causa
   masks is refused. The model code of transformers 5 (5.24 tested) no longer unpads ModernBERT batches
   (``reference_compile`` and the unpadded flash path are gone from its forward; a flash implementation unpads inside
   its own attention function, which the integration replaces): the integration runs the padded batch. Packed rows
-  (``position_ids`` restarting, no mask, a ``PackedTreeBatch``) are taken when every sequence fits the local window
-  (``max_seqlen <= local_attention // 2 + 1``; ``ValueError`` otherwise: the packed ops take no positional window).
+  (``position_ids`` restarting, no mask, a ``PackedTreeBatch``) keep the local window too (positions within each
+  sequence).
 - "subnetwork", "gat" and ``trees="predicted"`` are refused (``ValueError``, :attr:`ModelFamily.limits`): the
   sub-network op takes no positional window, and there is no encoder module whose input the GAT reads or whose
   layers the tree predictor hooks.
@@ -340,22 +340,14 @@ def _position_band(sliding_window: Optional[int], n: int) -> Optional[int]:
     return sliding_window - 1 if sliding_window is not None and n > sliding_window else None
 
 
-def _check_packed_window(trees: PackedTreeBatch, sliding_window: Optional[int]) -> None:
-    """``ValueError`` when a packed sequence is longer than the layer's sliding window (the packed ops take no
-    positional window)."""
-    if sliding_window is not None and trees.max_seqlen > sliding_window:
-        raise ValueError(f"a packed sequence has {trees.max_seqlen} tokens, more than the model's sliding window "
-                         f"({sliding_window}): the packed syntax ops take no positional window (pad the batch "
-                         "instead)")
-
-
 def _packed_plain_attention(q, k, v, trees: PackedTreeBatch, dropout: float, scale: Optional[float],
-                            causal: bool = False):
+                            causal: bool = False, band: Optional[int] = None):
     """Ordinary softmax attention within each sequence of a packed row (``q [1, H, T, D]``, ``k, v [1, H_kv, T,
     D]``): the varlen fused op with a zero bias, attention dropout on its probabilities (as on the padded rows'
-    SDPA); ``causal``: keys ``j <= i`` of the sequence only."""
+    SDPA); ``causal``: keys ``j <= i`` of the sequence only; ``band``: keys with ``|i - j| <= band`` only."""
     q3, k3, v3 = (x[0].transpose(0, 1) for x in (q, k, v))
-    return _packed_plain(q3, k3, v3, trees, scale, dropout, causal=causal).transpose(0, 1)[None]
+    return _packed_plain(q3, k3, v3, trees, scale, dropout, causal=causal,
+                         position_window=band).transpose(0, 1)[None]
 
 
 def _causal_plain_attention(q, k, v, valid: Optional[torch.Tensor], dropout: float, scale: Optional[float],
@@ -397,7 +389,7 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     - No cache yet (``N_k == N``): a syntax layer runs :class:`SyntaxDistanceBias` with ``causal=True`` on the
       trees (checked by the base model's pre-hook); a plain layer runs causal softmax attention (SDPA; on a packed
       row the varlen op with a zero bias, causal within each sequence). A padded batch longer than the layer's
-      sliding window keeps it (the op's ``position_window``); a packed one must fit it (``ValueError``).
+      sliding window keeps it (the op's ``position_window``), a packed row too (positions within each sequence).
     - Decoding with a cache (``N_k > N``): the new tokens have no tree rows (the trees cover the prompt), so every
       layer runs plain attention with transformers' mask (``bool [B, 1, N, N_k]``): the same as distance 255 (the
       unreachable bucket, one constant per row) to every key when the layer has no ``window``.
@@ -406,11 +398,11 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     n, n_k = query.shape[2], key.shape[2]
     gqa = query.shape[1] != key.shape[1]
     query, key, value = _same_dtype(query, key, value)
-    if _is_packed(trees):
-        _check_packed_window(trees, sliding_window)
+    if _is_packed(trees):  # a sliding window: positions within each sequence
+        band = _position_band(sliding_window, trees.max_seqlen)
         if isinstance(part, SyntaxDistanceBias):
-            return part(query, key, value, trees, scale=scaling, dropout_p=dropout)
-        return _packed_plain_attention(query, key, value, trees, dropout, scaling, causal=True)
+            return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band)
+        return _packed_plain_attention(query, key, value, trees, dropout, scaling, causal=True, band=band)
     if n != n_k:
         if trees is not None:
             raise ValueError(f"syntax_trees cover the queries, but this layer attends {n_k} keys for {n} queries (a "
@@ -465,11 +457,10 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     # A local layer (ModernBERT's "sliding_attention": transformers passes sliding_window = local_attention // 2 + 1,
     # keys with |i - j| < sliding_window) keeps its window: the op's position_window, the band in a plain layer.
     sliding_window = kwargs.get("sliding_window")
-    band = None
-    if _is_packed(syntax_trees):
-        _check_packed_window(syntax_trees, sliding_window)
-    else:
-        band = _position_band(sliding_window, query.shape[2])
+    band = _position_band(sliding_window, syntax_trees.max_seqlen if _is_packed(syntax_trees) else query.shape[2])
+    if band is not None and isinstance(part, SyntaxSubnetworks):
+        raise ValueError("the sub-network attention takes no positional window (this layer attends within a sliding "
+                         "window)")
     if isinstance(part, SyntaxDistanceBias):
         out = part(query, key, value, syntax_trees, scale=scaling, dropout_p=dropout, position_window=band)
     elif isinstance(part, SyntaxSubnetworks):
@@ -479,11 +470,11 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
             raise ValueError("this layer has syntax heads: pass syntax_trees=<TreeBatch> to the model's forward")
         query, key, value = part(query, key, value, syntax_gat_output)
         if _is_packed(syntax_trees):
-            out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
+            out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling, band=band)
         else:
             out = _plain_attention(query, key, value, attention_mask, dropout, scaling, band)
     elif _is_packed(syntax_trees):  # a plain layer of a packed row: within each sequence
-        out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling)
+        out = _packed_plain_attention(query, key, value, syntax_trees, dropout, scaling, band=band)
     else:
         out = _plain_attention(query, key, value, attention_mask, dropout, scaling, band)
     return out.transpose(1, 2).contiguous(), None
@@ -1037,19 +1028,19 @@ FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("Llama", "llama", "LlamaModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
                 _ROTARY, causal=True),
     ModelFamily("Mistral", "mistral", "MistralModel", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + "; config.sliding_window kept (the op's position_window; packed sequences must fit it)",
+                _ROTARY + "; config.sliding_window kept (the op's position_window, padded and packed)",
                 causal=True),
     ModelFamily("Qwen2", "qwen2", "Qwen2Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + "; sliding-window layers (use_sliding_window) keep their window (packed sequences must fit "
-                "it)", causal=True),
+                _ROTARY + "; sliding-window layers (use_sliding_window) keep their window",
+                causal=True),
     ModelFamily("Qwen3", "qwen3", "Qwen3Model", "", "layers", "self_attn", ("q_proj", "k_proj", "v_proj"),
-                _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers keep their window (packed "
-                "sequences must fit it)", causal=True),
+                _ROTARY + " (after the per-head q_norm / k_norm); sliding-window layers keep their window",
+                causal=True),
     ModelFamily("ModernBERT", "modernbert", "ModernBertModel", "", "layers", "attn", ("Wqkv",),
                 "rotary (RoPE), applied to q and k inside the attention module before the attention function; q, k, "
                 "v from one fused Linear Wqkv; global layers (every config.global_attn_every_n_layers-th) attend "
-                "everywhere, local ones |i - j| <= local_attention // 2 (kept: the op's position_window; packed "
-                "sequences must fit it)",
+                "everywhere, local ones |i - j| <= local_attention // 2 (kept: the op's position_window, padded "
+                "and packed)",
                 methods=("bias",),
                 limits="its local layers attend within a sliding window, which the sub-network op does not take, and "
                 "its base model runs the layers itself (no encoder module whose input the GAT reads or whose layers "
