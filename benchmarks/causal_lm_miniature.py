@@ -48,7 +48,7 @@ arm and seed; also without the ``<eos>`` targets. Progress and a held-out curve 
 printed (the final figure is the last step's, not the best). CPU, ``torch.set_num_threads(--threads)`` (default 1:
 the machine is shared).
 
-    python benchmarks/causal_lm_miniature.py [--steps 1500] [--batch 32] [--seeds 0,1,2]
+    python benchmarks/causal_lm_miniature.py [--steps 800] [--batch 32] [--seeds 0,1,2]
         [--arms plain,leakfree,chain,wholetree] [--train F --held-out F] [--json out.json]
 """
 from __future__ import annotations
@@ -327,7 +327,8 @@ def run(arm, seed, train, held, vocab_size, args):
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
     seconds = time.perf_counter() - start
     result = evaluate(model, held, arm)
-    result.update(arm=arm, seed=seed, seconds=seconds, train_loss_last50=sum(losses[-50:]) / len(losses[-50:]), curve=curve)
+    result.update(arm=arm, seed=seed, seconds=seconds, curve=curve,
+                  train_loss_last50=sum(losses[-50:]) / len(losses[-50:]))
     if arm != "plain":
         from syntaxkernels.integrations.transformers import syntax_parameters
 
@@ -348,11 +349,11 @@ def main(argv=None):
     parser.add_argument("--train", type=pathlib.Path, default=None, help="a training split (with --held-out)")
     parser.add_argument("--held-out", type=pathlib.Path, default=None)
     parser.add_argument("--max-words", type=int, default=60)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--threads", type=int, default=1)
