@@ -98,6 +98,8 @@ def load(args):
         print(sk_data.missing_message())
         raise SystemExit(0)
     sentences = read(path)
+    if args.limit:
+        sentences = sentences[:args.limit]
     cut = int(0.9 * len(sentences))
     return sentences[:cut], sentences[cut:], f"{path}: first 90 % train, last 10 % held out (file order)"
 
@@ -349,6 +351,7 @@ def main(argv=None):
     parser.add_argument("--train", type=pathlib.Path, default=None, help="a training split (with --held-out)")
     parser.add_argument("--held-out", type=pathlib.Path, default=None)
     parser.add_argument("--max-words", type=int, default=60)
+    parser.add_argument("--limit", type=int, default=None, help="the first N sentences of --data only (a smoke run)")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
