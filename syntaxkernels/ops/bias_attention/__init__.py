@@ -86,9 +86,6 @@ else:
 
 __all__ = ["syntax_bias_attention", "lut_attention", "implementation"]
 
-#: The implementations that take a positional window (``position_window``), padded or packed; another one runs the
-#: reference for it.
-BAND_PATHS = frozenset({"reference", "triton", "cpp"})
 
 
 def _check_head_dim(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -239,10 +236,6 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = implementation(q, v, backend)
-    if position_window is not None and chosen not in BAND_PATHS:
-        if backend != "auto":
-            raise ValueError(f"position_window runs on {sorted(BAND_PATHS)} only, not backend={backend!r}")
-        chosen = "reference"
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
