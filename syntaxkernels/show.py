@@ -465,7 +465,8 @@ class _MassRecorder:
         self.rows = 0.0  # valid query rows x heads
         self.query_rows = 0.0  # valid query rows
 
-    def __call__(self, q, k, v, trees, lengths=None, *, scale=None, window=None, causal=False, dropout_p=0.0):
+    def __call__(self, q, k, v, trees, lengths=None, *, scale=None, window=None, causal=False, dropout_p=0.0,
+                 position_window=None):
         from . import reference
         from .nn import _distance_and_lengths
 
@@ -473,8 +474,9 @@ class _MassRecorder:
         distance, given = _distance_and_lengths(trees, lengths)
         B, H, N, D = q.shape
         valid = _valid_lengths(given, B, N, q.device)
-        allowed = reference.allowed_pairs(distance, valid, window, causal)  # [B, N, N]
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (scale if scale is not None else D ** -0.5)
+        allowed = reference.allowed_pairs(distance, valid, window, causal, position_window)  # [B, N, N]
+        (k_heads,) = reference.expand_kv_heads(q, k)  # (grouped-query k: one head per query head)
+        scores = torch.matmul(q.float(), k_heads.float().transpose(-1, -2)) * (scale if scale is not None else D ** -0.5)
         bias = reference.gather_bias(distance, module.distance_bias.detach(), module.buckets,
                                      None if module.bias_scale is None else module.bias_scale.detach())
         bucket = module.buckets.lut(q.device)[distance.long()]  # [B, N, N]
@@ -489,7 +491,7 @@ class _MassRecorder:
         self.rows += float(rows.sum()) * H
         self.query_rows += float(rows.sum())
         return self._original(q, k, v, trees, lengths, scale=scale, window=window, causal=causal,
-                              dropout_p=dropout_p)
+                              dropout_p=dropout_p, position_window=position_window)
 
 
 def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> LearnedSyntax:
