@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute or None for the module itself)
 _LAZY = {
     "BucketSpec": (".specs", "BucketSpec"),
+    "RelativePositionSpec": (".specs", "RelativePositionSpec"),
     "MaskSpec": (".specs", "MaskSpec"),
     "TreeBatch": (".trees", "TreeBatch"),
     "PackedTreeBatch": (".trees", "PackedTreeBatch"),
@@ -42,6 +43,7 @@ _LAZY = {
 
 __all__ = [
     "BucketSpec",
+    "RelativePositionSpec",
     "MaskSpec",
     "TreeBatch",
     "PackedTreeBatch",

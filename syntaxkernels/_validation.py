@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .specs import MAX_PATH, BucketSpec, MaskSpec
+from .specs import MAX_PATH, BucketSpec, MaskSpec, RelativePositionSpec
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -311,6 +311,26 @@ def check_position_window(position_window) -> None:
     if isinstance(position_window, bool) or not isinstance(position_window, int) or position_window < 0:
         raise ValueError(f"position_window must be None or an int >= 0 (|i - j| <= position_window), got "
                          f"{position_window!r}")
+
+
+def check_position_bias(position_buckets, position_table, q: torch.Tensor) -> None:
+    """T5's relative-position term: both None, or a :class:`RelativePositionSpec` and a float table ``[H, P]`` (H =
+    q's heads, P = its ``num_buckets``) on q's device."""
+    if position_buckets is None and position_table is None:
+        return
+    if position_buckets is None or position_table is None:
+        raise ValueError("position_buckets and position_table go together (T5's relative-position term): pass both "
+                         "or neither")
+    if not isinstance(position_buckets, RelativePositionSpec):
+        raise TypeError(f"position_buckets must be a RelativePositionSpec, got {type(position_buckets).__name__}")
+    if not isinstance(position_table, torch.Tensor) or not position_table.is_floating_point():
+        raise ValueError("position_table must be a float tensor [H, P]")
+    heads = q.shape[1] if q.dim() == 4 else q.shape[-2]  # padded [B, H, N, D] or packed [T, H, D]
+    if tuple(position_table.shape) != (heads, position_buckets.num_buckets):
+        raise ValueError(f"position_table must have shape [H, P] = [{heads}, {position_buckets.num_buckets}] (P = "
+                         f"position_buckets.num_buckets), got {tuple(position_table.shape)}")
+    if position_table.device != q.device:
+        raise ValueError(f"position_table must be on q's device ({q.device}), got {position_table.device}")
 
 
 def check_backend(backend: str) -> None:

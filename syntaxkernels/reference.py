@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _validation as V
-from .specs import MAX_PATH, UNREACHABLE, BucketSpec, MaskSpec
+from .specs import MAX_PATH, UNREACHABLE, BucketSpec, MaskSpec, RelativePositionSpec
 
 __all__ = [
     "syntax_bias_attention",
@@ -231,10 +231,13 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
                           deterministic: bool = False, backend: str = "reference", dropout_p: float = 0.0,
                           dropout_seed: Optional[int] = None, dropout_item: int = 0,
-                          position_window: Optional[int] = None) -> torch.Tensor:
+                          position_window: Optional[int] = None,
+                          position_buckets: Optional[RelativePositionSpec] = None,
+                          position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias.
 
-    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]``, softmax over allowed keys, ``o_i = sum_j p_ij v_j``.
+    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)] (+ position_table[h, pbucket(j - i)])``, softmax over
+    allowed keys, ``o_i = sum_j p_ij v_j``.
 
     Args:
         q, k, v: ``[B, H, N, D]`` (v may have its own last dim); k, v may have ``H_kv`` heads, ``H % H_kv == 0``
@@ -249,6 +252,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         window: allow only pairs with ``d_ij <= window``.
         causal: allow only ``j <= i``.
         position_window: allow only ``|i - j| <= position_window`` (a sliding window over positions).
+        position_buckets, position_table: T5's relative-position term, both or neither: a
+            :class:`RelativePositionSpec` and a table ``[H, P]``; adds ``position_table[h, pbucket(j - i)]`` to every
+            score (not scaled by c; T5 divides no score by sqrt(d): pass ``scale=1.0``).
         dropout_p, dropout_seed: attention dropout on the probabilities (:func:`dropout_keep`'s mask for the
             seed); ``dropout_item``: batch item 0's index in the mask's numbering (a packed batch's sequence).
     Returns:
@@ -257,6 +263,7 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     V.check_dropout(dropout_p, dropout_seed)
     V.check_position_window(position_window)
+    V.check_position_bias(position_buckets, position_table, q)
     lengths = V.normalize_lengths(lengths, q)
     k, v = expand_kv_heads(q, k, v)
     q, k, v = _without_padding(lengths, q, k, v)
@@ -265,6 +272,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-1, -2)).to(acc) * scale
     scores = scores + gather_bias(distance, table, buckets, bias_scale, acc)
+    if position_buckets is not None:
+        scores = scores + position_buckets.bias(position_table, q.shape[2], acc)[None]
     allowed = allowed_pairs(distance, lengths, window, causal, position_window)[:, None]
     return masked_attention(scores, allowed, v, dropout_p=dropout_p, dropout_seed=dropout_seed,
                             dropout_item=dropout_item)

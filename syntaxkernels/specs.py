@@ -15,7 +15,7 @@ import torch
 UNREACHABLE = 255
 MAX_PATH = 254
 
-__all__ = ["BucketSpec", "MaskSpec", "RELATIONS", "DENSE_MASKS", "UNREACHABLE", "MAX_PATH"]
+__all__ = ["BucketSpec", "RelativePositionSpec", "MaskSpec", "RELATIONS", "DENSE_MASKS", "UNREACHABLE", "MAX_PATH"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,90 @@ class BucketSpec:
         if self.unreachable_bucket:
             names.append("unreachable")
         return names
+
+
+@dataclass(frozen=True)
+class RelativePositionSpec:
+    """T5's relative-position buckets: how the offset ``r = j - i`` of key j from query i selects an entry of a
+    per-head position table (a term added beside the tree bias, computed from the indices in the kernels).
+
+    The rule (T5's): bidirectional (an encoder's self-attention), half the buckets take ``r <= 0`` and half ``r > 0``
+    (offset by ``num_buckets / 2``), each half on ``|r|``; otherwise (a causal decoder) every bucket takes ``-min(r,
+    0)`` (keys after the query share bucket 0). Within a half of ``n`` buckets (``n = num_buckets`` or its half),
+    ``m = n // 2`` offsets ``0..m-1`` are exact and longer ones share log-spaced buckets: ``m + floor(log(a / m) /
+    log(max_distance / m) * (n - m))`` computed in float32 as T5 computes it, capped at ``n - 1``. Every offset with
+    ``|r| >= max_distance`` is in the last bucket of its half, so the kernels clamp ``r`` to ``[-reach, reach]``
+    (``reach = max_distance``) and read ``2 * reach + 1`` entries.
+
+    Args:
+        num_buckets: table length P (T5: 32); bidirectional needs at least 4, causal at least 2.
+        max_distance: offsets at or beyond it share the last bucket (T5: 128); more than the exact range ``m``.
+        bidirectional: True for an encoder (T5's encoder), False for a causal decoder.
+    """
+
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_buckets", "max_distance"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"RelativePositionSpec.{name} must be an int, got {type(value).__name__}")
+        if not isinstance(self.bidirectional, bool):
+            raise TypeError("RelativePositionSpec.bidirectional must be a bool")
+        least = 4 if self.bidirectional else 2
+        if self.num_buckets < least:
+            raise ValueError(f"RelativePositionSpec.num_buckets must be >= {least} "
+                             f"({'bidirectional' if self.bidirectional else 'causal'}), got {self.num_buckets}")
+        if not self._exact < self.max_distance <= 65535:
+            raise ValueError(f"RelativePositionSpec.max_distance must be in {self._exact + 1}..65535 (more than the "
+                             f"{self._exact} exact offsets), got {self.max_distance}")
+
+    @property
+    def _half(self) -> int:
+        return self.num_buckets // 2 if self.bidirectional else self.num_buckets
+
+    @property
+    def _exact(self) -> int:
+        return self._half // 2
+
+    @property
+    def reach(self) -> int:
+        """Offsets are clamped to ``[-reach, reach]`` without changing their bucket (``reach = max_distance``)."""
+        return self.max_distance
+
+    def bucket(self, relative: torch.Tensor) -> torch.Tensor:
+        """``int64`` bucket of every offset ``r = j - i`` in ``relative`` (an integer tensor of any shape)."""
+        relative = relative.to(torch.int64)
+        half, exact = self._half, self._exact
+        if self.bidirectional:
+            base = (relative > 0).to(torch.int64) * half
+            magnitude = relative.abs()
+        else:
+            base = torch.zeros_like(relative)
+            magnitude = -torch.clamp(relative, max=0)
+        # float32 as T5 computes it (its buckets are the contract); log(0) is never selected
+        scaled = (torch.log(magnitude.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
+                  * (half - exact))
+        large = torch.clamp(exact + scaled.to(torch.int64), max=half - 1)
+        return base + torch.where(magnitude < exact, magnitude, large)
+
+    def lut(self, device: Optional[torch.device | str] = None) -> torch.Tensor:
+        """``int64 [2 * reach + 1]``: the bucket of offset ``r`` at index ``r + reach`` (``r`` in ``[-reach, reach]``;
+        a farther offset has its clamped offset's bucket)."""
+        return self.bucket(torch.arange(-self.reach, self.reach + 1, device=device))
+
+    def boundaries(self) -> List[int]:
+        """The offsets where a new bucket starts, ascending (``lut()`` changes value there): the bucket of ``r`` is
+        constant between consecutive boundaries, so a sum over a bucket is a difference of prefix sums in ``r``."""
+        lut = self.lut().tolist()
+        return [r - self.reach for r in range(1, len(lut)) if lut[r] != lut[r - 1]]
+
+    def bias(self, table: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[H, n, n]``: ``table[h, bucket(j - i)]`` for a sequence of n tokens (the reference's term)."""
+        positions = torch.arange(n, device=table.device)
+        return table.to(dtype)[:, self.bucket(positions[None, :] - positions[:, None])]
 
 
 #: The relation masks, in output order: each kind and the distance of its first mask. An enabled kind gives

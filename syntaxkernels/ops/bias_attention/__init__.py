@@ -72,10 +72,10 @@ import torch
 from ... import _validation as V
 from ... import reference
 from ...plan import StructurePlan, as_plan
-from ...specs import BucketSpec
+from ...specs import BucketSpec, RelativePositionSpec
 from .._dispatch import triton_status, triton_unsupported
 from . import _cpu
-from ._host import LUT_BUCKETS, implementation, kernel_arguments, warn_once
+from ._host import LUT_BUCKETS, implementation, kernel_arguments, position_route, warn_once
 from ._varlen import syntax_bias_attention_varlen
 
 if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
@@ -152,10 +152,13 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                           backend: str = "auto", symmetric: Optional[bool] = None,
                           cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
                           dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
-                          position_window: Optional[int] = None) -> torch.Tensor:
+                          position_window: Optional[int] = None,
+                          position_buckets: Optional[RelativePositionSpec] = None,
+                          position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention with a learnable tree-distance bias, fused (Triton) or by the reference.
 
-    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)]`` over the allowed pairs, ``o_i = softmax(s_i) v``.
+    ``s_ij = q_i . k_j * scale + c * table[bucket(d_ij)] (+ position_table[h, pbucket(j - i)])`` over the allowed
+    pairs, ``o_i = softmax(s_i) v``.
 
     The structure comes as the batch's :class:`~syntaxkernels.plan.StructurePlan`: pass the
     :class:`~syntaxkernels.TreeBatch` (or :class:`~syntaxkernels.PackedTreeBatch`) itself to every layer, and what the
@@ -191,6 +194,11 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             local layers and Mistral attend; combined with ``window``, ``causal`` and the lengths); tiles outside it
             are skipped. Every path takes it (Triton, C++, padded and packed); in a packed batch positions count
             within each sequence.
+        position_buckets, position_table: T5's relative-position term (both or neither): a
+            :class:`~syntaxkernels.RelativePositionSpec` and a float table ``[H, P]`` (P = its ``num_buckets``; T5's
+            ``relative_attention_bias.weight.T``). Adds ``position_table[h, pbucket(j - i)]`` to every score, computed
+            from the indices (no ``[N, N]`` tensor); not multiplied by ``bias_scale``; gets a gradient. In a packed
+            batch positions count within each sequence. T5 divides no score by sqrt(d): pass ``scale=1.0``.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
             distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor
@@ -229,13 +237,15 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                             max_seqlen=max_seqlen, scale=scale, bias_scale=bias_scale, window=window,
                                             causal=causal, deterministic=deterministic, backend=backend,
                                             dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                            position_window=position_window)
+                                            position_window=position_window, position_buckets=position_buckets,
+                                            position_table=position_table)
     V.check_dropout(dropout_p, dropout_seed)
     V.check_position_window(position_window)
+    V.check_position_bias(position_buckets, position_table, q)
     V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
                                   table, buckets, bias_scale, window, causal, deterministic)
     plan = as_plan(distance, lengths, symmetric=symmetric)
-    chosen = implementation(q, v, backend)
+    chosen = position_route(implementation(q, v, backend), position_buckets, backend)
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
@@ -244,7 +254,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
                                                causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                               position_window=position_window)
+                                               position_window=position_window, position_buckets=position_buckets,
+                                               position_table=position_table)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     try:
         return _autograd.bias_attention(q, k, v, table, bias_scale, plan, scale=scale,

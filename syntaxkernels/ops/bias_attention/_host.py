@@ -16,7 +16,7 @@ import torch
 
 from ... import _ext
 from ...plan import register_derivation
-from ...specs import MAX_PATH, BucketSpec
+from ...specs import MAX_PATH, BucketSpec, RelativePositionSpec
 from ...trees.batch import aligned_distance
 from .._dispatch import LOG2E, device_constant, kernels_or_reference, resolve_backend
 
@@ -157,3 +157,40 @@ def reference_gradients(needs, dout, inputs, run):
         wanted = [x for x, n in zip(leaves, needs) if n]
         grads = iter(torch.autograd.grad(run(*leaves), wanted, dout)) if wanted else iter(())
     return [next(grads) if n else None for n in needs]
+
+
+#: The paths whose kernels take T5's relative-position term; the others run the reference for it.
+POSITION_PATHS = ()
+
+
+def position_route(chosen: str, position_buckets, backend: str, packed: bool = False) -> str:
+    """The path a call with T5's relative-position term runs: ``chosen`` where its kernels take the term
+    (:data:`POSITION_PATHS`), else the reference (``backend="triton"``: ``ValueError``)."""
+    path = ("packed " if packed else "") + chosen
+    if position_buckets is None or chosen == "reference" or path in POSITION_PATHS:
+        return chosen
+    if backend == "triton":
+        raise ValueError(f"the {path} kernels do not take the relative-position term (position_buckets) yet; use "
+                         "backend='auto' (the reference runs it)")
+    return "reference"
+
+
+def position_args(spec: RelativePositionSpec) -> Tuple[int, int, bool]:
+    """A :class:`RelativePositionSpec` as plain values (autograd Functions and ``torch.library`` ops keep these)."""
+    return spec.num_buckets, spec.max_distance, spec.bidirectional
+
+
+def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:
+    """float32 ``[H, 2 * reach + 1]``: ``table[h, pbucket(r)] * log2(e)`` at index ``r + reach`` (``reach =
+    spec.reach``): what every kernel gathers for T5's relative-position term, at ``clamp(j - i, -reach, reach) +
+    reach`` (log2 domain, as the tree bias's LUT)."""
+    return (table.to(torch.float32)[:, spec.lut(table.device)] * LOG2E).contiguous()
+
+
+def position_gradient(offset_sums: torch.Tensor, spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:
+    """The position table's gradient ``[H, P]`` (table's dtype) from the per-offset sums of dS, float32 ``[H, 2 *
+    reach + 1]`` (index ``r + reach``, offsets beyond the reach summed into the ends): each bucket sums its offsets,
+    by a product with the offsets' one-hot buckets (a fixed order: deterministic on every device)."""
+    one_hot = torch.nn.functional.one_hot(spec.lut(offset_sums.device), spec.num_buckets).to(torch.float32)
+    return (offset_sums.to(torch.float32) @ one_hot).to(table.dtype)
+

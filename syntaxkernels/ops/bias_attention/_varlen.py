@@ -21,7 +21,7 @@ from ...specs import BucketSpec
 from ...plan import as_plan
 from .._dispatch import triton_status
 from . import _cpu
-from ._host import bucket_args, implementation, kernel_arguments, warn_once
+from ._host import bucket_args, implementation, kernel_arguments, position_route, warn_once
 
 if triton_status() == "ok":  # the kernels and launchers (without Triton: the C++ kernels and the reference)
     from . import _varlen_kernels
@@ -67,13 +67,14 @@ def _check_varlen(q, k, v, plan, table, buckets, window):
 
 def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seqlens, scale=None, bias_scale=None,
                                     window=None, causal=False, dropout_p: float = 0.0,
-                                    dropout_seed: Optional[int] = None, position_window: Optional[int] = None):
+                                    dropout_seed: Optional[int] = None, position_window: Optional[int] = None,
+                                    position_buckets=None, position_table=None):
     """The specification: :func:`syntaxkernels.reference.syntax_bias_attention` run sequence by sequence
     (``[1, H, n, D]`` each, its ``n x n`` distance block), outputs concatenated back to ``[T, H, Dv]``. Rows of an
     empty sequence do not exist; gradients flow through autograd. Dropout: sequence s draws the mask of batch
     item s (:func:`syntaxkernels.reference.dropout_keep`), as the padded batch of the same sequences would. A
     positional window counts positions within each sequence (``|i - j| <= position_window``, i and j the tokens'
-    positions in it)."""
+    positions in it), and so does T5's relative-position term (``position_buckets``, ``position_table``)."""
     cu = cu_seqlens.to("cpu", torch.int64).tolist()
     outs = []
     offset = 0
@@ -88,10 +89,12 @@ def reference_bias_attention_varlen(q, k, v, distance, table, *, buckets, cu_seq
         o = reference.syntax_bias_attention(qs, ks, vs, block, table, buckets=buckets, scale=scale,
                                             bias_scale=bias_scale, window=window, causal=causal,
                                             dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_item=s,
-                                            position_window=position_window)
+                                            position_window=position_window, position_buckets=position_buckets,
+                                            position_table=position_table)
         outs.append(o[0].transpose(0, 1))
     if not outs:
-        return q.new_zeros((0, q.shape[1], v.shape[-1])) + 0 * v.sum()
+        zero = 0 * v.sum() + (0 * position_table.sum() if position_table is not None else 0)
+        return q.new_zeros((0, q.shape[1], v.shape[-1])) + zero
     return torch.cat(outs, 0)
 
 
@@ -146,7 +149,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
                                  backend: str = "auto", dropout_p: float = 0.0,
                                  dropout_seed: Optional[int] = None,
-                                 position_window: Optional[int] = None) -> torch.Tensor:
+                                 position_window: Optional[int] = None, position_buckets=None,
+                                 position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Distance-bias attention on a packed batch (what ``syntax_bias_attention(..., cu_seqlens=...)`` runs).
 
     Args:
@@ -169,6 +173,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         position_window: allow only ``|i - j| <= position_window`` with i and j the positions within the sequence
             (the padded batch of the same sequences allows the same pairs); the Triton kernels skip the key (query)
             tiles outside every row's (key's) window.
+        position_buckets, position_table: T5's relative-position term, as in
+            :func:`syntaxkernels.syntax_bias_attention`, positions counted within each sequence.
     Returns:
         ``[T, H, Dv]`` in q's dtype; a row without an allowed key is 0. Attention never crosses sequences.
 
@@ -189,7 +195,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
     V.check_dropout(dropout_p, dropout_seed)
     V.check_position_window(position_window)
-    chosen = implementation(q, v, backend)
+    V.check_position_bias(position_buckets, position_table, q)
+    chosen = position_route(implementation(q, v, backend), position_buckets, backend, packed=True)
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
         return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
                                           dropout_p, dropout_seed, position_window)
@@ -197,7 +204,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
                                                window=window, causal=causal, dropout_p=dropout_p,
-                                               dropout_seed=dropout_seed, position_window=position_window)
+                                               dropout_seed=dropout_seed, position_window=position_window,
+                                               position_buckets=position_buckets, position_table=position_table)
     fused_scale, fused_strength = kernel_arguments(q, scale, bias_scale)
     try:
         return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, table, fused_strength, plan.distance,
