@@ -205,6 +205,32 @@ SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, floa
   return best;
 }
 
+// biased_scores plus T5's relative-position term: pos[j] (the row's position LUT values, contiguous in j) added
+// after the scaled product and the bias, t[j] = s[j] * scale2 + lut[d[j]] + pos[j] (-inf where the bias is).
+SK_INLINE float biased_scores_pos(float* s, const uint8_t* d, const float* lut, const float* pos, float scale2,
+                                  int64_t n) {
+  int64_t j = 0;
+  float best = -kInf;
+#if defined(__GNUC__)
+  Vec vbest = splat(-kInf);
+  const Vec vscale = splat(scale2), vmasked = splat(-kInf);
+  for (; j + kW <= n; j += kW) {
+    const Vec bias = gather(lut, d + j);
+    const Vec sum = load_vec<Vec>(s + j) * vscale + bias + load_vec<Vec>(pos + j);
+    const Vec t = bias == vmasked ? bias : sum;
+    store_vec(s + j, t);
+    vbest = t > vbest ? t : vbest;
+  }
+  best = lanes_max(vbest);
+#endif
+  for (; j < n; ++j) {
+    const float bias = lut[d[j]];
+    s[j] = bias == -kInf ? bias : s[j] * scale2 + bias + pos[j];
+    best = std::max(best, s[j]);
+  }
+  return best;
+}
+
 // p[j] = exp2(t[j] - shift) stored over t; returns the sum (a fixed order: lanes, then the tail).
 SK_INLINE float exp2_shifted(float* t, float shift, int64_t n) {
   int64_t j = 0;
@@ -250,6 +276,45 @@ SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const
     sum += s[j] * dp[j];
   }
   return sum;
+}
+
+// probabilities plus the relative-position term pos[j] (as biased_scores_pos).
+SK_INLINE float probabilities_pos(float* s, const float* dp, const uint8_t* d, const float* lut, const float* pos,
+                                  float scale2, float lse, int64_t n) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__GNUC__)
+  Vec vsum = splat(0.f);
+  const Vec vscale = splat(scale2), vlse = splat(lse), vmasked = splat(-kInf), vzero = splat(0.f);
+  for (; j + kW <= n; j += kW) {
+    const Vec bias = gather(lut, d + j);
+    const Vec e = exp2_vec(load_vec<Vec>(s + j) * vscale + bias + load_vec<Vec>(pos + j) - vlse);
+    const Vec p = bias == vmasked ? vzero : e;
+    store_vec(s + j, p);
+    vsum += p * load_vec<Vec>(dp + j);
+  }
+  sum = lanes_sum(vsum);
+#endif
+  for (; j < n; ++j) {
+    const float bias = lut[d[j]];
+    s[j] = bias == -kInf ? 0.f : exp2_scalar(s[j] * scale2 + bias + pos[j] - lse);
+    sum += s[j] * dp[j];
+  }
+  return sum;
+}
+
+// The relative-position LUT of one head spread over every offset of the sequence: ext[r + N - 1] = plut[clamp(r,
+// -R, R) + R] for r in [-(N - 1), N - 1], so that row i reads column j's value at ext + N - 1 - i + j (contiguous
+// in j: a plain load per score, no gather, no clamp).
+SK_INLINE void spread_positions(float* ext, const float* plut, int64_t R, int64_t N) {
+  for (int64_t r = -(N - 1); r <= N - 1; ++r) ext[r + N - 1] = plut[std::clamp(r, -R, R) + R];
+}
+
+// Adds ds[j] (columns c0 + j of row i, j < n) into sums[clamp(c0 + j - i, -R, R) + R] (double), in column order.
+SK_INLINE void offset_sums(double* sums, const float* ds, int64_t i, int64_t c0, int64_t n, int64_t R) {
+  for (int64_t j = 0; j < n; ++j) {
+    sums[std::clamp(c0 + j - i, -R, R) + R] += static_cast<double>(ds[j]);
+  }
 }
 
 // Backward pass B on one row segment: ds = p * (dp - delta) over dp.
@@ -324,6 +389,11 @@ struct Problem {
   int64_t g_b, g_h, g_n;
   float *dq, *dk, *dv;  // contiguous, zero-filled
   double* hist;         // [B * H, 256] per-task sums of dS by distance value, or null
+  // T5's relative-position term: pos_ext [H, 2N] each head's LUT spread over the offsets (spread_positions), null
+  // (reach -1) for none
+  const float* pos_ext;
+  int64_t reach;
+  double* pos_hist;  // [B * H, 2R + 1] per-(b, h) sums of dS by clamped offset, or null
   // attention dropout (used by the dropout passes only): Philox key, uint32 threshold, 1 / (1 - p)
   uint32_t key0, key1, threshold;
   float keep_scale;
@@ -425,6 +495,7 @@ SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
     const float* k = P.k + b * P.k_b + (h / P.group) * P.k_h;
     const float* v = P.v + b * P.v_b + (h / P.group) * P.v_h;
     const float* lut = P.lut + h * P.lut_h;
+    const float* pos = P.pos_ext != nullptr ? P.pos_ext + h * 2 * P.N + P.N - 1 : nullptr;  // offset 0 of head h
     std::fill(row_max, row_max + P.block_m, -kInf);
     std::fill(row_sum, row_sum + P.block_m, 0.f);
     std::fill(acc, acc + rows * P.Dv, 0.f);
@@ -439,7 +510,9 @@ SK_INLINE void forward_body(const Problem& P, int64_t begin, int64_t end) {
         const int64_t n = zero_outside(t, width, allowed), lo = allowed.lo;
         if (n <= 0) continue;
         t += lo;
-        const float block_max = biased_scores(t, P.dist + b * P.d_b + i * P.d_i + j0 + lo, lut, P.scale2, n);
+        const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0 + lo;
+        const float block_max = pos == nullptr ? biased_scores(t, d, lut, P.scale2, n)
+                                               : biased_scores_pos(t, d, lut, pos + j0 + lo - i, P.scale2, n);
         const float new_max = std::max(row_max[r], block_max);
         const float shift = new_max == -kInf ? 0.f : new_max;
         const float alpha = exp2_scalar(row_max[r] - shift);
@@ -516,6 +589,8 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
       const float* lse = P.lse + bh * P.N;
       float* dq = P.dq + bh * P.N * P.D;
       double* hist = P.hist != nullptr ? P.hist + bh * 256 : nullptr;
+      const float* pos = P.pos_ext != nullptr ? P.pos_ext + h * 2 * P.N + P.N - 1 : nullptr;  // offset 0 of head h
+      double* pos_sums = P.pos_hist != nullptr ? P.pos_hist + bh * (2 * P.reach + 1) : nullptr;
       for (int64_t qb = 0; qb * P.block_m < L; ++qb) {
         const int64_t i0 = qb * P.block_m, rows = std::min(i0 + P.block_m, L) - i0;
         const float* q_blk = q + i0 * P.q_n;
@@ -542,8 +617,10 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
                                P.key0, P.key1, P.threshold, P.keep_scale);
               apply_keep(grads + r * band + c0, m + c0, n);
             }
-            delta[r] += probabilities(p + lo, grads + r * band + c0, P.dist + b * P.d_b + i * P.d_i + c0, lut,
-                                      P.scale2, lse[i], n);
+            const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + c0;
+            delta[r] += pos == nullptr
+                            ? probabilities(p + lo, grads + r * band + c0, d, lut, P.scale2, lse[i], n)
+                            : probabilities_pos(p + lo, grads + r * band + c0, d, lut, pos + c0 - i, P.scale2, lse[i], n);
           }
         }
         // Pass B: dS over dP, its sums by distance, and the gradient products.
@@ -560,6 +637,7 @@ SK_INLINE void backward_body(const Problem& P, int64_t begin, int64_t end) {
             if constexpr (kDropout) {
               apply_keep(probs + r * band + j0 + lo, keep + r * keep_band + j0 + lo, n);
             }
+            if (pos_sums != nullptr) offset_sums(pos_sums, ds + lo, i, j0 + lo, n, P.reach);
             if (hist == nullptr) continue;
             ds += lo;
             const uint8_t* d = P.dist + b * P.d_b + i * P.d_i + j0 + lo;
@@ -711,14 +789,38 @@ void set_dropout(Problem& P, int64_t seed, int64_t threshold, double keep_scale)
   P.keep_scale = static_cast<float>(keep_scale);
 }
 
+// T5's relative-position term: position_lut float32 [H, 2 * reach + 1] (reach >= 0), or none (an empty tensor or
+// reach < 0). Returns whether it is given.
+bool check_positions(const at::Tensor& position_lut, int64_t reach, int64_t H) {
+  if (reach < 0 || !position_lut.defined() || position_lut.numel() == 0) return false;
+  TORCH_CHECK(position_lut.device().is_cpu() && position_lut.scalar_type() == at::kFloat &&
+                  position_lut.dim() == 2 && position_lut.size(0) == H && position_lut.size(1) == 2 * reach + 1,
+              "position_lut must be a CPU float32 [H, 2 * reach + 1] tensor (H = q's heads), got ",
+              position_lut.sizes(), " for reach ", reach);
+  return true;
+}
+
+// Each head's position LUT spread over the offsets of N positions: float32 [H, 2N] (spread_positions; the last
+// entry of a row unused).
+at::Tensor spread_lut(const at::Tensor& position_lut, int64_t reach, int64_t H, int64_t N) {
+  const at::Tensor plut = position_lut.contiguous();
+  at::Tensor ext = at::zeros({H, 2 * std::max<int64_t>(N, 1)}, at::TensorOptions().dtype(at::kFloat));
+  for (int64_t h = 0; h < H; ++h) {
+    spread_positions(ext.data_ptr<float>() + h * 2 * std::max<int64_t>(N, 1), plut.data_ptr<float>() + h * (2 * reach + 1),
+                     reach, N);
+  }
+  return ext;
+}
+
 }  // namespace
 
 void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& distance_in, const at::Tensor& lut_in, const at::Tensor& lengths_in,
                                 double scale, int64_t window, bool causal, int64_t position_window,
                                 int64_t dropout_seed, int64_t dropout_threshold, double keep_scale, at::Tensor& out,
-                                at::Tensor& lse) {
+                                at::Tensor& lse, const at::Tensor& position_lut, int64_t reach) {
   check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
+  const bool positions = check_positions(position_lut, reach, q_in.size(1));
   const bool dropout = check_dropout(dropout_threshold, keep_scale);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), Dv = v_in.size(3);
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == q_in.scalar_type() && out.dim() == 4 && out.size(0) == B &&
@@ -739,6 +841,8 @@ void bias_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
     minima = tile_minima(distance, P.block_m, P.nQ, P.nK);
     P.tile_min = minima.data_ptr<uint8_t>();
   }
+  const at::Tensor pos_ext = positions ? spread_lut(position_lut, reach, H, N) : at::Tensor();
+  if (positions) P.pos_ext = pos_ext.data_ptr<float>(), P.reach = reach;
   at::Tensor out32 = out.scalar_type() == at::kFloat ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
   advise_huge_pages(out32);
   P.out = out32.data_ptr<float>();
@@ -762,8 +866,18 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
                                  const at::Tensor& bucket_index_in, double scale, int64_t window, bool causal,
                                  int64_t position_window, bool table_grad, int64_t dropout_seed,
                                  int64_t dropout_threshold, double keep_scale, at::Tensor& dq, at::Tensor& dk,
-                                 at::Tensor& dv, at::Tensor& bucket_grad) {
+                                 at::Tensor& dv, at::Tensor& bucket_grad, const at::Tensor& position_lut,
+                                 int64_t reach, bool position_grad_wanted, at::Tensor& position_grad) {
   check_inputs(q_in, k_in, v_in, distance_in, lut_in, lengths_in);
+  const bool positions = check_positions(position_lut, reach, q_in.size(1));
+  const bool pos_grad = positions && position_grad_wanted;
+  if (positions) {
+    TORCH_CHECK(position_grad.is_contiguous() && position_grad.scalar_type() == at::kFloat &&
+                    position_grad.dim() == 2 && position_grad.size(0) == q_in.size(1) &&
+                    position_grad.size(1) == 2 * reach + 1,
+                "position_grad must be a contiguous float32 [H, 2 * reach + 1] tensor");
+    position_grad.zero_();
+  }
   const bool dropout = check_dropout(dropout_threshold, keep_scale);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), D = q_in.size(3), Dv = v_in.size(3);
   TORCH_CHECK(dout_in.dim() == 4 && dout_in.size(0) == B && dout_in.size(1) == H && dout_in.size(2) == N &&
@@ -821,6 +935,13 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
     hist = at::zeros({B * H, 256}, at::TensorOptions().dtype(at::kDouble));
     P.hist = hist.data_ptr<double>();
   }
+  const at::Tensor pos_ext = positions ? spread_lut(position_lut, reach, H, N) : at::Tensor();
+  if (positions) P.pos_ext = pos_ext.data_ptr<float>(), P.reach = reach;
+  at::Tensor pos_hist;
+  if (pos_grad) {
+    pos_hist = at::zeros({B * H, 2 * reach + 1}, at::TensorOptions().dtype(at::kDouble));
+    P.pos_hist = pos_hist.data_ptr<double>();
+  }
   {
     pybind11::gil_scoped_release release;
     // One task per (b, key/value head): it owns that head's dK and dV (its group's query heads walked inside).
@@ -845,6 +966,18 @@ void bias_attention_backward_cpu(const at::Tensor& dout_in, const at::Tensor& q_
     }
     float* g = bucket_grad.data_ptr<float>();
     for (int64_t e = 0; e < rows * T; ++e) g[e] = static_cast<float>(sums[static_cast<size_t>(e)]);
+  }
+  if (pos_grad) {
+    // The per-(b, h) offset sums folded over the batch in b order: the same bits for any thread count.
+    const int64_t width = 2 * reach + 1;
+    std::vector<double> sums(static_cast<size_t>(H * width), 0.0);
+    const double* p_sums = pos_hist.data_ptr<double>();
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      double* row = sums.data() + (bh % H) * width;
+      for (int64_t e = 0; e < width; ++e) row[e] += p_sums[bh * width + e];
+    }
+    float* g = position_grad.data_ptr<float>();
+    for (int64_t e = 0; e < H * width; ++e) g[e] = static_cast<float>(sums[static_cast<size_t>(e)]);
   }
 }
 

@@ -27,6 +27,12 @@ namespace syntaxkernels {
 // [B, H, N] (float32, contiguous; log2 of the row's softmax denominator at the log2-domain scores, +inf for an empty
 // row).
 //
+// T5's relative-position term: position_lut float32 [H, 2R + 1] (R = reach; an empty tensor or R < 0: none), in
+// the log2 domain (_host.position_lut); each allowed log2-domain score gains position_lut[h, clamp(j - i, -R, R) +
+// R] (h the query head), not multiplied by the bias scale. The backward recomputes the scores with it and, when
+// position_grad_wanted, writes position_grad float32 [H, 2R + 1]: the sums of dS over the pairs of each clamped
+// offset (per-(b, h) double sums, folded in b order: deterministic). None given: the kernels run as before.
+//
 // Attention dropout (dropout_threshold > 0 or keep_scale != 1; threshold 0 and keep_scale 1 run the kernels
 // without it): out = Pd V with Pd_ij = P_ij * keep_ij * keep_scale (keep_scale = 1 / (1 - p)), P the softmax (lse
 // stays the undropped one's). keep_ij of item b, query head h: word j % 4 of Philox-4x32-7 of the counter
@@ -36,7 +42,7 @@ void bias_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& distance, const at::Tensor& lut, const at::Tensor& lengths,
                                 double scale, int64_t window, bool causal, int64_t position_window,
                                 int64_t dropout_seed, int64_t dropout_threshold, double keep_scale, at::Tensor& out,
-                                at::Tensor& lse);
+                                at::Tensor& lse, const at::Tensor& position_lut, int64_t reach);
 
 // Gradients of the forward from dout [B, H, N, Dv] (last dim contiguous) and the forward's lse: dq [B, H, N, D], dk [B,
 // H_kv, N, D], dv [B, H_kv, N, Dv] (q's dtype, contiguous; a key/value head's gradients are the sums over its group's
@@ -51,6 +57,8 @@ void bias_attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, co
                                  const at::Tensor& lut, const at::Tensor& lengths, const at::Tensor& bucket_index,
                                  double scale, int64_t window, bool causal, int64_t position_window, bool table_grad,
                                  int64_t dropout_seed, int64_t dropout_threshold, double keep_scale, at::Tensor& dq,
-                                 at::Tensor& dk, at::Tensor& dv, at::Tensor& bucket_grad);
+                                 at::Tensor& dk, at::Tensor& dv, at::Tensor& bucket_grad,
+                                 const at::Tensor& position_lut, int64_t reach, bool position_grad_wanted,
+                                 at::Tensor& position_grad);
 
 }  // namespace syntaxkernels

@@ -561,7 +561,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("distance"), pybind11::arg("lut"),
         pybind11::arg("lengths"), pybind11::arg("scale"), pybind11::arg("window"), pybind11::arg("causal"),
         pybind11::arg("position_window"), pybind11::arg("dropout_seed"), pybind11::arg("dropout_threshold"), pybind11::arg("keep_scale"),
-        pybind11::arg("out"), pybind11::arg("lse"),
+        pybind11::arg("out"), pybind11::arg("lse"), pybind11::arg("position_lut"), pybind11::arg("reach"),
         "CPU distance-bias attention forward: writes out [B, H, N, Dv] and lse [B, H, N] (log2, +inf for an empty "
         "row). Releases the GIL.");
   m.def("bias_attention_backward", &syntaxkernels::bias_attention_backward_cpu, pybind11::arg("dout"),
@@ -571,6 +571,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("table_grad"),
         pybind11::arg("dropout_seed"), pybind11::arg("dropout_threshold"), pybind11::arg("keep_scale"),
         pybind11::arg("dq"), pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("bucket_grad"),
+        pybind11::arg("position_lut"), pybind11::arg("reach"), pybind11::arg("position_grad_wanted"),
+        pybind11::arg("position_grad"),
         "CPU distance-bias attention backward: writes dq, dk, dv and the per-bucket sums of dS bucket_grad "
         "[1 or H, T]. Releases the GIL.");
   m.def("packed_tree_distance", &syntaxkernels::packed_tree_distance_cpu, pybind11::arg("heads"),

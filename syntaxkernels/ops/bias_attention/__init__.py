@@ -198,7 +198,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             :class:`~syntaxkernels.RelativePositionSpec` and a float table ``[H, P]`` (P = its ``num_buckets``; T5's
             ``relative_attention_bias.weight.T``). Adds ``position_table[h, pbucket(j - i)]`` to every score, computed
             from the indices (no ``[N, N]`` tensor); not multiplied by ``bias_scale``; gets a gradient. In a packed
-            batch positions count within each sequence. T5 divides no score by sqrt(d): pass ``scale=1.0``.
+            batch positions count within each sequence. T5 divides no score by sqrt(d): pass ``scale=1.0``. The C++
+            CPU kernels take it (padded and packed); the Triton kernels do not yet (``backend="auto"`` runs the
+            reference for it there).
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
             distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor
@@ -249,7 +251,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if chosen == "cpp":  # the fused C++ kernels
         return _cpu.cpu_bias_attention(q, k, v, plan, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
                                        window=window, causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                       position_window=position_window)
+                                       position_window=position_window, position_buckets=position_buckets,
+                                       position_table=position_table)
     if chosen == "reference":
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,

@@ -11,6 +11,10 @@ sums of dS, from which the table and bias-scale gradients follow (``d table = c 
 count (every output has one writer, every sum a fixed order). Attention dropout (``dropout_p > 0``) drops the
 probabilities with :func:`syntaxkernels.reference.dropout_keep`'s mask (batch item b = the mask's item b),
 generated in the kernels and regenerated in the backward; ``dropout_p == 0`` runs kernels compiled without it.
+T5's relative-position term (``position_buckets``, ``position_table``) runs in the kernels: each log2-domain score
+gains the per-head per-offset LUT's ``[h, clamp(j - i, -reach, reach) + reach]`` (:func:`._host.position_lut`), the
+backward writes the per-offset sums of dS (per (b, h), folded in b order) and :func:`._host.position_gradient` makes
+the table's gradient; without it the kernels run as before.
 
 Grouped-query attention: k and v may have ``H_kv`` heads (``H % H_kv == 0``; query head h reads key/value head
 ``h // (H / H_kv)``), read in place (no copy per query head); dk and dv come back ``[B, H_kv, N, *]``, each the
@@ -36,9 +40,10 @@ import torch
 
 from ... import _ext
 from ...plan import as_plan
-from ...specs import BucketSpec
+from ...specs import BucketSpec, RelativePositionSpec
 from .._dispatch import dropout_arguments
-from ._host import _bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, table_gradients
+from ._host import (_bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, position_args, position_gradient,
+                    position_lut, table_gradients)
 
 __all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
 
@@ -47,7 +52,9 @@ __all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_c
 def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                                lut: torch.Tensor, lengths: torch.Tensor, scale: float, window: int,
                                causal: bool, dropout_seed: int = 0, dropout_threshold: int = 0,
-                               keep_scale: float = 1.0, position_window: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+                               keep_scale: float = 1.0, position_window: int = -1,
+                               position_lut: Optional[torch.Tensor] = None,
+                               reach: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """C++ forward: ``(out [B, H, N, Dv] in q's dtype, lse2 float32 [B, H, N])`` (log2, +inf for empty rows).
 
     Args: q ``[B, H, N, D]``, k ``[B, H_kv, N, D]``, v ``[B, H_kv, N, Dv]`` (``H % H_kv == 0``, grouped-query
@@ -58,20 +65,26 @@ def bias_attention_cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dropout
     (:func:`.._dispatch.dropout_arguments`; the defaults are none): ``dropout_seed`` the uint64 seed's bit pattern as an
     int64, ``dropout_threshold`` the uint32 threshold, ``keep_scale`` ``1 / (1 - p)``; the mask is
-    :func:`syntaxkernels.reference.dropout_keep`'s (item = batch index), lse the undropped softmax's.
+    :func:`syntaxkernels.reference.dropout_keep`'s (item = batch index), lse the undropped softmax's. T5's
+    relative-position term: ``position_lut`` float32 ``[H, 2 * reach + 1]`` (:func:`._host.position_lut`, log2
+    domain) added at ``clamp(j - i, -reach, reach) + reach``; None (or ``reach < 0``) for none.
     """
     B, H, N, _ = q.shape
     out = torch.empty((B, H, N, v.shape[-1]), dtype=q.dtype)
     lse = torch.empty((B, H, N), dtype=torch.float32)
     _ext.load().bias_attention_forward(q, k, v, distance, lut, lengths, float(scale), int(window), bool(causal),
                                        int(position_window), int(dropout_seed), int(dropout_threshold),
-                                       float(keep_scale), out, lse)
+                                       float(keep_scale), out, lse, _or_empty(position_lut), int(reach))
     return out, lse
+
+
+def _or_empty(t: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32) if t is None else t
 
 
 @bias_attention_cpu_forward.register_fake
 def _(q, k, v, distance, lut, lengths, scale, window, causal, dropout_seed=0, dropout_threshold=0,
-      keep_scale=1.0, position_window=-1):
+      keep_scale=1.0, position_window=-1, position_lut=None, reach=-1):
     B, H, N, _ = q.shape
     return q.new_empty((B, H, N, v.shape[-1])), q.new_empty((B, H, N), dtype=torch.float32)
 
@@ -81,68 +94,91 @@ def bias_attention_cpu_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Te
                                 lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor, lengths: torch.Tensor,
                                 bucket_index: torch.Tensor, num_buckets: int, scale: float, window: int, causal: bool,
                                 table_grad: bool, dropout_seed: int = 0, dropout_threshold: int = 0,
-                                keep_scale: float = 1.0, position_window: int = -1
-                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """C++ backward: ``(dq, dk, dv, G)`` (dq like q, dk and dv like k and v: ``[B, H_kv, N, *]``, summed over each
+                                keep_scale: float = 1.0, position_window: int = -1,
+                                position_lut: Optional[torch.Tensor] = None, reach: int = -1,
+                                position_grad: bool = False
+                                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """C++ backward: ``(dq, dk, dv, G, PG)`` (dq like q, dk and dv like k and v: ``[B, H_kv, N, *]``, summed over each
     group's query heads), G float32 ``[1 or H, num_buckets]`` the per-bucket sums of dS (zeros
     unless ``table_grad``); ``bucket_index`` int64 ``[256]`` is ``BucketSpec.lut()``. Other arguments as the
     forward's (the dropout ones and the positional window the forward's: the mask is regenerated from the seed),
-    plus ``dout`` (like out, any strides) and the forward's ``lse``."""
+    plus ``dout`` (like out, any strides) and the forward's ``lse``. PG float32 ``[H, 2 * reach + 1]``: the sums of
+    dS by clamped offset ``j - i`` (zeros unless ``position_grad`` and a ``position_lut``; ``[H, 0]`` without
+    one)."""
     dq = torch.empty(q.shape, dtype=q.dtype)
     dk = torch.empty(k.shape, dtype=q.dtype)
     dv = torch.empty(v.shape, dtype=q.dtype)
     bucket_grad = torch.empty((lut.shape[0], num_buckets), dtype=torch.float32)
+    width = 2 * int(reach) + 1 if position_lut is not None and reach >= 0 else 0
+    pos_grad = torch.zeros((q.shape[1], width), dtype=torch.float32)
     _ext.load().bias_attention_backward(dout, q, k, v, lse, distance, lut, lengths, bucket_index, float(scale),
                                         int(window), bool(causal), int(position_window), bool(table_grad),
                                         int(dropout_seed), int(dropout_threshold), float(keep_scale), dq, dk, dv,
-                                        bucket_grad)
-    return dq, dk, dv, bucket_grad
+                                        bucket_grad, _or_empty(position_lut), int(reach) if width else -1,
+                                        bool(position_grad), pos_grad)
+    return dq, dk, dv, bucket_grad, pos_grad
 
 
 @bias_attention_cpu_backward.register_fake
 def _(dout, q, k, v, lse, distance, lut, lengths, bucket_index, num_buckets, scale, window, causal, table_grad,
-      dropout_seed=0, dropout_threshold=0, keep_scale=1.0, position_window=-1):
+      dropout_seed=0, dropout_threshold=0, keep_scale=1.0, position_window=-1, position_lut=None, reach=-1,
+      position_grad=False):
     # Contiguous like the real op's outputs, whatever q, k, v's strides (the modules pass transposed views).
+    width = 2 * reach + 1 if position_lut is not None and reach >= 0 else 0
     return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape),
-            q.new_empty((lut.shape[0], num_buckets), dtype=torch.float32))
+            q.new_empty((lut.shape[0], num_buckets), dtype=torch.float32),
+            q.new_empty((q.shape[1], width), dtype=torch.float32))
 
 
 class _SyntaxBiasAttentionCPU(torch.autograd.Function):
     """Autograd over the two C++ ops; gradients for q, k, v, the table and a tensor ``bias_scale`` (the table and
     bias-scale gradients from the per-bucket sums, as ``_SyntaxBiasAttention`` does on the Triton path).
     ``dropout_p``, ``dropout_seed``: attention dropout (saved, not the mask: the backward regenerates it);
-    ``position_window``: ``|i - j| <= position_window`` (-1: none)."""
+    ``position_window``: ``|i - j| <= position_window`` (-1: none); ``position_spec``
+    (:func:`._host.position_args`, or None) and ``position_table`` ``[H, P]``: T5's relative-position term (its
+    gradient from the kernels' per-offset sums by :func:`._host.position_gradient`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec,
-                dropout_p=0.0, dropout_seed=None, position_window=-1):
+                dropout_p=0.0, dropout_seed=None, position_window=-1, position_spec=None, position_table=None):
         spec = _spec(*bucket_spec)
         lut = bias_lut(table, bias_scale, spec, window)
+        plut, reach = None, -1
+        if position_spec is not None:
+            pspec = RelativePositionSpec(*position_spec)
+            plut, reach = position_lut(pspec, position_table), pspec.reach
         out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(
             q, k, v, distance, lut, lengths, scale, window, causal,
-            *dropout_arguments(dropout_p, dropout_seed), position_window)
-        ctx.save_for_backward(q, k, v, lse, distance, table, bias_scale, lengths, lut)
+            *dropout_arguments(dropout_p, dropout_seed), position_window, plut, reach)
+        ctx.save_for_backward(q, k, v, lse, distance, table, bias_scale, lengths, lut, plut, position_table)
+        ctx.position_spec, ctx.reach = position_spec, reach
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
         ctx.dropout_p, ctx.dropout_seed, ctx.position_window = dropout_p, dropout_seed, position_window
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lse, distance, table, bias_scale, lengths, lut = ctx.saved_tensors
+        q, k, v, lse, distance, table, bias_scale, lengths, lut, plut, position_table = ctx.saved_tensors
         table_grad = bool(ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
+        wants_position = plut is not None and bool(ctx.needs_input_grad[15])
         spec = _spec(*ctx.bucket_spec)
-        dq, dk, dv, bucket_grad = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
+        dq, dk, dv, bucket_grad, offset_sums = torch.ops.syntaxkernels.bias_attention_cpu_bwd(
             dout, q, k, v, lse, distance, lut, lengths, _bucket_lut(spec, distance), spec.num_buckets, ctx.scale,
             ctx.window, ctx.causal, table_grad, *dropout_arguments(ctx.dropout_p, ctx.dropout_seed),
-            ctx.position_window)
+            ctx.position_window, plut, ctx.reach, wants_position)
         dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
-        return dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None, None
+        dposition = (position_gradient(offset_sums, RelativePositionSpec(*ctx.position_spec), position_table)
+                     if wants_position else None)
+        return (dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None, None, None,
+                dposition)
 
 
 def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
                        buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
                        window: Optional[int] = None, causal: bool = False, dropout_p: float = 0.0,
-                       dropout_seed: Optional[int] = None, position_window: Optional[int] = None) -> torch.Tensor:
+                       dropout_seed: Optional[int] = None, position_window: Optional[int] = None,
+                       position_buckets: Optional[RelativePositionSpec] = None,
+                       position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`syntaxkernels.syntax_bias_attention` on the C++ kernels (CPU tensors; inputs already validated, and
     :func:`._host.cpu_kernels_take` true): ``distance`` the batch's padded :class:`~syntaxkernels.plan.StructurePlan`
     (a TreeBatch) or a distance tensor with its ``lengths``. Same arguments and result; see that function.
@@ -159,11 +195,14 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
     Attention dropout runs in the kernels: one Philox-4x32-7 call per 4 keys of a row, the mask regenerated in the
     backward from the seed (never stored); ``dropout_p == 0`` runs the kernels without it. A positional window
     (``position_window``) masks ``|i - j| > position_window`` in the kernels and skips the keys outside every row's
-    window of a query block.
+    window of a query block. T5's relative-position term (``position_buckets`` with ``position_table`` ``[H, P]``)
+    adds ``position_table[h, pbucket(j - i)]`` to each score in the kernels (gradient included).
     """
     plan = as_plan(distance, lengths)
     scale, bias_scale = kernel_arguments(q, scale, bias_scale)
     return _SyntaxBiasAttentionCPU.apply(q, k, v, plan.distance, table, bias_scale, plan.kernel_lengths, float(scale),
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets),
                                          float(dropout_p), None if dropout_p == 0.0 else int(dropout_seed),
-                                         -1 if position_window is None else int(position_window))
+                                         -1 if position_window is None else int(position_window),
+                                         None if position_buckets is None else position_args(position_buckets),
+                                         position_table if position_buckets is not None else None)

@@ -124,11 +124,11 @@ def _cpu_layout(plan):
 
 
 def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal, dropout_p=0.0,
-                               dropout_seed=None, position_window=None):
+                               dropout_seed=None, position_window=None, position_buckets=None, position_table=None):
     """The CPU path of ``backend="auto"``: the existing fused C++ CPU op on the sequences laid out ``[S, H, N, D]``
     inside the op (N the longest sequence: only the attention sees padding, never the packed row's other layers),
     the output gathered back to ``[T, H, Dv]``; gradients through the same gather/scatter. A positional window is
-    the padded op's (each sequence starts at position 0 of its row)."""
+    the padded op's, and so is T5's relative-position term (each sequence starts at position 0 of its row)."""
     sequence, position, lengths, padded = _cpu_layout(plan)
     S, N = padded.distance.shape[:2]
 
@@ -139,7 +139,8 @@ def _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale,
 
     out = _cpu.cpu_bias_attention(lay_out(q), lay_out(k), lay_out(v), padded, table, buckets=buckets, scale=scale,
                                   bias_scale=bias_scale, window=window, causal=causal, dropout_p=dropout_p,
-                                  dropout_seed=dropout_seed, position_window=position_window)
+                                  dropout_seed=dropout_seed, position_window=position_window,
+                                  position_buckets=position_buckets, position_table=position_table)
     return out.transpose(1, 2)[sequence, position]
 
 
@@ -199,7 +200,7 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     chosen = position_route(implementation(q, v, backend), position_buckets, backend, packed=True)
     if chosen == "cpp" and q.shape[0] > 0:  # the fused C++ kernels
         return _cpu_bias_attention_varlen(q, k, v, plan, table, buckets, scale, bias_scale, window, causal,
-                                          dropout_p, dropout_seed, position_window)
+                                          dropout_p, dropout_seed, position_window, position_buckets, position_table)
     if chosen != "triton":
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
