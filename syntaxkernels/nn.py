@@ -237,7 +237,8 @@ class DistanceBias(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreesLike, lengths=None, *,
                scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False,
-               dropout_p: float = 0.0, position_window: Optional[int] = None) -> torch.Tensor:
+               dropout_p: float = 0.0, position_window: Optional[int] = None, position_buckets=None,
+               position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Distance-bias attention of projected heads.
 
         Args:
@@ -251,6 +252,8 @@ class DistanceBias(nn.Module):
             causal: allow only keys ``j <= i``.
             position_window: allow only keys with ``|i - j| <= position_window`` (a sliding window; positions within
                 each sequence of a packed batch).
+            position_buckets, position_table: T5's relative-position term ``position_table[h, bucket(j - i)]``
+                (a :class:`~syntaxkernels.RelativePositionSpec` and ``[H, P]``), added by the op beside the tree bias.
             dropout_p: attention dropout on the probabilities (whatever the module's mode: the caller decides;
                 a seed is drawn from torch's default generator, :func:`draw_dropout_seed`).
         Returns:
@@ -261,14 +264,16 @@ class DistanceBias(nn.Module):
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
                 q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                 bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
-                dropout_p=dropout_p, dropout_seed=seed, position_window=position_window))
+                dropout_p=dropout_p, dropout_seed=seed, position_window=position_window,
+                position_buckets=position_buckets, position_table=position_table))
         _distance_and_lengths(trees, lengths)  # (the TypeError for anything else)
         # The TreeBatch itself is the batch's structure plan: what the kernels derive from it is kept on it for
         # every layer (a bare distance tensor gets a plan of its own, per call).
         return ops.syntax_bias_attention(q, k, v, trees, self.distance_bias, buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
                                          backend=self.backend, dropout_p=dropout_p, dropout_seed=seed,
-                                         position_window=position_window)
+                                         position_window=position_window, position_buckets=position_buckets,
+                                         position_table=position_table)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"

@@ -1,6 +1,6 @@
 """Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT; ModernBERT
-with method "bias") and decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one
-call.
+with method "bias"), the encoder of T5 / mT5 (method "bias") and decoder-only language models (GPT-2, Llama, Mistral,
+Qwen2, Qwen3; method "bias"), in one call.
 
 ::
 
@@ -128,6 +128,30 @@ ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causa
   sub-network op takes no positional window, and there is no encoder module whose input the GAT reads or whose
   layers the tree predictor hooks.
 
+T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) take ``method="bias"`` with
+``trees="given"`` in the **encoder's self-attention only**:
+
+- Positions: T5's bucketed relative-position bias (layer 0's ``relative_attention_bias``, an ``nn.Embedding [P, H]``
+  every encoder layer shares) is added inside the op (``position_buckets=RelativePositionSpec(P, max_distance,
+  bidirectional=True)``, ``position_table = weight.T``, a view, so the gradient reaches the Embedding), beside the tree
+  bias; T5 does not scale the scores (``scaling`` 1.0 is passed on). A forward pre-hook on the encoder stack
+  (``model.encoder``, which embeds the input itself) checks the trees against ``input_ids`` (or ``inputs_embeds``) and
+  the 0/1 padding mask (right padding) and hands every layer the keyword ``syntax_relative_position = (spec, table)``
+  (recomputed layers under gradient checkpointing get it again). A layer left plain (``layers=``) runs SDPA with T5's
+  own ``position_bias [1, H, N, N]``, which T5's layer 0 still builds (unused by syntax layers).
+- The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
+  syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
+  syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
+  keyword arguments to both stacks). Decoder target trees are not supported.
+- ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
+  the decoder decodes plainly from the syntax-aware encoder states.
+- "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
+  GAT take no relative-position table.
+- A new encoder-decoder family laid out like T5 is two things: its row of :data:`FAMILIES` (``seq2seq=True``) and its
+  tests; T5 itself took the rows, the ``seq2seq`` field, the encoder-stack and decoder hooks, one branch of
+  :func:`syntax_attention_forward` (:func:`_t5_encoder_attention`) and the position arguments of
+  :class:`SyntaxDistanceBias` (docs/api.md, "T5 and mT5").
+
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
 to the weights file. :func:`load_syntax_model` reloads both (reading the syntax parameters back is
@@ -254,13 +278,16 @@ class SyntaxDistanceBias(DistanceBias):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreeBatch,
                 scale: Optional[float] = None, dropout_p: float = 0.0,
-                position_window: Optional[int] = None) -> torch.Tensor:
+                position_window: Optional[int] = None, position_buckets=None,
+                position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``q [B, H, N, D]``, ``k, v [B, H_kv, N, D]`` (``H % H_kv == 0``: grouped-query attention, k and v not
         repeated), the batch's :class:`TreeBatch` -> ``[B, H, N, D]`` (padding query rows 0); ``dropout_p``:
         attention dropout on the probabilities; ``position_window``: keys with ``|i - j| <= position_window`` only
-        (a decoder's sliding window)."""
+        (a decoder's sliding window); ``position_buckets`` (a :class:`~syntaxkernels.RelativePositionSpec`) and
+        ``position_table [H, P]``: T5's relative-position bias, added in the op."""
         return self.attend(q, k, v, trees, scale=scale, window=self.window, causal=self.causal, dropout_p=dropout_p,
-                           position_window=position_window)
+                           position_window=position_window, position_buckets=position_buckets,
+                           position_table=position_table)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", window={self.window}" + (", causal=True" if self.causal else "")
@@ -452,6 +479,11 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
     part = getattr(module, "syntax", None)
+    relative = kwargs.get("syntax_relative_position")
+    if relative is not None:  # a T5 / mT5 encoder layer (the encoder hook hands on its position buckets and table)
+        out = _t5_encoder_attention(part, query, key, value, attention_mask, dropout, scaling, syntax_trees,
+                                    relative, kwargs.get("position_bias"))
+        return out.transpose(1, 2).contiguous(), None
     if isinstance(part, (SyntaxDistanceBias, SyntaxSubnetworks)) and syntax_trees is None:
         raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
     # A local layer (ModernBERT's "sliding_attention": transformers passes sliding_window = local_attention // 2 + 1,
@@ -478,6 +510,30 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     else:
         out = _plain_attention(query, key, value, attention_mask, dropout, scaling, band)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _t5_encoder_attention(part, query, key, value, valid: Optional[torch.Tensor], dropout: float,
+                          scaling: Optional[float], trees, relative, position_bias: Optional[torch.Tensor]):
+    """One self-attention layer of a T5 / mT5 encoder: ``query, key, value [B, H, N, D]`` -> ``[B, H, N, D]``.
+
+    ``relative``: ``(RelativePositionSpec, position_table [H, P])`` from :func:`_seq2seq_encoder_pre_hook` (the
+    table is a view of layer 0's ``relative_attention_bias.weight``, shared by every layer, as in T5). A syntax layer
+    runs :class:`SyntaxDistanceBias` with them: T5's bucketed relative-position bias is added inside the op (no
+    ``[N, N]`` tensor), beside the tree bias; ``scaling`` is T5's 1.0. A layer left plain runs SDPA with T5's own
+    ``position_bias [1, H, N, N]`` (computed by layer 0) as a float mask, the padding keys masked out.
+    """
+    spec, table = relative
+    if isinstance(part, SyntaxDistanceBias):
+        if trees is None:
+            raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
+        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_buckets=spec,
+                    position_table=table)
+    bias = position_bias.to(query.dtype) if position_bias is not None else None
+    if valid is not None:
+        pad = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~valid, torch.finfo(query.dtype).min)[:, None, None, :]
+        bias = pad if bias is None else bias + pad
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling)
 
 
 def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
@@ -779,6 +835,42 @@ def _base_encoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     return args, kwargs
 
 
+def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of an encoder-decoder family's encoder stack (T5 / mT5 ``model.encoder``, which embeds the
+    input itself): checks ``syntax_trees`` against ``input_ids`` (or ``inputs_embeds``) and the 0/1 padding mask
+    (right padding; :func:`_check_trees`), moves them, and hands every layer T5's relative-position term as the
+    keyword ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer
+    0's ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
+    given, tokens = _base_model_inputs(encoder, args, kwargs, f"{_family(encoder).name} takes method='bias'")
+    if tokens is None:
+        return args, kwargs  # the model's own error follows
+    trees = kwargs.get("syntax_trees")
+    if trees is None:
+        raise ValueError("syntax attention (method='bias') is enabled on this model's encoder: pass "
+                         "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to forward "
+                         "or generate")
+    if _is_packed(trees):
+        raise ValueError(f"{_family(encoder).name} takes padded batches only (a TreeBatch and an attention_mask "
+                         "[B, N]), not packed trees")
+    kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
+    from ..specs import RelativePositionSpec
+
+    config = encoder.config
+    spec = RelativePositionSpec(int(config.relative_attention_num_buckets),
+                                int(config.relative_attention_max_distance), bidirectional=True)
+    first = getattr(encoder, _family(encoder).layers)[0]
+    kwargs["syntax_relative_position"] = (spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t())
+    return args, kwargs
+
+
+def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of an encoder-decoder family's decoder stack: the model's forward hands its keyword
+    arguments (``syntax_trees`` included) to the decoder too; the decoder is plain attention and gets none."""
+    kwargs.pop("syntax_trees", None)
+    kwargs.pop("syntax_pos", None)
+    return args, kwargs
+
+
 def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
     """``generate``'s check of its keyword arguments on a decoder with syntax attention: ``syntax_trees`` is one
     (``generate`` hands it to every forward; :func:`_decoder_pre_hook` uses it for the prompt only), the others are
@@ -979,6 +1071,10 @@ class ModelFamily:
       ``encoder`` is ``""`` (the base model runs the layers itself, and the trees are checked by a forward pre-hook
       on it), the mask comes from ``create_causal_mask`` (or ``create_sliding_window_causal_mask``), k and v may
       have fewer heads than q (grouped-query attention), and only ``method="bias"`` applies.
+    - ``seq2seq``: an encoder-decoder family (T5, mT5): only the encoder stack's self-attention is patched
+      (``encoder`` is that stack, which embeds the input itself: the trees are checked against ``input_ids`` by a
+      forward pre-hook on it), only the encoder stack is switched to the syntaxkernels attention implementation;
+      the decoder (self- and cross-attention) keeps its own; ``method="bias"``, ``trees="given"`` only.
     - ``methods``: the methods the family takes (an encoder whose base model runs the layers, ``encoder == ""`` and
       not causal, takes ``trees="given"`` only: the predicted trees hook an encoder module), and ``limits``: why it
       takes no others (quoted by the ``ValueError``).
@@ -1000,12 +1096,20 @@ class ModelFamily:
     causal: bool = False
     methods: Tuple[str, ...] = METHODS
     limits: str = ""
+    seq2seq: bool = False
 
 
 _ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
 _ROTARY = ("rotary (RoPE), applied to q and k inside the attention module before the attention function; k, v with "
            "config.num_key_value_heads heads (grouped-query attention)")
 
+_T5_LIMITS = ("only the encoder's self-attention takes the trees (the decoder and the cross-attention stay plain); "
+              "the sub-network op and the GAT take no relative-position table, and the tree predictor is not wired "
+              "for the encoder stack")
+_T5_POSITIONS = ("T5's bucketed relative-position bias (config.relative_attention_num_buckets, "
+                 "relative_attention_max_distance; layer 0's relative_attention_bias shared by every encoder layer), "
+                 "added inside the op (position_buckets / position_table) beside the tree bias; scores not scaled "
+                 "(scale 1.0)")
 #: The supported families, one row each (see :class:`ModelFamily`).
 FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("BERT (incl. multilingual BERT)", "bert", "BertModel", "encoder", "layer", "attention.self",
@@ -1045,7 +1149,12 @@ FAMILIES: Tuple[ModelFamily, ...] = (
                 limits="its local layers attend within a sliding window, which the sub-network op does not take, and "
                 "its base model runs the layers itself (no encoder module whose input the GAT reads or whose layers "
                 "the tree predictor hooks)"),
+    ModelFamily("T5 (incl. Flan-T5)", "t5", "T5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
+    ModelFamily("mT5", "mt5", "MT5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
 )
+
 
 #: Families that are refused, with why (a model of another family is refused as not supported). None at present.
 REFUSED_FAMILIES: Dict[str, str] = {}
@@ -1248,7 +1357,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             ``BertForTokenClassification``), configured as an encoder; or of a causal row (``GPT2Model``,
             ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``Qwen3Model``; e.g. ``LlamaForCausalLM``) with
             ``method="bias"`` (module docstring, "Decoder-only language models"); or ``ModernBertModel`` (e.g.
-            ``ModernBertForMaskedLM``) with ``method="bias"`` (module docstring, "ModernBERT").
+            ``ModernBertForMaskedLM``) with ``method="bias"`` (module docstring, "ModernBERT"); or a T5 / mT5 model
+            (``T5ForConditionalGeneration``, ``T5EncoderModel``, ``MT5ForConditionalGeneration``, ...) with
+            ``method="bias"``: the encoder's self-attention only (module docstring, "T5 and mT5").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -1305,7 +1416,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     New parameters (state-dict names under ``<base>.encoder``): ``layer.{i}.attention.self.syntax.*``
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
-    ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``. They take
+    ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``; T5 / mT5:
+    ``encoder.block.{i}.layer.0.SelfAttention.syntax.*``. They take
     the dtype and device of the model's parameters.
 
     Raises:
@@ -1334,7 +1446,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                          f"(got method={method!r}, trees={trees!r}): the sub-network masks and the GAT read the whole "
                          "tree, which would tell a token about later words")
     family = _family(base)
-    if method not in family.methods or (not family.encoder and trees != "given"):
+    if method not in family.methods or ((not family.encoder or family.seq2seq) and trees != "given"):
         takes = " or ".join(repr(m) for m in family.methods)
         raise ValueError(f"{family.name} takes method={takes} with trees='given' (got method={method!r}, "
                          f"trees={trees!r}): {family.limits}")
@@ -1430,12 +1542,20 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if trees == "predicted":
         _attach_predictor(base, encoder, config, predictor_layer, predictor_arc_size, float(predicted_tree_ratio),
                           factory, model.training)
-    if causal:
+    if causal or family.seq2seq:
         if callable(getattr(model, "_validate_model_kwargs", None)):  # generate(..., syntax_trees=...)
             model._validate_model_kwargs = functools.partial(_validate_generate_kwargs, model)
     if not _family(base).encoder:  # the base model runs the layers: its forward's arguments are read by name
         base.syntax_forward_arguments = _forward_argument_names(base)
-    hook = _decoder_pre_hook if causal else _base_encoder_pre_hook if encoder is base else _encoder_pre_hook
+    if family.seq2seq:  # the encoder stack embeds the input itself: its arguments are read by name
+        encoder.syntax_forward_arguments = _forward_argument_names(encoder)
+        hook = _seq2seq_encoder_pre_hook
+        decoder = getattr(base, "decoder", None)
+        if decoder is not None:
+            decoder.syntax_hook_handle = decoder.register_forward_pre_hook(_drop_syntax_kwargs_pre_hook,
+                                                                           with_kwargs=True)
+    else:
+        hook = _decoder_pre_hook if causal else _base_encoder_pre_hook if encoder is base else _encoder_pre_hook
     encoder.syntax_hook_handle = encoder.register_forward_pre_hook(hook, with_kwargs=True)
     if method == "gat" and variant != "package":
         encoder.syntax_embedding_hook_handle = base.register_forward_pre_hook(_word_embeddings_pre_hook,
@@ -1446,7 +1566,17 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     for each in {id(config): config, id(model.config): model.config}.values():
         each.syntax_attention = spec
         each.attn_implementation = SAVED_ATTN_IMPLEMENTATION
-    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if family.seq2seq:
+        # Only the encoder stack runs the syntaxkernels attention; the rest of the model (the decoder's self- and
+        # cross-attention) keeps its implementation ("sdpa" where it came from a saved syntax checkpoint).
+        kept = getattr(getattr(base, "decoder", None) or model, "config", model.config)._attn_implementation
+        if kept in (None, SAVED_ATTN_IMPLEMENTATION, ATTN_IMPLEMENTATION):
+            kept = "sdpa"
+        model.set_attn_implementation(kept)
+        encoder.set_attn_implementation(ATTN_IMPLEMENTATION)
+        config = encoder.config
+    else:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise RuntimeError(f"could not switch {type(model).__name__} to attn_implementation="
                            f"{ATTN_IMPLEMENTATION!r} (it is {config._attn_implementation!r})")

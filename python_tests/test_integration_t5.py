@@ -1,0 +1,283 @@
+"""transformers integration on T5 / mT5 (their rows of FAMILIES), method "bias", on tiny models built from configs (no
+downloads).
+
+Only the encoder's self-attention is syntax-aware: the tree bias is added on top of T5's bucketed relative-position
+bias, which the op adds itself (``position_buckets`` / ``position_table``, layer 0's ``relative_attention_bias``
+shared by every encoder layer; scores unscaled). The decoder (self- and cross-attention) stays plain.
+
+What is checked: a fresh syntax model equals the unpatched one (encoder states on valid tokens, seq2seq loss; T5,
+the encoder-only class, mT5; "sdpa" and "eager" references); with random tables every layer's output equals a float64
+reference that adds the tree bias to T5's position bias in the unpatched eager model; a random table changes the
+outputs; gradients reach the syntax tables, T5's position table and the projections; padding (a padded batch equals
+each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; a layer
+left plain keeps T5's position bias; the refused methods and the errors.
+"""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import syntaxkernels as sk  # noqa: E402
+from syntaxkernels import reference  # noqa: E402
+from syntaxkernels.integrations.transformers import (  # noqa: E402
+    FAMILIES,
+    SyntaxDistanceBias,
+    enable_syntax_attention,
+    load_syntax_model,
+    syntax_parameters,
+)
+
+VOCAB = 60
+# Token trees, lengths 9 and 5 (root first).
+HEADS = [[-1, 0, 1, 1, 0, 4, 5, 4, 0], [-1, 0, 0, 2, 2]]
+CLASSES = ["T5ForConditionalGeneration", "T5EncoderModel", "MT5ForConditionalGeneration"]
+
+
+def _config(cls: str = "T5ForConditionalGeneration", **overrides):
+    sizes = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                 relative_attention_num_buckets=8, relative_attention_max_distance=6, dropout_rate=0.0,
+                 decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config_cls = transformers.MT5Config if cls.startswith("MT5") else transformers.T5Config
+    return config_cls(**{**sizes, **overrides})
+
+
+def _model(cls: str = "T5ForConditionalGeneration", attn_implementation: str = "sdpa", **overrides):
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)(_config(cls, **overrides))
+    model.set_attn_implementation(attn_implementation)
+    return model.eval()
+
+
+def _pair(cls: str = "T5ForConditionalGeneration", attn_implementation: str = "sdpa", **kwargs):
+    """(unpatched model, a copy with fresh syntax attention)."""
+    plain = _model(cls, attn_implementation)
+    syntax = enable_syntax_attention(copy.deepcopy(plain), "bias", **kwargs)
+    return plain, syntax
+
+
+def _batch(heads=HEADS):
+    torch.manual_seed(1)
+    n = max(len(h) for h in heads)
+    ids = torch.randint(2, VOCAB, (len(heads), n))
+    mask = torch.zeros(len(heads), n, dtype=torch.long)
+    for b, h in enumerate(heads):
+        mask[b, :len(h)] = 1
+    ids = ids * mask
+    labels = torch.randint(2, VOCAB, (len(heads), 4))
+    return ids, mask, labels, sk.TreeBatch.from_heads(heads)
+
+
+def _valid(x, mask):
+    return x[mask.bool()]
+
+
+def _randomise(model, seed: int = 3, same: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    first = None
+    with torch.no_grad():
+        for name, p in syntax_parameters(model).items():
+            if name.endswith("distance_bias"):
+                if first is None or not same:
+                    first = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+                p.copy_(first)
+
+
+def test_rows():
+    rows = {f.model_type: f for f in FAMILIES}
+    for kind, base in (("t5", "T5PreTrainedModel"), ("mt5", "MT5PreTrainedModel")):
+        row = rows[kind]
+        assert row.base_class == base and row.seq2seq and row.methods == ("bias",)
+        assert row.encoder == "encoder" and row.layers == "block"
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readme, api = (root / "README.md").read_text(), (root / "docs" / "api.md").read_text()
+    for name in ("T5 (incl. Flan-T5)", "mT5", "T5 and mT5"):
+        assert name in readme or name in api, name
+    assert "mT5, encoder only" in readme and "T5 and mT5" in api
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_fresh_model_equals_plain(cls, impl):
+    plain, syntax = _pair(cls, impl)
+    ids, mask, labels, trees = _batch()
+    assert syntax.encoder.config._attn_implementation == "syntaxkernels"
+    if hasattr(syntax, "decoder"):
+        assert syntax.decoder.config._attn_implementation == impl  # the decoder is left as it was
+    with torch.no_grad():
+        a = plain.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
+        torch.testing.assert_close(_valid(b, mask), _valid(a, mask), rtol=1e-5, atol=1e-5)
+        if cls != "T5EncoderModel":
+            la = plain(input_ids=ids, attention_mask=mask, labels=labels).loss
+            lb = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
+            torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", ["T5EncoderModel", "MT5ForConditionalGeneration"])
+def test_random_table_equals_float64_reference(cls):
+    """Every encoder layer: T5's eager attention with ``position_bias + c * table[bucket(d)]`` (one table shared by
+    the layers, so the reference adds it once to the shared position bias), in float64."""
+    plain, syntax = _pair(cls, "eager")
+    plain, syntax = plain.double(), syntax.double()
+    _randomise(syntax, same=True)
+    ids, mask, _, trees = _batch()
+    part = syntax.encoder.block[0].layer[0].SelfAttention.syntax
+    tree_bias = reference.gather_bias(trees.distance, part.distance_bias, part.buckets, part.bias_scale,
+                                      dtype=torch.float64)  # [B, 1, N, N]
+    attention = plain.encoder.block[0].layer[0].SelfAttention
+    own = attention.compute_bias
+    attention.compute_bias = lambda *a, **k: own(*a, **k) + tree_bias
+    with torch.no_grad():
+        want = plain.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
+        fresh = _pair(cls, "eager")[0].double().encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(_valid(got, mask), _valid(want, mask), rtol=1e-10, atol=1e-10)
+    assert (_valid(got, mask) - _valid(fresh, mask)).abs().max() > 1e-3  # the table changed the outputs
+
+
+def test_plain_layer_keeps_position_bias():
+    plain, syntax = _pair("T5ForConditionalGeneration", layers=[1])
+    _randomise(syntax)
+    ids, mask, labels, trees = _batch()
+    assert not hasattr(syntax.encoder.block[0].layer[0].SelfAttention, "syntax")
+    with torch.no_grad():
+        # layer 0 left plain: after it the hidden states equal the unpatched model's
+        seen = {}
+
+        def keep(key):
+            def hook(module, args, output):
+                seen.setdefault(key, output[0])
+            return hook
+
+        syntax.encoder.block[0].register_forward_hook(keep("s"))
+        plain.encoder.block[0].register_forward_hook(keep("p"))
+        syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
+        plain(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(_valid(seen["s"], mask), _valid(seen["p"], mask), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_reach_tables_and_projections():
+    _, syntax = _pair()
+    syntax.train()
+    ids, mask, labels, trees = _batch()
+    syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss.backward()
+    for name, p in syntax_parameters(syntax).items():
+        if name.endswith("distance_bias"):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    first = syntax.encoder.block[0].layer[0].SelfAttention
+    assert first.relative_attention_bias.weight.grad.abs().sum() > 0
+    for layer in syntax.encoder.block:
+        for proj in ("q", "k", "v"):
+            assert getattr(layer.layer[0].SelfAttention, proj).weight.grad.abs().sum() > 0
+
+
+def test_position_table_gradient_matches_plain():
+    """At init the syntax model is the plain model: the gradient of T5's position table (through the op's
+    position_table) equals the unpatched model's (through its [1, H, N, N] position_bias)."""
+    plain, syntax = _pair(attn_implementation="eager")
+    plain, syntax = plain.double(), syntax.double()
+    ids, mask, labels, trees = _batch()
+    plain(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss.backward()
+    for name in ("relative_attention_bias", "q", "k", "v"):
+        a = getattr(plain.encoder.block[0].layer[0].SelfAttention, name).weight.grad
+        b = getattr(syntax.encoder.block[0].layer[0].SelfAttention, name).weight.grad
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-10)
+
+
+def test_padded_batch_equals_each_sentence_alone():
+    _, syntax = _pair()
+    _randomise(syntax)
+    ids, mask, _, trees = _batch()
+    with torch.no_grad():
+        both = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
+        for b, heads in enumerate(HEADS):
+            n = len(heads)
+            alone = syntax.encoder(input_ids=ids[b:b + 1, :n], syntax_trees=sk.TreeBatch.from_heads([heads]))
+            torch.testing.assert_close(both[b, :n], alone.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_checkpointing():
+    _, syntax = _pair()
+    _randomise(syntax)
+    ids, mask, labels, trees = _batch()
+    twin = copy.deepcopy(syntax)
+    syntax.train()
+    twin.train()
+    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    la = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
+    lb = twin(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(lb, la)
+    grads_a = dict(syntax.named_parameters())
+    for name, p in twin.named_parameters():
+        if p.grad is not None or grads_a[name].grad is not None:
+            torch.testing.assert_close(p.grad, grads_a[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_autocast_bf16():
+    _, syntax = _pair()
+    _randomise(syntax)
+    ids, mask, labels, trees = _batch()
+    with torch.no_grad():
+        full = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
+    assert torch.isfinite(half)
+    torch.testing.assert_close(half.float(), full, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("cls", ["T5ForConditionalGeneration", "MT5ForConditionalGeneration"])
+def test_save_and_load(tmp_path, cls):
+    _, syntax = _pair(cls, per_head=True)
+    _randomise(syntax)
+    ids, mask, labels, trees = _batch()
+    syntax.save_pretrained(tmp_path)
+    loaded = load_syntax_model(getattr(transformers, cls), str(tmp_path)).eval()
+    assert loaded.encoder.config._attn_implementation == "syntaxkernels"
+    assert loaded.decoder.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        a = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).logits
+        b = loaded(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).logits
+    torch.testing.assert_close(b, a)
+
+
+def test_generate():
+    plain, syntax = _pair()
+    ids, mask, _, trees = _batch()
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        fresh = syntax.generate(ids, syntax_trees=trees, **kw)
+        torch.testing.assert_close(fresh, plain.generate(ids, **kw))
+        _randomise(syntax, seed=5)
+        out = syntax.generate(ids, syntax_trees=trees, **kw)
+        encoded = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees)
+        # the decoder is plain: the unpatched model decoding the syntax encoder's states gives the same tokens
+        want = plain.generate(ids, encoder_outputs=encoded, **kw)
+    torch.testing.assert_close(out, want)
+
+
+def test_errors():
+    _, syntax = _pair()
+    ids, mask, labels, trees = _batch()
+    with pytest.raises(ValueError, match="syntax_trees"):
+        syntax(input_ids=ids, attention_mask=mask, labels=labels)
+    with pytest.raises(ValueError):
+        short = sk.TreeBatch.from_heads([HEADS[0][:8], HEADS[1]])  # lengths 8, 5 but the mask has 9, 5
+        syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=short)
+    with pytest.raises(ValueError, match="cover"):
+        syntax(input_ids=ids[:, :6], attention_mask=mask[:, :6], labels=labels, syntax_trees=trees)
+    for method in ("subnetwork", "gat"):
+        with pytest.raises(ValueError, match="T5"):
+            enable_syntax_attention(_model(), method)
+    with pytest.raises(ValueError, match="given"):
+        enable_syntax_attention(_model(), "bias", trees="predicted", predictor_layer=0)
+    with pytest.raises(ValueError, match="already"):
+        enable_syntax_attention(syntax, "bias")
+    assert all(isinstance(layer.layer[0].SelfAttention.syntax, SyntaxDistanceBias) for layer in syntax.encoder.block)
+    assert not any("decoder" in name for name in syntax_parameters(syntax))
