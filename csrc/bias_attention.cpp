@@ -179,10 +179,13 @@ SK_INLINE float lanes_sum(Vec v) {
 
 SK_INLINE float exp2_scalar(float x) { return x < -126.f ? 0.f : std::exp2(x); }
 
-// t[j] = s[j] * scale2 + lut[d[j]] for j < n, stored over s; returns the largest t (NaN ignored: the sums see
-// it). A pair outside the window (lut -inf) gets -inf whatever its product holds: a NaN or infinite q . k there
-// is masked, as the reference masks it, never turned into a NaN score.
-SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, float scale2, int64_t n) {
+// One row segment's log2-domain scores t[j] = s[j] * scale2 + lut[d[j]] (+ pos[j], T5's relative-position term, when
+// kPos: the row's position LUT values, contiguous in j) stored over s, -inf where the bias is (outside the window);
+// returns the largest t (NaN ignored: the sums see it). A pair outside the window (lut -inf) gets -inf whatever its
+// product holds: a NaN or infinite q . k there is masked, as the reference masks it, never turned into a NaN score.
+template <bool kPos>
+SK_INLINE float biased_scores_t(float* s, const uint8_t* d, const float* lut, const float* pos, float scale2,
+                                int64_t n) {
   int64_t j = 0;
   float best = -kInf;
 #if defined(__GNUC__)
@@ -190,7 +193,8 @@ SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, floa
   const Vec vscale = splat(scale2), vmasked = splat(-kInf);
   for (; j + kW <= n; j += kW) {
     const Vec bias = gather(lut, d + j);
-    const Vec sum = load_vec<Vec>(s + j) * vscale + bias;
+    Vec sum = load_vec<Vec>(s + j) * vscale + bias;
+    if constexpr (kPos) sum = sum + load_vec<Vec>(pos + j);
     const Vec t = bias == vmasked ? bias : sum;
     store_vec(s + j, t);
     vbest = t > vbest ? t : vbest;
@@ -199,36 +203,21 @@ SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, floa
 #endif
   for (; j < n; ++j) {
     const float bias = lut[d[j]];
-    s[j] = bias == -kInf ? bias : s[j] * scale2 + bias;
+    float sum = s[j] * scale2 + bias;
+    if constexpr (kPos) sum = sum + pos[j];
+    s[j] = bias == -kInf ? bias : sum;
     best = std::max(best, s[j]);
   }
   return best;
 }
 
-// biased_scores plus T5's relative-position term: pos[j] (the row's position LUT values, contiguous in j) added
-// after the scaled product and the bias, t[j] = s[j] * scale2 + lut[d[j]] + pos[j] (-inf where the bias is).
+SK_INLINE float biased_scores(float* s, const uint8_t* d, const float* lut, float scale2, int64_t n) {
+  return biased_scores_t<false>(s, d, lut, nullptr, scale2, n);
+}
+
 SK_INLINE float biased_scores_pos(float* s, const uint8_t* d, const float* lut, const float* pos, float scale2,
                                   int64_t n) {
-  int64_t j = 0;
-  float best = -kInf;
-#if defined(__GNUC__)
-  Vec vbest = splat(-kInf);
-  const Vec vscale = splat(scale2), vmasked = splat(-kInf);
-  for (; j + kW <= n; j += kW) {
-    const Vec bias = gather(lut, d + j);
-    const Vec sum = load_vec<Vec>(s + j) * vscale + bias + load_vec<Vec>(pos + j);
-    const Vec t = bias == vmasked ? bias : sum;
-    store_vec(s + j, t);
-    vbest = t > vbest ? t : vbest;
-  }
-  best = lanes_max(vbest);
-#endif
-  for (; j < n; ++j) {
-    const float bias = lut[d[j]];
-    s[j] = bias == -kInf ? bias : s[j] * scale2 + bias + pos[j];
-    best = std::max(best, s[j]);
-  }
-  return best;
+  return biased_scores_t<true>(s, d, lut, pos, scale2, n);
 }
 
 // p[j] = exp2(t[j] - shift) stored over t; returns the sum (a fixed order: lanes, then the tail).
@@ -252,10 +241,11 @@ SK_INLINE float exp2_shifted(float* t, float shift, int64_t n) {
   return sum;
 }
 
-// Backward pass A on one row segment: p = exp2(s * scale2 + lut[d] - lse) over s, 0 outside the window (lut -inf,
-// whatever the product holds, as in the forward); returns sum p * dp.
-SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const float* lut, float scale2, float lse,
-                              int64_t n) {
+// Backward pass A on one row segment: p = exp2(s * scale2 + lut[d] (+ pos, when kPos) - lse) over s, 0 outside the
+// window (lut -inf, whatever the product holds, as in the forward); returns sum p * dp.
+template <bool kPos>
+SK_INLINE float probabilities_t(float* s, const float* dp, const uint8_t* d, const float* lut, const float* pos,
+                                float scale2, float lse, int64_t n) {
   int64_t j = 0;
   float sum = 0.f;
 #if defined(__GNUC__)
@@ -263,7 +253,9 @@ SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const
   const Vec vscale = splat(scale2), vlse = splat(lse), vmasked = splat(-kInf), vzero = splat(0.f);
   for (; j + kW <= n; j += kW) {
     const Vec bias = gather(lut, d + j);
-    const Vec e = exp2_vec(load_vec<Vec>(s + j) * vscale + bias - vlse);
+    Vec t = load_vec<Vec>(s + j) * vscale + bias;
+    if constexpr (kPos) t = t + load_vec<Vec>(pos + j);
+    const Vec e = exp2_vec(t - vlse);
     const Vec p = bias == vmasked ? vzero : e;
     store_vec(s + j, p);
     vsum += p * load_vec<Vec>(dp + j);
@@ -272,35 +264,22 @@ SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const
 #endif
   for (; j < n; ++j) {
     const float bias = lut[d[j]];
-    s[j] = bias == -kInf ? 0.f : exp2_scalar(s[j] * scale2 + bias - lse);
+    float t = s[j] * scale2 + bias;
+    if constexpr (kPos) t = t + pos[j];
+    s[j] = bias == -kInf ? 0.f : exp2_scalar(t - lse);
     sum += s[j] * dp[j];
   }
   return sum;
 }
 
-// probabilities plus the relative-position term pos[j] (as biased_scores_pos).
+SK_INLINE float probabilities(float* s, const float* dp, const uint8_t* d, const float* lut, float scale2, float lse,
+                              int64_t n) {
+  return probabilities_t<false>(s, dp, d, lut, nullptr, scale2, lse, n);
+}
+
 SK_INLINE float probabilities_pos(float* s, const float* dp, const uint8_t* d, const float* lut, const float* pos,
                                   float scale2, float lse, int64_t n) {
-  int64_t j = 0;
-  float sum = 0.f;
-#if defined(__GNUC__)
-  Vec vsum = splat(0.f);
-  const Vec vscale = splat(scale2), vlse = splat(lse), vmasked = splat(-kInf), vzero = splat(0.f);
-  for (; j + kW <= n; j += kW) {
-    const Vec bias = gather(lut, d + j);
-    const Vec e = exp2_vec(load_vec<Vec>(s + j) * vscale + bias + load_vec<Vec>(pos + j) - vlse);
-    const Vec p = bias == vmasked ? vzero : e;
-    store_vec(s + j, p);
-    vsum += p * load_vec<Vec>(dp + j);
-  }
-  sum = lanes_sum(vsum);
-#endif
-  for (; j < n; ++j) {
-    const float bias = lut[d[j]];
-    s[j] = bias == -kInf ? 0.f : exp2_scalar(s[j] * scale2 + bias + pos[j] - lse);
-    sum += s[j] * dp[j];
-  }
-  return sum;
+  return probabilities_t<true>(s, dp, d, lut, pos, scale2, lse, n);
 }
 
 // The relative-position LUT of one head spread over every offset of the sequence: ext[r + N - 1] = plut[clamp(r,
