@@ -824,15 +824,27 @@ def _base_encoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook of an encoder family whose base model runs the layers itself (``encoder == ""``, not
     causal: ModernBERT): checks ``syntax_trees`` against ``input_ids`` (or ``inputs_embeds``) and the padding mask
     (right padding; :func:`_check_trees`) and moves them to the model's device."""
-    given, tokens = _base_model_inputs(base, args, kwargs, f"{_family(base).name} takes method='bias'")
+    _given_trees(base, args, kwargs, "syntax attention (method='bias') is enabled on this model: pass "
+                 "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = sequence length) to forward")
+    return args, kwargs
+
+
+def _given_trees(module: nn.Module, args: tuple, kwargs: dict, missing: str, packed: bool = True) -> bool:
+    """What a pre-hook of a module that embeds its input itself does with ``syntax_trees``: checked against
+    ``input_ids`` (or ``inputs_embeds``) and the 0/1 padding mask (right padding; :func:`_check_trees`) and moved, in
+    ``kwargs``; ``ValueError(missing)`` without trees, and for packed trees unless ``packed``. False when the call
+    has no tokens (the model's own error follows)."""
+    given, tokens = _base_model_inputs(module, args, kwargs, f"{_family(module).name} takes method='bias'")
     if tokens is None:
-        return args, kwargs  # the model's own error follows
+        return False
     trees = kwargs.get("syntax_trees")
     if trees is None:
-        raise ValueError("syntax attention (method='bias') is enabled on this model: pass "
-                         "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = sequence length) to forward")
+        raise ValueError(missing)
+    if not packed and _is_packed(trees):
+        raise ValueError(f"{_family(module).name} takes padded batches only (a TreeBatch and an attention_mask "
+                         "[B, N]), not packed trees")
     kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
-    return args, kwargs
+    return True
 
 
 def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
@@ -841,18 +853,10 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     (right padding; :func:`_check_trees`), moves them, and hands every layer T5's relative-position term as the
     keyword ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer
     0's ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
-    given, tokens = _base_model_inputs(encoder, args, kwargs, f"{_family(encoder).name} takes method='bias'")
-    if tokens is None:
+    if not _given_trees(encoder, args, kwargs, "syntax attention (method='bias') is enabled on this model's encoder: "
+                        "pass syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to "
+                        "forward or generate", packed=False):
         return args, kwargs  # the model's own error follows
-    trees = kwargs.get("syntax_trees")
-    if trees is None:
-        raise ValueError("syntax attention (method='bias') is enabled on this model's encoder: pass "
-                         "syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to forward "
-                         "or generate")
-    if _is_packed(trees):
-        raise ValueError(f"{_family(encoder).name} takes padded batches only (a TreeBatch and an attention_mask "
-                         "[B, N]), not packed trees")
-    kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
     from ..specs import RelativePositionSpec
 
     config = encoder.config
