@@ -466,7 +466,7 @@ class _MassRecorder:
         self.query_rows = 0.0  # valid query rows
 
     def __call__(self, q, k, v, trees, lengths=None, *, scale=None, window=None, causal=False, dropout_p=0.0,
-                 position_window=None):
+                 position_window=None, position_buckets=None, position_table=None):
         from . import reference
         from .nn import _distance_and_lengths
 
@@ -477,6 +477,8 @@ class _MassRecorder:
         allowed = reference.allowed_pairs(distance, valid, window, causal, position_window)  # [B, N, N]
         (k_heads,) = reference.expand_kv_heads(q, k)  # (grouped-query k: one head per query head)
         scores = torch.matmul(q.float(), k_heads.float().transpose(-1, -2)) * (scale if scale is not None else D ** -0.5)
+        if position_buckets is not None:  # T5's position term belongs to both arms (only the tree bias differs)
+            scores = scores + position_buckets.bias(position_table.detach(), N)[None]
         bias = reference.gather_bias(distance, module.distance_bias.detach(), module.buckets,
                                      None if module.bias_scale is None else module.bias_scale.detach())
         bucket = module.buckets.lut(q.device)[distance.long()]  # [B, N, N]
@@ -491,7 +493,8 @@ class _MassRecorder:
         self.rows += float(rows.sum()) * H
         self.query_rows += float(rows.sum())
         return self._original(q, k, v, trees, lengths, scale=scale, window=window, causal=causal,
-                              dropout_p=dropout_p, position_window=position_window)
+                              dropout_p=dropout_p, position_window=position_window,
+                              position_buckets=position_buckets, position_table=position_table)
 
 
 def attention_by_distance(model: nn.Module, batch: Mapping[str, Any]) -> LearnedSyntax:
