@@ -39,13 +39,18 @@ SCRIPT = textwrap.dedent("""
 # sm_80 and sm_90. ``python -m syntaxkernels inspect --workload all`` covers every workload and family.
 CI_WORKLOADS = [("sentences", 64), ("sentences", 128), ("pairs", 64), ("odd-1000", 64)]
 CI_WORKLOAD_ARCHS = (80, 90)
+# T5's encoder layer (the relative-position term, RelativePositionSpec(): the tiled kernels with the term and its
+# gradient) on sentences at T5's head dim.
+CI_POSITION_WORKLOADS = [("sentences", 64)]
 
 WORKLOAD_SCRIPT = textwrap.dedent("""
     import json, sys
     from syntaxkernels.tools import inspection as I
     if __name__ == "__main__":
         reports = []
+        from syntaxkernels.specs import RelativePositionSpec
         jobs = [(name, "bf16", d, a) for name, d in %r for a in %r]
+        jobs += [(name, "bf16", d, a, None, 0.0, 0, False, -1, RelativePositionSpec()) for name, d in %r for a in %r]
         import multiprocessing as mp
         with mp.get_context("spawn").Pool(2) as pool:
             for job, batch in zip(jobs, pool.imap(I._workload_job, jobs)):
@@ -53,7 +58,7 @@ WORKLOAD_SCRIPT = textwrap.dedent("""
                 reports += batch
         print(I.format_workload_reports(reports), file=sys.stderr)
         json.dump([r.as_dict() for r in reports], sys.stdout)
-""" % (CI_WORKLOADS, CI_WORKLOAD_ARCHS))
+""" % (CI_WORKLOADS, CI_WORKLOAD_ARCHS, CI_POSITION_WORKLOADS, CI_WORKLOAD_ARCHS))
 
 
 def _compile_in_subprocess(tmp_path_factory, name, text):
@@ -101,13 +106,17 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
     short2 = {"_bias_fwd_kernel", "_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
               "_bias_bwd_short_table_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
+    cases |= {(f"{name} bf16 D{d} rp32:128", a) for name, d in CI_POSITION_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     assert {(r.case, r.arch) for r in workload_reports} == cases
     for case, arch in cases:
         group = [r for r in workload_reports if (r.case, r.arch) == (case, arch)]
         rows = I._workload(case.split()[0]).N
-        keys_major = op.select_config("short", torch.bfloat16, int(case.split("D")[-1]), arch=arch).get("KEYS_MAJOR")
+        head_dim = int(case.split()[2][1:])
+        keys_major = op.select_config("short", torch.bfloat16, head_dim, arch=arch).get("KEYS_MAJOR")
         one_tile = short_t if keys_major else short
         expected = one_tile if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
+        if case.endswith("rp32:128"):  # T5's position term: the tiled kernels on every row length
+            expected = tiled
         # (and the one-program epilogue that turns the bucket sums into the table's and strength's gradients)
         assert {r.kernel for r in group} == expected | {"_bias_table_grad_kernel"}, (case, arch,
                                                                                      {r.kernel for r in group})

@@ -129,6 +129,9 @@ class RelativePositionSpec:
         if not self._exact < self.max_distance <= 65535:
             raise ValueError(f"RelativePositionSpec.max_distance must be in {self._exact + 1}..65535 (more than the "
                              f"{self._exact} exact offsets), got {self.max_distance}")
+        # The buckets of the clamped offsets as plain ints, once (what boundaries() and the kernels' gradient
+        # boundaries read; no tensor work then, also while torch.compile traces).
+        object.__setattr__(self, "_lut_values", tuple(self.lut().tolist()))
 
     @property
     def _half(self) -> int:
@@ -167,7 +170,7 @@ class RelativePositionSpec:
     def boundaries(self) -> List[int]:
         """The offsets where a new bucket starts, ascending (``lut()`` changes value there): the bucket of ``r`` is
         constant between consecutive boundaries, so a sum over a bucket is a difference of prefix sums in ``r``."""
-        lut = self.lut().tolist()
+        lut = self._lut_values
         return [r - self.reach for r in range(1, len(lut)) if lut[r] != lut[r - 1]]
 
     def bias(self, table: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

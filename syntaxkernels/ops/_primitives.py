@@ -246,6 +246,15 @@ def lut_bias(lut_ptr, dist, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr
 
 
 @triton.jit
+def position_bias(pos_row, offset, reach):
+    """fp32 tile: T5's relative-position term of pairs at key-minus-query ``offset`` (int32), gathered from one
+    head's log2-domain LUT ``[2 * reach + 1]`` (:func:`~syntaxkernels.ops.bias_attention._host.position_lut`) at
+    ``clamp(offset, -reach, reach) + reach``: no ``[N, N]`` tensor, four integer operations and a cached load a
+    pair."""
+    return tl.load(pos_row + (tl.minimum(tl.maximum(offset, -reach), reach) + reach))
+
+
+@triton.jit
 def build_lut(TABLE, SCALE, BUCKETS, lut_row, table_row, window, HAS_WINDOW: tl.constexpr):
     """Write one row of the bias LUT the kernels gather from: ``lut[d] = c * table[bucket(d)] * log2(e)`` for the 256
     uint8 distances (``-inf`` past ``window`` when HAS_WINDOW), then a barrier so that every thread of the program

@@ -311,6 +311,18 @@ def _run_inspect_workloads(args, I) -> int:
     if band < -1:
         print(f"syntaxkernels inspect: --position-window takes an int >= 0 (or -1: none), got {band}", file=sys.stderr)
         return 2
+    position = None
+    if getattr(args, "position_buckets", ""):
+        from ..specs import RelativePositionSpec
+        try:
+            parts = [int(x) for x in args.position_buckets.split(":")]
+            if len(parts) != 2:
+                raise ValueError("two integers")
+            position = RelativePositionSpec(parts[0], parts[1], bidirectional=not causal)
+        except (TypeError, ValueError) as exc:
+            print(f"syntaxkernels inspect: --position-buckets takes NUM_BUCKETS:MAX_DISTANCE, got "
+                  f"{args.position_buckets!r} ({exc})", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
@@ -318,7 +330,8 @@ def _run_inspect_workloads(args, I) -> int:
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
-                                  buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal, band=band)
+                                  buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal, band=band,
+                                  position=position)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
@@ -329,7 +342,8 @@ def _run_inspect_workloads(args, I) -> int:
                   f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
                   f"window{f', attention dropout {dropout}' if dropout else ''}"
                   f"{f', {kv_heads} key/value heads (grouped-query)' if kv_heads else ''}"
-                  f"{', causal' if causal else ''}{f', positional window {band}' if band >= 0 else ''}) compiled as "
+                  f"{', causal' if causal else ''}{f', positional window {band}' if band >= 0 else ''}"
+                  f"{f', T5 relative-position term {position}, scale 1' if position is not None else ''}) compiled as "
                   "launched, no GPU; a cost model read from the SASS")
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)

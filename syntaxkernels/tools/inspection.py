@@ -1054,13 +1054,15 @@ def _kernels_on_cpu_tensors():
 
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
-               dropout: float = 0.0, kv_heads: int = 0, causal: bool = False, band: int = -1) -> None:
+               dropout: float = 0.0, kv_heads: int = 0, causal: bool = False, band: int = -1,
+               position=None) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
     not causal (attention dropout ``dropout``: the kernels' DROPOUT variant; ``kv_heads``: k and v with that many
-    heads, grouped-query attention, 0 = H; ``causal``: a decoder's layer; ``band``: a positional window, -1 none);
-    the output merged back to
+    heads, grouped-query attention, 0 = H; ``causal``: a decoder's layer; ``band``: a positional window, -1 none;
+    ``position``: a :class:`~syntaxkernels.specs.RelativePositionSpec`, T5's relative-position term with a
+    learnable ``[H, P]`` table and unscaled scores as T5 calls it, or None); the output merged back to
     ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
     import torch
 
@@ -1076,9 +1078,13 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
     q, k, v = projection(), projection(kv_heads or heads), projection(kv_heads or heads)
     layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
                                                                                       backend="triton")
+    position_args = {}
+    if position is not None:  # T5: its own position table (a gradient too) and no 1/sqrt(d)
+        position_args = dict(position_buckets=position, scale=1.0,
+                             position_table=torch.zeros(heads, position.num_buckets, requires_grad=True))
     with _kernels_on_cpu_tensors():
         out = layer.attend(q, k, v, batch, dropout_p=dropout, causal=causal,
-                           position_window=None if band < 0 else band)
+                           position_window=None if band < 0 else band, **position_args)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
 
@@ -1421,7 +1427,8 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 
 def _workload_job(job):
-    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec, dropout, H_kv, causal, band])
+    name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec, dropout, H_kv, causal, band,
+    #                                            RelativePositionSpec])
     return inspect_workload(name, dtype, head_dim, arch, *rest)
 
 
@@ -1452,7 +1459,7 @@ def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
 
 def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None,
                      dropout: float = 0.0, kv_heads: int = 0, causal: bool = False,
-                     band: int = -1) -> List[KernelReport]:
+                     band: int = -1, position=None) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
     and attach the whole batch's tile classes and weighted cost per valid pair to each report
@@ -1460,12 +1467,15 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     another adds ``T<buckets>`` to the case name); ``dropout``: the layer's attention dropout (``p<dropout>`` in the
     case name: the kernels' DROPOUT variant); ``kv_heads``: grouped-query k, v of that many heads (``kv<kv_heads>``
     in the case name); ``causal``: a causal layer (``causal`` in the case name); ``band``: a positional window
-    (``w<band>`` in the case name; padded workloads only)."""
+    (``w<band>`` in the case name; padded workloads only); ``position``: T5's relative-position term, a
+    :class:`~syntaxkernels.specs.RelativePositionSpec` (``rp<P>:<max_distance>`` in the case name; padded workloads
+    only)."""
     _require_compiler()
     workload = _workload(name)
     case = (f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
             + (f" p{dropout:g}" if dropout else "") + (f" kv{kv_heads}" if kv_heads else "")
-            + (" causal" if causal else "") + (f" w{band}" if band >= 0 else ""))
+            + (" causal" if causal else "") + (f" w{band}" if band >= 0 else "")
+            + (f" rp{position.num_buckets}:{position.max_distance}" if position is not None else ""))
     reports: List[KernelReport] = []
     seen = set()
     # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
@@ -1478,7 +1488,7 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                                   kv_heads=kv_heads, causal=causal)
             else:
                 _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets,
-                           dropout=dropout, kv_heads=kv_heads, causal=causal, band=band)
+                           dropout=dropout, kv_heads=kv_heads, causal=causal, band=band, position=position)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1523,12 +1533,13 @@ def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dt
                       head_dims: Sequence[int] = (64, 128), processes: int = 2,
                       progress: Optional[Callable[[str], None]] = None, buckets=None,
                       dropout: float = 0.0, kv_heads: int = 0, causal: bool = False,
-                      band: int = -1) -> List[KernelReport]:
+                      band: int = -1, position=None) -> List[KernelReport]:
     """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool
     (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``; ``dropout``: the layers' attention dropout;
-    ``kv_heads``, ``causal``, ``band``: grouped-query k, v, a causal layer and a positional window)."""
+    ``kv_heads``, ``causal``, ``band``, ``position``: grouped-query k, v, a causal layer, a positional window and
+    T5's relative-position term)."""
     _require_compiler()
-    jobs = [(n, dt, d, a, buckets, dropout, kv_heads, causal, band) for n in names for dt in dtypes for d in head_dims
+    jobs = [(n, dt, d, a, buckets, dropout, kv_heads, causal, band, position) for n in names for dt in dtypes for d in head_dims
             for a in archs]
 
     def describe(job, batch):

@@ -265,7 +265,8 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                         window=-1 if window is None else int(window), causal=bool(causal),
                                         buckets=buckets, fallback=backend == "auto", dropout_p=float(dropout_p),
                                         dropout_seed=dropout_seed,
-                                        position_window=-1 if position_window is None else int(position_window))
+                                        position_window=-1 if position_window is None else int(position_window),
+                                        position_buckets=position_buckets, position_table=position_table)
     except _primitives.KernelDoesNotFit as error:
         if backend != "auto":
             raise
@@ -273,4 +274,5 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         return reference.syntax_bias_attention(q, k, v, plan.distance, table, buckets=buckets, scale=scale,
                                                bias_scale=bias_scale, lengths=plan.kernel_lengths, window=window,
                                                causal=causal, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                               position_window=position_window)
+                                               position_window=position_window, position_buckets=position_buckets,
+                                               position_table=position_table)

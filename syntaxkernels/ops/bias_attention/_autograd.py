@@ -14,7 +14,9 @@ from ...specs import BucketSpec
 from .._dispatch import device_constant
 from ... import reference
 from .._primitives import KernelDoesNotFit, seed_bits
-from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
+from ...specs import RelativePositionSpec
+from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
+                    position_lut, reference_gradients, warn_once)
 from ._launch import (BackwardMetadata, backward_configs, backward_metadata, bias_attention_backward,
                       bias_attention_forward, forward_metadata, launch_configs)
 
@@ -22,82 +24,102 @@ _META = len(BackwardMetadata._fields)
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal,
-             dropout_p=0.0, dropout_seed=0, band=-1):
+             dropout_p=0.0, dropout_seed=0, band=-1, pos_lut=None, reach=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, table, bias_scale, bucket_lut, lengths,
                                                           kv_list, kv_count, scale, window, causal, dropout_p,
-                                                          seed_bits(dropout_seed), band)
+                                                          seed_bits(dropout_seed), band, pos_lut, reach)
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed, band)
+                                  window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
-              want_table, want_scale, dropout_p=0.0, dropout_seed=0, band=-1):
+              want_table, want_scale, dropout_p=0.0, dropout_seed=0, band=-1, pos_lut=None, reach=0,
+              pos_bounds=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, *meta, scale, window, causal, *bucket_args(spec), table,
-            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed), band)
+            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed), band, pos_lut, reach, pos_bounds)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec,
-                                   table, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band)
+                                   table, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
+                                   reach, pos_bounds)
+
+
+def _position_bounds(spec: RelativePositionSpec, like: torch.Tensor) -> torch.Tensor:
+    """:func:`._host.position_bounds` on ``like``'s device, moved once per spec and device."""
+    return device_constant(("position bounds", spec), like, lambda: position_bounds(spec)[0])
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):
-    """Autograd over the Triton launchers; gradients for q, k, v, the table and a tensor ``bias_scale``.
+    """Autograd over the Triton launchers; gradients for q, k, v, the table, a tensor ``bias_scale`` and T5's
+    position table.
 
-    Inputs: ``q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count`` (the forward's metadata), the
+    Inputs: ``q, k, v, table, bias_scale, position_table`` (``[H, P]``, or None: no relative-position term),
+    ``distance, lengths, kv_list, kv_count`` (the forward's metadata), the
     nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
     and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that does not fit this GPU,
     :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising),
     ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed), ``band`` (the
-    positional window ``|i - j| <= band``, -1: none) and ``same_t``: the
+    positional window ``|i - j| <= band``, -1: none), ``position`` (the RelativePositionSpec, or None) and
+    ``same_t``: the
     transposed distance is the distance itself (symmetric), passed once (torch.compile traces no Function taking
     one tensor twice) and its metadata slot None. The forward
     kernel writes the LUT (from the table, the strength and the buckets) that the backward reads; the backward's
     last kernel writes the table's and the strength's gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, bias_scale, distance, lengths, kv_list, kv_count, *rest):
+    def forward(ctx, q, k, v, table, bias_scale, position_table, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
-        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, same_t = rest[_META:]
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, position, same_t = rest[_META:]
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
+        pos_lut, reach = None, 0
+        if position is not None:
+            pos_lut, reach = position_lut(position, position_table), position.reach
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
-                                 kv_count, scale, window, causal, dropout_p, dropout_seed, band)
-        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta)
+                                 kv_count, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, pos_lut, position_table,
+                              *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
-        ctx.dropout, ctx.band, ctx.same_t = (dropout_p, dropout_seed), band, same_t
+        ctx.dropout, ctx.band, ctx.same_t, ctx.position = (dropout_p, dropout_seed), band, same_t, position
         ctx.table_shape, ctx.fallback = table.shape, fallback
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, *meta = ctx.saved_tensors
+        q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, pos_lut, position_table, *meta = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * (4 + _META + 9)
+        want_position = bool(ctx.needs_input_grad[5])
+        rest = (None,) * (4 + _META + 10)
         meta = BackwardMetadata(*meta)
         if ctx.same_t:  # a symmetric distance is its own transpose (one tensor, passed once)
             meta = meta._replace(distance_t=distance)
+        spec = ctx.position
         try:
-            dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, lengths,
-                                                   meta, ctx.scale, ctx.window, ctx.causal,
-                                                   _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale,
-                                                   *ctx.dropout, ctx.band)
+            dq, dk, dv, dtable, dscale, pos_sums = _backward(
+                dout, q, k, v, out, lse, distance, lut, lengths, meta, ctx.scale, ctx.window, ctx.causal,
+                _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale, *ctx.dropout, ctx.band, pos_lut,
+                0 if spec is None else spec.reach, _position_bounds(spec, q) if want_position else None)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
             warn_once(f"syntax_bias_attention's backward runs the reference on this GPU: {error}")
             window = None if ctx.window < 0 else ctx.window
 
-            def run(q, k, v, table, c):
+            def run(q, k, v, table, c, position_table):
                 return reference.syntax_bias_attention(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
                                                        scale=ctx.scale, bias_scale=c, lengths=lengths, window=window,
                                                        causal=ctx.causal, dropout_p=ctx.dropout[0],
                                                        dropout_seed=ctx.dropout[1],
-                                                       position_window=None if ctx.band < 0 else ctx.band)
-            return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
-                                             (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
-        return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
-                + rest)
+                                                       position_window=None if ctx.band < 0 else ctx.band,
+                                                       position_buckets=spec,
+                                                       position_table=None if spec is None else position_table)
+            return tuple(reference_gradients(ctx.needs_input_grad[:6], dout,
+                                             (q, k, v, rows.view(ctx.table_shape), bias_scale, position_table),
+                                             run)) + rest
+        dposition = position_gradient_from_bounds(pos_sums, spec, position_table) if want_position else None
+        return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None,
+                 dposition) + rest)
 
 
 class _LutAttention(torch.autograd.Function):
@@ -120,7 +142,7 @@ class _LutAttention(torch.autograd.Function):
         q, k, v, out, lse, distance, lut2, lengths, distance_t, lut, one = ctx.saved_tensors
         distance_t = distance if distance_t is None else distance_t
         try:
-            dq, dk, dv, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, lengths,
+            dq, dk, dv, _, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, lengths,
                                          BackwardMetadata(distance_t=distance_t), ctx.scale, -1, False, LUT_BUCKETS,
                                          lut, one, False, False)
         except KernelDoesNotFit as error:
@@ -136,23 +158,29 @@ class _LutAttention(torch.autograd.Function):
 
 def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: int, causal: bool,
                    buckets: BucketSpec, fallback: bool = False, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None, position_window: int = -1) -> torch.Tensor:
+                   dropout_seed: Optional[int] = None, position_window: int = -1,
+                   position_buckets: Optional[RelativePositionSpec] = None,
+                   position_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:class:`_SyntaxBiasAttention` on a padded plan: its metadata derived (once per batch) and passed in
-    (``position_window``: the positional window, -1 for none)."""
+    (``position_window``: the positional window, -1 for none; ``position_buckets``, ``position_table``: T5's
+    relative-position term, or None)."""
     B, H, N, D = q.shape
-    configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets)
+    configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets,
+                             position_table is not None)
     configs = backward_configs(configs, N, dropout_p > 0.0)
     forward_meta = forward_metadata(plan, configs, window, causal, position_window)
     meta = BackwardMetadata()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, bias_scale)):
+    grads = (q, k, v, table, bias_scale) + (() if position_table is None else (position_table,))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in grads):
         table_grad = table.requires_grad or bias_scale.requires_grad
         meta = backward_metadata(plan, configs, window, causal, buckets, table_grad, position_window)
     same_t = meta.distance_t is not None and meta.distance_t is plan.distance
     if same_t:
         meta = meta._replace(distance_t=None)
-    return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, plan.distance, plan.kernel_lengths, *forward_meta,
-                                      *meta, scale, window, causal, bucket_args(buckets), fallback, dropout_p,
-                                      dropout_seed if dropout_p > 0.0 else 0, position_window, same_t)
+    return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, position_table, plan.distance, plan.kernel_lengths,
+                                      *forward_meta, *meta, scale, window, causal, bucket_args(buckets), fallback,
+                                      dropout_p, dropout_seed if dropout_p > 0.0 else 0, position_window,
+                                      position_buckets, same_t)
 
 
 def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:

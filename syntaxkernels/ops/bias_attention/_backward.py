@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .._primitives import (bucket_from_distance, distance_tile, dropout_keep, in_bucket, load_rows, lut_bias, mma,
-                           mma_acc, opaque_int32, program_ids)
+                           mma_acc, opaque_int32, position_bias, program_ids)
 from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _kv_offset, _tile_scores
 
 
@@ -29,16 +29,21 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
                EVEN_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr,
                DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
                seed=0, threshold=0, bh=0, keep_scale=1.0, k_start=0, DROPOUT: tl.constexpr = False,
-               BAND: tl.constexpr = False, band=0):
+               BAND: tl.constexpr = False, band=0, pos_row=0, reach=0, POSITION: tl.constexpr = False,
+               pos_sums=0, bounds=0, key_ok=0, POSITION_GRAD: tl.constexpr = False):
     """One query tile of the dK/dV backward in transposed orientation (keys are rows). With DROPOUT, dV takes the
     kept probabilities (scaled) and dP the kept pairs (scaled): the forward's :func:`dropout_keep` mask. A masked
-    tile (MASK) also masks the positional window (BAND)."""
+    tile (MASK) also masks the positional window (BAND). With POSITION the scores carry T5's relative-position
+    term, and with POSITION_GRAD the tile's dS is added to ``pos_sums`` (:func:`_offset_prefix_sums`): ``(dk, dv,
+    pos_sums)``."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if SYNTAX:
         # The pair (query i, key j) at distance[b, j, i]: the launcher passes a transposed copy unless the
         # distance is symmetric (tree distances are), so this tile is contiguous along the queries.
         dist_t = distance_tile(dist_base, offs_n, offs_m, stride_di, stride_dj, N, MASK, EVEN_N)
         bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
+        if POSITION:
+            bias_t += position_bias(pos_row, offs_n[:, None] - offs_m[None, :], reach)
     q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, MASK, EVEN_D)
     if MASK:
         lse = tl.load(lse_base + offs_m, mask=offs_m < N, other=float("inf"))
@@ -70,7 +75,26 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, l
         dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-    return dk, dv
+    if POSITION_GRAD:
+        pos_sums = _offset_prefix_sums(pos_sums, ds_t, k_start, offs_m, key_ok, bounds)
+    return dk, dv, pos_sums
+
+
+@triton.jit
+def _offset_prefix_sums(sums, ds_t, k_start, offs_m, key_ok, bounds):
+    """Add one transposed tile of dS (keys ``k_start + [0, rows)`` are rows, queries ``offs_m`` columns) to the
+    per-boundary sums
+    of T5's position-table gradient: ``sums[t] +=`` the sum of dS over the tile's pairs whose offset ``j - i <=
+    bounds[t]`` (``j <= i + bounds[t]``), by a prefix sum along the keys and one gather per boundary and query
+    column (no atomics, no per-offset loop). Keys past the length (``key_ok`` False) add nothing.
+
+    The offsets of one position bucket are a range, so the differences of consecutive boundaries' sums are the
+    buckets' sums (the launcher's :func:`~._host.position_bounds`); the clamp to the reach changes no comparison
+    with a boundary inside it, and the last boundary lies past every offset (the tile's total)."""
+    prefix = tl.cumsum(tl.where(key_ok[:, None], ds_t, 0.0), 0)
+    last = offs_m[None, :] + bounds[:, None] - k_start  # [bounds, queries]: the last key row counted
+    below = tl.gather(prefix, tl.minimum(tl.maximum(last, 0), ds_t.shape[0] - 1), 0)
+    return sums + tl.sum(tl.where(last < 0, 0.0, below), 1)
 
 
 @triton.jit
@@ -137,7 +161,8 @@ def _bias_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr = True,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
-    GROUPED_KV: tl.constexpr = False,
+    GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
+    POS_BOUNDS=0, POS_PARTIALS=0, NUM_BOUNDS: tl.constexpr = 16, POSITION_GRAD: tl.constexpr = False,
 ):
     """Backward for one key block: ``dk`` and ``dv``, recomputing P from the saved log2-sum-exp (the table
     gradient is :func:`_bias_bwd_table_kernel`'s).
@@ -149,7 +174,13 @@ def _bias_bwd_dkdv_kernel(
         Q_LIST, Q_COUNT: int32 ``[B, nK, nQ]`` live query blocks of each key block (interior first) and
             ``[B, nK, 2]`` (read when USE_LISTS).
         LSE, DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
-        N, N_OUT and the others as in the forward (dropout too: the forward's mask, regenerated).
+        N, N_OUT and the others as in the forward (dropout too: the forward's mask, regenerated; T5's
+            relative-position term too: POS_LUT, stride_ph, reach, POSITION).
+        POS_BOUNDS, POS_PARTIALS, NUM_BOUNDS, POSITION_GRAD: the position table's gradient (compiled out without
+            POSITION_GRAD): int32 ``[NUM_BOUNDS]`` offsets (:func:`~._host.position_bounds`) and fp32 ``[B, nK, H,
+            NUM_BOUNDS]``, where each program writes, per query head it walks, the sums of dS over the pairs at
+            offsets ``j - i <= POS_BOUNDS[t]`` of its key block (:func:`_offset_prefix_sums`; DELTA must be the dQ
+            kernel's corrected one, so that every row of dS sums to zero). Reduced in a fixed order by the launcher.
     Grid: ``(nK * B * H / KV_GROUP,)``; one program owns BLOCK_N keys of one key/value head and walks, for each of
     the ``KV_GROUP`` query heads that read it (grouped-query attention: query heads ``kv * KV_GROUP ..``, in that
     order), the query blocks that see them: dK and dV summed over the group in registers (no atomics).
@@ -167,6 +198,13 @@ def _bias_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     list_base, interior, boundary, diagonal = _query_block_range(Q_LIST, Q_COUNT, b, k_block, length, num_q_blocks,
                                                                  num_k_blocks, BLOCK_M, BLOCK_N, USE_LISTS, CAUSAL)
+    pos_sums = 0
+    bounds = 0
+    key_ok = 0
+    if POSITION_GRAD:
+        bounds = tl.load(POS_BOUNDS + tl.arange(0, NUM_BOUNDS))
+        key_ok = offs_n < length
+        pos_sums = tl.zeros([NUM_BOUNDS], dtype=tl.float32)
     for g in range(0, KV_GROUP):  # (one trip without grouped-query attention: KV_GROUP is specialised to 1)
         h = kv * KV_GROUP + g
         bh = bkv * KV_GROUP + g  # (b * H + h)
@@ -175,20 +213,27 @@ def _bias_bwd_dkdv_kernel(
         lse_base = LSE + bh.to(tl.int64) * stride_row
         delta_base = DELTA + bh.to(tl.int64) * stride_row
         lut_row = LUT + h * stride_lh
+        if POSITION_GRAD:
+            pos_sums = tl.zeros([NUM_BOUNDS], dtype=tl.float32)
         for i in range(interior[0], interior[1]):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
-                                _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d, offs_dv,
-                                length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
-                                qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
-                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT,
-                                BAND, band)
+            dk, dv, pos_sums = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                          _query_block(list_base, i, diagonal, False, USE_LISTS), offs_n, offs_d,
+                                          offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd,
+                                          stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, False,
+                                          CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED, seed, threshold, bh,
+                                          keep_scale, k_block * BLOCK_N, DROPOUT, BAND, band, POS_LUT + h * stride_ph,
+                                          reach, POSITION, pos_sums, bounds, key_ok, POSITION_GRAD)
         for i in range(boundary[0], boundary[1]):
-            dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
-                                _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d, offs_dv,
-                                length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd, stride_di, stride_dj,
-                                qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
-                                OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, k_block * BLOCK_N, DROPOUT,
-                                BAND, band)
+            dk, dv, pos_sums = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dist_base, lut_row,
+                                          _query_block(list_base, i, diagonal, True, USE_LISTS), offs_n, offs_d,
+                                          offs_dv, length, N, D, DV, stride_qn, stride_qd, stride_gn, stride_gd,
+                                          stride_di, stride_dj, qk_scale2, BLOCK_M, EVEN_D, EVEN_DV, EVEN_N, True,
+                                          CAUSAL, SYNTAX, DOT_PRECISION, OPAQUE_BIAS, INTERPRETED, seed, threshold, bh,
+                                          keep_scale, k_block * BLOCK_N, DROPOUT, BAND, band, POS_LUT + h * stride_ph,
+                                          reach, POSITION, pos_sums, bounds, key_ok, POSITION_GRAD)
+        if POSITION_GRAD:
+            slot = ((b * num_k_blocks + k_block) * H + h) * NUM_BOUNDS
+            tl.store(POS_PARTIALS + slot + tl.arange(0, NUM_BOUNDS), pos_sums)
 
     # Epilogue: dK carries the score scale; keys past the length get 0.
     key_ok = offs_n < length
@@ -273,10 +318,11 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
                 LAST_DISTANCE_BUCKET: tl.constexpr, BUCKETS_PAD: tl.constexpr, INTERPRETED: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0,
                 keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
-                GROUPED_KV: tl.constexpr = False):
+                GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False):
     """One tile of the table gradient: dS recomputed for each of the program's ``HEADS`` heads and summed over
     them, then added to the per-bucket sums once (:func:`_bucket_sums`); with DROPOUT dP takes each head's kept
-    pairs (scaled). Query head h reads key/value head ``h // KV_GROUP``."""
+    pairs (scaled). Query head h reads key/value head ``h // KV_GROUP``. With POSITION each head's scores carry
+    its own T5 relative-position term."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
     bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)  # the LUT row is the same for every head
@@ -298,6 +344,8 @@ def _table_tile(sums, Q, K, V, DOUT, LSE, DELTA, dist_base, lut_row, present, b,
         # Rows past the length: zero q and lse = +inf, so P is exactly 0 there without a mask.
         lse = tl.load(LSE + row + offs_m, mask=offs_m < length, other=float("inf"))
         exponent = scores * qk_scale2 + bias - lse[:, None]
+        if POSITION:
+            exponent += position_bias(POS_LUT + h * stride_ph, offs_n[None, :] - offs_m[:, None], reach)
         if MASK:  # masked before exp2: an excluded pair's exponent may be large
             exponent = tl.where(allowed, exponent, float("-inf"))
         p = tl.exp2(exponent)
@@ -335,6 +383,7 @@ def _bias_bwd_table_kernel(
     CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
     KV_GROUP=1, BAND: tl.constexpr = False, band=0, GROUPED_KV: tl.constexpr = False,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """The table gradient: per bucket, the sum of dS over one query block's pairs and ``HEADS`` heads.
 
@@ -361,6 +410,7 @@ def _bias_bwd_table_kernel(
         SPLITS: the programs one query block's key blocks are split among (the launcher's
             :func:`._launch.table_splits`: one long tree fills the GPU); the skipped tiles' correction is linear, so
             each split adds its own share.
+        POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the forward (each head its own).
     Grid: ``(nQ * SPLITS * B * G,)``.
     """
     block_split, bg, b, g = program_ids(num_q_blocks * SPLITS, H // HEADS)
@@ -392,7 +442,8 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV, POS_LUT,
+                               stride_ph, reach, POSITION)
     for i in range(tl.maximum(first, interior), last):
         k_block = _key_block(list_base, i, USE_LISTS)
         present = tl.load(bucket_row + k_block)
@@ -405,7 +456,8 @@ def _bias_bwd_table_kernel(
                                CHUNK, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL,
                                NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET,
                                LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED, DOT_PRECISION, OPAQUE_BIAS, seed,
-                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV)
+                               threshold, keep_scale, DROPOUT, KV_GROUP, BAND, band, GROUPED_KV, POS_LUT,
+                               stride_ph, reach, POSITION)
 
     # Epilogue: rows past the length hold zero dS; one row of partial sums per program.
     bucket_ids = tl.arange(0, BUCKETS_PAD)
@@ -983,13 +1035,14 @@ def _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_ro
              MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, TABLE_GRAD: tl.constexpr,
              DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
              seed=0, threshold=0, bh=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False,
-             band=0):
+             band=0, pos_row=0, reach=0, POSITION: tl.constexpr = False):
     """One key tile of the dQ backward; with TABLE_GRAD it also sums each row of dS (``row_error``); with DROPOUT
-    dP takes the forward's kept pairs (scaled); a masked tile also masks the positional window (BAND)."""
+    dP takes the forward's kept pairs (scaled); a masked tile also masks the positional window (BAND); with
+    POSITION the scores carry T5's relative-position term."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
-                             OPAQUE_BIAS, INTERPRETED)
+                             OPAQUE_BIAS, INTERPRETED, pos_row, reach, POSITION)
     exponent = scores - lse[:, None]
     if MASK:  # masked before exp2: an excluded pair's exponent may be large
         exponent = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band), exponent, float("-inf"))
@@ -1022,7 +1075,7 @@ def _bias_bwd_dq_kernel(
     CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
     seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
-    band=0, GROUPED_KV: tl.constexpr = False,
+    band=0, GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """Backward for one query block: ``delta = rowsum(dO * O)`` of its rows (no separate launch: this kernel
     runs first and owns whole rows), ``dq``, and the delta the dK/dV and table kernels read.
@@ -1034,8 +1087,10 @@ def _bias_bwd_dq_kernel(
 
     Args:
         OUT: the forward's output, like DOUT (strides ``stride_o*``). DQ: like Q (strides ``stride_x*``).
-        DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart), written: delta, corrected with TABLE_GRAD; 0 for
-            rows past the length.
+        DELTA: fp32 ``[B, H, N]`` (rows ``stride_row`` apart), written: delta, corrected with TABLE_GRAD (the
+            launcher sets it for the position table's gradient too, which the dK/dV kernel sums); 0 for rows past
+            the length.
+        POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the forward.
         Others as in the dK/dV kernel (key lists as in the forward).
     Grid: ``(nQ * B * H,)``.
     """
@@ -1073,13 +1128,15 @@ def _bias_bwd_dq_kernel(
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band,
+                                 POS_LUT + h * stride_ph, reach, POSITION)
     for i in range(interior, total):
         dq, row_error = _dq_tile(dq, row_error, q, do, lse, delta, k_base, v_base, dist_base, lut_row,
                                  _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                  BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, TABLE_GRAD, DOT_PRECISION,
-                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band)
+                                 OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, keep_scale, DROPOUT, BAND, band,
+                                 POS_LUT + h * stride_ph, reach, POSITION)
 
     # Epilogue: dQ carries the score scale; rows past the length get 0 and add nothing to the table gradient.
     row_ok = offs_m < length

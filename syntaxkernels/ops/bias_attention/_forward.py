@@ -10,7 +10,8 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, program_ids
+from .._primitives import (build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, position_bias,
+                           program_ids)
 
 
 @triton.jit
@@ -60,12 +61,15 @@ def _head_step(HEAD_GROUPS, GROUPED: tl.constexpr):
 def _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn, stride_kd,
                  stride_di, stride_dj, qk_scale2, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr, MASK: tl.constexpr,
                  SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False,
-                 INTERPRETED: tl.constexpr = False):
+                 INTERPRETED: tl.constexpr = False, pos_row=0, reach=0, POSITION: tl.constexpr = False):
     """``(scores, k)`` of one query-row tile: the log2-domain ``q k^T * scale * log2(e) + lut[d]`` (the distance
-    tile and its bias are read first, the key tile after) and the key tile, for the forward and the dQ kernel."""
+    tile and its bias are read first, the key tile after) and the key tile, for the forward and the dQ kernel.
+    With POSITION, T5's relative-position term of the head (:func:`position_bias` from ``pos_row``) is added too."""
     if SYNTAX:
         dist = distance_tile(dist_base, offs_m, offs_n, stride_di, stride_dj, N, MASK, EVEN_N)
         bias = lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)
+        if POSITION:
+            bias += position_bias(pos_row, offs_n[None, :] - offs_m[:, None], reach)
     k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, length, D, MASK, EVEN_D)
     scores = mma(q, tl.trans(k), DOT_PRECISION) * qk_scale2
     if SYNTAX:
@@ -79,14 +83,15 @@ def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row, k_block, off
               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
               MASK: tl.constexpr, CAUSAL: tl.constexpr, SYNTAX: tl.constexpr, DOT_PRECISION: tl.constexpr,
               OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, seed=0, threshold=0, bh=0,
-              DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0):
+              DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0, pos_row=0, reach=0,
+              POSITION: tl.constexpr = False):
     """One key tile of the forward's online softmax (log2 domain). With DROPOUT the normaliser takes every
     probability and the product with V only the kept ones (:func:`dropout_keep` of row key ``bh``); a masked tile
     (MASK) also masks the positional window (BAND)."""
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     scores, k = _tile_scores(q, k_base, dist_base, lut_row, offs_m, offs_n, offs_d, length, N, D, stride_kn,
                              stride_kd, stride_di, stride_dj, qk_scale2, EVEN_D, EVEN_N, MASK, SYNTAX, DOT_PRECISION,
-                             OPAQUE_BIAS, INTERPRETED)
+                             OPAQUE_BIAS, INTERPRETED, pos_row, reach, POSITION)
     if MASK:
         scores = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band), scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -152,6 +157,7 @@ def _bias_fwd_kernel(
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
     KV_GROUP=1, BAND: tl.constexpr = False, band=0, GROUPED_KV: tl.constexpr = False,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -181,6 +187,9 @@ def _bias_fwd_kernel(
         seed, threshold, keep_scale, DROPOUT: attention dropout on the probabilities (the launcher's
             :func:`~syntaxkernels.ops._primitives.dropout_arguments`): the pairs :func:`dropout_keep` drops leave
             the product with V, the output is scaled by ``keep_scale``; the lse is the undropped one.
+        POS_LUT, stride_ph, reach, POSITION: T5's relative-position term (compiled out without POSITION): fp32
+            ``[H, 2 * reach + 1]`` (row stride ``stride_ph``), head h's score gets ``POS_LUT[h, clamp(j - i, -reach,
+            reach) + reach]`` (log2 domain) beside the tree bias.
     Grid: ``(nQ * B * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -206,13 +215,15 @@ def _bias_fwd_kernel(
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, False, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band,
+                                  POS_LUT + h * stride_ph, reach, POSITION)
     for i in range(interior, total):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, dist_base, lut_row,
                                   _key_block(list_base, i, USE_LISTS), offs_m, offs_d, offs_dv, length, N, D, DV,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_di, stride_dj, qk_scale2,
                                   BLOCK_N, EVEN_D, EVEN_DV, EVEN_N, True, CAUSAL, SYNTAX, DOT_PRECISION,
-                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band)
+                                  OPAQUE_BIAS, INTERPRETED, seed, threshold, bh, DROPOUT, BAND, band,
+                                  POS_LUT + h * stride_ph, reach, POSITION)
 
     # Epilogue: normalise; rows past the length or without an allowed key (l_i exactly 0) are 0 with lse = +inf.
     # A NaN l_i (a NaN or +inf score among the allowed ones) is normalised: the row and its lse are NaN.

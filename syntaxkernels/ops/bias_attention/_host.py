@@ -160,7 +160,7 @@ def reference_gradients(needs, dout, inputs, run):
 
 
 #: The paths whose kernels take T5's relative-position term; the others run the reference for it.
-POSITION_PATHS = ("cpp", "packed cpp")
+POSITION_PATHS = ("cpp", "packed cpp", "triton")
 
 
 def position_route(chosen: str, position_buckets, backend: str, packed: bool = False) -> str:
@@ -185,6 +185,40 @@ def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tenso
     spec.reach``): what every kernel gathers for T5's relative-position term, at ``clamp(j - i, -reach, reach) +
     reach`` (log2 domain, as the tree bias's LUT)."""
     return (table.to(torch.float32)[:, spec.lut(table.device)] * LOG2E).contiguous()
+
+
+#: A position boundary past every offset: its sum is the whole tile's (:func:`position_bounds`).
+POSITION_TOTAL = 1 << 30
+
+
+def position_bounds(spec: RelativePositionSpec) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(bounds, interval_buckets)`` for the Triton kernels' position-table gradient: the offsets of one bucket
+    form a range, so the clamped offsets ``[-reach, reach]`` split into K ranges ``(bounds[k - 1], bounds[k]]``
+    (K at most ``num_buckets``), bucket ``interval_buckets[k]`` each. ``bounds``: int32 ``[max(16, pow2(K))]``, the
+    K - 1 inner boundaries ascending, then :data:`POSITION_TOTAL` (the last range takes every larger offset, the
+    first every smaller one); ``interval_buckets``: int64 ``[K]``. CPU tensors."""
+    lut = spec._lut_values
+    inner = spec.boundaries()
+    buckets = [lut[b - 1 + spec.reach] for b in inner] + [lut[-1]]  # each range's bucket: at its last offset
+    if len(set(buckets)) != len(buckets):  # (T5's buckets are ranges: never)
+        raise ValueError("a position bucket that is not one range of offsets")
+    inner = [b - 1 for b in inner]  # a range (b_prev, b]: its last offset is one before the next bucket's start
+    pad = max(16, 1 << len(inner).bit_length())
+    bounds = torch.tensor(inner + [POSITION_TOTAL] * (pad - len(inner)), dtype=torch.int32)
+    return bounds, torch.tensor(buckets, dtype=torch.int64)
+
+
+def position_gradient_from_bounds(bound_sums: torch.Tensor, spec: RelativePositionSpec,
+                                  table: torch.Tensor) -> torch.Tensor:
+    """The position table's gradient ``[H, P]`` (table's dtype) from the Triton kernels' sums of dS at each boundary
+    of :func:`position_bounds` (float32 ``[H, len(bounds)]``: pairs at offsets ``<= bounds[t]``): consecutive
+    differences give each range's sum, then a product with the ranges' one-hot buckets (a fixed order)."""
+    _, interval_buckets = position_bounds(spec)
+    K = interval_buckets.numel()
+    prefix = bound_sums[:, :K].to(torch.float32)
+    ranges = prefix - torch.nn.functional.pad(prefix[:, :-1], (1, 0))
+    one_hot = torch.nn.functional.one_hot(interval_buckets.to(bound_sums.device), spec.num_buckets)
+    return (ranges @ one_hot.to(torch.float32)).to(table.dtype)
 
 
 def position_gradient(offset_sums: torch.Tensor, spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:

@@ -82,27 +82,33 @@ _CONFIGS = {}
 
 
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
-                   spec: BucketSpec) -> LaunchConfigs:
+                   spec: BucketSpec, position: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
-    and the tests' tile overrides)."""
+    and the tests' tile overrides). ``position``: a call with T5's relative-position term: the tiled kernels (the
+    short-row ones take no term), the table kernel's "table_extra" tiles and :data:`.configs.POSITION_CONFIGS`
+    (the term's registers)."""
     from . import configs
 
     arch = current_arch()
-    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS)
+    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS,
+           position)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
     family = arch_family(arch)
     width = max(D, DV)
-    extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT
+    extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT or position
     found = LaunchConfigs(
-        fwd_short=_short_forward_config(N, dtype, width, lut_rows),
+        fwd_short=None if position else _short_forward_config(N, dtype, width, lut_rows),
         fwd=select_config("fwd", dtype, width),
-        short=_short_config(N, dtype, width, lut_rows, family, arch),
+        short=None if position else _short_config(N, dtype, width, lut_rows, family, arch),
         dq=select_config("dq", dtype, width, family),
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
+    if position:
+        found = found._replace(**{kind: dict(getattr(found, kind), **override) for kind, override in
+                                  configs.position_overrides(dtype, width, family).items()})
     if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
         _CONFIGS[key] = found
     return found
@@ -279,7 +285,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
                            scale: float, window: int, causal: bool, dropout_p: float = 0.0,
-                           dropout_seed: int = 0, band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
+                           reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
 
     Args:
@@ -295,11 +302,13 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
             ``|i - j| <= band`` (-1: none; the tiled kernel then needs the live-tile lists).
         dropout_p, dropout_seed: attention dropout on the probabilities (0: compiled out); the lse stays the
             undropped one, so the backward recomputes P and regenerates the mask from the seed.
+        pos_lut, reach: T5's relative-position term (None: none): fp32 ``[H, 2 * reach + 1]``
+            (:func:`._host.position_lut`); such a call runs the tiled kernels (the short-row ones take no term).
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
-    drop = {**_dropout(dropout_p, dropout_seed), **_band(band)}
+    drop = {**_dropout(dropout_p, dropout_seed), **_band(band), **_position(pos_lut, reach)}
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
@@ -309,7 +318,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         return out, lse, _host_lut(table, bias_scale, bucket_lut, window)
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -347,6 +356,13 @@ def _dropout(p: float, seed: int) -> dict:
         return {}
     seed, threshold, keep_scale = dropout_arguments(p, seed)
     return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
+
+
+def _position(pos_lut: Optional[torch.Tensor], reach: int) -> dict:
+    """The kernels' arguments for T5's relative-position term by name: none (POSITION compiled out) without a LUT."""
+    if pos_lut is None:
+        return {}
+    return dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
 
 
 def _kv_group(group: int) -> dict:
@@ -407,29 +423,39 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,
                             spec: BucketSpec, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
                             want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                            band: int = -1) -> Tuple[torch.Tensor, ...]:
-    """Backward launcher: ``(dq, dk, dv, d table, d bias_scale)``, the first three in q's, k's and v's layouts; the
-    table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the per-bucket sums of dS
-    ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted.
+                            band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
+                            pos_bounds: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+    """Backward launcher: ``(dq, dk, dv, d table, d bias_scale, position sums)``, the first three in q's, k's and
+    v's layouts; the table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the
+    per-bucket sums of dS ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted;
+    with ``pos_bounds`` the sums of dS at T5's position boundaries, fp32 ``[H, len(pos_bounds)]``
+    (:func:`._host.position_gradient_from_bounds` makes the table's gradient of them), else an empty tensor.
 
     Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the forward's
     ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
     of a windowed call, the table kernel's tile bucket sets), the BucketSpec, the table and strength, and which of
     their gradients to compute; the forward's dropout (its mask regenerated from the seed; rows of 65..128 tokens
-    then run the tiled kernels: the two-block ones take no mask), and the positional window ``band``.
+    then run the tiled kernels: the two-block ones take no mask), the positional window ``band``, and T5's
+    relative-position term (``pos_lut``, ``reach`` as in the forward; ``pos_bounds``: int32, its table's gradient
+    wanted, :func:`._host.position_bounds`).
     """
-    dq, dk, dv, sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
-                                         spec, want_table or want_scale, _dropout(dropout_p, dropout_seed),
-                                         _band(band))
+    dq, dk, dv, sums, pos_sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
+                                                   window, causal, spec, want_table or want_scale,
+                                                   _dropout(dropout_p, dropout_seed), _band(band),
+                                                   _position(pos_lut, reach), pos_bounds)
+    if pos_sums is None:
+        pos_sums = _nothing(q.device)
     if sums is None:
-        return dq, dk, dv, _nothing(q.device), _nothing(q.device)
-    return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale)
+        return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
+    return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale) + (pos_sums,)
 
 
 def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad,
-                      drop: dict, band: dict):
-    """The backward's kernels: ``(dq, dk, dv, sums)``, ``sums`` the per-program bucket sums of dS as
-    ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``)."""
+                      drop: dict, band: dict, position: dict = None, pos_bounds: Optional[torch.Tensor] = None):
+    """The backward's kernels: ``(dq, dk, dv, sums, pos_sums)``, ``sums`` the per-program bucket sums of dS as
+    ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``), ``pos_sums`` the
+    position boundaries' sums ``[H, len(pos_bounds)]`` (None without ``pos_bounds``)."""
+    position = position or {}
     B, H, N, D = q.shape
     DV = v.shape[-1]
     T = spec.num_buckets
@@ -437,11 +463,14 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     rows = lut.shape[0]
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     dq, dk, dv = output_like(q, D), output_like(k, D), output_like(v, DV)
+    pos_sums = None
+    if pos_bounds is not None:
+        pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
     if dq.numel() == 0 or dv.numel() == 0:
         sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
-        return dq.zero_(), dk.zero_(), dv.zero_(), sums
+        return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position))
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
@@ -453,7 +482,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if short is not None:
         if group == 1:
             return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                   table_grad, short, dq, dk, dv, delta, drop, band)
+                                   table_grad, short, dq, dk, dv, delta, drop, band) + (None,)
         # Grouped-query attention: the short-row kernels store each query head's dK and dV (in q's dtype, as
         # without grouping: fp32 stores would spill), summed over each group here in fp32, in a fixed order.
         dk_heads = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
@@ -463,7 +492,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
                                                        drop, band)
         dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2, dtype=torch.float32))
         dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2, dtype=torch.float32))
-        return dq, dk, dv, sums
+        return dq, dk, dv, sums, None
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = meta.distance_t
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
@@ -482,15 +511,21 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            H, _padded(N), N, D, DV, num_q, num_k, scale, scale * LOG2E,
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dq_config), USE_LISTS=use_lists, CAUSAL=causal,
-           TABLE_GRAD=table_grad, DOT_PRECISION=precision,
+           TABLE_GRAD=table_grad or pos_bounds is not None, DOT_PRECISION=precision,
            num_warps=dq_config["num_warps"], num_stages=dq_config["num_stages"],
-           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band)
+           OPAQUE_BIAS=dq_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band,
+           **position)
 
     # dK and dV: programs own key blocks of one key/value head (and walk its group's query heads).
     block_m, block_n = dkdv_config["BLOCK_M"], dkdv_config["BLOCK_N"]
     num_q, num_k = triton.cdiv(N, block_m), triton.cdiv(N, block_n)
     q_list, q_count = meta.dkdv_list, meta.dkdv_count
     use_lists = q_list is not None
+    gradient = {}
+    if pos_bounds is not None:  # each program's sums at the boundaries, per query head: [B, nK, H, bounds]
+        partials = torch.empty((B, num_k, H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
+        gradient = dict(POS_BOUNDS=pos_bounds, POS_PARTIALS=partials, NUM_BOUNDS=pos_bounds.numel(),
+                        POSITION_GRAD=True)
     launch(_bias_bwd_dkdv_kernel, launch_grid(num_k, B, H // group),
            q, k, v, dout, distance_t, lut, lengths, q_list if use_lists else lengths,
            q_count if use_lists else lengths, lse, delta, dk, dv, *strides_t, *dk.stride(), *dv.stride(),
@@ -498,9 +533,12 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D,
            EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), dkdv_config), USE_LISTS=use_lists, CAUSAL=causal,
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
-           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band)
+           OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band,
+           **position, **gradient)
+    if pos_bounds is not None:  # a fixed-order sum over the batch and the key blocks: deterministic
+        pos_sums = gradient["POS_PARTIALS"].sum((0, 1))
     if not table_grad:
-        return dq, dk, dv, None
+        return dq, dk, dv, None, pos_sums
 
     # The table gradient: programs own a query block and a group of heads (all of them for a shared table).
     table_config = configs.table
@@ -525,9 +563,9 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), table_config), USE_LISTS=use_lists, CAUSAL=causal,
            INTERPRETED=interpreting(), DOT_PRECISION=precision,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
-           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], **_kv_group(group), **drop, **band)
+           OPAQUE_BIAS=table_config["OPAQUE_BIAS"], **_kv_group(group), **drop, **band, **position)
     # A fixed-order sum of the per-program bucket sums: deterministic. Rows: [1, T] shared, [H, T] per head.
-    return dq, dk, dv, (partials, B, groups, num_q * splits)
+    return dq, dk, dv, (partials, B, groups, num_q * splits), pos_sums
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
@@ -644,11 +682,12 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: tor
                 bias_scale: torch.Tensor, bucket_lut: torch.Tensor, lengths: torch.Tensor,
                 kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
                 causal: bool, dropout_p: float = 0.0,
-                dropout_seed: int = 0, band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
+                reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
     :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed, band)
+                                  window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())
@@ -660,11 +699,12 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  tile_buckets: Optional[torch.Tensor], skip_bucket: Optional[torch.Tensor], scale: float, window: int,
                  causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
                  bias_scale: torch.Tensor, want_table: bool, want_scale: bool, dropout_p: float = 0.0,
-                 dropout_seed: int = 0,
-                 band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
+                 pos_bounds: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
     meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
                             skip_bucket)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                    _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                                   want_scale, dropout_p, dropout_seed, band)
+                                   want_scale, dropout_p, dropout_seed, band, pos_lut, reach, pos_bounds)

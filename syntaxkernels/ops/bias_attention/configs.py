@@ -315,6 +315,37 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 _SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled kernels at small N
 
 
+#: Tiles of the tiled kernels in calls with T5's relative-position term, over :data:`CONFIGS` (those calls also take
+#: the table kernel's "table_extra" tiles): ``(kind, family, dtype class, head-dim class) -> fields``.
+POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    # sm_90 at D = 64: the dK/dV kernel's three stages spill 8 B with the term's gradient, two do not (the same
+    # main-loop instructions); the table kernel's "table_extra" 128x32 with one stage (two: 8 B).
+    ("dkdv", "sm90", "half", 64): dict(num_stages=2),
+    ("table", "sm90", "half", 64): dict(num_stages=1),
+    # sm_90 at D = 128: the dK/dV kernel's 32x128 spills 24 B (two or three stages), 16x128 does not; the table
+    # kernel's 64x64 spills 40-48 B, 64x32 with one stage does not. (Blackwell takes these too: spill-free there.)
+    ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
+    ("table", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_stages=1),
+    # sm_80: the table kernel's 128x32 spills 8 B at D = 64 (64x32 does not); at D = 128 the dK/dV kernel's 16x128
+    # and the table kernel's 64x32 spill 32 B each (64 keys a program on four warps, and 64x16, do not).
+    ("table", "sm80", "half", 64): dict(BLOCK_M=64),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_N=64, num_warps=4),
+    ("table", "sm80", "half", 128): dict(BLOCK_N=16),
+    # The small family: the dK/dV kernel's 128 keys a program spill (sm_86: 72 B at D = 64, 40 B at D = 128); 64
+    # keys on four warps do not.
+    ("dkdv", "small", "half", 64): dict(BLOCK_N=64, num_warps=4),
+    ("dkdv", "small", "half", 128): dict(BLOCK_N=64, num_warps=4),
+}
+
+
+def position_overrides(dtype: torch.dtype, head_dim: int, family: str) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU family."""
+    cls = "fp32" if dtype == torch.float32 else "half"
+    dim_class = 64 if head_block(head_dim) <= 64 else 128
+    return {kind: fields for (kind, fam, c, d), fields in POSITION_CONFIGS.items()
+            if (fam, c, d) == (family, cls, dim_class)}
+
+
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
                   arch: Optional[int] = None) -> dict:
     """The launch configuration of the ``kind`` kernel (a :data:`CONFIGS` kernel: "fwd", "dq", "dkdv", "table",

@@ -155,6 +155,45 @@ def check_grouped_query(device):
     return short[0] and tiled[0], f"H_kv = H / 2, causal: {short[1]}; fp32 N = {shape[2]}, H_kv = 1: {tiled[1]}"
 
 
+def check_relative_position(device):
+    """T5's relative-position term (``RelativePositionSpec()``: 32 buckets, reach 128; unscaled scores, a per-head
+    position table taking its gradient) beside the tree bias, bf16 sentence-sized rows (ragged, one empty) on the
+    tiled kernels, against the reference: the usual outputs and the position table's gradient."""
+    import syntaxkernels as sk
+    from syntaxkernels.specs import RelativePositionSpec
+    from syntaxkernels.tools.testing import compare_to_reference
+
+    _usable(device)
+    shape = _shape(device, (3, 4, 40, 64), (32, 12, 57, 64))
+    B, H, N, _ = shape
+    inp = _inputs(device, *shape, torch.bfloat16, lengths=[N, 0] + [N // 2 - b for b in range(B - 2)], seed=3)
+    spec = RelativePositionSpec()
+    ptable = torch.randn(H, spec.num_buckets, generator=torch.Generator().manual_seed(4))
+    grad_out = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    runs = []
+    for dtype, backend in ((torch.bfloat16, "triton"), (torch.float64, "reference"), (torch.bfloat16, "reference")):
+        where = inp["device"] if backend == "triton" else "cpu"
+        pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+        leaves = [inp[n].to(where, dtype) for n in ("q", "k", "v")]
+        leaves += [inp["table"].to(where, pdtype), inp["bias_scale"].to(where, pdtype), ptable.to(where, pdtype)]
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        q, k, v, table, c, pt = leaves
+        out = sk.syntax_bias_attention(q, k, v, inp["distance"].to(where), table, buckets=inp["buckets"],
+                                       bias_scale=c, lengths=inp["lengths"].to(where), scale=1.0,
+                                       position_buckets=spec, position_table=pt, backend=backend)
+        grads = torch.autograd.grad(out, leaves, grad_out.to(where, dtype))
+        runs.append(((out, dict(zip(GRADIENTS, grads[:5]))), grads[5]))
+    details, ok = [], True
+    for name, (_, good, err, bound, _) in zip(OUTPUTS, compare_bias_attention(inp, *(r[0] for r in runs),
+                                                                             torch.bfloat16)):
+        ok &= good
+        details.append(f"{name} {err:.1e}/{bound:.1e}" + ("" if good else " FAIL"))
+    good, err, bound = compare_to_reference(*(r[1] for r in runs))
+    ok &= good
+    details.append(f"dposition {err:.1e}/{bound:.1e}" + ("" if good else " FAIL"))
+    return ok, f"N = {N}, T5 buckets (32, reach 128), scale 1: " + ", ".join(details)
+
+
 def _runs(device, count, run):
     """``count`` results of ``run()``: on CUDA plain repeats; under the interpreter each with its programs in
     another order (seeds 1..count), the way a GPU may schedule them."""
@@ -232,6 +271,7 @@ CHECKS = [
     Check("bias_attention.deterministic", check_deterministic),
     Check("bias_attention.triton_dropout", check_dropout),
     Check("bias_attention.triton_grouped_query", check_grouped_query),
+    Check("bias_attention.triton_relative_position", check_relative_position),
 ]
 
 

@@ -1,0 +1,174 @@
+"""T5's relative-position term (``position_buckets``, ``position_table``) in the padded Triton kernels.
+
+Against the reference in float64 and in the call's dtype (the tolerance rule of :mod:`syntaxkernels.tools.testing`),
+forward and every gradient (q, k, v, the tree table, the bias scale, the position table): float32, bfloat16 and
+float16, odd N (past the tiles and past the spec's reach), padding, an empty row, causal with a unidirectional spec,
+a distance window, a positional window, grouped-query k and v, dropout; the tiled kernels run it (rows the short-row
+kernels would take too), the position table's gradient without the tree table's; two runs (the second in a shuffled
+program order under the interpreter) give the same bits. The C++ kernels: test_relative_position_cpu.py.
+"""
+import contextlib
+
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels import RelativePositionSpec
+from syntaxkernels.ops import _primitives as P
+from syntaxkernels.tools.testing import bias_attention_case
+
+from conftest import KERNEL_DEVICE as DEVICE, needs_triton, spy_launches
+from test_relative_position_cpu import GRADS, _assert_close, _grad_out, _position_table
+
+
+def _grads(backend, case, dtype, grad_out, spec, ptable, want=GRADS, **kw):
+    """``(out, grads)`` of ``syntax_bias_attention`` with ``backend`` on ``case`` (on the kernel device for
+    "triton"), the gradients ``want`` of :data:`GRADS` (those left out do not require one)."""
+    device = DEVICE if backend == "triton" else "cpu"
+    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    leaves = dict(zip(GRADS, (case["q"].to(device, dtype), case["k"].to(device, dtype), case["v"].to(device, dtype),
+                              case["table"].to(device, pdtype), case["bias_scale"].to(device, pdtype),
+                              ptable.to(device, pdtype))))
+    leaves = {n: t.detach().requires_grad_(n in want) for n, t in leaves.items()}
+    out = sk.syntax_bias_attention(leaves["dq"], leaves["dk"], leaves["dv"], case["distance"].to(device),
+                                   leaves["dtable"], buckets=case["buckets"], bias_scale=leaves["dbias_scale"],
+                                   lengths=case["lengths"].to(device), position_buckets=spec,
+                                   position_table=leaves["dposition"], backend=backend, **kw)
+    grads = torch.autograd.grad(out, [leaves[n] for n in want], grad_out.to(device, dtype))
+    return out.cpu(), {n: g.cpu() for n, g in zip(want, grads)}
+
+
+# id, (H, N, lengths), options of bias_attention_case, spec, options of the call, dtype
+CASES = [
+    ("tiled-perhead-fp32", (3, 45, [45, 30]), dict(per_head=True), RelativePositionSpec(8, 16), {}, torch.float32),
+    ("short-rows-t5-bf16", (4, 20, [20, 13]), {}, RelativePositionSpec(), {}, torch.bfloat16),
+    ("past-reach-fp32", (2, 130, [130, 71]), {}, RelativePositionSpec(8, 20), {}, torch.float32),
+    ("causal-unidirectional-fp32", (2, 70, [70, 41]), {}, RelativePositionSpec(32, 128, False), dict(causal=True),
+     torch.float32),
+    ("window-empty-row-gqa-fp32", (4, 40, [40, 17]), dict(kv_heads=2, isolated=[(0, 3)]),
+     RelativePositionSpec(8, 20), dict(window=2), torch.float32),
+    ("position-window-fp16", (2, 70, [70, 50]), dict(per_head=True), RelativePositionSpec(8, 20),
+     dict(position_window=5), torch.float16),
+    ("dropout-mqa-fp32", (4, 50, [50, 23]), dict(kv_heads=1), RelativePositionSpec(8, 20),
+     dict(dropout_p=0.2, dropout_seed=2 ** 40 + 7), torch.float32),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("shape,case_opts,spec,kw,dtype", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_triton_relative_position_matches_the_reference(monkeypatch, shape, case_opts, spec, kw, dtype):
+    H, N, lengths = shape
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    case = bias_attention_case(2, H, N, 16, lengths=lengths, seed=N + H, bias_scale=0.8, **case_opts)
+    ptable = _position_table(H, spec, seed=N)
+    g = _grad_out(case)
+    got = _grads("triton", case, dtype, g, spec, ptable, **kw)
+    # The tiled kernels ran it, the term in every one of them (no short-row kernel, no reference)
+    assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel"} <= set(names)
+    assert not [n for n in names if "short" in n], names
+    assert all(k.get("POSITION") for n, k in zip(names, names.kwargs) if n != "_bias_table_grad_kernel")
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+    _assert_close(case, got, ref64, _grads("reference", case, dtype, g, spec, ptable, **kw), dtype)
+    plain = _grads("reference", case, torch.float64, g, spec, torch.zeros_like(ptable), **kw)
+    assert (plain[0] - ref64[0]).abs().max() > 1e-3  # the term matters here
+    if case_opts.get("isolated"):
+        assert got[0][0, :, 3].abs().max() == 0 and got[1]["dq"][0, :, 3].abs().max() == 0  # the empty row
+
+
+@needs_triton
+@pytest.mark.parametrize("want", [("dq", "dposition"), ("dposition",), ("dk", "dv", "dtable")])
+def test_triton_position_gradient_alone_or_not_at_all(monkeypatch, want):
+    """The position table's gradient without the tree table's (no table kernel runs), only it, or none of it (the
+    dK/dV kernel then compiles its sums out): each against the reference."""
+    spec = RelativePositionSpec(16, 40, False)
+    case = bias_attention_case(2, 3, 60, 16, lengths=[60, 33], seed=3, per_head=True)
+    ptable = _position_table(3, spec, seed=4)
+    g = _grad_out(case)
+    names = spy_launches(monkeypatch)
+    got = _grads("triton", case, torch.float32, g, spec, ptable, want=want, causal=True)
+    ref = _grads("reference", case, torch.float64, g, spec, ptable, want=want, causal=True)
+    assert ("_bias_bwd_table_kernel" in names) == ("dtable" in want)
+    dkdv = names.kwargs[names.index("_bias_bwd_dkdv_kernel")]
+    assert bool(dkdv.get("POSITION_GRAD")) == ("dposition" in want)
+    for name in want:
+        torch.testing.assert_close(got[1][name].double(), ref[1][name], atol=2e-5, rtol=2e-5)
+
+
+@needs_triton
+def test_triton_relative_position_is_deterministic():
+    """The position table's gradient is a fixed-order sum (per-program sums at the bucket boundaries, reduced
+    over the batch and the key blocks): two runs, the second in a shuffled program order, give the same bits."""
+    spec = RelativePositionSpec()
+    case = bias_attention_case(2, 4, 90, 16, lengths=[90, 47], seed=5, kv_heads=2)
+    ptable = _position_table(4, spec, seed=6)
+    g = _grad_out(case)
+    first = _grads("triton", case, torch.float32, g, spec, ptable)
+    from syntaxkernels.tools.checks import shuffled_program_order
+
+    with shuffled_program_order(seed=3) if P.interpreting() else contextlib.nullcontext():
+        second = _grads("triton", case, torch.float32, g, spec, ptable)
+    assert torch.equal(first[0], second[0])
+    for name in GRADS:
+        assert torch.equal(first[1][name], second[1][name]), name
+
+
+@needs_triton
+def test_triton_ops_with_the_position_lut_pass_opcheck():
+    """The torch.library Triton ops with a position LUT (what torch.compile traces): schema, fake tensors and
+    autograd registration; the backward's boundary sums have their ``[H, K]`` shape and give the reference's
+    position-table gradient."""
+    from syntaxkernels.ops.bias_attention import _host, _launch
+    from syntaxkernels.plan import structure_plan
+
+    spec = RelativePositionSpec(8, 10)
+    case = bias_attention_case(2, 2, 20, 32, lengths=[20, 11], seed=1)
+    ptable = _position_table(2, spec, seed=2)
+    q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
+    table, scale = case["table"].to(DEVICE).reshape(1, -1), case["bias_scale"].to(DEVICE)
+    plan = structure_plan(case["distance"].to(DEVICE), case["lengths"].to(DEVICE), symmetric=True)
+    lut = _host.position_lut(spec, ptable.to(DEVICE))
+    bounds = _host.position_bounds(spec)[0].to(DEVICE)
+    args = (q, k, v, plan.distance, table, scale, _host._bucket_lut(case["buckets"], q), plan.kernel_lengths, None,
+            None, 0.25, -1, False, 0.0, 0, -1, lut, spec.reach)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
+    out, lse, blut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    meta = _launch.backward_metadata(plan, _launch.launch_configs(20, 32, 32, q.dtype, 1, -1, case["buckets"], True),
+                                     -1, False, case["buckets"], True)
+    dout = torch.randn_like(out)
+    bwd = (dout, q, k, v, out, lse, plan.distance, blut, plan.kernel_lengths, *meta, 0.25, -1, False,
+           *_host.bucket_args(case["buckets"]), table, scale, True, True, 0.0, 0, -1, lut, spec.reach, bounds)
+    torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd, test_utils=utils)
+    sums = torch.ops.syntaxkernels.bias_attention_bwd(*bwd)[5]
+    assert sums.shape == (2, bounds.numel())
+    pt = ptable.double().requires_grad_()
+    ref = sk.syntax_bias_attention(q.cpu().double(), k.cpu().double(), v.cpu().double(), case["distance"],
+                                   case["table"].double(), buckets=case["buckets"], bias_scale=case["bias_scale"],
+                                   lengths=case["lengths"], scale=0.25, position_buckets=spec, position_table=pt,
+                                   backend="reference")
+    expected, = torch.autograd.grad(ref, pt, dout.cpu().double())
+    got = _host.position_gradient_from_bounds(sums.cpu(), spec, ptable)
+    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+@needs_triton
+def test_torch_compile_fullgraph_with_the_term():
+    """``torch.compile(fullgraph=True)`` over a call with the term: the same output and gradients as eager."""
+    spec = RelativePositionSpec(8, 12)
+    case = bias_attention_case(2, 2, 24, 32, lengths=[24, 13], seed=2)
+    ptable = _position_table(2, spec, seed=3)
+
+    def f(q, k, v, distance, table, lengths, pt):
+        return sk.syntax_bias_attention(q, k, v, distance, table, buckets=sk.BucketSpec(), lengths=lengths,
+                                        position_buckets=spec, position_table=pt, backend="triton")
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="inductor" if DEVICE == "cuda" else "eager")):
+        q, table, pt = (x.to(DEVICE).requires_grad_() for x in (case["q"], case["table"], ptable))
+        k, v, distance, lengths = (case[n].to(DEVICE) for n in ("k", "v", "distance", "lengths"))
+        out = fn(q, k, v, distance, table, lengths, pt)
+        out.sum().backward()
+        results.append((out.detach(), q.grad, table.grad, pt.grad))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    assert results[0][3].abs().max() > 0
