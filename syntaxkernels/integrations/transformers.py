@@ -1,6 +1,6 @@
 """Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT; ModernBERT
-with method "bias"), the encoder of T5 / mT5 (method "bias") and decoder-only language models (GPT-2, Llama, Mistral,
-Qwen2, Qwen3; method "bias"), in one call.
+with method "bias"), the encoder of T5 / mT5 and of the translation models BART, mBART, Marian, M2M100 / NLLB (method
+"bias") and decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one call.
 
 ::
 
@@ -151,6 +151,20 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   tests; T5 itself took the rows, the ``seq2seq`` field, the encoder-stack and decoder hooks, one branch of
   :func:`syntax_attention_forward` (:func:`_t5_encoder_attention`) and the position arguments of
   :class:`SyntaxDistanceBias` (docs/api.md, "T5 and mT5").
+
+Translation models: BART, mBART, Marian (``MarianMTModel``) and M2M100 (``M2M100ForConditionalGeneration``; NLLB is
+M2M100), the other rows with ``seq2seq=True``, take ``method="bias"`` with ``trees="given"`` in the **encoder's
+self-attention only** (source trees), as T5 does (same hooks, same refusals, same ``generate``):
+
+- Positions: absolute (learned for BART and mBART, sinusoidal for Marian and M2M100), added to the token embeddings
+  before the encoder layers; the rows have ``relative_positions=False``, so the encoder hook hands on no position
+  table and a layer takes the generic branch of :func:`syntax_attention_forward`: the tree bias added to ``q.k *
+  scaling`` (the module's ``scaling``, 1/sqrt(D), as transformers passes it).
+- One attention class (``BartAttention`` and its copies) serves the encoder's self-attention, the decoder's
+  (``is_causal=True``) and the cross-attention, each reading ``self.config._attn_implementation``, and the encoder and
+  the decoder are built from one config object: :func:`enable_syntax_attention` gives the encoder stack a config copy
+  of its own (:func:`_own_encoder_config`) before switching it, so only the encoder's self-attention layers run the
+  syntaxkernels attention (and only they get ``syntax`` children); the decoder keeps its implementation.
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -848,15 +862,19 @@ def _given_trees(module: nn.Module, args: tuple, kwargs: dict, missing: str, pac
 
 
 def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
-    """Forward pre-hook of an encoder-decoder family's encoder stack (T5 / mT5 ``model.encoder``, which embeds the
-    input itself): checks ``syntax_trees`` against ``input_ids`` (or ``inputs_embeds``) and the 0/1 padding mask
-    (right padding; :func:`_check_trees`), moves them, and hands every layer T5's relative-position term as the
-    keyword ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer
-    0's ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
+    """Forward pre-hook of an encoder-decoder family's encoder stack (``model.encoder`` of T5 / mT5, BART, mBART,
+    Marian, M2M100; it embeds the input itself): checks ``syntax_trees`` against ``input_ids`` (or
+    ``inputs_embeds``) and the 0/1 padding mask (right padding; :func:`_check_trees`) and moves them. For a family
+    with ``relative_positions`` (T5, mT5) it also hands every layer T5's relative-position term as the keyword
+    ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer 0's
+    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding). The others add absolute positions
+    to the embeddings before the layers: nothing more to hand on."""
     if not _given_trees(encoder, args, kwargs, "syntax attention (method='bias') is enabled on this model's encoder: "
                         "pass syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to "
                         "forward or generate", packed=False):
         return args, kwargs  # the model's own error follows
+    if not _family(encoder).relative_positions:
+        return args, kwargs
     from ..specs import RelativePositionSpec
 
     config = encoder.config
@@ -1075,10 +1093,14 @@ class ModelFamily:
       ``encoder`` is ``""`` (the base model runs the layers itself, and the trees are checked by a forward pre-hook
       on it), the mask comes from ``create_causal_mask`` (or ``create_sliding_window_causal_mask``), k and v may
       have fewer heads than q (grouped-query attention), and only ``method="bias"`` applies.
-    - ``seq2seq``: an encoder-decoder family (T5, mT5): only the encoder stack's self-attention is patched
-      (``encoder`` is that stack, which embeds the input itself: the trees are checked against ``input_ids`` by a
-      forward pre-hook on it), only the encoder stack is switched to the syntaxkernels attention implementation;
+    - ``seq2seq``: an encoder-decoder family (T5, mT5, BART, mBART, Marian, M2M100): only the encoder stack's
+      self-attention is patched (``encoder`` is that stack, which embeds the input itself: the trees are checked
+      against ``input_ids`` by a forward pre-hook on it), only the encoder stack is switched to the syntaxkernels
+      attention implementation (given a config object of its own where it shares the decoder's, as BART's does);
       the decoder (self- and cross-attention) keeps its own; ``method="bias"``, ``trees="given"`` only.
+    - ``relative_positions``: a seq2seq family whose encoder layers share T5's bucketed relative-position table
+      (layer 0's ``relative_attention_bias``), which the op adds itself (T5, mT5); False: absolute positions added to
+      the embeddings before the layers, nothing for the op to add.
     - ``methods``: the methods the family takes (an encoder whose base model runs the layers, ``encoder == ""`` and
       not causal, takes ``trees="given"`` only: the predicted trees hook an encoder module), and ``limits``: why it
       takes no others (quoted by the ``ValueError``).
@@ -1101,6 +1123,7 @@ class ModelFamily:
     methods: Tuple[str, ...] = METHODS
     limits: str = ""
     seq2seq: bool = False
+    relative_positions: bool = False
 
 
 _ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
@@ -1114,6 +1137,10 @@ _T5_POSITIONS = ("T5's bucketed relative-position bias (config.relative_attentio
                  "relative_attention_max_distance; layer 0's relative_attention_bias shared by every encoder layer), "
                  "added inside the op (position_buckets / position_table) beside the tree bias; scores not scaled "
                  "(scale 1.0)")
+_SEQ2SEQ_LIMITS = ("only the encoder's self-attention takes the trees (the decoder and the cross-attention stay "
+                   "plain); the sub-network op, the GAT and the tree predictor are not wired for an encoder-decoder "
+                   "model")
+_SEQ2SEQ_SCALED = "; scores scaled by the module's scaling (1/sqrt(D))"
 #: The supported families, one row each (see :class:`ModelFamily`).
 FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("BERT (incl. multilingual BERT)", "bert", "BertModel", "encoder", "layer", "attention.self",
@@ -1154,9 +1181,27 @@ FAMILIES: Tuple[ModelFamily, ...] = (
                 "its base model runs the layers itself (no encoder module whose input the GAT reads or whose layers "
                 "the tree predictor hooks)"),
     ModelFamily("T5 (incl. Flan-T5)", "t5", "T5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
-                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True,
+                relative_positions=True),
     ModelFamily("mT5", "mt5", "MT5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
-                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True,
+                relative_positions=True),
+    ModelFamily("BART", "bart", "BartPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "learned absolute position embeddings (offset 2), added to the "
+                "token embeddings before the encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",),
+                limits=_SEQ2SEQ_LIMITS, seq2seq=True),
+    ModelFamily("mBART", "mbart", "MBartPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "learned absolute position embeddings (offset 2), added to the "
+                "token embeddings before the (pre-LayerNorm) encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",),
+                limits=_SEQ2SEQ_LIMITS, seq2seq=True),
+    ModelFamily("Marian", "marian", "MarianPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "sinusoidal absolute position embeddings, added to the token "
+                "embeddings before the encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",), limits=_SEQ2SEQ_LIMITS,
+                seq2seq=True),
+    ModelFamily("M2M100 (incl. NLLB)", "m2m_100", "M2M100PreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "sinusoidal absolute position embeddings (counted from "
+                "padding_idx + 1, padding tokens skipped), added to the token embeddings before the (pre-LayerNorm) "
+                "encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",), limits=_SEQ2SEQ_LIMITS, seq2seq=True),
 )
 
 
@@ -1302,6 +1347,21 @@ def _use_own_config(model: nn.Module) -> None:
             module.config = copies[id(config)]
 
 
+def _own_encoder_config(model: nn.Module, encoder: nn.Module) -> None:
+    """Give an encoder-decoder model's encoder stack a config object of its own when modules outside it hold the
+    same one (BART, mBART, Marian and M2M100 build the encoder and the decoder from one config; T5 copies it per
+    stack): its attention implementation can then change without the decoder's (each attention module reads
+    ``self.config._attn_implementation``)."""
+    inside = {id(m) for m in encoder.modules()}
+    shared = encoder.config
+    if not any(m.__dict__.get("config") is shared for m in model.modules() if id(m) not in inside):
+        return
+    own = copy.deepcopy(shared)
+    for module in encoder.modules():
+        if module.__dict__.get("config") is shared:
+            module.config = own
+
+
 def _predicted_layers(method: str, variant: Optional[str], layers, predictor_layer, arc_size, ratio,
                       num_layers: int):
     """Checks the ``trees="predicted"`` arguments; the syntax layers (``layers``, default every layer above k)."""
@@ -1363,7 +1423,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             ``method="bias"`` (module docstring, "Decoder-only language models"); or ``ModernBertModel`` (e.g.
             ``ModernBertForMaskedLM``) with ``method="bias"`` (module docstring, "ModernBERT"); or a T5 / mT5 model
             (``T5ForConditionalGeneration``, ``T5EncoderModel``, ``MT5ForConditionalGeneration``, ...) with
-            ``method="bias"``: the encoder's self-attention only (module docstring, "T5 and mT5").
+            ``method="bias"``: the encoder's self-attention only (module docstring, "T5 and mT5"); or a translation
+            model (``BartForConditionalGeneration``, ``MBartForConditionalGeneration``, ``MarianMTModel``,
+            ``M2M100ForConditionalGeneration``, ...) with ``method="bias"``, likewise (module docstring,
+            "Translation models").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -1421,7 +1484,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
     ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``; T5 / mT5:
-    ``encoder.block.{i}.layer.0.SelfAttention.syntax.*``. They take
+    ``encoder.block.{i}.layer.0.SelfAttention.syntax.*``; BART, mBART, Marian, M2M100:
+    ``model.encoder.layers.{i}.self_attn.syntax.*``. They take
     the dtype and device of the model's parameters.
 
     Raises:
@@ -1577,6 +1641,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         if kept in (None, SAVED_ATTN_IMPLEMENTATION, ATTN_IMPLEMENTATION):
             kept = "sdpa"
         model.set_attn_implementation(kept)
+        _own_encoder_config(model, encoder)
         encoder.set_attn_implementation(ATTN_IMPLEMENTATION)
         config = encoder.config
     else:
