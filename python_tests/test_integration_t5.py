@@ -28,6 +28,11 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
     load_syntax_model,
     syntax_parameters,
 )
+from seq2seq_checks import (  # noqa: E402
+    check_autocast_bf16,
+    check_gradient_checkpointing,
+    check_padded_batch_equals_each_sentence_alone,
+)
 
 VOCAB = 60
 # Token trees, lengths 9 and 5 (root first).
@@ -192,44 +197,22 @@ def test_position_table_gradient_matches_plain():
 def test_padded_batch_equals_each_sentence_alone():
     _, syntax = _pair()
     _randomise(syntax)
-    ids, mask, _, trees = _batch()
-    with torch.no_grad():
-        both = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
-        for b, heads in enumerate(HEADS):
-            n = len(heads)
-            alone = syntax.encoder(input_ids=ids[b:b + 1, :n], syntax_trees=sk.TreeBatch.from_heads([heads]))
-            torch.testing.assert_close(both[b, :n], alone.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+    ids, mask, _, _ = _batch()
+    check_padded_batch_equals_each_sentence_alone(syntax.encoder, ids, mask, HEADS)
 
 
 def test_gradient_checkpointing():
     _, syntax = _pair()
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    twin = copy.deepcopy(syntax)
-    syntax.train()
-    twin.train()
-    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    la = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    lb = twin(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(lb, la)
-    grads_a = dict(syntax.named_parameters())
-    for name, p in twin.named_parameters():
-        if p.grad is not None or grads_a[name].grad is not None:
-            torch.testing.assert_close(p.grad, grads_a[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    check_gradient_checkpointing(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 def test_autocast_bf16():
     _, syntax = _pair()
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    with torch.no_grad():
-        full = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            half = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    assert torch.isfinite(half)
-    torch.testing.assert_close(half.float(), full, rtol=5e-2, atol=5e-2)
+    check_autocast_bf16(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 @pytest.mark.parametrize("cls", ["T5ForConditionalGeneration", "MT5ForConditionalGeneration"])

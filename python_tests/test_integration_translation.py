@@ -14,6 +14,11 @@ plain) and differ from the fresh model's; only the encoder's self-attention modu
 left plain equals the unpatched layer; gradients reach the syntax tables and the projections; a padded batch equals
 each sentence alone; gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; the
 refused methods and the errors.
+
+Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees
+(causal); a fresh model equals the unpatched one; with random tables the logits equal a float64 reference (causal op
+reference in the decoder's self-attention, SDPA in the cross-attention) and the target tables change them; no position
+sees later target tokens; gradients, save / load, generate with the start token's tree; the errors; T5 refuses it.
 """
 import copy
 
@@ -31,6 +36,11 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
     load_syntax_model,
     syntax_parameters,
 )
+from seq2seq_checks import (  # noqa: E402
+    check_autocast_bf16,
+    check_gradient_checkpointing,
+    check_padded_batch_equals_each_sentence_alone,
+)
 
 VOCAB = 100
 # Token trees, lengths 9 and 5 (root first).
@@ -43,6 +53,16 @@ CLASSES = {
     "M2M100ForConditionalGeneration": ("M2M100Config", "m2m_100", "M2M100 (incl. NLLB)"),
 }
 PAD = 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models are tiny: one intra-op thread runs them fastest (several threads on a shared 2-core machine made
+    this file six times slower); the previous count is restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _config(cls: str, **overrides):
@@ -233,14 +253,8 @@ def test_gradients_reach_tables_and_projections(cls):
 def test_padded_batch_equals_each_sentence_alone(cls):
     _, syntax = _pair(cls)
     _randomise(syntax)
-    ids, mask, _, trees = _batch()
-    encoder = syntax.get_encoder()
-    with torch.no_grad():
-        both = encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
-        for b, heads in enumerate(HEADS):
-            n = len(heads)
-            alone = encoder(input_ids=ids[b:b + 1, :n], syntax_trees=sk.TreeBatch.from_heads([heads]))
-            torch.testing.assert_close(both[b, :n], alone.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+    ids, mask, _, _ = _batch()
+    check_padded_batch_equals_each_sentence_alone(syntax.get_encoder(), ids, mask, HEADS)
 
 
 @needs
@@ -248,20 +262,7 @@ def test_gradient_checkpointing(cls):
     _, syntax = _pair(cls)
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    twin = copy.deepcopy(syntax)
-    syntax.train()
-    twin.train()
-    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert twin.get_encoder().gradient_checkpointing
-    la = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    lb = twin(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(lb, la)
-    grads_a = dict(syntax.named_parameters())
-    for name, p in twin.named_parameters():
-        if p.grad is not None or grads_a[name].grad is not None:
-            torch.testing.assert_close(p.grad, grads_a[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    check_gradient_checkpointing(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 @needs
@@ -269,12 +270,7 @@ def test_autocast_bf16(cls):
     _, syntax = _pair(cls)
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    with torch.no_grad():
-        full = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            half = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    assert torch.isfinite(half)
-    torch.testing.assert_close(half.float(), full, rtol=5e-2, atol=5e-2)
+    check_autocast_bf16(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 @needs
@@ -341,3 +337,154 @@ def test_errors(cls):
         enable_syntax_attention(_model(cls), "bias", trees="predicted", predictor_layer=0)
     with pytest.raises(ValueError, match="already"):
         enable_syntax_attention(syntax, "bias")
+
+
+# ------------------------------------------------------------------------------ decoder target trees (decoder_trees)
+
+TARGET_HEADS = [[-1, 0, 1, 1], [-1, 0, 0]]  # trees of the decoder input (lengths 4 and 3), leak-free
+
+
+def _targets():
+    ids = torch.randint(3, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    return ids * mask, mask, sk.TreeBatch.from_heads(TARGET_HEADS, leak_free=True)
+
+
+def _reference_attention(source, parts, target, decoder_parts):
+    """A float64 attention function for the unpatched model: the op's reference with the source trees in the
+    encoder's self-attention, causal with the target trees in the decoder's self-attention, SDPA in the
+    cross-attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        causal = id(module) in decoder_parts
+        if not causal and id(module) not in parts:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        trees, part = (target, decoder_parts[id(module)]) if causal else (source, parts[id(module)])
+        out = reference.syntax_bias_attention(query, key, value, trees.distance, part.distance_bias.double(),
+                                              buckets=part.buckets, scale=scaling, causal=causal,
+                                              bias_scale=part.bias_scale.double(), lengths=trees.lengths)
+        return out.transpose(1, 2).contiguous(), None
+
+    return attend
+
+
+def _self_attention(model, stack):
+    return [layer.self_attn for layer in getattr(model.model, stack).layers]
+
+
+@needs
+def test_decoder_trees_fresh_equals_plain_and_reference(cls):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    plain, syntax = _pair(cls, decoder_trees=True, per_head=True)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+    assert all(isinstance(m.syntax, SyntaxDistanceBias) and m.syntax.causal for m in _self_attention(syntax, "decoder"))
+    assert not any(hasattr(layer.encoder_attn, "syntax") for layer in syntax.get_decoder().layers)
+    assert syntax.get_decoder().config._attn_implementation == "syntaxkernels"
+    with torch.no_grad():
+        want = plain(**kw).logits
+        got = syntax(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+    valid = dec_mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-5, atol=1e-5)
+
+    plain, syntax = plain.double(), syntax.double()
+    _randomise(syntax)
+    pairs = lambda stack: {id(a): b.syntax for a, b in zip(_self_attention(plain, stack),  # noqa: E731
+                                                             _self_attention(syntax, stack))}
+    AttentionInterface.register("test_target_reference",
+                                _reference_attention(trees, pairs("encoder"), targets, pairs("decoder")))
+    AttentionMaskInterface.register("test_target_reference", sdpa_mask)
+    source_only = copy.deepcopy(syntax)  # the same model with zero target tables
+    with torch.no_grad():
+        for module in _self_attention(source_only, "decoder"):
+            module.syntax.distance_bias.zero_()
+    plain.set_attn_implementation("test_target_reference")
+    with torch.no_grad():
+        want = plain(**kw).logits
+        got = syntax(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+        before = source_only(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-10, atol=1e-10)
+    assert (got[valid] - before[valid]).abs().max() > 1e-4  # the target tables changed the outputs
+
+
+@needs
+def test_decoder_trees_do_not_leak_the_future(cls):
+    """With leak-free target trees a decoder position's logits do not change when later target tokens and their
+    heads change."""
+    _, syntax = _pair(cls, decoder_trees=True)
+    _randomise(syntax)
+    ids, mask, _, trees = _batch()
+    dec_ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(8))
+    other = dec_ids.clone()
+    other[0, 3:] = (other[0, 3:] + 1) % (VOCAB - 3) + 3
+    first = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 3]], leak_free=True)
+    second = sk.TreeBatch.from_heads([[-1, 0, 1, 0, 0]], leak_free=True)  # same heads for tokens 0..2
+    with torch.no_grad():
+        source = dict(input_ids=ids[:1], attention_mask=mask[:1], syntax_trees=sk.TreeBatch.from_heads([HEADS[0]]))
+        a = syntax(**source, decoder_input_ids=dec_ids, decoder_syntax_trees=first).logits
+        b = syntax(**source, decoder_input_ids=other, decoder_syntax_trees=second).logits
+    torch.testing.assert_close(a[0, :3], b[0, :3], rtol=1e-5, atol=1e-5)
+    assert (a[0, 3:] - b[0, 3:]).abs().max() > 0
+
+
+@needs
+def test_decoder_trees_gradients_save_and_generate(tmp_path, cls):
+    plain, syntax = _pair(cls, decoder_trees=True)
+    ids, mask, labels, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    syntax.train()
+    syntax(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+           labels=labels, syntax_trees=trees, decoder_syntax_trees=targets).loss.backward()
+    grads = {n: p.grad for n, p in syntax_parameters(syntax).items() if n.endswith("distance_bias")}
+    assert any(".decoder." in n for n in grads) and any(".encoder." in n for n in grads)
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values()), grads
+    syntax.eval()
+    _randomise(syntax)
+    syntax.save_pretrained(tmp_path)
+    loaded = load_syntax_model(getattr(transformers, cls), str(tmp_path)).eval()
+    assert loaded.config.syntax_attention["decoder_trees"]
+    start = sk.TreeBatch.from_heads([[-1], [-1]])  # the decoder's prompt: the start token alone
+    kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        a = syntax(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+                   syntax_trees=trees, decoder_syntax_trees=targets).logits
+        b = loaded(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+                   syntax_trees=trees, decoder_syntax_trees=targets).logits
+        torch.testing.assert_close(b, a)
+        out = syntax.generate(ids, syntax_trees=trees, decoder_syntax_trees=start, **kw)
+        # the start token has one tree row (distance 0 to itself, the same constant for every key: softmax cancels
+        # it) and the generated tokens none: the decoder decodes as the unpatched decoder does
+        encoded = syntax.get_encoder()(input_ids=ids, attention_mask=mask, syntax_trees=trees)
+        want = plain.generate(ids, encoder_outputs=encoded, **kw)
+    torch.testing.assert_close(out, want)
+
+
+@needs
+def test_decoder_trees_errors(cls):
+    _, syntax = _pair(cls, decoder_trees=True)
+    ids, mask, labels, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+    with pytest.raises(ValueError, match="decoder_syntax_trees"):
+        syntax(**kw, syntax_trees=trees)
+    with pytest.raises(ValueError, match="syntax_trees"):
+        syntax(**kw, decoder_syntax_trees=targets)
+    too_long = sk.TreeBatch.from_heads(torch.tensor([[-1, 0, 1, 1], [-1, 0, 0, 0]]), torch.tensor([4, 4]))
+    with pytest.raises(ValueError, match="batch item 1: syntax_trees has 4 tokens but the attention mask attends 3"):
+        syntax(**kw, syntax_trees=trees, decoder_syntax_trees=too_long)
+    _, plain_decoder = _pair(cls)
+    with pytest.raises(ValueError, match="decoder_trees=True"):
+        plain_decoder(**kw, syntax_trees=trees, decoder_syntax_trees=targets)
+
+
+def test_decoder_trees_refused_for_t5():
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4))
+    with pytest.raises(ValueError, match="T5"):
+        enable_syntax_attention(model, "bias", decoder_trees=True)
+    assert getattr(model.config, "syntax_attention", None) is None

@@ -142,7 +142,9 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
 - The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
   syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
   syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
-  keyword arguments to both stacks). Decoder target trees are not supported.
+  keyword arguments to both stacks). Decoder target trees are not supported for T5 (its decoder's causal
+  relative-position table is not wired; ``decoder_trees=True`` raises ``ValueError``); the translation models take
+  them (below).
 - ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
   the decoder decodes plainly from the syntax-aware encoder states.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
@@ -165,6 +167,18 @@ self-attention only** (source trees), as T5 does (same hooks, same refusals, sam
   the decoder are built from one config object: :func:`enable_syntax_attention` gives the encoder stack a config copy
   of its own (:func:`_own_encoder_config`) before switching it, so only the encoder's self-attention layers run the
   syntaxkernels attention (and only they get ``syntax`` children); the decoder keeps its implementation.
+- Target trees (``enable_syntax_attention(model, "bias", decoder_trees=True)``): every decoder layer's self-attention
+  gets a causal :class:`SyntaxDistanceBias` too (``model.decoder.layers.{i}.self_attn.syntax``, the same bucket,
+  per-head, scale and window arguments) and the decoder stack switches to the syntaxkernels attention as well: its
+  self-attention runs as a decoder-only family's layer (:func:`_causal_attention`, ``is_causal``), its
+  cross-attention (not causal, no ``syntax`` child) plain attention over the valid source tokens. Forward:
+  ``model(..., syntax_trees=source, decoder_input_ids=..., decoder_attention_mask=..., decoder_syntax_trees=target)``
+  (right padding; leak-free trees, ``TreeBatch.from_heads(..., leak_free=True)``, for training: the causal op keeps
+  keys ``j <= i`` and leak-free distances keep later heads out of row i). The decoder's pre-hook
+  (:func:`_target_trees_pre_hook`) hands ``decoder_syntax_trees`` on as the layers' ``syntax_trees`` and checks them
+  as :func:`_decoder_pre_hook` does. ``generate(..., syntax_trees=source, decoder_syntax_trees=prompt)``: the trees of
+  ``decoder_input_ids`` (the start token alone: ``TreeBatch.from_heads([[-1]] * B)``) bias the decoder's first
+  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family.
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -785,9 +799,7 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     given, tokens = _base_model_inputs(base, args, kwargs, "decoder-only families take method='bias'")
     if tokens is None:
         return args, kwargs  # the model's own error follows
-    cache = given.get("cache", given.get("past_key_values"))
-    past = cache.get_seq_length() if cache is not None else 0
-    past = int(past) if isinstance(past, (int, torch.Tensor)) else past
+    past = _past_tokens(given)
     trees = kwargs.get("syntax_trees")
     if past > 0:
         if trees is not None:
@@ -803,6 +815,14 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
                          "TreeBatch.from_heads(..., leak_free=True)) to forward or generate")
     kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
     return args, kwargs
+
+
+def _past_tokens(given: dict):
+    """The tokens already in the cache of a forward's arguments ``given`` by name (``cache`` or
+    ``past_key_values``; 0 without one)."""
+    cache = given.get("cache", given.get("past_key_values"))
+    past = cache.get_seq_length() if cache is not None else 0
+    return int(past) if isinstance(past, (int, torch.Tensor)) else past
 
 
 def _base_model_inputs(base: nn.Module, args: tuple, kwargs: dict, why_no_pos: str):
@@ -869,6 +889,7 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer 0's
     ``relative_attention_bias`` (a view, so its gradient reaches the Embedding). The others add absolute positions
     to the embeddings before the layers: nothing more to hand on."""
+    kwargs.pop("decoder_syntax_trees", None)  # the decoder's (the model's forward hands its arguments to both stacks)
     if not _given_trees(encoder, args, kwargs, "syntax attention (method='bias') is enabled on this model's encoder: "
                         "pass syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to "
                         "forward or generate", packed=False):
@@ -887,10 +908,31 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
 
 def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook of an encoder-decoder family's decoder stack: the model's forward hands its keyword
-    arguments (``syntax_trees`` included) to the decoder too; the decoder is plain attention and gets none."""
+    arguments (``syntax_trees`` included) to the decoder too; the decoder is plain attention and gets none
+    (``ValueError`` for ``decoder_syntax_trees``: target trees need ``enable_syntax_attention(...,
+    decoder_trees=True)``)."""
     kwargs.pop("syntax_trees", None)
     kwargs.pop("syntax_pos", None)
+    if kwargs.pop("decoder_syntax_trees", None) is not None:
+        raise ValueError("decoder_syntax_trees given, but this model's decoder takes no trees: enable it with "
+                         "enable_syntax_attention(model, 'bias', decoder_trees=True)")
     return args, kwargs
+
+
+def _target_trees_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of the decoder stack of a translation model with ``decoder_trees=True``: the source trees
+    (``syntax_trees``) are the encoder's; the decoder's self-attention layers take ``decoder_syntax_trees`` (of the
+    decoder input, leak-free for training), handed on as their ``syntax_trees`` and checked, and dropped after the
+    first forward of ``generate`` (the tokens it generates have no tree rows) by :func:`_decoder_pre_hook`, as in a
+    decoder-only family. The cross-attention runs plain attention over the valid source tokens."""
+    kwargs.pop("syntax_trees", None)
+    kwargs["syntax_trees"] = kwargs.pop("decoder_syntax_trees", None)
+    if kwargs["syntax_trees"] is None and _past_tokens({**dict(zip(decoder.syntax_forward_arguments, args)),
+                                                        **kwargs}) == 0:
+        raise ValueError("this model's decoder takes target trees (decoder_trees=True): pass decoder_syntax_trees="
+                         "<TreeBatch> of the decoder input (leak-free: TreeBatch.from_heads(..., leak_free=True); "
+                         "for generate, the trees of decoder_input_ids, e.g. the start token alone)")
+    return _decoder_pre_hook(decoder, args, kwargs)
 
 
 def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
@@ -899,6 +941,7 @@ def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
     checked by transformers' own method. Set on the model as ``functools.partial(this, model)`` (copied with the
     model by ``copy.deepcopy`` and pickle)."""
     model_kwargs.pop("syntax_trees", None)
+    model_kwargs.pop("decoder_syntax_trees", None)
     return type(model)._validate_model_kwargs(model, model_kwargs)
 
 
@@ -1328,6 +1371,21 @@ def _self_attention_modules(base: nn.Module):
     return modules
 
 
+def _decoder_self_attention_modules(base: nn.Module, family: ModelFamily):
+    """``decoder_trees=True``: the self-attention modules of a translation model's decoder layers (laid out as its
+    encoder's, with ``is_causal``); ``ValueError`` for another family or a model without a decoder."""
+    decoder = getattr(base, "decoder", None)
+    if not family.seq2seq or family.relative_positions or decoder is None:
+        raise ValueError(f"decoder_trees=True applies to the translation models (BART, mBART, Marian, M2M100) with a "
+                         f"decoder; {family.name} ({type(base).__name__}) takes source trees only (T5's decoder "
+                         "positions, a causal relative-position table, are not wired)")
+    modules = [getattr(layer, family.self_attention) for layer in getattr(decoder, family.layers)]
+    if not all(getattr(m, "is_causal", False) for m in modules):
+        raise ValueError(f"{family.name}: the decoder's self-attention modules are not causal (is_causal) in this "
+                         f"transformers {transformers.__version__}")
+    return modules
+
+
 def _use_own_config(model: nn.Module) -> None:
     """Give ``model`` private copies of the configuration objects its modules hold.
 
@@ -1411,7 +1469,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto",
                             variant: Optional[str] = None, trees: str = "given",
                             predictor_layer: Optional[int] = None, predictor_arc_size: int = 128,
-                            predicted_tree_ratio: float = 0.0):
+                            predicted_tree_ratio: float = 0.0, decoder_trees: bool = False):
     """Make a transformers encoder or decoder-only language model of a family in :data:`FAMILIES` syntax-aware, in
     place.
 
@@ -1465,6 +1523,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         predicted_tree_ratio: ``trees="predicted"``, in ``[0, 1]``: in training mode, the share of forwards with
             ``syntax_trees`` given whose syntax layers use the predicted trees instead (drawn per forward from
             torch's default generator; the loss stays on the given trees). 0 (default): never.
+        decoder_trees: a translation model (BART, mBART, Marian, M2M100; not T5): its decoder's self-attention takes
+            target trees too (causal, like a decoder-only family; leak-free trees), given as ``decoder_syntax_trees``
+            (module docstring, "Translation models"); the cross-attention stays plain. ``method="bias"`` only.
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
@@ -1494,8 +1555,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         another method than "bias" or with ``trees="predicted"``, a family's method outside its ``methods`` (ModernBERT:
         "bias" with ``trees="given"`` only; the message says why), a second call, an unknown method or
         backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
-        ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets. The model is unchanged when it
-        raises.
+        ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets, ``decoder_trees=True`` outside the
+        translation models. The model is unchanged when it raises.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -1528,6 +1589,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError("masks applies to method='subnetwork' only")
     if method != "gat" and gat_config is not None:
         raise ValueError("gat_config applies to method='gat' only")
+    decoder_modules = _decoder_self_attention_modules(base, family) if decoder_trees else []
 
     num_heads = config.num_attention_heads
     head_dim = config.hidden_size // num_heads
@@ -1593,6 +1655,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     prototype = make()  # checks the arguments even when no layer is chosen
     parts = [prototype] + [make() for _ in chosen[1:]] if chosen else []
+    decoder_parts = [SyntaxDistanceBias(base.config.decoder_attention_heads, bucket_spec, per_head, learnable_scale,
+                                        window, backend, causal=True) for _ in decoder_modules]
+    if decoder_trees:
+        spec["decoder_trees"] = True
     if method == "gat":
         spec.update(gat_config=gcfg, syntax_heads=syntax_heads, targets=list(prototype.targets))
 
@@ -1602,6 +1668,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
     for i, part in zip(chosen, parts):  # the new parts follow the model's mode (the GAT's dropout)
         attention_modules[i].syntax = part.to(**factory).train(model.training)
+    for module, part in zip(decoder_modules, decoder_parts):
+        module.syntax = part.to(**factory).train(model.training)
     for name, part in encoder_parts.items():
         setattr(encoder, name, part.to(**factory).train(model.training))
     if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
@@ -1620,8 +1688,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         hook = _seq2seq_encoder_pre_hook
         decoder = getattr(base, "decoder", None)
         if decoder is not None:
-            decoder.syntax_hook_handle = decoder.register_forward_pre_hook(_drop_syntax_kwargs_pre_hook,
-                                                                           with_kwargs=True)
+            decoder.syntax_forward_arguments = _forward_argument_names(decoder)
+            decoder.syntax_hook_handle = decoder.register_forward_pre_hook(
+                _target_trees_pre_hook if decoder_trees else _drop_syntax_kwargs_pre_hook, with_kwargs=True)
     else:
         hook = _decoder_pre_hook if causal else _base_encoder_pre_hook if encoder is base else _encoder_pre_hook
     encoder.syntax_hook_handle = encoder.register_forward_pre_hook(hook, with_kwargs=True)
@@ -1643,6 +1712,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         model.set_attn_implementation(kept)
         _own_encoder_config(model, encoder)
         encoder.set_attn_implementation(ATTN_IMPLEMENTATION)
+        if decoder_trees:  # the decoder's self-attention (causal) and its cross-attention (plain) run it too
+            base.decoder.set_attn_implementation(ATTN_IMPLEMENTATION)
+            _check_attn_implementation(base.decoder.config)
         config = encoder.config
     else:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
