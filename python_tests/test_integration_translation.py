@@ -18,7 +18,8 @@ refused methods and the errors.
 Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees
 (causal); a fresh model equals the unpatched one; with random tables the logits equal a float64 reference (causal op
 reference in the decoder's self-attention, SDPA in the cross-attention) and the target tables change them; no position
-sees later target tokens; gradients, save / load, generate with the start token's tree; the errors; T5 refuses it.
+sees later target tokens; gradients, save / load, generate with the start token's tree; the errors; a model without a
+decoder refuses it (T5's decoder trees: test_integration_t5.py).
 """
 import copy
 
@@ -449,7 +450,8 @@ def test_decoder_trees_gradients_save_and_generate(tmp_path, cls):
     loaded = load_syntax_model(getattr(transformers, cls), str(tmp_path)).eval()
     assert loaded.config.syntax_attention["decoder_trees"]
     start = sk.TreeBatch.from_heads([[-1], [-1]])  # the decoder's prompt: the start token alone
-    kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1)
+    kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1,
+              output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
         a = syntax(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
                    syntax_trees=trees, decoder_syntax_trees=targets).logits
@@ -461,7 +463,8 @@ def test_decoder_trees_gradients_save_and_generate(tmp_path, cls):
         # it) and the generated tokens none: the decoder decodes as the unpatched decoder does
         encoded = syntax.get_encoder()(input_ids=ids, attention_mask=mask, syntax_trees=trees)
         want = plain.generate(ids, encoder_outputs=encoded, **kw)
-    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(out.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(out.scores), torch.stack(want.scores), rtol=1e-5, atol=1e-5)
 
 
 @needs
@@ -482,9 +485,9 @@ def test_decoder_trees_errors(cls):
         plain_decoder(**kw, syntax_trees=trees, decoder_syntax_trees=targets)
 
 
-def test_decoder_trees_refused_for_t5():
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4))
-    with pytest.raises(ValueError, match="T5"):
+def test_decoder_trees_refused_without_decoder():
+    model = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
+    with pytest.raises(ValueError, match="has none"):
         enable_syntax_attention(model, "bias", decoder_trees=True)
     assert getattr(model.config, "syntax_attention", None) is None

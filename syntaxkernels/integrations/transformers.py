@@ -142,9 +142,10 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
 - The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
   syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
   syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
-  keyword arguments to both stacks). Decoder target trees are not supported for T5 (its decoder's causal
-  relative-position table is not wired; ``decoder_trees=True`` raises ``ValueError``); the translation models take
-  them (below).
+  keyword arguments to both stacks). With ``decoder_trees=True`` the decoder's self-attention takes target trees
+  too (below, "Translation models", "Target trees"): for T5 the op adds the decoder's own relative-position term
+  beside the tree bias (causal buckets, ``bidirectional=False``; the decoder's layer-0 table), and while decoding with
+  a cache the plain attention keeps T5's ``position_bias``.
 - ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
   the decoder decodes plainly from the syntax-aware encoder states.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
@@ -167,8 +168,10 @@ self-attention only** (source trees), as T5 does (same hooks, same refusals, sam
   the decoder are built from one config object: :func:`enable_syntax_attention` gives the encoder stack a config copy
   of its own (:func:`_own_encoder_config`) before switching it, so only the encoder's self-attention layers run the
   syntaxkernels attention (and only they get ``syntax`` children); the decoder keeps its implementation.
-- Target trees (``enable_syntax_attention(model, "bias", decoder_trees=True)``): every decoder layer's self-attention
-  gets a causal :class:`SyntaxDistanceBias` too (``model.decoder.layers.{i}.self_attn.syntax``, the same bucket,
+- Target trees (``enable_syntax_attention(model, "bias", decoder_trees=True)``; T5 and mT5 too, with their decoder's
+  relative-position term as above): every decoder layer's self-attention
+  gets a causal :class:`SyntaxDistanceBias` too (``model.decoder.layers.{i}.self_attn.syntax``; T5:
+  ``decoder.block.{i}.layer.0.SelfAttention.syntax``; the same bucket,
   per-head, scale and window arguments) and the decoder stack switches to the syntaxkernels attention as well: its
   self-attention runs as a decoder-only family's layer (:func:`_causal_attention`, ``is_causal``), its
   cross-attention (not causal, no ``syntax`` child) plain attention over the valid source tokens. Forward:
@@ -437,7 +440,8 @@ def _same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
-                      trees, sliding_window: Optional[int]) -> torch.Tensor:
+                      trees, sliding_window: Optional[int], relative=None,
+                      position_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One layer of a decoder-only family: ``query [B, H, N, D]``, ``key, value [B, H_kv, N_k, D]`` ->
     ``[B, H, N, D]``.
 
@@ -448,6 +452,9 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     - Decoding with a cache (``N_k > N``): the new tokens have no tree rows (the trees cover the prompt), so every
       layer runs plain attention with transformers' mask (``bool [B, 1, N, N_k]``): the same as distance 255 (the
       unreachable bucket, one constant per row) to every key when the layer has no ``window``.
+    - T5's decoder (``decoder_trees=True``): ``relative = (RelativePositionSpec, table)`` (causal buckets) goes to the
+      op beside the tree bias; while decoding with a cache T5's own ``position_bias [1, H, N, N_k]`` is added to the
+      plain attention's mask.
     """
     part = getattr(module, "syntax", None)
     n, n_k = query.shape[2], key.shape[2]
@@ -465,8 +472,9 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                              "from an empty dynamic cache (the default of generate)")
         if attention_mask is None and n > 1:
             raise ValueError("decoding with a cache needs the causal mask transformers builds (got none)")
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                              scale=scaling, enable_gqa=gqa)
+        mask = _add_position_bias(attention_mask, position_bias, query)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                              enable_gqa=gqa)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
@@ -475,7 +483,12 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if isinstance(part, SyntaxDistanceBias):
         if trees is None:
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
-        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band)
+        spec, table = relative if relative is not None else (None, None)
+        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band,
+                    position_buckets=spec, position_table=table)
+    if position_bias is not None:
+        raise ValueError("a plain causal layer with T5's position bias is not supported (every decoder layer of a "
+                         "decoder_trees=True model is a syntax layer)")
     return _causal_plain_attention(query, key, value, attention_mask, dropout, scaling, band)
 
 
@@ -501,7 +514,8 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     """
     if getattr(module, "is_causal", False):  # a layer of a decoder-only family
         out = _causal_attention(module, query, key, value, attention_mask, dropout, scaling, syntax_trees,
-                                kwargs.get("sliding_window"))
+                                kwargs.get("sliding_window"), kwargs.get("syntax_relative_position"),
+                                kwargs.get("position_bias"))
         return out.transpose(1, 2).contiguous(), None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
@@ -556,12 +570,21 @@ def _t5_encoder_attention(part, query, key, value, valid: Optional[torch.Tensor]
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
         return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_buckets=spec,
                     position_table=table)
-    bias = position_bias.to(query.dtype) if position_bias is not None else None
-    if valid is not None:
-        pad = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill(
-            ~valid, torch.finfo(query.dtype).min)[:, None, None, :]
-        bias = pad if bias is None else bias + pad
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling)
+    keys = None if valid is None else valid[:, None, None, :]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=_add_position_bias(keys, position_bias, query),
+                                          dropout_p=dropout, scale=scaling)
+
+
+def _add_position_bias(mask: Optional[torch.Tensor], position_bias: Optional[torch.Tensor], query: torch.Tensor):
+    """An SDPA mask with T5's ``position_bias [1, H, N, N_k]`` (None: ``mask`` unchanged): the bias, and the dtype's
+    minimum where the boolean ``mask`` (broadcastable to ``[B, H, N, N_k]``, True = attend; None: every key) is
+    False."""
+    if position_bias is None:
+        return mask
+    bias = position_bias.to(query.dtype)
+    if mask is None:
+        return bias
+    return torch.where(mask, bias, torch.finfo(query.dtype).min)
 
 
 def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
@@ -886,24 +909,29 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
     Marian, M2M100; it embeds the input itself): checks ``syntax_trees`` against ``input_ids`` (or
     ``inputs_embeds``) and the 0/1 padding mask (right padding; :func:`_check_trees`) and moves them. For a family
     with ``relative_positions`` (T5, mT5) it also hands every layer T5's relative-position term as the keyword
-    ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer 0's
-    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding). The others add absolute positions
-    to the embeddings before the layers: nothing more to hand on."""
+    ``syntax_relative_position = (RelativePositionSpec, table [H, P])`` (:func:`_t5_relative_position`). The others
+    add absolute positions to the embeddings before the layers: nothing more to hand on."""
     kwargs.pop("decoder_syntax_trees", None)  # the decoder's (the model's forward hands its arguments to both stacks)
     if not _given_trees(encoder, args, kwargs, "syntax attention (method='bias') is enabled on this model's encoder: "
                         "pass syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to "
                         "forward or generate", packed=False):
         return args, kwargs  # the model's own error follows
-    if not _family(encoder).relative_positions:
-        return args, kwargs
+    if _family(encoder).relative_positions:
+        kwargs["syntax_relative_position"] = _t5_relative_position(encoder, bidirectional=True)
+    return args, kwargs
+
+
+def _t5_relative_position(stack: nn.Module, bidirectional: bool):
+    """T5's relative-position term of one stack (encoder: ``bidirectional``; decoder: causal buckets) as the op takes
+    it: ``(RelativePositionSpec, table [H, P])``, the table ``.weight.T`` of the stack's layer 0
+    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
     from ..specs import RelativePositionSpec
 
-    config = encoder.config
+    config = stack.config
     spec = RelativePositionSpec(int(config.relative_attention_num_buckets),
-                                int(config.relative_attention_max_distance), bidirectional=True)
-    first = getattr(encoder, _family(encoder).layers)[0]
-    kwargs["syntax_relative_position"] = (spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t())
-    return args, kwargs
+                                int(config.relative_attention_max_distance), bidirectional=bidirectional)
+    first = getattr(stack, _family(stack).layers)[0]
+    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
 
 
 def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
@@ -920,11 +948,13 @@ def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
 
 
 def _target_trees_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
-    """Forward pre-hook of the decoder stack of a translation model with ``decoder_trees=True``: the source trees
+    """Forward pre-hook of the decoder stack of an encoder-decoder model with ``decoder_trees=True``: the source trees
     (``syntax_trees``) are the encoder's; the decoder's self-attention layers take ``decoder_syntax_trees`` (of the
     decoder input, leak-free for training), handed on as their ``syntax_trees`` and checked, and dropped after the
     first forward of ``generate`` (the tokens it generates have no tree rows) by :func:`_decoder_pre_hook`, as in a
-    decoder-only family. The cross-attention runs plain attention over the valid source tokens."""
+    decoder-only family. The cross-attention runs plain attention over the valid source tokens. T5 / mT5: the layers
+    also get the decoder's relative-position term (causal buckets, the decoder's layer-0 table) as
+    ``syntax_relative_position``."""
     kwargs.pop("syntax_trees", None)
     kwargs["syntax_trees"] = kwargs.pop("decoder_syntax_trees", None)
     if kwargs["syntax_trees"] is None and _past_tokens({**dict(zip(decoder.syntax_forward_arguments, args)),
@@ -932,7 +962,10 @@ def _target_trees_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
         raise ValueError("this model's decoder takes target trees (decoder_trees=True): pass decoder_syntax_trees="
                          "<TreeBatch> of the decoder input (leak-free: TreeBatch.from_heads(..., leak_free=True); "
                          "for generate, the trees of decoder_input_ids, e.g. the start token alone)")
-    return _decoder_pre_hook(decoder, args, kwargs)
+    args, kwargs = _decoder_pre_hook(decoder, args, kwargs)
+    if _family(decoder).relative_positions:  # T5: the decoder's own table, causal buckets
+        kwargs["syntax_relative_position"] = _t5_relative_position(decoder, bidirectional=False)
+    return args, kwargs
 
 
 def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
@@ -1372,14 +1405,18 @@ def _self_attention_modules(base: nn.Module):
 
 
 def _decoder_self_attention_modules(base: nn.Module, family: ModelFamily):
-    """``decoder_trees=True``: the self-attention modules of a translation model's decoder layers (laid out as its
-    encoder's, with ``is_causal``); ``ValueError`` for another family or a model without a decoder."""
+    """``decoder_trees=True``: the self-attention modules of an encoder-decoder model's decoder layers (laid out as its
+    encoder's, with ``is_causal``); ``ValueError`` for another family or a model without a decoder
+    (``T5EncoderModel``)."""
     decoder = getattr(base, "decoder", None)
-    if not family.seq2seq or family.relative_positions or decoder is None:
-        raise ValueError(f"decoder_trees=True applies to the translation models (BART, mBART, Marian, M2M100) with a "
-                         f"decoder; {family.name} ({type(base).__name__}) takes source trees only (T5's decoder "
-                         "positions, a causal relative-position table, are not wired)")
-    modules = [getattr(layer, family.self_attention) for layer in getattr(decoder, family.layers)]
+    if not family.seq2seq or decoder is None:
+        raise ValueError(f"decoder_trees=True applies to the encoder-decoder families (T5, mT5, BART, mBART, Marian, "
+                         f"M2M100) with a decoder; {family.name} ({type(base).__name__}) has none")
+    modules = []
+    for layer in getattr(decoder, family.layers):
+        for name in family.self_attention.split("."):
+            layer = getattr(layer, name)
+        modules.append(layer)
     if not all(getattr(m, "is_causal", False) for m in modules):
         raise ValueError(f"{family.name}: the decoder's self-attention modules are not causal (is_causal) in this "
                          f"transformers {transformers.__version__}")
@@ -1523,9 +1560,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         predicted_tree_ratio: ``trees="predicted"``, in ``[0, 1]``: in training mode, the share of forwards with
             ``syntax_trees`` given whose syntax layers use the predicted trees instead (drawn per forward from
             torch's default generator; the loss stays on the given trees). 0 (default): never.
-        decoder_trees: a translation model (BART, mBART, Marian, M2M100; not T5): its decoder's self-attention takes
-            target trees too (causal, like a decoder-only family; leak-free trees), given as ``decoder_syntax_trees``
-            (module docstring, "Translation models"); the cross-attention stays plain. ``method="bias"`` only.
+        decoder_trees: an encoder-decoder model (T5, mT5, BART, mBART, Marian, M2M100): its decoder's self-attention
+            takes target trees too (causal, like a decoder-only family; leak-free trees), given as
+            ``decoder_syntax_trees`` (module docstring, "Translation models"); the cross-attention stays plain.
+            ``method="bias"`` only.
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
@@ -1556,7 +1594,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         "bias" with ``trees="given"`` only; the message says why), a second call, an unknown method or
         backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
         ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets, ``decoder_trees=True`` outside the
-        translation models. The model is unchanged when it raises.
+        encoder-decoder families or without a decoder (``T5EncoderModel``). The model is unchanged when it raises.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -1655,8 +1693,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     prototype = make()  # checks the arguments even when no layer is chosen
     parts = [prototype] + [make() for _ in chosen[1:]] if chosen else []
-    decoder_parts = [SyntaxDistanceBias(base.config.decoder_attention_heads, bucket_spec, per_head, learnable_scale,
-                                        window, backend, causal=True) for _ in decoder_modules]
+    decoder_heads = getattr(base.config, "decoder_attention_heads", num_heads)  # T5: one num_heads
+    decoder_parts = [SyntaxDistanceBias(decoder_heads, bucket_spec, per_head, learnable_scale, window, backend,
+                                        causal=True) for _ in decoder_modules]
     if decoder_trees:
         spec["decoder_trees"] = True
     if method == "gat":
