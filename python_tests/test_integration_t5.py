@@ -11,6 +11,10 @@ reference that adds the tree bias to T5's position bias in the unpatched eager m
 outputs; gradients reach the syntax tables, T5's position table and the projections; padding (a padded batch equals
 each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; a layer
 left plain keeps T5's position bias; the refused methods and the errors.
+
+Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees beside
+its own causal relative-position term; a fresh model equals the unpatched one; a float64 reference (each stack's tree
+bias added to its position bias in the eager model); gradients; generate (cached steps keep T5's position bias).
 """
 import copy
 
@@ -27,6 +31,11 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
     enable_syntax_attention,
     load_syntax_model,
     syntax_parameters,
+)
+from seq2seq_checks import (  # noqa: E402
+    check_autocast_bf16,
+    check_gradient_checkpointing,
+    check_padded_batch_equals_each_sentence_alone,
 )
 
 VOCAB = 60
@@ -192,44 +201,22 @@ def test_position_table_gradient_matches_plain():
 def test_padded_batch_equals_each_sentence_alone():
     _, syntax = _pair()
     _randomise(syntax)
-    ids, mask, _, trees = _batch()
-    with torch.no_grad():
-        both = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees).last_hidden_state
-        for b, heads in enumerate(HEADS):
-            n = len(heads)
-            alone = syntax.encoder(input_ids=ids[b:b + 1, :n], syntax_trees=sk.TreeBatch.from_heads([heads]))
-            torch.testing.assert_close(both[b, :n], alone.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+    ids, mask, _, _ = _batch()
+    check_padded_batch_equals_each_sentence_alone(syntax.encoder, ids, mask, HEADS)
 
 
 def test_gradient_checkpointing():
     _, syntax = _pair()
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    twin = copy.deepcopy(syntax)
-    syntax.train()
-    twin.train()
-    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    la = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    lb = twin(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    la.backward()
-    lb.backward()
-    torch.testing.assert_close(lb, la)
-    grads_a = dict(syntax.named_parameters())
-    for name, p in twin.named_parameters():
-        if p.grad is not None or grads_a[name].grad is not None:
-            torch.testing.assert_close(p.grad, grads_a[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    check_gradient_checkpointing(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 def test_autocast_bf16():
     _, syntax = _pair()
     _randomise(syntax)
     ids, mask, labels, trees = _batch()
-    with torch.no_grad():
-        full = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            half = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).loss
-    assert torch.isfinite(half)
-    torch.testing.assert_close(half.float(), full, rtol=5e-2, atol=5e-2)
+    check_autocast_bf16(syntax, input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees)
 
 
 @pytest.mark.parametrize("cls", ["T5ForConditionalGeneration", "MT5ForConditionalGeneration"])
@@ -281,3 +268,103 @@ def test_errors():
         enable_syntax_attention(syntax, "bias")
     assert all(isinstance(layer.layer[0].SelfAttention.syntax, SyntaxDistanceBias) for layer in syntax.encoder.block)
     assert not any("decoder" in name for name in syntax_parameters(syntax))
+
+
+# ------------------------------------------------------------------------------ decoder target trees (decoder_trees)
+
+TARGET_HEADS = [[-1, 0, 1, 1], [-1, 0, 0]]  # trees of the decoder input (lengths 4 and 3), leak-free
+
+
+def _targets():
+    ids = torch.randint(2, VOCAB, (2, 4), generator=torch.Generator().manual_seed(7))
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    return ids * mask, mask, sk.TreeBatch.from_heads(TARGET_HEADS, leak_free=True)
+
+
+@pytest.mark.parametrize("cls", ["T5ForConditionalGeneration", "MT5ForConditionalGeneration"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_decoder_trees_fresh_model_equals_plain(cls, impl):
+    plain, syntax = _pair(cls, impl, decoder_trees=True)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+    assert syntax.decoder.config._attn_implementation == "syntaxkernels"
+    for block in syntax.decoder.block:
+        assert isinstance(block.layer[0].SelfAttention.syntax, SyntaxDistanceBias)
+        assert block.layer[0].SelfAttention.syntax.causal and not hasattr(block.layer[1].EncDecAttention, "syntax")
+    with torch.no_grad():
+        want = plain(**kw).logits
+        got = syntax(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+    valid = dec_mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_trees_equal_float64_reference():
+    """T5's eager attention with the tree bias added to the shared position bias of each stack (the source trees'
+    in the encoder, the target trees' in the decoder, whose position bias has causal buckets), in float64."""
+    plain, syntax = _pair("T5ForConditionalGeneration", "eager", decoder_trees=True, per_head=True)
+    plain, syntax = plain.double(), syntax.double()
+    _randomise(syntax, same=True)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask)
+    for stack, given in (("encoder", trees), ("decoder", targets)):
+        part = getattr(syntax, stack).block[0].layer[0].SelfAttention.syntax
+        tree_bias = reference.gather_bias(given.distance, part.distance_bias, part.buckets, part.bias_scale,
+                                          dtype=torch.float64)  # [B, H, N, N]
+        attention = getattr(plain, stack).block[0].layer[0].SelfAttention
+        attention.compute_bias = (lambda own, b: lambda *a, **k: own(*a, **k) + b)(attention.compute_bias, tree_bias)
+    zero_targets = copy.deepcopy(syntax)
+    with torch.no_grad():
+        for block in zero_targets.decoder.block:
+            block.layer[0].SelfAttention.syntax.distance_bias.zero_()
+        want = plain(**kw).logits
+        got = syntax(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+        before = zero_targets(**kw, syntax_trees=trees, decoder_syntax_trees=targets).logits
+    valid = dec_mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-10, atol=1e-10)
+    assert (got[valid] - before[valid]).abs().max() > 1e-4  # the target tables changed the outputs
+
+
+def test_decoder_trees_gradients_and_generate():
+    plain, syntax = _pair(decoder_trees=True)
+    ids, mask, labels, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    syntax.train()
+    syntax(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+           labels=labels, syntax_trees=trees, decoder_syntax_trees=targets).loss.backward()
+    for name, p in syntax_parameters(syntax).items():
+        if name.endswith("distance_bias"):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert any(name.startswith("decoder.") for name in syntax_parameters(syntax))
+    assert syntax.decoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad.abs().sum() > 0
+    syntax.eval()
+    _randomise(syntax, seed=5)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, num_beams=1, output_scores=True,
+              return_dict_in_generate=True)
+    start = sk.TreeBatch.from_heads([[-1], [-1]])  # the decoder's prompt: the start token alone
+    with torch.no_grad():
+        out = syntax.generate(ids, syntax_trees=trees, decoder_syntax_trees=start, **kw)
+        # one tree row for the start token (a constant: softmax cancels it), none for the generated tokens, whose
+        # cached steps keep T5's position bias: the unpatched decoder on the syntax encoder's states
+        encoded = syntax.encoder(input_ids=ids, attention_mask=mask, syntax_trees=trees)
+        want = plain.generate(ids, encoder_outputs=encoded, **kw)
+    torch.testing.assert_close(out.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(out.scores), torch.stack(want.scores), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="decoder_syntax_trees"):
+        syntax(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, syntax_trees=trees)
+
+
+def test_decoder_trees_save_and_load(tmp_path):
+    _, syntax = _pair("MT5ForConditionalGeneration", decoder_trees=True, per_head=True)
+    _randomise(syntax)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+              syntax_trees=trees, decoder_syntax_trees=targets)
+    syntax.save_pretrained(tmp_path)
+    loaded = load_syntax_model(transformers.MT5ForConditionalGeneration, str(tmp_path)).eval()
+    assert loaded.config.syntax_attention["decoder_trees"]
+    assert loaded.decoder.config._attn_implementation == "syntaxkernels"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**kw).logits, syntax(**kw).logits)

@@ -425,7 +425,8 @@ def test_family_table_names_real_classes_and_layouts():
     root = pathlib.Path(__file__).resolve().parents[1]
     readme, api = (root / "README.md").read_text(), (root / "docs" / "api.md").read_text()
     # the decoder rows: test_integration_decoders.py; ModernBERT (its base model runs the layers):
-    # test_integration_modernbert.py; T5 / mT5 (encoder-decoder): test_integration_t5.py
+    # test_integration_modernbert.py; T5 / mT5 (encoder-decoder): test_integration_t5.py; BART, mBART, Marian, M2M100:
+    # test_integration_translation.py
     encoders = [f for f in FAMILIES if not f.causal and f.encoder and not f.seq2seq]
     assert len({f.model_type for f in FAMILIES}) == len(FAMILIES) and len(encoders) == len(ARCHS)
     for family, arch in zip(encoders, ARCHS):

@@ -1,6 +1,6 @@
 """Syntax-aware attention for transformers encoders (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT; ModernBERT
-with method "bias"), the encoder of T5 / mT5 (method "bias") and decoder-only language models (GPT-2, Llama, Mistral,
-Qwen2, Qwen3; method "bias"), in one call.
+with method "bias"), the encoder of T5 / mT5 and of the translation models BART, mBART, Marian, M2M100 / NLLB (method
+"bias") and decoder-only language models (GPT-2, Llama, Mistral, Qwen2, Qwen3; method "bias"), in one call.
 
 ::
 
@@ -142,7 +142,10 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
 - The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
   syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
   syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
-  keyword arguments to both stacks). Decoder target trees are not supported.
+  keyword arguments to both stacks). With ``decoder_trees=True`` the decoder's self-attention takes target trees
+  too (below, "Translation models", "Target trees"): for T5 the op adds the decoder's own relative-position term
+  beside the tree bias (causal buckets, ``bidirectional=False``; the decoder's layer-0 table), and while decoding with
+  a cache the plain attention keeps T5's ``position_bias``.
 - ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
   the decoder decodes plainly from the syntax-aware encoder states.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
@@ -151,6 +154,34 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   tests; T5 itself took the rows, the ``seq2seq`` field, the encoder-stack and decoder hooks, one branch of
   :func:`syntax_attention_forward` (:func:`_t5_encoder_attention`) and the position arguments of
   :class:`SyntaxDistanceBias` (docs/api.md, "T5 and mT5").
+
+Translation models: BART, mBART, Marian (``MarianMTModel``) and M2M100 (``M2M100ForConditionalGeneration``; NLLB is
+M2M100), the other rows with ``seq2seq=True``, take ``method="bias"`` with ``trees="given"`` in the **encoder's
+self-attention only** (source trees), as T5 does (same hooks, same refusals, same ``generate``):
+
+- Positions: absolute (learned for BART and mBART, sinusoidal for Marian and M2M100), added to the token embeddings
+  before the encoder layers; the rows have ``relative_positions=False``, so the encoder hook hands on no position
+  table and a layer takes the generic branch of :func:`syntax_attention_forward`: the tree bias added to ``q.k *
+  scaling`` (the module's ``scaling``, 1/sqrt(D), as transformers passes it).
+- One attention class (``BartAttention`` and its copies) serves the encoder's self-attention, the decoder's
+  (``is_causal=True``) and the cross-attention, each reading ``self.config._attn_implementation``, and the encoder and
+  the decoder are built from one config object: :func:`enable_syntax_attention` gives the encoder stack a config copy
+  of its own (:func:`_own_encoder_config`) before switching it, so only the encoder's self-attention layers run the
+  syntaxkernels attention (and only they get ``syntax`` children); the decoder keeps its implementation.
+- Target trees (``enable_syntax_attention(model, "bias", decoder_trees=True)``; T5 and mT5 too, with their decoder's
+  relative-position term as above): every decoder layer's self-attention
+  gets a causal :class:`SyntaxDistanceBias` too (``model.decoder.layers.{i}.self_attn.syntax``; T5:
+  ``decoder.block.{i}.layer.0.SelfAttention.syntax``; the same bucket,
+  per-head, scale and window arguments) and the decoder stack switches to the syntaxkernels attention as well: its
+  self-attention runs as a decoder-only family's layer (:func:`_causal_attention`, ``is_causal``), its
+  cross-attention (not causal, no ``syntax`` child) plain attention over the valid source tokens. Forward:
+  ``model(..., syntax_trees=source, decoder_input_ids=..., decoder_attention_mask=..., decoder_syntax_trees=target)``
+  (right padding; leak-free trees, ``TreeBatch.from_heads(..., leak_free=True)``, for training: the causal op keeps
+  keys ``j <= i`` and leak-free distances keep later heads out of row i). The decoder's pre-hook
+  (:func:`_target_trees_pre_hook`) hands ``decoder_syntax_trees`` on as the layers' ``syntax_trees`` and checks them
+  as :func:`_decoder_pre_hook` does. ``generate(..., syntax_trees=source, decoder_syntax_trees=prompt)``: the trees of
+  ``decoder_input_ids`` (the start token alone: ``TreeBatch.from_heads([[-1]] * B)``) bias the decoder's first
+  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family.
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -409,7 +440,8 @@ def _same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], dropout: float, scaling: Optional[float],
-                      trees, sliding_window: Optional[int]) -> torch.Tensor:
+                      trees, sliding_window: Optional[int], relative=None,
+                      position_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One layer of a decoder-only family: ``query [B, H, N, D]``, ``key, value [B, H_kv, N_k, D]`` ->
     ``[B, H, N, D]``.
 
@@ -420,6 +452,9 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     - Decoding with a cache (``N_k > N``): the new tokens have no tree rows (the trees cover the prompt), so every
       layer runs plain attention with transformers' mask (``bool [B, 1, N, N_k]``): the same as distance 255 (the
       unreachable bucket, one constant per row) to every key when the layer has no ``window``.
+    - T5's decoder (``decoder_trees=True``): ``relative = (RelativePositionSpec, table)`` (causal buckets) goes to the
+      op beside the tree bias; while decoding with a cache T5's own ``position_bias [1, H, N, N_k]`` is added to the
+      plain attention's mask.
     """
     part = getattr(module, "syntax", None)
     n, n_k = query.shape[2], key.shape[2]
@@ -437,8 +472,9 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                              "from an empty dynamic cache (the default of generate)")
         if attention_mask is None and n > 1:
             raise ValueError("decoding with a cache needs the causal mask transformers builds (got none)")
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                              scale=scaling, enable_gqa=gqa)
+        mask = _add_position_bias(attention_mask, position_bias, query)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                              enable_gqa=gqa)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
                          f"shape {tuple(attention_mask.shape)} (custom 4-D masks are not supported)")
@@ -447,7 +483,12 @@ def _causal_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if isinstance(part, SyntaxDistanceBias):
         if trees is None:
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
-        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band)
+        spec, table = relative if relative is not None else (None, None)
+        return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_window=band,
+                    position_buckets=spec, position_table=table)
+    if position_bias is not None:
+        raise ValueError("a plain causal layer with T5's position bias is not supported (every decoder layer of a "
+                         "decoder_trees=True model is a syntax layer)")
     return _causal_plain_attention(query, key, value, attention_mask, dropout, scaling, band)
 
 
@@ -473,7 +514,8 @@ def syntax_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     """
     if getattr(module, "is_causal", False):  # a layer of a decoder-only family
         out = _causal_attention(module, query, key, value, attention_mask, dropout, scaling, syntax_trees,
-                                kwargs.get("sliding_window"))
+                                kwargs.get("sliding_window"), kwargs.get("syntax_relative_position"),
+                                kwargs.get("position_bias"))
         return out.transpose(1, 2).contiguous(), None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError("the syntaxkernels attention takes a 2-D padding mask [B, N]; got an attention_mask of "
@@ -528,12 +570,21 @@ def _t5_encoder_attention(part, query, key, value, valid: Optional[torch.Tensor]
             raise ValueError("this layer uses syntax attention: pass syntax_trees=<TreeBatch> to the model's forward")
         return part(query, key, value, trees, scale=scaling, dropout_p=dropout, position_buckets=spec,
                     position_table=table)
-    bias = position_bias.to(query.dtype) if position_bias is not None else None
-    if valid is not None:
-        pad = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill(
-            ~valid, torch.finfo(query.dtype).min)[:, None, None, :]
-        bias = pad if bias is None else bias + pad
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout, scale=scaling)
+    keys = None if valid is None else valid[:, None, None, :]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=_add_position_bias(keys, position_bias, query),
+                                          dropout_p=dropout, scale=scaling)
+
+
+def _add_position_bias(mask: Optional[torch.Tensor], position_bias: Optional[torch.Tensor], query: torch.Tensor):
+    """An SDPA mask with T5's ``position_bias [1, H, N, N_k]`` (None: ``mask`` unchanged): the bias, and the dtype's
+    minimum where the boolean ``mask`` (broadcastable to ``[B, H, N, N_k]``, True = attend; None: every key) is
+    False."""
+    if position_bias is None:
+        return mask
+    bias = position_bias.to(query.dtype)
+    if mask is None:
+        return bias
+    return torch.where(mask, bias, torch.finfo(query.dtype).min)
 
 
 def _padding_mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
@@ -771,9 +822,7 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     given, tokens = _base_model_inputs(base, args, kwargs, "decoder-only families take method='bias'")
     if tokens is None:
         return args, kwargs  # the model's own error follows
-    cache = given.get("cache", given.get("past_key_values"))
-    past = cache.get_seq_length() if cache is not None else 0
-    past = int(past) if isinstance(past, (int, torch.Tensor)) else past
+    past = _past_tokens(given)
     trees = kwargs.get("syntax_trees")
     if past > 0:
         if trees is not None:
@@ -789,6 +838,14 @@ def _decoder_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
                          "TreeBatch.from_heads(..., leak_free=True)) to forward or generate")
     kwargs["syntax_trees"] = _check_trees(trees, tokens, _base_model_mask(given))
     return args, kwargs
+
+
+def _past_tokens(given: dict):
+    """The tokens already in the cache of a forward's arguments ``given`` by name (``cache`` or
+    ``past_key_values``; 0 without one)."""
+    cache = given.get("cache", given.get("past_key_values"))
+    past = cache.get_seq_length() if cache is not None else 0
+    return int(past) if isinstance(past, (int, torch.Tensor)) else past
 
 
 def _base_model_inputs(base: nn.Module, args: tuple, kwargs: dict, why_no_pos: str):
@@ -848,30 +905,66 @@ def _given_trees(module: nn.Module, args: tuple, kwargs: dict, missing: str, pac
 
 
 def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
-    """Forward pre-hook of an encoder-decoder family's encoder stack (T5 / mT5 ``model.encoder``, which embeds the
-    input itself): checks ``syntax_trees`` against ``input_ids`` (or ``inputs_embeds``) and the 0/1 padding mask
-    (right padding; :func:`_check_trees`), moves them, and hands every layer T5's relative-position term as the
-    keyword ``syntax_relative_position = (RelativePositionSpec, table [H, P])``: the table is ``.weight.T`` of layer
-    0's ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
+    """Forward pre-hook of an encoder-decoder family's encoder stack (``model.encoder`` of T5 / mT5, BART, mBART,
+    Marian, M2M100; it embeds the input itself): checks ``syntax_trees`` against ``input_ids`` (or
+    ``inputs_embeds``) and the 0/1 padding mask (right padding; :func:`_check_trees`) and moves them. For a family
+    with ``relative_positions`` (T5, mT5) it also hands every layer T5's relative-position term as the keyword
+    ``syntax_relative_position = (RelativePositionSpec, table [H, P])`` (:func:`_t5_relative_position`). The others
+    add absolute positions to the embeddings before the layers: nothing more to hand on."""
+    kwargs.pop("decoder_syntax_trees", None)  # the decoder's (the model's forward hands its arguments to both stacks)
     if not _given_trees(encoder, args, kwargs, "syntax attention (method='bias') is enabled on this model's encoder: "
                         "pass syntax_trees=<syntaxkernels.TreeBatch> (token-level, N = encoder input length) to "
                         "forward or generate", packed=False):
         return args, kwargs  # the model's own error follows
+    if _family(encoder).relative_positions:
+        kwargs["syntax_relative_position"] = _t5_relative_position(encoder, bidirectional=True)
+    return args, kwargs
+
+
+def _t5_relative_position(stack: nn.Module, bidirectional: bool):
+    """T5's relative-position term of one stack (encoder: ``bidirectional``; decoder: causal buckets) as the op takes
+    it: ``(RelativePositionSpec, table [H, P])``, the table ``.weight.T`` of the stack's layer 0
+    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
     from ..specs import RelativePositionSpec
 
-    config = encoder.config
+    config = stack.config
     spec = RelativePositionSpec(int(config.relative_attention_num_buckets),
-                                int(config.relative_attention_max_distance), bidirectional=True)
-    first = getattr(encoder, _family(encoder).layers)[0]
-    kwargs["syntax_relative_position"] = (spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t())
-    return args, kwargs
+                                int(config.relative_attention_max_distance), bidirectional=bidirectional)
+    first = getattr(stack, _family(stack).layers)[0]
+    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
 
 
 def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook of an encoder-decoder family's decoder stack: the model's forward hands its keyword
-    arguments (``syntax_trees`` included) to the decoder too; the decoder is plain attention and gets none."""
+    arguments (``syntax_trees`` included) to the decoder too; the decoder is plain attention and gets none
+    (``ValueError`` for ``decoder_syntax_trees``: target trees need ``enable_syntax_attention(...,
+    decoder_trees=True)``)."""
     kwargs.pop("syntax_trees", None)
     kwargs.pop("syntax_pos", None)
+    if kwargs.pop("decoder_syntax_trees", None) is not None:
+        raise ValueError("decoder_syntax_trees given, but this model's decoder takes no trees: enable it with "
+                         "enable_syntax_attention(model, 'bias', decoder_trees=True)")
+    return args, kwargs
+
+
+def _target_trees_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of the decoder stack of an encoder-decoder model with ``decoder_trees=True``: the source trees
+    (``syntax_trees``) are the encoder's; the decoder's self-attention layers take ``decoder_syntax_trees`` (of the
+    decoder input, leak-free for training), handed on as their ``syntax_trees`` and checked, and dropped after the
+    first forward of ``generate`` (the tokens it generates have no tree rows) by :func:`_decoder_pre_hook`, as in a
+    decoder-only family. The cross-attention runs plain attention over the valid source tokens. T5 / mT5: the layers
+    also get the decoder's relative-position term (causal buckets, the decoder's layer-0 table) as
+    ``syntax_relative_position``."""
+    kwargs.pop("syntax_trees", None)
+    kwargs["syntax_trees"] = kwargs.pop("decoder_syntax_trees", None)
+    if kwargs["syntax_trees"] is None and _past_tokens({**dict(zip(decoder.syntax_forward_arguments, args)),
+                                                        **kwargs}) == 0:
+        raise ValueError("this model's decoder takes target trees (decoder_trees=True): pass decoder_syntax_trees="
+                         "<TreeBatch> of the decoder input (leak-free: TreeBatch.from_heads(..., leak_free=True); "
+                         "for generate, the trees of decoder_input_ids, e.g. the start token alone)")
+    args, kwargs = _decoder_pre_hook(decoder, args, kwargs)
+    if _family(decoder).relative_positions:  # T5: the decoder's own table, causal buckets
+        kwargs["syntax_relative_position"] = _t5_relative_position(decoder, bidirectional=False)
     return args, kwargs
 
 
@@ -881,6 +974,7 @@ def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
     checked by transformers' own method. Set on the model as ``functools.partial(this, model)`` (copied with the
     model by ``copy.deepcopy`` and pickle)."""
     model_kwargs.pop("syntax_trees", None)
+    model_kwargs.pop("decoder_syntax_trees", None)
     return type(model)._validate_model_kwargs(model, model_kwargs)
 
 
@@ -1075,10 +1169,14 @@ class ModelFamily:
       ``encoder`` is ``""`` (the base model runs the layers itself, and the trees are checked by a forward pre-hook
       on it), the mask comes from ``create_causal_mask`` (or ``create_sliding_window_causal_mask``), k and v may
       have fewer heads than q (grouped-query attention), and only ``method="bias"`` applies.
-    - ``seq2seq``: an encoder-decoder family (T5, mT5): only the encoder stack's self-attention is patched
-      (``encoder`` is that stack, which embeds the input itself: the trees are checked against ``input_ids`` by a
-      forward pre-hook on it), only the encoder stack is switched to the syntaxkernels attention implementation;
+    - ``seq2seq``: an encoder-decoder family (T5, mT5, BART, mBART, Marian, M2M100): only the encoder stack's
+      self-attention is patched (``encoder`` is that stack, which embeds the input itself: the trees are checked
+      against ``input_ids`` by a forward pre-hook on it), only the encoder stack is switched to the syntaxkernels
+      attention implementation (given a config object of its own where it shares the decoder's, as BART's does);
       the decoder (self- and cross-attention) keeps its own; ``method="bias"``, ``trees="given"`` only.
+    - ``relative_positions``: a seq2seq family whose encoder layers share T5's bucketed relative-position table
+      (layer 0's ``relative_attention_bias``), which the op adds itself (T5, mT5); False: absolute positions added to
+      the embeddings before the layers, nothing for the op to add.
     - ``methods``: the methods the family takes (an encoder whose base model runs the layers, ``encoder == ""`` and
       not causal, takes ``trees="given"`` only: the predicted trees hook an encoder module), and ``limits``: why it
       takes no others (quoted by the ``ValueError``).
@@ -1101,6 +1199,7 @@ class ModelFamily:
     methods: Tuple[str, ...] = METHODS
     limits: str = ""
     seq2seq: bool = False
+    relative_positions: bool = False
 
 
 _ABSOLUTE = "learned absolute position embeddings, added to the token embeddings before the encoder"
@@ -1114,6 +1213,10 @@ _T5_POSITIONS = ("T5's bucketed relative-position bias (config.relative_attentio
                  "relative_attention_max_distance; layer 0's relative_attention_bias shared by every encoder layer), "
                  "added inside the op (position_buckets / position_table) beside the tree bias; scores not scaled "
                  "(scale 1.0)")
+_SEQ2SEQ_LIMITS = ("only the encoder's self-attention takes the trees (the decoder and the cross-attention stay "
+                   "plain); the sub-network op, the GAT and the tree predictor are not wired for an encoder-decoder "
+                   "model")
+_SEQ2SEQ_SCALED = "; scores scaled by the module's scaling (1/sqrt(D))"
 #: The supported families, one row each (see :class:`ModelFamily`).
 FAMILIES: Tuple[ModelFamily, ...] = (
     ModelFamily("BERT (incl. multilingual BERT)", "bert", "BertModel", "encoder", "layer", "attention.self",
@@ -1154,9 +1257,27 @@ FAMILIES: Tuple[ModelFamily, ...] = (
                 "its base model runs the layers itself (no encoder module whose input the GAT reads or whose layers "
                 "the tree predictor hooks)"),
     ModelFamily("T5 (incl. Flan-T5)", "t5", "T5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
-                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True,
+                relative_positions=True),
     ModelFamily("mT5", "mt5", "MT5PreTrainedModel", "encoder", "block", "layer.0.SelfAttention",
-                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True),
+                ("q", "k", "v"), _T5_POSITIONS, methods=("bias",), limits=_T5_LIMITS, seq2seq=True,
+                relative_positions=True),
+    ModelFamily("BART", "bart", "BartPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "learned absolute position embeddings (offset 2), added to the "
+                "token embeddings before the encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",),
+                limits=_SEQ2SEQ_LIMITS, seq2seq=True),
+    ModelFamily("mBART", "mbart", "MBartPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "learned absolute position embeddings (offset 2), added to the "
+                "token embeddings before the (pre-LayerNorm) encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",),
+                limits=_SEQ2SEQ_LIMITS, seq2seq=True),
+    ModelFamily("Marian", "marian", "MarianPreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "sinusoidal absolute position embeddings, added to the token "
+                "embeddings before the encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",), limits=_SEQ2SEQ_LIMITS,
+                seq2seq=True),
+    ModelFamily("M2M100 (incl. NLLB)", "m2m_100", "M2M100PreTrainedModel", "encoder", "layers", "self_attn",
+                ("q_proj", "k_proj", "v_proj"), "sinusoidal absolute position embeddings (counted from "
+                "padding_idx + 1, padding tokens skipped), added to the token embeddings before the (pre-LayerNorm) "
+                "encoder layers" + _SEQ2SEQ_SCALED, methods=("bias",), limits=_SEQ2SEQ_LIMITS, seq2seq=True),
 )
 
 
@@ -1283,6 +1404,25 @@ def _self_attention_modules(base: nn.Module):
     return modules
 
 
+def _decoder_self_attention_modules(base: nn.Module, family: ModelFamily):
+    """``decoder_trees=True``: the self-attention modules of an encoder-decoder model's decoder layers (laid out as its
+    encoder's, with ``is_causal``); ``ValueError`` for another family or a model without a decoder
+    (``T5EncoderModel``)."""
+    decoder = getattr(base, "decoder", None)
+    if not family.seq2seq or decoder is None:
+        raise ValueError(f"decoder_trees=True applies to the encoder-decoder families (T5, mT5, BART, mBART, Marian, "
+                         f"M2M100) with a decoder; {family.name} ({type(base).__name__}) has none")
+    modules = []
+    for layer in getattr(decoder, family.layers):
+        for name in family.self_attention.split("."):
+            layer = getattr(layer, name)
+        modules.append(layer)
+    if not all(getattr(m, "is_causal", False) for m in modules):
+        raise ValueError(f"{family.name}: the decoder's self-attention modules are not causal (is_causal) in this "
+                         f"transformers {transformers.__version__}")
+    return modules
+
+
 def _use_own_config(model: nn.Module) -> None:
     """Give ``model`` private copies of the configuration objects its modules hold.
 
@@ -1300,6 +1440,21 @@ def _use_own_config(model: nn.Module) -> None:
             if id(config) not in copies:
                 copies[id(config)] = copy.deepcopy(config, memo)
             module.config = copies[id(config)]
+
+
+def _own_encoder_config(model: nn.Module, encoder: nn.Module) -> None:
+    """Give an encoder-decoder model's encoder stack a config object of its own when modules outside it hold the
+    same one (BART, mBART, Marian and M2M100 build the encoder and the decoder from one config; T5 copies it per
+    stack): its attention implementation can then change without the decoder's (each attention module reads
+    ``self.config._attn_implementation``)."""
+    inside = {id(m) for m in encoder.modules()}
+    shared = encoder.config
+    if not any(m.__dict__.get("config") is shared for m in model.modules() if id(m) not in inside):
+        return
+    own = copy.deepcopy(shared)
+    for module in encoder.modules():
+        if module.__dict__.get("config") is shared:
+            module.config = own
 
 
 def _predicted_layers(method: str, variant: Optional[str], layers, predictor_layer, arc_size, ratio,
@@ -1351,7 +1506,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto",
                             variant: Optional[str] = None, trees: str = "given",
                             predictor_layer: Optional[int] = None, predictor_arc_size: int = 128,
-                            predicted_tree_ratio: float = 0.0):
+                            predicted_tree_ratio: float = 0.0, decoder_trees: bool = False):
     """Make a transformers encoder or decoder-only language model of a family in :data:`FAMILIES` syntax-aware, in
     place.
 
@@ -1363,7 +1518,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             ``method="bias"`` (module docstring, "Decoder-only language models"); or ``ModernBertModel`` (e.g.
             ``ModernBertForMaskedLM``) with ``method="bias"`` (module docstring, "ModernBERT"); or a T5 / mT5 model
             (``T5ForConditionalGeneration``, ``T5EncoderModel``, ``MT5ForConditionalGeneration``, ...) with
-            ``method="bias"``: the encoder's self-attention only (module docstring, "T5 and mT5").
+            ``method="bias"``: the encoder's self-attention only (module docstring, "T5 and mT5"); or a translation
+            model (``BartForConditionalGeneration``, ``MBartForConditionalGeneration``, ``MarianMTModel``,
+            ``M2M100ForConditionalGeneration``, ...) with ``method="bias"``, likewise (module docstring,
+            "Translation models").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
         buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
@@ -1402,6 +1560,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         predicted_tree_ratio: ``trees="predicted"``, in ``[0, 1]``: in training mode, the share of forwards with
             ``syntax_trees`` given whose syntax layers use the predicted trees instead (drawn per forward from
             torch's default generator; the loss stays on the given trees). 0 (default): never.
+        decoder_trees: an encoder-decoder model (T5, mT5, BART, mBART, Marian, M2M100): its decoder's self-attention
+            takes target trees too (causal, like a decoder-only family; leak-free trees), given as
+            ``decoder_syntax_trees`` (module docstring, "Translation models"); the cross-attention stays plain.
+            ``method="bias"`` only.
 
     Returns:
         the same ``model`` (parameters added, ``config.syntax_attention`` recorded, attention switched to
@@ -1421,7 +1583,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     (``distance_bias``/``bias_scale``; ``topical.*``; ``syntax_proj.{t}.weight``), and for "gat"
     ``syntax_gat.*`` and ``syntax_probe.proj``; decoders: ``<base>.h.{i}.attn.syntax.*`` (GPT-2),
     ``<base>.layers.{i}.self_attn.syntax.*`` (the others); ModernBERT: ``model.layers.{i}.attn.syntax.*``; T5 / mT5:
-    ``encoder.block.{i}.layer.0.SelfAttention.syntax.*``. They take
+    ``encoder.block.{i}.layer.0.SelfAttention.syntax.*``; BART, mBART, Marian, M2M100:
+    ``model.encoder.layers.{i}.self_attn.syntax.*``. They take
     the dtype and device of the model's parameters.
 
     Raises:
@@ -1430,8 +1593,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         another method than "bias" or with ``trees="predicted"``, a family's method outside its ``methods`` (ModernBERT:
         "bias" with ``trees="given"`` only; the message says why), a second call, an unknown method or
         backend, arguments of another method, a window outside 0..254, layer indices out of range, unknown
-        ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets. The model is unchanged when it
-        raises.
+        ``gat_config`` keys, ``syntax_heads`` outside 1..H or unknown targets, ``decoder_trees=True`` outside the
+        encoder-decoder families or without a decoder (``T5EncoderModel``). The model is unchanged when it raises.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -1464,6 +1627,7 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError("masks applies to method='subnetwork' only")
     if method != "gat" and gat_config is not None:
         raise ValueError("gat_config applies to method='gat' only")
+    decoder_modules = _decoder_self_attention_modules(base, family) if decoder_trees else []
 
     num_heads = config.num_attention_heads
     head_dim = config.hidden_size // num_heads
@@ -1529,6 +1693,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
 
     prototype = make()  # checks the arguments even when no layer is chosen
     parts = [prototype] + [make() for _ in chosen[1:]] if chosen else []
+    decoder_heads = getattr(base.config, "decoder_attention_heads", num_heads)  # T5: one num_heads
+    decoder_parts = [SyntaxDistanceBias(decoder_heads, bucket_spec, per_head, learnable_scale, window, backend,
+                                        causal=True) for _ in decoder_modules]
+    if decoder_trees:
+        spec["decoder_trees"] = True
     if method == "gat":
         spec.update(gat_config=gcfg, syntax_heads=syntax_heads, targets=list(prototype.targets))
 
@@ -1538,6 +1707,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     factory = {"device": reference_param.device, "dtype": reference_param.dtype}
     for i, part in zip(chosen, parts):  # the new parts follow the model's mode (the GAT's dropout)
         attention_modules[i].syntax = part.to(**factory).train(model.training)
+    for module, part in zip(decoder_modules, decoder_parts):
+        module.syntax = part.to(**factory).train(model.training)
     for name, part in encoder_parts.items():
         setattr(encoder, name, part.to(**factory).train(model.training))
     if not isinstance(getattr(encoder, "config", None), transformers.PretrainedConfig):
@@ -1556,8 +1727,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         hook = _seq2seq_encoder_pre_hook
         decoder = getattr(base, "decoder", None)
         if decoder is not None:
-            decoder.syntax_hook_handle = decoder.register_forward_pre_hook(_drop_syntax_kwargs_pre_hook,
-                                                                           with_kwargs=True)
+            decoder.syntax_forward_arguments = _forward_argument_names(decoder)
+            decoder.syntax_hook_handle = decoder.register_forward_pre_hook(
+                _target_trees_pre_hook if decoder_trees else _drop_syntax_kwargs_pre_hook, with_kwargs=True)
     else:
         hook = _decoder_pre_hook if causal else _base_encoder_pre_hook if encoder is base else _encoder_pre_hook
     encoder.syntax_hook_handle = encoder.register_forward_pre_hook(hook, with_kwargs=True)
@@ -1577,7 +1749,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         if kept in (None, SAVED_ATTN_IMPLEMENTATION, ATTN_IMPLEMENTATION):
             kept = "sdpa"
         model.set_attn_implementation(kept)
+        _own_encoder_config(model, encoder)
         encoder.set_attn_implementation(ATTN_IMPLEMENTATION)
+        if decoder_trees:  # the decoder's self-attention (causal) and its cross-attention (plain) run it too
+            base.decoder.set_attn_implementation(ATTN_IMPLEMENTATION)
+            _check_attn_implementation(base.decoder.config)
         config = encoder.config
     else:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
