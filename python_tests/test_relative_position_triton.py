@@ -1,11 +1,13 @@
-"""T5's relative-position term (``position_buckets``, ``position_table``) in the padded Triton kernels.
+"""T5's relative-position term (``position_buckets``, ``position_table``) in the Triton kernels, padded and packed.
 
 Against the reference in float64 and in the call's dtype (the tolerance rule of :mod:`syntaxkernels.tools.testing`),
 forward and every gradient (q, k, v, the tree table, the bias scale, the position table): float32, bfloat16 and
 float16, odd N (past the tiles and past the spec's reach), padding, an empty row, causal with a unidirectional spec,
 a distance window, a positional window, grouped-query k and v, dropout; the tiled kernels run it (rows the short-row
 kernels would take too), the position table's gradient without the tree table's; two runs (the second in a shuffled
-program order under the interpreter) give the same bits. The C++ kernels: test_relative_position_cpu.py.
+program order under the interpreter) give the same bits; the torch.library ops with the term pass opcheck and
+compile. Packed batches: the varlen kernels against the reference sequence by sequence (empty sequences, causal,
+positional window with dropout). The C++ kernels: test_relative_position_cpu.py.
 """
 import contextlib
 
@@ -172,3 +174,57 @@ def test_torch_compile_fullgraph_with_the_term():
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
     assert results[0][3].abs().max() > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packed batches (the varlen Triton kernels)
+# ---------------------------------------------------------------------------------------------------------
+
+def _packed_grads(case, dtype, backend, spec, ptable, **kw):
+    """``(out, grads)`` of a packed case (on the kernel device for "triton"; "spec": the reference sequence by
+    sequence), grads of :data:`GRADS`."""
+    from syntaxkernels.ops.bias_attention import _varlen
+
+    device = DEVICE if backend == "triton" else "cpu"
+    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    packed = case["packed"].to(device)
+    leaves = [case[n].to(device, dtype) for n in ("q", "k", "v")]
+    leaves += [case["table"].to(device, pdtype), case["bias_scale"].to(device, pdtype), ptable.to(device, pdtype)]
+    q, k, v, table, c, pt = leaves = [t.detach().requires_grad_() for t in leaves]
+    args = dict(buckets=case["buckets"], bias_scale=c, position_buckets=spec, position_table=pt, **kw)
+    if backend == "spec":
+        out = _varlen.reference_bias_attention_varlen(q, k, v, packed.distance, table, cu_seqlens=packed.cu_seqlens,
+                                                      **args)
+    else:
+        out = sk.syntax_bias_attention(q, k, v, packed.distance, table, cu_seqlens=packed.cu_seqlens,
+                                       max_seqlen=packed.max_seqlen, backend=backend, **args)
+    grads = torch.autograd.grad(out, leaves, case["grad_out"].to(device, dtype))
+    return out.cpu(), {n: g.cpu() for n, g in zip(GRADS, grads)}
+
+
+@needs_triton
+@pytest.mark.parametrize("lengths,per_head,kw,dtype", [
+    ([7, 0, 37, 1, 70], True, {}, torch.float32),
+    ([50, 0, 23], False, dict(causal=True), torch.float32),
+    ([40, 9, 33], False, dict(position_window=4, dropout_p=0.2, dropout_seed=3), torch.bfloat16),
+], ids=["perhead-empty-fp32", "causal-shared-fp32", "window-dropout-bf16"])
+def test_packed_triton_relative_position_matches_the_reference(monkeypatch, lengths, per_head, kw, dtype):
+    """The packed Triton kernels with the term (positions within each sequence; empty sequences) against the
+    reference sequence by sequence: forward and every gradient; the varlen kernels ran it with the term (and a
+    per-head tree table takes the table kernel, not the dK/dV kernel's inline bucket sums)."""
+    from syntaxkernels.ops.bias_attention import _varlen_kernels
+    from test_packed import make_packed_case
+
+    names = []
+    real = _varlen_kernels.launch
+    monkeypatch.setattr(_varlen_kernels, "launch", lambda fn, grid, *a, **k: names.append(
+        (fn.fn.__name__, k.get("POSITION"), k.get("TABLE_GRAD"))) or real(fn, grid, *a, **k))
+    spec = RelativePositionSpec(8, 20, bidirectional=not kw.get("causal", False))
+    case = make_packed_case(lengths, 2, 16, per_head=per_head, seed=sum(lengths))
+    ptable = _position_table(2, spec, seed=len(lengths))
+    got = _packed_grads(case, dtype, "triton", spec, ptable, **kw)
+    kernels = {n for n, position, _ in names if position}
+    assert kernels == {"_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_varlen_table_kernel"}, names
+    assert not any(n == "_varlen_dkdv_kernel" and table_grad for n, _, table_grad in names)
+    ref64 = _packed_grads(case, torch.float64, "spec", spec, ptable, **kw)
+    _assert_close(case, got, ref64, _packed_grads(case, dtype, "spec", spec, ptable, **kw), dtype)

@@ -160,7 +160,7 @@ def reference_gradients(needs, dout, inputs, run):
 
 
 #: The paths whose kernels take T5's relative-position term; the others run the reference for it.
-POSITION_PATHS = ("cpp", "packed cpp", "triton")
+POSITION_PATHS = ("cpp", "packed cpp", "triton", "packed triton")
 
 
 def position_route(chosen: str, position_buckets, backend: str, packed: bool = False) -> str:

@@ -108,7 +108,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     if position:
         found = found._replace(**{kind: dict(getattr(found, kind), **override) for kind, override in
-                                  configs.position_overrides(dtype, width, family).items()})
+                                  configs.position_overrides(dtype, width, family, arch).items()})
     if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
         _CONFIGS[key] = found
     return found

@@ -216,7 +216,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                                           float(dropout_p), dropout_seed,
                                                           # (a window past T tokens is none: kept in int32 range)
                                                           -1 if position_window is None
-                                                          else min(int(position_window), q.shape[0]))
+                                                          else min(int(position_window), q.shape[0]),
+                                                          position_buckets, position_table)
     except _varlen_kernels.KernelDoesNotFit as error:
         if backend != "auto":
             raise
@@ -224,7 +225,8 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return reference_bias_attention_varlen(q, k, v, plan.distance, table, buckets=buckets,
                                                cu_seqlens=plan.cu_seqlens, scale=scale, bias_scale=bias_scale,
                                                window=window, causal=causal, dropout_p=dropout_p,
-                                               dropout_seed=dropout_seed, position_window=position_window)
+                                               dropout_seed=dropout_seed, position_window=position_window,
+                                               position_buckets=position_buckets, position_table=position_table)
 
 
 def walked_tiles(lengths, block: int, step: int) -> Tuple[int, int]:

@@ -59,10 +59,11 @@ import triton.language as tl
 from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, dropout_arguments, dropout_keep_pairs,
                            head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma, mma_acc,
-                           program_ids, seed_bits, KernelDoesNotFit)
+                           position_bias, program_ids, seed_bits, KernelDoesNotFit)
 from .._dispatch import device_constant
-from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals
-from ._host import LUT_BUCKETS, _bucket_lut, _spec, bucket_args, reference_gradients, warn_once
+from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
+from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
+                    position_lut, reference_gradients, warn_once)
 from .configs import CONFIGS, STATIC_BUCKET_LIMIT
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
@@ -166,9 +167,11 @@ def _band_range(start, end, first, BLOCK: tl.constexpr, band):
 def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d, kend, D, stride_kt,
             stride_kd, qk_scale2, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SYNTAX: tl.constexpr,
             TILE_BASE: tl.constexpr, OPAQUE_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False,
-            band=0):
+            band=0, pos_row=0, reach=0, POSITION: tl.constexpr = False):
     """``(scores, allowed, k)`` of the tile of keys ``start_n + cols``: log2-domain scores with the bias, -inf where
-    not allowed (another sequence, causality, and with BAND the positional window: :func:`_in_band`)."""
+    not allowed (another sequence, causality, and with BAND the positional window: :func:`_in_band`). With POSITION
+    T5's relative-position term of the head (:func:`position_bias` at the packed offset, which is the offset within
+    the sequence on the allowed pairs)."""
     offs_n = start_n + cols
     seq_n = tl.load(SEQ + offs_n, mask=offs_n < kend, other=-2)
     allowed = seq_m[:, None] == seq_n[None, :]
@@ -185,6 +188,8 @@ def _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols,
     if SYNTAX:
         dist = tl.load(DIST + base_m[:, None] + offs_n[None, :], mask=allowed, other=255)
         scores += lut_bias(lut_row, dist, OPAQUE_BIAS, INTERPRETED)
+        if POSITION:
+            scores += position_bias(pos_row, offs_n[None, :] - offs_m[:, None], reach)
     scores = tl.where(allowed, scores, float("-inf"))
     return scores, allowed, k
 
@@ -200,6 +205,7 @@ def _varlen_fwd_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """Forward for one packed query block of one head.
 
@@ -218,6 +224,8 @@ def _varlen_fwd_kernel(
         BAND, band: the positional window ``|pos_i - pos_j| <= band`` (positions within the sequence): masked in
             every tile (:func:`_in_band`), and the key tiles beyond every row's window are not walked
             (:func:`_band_range`). Off, it compiles as without.
+        POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the padded forward (offsets within
+            each sequence).
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -247,7 +255,8 @@ def _varlen_fwd_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED, BAND, band)
+                                     BLOCK_D > 64, OPAQUE_BIAS, INTERPRETED, BAND, band, POS_LUT + h * stride_ph,
+                                     reach, POSITION)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -285,6 +294,7 @@ def _varlen_dq_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TABLE_GRAD: tl.constexpr = True, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """dQ for one packed query block, and delta for the dK/dV kernel (fp32 ``[H, T]``): ``delta = rowsum(dO * O)``,
     formed here from its own rows (no separate reduction), corrected with TABLE_GRAD to ``delta + rowsum(dS)`` (the
@@ -293,7 +303,8 @@ def _varlen_dq_kernel(
     (strides ``stride_g*`` and ``stride_o*``), DQ like Q (strides ``stride_x*``). With DROPOUT (seed, threshold,
     keep_scale as in the forward; O is the dropped output) ``dP = (dO V^T) * keep * keep_scale`` and ``dS = P (dP -
     delta)`` with the undropped P: the forward's mask, drawn again (:func:`_keep`). BAND, band: the positional
-    window, as in the forward (masked, far key tiles not walked)."""
+    window, as in the forward (masked, far key tiles not walked); POS_LUT, stride_ph, reach, POSITION: T5's
+    relative-position term, as in the forward (the launcher sets TABLE_GRAD for its table's gradient too)."""
     q_block, bh, b, h = program_ids(num_q_blocks, H)
     first = q_block * BLOCK_M
     rows = tl.arange(0, BLOCK_M)
@@ -324,7 +335,8 @@ def _varlen_dq_kernel(
     for start_n in range(kstart, kend, BLOCK_N):
         scores, allowed, k = _scores(q, k_base, lut_row, DIST, SEQ, seq_m, base_m, offs_m, start_n, cols, offs_d,
                                      kend, D, stride_kt, stride_kd, qk_scale2, EVEN_D, CAUSAL, DOT_PRECISION, SYNTAX,
-                                     True, OPAQUE_BIAS, INTERPRETED, BAND, band)
+                                     True, OPAQUE_BIAS, INTERPRETED, BAND, band, POS_LUT + h * stride_ph, reach,
+                                     POSITION)
         p = tl.exp2(scores - lse[:, None])  # -inf where not allowed (and lse = +inf for empty rows): 0
         v = load_rows(_rows_at(v_base, start_n, stride_vt), cols, offs_dv, stride_vt, stride_vd,
                       kend - start_n, DV, True, EVEN_DV)
@@ -359,6 +371,8 @@ def _varlen_dkdv_kernel(
     STATIC_BUCKETS: tl.constexpr = True, MAX_DISTANCE: tl.constexpr = 1, LOG_DISTANCE: tl.constexpr = 0,
     UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
     DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False, POS_BOUNDS=0, POS_PARTIALS=0,
+    NUM_BOUNDS: tl.constexpr = 16, POSITION_GRAD: tl.constexpr = False,
 ):
     """dK, dV for one packed key block (BLOCK_N keys) of one key/value head, walking the query tiles of its
     sequences in transposed orientation (keys are rows). Grouped-query attention (K, V, DK, DV_OUT ``[T, H_kv, *]``,
@@ -372,7 +386,10 @@ def _varlen_dkdv_kernel(
     ``BucketSpec.lut()``; both unused otherwise). With DROPOUT (seed, threshold, keep_scale as in the forward):
     ``dV = (P * keep)^T dO * keep_scale`` and dP takes the keep as in the dQ kernel (the mask of :func:`_keep_t`,
     the forward's pairs transposed, numbered by the query head). BAND, band: the positional window, as in the
-    forward (masked; the query tiles beyond every key's window are not walked).
+    forward (masked; the query tiles beyond every key's window are not walked). POS_LUT, stride_ph, reach,
+    POSITION: T5's relative-position term, as in the forward; with POSITION_GRAD (POS_BOUNDS, POS_PARTIALS
+    ``[nK, H, NUM_BOUNDS]``, NUM_BOUNDS) the sums of each query head's dS at the position boundaries, as the padded
+    dK/dV kernel writes them (:func:`._backward._offset_prefix_sums`; pairs of other sequences hold zero dS).
     Grid: ``(cdiv(T, BLOCK_N) * H_kv,)``."""
     k_block, bkv, b, kv = program_ids(num_k_blocks, H // kv_group)
     first = k_block * BLOCK_N
@@ -395,6 +412,10 @@ def _varlen_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     rows = tl.arange(0, BLOCK_M)
+    if POSITION_GRAD:
+        bounds = tl.load(POS_BOUNDS + tl.arange(0, NUM_BOUNDS))
+        key_ok = offs_n < T
+        pos_sums = tl.zeros([NUM_BOUNDS], dtype=tl.float32)
     for g in range(0, kv_group):
         h = kv * kv_group + g
         q_base = Q + h * stride_qh
@@ -402,6 +423,8 @@ def _varlen_dkdv_kernel(
         lut_row = LUT + h * stride_lut
         if TABLE_GRAD:
             sums = _bucket_accumulators(BLOCK_N, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+        if POSITION_GRAD:
+            pos_sums = tl.zeros([NUM_BOUNDS], dtype=tl.float32)
         for start_m in range(qstart, qend, BLOCK_M):
             offs_m = start_m + rows
             in_range = offs_m < qend
@@ -422,6 +445,8 @@ def _varlen_dkdv_kernel(
                                  other=255)
                 bias_t = lut_bias(lut_row, dist_t, OPAQUE_BIAS, INTERPRETED)
                 scores_t += bias_t
+                if POSITION:
+                    scores_t += position_bias(POS_LUT + h * stride_ph, offs_n[:, None] - offs_m[None, :], reach)
             p_t = tl.exp2(tl.where(allowed_t, scores_t - lse[None, :], float("-inf")))
             do = load_rows(_rows_at(do_base, start_m, stride_gt), rows, offs_dv, stride_gt, stride_gd,
                            qend - start_m, DV, True, EVEN_DV)
@@ -436,6 +461,8 @@ def _varlen_dkdv_kernel(
                 dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+            if POSITION_GRAD:
+                pos_sums = _offset_prefix_sums(pos_sums, ds_t, first, offs_m, key_ok, bounds)
             if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
                 walk, present = _tile_buckets(BUCKET_LUT, dist_t, allowed_t & (bias_t != float("-inf")),
                                               NUM_BUCKETS, STATIC_BUCKETS)
@@ -448,6 +475,9 @@ def _varlen_dkdv_kernel(
             totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
             program = (b * H + h) * num_k_blocks + k_block
             tl.store(BUCKET_PARTIALS + program * NUM_BUCKETS + bucket_ids, totals, mask=bucket_ids < NUM_BUCKETS)
+        if POSITION_GRAD:
+            slot = (k_block.to(tl.int64) * H + h) * NUM_BOUNDS
+            tl.store(POS_PARTIALS + slot + tl.arange(0, NUM_BOUNDS), pos_sums)
 
     key_ok = offs_n < T
     dk = tl.where(key_ok[:, None], dk * scale, 0.0)
@@ -493,7 +523,7 @@ def _varlen_table_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
     INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr = False,
-    BAND: tl.constexpr = False, band=0,
+    BAND: tl.constexpr = False, band=0, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """The table gradient of a packed batch: per bucket, the sum of dS over one packed query block's pairs and
     ``HEADS`` heads (the padded op's :func:`._backward._bias_bwd_table_kernel` on packed tiles).
@@ -515,7 +545,8 @@ def _varlen_table_kernel(
         BUCKET_PARTIALS: fp32 ``[(H / HEADS) * nQ, NUM_BUCKETS]``: each program's sums, written once and reduced in
             a fixed order by the launcher (no atomics).
         seed, threshold, keep_scale: with DROPOUT, each head's dP takes that head's keep mask as in the dQ kernel.
-        BAND, band: the positional window, as in the dQ kernel.
+        BAND, band: the positional window, as in the dQ kernel; POS_LUT, stride_ph, reach, POSITION: T5's
+            relative-position term, each head its own.
     Grid: ``(nQ * H / HEADS,)``.
     """
     q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
@@ -561,7 +592,10 @@ def _varlen_table_kernel(
                                   stride_kd, kend - start_n, D, True, EVEN_D)
                     scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
                 lse = tl.load(LSE + h * stride_lse + offs_m, mask=row_ok, other=float("inf"))
-                exponent = tl.where(allowed, scores * qk_scale2 + bias - lse[:, None], float("-inf"))
+                exponent = scores * qk_scale2 + bias - lse[:, None]
+                if POSITION:
+                    exponent += position_bias(POS_LUT + h * stride_ph, offs_n[None, :] - offs_m[:, None], reach)
+                exponent = tl.where(allowed, exponent, float("-inf"))
                 p = tl.exp2(exponent)
                 # Dropout: dS = P * (dP * keep * keep_scale - delta). The mask is drawn before the dP product
                 # (P * keep * keep_scale kept) above head dim 64 and after it below: the order that stays within
@@ -624,7 +658,8 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None, band: int = -1):
+                   dropout_seed: Optional[int] = None, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
+                   reach: int = 0):
     """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])`` from q ``[T, H, D]`` and k, v
     ``[T, H_kv, *]`` (``H % H_kv == 0``, grouped-query attention: query head h reads key/value head
     ``h // (H / H_kv)`` in place, no copy per query head): the kernel writes the
@@ -633,8 +668,9 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``).
     ``dropout_p > 0``: attention dropout with the mask of ``dropout_seed`` (an int in ``[0, 2^64)``; sequence s
     draws batch item s's mask), the kernels' DROPOUT variant. ``band >= 0``: the positional window ``|pos_i - pos_j|
-    <= band`` within each sequence, the kernels' BAND variant (-1: none)."""
-    from ._launch import _band
+    <= band`` within each sequence, the kernels' BAND variant (-1: none). ``pos_lut``, ``reach``: T5's
+    relative-position term (:func:`._host.position_lut`; None: none), the kernels' POSITION variant."""
+    from ._launch import _band, _position
 
     T, H, D = q.shape
     DV = v.shape[-1]
@@ -655,7 +691,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
-           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band),
+           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band), **_position(pos_lut, reach),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut
 
@@ -663,16 +699,20 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
-                    band: int = -1):
-    """``(dq, dk, dv, d table, d bias_scale)`` (the last two empty tensors unless wanted; dk, dv ``[T, H_kv, *]``
+                    band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
+                    pos_bounds: Optional[torch.Tensor] = None):
+    """``(dq, dk, dv, d table, d bias_scale, position sums)`` (the table's and the strength's empty tensors unless
+    wanted; the sums of dS at T5's position boundaries ``[H, len(pos_bounds)]`` with ``pos_bounds``, else empty; dk, dv ``[T, H_kv, *]``
     like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
     program of that head): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
     (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
     kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
     ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again. ``band``: the
-    forward's positional window (-1: none)."""
-    from ._launch import _band, _nothing, table_gradient, table_heads
+    forward's positional window (-1: none). ``pos_lut``, ``reach``: the forward's relative-position term;
+    ``pos_bounds``: its table's gradient wanted (:func:`._host.position_bounds`), summed by the dK/dV kernel (a
+    per-head tree table then takes the table kernel, not the dK/dV kernel's inline sums)."""
+    from ._launch import _band, _nothing, _position, table_gradient, table_heads
 
     T, H, D = q.shape
     DV = v.shape[-1]
@@ -684,9 +724,14 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     kv_group = H // H_kv  # query heads per key/value head (grouped-query attention; 1 without it)
     dk = torch.empty((T, H_kv, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((T, H_kv, DV), dtype=v.dtype, device=q.device)
+    position = _position(pos_lut, reach)
+    pos_sums = _nothing(q.device)
+    if pos_bounds is not None:
+        pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         partials = torch.zeros((1, 1, 1, NB), dtype=torch.float32, device=q.device)
-        return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale)
+        return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale) + (
+            pos_sums,)
     cu, seq = cu_seqlens, sequence
     stride_lut = lut.stride(0) if rows > 1 else 0
     block_d, block_dv = head_block(D), head_block(DV)
@@ -703,14 +748,20 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            lse.stride(0), H, T, D, DV, num_q, scale, scale * LOG2E, *dropout, kv_group,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision,
-           TABLE_GRAD=table_grad, SYNTAX=syntax, OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping,
-           **_band(band), num_warps=config["num_warps"], num_stages=config["num_stages"])
+           TABLE_GRAD=table_grad or pos_bounds is not None, SYNTAX=syntax, OPAQUE_BIAS=True,
+           INTERPRETED=interpreting(), DROPOUT=dropping, **_band(band), **position, num_warps=config["num_warps"],
+           num_stages=config["num_stages"])
 
     # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
     # for one head only); a shared table: the table kernel below sums the heads first.
-    inline = table_grad and rows > 1
+    inline = table_grad and rows > 1 and not position
     config = select_varlen_config("dkdv_table" if inline else "dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
+    gradient = {}
+    if pos_bounds is not None:  # each program's sums at the boundaries, per query head: [nK, H, bounds]
+        gradient = dict(POS_BOUNDS=pos_bounds, POS_PARTIALS=torch.empty((num_k, H, pos_bounds.numel()),
+                                                                        dtype=torch.float32, device=q.device),
+                        NUM_BOUNDS=pos_bounds.numel(), POSITION_GRAD=True)
     bucket_args_ = dict(TABLE_GRAD=True, NUM_BUCKETS=NB, BUCKETS_PAD=max(16, triton.next_power_of_2(NB)),
                         STATIC_BUCKETS=NB <= STATIC_BUCKET_LIMIT, MAX_DISTANCE=spec.max_distance,
                         LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
@@ -724,14 +775,18 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
            OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_, **_band(band),
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           **position, **gradient, num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if pos_bounds is not None:  # a fixed-order sum over the key blocks: deterministic
+        pos_sums = gradient["POS_PARTIALS"].sum(0)
     if inline:  # row h sums its own num_k programs
-        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)
+        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale) + (
+            pos_sums,)
     if not table_grad:
         if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero
             partials = torch.zeros((1, rows, 1, NB), dtype=torch.float32, device=q.device)
-            return (dq, dk, dv) + table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale)
-        return dq, dk, dv, _nothing(q.device), _nothing(q.device)
+            return (dq, dk, dv) + table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale) + (
+                pos_sums,)
+        return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
 
     config = select_varlen_config("table", q.dtype, max(D, DV))
     num_q = triton.cdiv(T, config["BLOCK_M"])
@@ -748,10 +803,11 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(64, block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal,
-           INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band),
+           INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band), **position,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
-    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale)
+    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale) + (
+        pos_sums,)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())
@@ -759,11 +815,13 @@ def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distanc
                       bias_scale: torch.Tensor, bucket_lut: torch.Tensor, cu_seqlens: torch.Tensor,
                       sequence: torch.Tensor, offsets: torch.Tensor, scale: float, window: int,
                       causal: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                      band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      band: int = -1, pos_lut: Optional[torch.Tensor] = None,
+                      reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it);
     ``dropout_seed`` as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
+                          reach=reach)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
@@ -772,35 +830,41 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        sequence: torch.Tensor, offsets: torch.Tensor, scale: float, causal: bool, max_distance: int,
                        log_distance: int, unreachable_bucket: bool, table: torch.Tensor, bias_scale: torch.Tensor,
                        want_table: bool, want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                       band: int = -1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                torch.Tensor]:
+                       band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
+                       pos_bounds: Optional[torch.Tensor] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`, ``dropout_seed``
     as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
                            _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                           want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
+                           want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
+                           reach=reach, pos_bounds=pos_bounds)
 
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal,
-             dropout_p=0.0, dropout_seed=None, band=-1):
+             dropout_p=0.0, dropout_seed=None, band=-1, pos_lut=None, reach=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, table, bias_scale, bucket_lut,
                                                                  cu_seqlens, sequence, offsets, scale, window, causal,
-                                                                 dropout_p, seed_bits(dropout_seed or 0), band)
+                                                                 dropout_p, seed_bits(dropout_seed or 0), band,
+                                                                 pos_lut, reach)
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
+                          reach=reach)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
-              bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None, band=-1):
+              bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None, band=-1, pos_lut=None, reach=0,
+              pos_bounds=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_bwd(
             dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, *bucket_args(spec),
-            table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0), band)
+            table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0), band, pos_lut, reach,
+            pos_bounds)
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec,
                            table, bias_scale, want_table, want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                           band=band)
+                           band=band, pos_lut=pos_lut, reach=reach, pos_bounds=pos_bounds)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -814,31 +878,43 @@ class _VarlenBiasAttention(torch.autograd.Function):
     ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that
     does not fit this GPU gives way to the reference, with a warning), ``dropout_p`` and ``dropout_seed`` (attention
     dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again) and ``band`` (the positional
-    window ``|pos_i - pos_j| <= band`` within each sequence, -1 for none: the kernels' BAND variant)."""
+    window ``|pos_i - pos_j| <= band`` within each sequence, -1 for none: the kernels' BAND variant), then T5's
+    relative-position term: ``position`` (a RelativePositionSpec, or None) and ``position_table`` (``[H, P]``, a
+    gradient too; None without the term)."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
-                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None, band=-1):
+                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None, band=-1, position=None,
+                position_table=None):
         buckets = _spec(*bucket_spec)
         rows = table.reshape(-1, table.shape[-1])
+        pos_lut, reach = None, 0
+        if position is not None:
+            pos_lut, reach = position_lut(position, position_table), position.reach
         out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
-                                 offsets, scale, window, causal, dropout_p, dropout_seed, band)
-        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut)
+                                 offsets, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+        ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut,
+                              pos_lut, position_table)
         ctx.scale, ctx.causal, ctx.bucket_spec, ctx.table_shape = scale, causal, bucket_spec, table.shape
         ctx.window, ctx.fallback = window, fallback
-        ctx.dropout_p, ctx.dropout_seed, ctx.band = dropout_p, dropout_seed, band
+        ctx.dropout_p, ctx.dropout_seed, ctx.band, ctx.position = dropout_p, dropout_seed, band, position
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut = ctx.saved_tensors
+        (q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut, pos_lut,
+         position_table) = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        rest = (None,) * 12
+        want_position = bool(ctx.needs_input_grad[18])
+        spec = ctx.position
+        rest = (None,) * 13
         try:
-            dq, dk, dv, dtable, dscale = _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
-                                                   offsets, ctx.scale, ctx.causal, _spec(*ctx.bucket_spec), rows,
-                                                   bias_scale, want_table, want_scale, ctx.dropout_p,
-                                                   ctx.dropout_seed, ctx.band)
+            dq, dk, dv, dtable, dscale, pos_sums = _backward(
+                dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, ctx.scale, ctx.causal,
+                _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale, ctx.dropout_p, ctx.dropout_seed,
+                ctx.band, pos_lut, 0 if spec is None else spec.reach,
+                device_constant(("position bounds", spec), q, lambda: position_bounds(spec)[0])
+                if want_position else None)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -846,16 +922,21 @@ class _VarlenBiasAttention(torch.autograd.Function):
 
             warn_once(f"syntax_bias_attention's backward runs the reference on this GPU: {error}")
 
-            def run(q, k, v, table, c):
+            def run(q, k, v, table, c, position_table):
                 return reference_bias_attention_varlen(q, k, v, distance, table, buckets=_spec(*ctx.bucket_spec),
                                                        cu_seqlens=cu_seqlens, scale=ctx.scale, bias_scale=c,
                                                        window=None if ctx.window < 0 else ctx.window,
                                                        causal=ctx.causal, dropout_p=ctx.dropout_p,
                                                        dropout_seed=ctx.dropout_seed,
-                                                       position_window=None if ctx.band < 0 else ctx.band)
-            return tuple(reference_gradients(ctx.needs_input_grad[:5], dout,
-                                             (q, k, v, rows.view(ctx.table_shape), bias_scale), run)) + rest
-        return (dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None) + rest
+                                                       position_window=None if ctx.band < 0 else ctx.band,
+                                                       position_buckets=spec,
+                                                       position_table=None if spec is None else position_table)
+            grads = reference_gradients(ctx.needs_input_grad[:5] + (want_position,), dout,
+                                        (q, k, v, rows.view(ctx.table_shape), bias_scale, position_table), run)
+            return tuple(grads[:5]) + rest + (grads[5],)
+        dposition = position_gradient_from_bounds(pos_sums, spec, position_table) if want_position else None
+        return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
+                + rest + (dposition,))
 
 
 class _VarlenLut(torch.autograd.Function):
@@ -877,7 +958,7 @@ class _VarlenLut(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets, lut, one = ctx.saved_tensors
         try:
-            dq, dk, dv, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets,
+            dq, dk, dv, _, _, _ = _backward(dout, q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets,
                                          ctx.scale, False, LUT_BUCKETS, lut, one, False, False)
         except KernelDoesNotFit as error:
             from ._varlen import reference_bias_attention_varlen

@@ -316,7 +316,11 @@ _SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled
 
 
 #: Tiles of the tiled kernels in calls with T5's relative-position term, over :data:`CONFIGS` (those calls also take
-#: the table kernel's "table_extra" tiles): ``(kind, family, dtype class, head-dim class) -> fields``.
+#: the table kernel's "table_extra" tiles): ``(kind, family, dtype class, head-dim class) -> fields``, the family's
+#: entry first, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
+#: Each entry was compiled for its family on the sentences and finetune-512 workloads (``inspect --workload ...
+#: --position-buckets 32:128``): the term's gathers, prefix sums and layout conversions take registers and shared
+#: memory the plain tiles do not have.
 POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # sm_90 at D = 64: the dK/dV kernel's three stages spill 8 B with the term's gradient, two do not (the same
     # main-loop instructions); the table kernel's "table_extra" 128x32 with one stage (two: 8 B).
@@ -335,15 +339,29 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # keys on four warps do not.
     ("dkdv", "small", "half", 64): dict(BLOCK_N=64, num_warps=4),
     ("dkdv", "small", "half", 128): dict(BLOCK_N=64, num_warps=4),
+    # The small family at D = 64: the forward's and dQ's second stage takes 104-120 KiB of shared memory with the
+    # term (the family has 99); one stage takes 24 and 44 KiB, the same main-loop instructions.
+    ("fwd", "small", "half", 64): dict(num_stages=1),
+    ("dq", "small", "half", 64): dict(num_stages=1),
+    # sm_100: dQ's three stages spill 8 B at D = 64 on sentences (two do not); sm_120: the table kernel's 128x32
+    # spills 8 B there (64x32 does not).
+    ("dq", "sm100", "half", 64): dict(num_stages=2),
+    ("table", "sm120", "half", 64): dict(BLOCK_M=64),
 }
 
 
-def position_overrides(dtype: torch.dtype, head_dim: int, family: str) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU family."""
+def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim, GPU family and architecture."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
-    return {kind: fields for (kind, fam, c, d), fields in POSITION_CONFIGS.items()
-            if (fam, c, d) == (family, cls, dim_class)}
+    names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
+    names += ["sm120"] if family == "small" and arch >= 120 else []
+    found: Dict[str, dict] = {}
+    for name in names:
+        for (kind, fam, c, d), fields in POSITION_CONFIGS.items():
+            if (fam, c, d) == (name, cls, dim_class):
+                found[kind] = dict(found.get(kind, {}), **fields)
+    return found
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
