@@ -43,8 +43,10 @@ model's logits (eval mode), its greedy ``generate`` output, and in training mode
 Metric: held-out exact-match accuracy of greedy ``generate`` (``num_beams=1``, at most 3 new tokens): the output up
 to its first ``</s>`` is exactly the head word. Printed with two baselines that read no model (the word right after /
 right before the marked word is the answer) and the share of held-out heads next to their word. Mean ± sample s.d.
-over ``--seeds``. CPU, ``torch.set_num_threads(--threads)`` (default 2). ``--quick``: a smoke run (the first 300
-sentences, 60 steps, one seed).
+over ``--seeds``. CPU, ``torch.set_num_threads(--threads)``, default 1: on the shared 2-core machine with other jobs
+running (load 5-6), a training step took 0.73-2.3 s with two threads against 0.08-0.23 s with one (the two threads
+wait on each other whenever one is descheduled). ``--quick``: a smoke run (the first 300 sentences, 60 steps, one
+seed).
 
     python benchmarks/t5_miniature.py [--steps 1500] [--batch 32] [--seeds 0,1,2] [--arms plain,syntax,chain]
         [--quick] [--train F --held-out F] [--json out.json]
@@ -313,7 +315,7 @@ def main(argv=None):
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 300 sentences, 60 steps, seed 0")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
