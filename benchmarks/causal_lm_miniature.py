@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import json
 import math
 import pathlib
@@ -297,8 +296,11 @@ def evaluate(model, held, kind, size=64):
     return out
 
 
-def run(arm, seed, train, held, vocab_size, args):
-    model = new_model(vocab_size, seed, arm)
+def training(model, arm, seed, n_train, args):
+    """``(take_step, stream)`` of one arm's run: AdamW (the syntax parameter groups unless plain), a linear warm-up
+    then a linear decay over ``args.steps``, gradient clipping at 1; ``take_step(loss)`` makes one step and returns
+    the loss as a float; ``stream`` the seeded batches. The model goes to training mode and the dropout masks are
+    seeded alike for every arm of a seed (the miniatures share this)."""
     if arm == "plain":
         groups = [dict(params=list(model.parameters()), lr=args.lr, weight_decay=0.01)]
     else:
@@ -306,21 +308,30 @@ def run(arm, seed, train, held, vocab_size, args):
     optimizer = torch.optim.AdamW(groups, lr=args.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup) * max(0.0, (args.steps - s) / args.steps))
-    stream = batch_stream(len(train), args.batch, seed)
-    model.train()
-    torch.manual_seed(seed + 1000)  # dropout masks: the same for every arm of a seed
-    losses, curve = [], []
-    start = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        batch = make_batch([train[i] for i in next(stream)], arm)
-        nll, keep = token_nll(forward(model, batch), batch[2])
-        loss = nll.sum() / keep.sum()
+
+    def take_step(loss):
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss.detach()))
+        return float(loss.detach())
+
+    stream = batch_stream(n_train, args.batch, seed)
+    model.train()
+    torch.manual_seed(seed + 1000)  # dropout masks: the same for every arm of a seed
+    return take_step, stream
+
+
+def run(arm, seed, train, held, vocab_size, args):
+    model = new_model(vocab_size, seed, arm)
+    take_step, stream = training(model, arm, seed, len(train), args)
+    losses, curve = [], []
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        batch = make_batch([train[i] for i in next(stream)], arm)
+        nll, keep = token_nll(forward(model, batch), batch[2])
+        losses.append(take_step(nll.sum() / keep.sum()))
         if step % args.eval_every == 0 or step == args.steps:
             e = evaluate(model, held, arm)
             curve.append((step, round(e["ppl"], 2)))

@@ -57,7 +57,6 @@ import argparse
 import json
 import pathlib
 import platform
-import random
 import sys
 import time
 
@@ -70,7 +69,7 @@ for _path in (ROOT, BENCH):
         sys.path.insert(0, str(_path))
 
 import syntaxkernels as sk  # noqa: E402
-from causal_lm_miniature import batch_stream, build_vocab, load, summary  # noqa: E402  (data and statistics)
+from causal_lm_miniature import build_vocab, load, summary, training  # noqa: E402  (data, training, statistics)
 
 # causal_lm_miniature's specials: <pad> 0 (T5's decoder start), <bos> 1 (unused), <eos> 2 (T5's </s>), <unk> 3
 PAD, EOS, UNK = 0, 2, 3
@@ -247,26 +246,11 @@ def evaluate(model, held, kind, size=128):
 
 def run(arm, seed, train, held, vocab_size, args):
     model = new_model(vocab_size, seed, arm)
-    if arm == "plain":
-        groups = [dict(params=list(model.parameters()), lr=args.lr, weight_decay=0.01)]
-    else:
-        groups = sk.syntax_param_groups(model, lr=args.lr, weight_decay=0.01)
-    optimizer = torch.optim.AdamW(groups, lr=args.lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / args.warmup) * max(0.0, (args.steps - s) / args.steps))
-    stream = batch_stream(len(train), args.batch, seed)
-    model.train()
-    torch.manual_seed(seed + 1000)  # dropout masks: the same for every arm of a seed
+    take_step, stream = training(model, arm, seed, len(train), args)
     losses, curve = [], []
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
-        loss = loss_and_logits(model, make_batch([train[i] for i in next(stream)], arm))[0]
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(float(loss.detach()))
+        losses.append(take_step(loss_and_logits(model, make_batch([train[i] for i in next(stream)], arm))[0]))
         if step % args.eval_every == 0 and step != args.steps:
             state = torch.random.get_rng_state()
             accuracy = evaluate(model, held, arm)[0]
