@@ -82,17 +82,18 @@ _CONFIGS = {}
 
 
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
-                   spec: BucketSpec, position: bool = False) -> LaunchConfigs:
+                   spec: BucketSpec, position: bool = False, grouped: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
     and the tests' tile overrides). ``position``: a call with T5's relative-position term: the tiled kernels (the
     short-row ones take no term), the table kernel's "table_extra" tiles and :data:`.configs.POSITION_CONFIGS`
-    (the term's registers)."""
+    (the term's registers). ``grouped``: grouped-query k and v (fewer key/value heads than query heads): the tiled
+    dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over the group's query heads)."""
     from . import configs
 
     arch = current_arch()
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS,
-           position)
+           position, grouped)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
@@ -106,9 +107,10 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         dq=select_config("dq", dtype, width, family),
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
-    if position:
-        found = found._replace(**{kind: dict(getattr(found, kind), **override) for kind, override in
-                                  configs.position_overrides(dtype, width, family, arch).items()})
+    overrides = [configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
+    overrides += [configs.position_overrides(dtype, width, family, arch)] if position else []
+    for override in overrides:
+        found = found._replace(**{kind: dict(getattr(found, kind), **fields) for kind, fields in override.items()})
     if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
         _CONFIGS[key] = found
     return found
@@ -318,7 +320,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         return out, lse, _host_lut(table, bias_scale, bucket_lut, window)
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1])
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -470,7 +472,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position))
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1])
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)

@@ -350,18 +350,46 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 }
 
 
-def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim, GPU family and architecture."""
+#: The tiled dK/dV kernel's tiles with grouped-query k and v (one program walks its key/value head's group of query
+#: heads, a loop around the query-block loop), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim class)
+#: -> fields``. Compiled on odd-1000 with 12 query heads on 4 key/value heads, causal (``inspect --workload odd-1000
+#: --kv-heads 4 --causal``): the plain tiles spilled 8-64 B there (sm_80 D64 8, D128 24; sm_90 D64 56, D128 64).
+GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    ("dkdv", "sm80", "half", 64): dict(BLOCK_M=16),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_N=64, num_warps=4, num_stages=1),
+    ("dkdv", "sm90", "half", 64): dict(BLOCK_M=32),
+    ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
+    # sm_100 (its own tiles spill 168 B at D64 and 376 B at D128 there; the sm90 entries above, then these): one
+    # stage at D128.
+    ("dkdv", "sm100", "half", 128): dict(BLOCK_M=16, num_stages=1),
+}
+
+
+def _overrides(table: Dict[Tuple[str, str, str, int], dict], dtype: torch.dtype, head_dim: int, family: str,
+               arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`) for this dtype,
+    head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120
+    and newer in the small one)."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
     names += ["sm120"] if family == "small" and arch >= 120 else []
     found: Dict[str, dict] = {}
     for name in names:
-        for (kind, fam, c, d), fields in POSITION_CONFIGS.items():
+        for (kind, fam, c, d), fields in table.items():
             if (fam, c, d) == (name, cls, dim_class):
                 found[kind] = dict(found.get(kind, {}), **fields)
     return found
+
+
+def grouped_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`GROUPED_KV_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(GROUPED_KV_CONFIGS, dtype, head_dim, family, arch)
+
+
+def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(POSITION_CONFIGS, dtype, head_dim, family, arch)
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
