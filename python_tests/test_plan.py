@@ -293,6 +293,22 @@ with fake_gpu(90):
     args = launched[0][2]
     assert len(args) == len(_bias_table_grad_kernel.signature.parameters), len(args)
     assert args[-5:] == (12, 16, 32, True, True), args[-5:]
+    # Tensors passed by name: keyed by dtype and alignment (not by the tensor), each launch with its own tensors.
+    def by_name(dtable, dscale, T=12):
+        P.launch(_bias_table_grad_kernel, (1,), base[:600], torch.zeros(1, T), torch.ones(1), DTABLE=dtable,
+                 DSCALE=dscale, outer=1, rows=1, inner=50, stride_po=50 * T, stride_pr=50 * T, stride_pi=T,
+                 stride_tr=0, stride_dr=T, NUM_BUCKETS=T, BUCKETS_PAD=16, BLOCK_P=32, WANT_TABLE=True,
+                 WANT_SCALE=True, num_warps=4, num_stages=1)
+    count = len(P._COMPILED)
+    first, second = (torch.empty(1, 12), torch.empty(1)), (torch.empty(1, 12), torch.empty(1))
+    by_name(*first)   # compiled (a new specialisation: the arguments by name)
+    by_name(*second)  # other tensors by name, same dtypes and alignment: the same kernel, launched with these
+    by_name(*first)
+    assert len(P._COMPILED) == count + 1, len(P._COMPILED) - count
+    entry = [v for k, v in P._COMPILED.items() if k[0] is _bias_table_grad_kernel][-1]
+    assert all(x is None or not isinstance(x, torch.Tensor) for x in entry[1]), entry[1]  # none kept alive
+    (_, _, a2), (_, _, a3) = launched[-2:]
+    assert a2[3] is second[0] and a2[4] is second[1] and a3[3] is first[0] and a3[4] is first[1]
 print("OK")
 """
 

@@ -78,9 +78,9 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --workload: the layer's positional window |i - j| <= W (a sliding window, as "
                              "ModernBERT's local layers and Mistral; default -1: none)")
     parser.add_argument("--position-buckets", default="",
-                        help="with --workload: T5's relative-position term in the layer, NUM_BUCKETS:MAX_DISTANCE "
-                             "(T5's is 32:128; bidirectional, unidirectional with --causal), a learnable [H, P] "
-                             "table and unscaled scores as T5 calls it (default: none)")
+                        help="with --workload or --host: T5's relative-position term in the layer, "
+                             "NUM_BUCKETS:MAX_DISTANCE (T5's is 32:128; bidirectional, unidirectional with --causal), "
+                             "a learnable [H, P] table and unscaled scores as T5 calls it (default: none)")
     parser.add_argument("--causal", action="store_true",
                         help="with --workload: a causal layer (a decoder's self-attention: keys j <= i)")
     parser.add_argument("--head-dim", default="64,128", help="with --workload: head dims (default 64,128)")

@@ -452,13 +452,18 @@ def _direct_launch(kernel, grid, args, kwargs, key):
         return
     active = _driver.active
     device = active.get_current_device()
-    full_key = (kernel, device, key, tuple(kwargs.items()))
+    full_key = (kernel, device, key, _keyword_key(kwargs))
     entry = _COMPILED.get(full_key)
     if entry is None:
         compiled = kernel.run(*args, grid=grid, warmup=_DIRECT_LAUNCH_OVERRIDE is not None, **kwargs)
-        _COMPILED[full_key] = (compiled, _trailing_arguments(kernel, len(args), kwargs))
+        _COMPILED[full_key] = (compiled, *_trailing_arguments(kernel, len(args), kwargs))
         return
-    compiled, trailing = entry
+    compiled, trailing, slots = entry
+    if slots:  # tensors passed by name: this call's, at their places (the entry keeps none of them alive)
+        trailing = list(trailing)
+        for index, name in slots:
+            trailing[index] = kwargs[name]
+        trailing = tuple(trailing)
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
     if _DIRECT_LAUNCH_OVERRIDE is not None:
@@ -478,12 +483,30 @@ def _hooked(hook) -> bool:
     return calls is None or len(calls) > 0
 
 
+def _keyword_key(kwargs) -> tuple:
+    """What a launch specialises on in its keyword arguments: each value as it is, a tensor as its dtype and 16-byte
+    alignment (as :func:`_specialisation` takes the positional ones), never the tensor itself (a key holding it
+    would never match the next call's tensor, and would keep it alive)."""
+    plain = _PLAIN
+    return tuple((name, (value.dtype, value.data_ptr() & 15)) if value.__class__ in plain else (name, value)
+                 for name, value in kwargs.items())
+
+
 def _trailing_arguments(kernel, positional: int, kwargs) -> tuple:
-    """The values of the kernel's parameters after the first ``positional`` ones, in signature order (from
-    ``kwargs``, else their defaults): what a compiled kernel's launcher takes after the positional arguments (the JIT
-    passes every bound argument, constexprs included). Fixed for a specialisation: its key holds ``kwargs``."""
+    """``(values, slots)``: the values of the kernel's parameters after the first ``positional`` ones, in signature
+    order (from ``kwargs``, else their defaults): what a compiled kernel's launcher takes after the positional
+    arguments (the JIT passes every bound argument, constexprs included), with None where a tensor is passed by
+    name; ``slots``: ``(index, name)`` of those, which each launch fills with its own tensors. The rest is fixed
+    for a specialisation: its key holds ``kwargs`` (:func:`_keyword_key`)."""
     params = list(kernel.signature.parameters.values())[positional:]
-    return tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
+    values, slots = [], []
+    for index, p in enumerate(params):
+        value = kwargs[p.name] if p.name in kwargs else p.default
+        if value.__class__ in _PLAIN:
+            slots.append((index, p.name))
+            value = None
+        values.append(value)
+    return tuple(values), tuple(slots)
 
 
 def launch_grid(num_blocks: int, B: int, H: int, R: int = 1):

@@ -311,18 +311,9 @@ def _run_inspect_workloads(args, I) -> int:
     if band < -1:
         print(f"syntaxkernels inspect: --position-window takes an int >= 0 (or -1: none), got {band}", file=sys.stderr)
         return 2
-    position = None
-    if getattr(args, "position_buckets", ""):
-        from ..specs import RelativePositionSpec
-        try:
-            parts = [int(x) for x in args.position_buckets.split(":")]
-            if len(parts) != 2:
-                raise ValueError("two integers")
-            position = RelativePositionSpec(parts[0], parts[1], bidirectional=not causal)
-        except (TypeError, ValueError) as exc:
-            print(f"syntaxkernels inspect: --position-buckets takes NUM_BUCKETS:MAX_DISTANCE, got "
-                  f"{args.position_buckets!r} ({exc})", file=sys.stderr)
-            return 2
+    ok, position = _position_spec(args, causal)
+    if not ok:
+        return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
@@ -394,6 +385,23 @@ def _run_inspect_edges(args, I) -> int:
     return I._edge_main(argv)
 
 
+def _position_spec(args, causal: bool):
+    """``(ok, RelativePositionSpec or None)`` from ``--position-buckets NUM_BUCKETS:MAX_DISTANCE`` (bidirectional
+    unless causal); a bad value is said on stderr (ok False)."""
+    if not getattr(args, "position_buckets", ""):
+        return True, None
+    from ..specs import RelativePositionSpec
+    try:
+        parts = [int(x) for x in args.position_buckets.split(":")]
+        if len(parts) != 2:
+            raise ValueError("two integers")
+        return True, RelativePositionSpec(parts[0], parts[1], bidirectional=not causal)
+    except (TypeError, ValueError) as exc:
+        print(f"syntaxkernels inspect: --position-buckets takes NUM_BUCKETS:MAX_DISTANCE, got "
+              f"{args.position_buckets!r} ({exc})", file=sys.stderr)
+        return False, None
+
+
 def _run_inspect_host(args) -> int:
     """``inspect --host``: host work and device kernels per layer (:mod:`.host`); one arch, dtype and head dim."""
     from . import host as Hs
@@ -413,7 +421,10 @@ def _run_inspect_host(args) -> int:
         return 2
     print(f"syntaxkernels inspect --host: {len(names)} workloads, launches compiled for sm_{archs[0]} (the first "
           "call of each kernel compiles: a minute or so)", file=sys.stderr, flush=True)
-    rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0])
+    ok, position = _position_spec(args, False)
+    if not ok:
+        return 2
+    rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0], position=position)
     print(Hs.format_host_report(rows))
     if args.json:
         import json

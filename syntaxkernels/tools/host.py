@@ -139,19 +139,28 @@ def _compiled_not_run(arch: int):
     from syntaxkernels.ops import _primitives
     from syntaxkernels.tools.inspection import _kernels_on_cpu_tensors, fake_gpu
 
+    import torch
+
     previous = _primitives._DIRECT_LAUNCH_OVERRIDE
     _primitives._DIRECT_LAUNCH_OVERRIDE = lambda compiled, g0, g1, g2, args: None
+    # The aten ops after the kernels run on the CPU here, standing in for their launches: one intra-op thread, so that
+    # a tiny product (the position table's gradient) does not time a thread pool's wake-up on a loaded machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         with fake_gpu(arch), _kernels_on_cpu_tensors():
             yield
     finally:
         _primitives._DIRECT_LAUNCH_OVERRIDE = previous
+        torch.set_num_threads(threads)
 
 
-def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False) -> Callable[[], None]:
+def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False, position=None) -> Callable[[], None]:
     """One distance-bias layer as a model runs it (module docstring), forward and backward. ``plain``: the same
     layer with an identity autograd Function in place of the attention (the views, transposes and reshapes of the
-    heads, the engine): the baseline that :func:`host_report` takes off to give the op's own host work."""
+    heads, the engine): the baseline that :func:`host_report` takes off to give the op's own host work.
+    ``position``: a :class:`~syntaxkernels.specs.RelativePositionSpec`, T5's term as T5 calls it (its own learnable
+    ``[H, P]`` table, unscaled scores)."""
     import torch
 
     from syntaxkernels.nn import DistanceBias
@@ -160,12 +169,17 @@ def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False) -> Call
     E = heads * head_dim
     layer = DistanceBias(heads, backend="triton")
     params = tuple(layer.parameters())
+    extra = {}
+    if position is not None:
+        table = torch.zeros(heads, position.num_buckets, requires_grad=True)
+        extra = dict(position_buckets=position, position_table=table, scale=1.0)
+        params += (table,)
     if plain:
         identity = _identity_function()
 
         class Attend:  # q, k, v -> one autograd Function (as the op is one) that returns q, reading k and v
             @staticmethod
-            def attend(q, k, v, trees):
+            def attend(q, k, v, trees, **extra):
                 return identity.apply(q) + 0 * (k.sum() + v.sum())
         layer = Attend()
         params = ()
@@ -176,7 +190,7 @@ def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False) -> Call
 
         def step():
             q, k, v = (t.view(T, heads, head_dim) for t in x)
-            out = layer.attend(q, k, v, trees)
+            out = layer.attend(q, k, v, trees, **extra)
             torch.autograd.grad(out.reshape(T, E), tuple(x) + params, grad)
         return step
     B, N = trees.distance.shape[:2]
@@ -185,7 +199,7 @@ def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False) -> Call
 
     def step():
         q, k, v = (t.view(B, N, heads, head_dim).transpose(1, 2) for t in x)
-        out = layer.attend(q, k, v, trees)
+        out = layer.attend(q, k, v, trees, **extra)
         torch.autograd.grad(out.transpose(1, 2).reshape(B, N, E), tuple(x) + params, grad)
     return step
 
@@ -219,9 +233,10 @@ TIMED_HEADS, TIMED_HEAD_DIM = 2, 16
 
 
 def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: str = "bf16", head_dim: int = 64,
-                heads: int = 12, reps: int = 30) -> List[dict]:
+                heads: int = 12, reps: int = 30, position=None) -> List[dict]:
     """One row per workload (module docstring), launches compiled for ``sm_<arch>``; each row carries the bare
-    round trip measured in the same process."""
+    round trip measured in the same process. ``position``: layers with T5's relative-position term (a
+    :class:`~syntaxkernels.specs.RelativePositionSpec`; the plain baseline is the same)."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -230,9 +245,10 @@ def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: st
     with _compiled_not_run(arch):
         for name in names:
             full, cut = _batches(name)
-            first = count_device_kernels(_layer(full, heads, head_dim, torch_dtype))  # (also fills the plan)
-            later = count_device_kernels(_layer(full, heads, head_dim, torch_dtype))
-            host_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype), reps) * 1e6
+            first = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, position=position))  # (+ the plan)
+            later = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, position=position))
+            host_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, position=position),
+                                   reps) * 1e6
             plain_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, plain=True), reps) * 1e6
             rows.append(dict(workload=name, arch=arch, dtype=dtype, head_dim=head_dim, heads=heads,
                              shape=tuple(full.distance.shape[:2]) if not full.is_packed else (full.num_tokens,),

@@ -184,7 +184,8 @@ def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tenso
     """float32 ``[H, 2 * reach + 1]``: ``table[h, pbucket(r)] * log2(e)`` at index ``r + reach`` (``reach =
     spec.reach``): what every kernel gathers for T5's relative-position term, at ``clamp(j - i, -reach, reach) +
     reach`` (log2 domain, as the tree bias's LUT)."""
-    return (table.to(torch.float32)[:, spec.lut(table.device)] * LOG2E).contiguous()
+    buckets = device_constant(("position lut", spec), table, spec.lut)  # (built once per spec and device)
+    return (table.to(torch.float32)[:, buckets] * LOG2E).contiguous()
 
 
 #: A position boundary past every offset: its sum is the whole tile's (:func:`position_bounds`).
@@ -208,23 +209,34 @@ def position_bounds(spec: RelativePositionSpec) -> Tuple[torch.Tensor, torch.Ten
     return bounds, torch.tensor(buckets, dtype=torch.int64)
 
 
+def _bounds_to_buckets(spec: RelativePositionSpec) -> torch.Tensor:
+    """float32 ``[len(bounds), P]`` (CPU): ``A`` with ``position gradient = S @ A`` for the sums ``S`` of dS at the
+    boundaries of :func:`position_bounds`: range k's sum is ``S[k] - S[k - 1]`` and goes to its bucket, so ``A[k,
+    p] = [bucket(k) = p] - [bucket(k + 1) = p]`` (no term past the last range, zero rows for the padding slots)."""
+    bounds, interval_buckets = position_bounds(spec)
+    K = interval_buckets.numel()
+    one_hot = torch.zeros(bounds.numel() + 1, spec.num_buckets)
+    one_hot[torch.arange(K), interval_buckets] = 1.0
+    matrix = one_hot[:-1] - one_hot[1:]
+    matrix[K:] = 0.0
+    return matrix
+
+
 def position_gradient_from_bounds(bound_sums: torch.Tensor, spec: RelativePositionSpec,
                                   table: torch.Tensor) -> torch.Tensor:
     """The position table's gradient ``[H, P]`` (table's dtype) from the Triton kernels' sums of dS at each boundary
     of :func:`position_bounds` (float32 ``[H, len(bounds)]``: pairs at offsets ``<= bounds[t]``): consecutive
-    differences give each range's sum, then a product with the ranges' one-hot buckets (a fixed order)."""
-    _, interval_buckets = position_bounds(spec)
-    K = interval_buckets.numel()
-    prefix = bound_sums[:, :K].to(torch.float32)
-    ranges = prefix - torch.nn.functional.pad(prefix[:, :-1], (1, 0))
-    one_hot = torch.nn.functional.one_hot(interval_buckets.to(bound_sums.device), spec.num_buckets)
-    return (ranges @ one_hot.to(torch.float32)).to(table.dtype)
+    differences give each range's sum, which goes to its bucket: one product with a constant matrix
+    (:func:`_bounds_to_buckets`, built once per spec and device; a fixed order, no host sync)."""
+    matrix = device_constant(("position bounds to buckets", spec), bound_sums, lambda: _bounds_to_buckets(spec))
+    return (bound_sums.to(torch.float32) @ matrix).to(table.dtype)
 
 
 def position_gradient(offset_sums: torch.Tensor, spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:
     """The position table's gradient ``[H, P]`` (table's dtype) from the per-offset sums of dS, float32 ``[H, 2 *
     reach + 1]`` (index ``r + reach``, offsets beyond the reach summed into the ends): each bucket sums its offsets,
     by a product with the offsets' one-hot buckets (a fixed order: deterministic on every device)."""
-    one_hot = torch.nn.functional.one_hot(spec.lut(offset_sums.device), spec.num_buckets).to(torch.float32)
+    one_hot = device_constant(("position offsets to buckets", spec), offset_sums,
+                              lambda: torch.nn.functional.one_hot(spec.lut(), spec.num_buckets).to(torch.float32))
     return (offset_sums.to(torch.float32) @ one_hot).to(table.dtype)
 

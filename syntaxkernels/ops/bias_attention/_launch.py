@@ -466,10 +466,10 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     dq, dk, dv = output_like(q, D), output_like(k, D), output_like(v, DV)
     pos_sums = None
-    if pos_bounds is not None:
-        pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
     if dq.numel() == 0 or dv.numel() == 0:
         sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
+        if pos_bounds is not None:
+            pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
     configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1])
