@@ -39,8 +39,8 @@ SCRIPT = textwrap.dedent("""
 # sm_80 and sm_90. ``python -m syntaxkernels inspect --workload all`` covers every workload and family.
 CI_WORKLOADS = [("sentences", 64), ("sentences", 128), ("pairs", 64), ("odd-1000", 64)]
 CI_WORKLOAD_ARCHS = (80, 90)
-# T5's encoder layer (the relative-position term, RelativePositionSpec(): the tiled kernels with the term and its
-# gradient) on sentences at T5's head dim.
+# T5's encoder layer (the relative-position term, RelativePositionSpec(): on sentences the one-tile short-row kernels
+# with the term and the short table kernel's position-table gradient) on sentences at T5's head dim.
 CI_POSITION_WORKLOADS = [("sentences", 64)]
 
 WORKLOAD_SCRIPT = textwrap.dedent("""
@@ -115,8 +115,8 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
         keys_major = op.select_config("short", torch.bfloat16, head_dim, arch=arch).get("KEYS_MAJOR")
         one_tile = short_t if keys_major else short
         expected = one_tile if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
-        if case.endswith("rp32:128"):  # T5's position term: the tiled kernels on every row length
-            expected = tiled
+        if case.endswith("rp32:128") and rows > op.SHORT_ROW_LIMIT:  # T5's position term: the one-tile kernels,
+            expected = tiled  # else the tiled ones (the two-block kernels take no term)
         # (and the one-program epilogue that turns the bucket sums into the table's and strength's gradients)
         assert {r.kernel for r in group} == expected | {"_bias_table_grad_kernel"}, (case, arch,
                                                                                      {r.kernel for r in group})

@@ -3,10 +3,11 @@
 Against the reference in float64 and in the call's dtype (the tolerance rule of :mod:`syntaxkernels.tools.testing`),
 forward and every gradient (q, k, v, the tree table, the bias scale, the position table): float32, bfloat16 and
 float16, odd N (past the tiles and past the spec's reach), padding, an empty row, causal with a unidirectional spec,
-a distance window, a positional window, grouped-query k and v, dropout; the tiled kernels run it (rows the short-row
-kernels would take too), the position table's gradient without the tree table's; two runs (the second in a shuffled
-program order under the interpreter) give the same bits; the torch.library ops with the term pass opcheck and
-compile. Packed batches: the varlen kernels against the reference sequence by sequence (empty sequences, causal,
+a distance window, a positional window, grouped-query k and v, dropout; the tiled kernels run it past 64 tokens,
+the one-tile short-row kernels on rows of at most 64 (queries-major and keys-major, with the position table's
+gradient from the short table kernel); the position table's gradient without the tree table's; two runs (the second
+in a shuffled program order under the interpreter) give the same bits; the torch.library ops with the term pass
+opcheck and compile. Packed batches: the varlen kernels against the reference sequence by sequence (empty sequences, causal,
 positional window with dropout). The C++ kernels: test_relative_position_cpu.py.
 """
 import contextlib
@@ -43,8 +44,9 @@ def _grads(backend, case, dtype, grad_out, spec, ptable, want=GRADS, **kw):
 # id, (H, N, lengths), options of bias_attention_case, spec, options of the call, dtype
 CASES = [
     ("tiled-perhead-fp32", (3, 45, [45, 30]), dict(per_head=True), RelativePositionSpec(8, 16), {}, torch.float32),
-    ("short-rows-t5-bf16", (4, 20, [20, 13]), {}, RelativePositionSpec(), {}, torch.bfloat16),
     ("past-reach-fp32", (2, 130, [130, 71]), {}, RelativePositionSpec(8, 20), {}, torch.float32),
+    # Rows of 65..128 tokens (bf16, a shared table): the two-block short-row kernels take no term, the tiled ones run
+    ("two-block-rows-bf16", (2, 90, [90, 70]), {}, RelativePositionSpec(), {}, torch.bfloat16),
     ("causal-unidirectional-fp32", (2, 70, [70, 41]), {}, RelativePositionSpec(32, 128, False), dict(causal=True),
      torch.float32),
     ("window-empty-row-gqa-fp32", (4, 40, [40, 17]), dict(kv_heads=2, isolated=[(0, 3)]),
@@ -65,7 +67,8 @@ def test_triton_relative_position_matches_the_reference(monkeypatch, shape, case
     ptable = _position_table(H, spec, seed=N)
     g = _grad_out(case)
     got = _grads("triton", case, dtype, g, spec, ptable, **kw)
-    # The tiled kernels ran it, the term in every one of them (no short-row kernel, no reference)
+    # The tiled kernels ran it (past 64 tokens, or a per-head tree table), the term in every one of them (no
+    # short-row kernel, no reference)
     assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel"} <= set(names)
     assert not [n for n in names if "short" in n], names
     assert all(k.get("POSITION") for n, k in zip(names, names.kwargs) if n != "_bias_table_grad_kernel")
@@ -75,6 +78,128 @@ def test_triton_relative_position_matches_the_reference(monkeypatch, shape, case
     assert (plain[0] - ref64[0]).abs().max() > 1e-3  # the term matters here
     if case_opts.get("isolated"):
         assert got[0][0, :, 3].abs().max() == 0 and got[1]["dq"][0, :, 3].abs().max() == 0  # the empty row
+
+
+# id, (H, N, lengths), options of bias_attention_case, spec, options of the call, dtype, GPU family's arch (80: the
+# keys-major short backward, 90: the queries-major one), whether the short-row kernels take it
+SHORT_CASES = [
+    ("short-rows-t5-bf16", (4, 20, [20, 13]), {}, RelativePositionSpec(), {}, torch.bfloat16, 90, True),
+    ("short-rows-t5-bf16-keys-major", (4, 20, [20, 13]), {}, RelativePositionSpec(), {}, torch.bfloat16, 80, True),
+    ("short-rows-fp16-sentence", (3, 57, [57, 30]), {}, RelativePositionSpec(8, 20), {}, torch.float16, 90, True),
+    ("short-causal-unidirectional-fp16", (2, 50, [50, 31]), {}, RelativePositionSpec(32, 128, False),
+     dict(causal=True), torch.float16, 80, True),
+    ("short-gqa-empty-item-bf16", (4, 40, [40, 0]), dict(kv_heads=2), RelativePositionSpec(8, 20), {},
+     torch.bfloat16, 90, True),
+    ("short-window-empty-row-gqa-fp16", (4, 33, [33, 17]), dict(kv_heads=2, isolated=[(0, 3)]),
+     RelativePositionSpec(8, 20), dict(window=2), torch.float16, 80, True),
+    ("short-dropout-mqa-bf16", (4, 50, [50, 23]), dict(kv_heads=1), RelativePositionSpec(8, 20),
+     dict(dropout_p=0.2, dropout_seed=2 ** 40 + 7), torch.bfloat16, 80, True),
+    ("short-dropout-bf16", (2, 30, [30, 23]), {}, RelativePositionSpec(8, 20),
+     dict(dropout_p=0.2, dropout_seed=11), torch.bfloat16, 90, True),
+    ("short-position-window-bf16", (2, 40, [40, 25]), {}, RelativePositionSpec(8, 20), dict(position_window=5),
+     torch.bfloat16, 80, True),
+    # A per-head tree table: the short-row kernels hold one bias tile for every head, so the tiled kernels run.
+    ("short-rows-perhead-tree-fp16", (3, 40, [40, 21]), dict(per_head=True), RelativePositionSpec(8, 20), {},
+     torch.float16, 90, False),
+    ("short-rows-perhead-tree-bf16", (3, 40, [40, 21]), dict(per_head=True), RelativePositionSpec(8, 20), {},
+     torch.bfloat16, 80, False),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("shape,case_opts,spec,kw,dtype,arch,short", [c[1:] for c in SHORT_CASES],
+                         ids=[c[0] for c in SHORT_CASES])
+def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, spec, kw, dtype, arch, short):
+    """Rows of at most 64 tokens with the term (fp16/bf16, a shared tree table): the one-tile short-row forward and
+    backward (queries-major on sm_90's tiles, keys-major on sm_80's) with POSITION, and the position table's
+    gradient from the short table kernel (POSITION_GRAD): forward and every gradient against the reference; a
+    per-head tree table takes the tiled kernels."""
+    H, N, lengths = shape
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(arch) if P.interpreting() else None
+    try:
+        case = bias_attention_case(2, H, N, 16, lengths=lengths, seed=N + H, bias_scale=0.8, **case_opts)
+        ptable = _position_table(H, spec, seed=N)
+        g = _grad_out(case)
+        got = _grads("triton", case, dtype, g, spec, ptable, **kw)
+    finally:
+        if previous is not None:
+            P.interpret_as(previous)
+    kernels = {n: k for n, k in zip(names, names.kwargs)}
+    if not short:
+        assert not [n for n in names if "short" in n], names
+        assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"} <= set(names)
+    else:
+        if P.interpreting():
+            backward = "_bias_bwd_short_t_kernel" if arch == 80 else "_bias_bwd_short_kernel"
+        else:  # a real GPU takes its own family's kernel
+            backward = next(n for n in names if n in ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel"))
+        assert {"_bias_fwd_short_kernel", backward, "_bias_bwd_short_table_kernel"} <= set(names), names
+        assert not {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"} & set(names), names
+        assert kernels["_bias_fwd_short_kernel"].get("POSITION") and kernels[backward].get("POSITION")
+        assert kernels["_bias_bwd_short_table_kernel"].get("POSITION_GRAD")
+        assert bool(kernels[backward].get("DROPOUT")) == ("dropout_p" in kw)
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+    _assert_close(case, got, ref64, _grads("reference", case, dtype, g, spec, ptable, **kw), dtype)
+    plain = _grads("reference", case, torch.float64, g, spec, torch.zeros_like(ptable), **kw)
+    assert (plain[0] - ref64[0]).abs().max() > 1e-3  # the term matters here
+    assert ref64[1]["dposition"].abs().max() > 1e-3
+    for b, length in enumerate(lengths):  # rows past the length, and an empty item, are zeros
+        assert got[0][b, :, length:].abs().sum() == 0 and got[1]["dq"][b, :, length:].abs().sum() == 0
+    if case_opts.get("isolated"):
+        assert got[0][0, :, 3].abs().max() == 0 and got[1]["dq"][0, :, 3].abs().max() == 0  # the empty row
+
+
+@needs_triton
+def test_triton_short_rows_position_with_a_zero_scale(monkeypatch):
+    """The short-row forward takes the term as its first product's accumulator, divided by the score scale: a
+    zero scale runs the tiled forward instead, whose output (and dQ, from the short backward) match the reference.
+    (The short backward's table gradients divide by the scale its dS carries: not checked at scale 0.)"""
+    from syntaxkernels.tools.testing import assert_close_to_reference
+
+    spec = RelativePositionSpec(8, 20)
+    case = bias_attention_case(2, 2, 24, 16, lengths=[24, 9], seed=8)
+    ptable = _position_table(2, spec, seed=9)
+    g = _grad_out(case)
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    got = _grads("triton", case, torch.bfloat16, g, spec, ptable, want=("dq",), scale=0.0)
+    assert "_bias_fwd_kernel" in names and "_bias_fwd_short_kernel" not in names, names
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, want=("dq",), scale=0.0)
+    reflow = _grads("reference", case, torch.bfloat16, g, spec, ptable, want=("dq",), scale=0.0)
+    assert_close_to_reference(got[0], ref64[0], reflow[0], "out")
+    assert_close_to_reference(got[1]["dq"], ref64[1]["dq"], reflow[1]["dq"], "dq")
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("want", [("dq", "dposition"), ("dposition",), ("dk", "dv", "dtable")])
+def test_triton_short_rows_position_gradient_alone_or_not_at_all(monkeypatch, want, arch):
+    """Short rows: the position table's gradient without the tree table's (the short table kernel then compiles
+    the bucket sums out), only it, or none of it (no dS is written for it): each against the reference."""
+    from syntaxkernels.tools.testing import assert_close_to_reference
+
+    spec = RelativePositionSpec(16, 40)
+    case = bias_attention_case(2, 3, 45, 16, lengths=[45, 26], seed=3)
+    ptable = _position_table(3, spec, seed=4)
+    g = _grad_out(case)
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(arch) if P.interpreting() else None
+    try:
+        got = _grads("triton", case, torch.bfloat16, g, spec, ptable, want=want)
+    finally:
+        if previous is not None:
+            P.interpret_as(previous)
+    ref = _grads("reference", case, torch.float64, g, spec, ptable, want=want)
+    reflow = _grads("reference", case, torch.bfloat16, g, spec, ptable, want=want)
+    assert "_bias_fwd_short_kernel" in names and "_bias_bwd_dkdv_kernel" not in names, names
+    wanted_sums = "dtable" in want or "dposition" in want
+    assert ("_bias_bwd_short_table_kernel" in names) == wanted_sums, names
+    if wanted_sums:
+        table = names.kwargs[names.index("_bias_bwd_short_table_kernel")]
+        assert bool(table.get("POSITION_GRAD")) == ("dposition" in want)
+        assert table.get("TREE_GRAD", True) == ("dtable" in want)
+    for name in want:
+        assert_close_to_reference(got[1][name], ref[1][name], reflow[1][name], name)
 
 
 @needs_triton
@@ -97,18 +222,20 @@ def test_triton_position_gradient_alone_or_not_at_all(monkeypatch, want):
 
 
 @needs_triton
-def test_triton_relative_position_is_deterministic():
+@pytest.mark.parametrize("N,dtype", [(90, torch.float32), (40, torch.bfloat16)], ids=["tiled-fp32", "short-bf16"])
+def test_triton_relative_position_is_deterministic(N, dtype):
     """The position table's gradient is a fixed-order sum (per-program sums at the bucket boundaries, reduced
-    over the batch and the key blocks): two runs, the second in a shuffled program order, give the same bits."""
+    over the batch and the key blocks, or over the batch on short rows): two runs, the second in a shuffled
+    program order, give the same bits."""
     spec = RelativePositionSpec()
-    case = bias_attention_case(2, 4, 90, 16, lengths=[90, 47], seed=5, kv_heads=2)
+    case = bias_attention_case(2, 4, N, 16, lengths=[N, 47 * N // 90], seed=5, kv_heads=2)
     ptable = _position_table(4, spec, seed=6)
     g = _grad_out(case)
-    first = _grads("triton", case, torch.float32, g, spec, ptable)
+    first = _grads("triton", case, dtype, g, spec, ptable)
     from syntaxkernels.tools.checks import shuffled_program_order
 
     with shuffled_program_order(seed=3) if P.interpreting() else contextlib.nullcontext():
-        second = _grads("triton", case, torch.float32, g, spec, ptable)
+        second = _grads("triton", case, dtype, g, spec, ptable)
     assert torch.equal(first[0], second[0])
     for name in GRADS:
         assert torch.equal(first[1][name], second[1][name]), name

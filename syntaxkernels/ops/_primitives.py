@@ -255,6 +255,20 @@ def position_bias(pos_row, offset, reach):
 
 
 @triton.jit
+def opaque_offsets(offs, INTERPRETED: tl.constexpr):
+    """``offs`` (an int32 vector) through a non-pure ``mov``: a value the compiler cannot hoist out of the loop it
+    is formed in. The short-row kernels form each head's :func:`position_bias` index tile from it inside their head
+    loop: hoisted, that loop-invariant tile would hold 32 more registers a thread across the loop (they sit at the
+    255-register limit). The interpreter has no inline assembly; there it is the identity."""
+    if INTERPRETED:
+        result = offs
+    else:
+        result = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [offs], dtype=tl.int32, is_pure=False,
+                                           pack=1)
+    return result
+
+
+@triton.jit
 def build_lut(TABLE, SCALE, BUCKETS, lut_row, table_row, window, HAS_WINDOW: tl.constexpr):
     """Write one row of the bias LUT the kernels gather from: ``lut[d] = c * table[bucket(d)] * log2(e)`` for the 256
     uint8 distances (``-inf`` past ``window`` when HAS_WINDOW), then a barrier so that every thread of the program

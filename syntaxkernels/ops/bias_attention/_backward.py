@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .._primitives import (bucket_from_distance, distance_tile, dropout_keep, in_bucket, load_rows, lut_bias, mma,
-                           mma_acc, opaque_int32, position_bias, program_ids)
+                           mma_acc, opaque_int32, opaque_offsets, position_bias, program_ids)
 from ._forward import _allowed, _first_head, _head_step, _key_block, _key_block_range, _kv_offset, _tile_scores
 
 
@@ -486,7 +486,7 @@ def _bias_bwd_short_kernel(
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
-    GROUPED_KV: tl.constexpr = False,
+    GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """The backward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared
     by the heads: dQ, dK, dV and each head's dS for one batch item and every head, in one pass.
@@ -508,6 +508,10 @@ def _bias_bwd_short_kernel(
         DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
         seed, threshold, keep_scale, DROPOUT: the forward's attention dropout (its mask regenerated): dV takes the
             kept probabilities, dP the kept pairs (both scaled), so delta = rowsum(P * dP) stays exact.
+        POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the forward (compiled out without
+            POSITION): each head adds its own :func:`position_bias` tile to the scores it recomputes. Its table's
+            gradient is :func:`_bias_bwd_short_table_kernel`'s (POSITION_GRAD), from the dS tiles written here
+            (the launcher then sets TABLE_GRAD, which only decides that store).
     Grid: ``(B, HEAD_GROUPS)``: a program takes heads g, g + HEAD_GROUPS, ... (the launcher's
     :func:`._launch.head_groups`).
     """
@@ -537,7 +541,11 @@ def _bias_bwd_short_kernel(
                 scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
         # Rows past the length: zero q and lse = +inf, so P is exactly 0 there.
         lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
-        p = tl.exp2(scores * qk_scale2 + bias - lse[:, None])
+        scores = scores * qk_scale2 + bias
+        if POSITION:  # the head's own term (the forward's; its index tile formed per head, not held)
+            rows = opaque_offsets(offs_m, INTERPRETED)
+            scores += position_bias(POS_LUT + h * stride_ph, offs_n[None, :] - rows[:, None], reach)
+        p = tl.exp2(scores - lse[:, None])
         # dV^T = dO^T P first (P is then needed in fp32 only), then dP, dS, dQ = dS K and dK^T = Q^T dS: dS and
         # P are the second operand of the transposed products (no transposed copy of either). Those run over
         # OUT_CHUNK head-dim columns (their M: 64 keeps them on the warp-group instructions).
@@ -614,7 +622,7 @@ def _bias_bwd_short_t_kernel(
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr = False,
     OPAQUE_BIAS: tl.constexpr = False, GROUPED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0,
     DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
-    GROUPED_KV: tl.constexpr = False,
+    GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """:func:`_bias_bwd_short_kernel` with keys-major tiles (for mma.sync GPUs): the program forms
     ``S^T = K Q^T``, so that P^T and dS^T, accumulators, are the first operand of ``dV = P^T dO`` and
@@ -648,7 +656,11 @@ def _bias_bwd_short_t_kernel(
             else:
                 scores_t = mma_acc(k, tl.trans(q), scores_t, DOT_PRECISION)
         lse = tl.load(LSE + (b * HEADS + h) * stride_row + offs_m, mask=offs_m < length, other=float("inf"))
-        p_t = tl.exp2(scores_t * qk_scale2 + bias_t - lse[None, :])
+        scores_t = scores_t * qk_scale2 + bias_t
+        if POSITION:  # the head's own term (keys are rows: the offset j - i is offs_n - offs_m; formed per head)
+            columns = opaque_offsets(offs_m, INTERPRETED)
+            scores_t += position_bias(POS_LUT + h * stride_ph, offs_n[:, None] - columns[None, :], reach)
+        p_t = tl.exp2(scores_t - lse[None, :])
         if DROPOUT:  # (the forward's mask, transposed)
             keep_t = tl.trans(dropout_keep(seed, threshold, b * HEADS + h, offs_m, 0, BLOCK_M, BLOCK_N))
             p_in = tl.where(keep_t, p_t * keep_scale, 0.0).to(Q.dtype.element_ty)
@@ -980,7 +992,8 @@ def _bias_bwd_short_table_kernel(
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
     MAX_DISTANCE: tl.constexpr, LOG_DISTANCE: tl.constexpr, UNREACHABLE_BUCKET: tl.constexpr,
     LAST_DISTANCE_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1,
+    CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr, BLOCKS: tl.constexpr = 1, TREE_GRAD: tl.constexpr = True,
+    POS_BOUNDS=0, POS_PARTIALS=0, NUM_BOUNDS: tl.constexpr = 16, POSITION_GRAD: tl.constexpr = False,
 ):
     """The short-row table gradient: one dS tile of a batch item (:func:`_bias_bwd_short_kernel`'s or
     :func:`_bias_bwd_short2_kernel`'s ``DS_OUT``, ``[B, H, BLOCKS, BLOCKS, BLOCK_M, BLOCK_N]``) summed over the
@@ -988,7 +1001,15 @@ def _bias_bwd_short_table_kernel(
     its own distance tile (``BUCKET_LUT``: the bucket of each uint8 distance), over the pairs the length,
     causality and ``window`` (-1: none) allow: up to 31 buckets their bit set (an OR over the tile), else the
     lowest and highest; a tile without an allowed pair is not read. Writes
-    ``BUCKET_PARTIALS[(b * BLOCKS + q_block) * BLOCKS + k_block]`` (fp32 ``[NUM_BUCKETS]``).
+    ``BUCKET_PARTIALS[(b * BLOCKS + q_block) * BLOCKS + k_block]`` (fp32 ``[NUM_BUCKETS]``); TREE_GRAD False
+    (only the position table's gradient wanted) compiles that part out.
+
+    POS_BOUNDS, POS_PARTIALS, NUM_BOUNDS, POSITION_GRAD (one tile a sequence, ``BLOCKS = 1``; compiled out without
+    POSITION_GRAD): T5's position-table gradient, per head: each head's dS tile, read transposed (keys are rows),
+    gets the dK/dV kernel's boundary sums (:func:`_offset_prefix_sums`: the sum of dS over the pairs at offsets
+    ``j - i <= POS_BOUNDS[t]``), written to ``POS_PARTIALS[b, h]`` (fp32 ``[B, HEADS, NUM_BOUNDS]``, divided by the
+    score scale dS carries), which the launcher adds over the batch in a fixed order. Every row of the short
+    kernels' dS sums to zero up to fp32 rounding (exact delta), as the boundary sums need.
     Grid: ``(B, BLOCKS, BLOCKS)``."""
     b = tl.program_id(0).to(tl.int64)
     q_block = tl.program_id(1)
@@ -997,35 +1018,45 @@ def _bias_bwd_short_table_kernel(
     length = tl.minimum(tl.load(LENGTHS + b), N)
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    # A tile past the length (the second block of a short sequence) or above the causal diagonal: nothing to read.
-    reach = (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length)
-    if CAUSAL:
-        reach = reach & (k_block * BLOCK_N < (q_block + 1) * BLOCK_M)
-    if reach:
-        dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
-        allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
-        bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
-        if STATIC_BUCKETS:
-            present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
-            walk = present != 0
-        else:  # lowest + 256 * highest; lowest > highest: no allowed pair
-            lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
-            highest = tl.max(tl.where(allowed, bucket, 0))
-            present = lowest + 256 * highest
-            walk = lowest <= highest
-        if walk:
-            ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
-                    + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
-            ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for h in range(0, HEADS):
-                ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
-            sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
-                                UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
-    bucket_ids = tl.arange(0, BUCKETS_PAD)
-    totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
-    tl.store(BUCKET_PARTIALS + tile * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
-             mask=bucket_ids < NUM_BUCKETS)
+    if POSITION_GRAD:  # per head, every tile (a tile without an allowed pair holds zeros: its sums are 0)
+        bounds = tl.load(POS_BOUNDS + tl.arange(0, NUM_BOUNDS))
+        key_ok = offs_n < length
+        ptrs_t = (DS + b * HEADS * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M)[None, :] * BLOCK_N
+                  + tl.arange(0, BLOCK_N)[:, None])  # [keys, queries]
+        for h in range(0, HEADS):
+            pos_sums = _offset_prefix_sums(tl.zeros([NUM_BOUNDS], dtype=tl.float32),
+                                           tl.load(ptrs_t + h * (BLOCK_M * BLOCK_N)), 0, offs_m, key_ok, bounds)
+            tl.store(POS_PARTIALS + (b * HEADS + h) * NUM_BOUNDS + tl.arange(0, NUM_BOUNDS), pos_sums / scale)
+    if TREE_GRAD:
+        sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+        # A tile past the length (the second block of a short sequence) or above the causal diagonal: nothing to read.
+        reach = (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length)
+        if CAUSAL:
+            reach = reach & (k_block * BLOCK_N < (q_block + 1) * BLOCK_M)
+        if reach:
+            dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
+            allowed = _allowed(offs_m, offs_n, length, CAUSAL) & ((window < 0) | (dist.to(tl.int32) <= window))
+            bucket = tl.load(BUCKET_LUT + dist.to(tl.int32)).to(tl.int32)
+            if STATIC_BUCKETS:
+                present = tl.reduce(tl.where(allowed, 1 << bucket, 0), None, _bit_or)
+                walk = present != 0
+            else:  # lowest + 256 * highest; lowest > highest: no allowed pair
+                lowest = tl.min(tl.where(allowed, bucket, NUM_BUCKETS))
+                highest = tl.max(tl.where(allowed, bucket, 0))
+                present = lowest + 256 * highest
+                walk = lowest <= highest
+            if walk:
+                ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
+                        + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+                ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for h in range(0, HEADS):
+                    ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
+                sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                                    UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+        bucket_ids = tl.arange(0, BUCKETS_PAD)
+        totals = _bucket_totals(sums, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
+        tl.store(BUCKET_PARTIALS + tile * NUM_BUCKETS + bucket_ids, totals / scale,  # (dS carried the score scale)
+                 mask=bucket_ids < NUM_BUCKETS)
 
 
 @triton.jit

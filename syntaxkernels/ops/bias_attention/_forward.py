@@ -10,8 +10,8 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import (build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, position_bias,
-                           program_ids)
+from .._primitives import (build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, opaque_offsets,
+                           position_bias, program_ids)
 
 
 @triton.jit
@@ -253,7 +253,7 @@ def _bias_fwd_short_kernel(
     EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
     seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
-    band=0, GROUPED_KV: tl.constexpr = False,
+    band=0, GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -266,7 +266,9 @@ def _bias_fwd_short_kernel(
     are 0 with ``lse = +inf``, as in :func:`_bias_fwd_kernel`. Products over head-dim chunks (CHUNK for
     ``q k^T``, OUT_CHUNK for ``P V``).
 
-    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout and KV_GROUP likewise).
+    Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout, KV_GROUP and T5's
+    relative-position term likewise: with POSITION each head adds its own :func:`position_bias` tile to its scores
+    inside the head loop, the shared bias tile staying the tree's).
     Grid: ``(B, HEAD_GROUPS)``.
     """
     b = tl.program_id(0).to(tl.int64)
@@ -277,18 +279,27 @@ def _bias_fwd_short_kernel(
     dist = distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, N, True, EVEN_N)
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band),
                     lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
+    if POSITION:
+        inv_scale2 = 1.0 / qk_scale2
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+        if POSITION:
+            # The head's own term, as the first product's accumulator (divided by the scale the sum is multiplied
+            # by): added after the product, its gathered tile's layout would reach the row reductions, which then
+            # run (with the exponent) in both layouts. Its index tile is formed per head (opaque_offsets): not a
+            # tile held across the loop.
+            rows = opaque_offsets(offs_m, INTERPRETED)
+            scores = position_bias(POS_LUT + h * stride_ph, offs_n[None, :] - rows[:, None], reach) * inv_scale2
         for c in tl.static_range(0, BLOCK_D, CHUNK):
             offs_c = c + tl.arange(0, CHUNK)
             q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
             k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
-            if c == 0:
+            if c == 0 and not POSITION:
                 scores = mma(q, tl.trans(k), DOT_PRECISION)
             else:
                 scores = mma_acc(q, tl.trans(k), scores, DOT_PRECISION)
-        scores = scores * qk_scale2 + bias
+        scores = scores * qk_scale2 + bias  # (-inf where the shared bias excludes the pair, with the term too)
         m = tl.max(scores, 1)
         m = tl.where(m == float("-inf"), 0.0, m)  # a row without an allowed key: P = 0
         p = tl.exp2(scores - m[:, None])

@@ -85,10 +85,12 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
                    spec: BucketSpec, position: bool = False, grouped: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
-    and the tests' tile overrides). ``position``: a call with T5's relative-position term: the tiled kernels (the
-    short-row ones take no term), the table kernel's "table_extra" tiles and :data:`.configs.POSITION_CONFIGS`
-    (the term's registers). ``grouped``: grouped-query k and v (fewer key/value heads than query heads): the tiled
-    dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over the group's query heads)."""
+    and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
+    kernels on rows of at most :data:`.configs.SHORT_ROW_LIMIT` tokens (they take the term), else the tiled kernels
+    (also on rows of 65..128 tokens: the two-block kernels take no term), the table kernel's "table_extra" tiles
+    and :data:`.configs.POSITION_CONFIGS` (the term's registers). ``grouped``: grouped-query k and v (fewer
+    key/value heads than query heads): the tiled dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over
+    the group's query heads)."""
     from . import configs
 
     arch = current_arch()
@@ -100,17 +102,19 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     family = arch_family(arch)
     width = max(D, DV)
     extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT or position
+    short_ok = not position or N <= configs.SHORT_ROW_LIMIT  # (the two-block kernels take no term)
     found = LaunchConfigs(
-        fwd_short=None if position else _short_forward_config(N, dtype, width, lut_rows),
+        fwd_short=_short_forward_config(N, dtype, width, lut_rows),
         fwd=select_config("fwd", dtype, width),
-        short=None if position else _short_config(N, dtype, width, lut_rows, family, arch),
+        short=_short_config(N, dtype, width, lut_rows, family, arch) if short_ok else None,
         dq=select_config("dq", dtype, width, family),
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     overrides = [configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [configs.position_overrides(dtype, width, family, arch)] if position else []
     for override in overrides:
-        found = found._replace(**{kind: dict(getattr(found, kind), **fields) for kind, fields in override.items()})
+        found = found._replace(**{kind: dict(getattr(found, kind), **fields) for kind, fields in override.items()
+                                  if getattr(found, kind) is not None})
     if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
         _CONFIGS[key] = found
     return found
@@ -305,7 +309,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         dropout_p, dropout_seed: attention dropout on the probabilities (0: compiled out); the lse stays the
             undropped one, so the backward recomputes P and regenerates the mask from the seed.
         pos_lut, reach: T5's relative-position term (None: none): fp32 ``[H, 2 * reach + 1]``
-            (:func:`._host.position_lut`); such a call runs the tiled kernels (the short-row ones take no term).
+            (:func:`._host.position_lut`); the short-row forward takes it too.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -322,6 +326,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     lut_args = (table, bias_scale, bucket_lut)
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1])
     short = configs.fwd_short
+    if pos_lut is not None and abs(scale) < 1e-30:  # (the short forward divides the term by the score scale)
+        short = None
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
         launch(_bias_fwd_short_kernel, (B, groups),
@@ -484,17 +490,18 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if short is not None:
         if group == 1:
             return _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                   table_grad, short, dq, dk, dv, delta, drop, band) + (None,)
+                                   table_grad, short, dq, dk, dv, delta, drop, band, position, pos_bounds)
         # Grouped-query attention: the short-row kernels store each query head's dK and dV (in q's dtype, as
         # without grouping: fp32 stores would spill), summed over each group here in fp32, in a fixed order.
         dk_heads = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
         dv_heads = torch.empty((B, H, N, DV), dtype=q.dtype, device=q.device)
-        dq, dk_heads, dv_heads, sums = _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window,
-                                                       causal, spec, table_grad, short, dq, dk_heads, dv_heads, delta,
-                                                       drop, band)
+        dq, dk_heads, dv_heads, sums, pos_sums = _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale,
+                                                                 window, causal, spec, table_grad, short, dq,
+                                                                 dk_heads, dv_heads, delta, drop, band, position,
+                                                                 pos_bounds)
         dk.copy_(dk_heads.view(B, H // group, group, N, D).sum(2, dtype=torch.float32))
         dv.copy_(dv_heads.view(B, H // group, group, N, DV).sum(2, dtype=torch.float32))
-        return dq, dk, dv, sums, None
+        return dq, dk, dv, sums, pos_sums
     # The dK/dV kernel reads the pair (query i, key j) at [b, j, i] (a tile contiguous along the queries).
     distance_t = meta.distance_t
     strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), stride_lh, delta.stride(1))
@@ -571,22 +578,27 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
 
 
 def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
-                    dq, dk, dv, delta, drop=None, band=None):
+                    dq, dk, dv, delta, drop=None, band=None, position=None, pos_bounds=None):
     """:func:`bias_attention_backward` for short rows (one tile a sequence): :func:`_bias_bwd_short_kernel`
-    (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad``
-    :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once). ``dk``, ``dv``: per query
-    head (``[B, H, N, *]``: grouped-query k, v are read at head ``h // (H / H_kv)``, their gradients summed by the
-    caller)."""
+    (every head of one batch item a program: dQ, dK, dV and each head's dS), then with ``table_grad`` or
+    ``pos_bounds`` :func:`_bias_bwd_short_table_kernel` (the heads' dS summed and reduced per bucket once; each
+    head's sums at T5's position boundaries). ``dk``, ``dv``: per query head (``[B, H, N, *]``: grouped-query k, v
+    are read at head ``h // (H / H_kv)``, their gradients summed by the caller); ``position``: T5's term's kernel
+    arguments (:func:`_position`; one tile a sequence only). Returns ``(dq, dk, dv, sums, pos_sums)`` as
+    :func:`_backward_kernels`."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
+    position = position or {}
     if N > block:
+        assert not position, "the two-block short-row kernels take no relative-position term"
         return _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                table_grad, config, dq, dk, dv, delta, band)
+                                table_grad, config, dq, dk, dv, delta, band) + (None,)
     # Each head's dS: B * H tiles of BLOCK^2 fp32 (16 KiB a head and sequence at BLOCK = 64).
-    ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if table_grad else lengths
+    want_ds = table_grad or pos_bounds is not None
+    ds = torch.empty((B, H, block, block), dtype=torch.float32, device=q.device) if want_ds else lengths
     groups = head_groups(B, H, q.device) if config["GROUPED"] else 1
     if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
         config = {**config, **config["GROUPED_CONFIG"]}
@@ -599,22 +611,33 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
            BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
            DQ_T=config["DQ_T"], EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
-           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
+           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=want_ds, DOT_PRECISION=dot_precision(q.dtype),
            INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"], **_kv_group(H // k.shape[1]),
-           num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}), **(band or {}))
-    if not table_grad:
-        return dq, dk, dv, None
-    return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1,
-                                             select_config("short_table", q.dtype, max(D, DV)))
+           num_warps=config["num_warps"], num_stages=config["num_stages"], **(drop or {}), **(band or {}),
+           **position)
+    if not want_ds:
+        return dq, dk, dv, None, None
+    return (dq, dk, dv) + _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 1,
+                                                select_config("short_table", q.dtype, max(D, DV)), table_grad,
+                                                pos_bounds)
 
 
-def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, blocks, table_config):
-    """The per-tile bucket sums of the short-row kernels' dS tiles (:func:`_bias_bwd_short_table_kernel`, launched
-    with ``table_config``'s warps and stages), as :func:`_backward_kernels` returns them (one table row)."""
+def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, blocks, table_config,
+                          table_grad=True, pos_bounds=None):
+    """``(sums, pos_sums)``: the per-tile bucket sums of the short-row kernels' dS tiles
+    (:func:`_bias_bwd_short_table_kernel`, launched with ``table_config``'s warps and stages), as
+    :func:`_backward_kernels` returns them (one table row; None without ``table_grad``), and with ``pos_bounds`` (one
+    tile a sequence) each head's sums at T5's position boundaries, fp32 ``[H, len(pos_bounds)]`` (the items' summed
+    in a fixed order), else None."""
     B, N = distance.shape[0], distance.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
-    partials = torch.empty((B * blocks * blocks, T), dtype=torch.float32, device=ds.device)
+    partials = torch.empty((B * blocks * blocks, T), dtype=torch.float32, device=ds.device) if table_grad else lengths
+    gradient = {}
+    if pos_bounds is not None:
+        assert blocks == 1, "the position boundary sums take one tile a sequence"
+        gradient = dict(POS_BOUNDS=pos_bounds, NUM_BOUNDS=pos_bounds.numel(), POSITION_GRAD=True,
+                        POS_PARTIALS=torch.empty((B, H, pos_bounds.numel()), dtype=torch.float32, device=ds.device))
     launch(_bias_bwd_short_table_kernel, (B, blocks, blocks),
            ds, distance, _bucket_lut(spec, distance), lengths, partials, *distance.stride(), _padded(N), scale,
            window, HEADS=H, NUM_BUCKETS=T, BUCKETS_PAD=max(16, triton.next_power_of_2(T)),
@@ -622,8 +645,11 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
            LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
            LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1, BLOCK_M=block, BLOCK_N=block,
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, INTERPRETED=interpreting(), BLOCKS=blocks,
-           num_warps=table_config["num_warps"], num_stages=table_config["num_stages"])
-    return partials, 1, 1, B * blocks * blocks
+           num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
+           **({} if table_grad else dict(TREE_GRAD=False)), **gradient)
+    # Fixed-order sums over the batch: deterministic.
+    pos_sums = gradient["POS_PARTIALS"].sum(0) if gradient else None
+    return ((partials, 1, 1, B * blocks * blocks) if table_grad else None), pos_sums
 
 
 def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
@@ -671,7 +697,7 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     if not table_grad:
         return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2,
-                                             select_config("short_table", q.dtype, max(D, DV)))
+                                             select_config("short_table", q.dtype, max(D, DV)))[0]
 
 
 # ---------------------------------------------------------------------------------------------------------

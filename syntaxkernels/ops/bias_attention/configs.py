@@ -315,7 +315,7 @@ _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 _SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled kernels at small N
 
 
-#: Tiles of the tiled kernels in calls with T5's relative-position term, over :data:`CONFIGS` (those calls also take
+#: Tiles of the kernels in calls with T5's relative-position term, over :data:`CONFIGS` (those calls also take
 #: the table kernel's "table_extra" tiles): ``(kind, family, dtype class, head-dim class) -> fields``, the family's
 #: entry first, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
 #: Each entry was compiled for its family on the sentences and finetune-512 workloads (``inspect --workload ...
@@ -347,6 +347,13 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # spills 8 B there (64x32 does not).
     ("dq", "sm100", "half", 64): dict(num_stages=2),
     ("table", "sm120", "half", 64): dict(BLOCK_M=64),
+    # The one-tile short-row backward (rows of at most 64 tokens take the short-row kernels with the term):
+    # sm_100 at D = 128 spills 8 B with Blackwell's tiles (whole 64-column chunks); eight warps do not.
+    ("short", "sm100", "half", 128): dict(num_warps=8),
+    # The one-tile short-row forward: sm_120 at D = 128 spills 16 B with the family's tiles (the term's tile is the
+    # first product's accumulator); score products over head-dim chunks of 16 do not (eight warps do not either,
+    # but compute the exponent twice: 1.6x the instructions).
+    ("fwd_short", "sm120", "half", 128): dict(CHUNK=16),
 }
 
 

@@ -158,7 +158,7 @@ def check_grouped_query(device):
 def check_relative_position(device):
     """T5's relative-position term (``RelativePositionSpec()``: 32 buckets, reach 128; unscaled scores, a per-head
     position table taking its gradient) beside the tree bias, bf16 sentence-sized rows (ragged, one empty) on the
-    tiled kernels, against the reference: the usual outputs and the position table's gradient."""
+    one-tile short-row kernels, against the reference: the usual outputs and the position table's gradient."""
     import syntaxkernels as sk
     from syntaxkernels.specs import RelativePositionSpec
     from syntaxkernels.tools.testing import compare_to_reference
