@@ -59,6 +59,7 @@ import pathlib
 import platform
 import sys
 import time
+import types
 
 import torch
 
@@ -199,25 +200,27 @@ def check_examples(items):
     return len(items)
 
 
-def check_init_equal(vocab_size, items):
+def check_init_equal(vocab_size, items, task=None):
     """(2): a fresh syntax model is the plain model: logits and generate in eval mode, the loss in training mode
-    under the same seed (the same dropout masks)."""
-    plain = new_model(vocab_size, 0, "plain")
+    under the same seed (the same dropout masks). ``task``: a namespace with this module's ``new_model``,
+    ``make_batch``, ``loss_and_logits`` and ``greedy`` (another miniature's; default this module's)."""
+    t = task if task is not None else types.SimpleNamespace(**globals())
+    plain = t.new_model(vocab_size, 0, "plain")
     worst = 0.0
     for kind in ARMS[1:]:
-        patched = new_model(vocab_size, 0, kind)
+        patched = t.new_model(vocab_size, 0, kind)
         for model in (plain, patched):
             model.eval()
-        ref_batch, batch = make_batch(items, "plain"), make_batch(items, kind)
+        ref_batch, batch = t.make_batch(items, "plain"), t.make_batch(items, kind)
         with torch.no_grad():
-            ref, out = loss_and_logits(plain, ref_batch)[1], loss_and_logits(patched, batch)[1]
+            ref, out = t.loss_and_logits(plain, ref_batch)[1], t.loss_and_logits(patched, batch)[1]
             worst = max(worst, float((out - ref).abs().max()))
-            same_answers = greedy(plain, ref_batch) == greedy(patched, batch)
+            same_answers = t.greedy(plain, ref_batch) == t.greedy(patched, batch)
             losses = []
             for model, b in ((plain, ref_batch), (patched, batch)):
                 model.train()
                 torch.manual_seed(7)
-                losses.append(float(loss_and_logits(model, b)[0]))
+                losses.append(float(t.loss_and_logits(model, b)[0]))
         if worst > 1e-4:
             raise SystemExit(f"CHECK FAILED: fresh {kind} model differs from the plain model at init by {worst:.3g}")
         if not same_answers:
@@ -244,22 +247,30 @@ def evaluate(model, held, kind, size=128):
     return sum(right) / len(right), right
 
 
-def run(arm, seed, train, held, vocab_size, args):
-    model = new_model(vocab_size, seed, arm)
+def train_arm(arm, seed, train, held, vocab_size, args, task=None):
+    """One arm's training run: ``(model, losses, curve, seconds)``, the held-out exact match (``evaluate(...)[0]``)
+    printed and put in ``curve`` every ``args.eval_every`` steps but the last. ``task``: as in
+    :func:`check_init_equal` (``new_model``, ``make_batch``, ``loss_and_logits``, ``evaluate``)."""
+    t = task if task is not None else types.SimpleNamespace(**globals())
+    model = t.new_model(vocab_size, seed, arm)
     take_step, stream = training(model, arm, seed, len(train), args)
     losses, curve = [], []
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
-        losses.append(take_step(loss_and_logits(model, make_batch([train[i] for i in next(stream)], arm))[0]))
+        losses.append(take_step(t.loss_and_logits(model, t.make_batch([train[i] for i in next(stream)], arm))[0]))
         if step % args.eval_every == 0 and step != args.steps:
             state = torch.random.get_rng_state()
-            accuracy = evaluate(model, held, arm)[0]
+            accuracy = t.evaluate(model, held, arm)[0]
             torch.random.set_rng_state(state)  # evaluation draws nothing, but keep the masks aligned regardless
             curve.append((step, round(accuracy, 4)))
             print(f"  {arm:6s} seed {seed} step {step:5d}: train loss (last 50) "
                   f"{sum(losses[-50:]) / len(losses[-50:]):.3f}, held-out exact match {accuracy:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
-    seconds = time.perf_counter() - start
+    return model, losses, curve, time.perf_counter() - start
+
+
+def run(arm, seed, train, held, vocab_size, args):
+    model, losses, curve, seconds = train_arm(arm, seed, train, held, vocab_size, args)
     accuracy, right = evaluate(model, held, arm)
     curve.append((args.steps, round(accuracy, 4)))
     tail = losses[-50:]
@@ -268,16 +279,22 @@ def run(arm, seed, train, held, vocab_size, args):
                   adjacent_accuracy=_share(right, [abs(x["offset"]) == 1 for x in held]),
                   distant_accuracy=_share(right, [abs(x["offset"]) > 1 for x in held]))
     if arm != "plain":
-        from syntaxkernels.integrations.transformers import syntax_parameters
-
-        params = syntax_parameters(model)
-        result["syntax_bias"] = {}  # c * table per layer: the bias each distance bucket adds
-        for name, table in params.items():
-            if name.endswith("distance_bias"):
-                scale = params[name[:-len("distance_bias")] + "bias_scale"]
-                layer = name.split(".")[2]
-                result["syntax_bias"][layer] = [round(x, 3) for x in (scale * table).detach().flatten().tolist()]
+        result["syntax_bias"] = bias_tables(model)
     return result
+
+
+def bias_tables(model):
+    """``{layer index: c * table}``: the bias each distance bucket adds in each syntax layer (rounded)."""
+    from syntaxkernels.integrations.transformers import syntax_parameters
+
+    params = syntax_parameters(model)
+    out = {}
+    for name, table in params.items():
+        if name.endswith("distance_bias"):
+            scale = params[name[:-len("distance_bias")] + "bias_scale"]
+            layer = next(part for part in name.split(".") if part.isdigit())
+            out[layer] = [round(x, 3) for x in (scale * table).detach().flatten().tolist()]
+    return out
 
 
 def _share(right, keep):
@@ -285,37 +302,45 @@ def _share(right, keep):
     return sum(chosen) / max(len(chosen), 1)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc, argv, max_words=40, steps=1500, eval_every=500, quick_limit=300, quick_steps=60):
+    """The miniatures' command line (this one's defaults unless given); ``--quick``: the first ``quick_limit``
+    sentences, ``quick_steps`` steps, seed 0. Adds ``seed_list`` and ``arm_list`` (checked against ``ARMS``); sets the
+    thread count."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--data", type=pathlib.Path, default=None, help="one CoNLL-U file, split 90 / 10")
     parser.add_argument("--train", type=pathlib.Path, default=None, help="a training split (with --held-out)")
     parser.add_argument("--held-out", type=pathlib.Path, default=None)
-    parser.add_argument("--max-words", type=int, default=40)
+    parser.add_argument("--max-words", type=int, default=max_words)
     parser.add_argument("--limit", type=int, default=None, help="the first N sentences of --data only (a smoke run)")
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=eval_every)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 300 sentences, 60 steps, seed 0")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke run: {quick_limit} sentences, {quick_steps} steps, seed 0")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     if args.quick:
-        args.limit, args.steps, args.eval_every, args.seeds, args.warmup = args.limit or 300, 60, 30, "0", 20
+        args.limit, args.steps, args.seeds = args.limit or quick_limit, quick_steps, "0"
+        args.eval_every, args.warmup = quick_steps // 2, 20
+    args.seed_list, args.arm_list = [int(s) for s in args.seeds.split(",")], args.arms.split(",")
+    if any(a not in ARMS for a in args.arm_list):
+        raise SystemExit(f"--arms: choose from {ARMS}")
     torch.set_num_threads(args.threads)
-    import transformers
+    return args
 
+
+def main(argv=None):
+    args = arguments(__doc__, argv)
     train_s, held_s, where = load(args)
     vocab = task_vocab(train_s)
     train = [x for s in train_s for x in examples(s, vocab)]
     held = [x for s in held_s for x in examples(s, vocab)]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    arms = args.arms.split(",")
-    if any(a not in ARMS for a in arms):
-        raise SystemExit(f"--arms: choose from {ARMS}")
+    seeds, arms = args.seed_list, args.arm_list
     if not train or not held:
         raise SystemExit("no examples: the training or the held-out part has no eligible marked word")
     words = {i: w for w, i in vocab.items()}
@@ -335,24 +360,14 @@ def main(argv=None):
           f"syntax / chain models = plain (logits max |diff| {worst:.2g}, the same greedy answers, the same "
           f"training-mode loss under one seed)")
 
-    results = dict(conditions=dict(data=where, train_sentences=len(train_s), held_out_sentences=len(held_s),
-                                   train_examples=len(train), held_out_examples=len(held), vocab=len(vocab),
-                                   steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
-                                   max_words=args.max_words, seeds=seeds, model=MODEL,
-                                   threads=torch.get_num_threads(), torch=torch.__version__,
-                                   transformers=transformers.__version__, python=platform.python_version(),
-                                   baselines=dict(word_after=after, word_before=before, head_adjacent=adjacent),
-                                   checks=dict(init_max_diff=worst)),
-                   runs=[])
-    for seed in seeds:
-        for arm in arms:
-            r = run(arm, seed, train, held, len(vocab), args)
-            results["runs"].append(r)
-            print(f"{arm:6s} seed {seed}: held-out exact match {r['accuracy']:.4f} ({r['correct']}/{r['evaluated']}; "
-                  f"head next to the word {r['adjacent_accuracy']:.3f}, farther {r['distant_accuracy']:.3f}); "
-                  f"train loss {r['train_loss_last50']:.3f}; {r['seconds']:.0f} s", flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=1))
+    results = run_arms(args, arms, seeds, lambda arm, seed: run(arm, seed, train, held, len(vocab), args),
+                       lambda r: f"held-out exact match {r['accuracy']:.4f} ({r['correct']}/{r['evaluated']}; head "
+                                 f"next to the word {r['adjacent_accuracy']:.3f}, farther {r['distant_accuracy']:.3f})",
+                       conditions(args, where, seeds, MODEL, train_sentences=len(train_s),
+                                  held_out_sentences=len(held_s), train_examples=len(train),
+                                  held_out_examples=len(held), vocab=len(vocab),
+                                  baselines=dict(word_after=after, word_before=before, head_adjacent=adjacent),
+                                  checks=dict(init_max_diff=worst)))
     print("\narm     exact match mean ± sd [min, max]    adjacent head   farther head   train loss   seconds/run")
     for arm in arms:
         rs = [r for r in results["runs"] if r["arm"] == arm]
@@ -361,18 +376,48 @@ def main(argv=None):
                                                                           "train_loss_last50", "seconds"))
         print(f"{arm:6s}  {m:.4f} ± {sd:.4f} [{lo:.4f}, {hi:.4f}]   {near:.4f}          {far:.4f}         "
               f"{loss:.3f}      {sec:.0f}")
+    differences_and_tables(results, arms, ("accuracy",))
+    return 0
+
+
+def conditions(args, where, seeds, model, **own):
+    """The conditions a miniature records: the shared ones (command line, versions) and its ``own``."""
+    import transformers
+
+    return dict(data=where, **own, steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
+                max_words=args.max_words, seeds=seeds, model=model, threads=torch.get_num_threads(),
+                torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version())
+
+
+def run_arms(args, arms, seeds, run_one, describe, conditions):
+    """Every arm of every seed (``run_one(arm, seed) -> result``), one line each (``describe(result)``), the results
+    rewritten to ``args.json`` after each run; returns ``{"conditions": ..., "runs": [...]}``."""
+    results = dict(conditions=conditions, runs=[])
+    for seed in seeds:
+        for arm in arms:
+            r = run_one(arm, seed)
+            results["runs"].append(r)
+            print(f"{arm:6s} seed {seed}: {describe(r)}; train loss {r['train_loss_last50']:.3f}; "
+                  f"{r['seconds']:.0f} s", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def differences_and_tables(results, arms, keys):
+    """Prints each syntax arm's difference from ``plain`` in ``keys``, seed by seed, and the learned bias tables."""
     if "plain" in arms:
-        base = {r["seed"]: r["accuracy"] for r in results["runs"] if r["arm"] == "plain"}
+        base = {r["seed"]: r for r in results["runs"] if r["arm"] == "plain"}
         for arm in arms:
             if arm != "plain":
-                d = [r["accuracy"] - base[r["seed"]] for r in results["runs"]
+                d = [[r[k] - base[r["seed"]][k] for k in keys] for r in results["runs"]
                      if r["arm"] == arm and r["seed"] in base]
-                print(f"{arm} - plain, same seed: " + ", ".join(f"{v:+.4f}" for v in d))
+                print(f"{arm} - plain, same seed ({', '.join(keys)}): "
+                      + ", ".join("(" + ", ".join(f"{v:+.4f}" for v in row) + ")" for row in d))
     for r in results["runs"]:
         if "syntax_bias" in r:
             print(f"{r['arm']:6s} seed {r['seed']}: c * table (distance buckets 0..10, unreachable) "
                   + "; ".join(f"layer {k}: {v}" for k, v in r["syntax_bias"].items()))
-    return 0
 
 
 if __name__ == "__main__":
