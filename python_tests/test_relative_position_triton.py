@@ -11,6 +11,7 @@ opcheck and compile. Packed batches: the varlen kernels against the reference se
 positional window with dropout). The C++ kernels: test_relative_position_cpu.py.
 """
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -151,10 +152,11 @@ def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, s
 
 
 @needs_triton
-def test_triton_short_rows_position_with_a_zero_scale(monkeypatch):
-    """The short-row forward takes the term as its first product's accumulator, divided by the score scale: a
-    zero scale runs the tiled forward instead, whose output (and dQ, from the short backward) match the reference.
-    (The short backward's table gradients divide by the scale its dS carries: not checked at scale 0.)"""
+@pytest.mark.parametrize("with_term", [True, False], ids=["term", "no-term"])
+def test_triton_short_rows_with_a_zero_scale(monkeypatch, with_term):
+    """The short-row kernels divide by the score scale (the term in the forward's first product, the bucket sums of
+    the backward's dS): a zero scale runs the tiled kernels instead, forward and backward, and every gradient (the
+    tree table's and the position table's too) matches the reference."""
     from syntaxkernels.tools.testing import assert_close_to_reference
 
     spec = RelativePositionSpec(8, 20)
@@ -162,12 +164,26 @@ def test_triton_short_rows_position_with_a_zero_scale(monkeypatch):
     ptable = _position_table(2, spec, seed=9)
     g = _grad_out(case)
     names = spy_launches(monkeypatch, fresh_configs=True)
-    got = _grads("triton", case, torch.bfloat16, g, spec, ptable, want=("dq",), scale=0.0)
-    assert "_bias_fwd_kernel" in names and "_bias_fwd_short_kernel" not in names, names
-    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, want=("dq",), scale=0.0)
-    reflow = _grads("reference", case, torch.bfloat16, g, spec, ptable, want=("dq",), scale=0.0)
+    want = GRADS if with_term else GRADS[:5]
+    kw = dict(want=want, scale=0.0)
+    if with_term:
+        got = _grads("triton", case, torch.bfloat16, g, spec, ptable, **kw)
+        ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+        reflow = _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw)
+    else:  # the tree bias alone (no position arguments)
+        from syntaxkernels.tools.testing import bias_attention_grads
+
+        def run(backend, dtype):
+            op = functools.partial(sk.syntax_bias_attention, backend=backend, scale=0.0)
+            out, grads = bias_attention_grads(op, case, dtype, g, DEVICE if backend == "triton" else "cpu")
+            return out.cpu(), {n: grads[m].cpu() for n, m in zip(want, ("dq", "dk", "dv", "dtable", "dbias_scale"))}
+        got, ref64, reflow = run("triton", torch.bfloat16), run("reference", torch.float64), run(
+            "reference", torch.bfloat16)
+    assert not [n for n in names if "short" in n] and "_bias_fwd_kernel" in names, names
     assert_close_to_reference(got[0], ref64[0], reflow[0], "out")
-    assert_close_to_reference(got[1]["dq"], ref64[1]["dq"], reflow[1]["dq"], "dq")
+    for name in want:
+        assert torch.isfinite(got[1][name]).all(), name
+        assert_close_to_reference(got[1][name], ref64[1][name], reflow[1][name], name)
 
 
 @needs_triton

@@ -82,7 +82,8 @@ _CONFIGS = {}
 
 
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
-                   spec: BucketSpec, position: bool = False, grouped: bool = False) -> LaunchConfigs:
+                   spec: BucketSpec, position: bool = False, grouped: bool = False,
+                   scale: float = 1.0) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
     and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
@@ -90,21 +91,24 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     (also on rows of 65..128 tokens: the two-block kernels take no term), the table kernel's "table_extra" tiles
     and :data:`.configs.POSITION_CONFIGS` (the term's registers). ``grouped``: grouped-query k and v (fewer
     key/value heads than query heads): the tiled dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over
-    the group's query heads)."""
+    the group's query heads). ``scale``: the score scale; below 1e-30 in magnitude (0: a call that ignores q k^T)
+    the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
+    product carry it)."""
     from . import configs
 
     arch = current_arch()
+    tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS,
-           position, grouped)
+           position, grouped, tiny)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
     family = arch_family(arch)
     width = max(D, DV)
     extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT or position
-    short_ok = not position or N <= configs.SHORT_ROW_LIMIT  # (the two-block kernels take no term)
+    short_ok = not tiny and (not position or N <= configs.SHORT_ROW_LIMIT)  # (the two-block kernels take no term)
     found = LaunchConfigs(
-        fwd_short=_short_forward_config(N, dtype, width, lut_rows),
+        fwd_short=_short_forward_config(N, dtype, width, lut_rows) if not tiny else None,
         fwd=select_config("fwd", dtype, width),
         short=_short_config(N, dtype, width, lut_rows, family, arch) if short_ok else None,
         dq=select_config("dq", dtype, width, family),
@@ -324,10 +328,9 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
         return out, lse, _host_lut(table, bias_scale, bucket_lut, window)
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1])
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1],
+                             scale)
     short = configs.fwd_short
-    if pos_lut is not None and abs(scale) < 1e-30:  # (the short forward divides the term by the score scale)
-        short = None
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
         launch(_bias_fwd_short_kernel, (B, groups),
@@ -478,7 +481,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
             pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1])
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale)
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
