@@ -5,6 +5,7 @@ Public API (docs/api.md)::
     sk.tree_distance(heads, lengths=None) -> uint8 [B, N, N]
     sk.graph_distance(edges, lengths=None, *, directed=False) -> uint8 [B, N, N]
     sk.GraphBatch.from_edges(edges, lengths=None, *, directed=False, packed=False)
+    sk.RelationBatch.from_plans(plans, buckets) / .from_distances(distances [B, R, N, N], buckets, lengths)
     sk.TreeBatch.from_heads(heads, lengths=None)
     sk.BucketSpec, sk.MaskSpec
     sk.syntax_bias_attention(q, k, v, distance, table, *, buckets, ...)
@@ -31,6 +32,7 @@ _LAZY = {
     "tree_distance": (".trees", "tree_distance"),
     "graph_distance": (".trees", "graph_distance"),
     "GraphBatch": (".trees", "GraphBatch"),
+    "RelationBatch": (".trees", "RelationBatch"),
     "syntax_bias_attention": (".ops", "syntax_bias_attention"),
     "syntax_subnetwork_attention": (".ops", "syntax_subnetwork_attention"),
     "reference": (".reference", None),
@@ -50,6 +52,7 @@ __all__ = [
     "tree_distance",
     "graph_distance",
     "GraphBatch",
+    "RelationBatch",
     "syntax_bias_attention",
     "syntax_subnetwork_attention",
     "reference",

@@ -111,8 +111,8 @@ def _distance_and_lengths(trees: TreesLike, lengths):
         return trees.distance, trees.lengths if lengths is None else lengths
     if isinstance(trees, StructurePlan) and not trees.is_packed:  # another source's plan (a GraphBatch)
         return trees.distance, trees.kernel_lengths if lengths is None else lengths
-    if isinstance(trees, torch.Tensor) and trees.dtype == torch.uint8 and trees.dim() == 3:
-        return trees, lengths  # its size is checked by the op (ValueError)
+    if isinstance(trees, torch.Tensor) and trees.dtype == torch.uint8 and trees.dim() in (3, 4):
+        return trees, lengths  # its size is checked by the op (ValueError); 4-D: R relations [B, R, N, N]
     if isinstance(trees, torch.Tensor):
         what = f"a {trees.dtype} tensor of shape {tuple(trees.shape)}"
     else:
@@ -128,6 +128,8 @@ def _tree_shape(trees) -> Optional[Tuple[int, int]]:
         return tuple(trees.distance.shape[:2])
     if isinstance(trees, torch.Tensor) and trees.dim() == 3:
         return tuple(trees.shape[:2])
+    if isinstance(trees, torch.Tensor) and trees.dim() == 4:  # R relations [B, R, N, N]
+        return trees.shape[0], trees.shape[2]
     return None
 
 
@@ -213,27 +215,59 @@ class DistanceBias(nn.Module):
         per_head: one table per head (``distance_bias [H, T]``) instead of one shared ``[T]``.
         learnable_scale: learn the strength c (``bias_scale [1]``); when False ``bias_scale`` is None (c = 1).
         backend: "auto", "triton" or "reference".
+        relations: R, for several relations per score (a :class:`~syntaxkernels.RelationBatch` as the trees):
+            ``distance_bias [R, T]`` (``[R, H, T]`` per head) and ``bias_scale [R]``, one table and strength per
+            relation, ``s_ij = q_i . k_j * scale + sum_r c_r * table_r[bucket_r(d_r)]``. ``buckets`` may then be a
+            sequence of R BucketSpecs (relation r uses the first ``buckets[r].num_buckets`` entries of its row).
+            None (default): one distance.
 
-    Raises ``TypeError`` for a ``buckets`` that is not a BucketSpec, ``ValueError`` for an unknown backend.
+    Raises ``TypeError`` for a ``buckets`` that is not a BucketSpec (or, with ``relations``, a sequence of R of
+    them), ``ValueError`` for an unknown backend or a bad ``relations``.
     :meth:`attend` runs the attention; :class:`SyntaxBiasedSelfAttention` adds the projections.
     """
 
     def __init__(self, num_heads: int, buckets: BucketSpec = BucketSpec(), per_head: bool = False,
-                 learnable_scale: bool = True, backend: str = "auto"):
+                 learnable_scale: bool = True, backend: str = "auto", relations: Optional[int] = None):
         super().__init__()
-        if not isinstance(buckets, BucketSpec):
+        if relations is not None:
+            if isinstance(relations, bool) or not isinstance(relations, int) or relations < 1:
+                raise ValueError(f"relations must be a positive int or None, got {relations!r}")
+            if not isinstance(buckets, BucketSpec):
+                buckets = tuple(buckets)
+                if len(buckets) != relations or not all(isinstance(b, BucketSpec) for b in buckets):
+                    raise TypeError(f"buckets must be a BucketSpec or a sequence of relations = {relations} "
+                                    f"BucketSpecs, got {buckets!r}")
+        elif not isinstance(buckets, BucketSpec):
             raise TypeError(f"buckets must be a BucketSpec, got {type(buckets).__name__}")
         V.check_backend(backend)
         self.num_heads = num_heads
         self.buckets = buckets
         self.per_head = per_head
         self.backend = backend
-        shape = (num_heads, buckets.num_buckets) if per_head else (buckets.num_buckets,)
+        self.relations = relations
+        if relations is None:
+            width = buckets.num_buckets
+        else:
+            specs = (buckets,) * relations if isinstance(buckets, BucketSpec) else buckets
+            width = max(spec.num_buckets for spec in specs)
+            from .trees.relations import code_buckets
+
+            code_buckets(specs)  # (the ValueError now when the relations' buckets do not fit one byte)
+        shape = (num_heads, width) if per_head else (width,)
+        if relations is not None:
+            shape = (relations,) + shape
         self.distance_bias = nn.Parameter(torch.zeros(shape))
         if learnable_scale:
-            self.bias_scale = nn.Parameter(torch.ones(1))
+            self.bias_scale = nn.Parameter(torch.ones(1 if relations is None else relations))
         else:
             self.register_parameter("bias_scale", None)
+
+    def _table(self):
+        """The table argument of the op: ``distance_bias``, or with relations of different lengths each relation's
+        used entries."""
+        if self.relations is None or isinstance(self.buckets, BucketSpec):
+            return self.distance_bias
+        return [self.distance_bias[r, ..., :spec.num_buckets] for r, spec in enumerate(self.buckets)]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, trees: TreesLike, lengths=None, *,
                scale: Optional[float] = None, window: Optional[int] = None, causal: bool = False,
@@ -244,7 +278,9 @@ class DistanceBias(nn.Module):
         Args:
             q, k, v: ``[B, H, N, D]`` (k and v may have ``H_kv`` heads: grouped-query attention).
             trees: a :class:`TreeBatch`, another padded structure plan (a :class:`~syntaxkernels.GraphBatch`) or
-                ``uint8 distance [B, N, N]``; a packed plan with ``[1, H, T, D]`` (or ``[T, H, D]``) inputs.
+                ``uint8 distance [B, N, N]``; a packed plan with ``[1, H, T, D]`` (or ``[T, H, D]``) inputs. With
+                ``relations=R``: a :class:`~syntaxkernels.RelationBatch` of R relations (padded or packed) or uint8
+                ``[B, R, N, N]``.
             lengths: ``int [B]`` or boolean key-padding mask ``[B, N]`` (True = padding); defaults to the plan's
                 lengths, else no padding.
             scale: score scale, default ``1/sqrt(D)``.
@@ -259,24 +295,43 @@ class DistanceBias(nn.Module):
         Returns:
             ``[B, H, N, D]``; query rows past the length are 0.
         """
+        given = _relations_given(trees)
+        if given != self.relations:
+            raise ValueError(f"this DistanceBias takes {self.relations or 'no'} relations (relations="
+                             f"{self.relations}), the trees hold {given or 'one distance, not several relations'}: "
+                             "pass a RelationBatch (or uint8 [B, R, N, N]) of that many relations, or build the "
+                             "module with relations=R")
         seed = draw_dropout_seed() if dropout_p > 0.0 else None
         if isinstance(trees, StructurePlan) and trees.is_packed:  # packed: [1, H, T, D] (or [T, H, D]) in and out
             return _packed_heads(q, k, v, lambda q3, k3, v3: ops.syntax_bias_attention(
-                q3, k3, v3, trees, self.distance_bias, buckets=self.buckets, scale=scale,
+                q3, k3, v3, trees, self._table(), buckets=self.buckets, scale=scale,
                 bias_scale=self.bias_scale, window=window, causal=causal, backend=self.backend,
                 dropout_p=dropout_p, dropout_seed=seed, position_window=position_window,
                 position_buckets=position_buckets, position_table=position_table))
         _distance_and_lengths(trees, lengths)  # (the TypeError for anything else)
         # The TreeBatch itself is the batch's structure plan: what the kernels derive from it is kept on it for
         # every layer (a bare distance tensor gets a plan of its own, per call).
-        return ops.syntax_bias_attention(q, k, v, trees, self.distance_bias, buckets=self.buckets, scale=scale,
+        return ops.syntax_bias_attention(q, k, v, trees, self._table(), buckets=self.buckets, scale=scale,
                                          bias_scale=self.bias_scale, lengths=lengths, window=window, causal=causal,
                                          backend=self.backend, dropout_p=dropout_p, dropout_seed=seed,
                                          position_window=position_window, position_buckets=position_buckets,
                                          position_table=position_table)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, backend={self.backend!r}"
+        relations = "" if self.relations is None else f", relations={self.relations}"
+        return (f"num_heads={self.num_heads}, buckets={self.buckets}, per_head={self.per_head}, "
+                f"backend={self.backend!r}{relations}")
+
+
+def _relations_given(trees) -> Optional[int]:
+    """R of a structure of several relations (a RelationBatch, or uint8 ``[B, R, N, N]``); None for one distance."""
+    from .trees.relations import RelationBatch
+
+    if isinstance(trees, RelationBatch):
+        return trees.num_relations
+    if isinstance(trees, torch.Tensor) and trees.dim() == 4:
+        return trees.shape[1]
+    return None
 
 
 class TopicalAttention(nn.Module):
@@ -555,15 +610,17 @@ class SyntaxBiasedSelfAttention(DistanceBias):
         dropout: attention dropout on the probabilities in training mode (see the module docstring).
         bias: biases in the four projections.
         backend: "auto", "triton" or "reference".
+        relations: R relations per score (trees: a :class:`~syntaxkernels.RelationBatch`), as :class:`DistanceBias`.
 
     Submodules ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (``nn.Linear(E, E)``); the bias parameters
     come from :class:`DistanceBias`.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, buckets: BucketSpec = BucketSpec(), per_head: bool = False,
-                 learnable_scale: bool = True, dropout: float = 0.0, bias: bool = True, backend: str = "auto"):
+                 learnable_scale: bool = True, dropout: float = 0.0, bias: bool = True, backend: str = "auto",
+                 relations: Optional[int] = None):
         head_dim = _check_heads(embed_dim, num_heads)
-        super().__init__(num_heads, buckets, per_head, learnable_scale, backend)
+        super().__init__(num_heads, buckets, per_head, learnable_scale, backend, relations=relations)
         self.embed_dim = embed_dim
         self.head_dim = head_dim
         _projections(self, embed_dim, bias)

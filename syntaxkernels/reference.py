@@ -226,6 +226,24 @@ def gather_bias(distance: torch.Tensor, table: torch.Tensor, buckets: BucketSpec
     return bias
 
 
+def _relation_terms(distance: torch.Tensor, table, buckets, bias_scale, window):
+    """``[(distance_r [B, N, N], table_r, spec_r, c_r)]`` of R relations (``distance [B, R, N, N]``)."""
+    R = distance.shape[1]
+    if window is not None:
+        raise ValueError("window applies to one distance: with several relations (distance [B, R, N, N]) pass "
+                         "window=None")
+    tables = list(table.unbind(0)) if isinstance(table, torch.Tensor) else list(table)
+    specs = [buckets] * R if isinstance(buckets, BucketSpec) else list(buckets)
+    if len(tables) != R or len(specs) != R:
+        raise ValueError(f"{R} relations need {R} tables ([R, T], [R, H, T] or a sequence) and one BucketSpec or {R},"
+                         f" got {len(tables)} tables and {len(specs)} specs")
+    if isinstance(bias_scale, torch.Tensor) and bias_scale.numel() == R and R > 1:
+        scales = list(bias_scale.reshape(-1, 1).unbind(0))
+    else:
+        scales = [bias_scale] * R
+    return [(distance[:, r], tables[r], specs[r], scales[r]) for r in range(R)]
+
+
 def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                           table: torch.Tensor, *, buckets: BucketSpec, scale: Optional[float] = None,
                           bias_scale=None, lengths=None, window: Optional[int] = None, causal: bool = False,
@@ -242,11 +260,15 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     Args:
         q, k, v: ``[B, H, N, D]`` (v may have its own last dim); k, v may have ``H_kv`` heads, ``H % H_kv == 0``
             (grouped-query attention: query head h attends with key/value head ``h // (H / H_kv)``).
-        distance: ``uint8 [B, N, N]`` from :func:`syntaxkernels.tree_distance`.
-        table: ``[T]`` shared by all heads or ``[H, T]`` per head, ``T = buckets.num_buckets``.
-        buckets: the :class:`BucketSpec` mapping distances to table entries.
+        distance: ``uint8 [B, N, N]`` from :func:`syntaxkernels.tree_distance`; or R relations ``uint8 [B, R, N, N]``,
+            each adding its own ``c_r * table_r[bucket_r(d_r)]`` (no ``window``; the specification of the fused ops'
+            :class:`~syntaxkernels.RelationBatch`, computed here relation by relation).
+        table: ``[T]`` shared by all heads or ``[H, T]`` per head, ``T = buckets.num_buckets``; with R relations
+            ``[R, T]`` / ``[R, H, T]`` or a sequence of R tables ``[T_r]`` / ``[H, T_r]``.
+        buckets: the :class:`BucketSpec` mapping distances to table entries (R relations: one for all, or a sequence
+            of R).
         scale: score scale, default ``1/sqrt(D)``.
-        bias_scale: the strength c (float or one-element tensor), default 1.
+        bias_scale: the strength c (float or one-element tensor), default 1; R relations: a tensor of R elements too.
         lengths: ``int [B]`` or boolean key-padding mask ``[B, N]``: keys at j >= length get no weight and
             query rows at i >= length output 0.
         window: allow only pairs with ``d_ij <= window``.
@@ -260,7 +282,14 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     Returns:
         ``[B, H, N, Dv]`` in q's dtype; rows with no allowed key are 0.
     """
-    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+    relations = (_relation_terms(distance, table, buckets, bias_scale, window)
+                 if isinstance(distance, torch.Tensor) and distance.dim() == 4 else None)
+    if relations is not None:
+        for d, t, spec, c in relations:
+            V.check_bias_attention_inputs(q, k, v, d, t, spec, c, window, causal, deterministic)
+        distance = relations[0][0]
+    else:
+        V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
     V.check_dropout(dropout_p, dropout_seed)
     V.check_position_window(position_window)
     V.check_position_bias(position_buckets, position_table, q)
@@ -271,7 +300,11 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-1, -2)).to(acc) * scale
-    scores = scores + gather_bias(distance, table, buckets, bias_scale, acc)
+    if relations is not None:  # several relations: each its own table and strength, summed
+        for d, t, spec, c in relations:
+            scores = scores + gather_bias(d, t, spec, c, acc)
+    else:
+        scores = scores + gather_bias(distance, table, buckets, bias_scale, acc)
     if position_buckets is not None:
         scores = scores + position_buckets.bias(position_table, q.shape[2], acc)[None]
     allowed = allowed_pairs(distance, lengths, window, causal, position_window)[:, None]

@@ -1,4 +1,5 @@
 """Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``;
+several relations per score: ``RelationBatch``;
 trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers,
 constituency trees (PTB brackets,
 stanza), a cached parsing front (``parse``; ``parse_dataset`` for 🤗 datasets),
@@ -17,6 +18,7 @@ from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
 from .conllu import Sentence, from_conllu_heads, from_self_root, read_conllu
 from .decode import decode_tree
 from .graph import GraphBatch, graph_distance
+from .relations import RelationBatch
 from .code import CodeTreeBatch, from_tree_sitter
 from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
@@ -32,6 +34,7 @@ __all__ = [
     "tree_distance",
     "GraphBatch",
     "graph_distance",
+    "RelationBatch",
     "CodeTreeBatch",
     "from_tree_sitter",
     "decode_tree",

@@ -74,7 +74,7 @@ from ... import reference
 from ...plan import StructurePlan, as_plan
 from ...specs import BucketSpec, RelativePositionSpec
 from .._dispatch import triton_status, triton_unsupported
-from . import _cpu
+from . import _cpu, _relations
 from ._host import LUT_BUCKETS, implementation, kernel_arguments, position_route, warn_once
 from ._varlen import syntax_bias_attention_varlen
 
@@ -232,6 +232,12 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
         p = torch.where(dropout_keep(seed, dropout_p, B, H, N, N), p / (1 - dropout_p), 0)  # dropout_p > 0
         out = p.masked_fill(~allowed.any(-1, keepdim=True), 0) @ v    # a row with no allowed key: 0
     """
+    if _relations.is_relations(distance, buckets):  # several relations: their code and one summed table per code
+        return _relations.relation_bias_attention(
+            syntax_bias_attention, q, k, v, distance, table, buckets=buckets, scale=scale, bias_scale=bias_scale,
+            lengths=lengths, window=window, symmetric=symmetric, cu_seqlens=cu_seqlens, backend=backend,
+            causal=causal, deterministic=deterministic, dropout_p=dropout_p, dropout_seed=dropout_seed,
+            position_window=position_window, position_buckets=position_buckets, position_table=position_table)
     if cu_seqlens is not None or (isinstance(distance, StructurePlan) and distance.is_packed):
         if lengths is not None:  # packed (varlen) batches: their own kernels
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
