@@ -61,6 +61,46 @@ def tensors(batch, word_index, tag_index):
     return words, tags, heads, lengths
 
 
+def train_parser(train, epochs: int, seed: int, batch_size: int = 32, log=print):
+    """The parser of this script trained on ``train`` (Sentences): ``parse(sentences) -> heads per sentence``
+    (0-based, -1 root; eval mode, no gradients), a callable other benchmarks use as an external parser."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    counts = collections.Counter(w.lower() for s in train for w in s.words)
+    word_index = {w: i + 2 for i, w in enumerate(sorted(w for w, c in counts.items() if c >= 2))}
+    tag_index = {t: i + 2 for i, t in enumerate(sorted({t for s in train for t in s.upos}))}
+    encoder = Encoder(len(word_index) + 2, len(tag_index) + 2)
+    predictor = TreePredictor(200, 128, dropout=0.2)
+    params = list(encoder.parameters()) + list(predictor.parameters())
+    optimizer = torch.optim.Adam(params, lr=2e-3, betas=(0.9, 0.9))
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        encoder.train()
+        predictor.train()
+        total = 0.0
+        for batch in batches(train, batch_size, True, rng):
+            words, tags, heads, lengths = tensors(batch, word_index, tag_index)
+            loss = predictor.loss(encoder(words, tags, lengths), heads, lengths)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 5.0)
+            optimizer.step()
+            total += loss.item() * len(batch)
+        log(f"epoch {epoch + 1}: train loss {total / len(train):.3f} ({time.perf_counter() - start:.0f} s)")
+    encoder.eval()
+    predictor.eval()
+
+    def parse(sentences):
+        out = []
+        with torch.no_grad():
+            for batch in batches(sentences, 64, False, rng):
+                words, tags, _, lengths = tensors(batch, word_index, tag_index)
+                trees = predictor.predict(encoder(words, tags, lengths), lengths)
+                out += [trees.heads[b, :len(s.words)].tolist() for b, s in enumerate(batch)]
+        return out
+    return parse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
@@ -72,44 +112,17 @@ def main() -> int:
     if path is None or not path.is_file():
         print("tree_predictor: skipped, " + data.missing_message(path))
         return 0
-    torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    rng = random.Random(args.seed)
     sentences = [s for s in read_conllu(path) if s.words]
     cut = int(0.8 * len(sentences))
     train, held_out = sentences[:cut], sentences[cut:]
-    counts = collections.Counter(w.lower() for s in train for w in s.words)
-    word_index = {w: i + 2 for i, w in enumerate(sorted(w for w, c in counts.items() if c >= 2))}
-    tag_index = {t: i + 2 for i, t in enumerate(sorted({t for s in train for t in s.upos}))}
-    encoder = Encoder(len(word_index) + 2, len(tag_index) + 2)
-    predictor = TreePredictor(200, 128, dropout=0.2)
-    params = list(encoder.parameters()) + list(predictor.parameters())
-    optimizer = torch.optim.Adam(params, lr=2e-3, betas=(0.9, 0.9))
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        encoder.train()
-        predictor.train()
-        total = 0.0
-        for batch in batches(train, args.batch_size, True, rng):
-            words, tags, heads, lengths = tensors(batch, word_index, tag_index)
-            loss = predictor.loss(encoder(words, tags, lengths), heads, lengths)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 5.0)
-            optimizer.step()
-            total += loss.item() * len(batch)
-        print(f"epoch {epoch + 1}: train loss {total / len(train):.3f} ({time.perf_counter() - start:.0f} s)",
-              flush=True)
-    encoder.eval()
-    predictor.eval()
+    parse = train_parser(train, args.epochs, args.seed, args.batch_size,
+                         log=lambda line: print(line, flush=True))
     correct = words_total = 0
-    with torch.no_grad():
-        for batch in batches(held_out, 64, False, rng):
-            words, tags, heads, lengths = tensors(batch, word_index, tag_index)
-            trees = predictor.predict(encoder(words, tags, lengths), lengths)
-            valid = torch.arange(heads.shape[1]) < lengths.unsqueeze(1)
-            correct += int(((trees.heads == heads) & valid).sum())
-            words_total += int(valid.sum())
+    for s, heads in zip(held_out, parse(held_out)):
+        correct += sum(int(a == b) for a, b in zip(heads, s.heads))
+        words_total += len(s.words)
     print(f"treebank {path.name}: {len(train)} training sentences, {len(held_out)} held out ({words_total} words)")
     print(f"held-out UAS {100.0 * correct / words_total:.2f} % (punctuation included; {args.epochs} epochs, seed "
           f"{args.seed}, {time.perf_counter() - start:.0f} s on {args.threads} CPU threads)")
