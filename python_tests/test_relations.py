@@ -305,3 +305,61 @@ def test_relation_call_errors():
     direct = sk.syntax_bias_attention(q, k, v, plan, code_table, buckets=CODE_BUCKETS)
     torch.testing.assert_close(direct, sk.syntax_bias_attention(q, k, v, plan, tables, buckets=case["specs"],
                                                                 bias_scale=case["scales"].float()))
+
+
+# -- the transformers integration -----------------------------------------------------------------------------------
+
+def _tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=100)
+    torch.manual_seed(0)
+    return transformers.BertForTokenClassification(config).eval()
+
+
+def test_transformers_model_takes_a_relation_batch(tmp_path):
+    """``enable_syntax_attention(model, "bias", relations=2)``: fresh, the unpatched model's logits; with the second
+    relation's table at zero, the one-distance model's on the first parse (same weights); gradients reach both
+    relations' tables; save / load_syntax_model round trip."""
+    import copy
+
+    from syntaxkernels.integrations.transformers import (enable_syntax_attention, load_syntax_model,
+                                                         syntax_parameters)
+
+    first = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0, 4, 5], [-1, 0, 0, 2]])
+    second = sk.TreeBatch.from_heads([[-1, 0, 0, 0, 3, 3, 5], [-1, 0, 1, 1]])
+    relations = RelationBatch.from_plans([first, second], SPEC5)
+    ids = torch.randint(4, 100, (2, 7))
+    mask = (torch.arange(7)[None] < first.lengths[:, None]).long()
+    plain = _tiny_bert()
+    model = copy.deepcopy(plain)
+    enable_syntax_attention(model, "bias", buckets=SPEC5, relations=2)
+    valid = mask.bool()  # (padding tokens' outputs are not compared: the syntax layers zero their rows)
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, syntax_trees=relations).logits[valid],
+                               plain(input_ids=ids, attention_mask=mask).logits[valid], atol=1e-5, rtol=1e-5)
+    single = copy.deepcopy(plain)
+    enable_syntax_attention(single, "bias", buckets=SPEC5)
+    params, single_params = syntax_parameters(model), syntax_parameters(single)
+    with torch.no_grad():
+        for name, p in params.items():
+            p.normal_(0.0, 0.5)
+            if name.endswith("distance_bias"):
+                p[1] = 0.0
+                single_params[name].copy_(p[0])
+            else:
+                single_params[name].copy_(p[:1])
+    got = model(input_ids=ids, attention_mask=mask, syntax_trees=relations).logits
+    want = single(input_ids=ids, attention_mask=mask, syntax_trees=first).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    table = next(p for n, p in params.items() if n.endswith("distance_bias"))
+    assert table.grad[0].abs().sum() > 0 and table.grad[1].abs().sum() > 0
+    with pytest.raises(ValueError, match="takes 2 relations"):
+        model(input_ids=ids, attention_mask=mask, syntax_trees=first)
+    with pytest.raises(ValueError, match="relations takes no window"):
+        enable_syntax_attention(copy.deepcopy(plain), "bias", relations=2, window=3)
+    model.save_pretrained(tmp_path)
+    loaded = load_syntax_model(type(model), tmp_path).eval()
+    assert loaded.config.syntax_attention["relations"] == 2
+    torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask, syntax_trees=relations).logits, got,
+                               atol=1e-6, rtol=1e-6)

@@ -297,13 +297,15 @@ class SyntaxDistanceBias(DistanceBias):
     ``s_ij = q_i.k_j * scale + c * table[bucket(d_ij)]``. Parameters ``distance_bias`` (``[T]`` shared,
     ``[H, T]`` per head; zeros) and ``bias_scale`` (``[1]``, ones; None when ``learnable_scale=False``): a fresh
     module is plain attention. ``window``: None or an int in 0..254 (``ValueError`` otherwise). ``causal``: keys
-    ``j <= i`` only (the layers of a decoder-only family).
+    ``j <= i`` only (the layers of a decoder-only family). ``relations``: R relations per score (the trees a
+    :class:`~syntaxkernels.RelationBatch`; tables ``[R, T]`` / ``[R, H, T]``, strengths ``[R]``).
     """
 
     def __init__(self, num_heads: int, buckets: BucketSpec, per_head: bool = False, learnable_scale: bool = True,
-                 window: Optional[int] = None, backend: str = "auto", *, causal: bool = False):
+                 window: Optional[int] = None, backend: str = "auto", *, causal: bool = False,
+                 relations: Optional[int] = None):
         V.check_window(window)
-        super().__init__(num_heads, buckets, per_head, learnable_scale, backend)
+        super().__init__(num_heads, buckets, per_head, learnable_scale, backend, relations=relations)
         self.window = window
         self.causal = bool(causal)
 
@@ -1506,7 +1508,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
                             layers: Union[int, Iterable[int], None] = None, backend: str = "auto",
                             variant: Optional[str] = None, trees: str = "given",
                             predictor_layer: Optional[int] = None, predictor_arc_size: int = 128,
-                            predicted_tree_ratio: float = 0.0, decoder_trees: bool = False):
+                            predicted_tree_ratio: float = 0.0, decoder_trees: bool = False,
+                            relations: Optional[int] = None):
     """Make a transformers encoder or decoder-only language model of a family in :data:`FAMILIES` syntax-aware, in
     place.
 
@@ -1587,6 +1590,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     ``model.encoder.layers.{i}.self_attn.syntax.*``. They take
     the dtype and device of the model's parameters.
 
+        relations: "bias" with several relations per score (``syntax_trees`` a
+            :class:`~syntaxkernels.RelationBatch` of that many relations: two parses, a tree and a graph, the steps
+            up and down a tree): each layer's ``distance_bias`` is ``[R, T]`` (``[R, H, T]`` per head) and its
+            ``bias_scale`` ``[R]``, every relation bucketed by ``buckets``; the encoder's (or a decoder-only model's)
+            layers only. None (default): one distance.
     Raises:
         ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
         kind; ``ValueError`` for an unsupported architecture or an ``is_decoder`` encoder, a decoder-only family with
@@ -1621,8 +1629,11 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         raise ValueError("syntax attention is already enabled on this model (config.syntax_attention is set); "
                          "use load_syntax_model to reload a saved syntax model")
     V.check_backend(backend)
-    if method != "bias" and (buckets is not None or window is not None or per_head):
-        raise ValueError("buckets, per_head and window apply to method='bias' only")
+    if method != "bias" and (buckets is not None or window is not None or per_head or relations is not None):
+        raise ValueError("buckets, per_head, window and relations apply to method='bias' only")
+    if relations is not None and (window is not None or decoder_trees or trees != "given"):
+        raise ValueError("relations takes no window (it applies to one distance), no decoder_trees and "
+                         "trees='given' only")
     if method != "subnetwork" and masks is not None:
         raise ValueError("masks applies to method='subnetwork' only")
     if method != "gat" and gat_config is not None:
@@ -1652,10 +1663,12 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if method == "bias":
         bucket_spec = _as_buckets(buckets)
         spec.update(buckets=asdict(bucket_spec), per_head=per_head, learnable_scale=learnable_scale, window=window)
+        if relations is not None:
+            spec.update(relations=relations)
 
         def make():
             return SyntaxDistanceBias(num_heads, bucket_spec, per_head, learnable_scale, window, backend,
-                                      causal=causal)
+                                      causal=causal, relations=relations)
     elif method == "subnetwork":
         mask_spec = _as_masks(masks)
         spec.update(masks=asdict(mask_spec))
