@@ -34,6 +34,7 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
 )
 from seq2seq_checks import (  # noqa: E402
     check_autocast_bf16,
+    check_beam_search,
     check_gradient_checkpointing,
     check_padded_batch_equals_each_sentence_alone,
 )
@@ -247,6 +248,21 @@ def test_generate():
         # the decoder is plain: the unpatched model decoding the syntax encoder's states gives the same tokens
         want = plain.generate(ids, encoder_outputs=encoded, **kw)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("decoder_trees", [False, True])
+def test_beam_search_with_trees(decoder_trees):
+    """generate with num_beams=3, num_return_sequences=2: the source trees bias the encoder (run once on the B items),
+    the target trees of a 3-token decoder prompt (two different trees of one length; with T5's causal position term)
+    are repeated per beam as generate repeats the inputs (item b's beams next to each other)."""
+    plain, syntax = _pair(decoder_trees=decoder_trees)
+    ids, mask, _, _ = _batch()
+    inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor([[0, 17, 33], [0, 41, 8]]))
+    trees = {"syntax_trees": (HEADS, False)}
+    if decoder_trees:
+        trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
+    check_beam_search(plain, syntax, _randomise, inputs, trees,
+                      tiled=("decoder_syntax_trees",) if decoder_trees else ())
 
 
 def test_errors():

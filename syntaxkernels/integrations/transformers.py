@@ -97,14 +97,20 @@ tree and are refused (``ValueError``). What differs from the encoders:
   softmax cancels) to every key. The prompt's keys and values in the cache were computed with the bias, so later
   tokens still see the prompt's syntax-aware states. A prompt fed in chunks (a forward that starts inside the trees
   after cached tokens) and static caches raise ``ValueError``; batched prompts of different lengths would need left
-  padding, which the syntax ops do not take (generate them one length at a time).
+  padding, which the syntax ops do not take (generate them one length at a time). Beam search and
+  ``num_return_sequences`` (``num_beams=k > 1``): ``generate`` repeats every tensor input per beam
+  (``repeat_interleave(k)`` along the batch); the trees, not tensors, are repeated the same way by
+  :func:`_expand_generate_inputs` (``TreeBatch.repeat_interleave``), set on the model in place of
+  ``_expand_inputs_for_generation``.
 - Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): a padded batch longer than
   the window keeps it (the op's ``position_window``, combined with the tree bias), and so does a packed row (positions
   within each sequence); cached decoding uses transformers' sliding mask.
 - Under autocast the rotary positions leave q, k in float32 and v in the autocast dtype: q, k, v go to the autocast
   dtype, as SDPA's autocast rule does.
 - ``generate`` checks its keyword arguments against the model's forward: ``enable_syntax_attention`` lets
-  ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument).
+  ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument), and
+  repeats them per beam (``model._expand_inputs_for_generation``, transformers' expansion for the tensors); both are
+  ``functools.partial`` objects of the model, copied with it by ``copy.deepcopy`` and pickle.
 
 ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causal) takes ``method="bias"`` with
 ``trees="given"``:
@@ -147,7 +153,8 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   beside the tree bias (causal buckets, ``bidirectional=False``; the decoder's layer-0 table), and while decoding with
   a cache the plain attention keeps T5's ``position_bias``.
 - ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
-  the decoder decodes plainly from the syntax-aware encoder states.
+  the decoder decodes plainly from the syntax-aware encoder states. With ``num_beams > 1`` the encoder runs on the B
+  items before ``generate`` repeats its inputs (and the trees, :func:`_expand_generate_inputs`) per beam.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
   GAT take no relative-position table.
 - A new encoder-decoder family laid out like T5 is two things: its row of :data:`FAMILIES` (``seq2seq=True``) and its
@@ -181,7 +188,8 @@ self-attention only** (source trees), as T5 does (same hooks, same refusals, sam
   (:func:`_target_trees_pre_hook`) hands ``decoder_syntax_trees`` on as the layers' ``syntax_trees`` and checks them
   as :func:`_decoder_pre_hook` does. ``generate(..., syntax_trees=source, decoder_syntax_trees=prompt)``: the trees of
   ``decoder_input_ids`` (the start token alone: ``TreeBatch.from_heads([[-1]] * B)``) bias the decoder's first
-  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family.
+  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family. With ``num_beams >
+  1`` the target trees are repeated per beam as the decoder prompt is (:func:`_expand_generate_inputs`).
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -978,6 +986,32 @@ def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
     return type(model)._validate_model_kwargs(model, model_kwargs)
 
 
+def _expand_generate_inputs(model: nn.Module, expand_size: int = 1, is_encoder_decoder: bool = False,
+                            input_ids: Optional[torch.Tensor] = None, **model_kwargs):
+    """``generate``'s expansion of its inputs for beam search and ``num_return_sequences`` (``expand_size`` =
+    ``max(num_beams, num_return_sequences)``) on a model with syntax attention: transformers' own method expands every
+    tensor argument with ``repeat_interleave(expand_size, dim=0)`` (item b's copies next to each other); the trees
+    (``syntax_trees``, ``decoder_syntax_trees``) are not tensors, so they get the same with
+    :meth:`TreeBatch.repeat_interleave <syntaxkernels.TreeBatch.repeat_interleave>`: the forward after expansion (a
+    decoder's prompt, an encoder-decoder's decoder prompt with ``decoder_trees=True``) sees ``B * expand_size`` rows
+    and as many trees. (An encoder-decoder's encoder runs before the expansion, on the ``B`` source trees.) Other
+    structure plans (a ``GraphBatch``, a packed batch) raise ``ValueError`` when ``expand_size > 1``. Set on the model
+    as ``functools.partial(this, model)`` (copied with the model by ``copy.deepcopy`` and pickle)."""
+    input_ids, model_kwargs = type(model)._expand_inputs_for_generation(
+        model, expand_size=expand_size, is_encoder_decoder=is_encoder_decoder, input_ids=input_ids, **model_kwargs)
+    if expand_size != 1:
+        for key in ("syntax_trees", "decoder_syntax_trees"):
+            trees = model_kwargs.get(key)
+            if trees is None:
+                continue
+            if not isinstance(trees, TreeBatch):
+                raise ValueError(f"generate with num_beams or num_return_sequences > 1 repeats each batch item's "
+                                 f"{key}: that takes a padded TreeBatch, got {type(trees).__name__} (generate with "
+                                 "num_beams=1 and num_return_sequences=1, or pass a TreeBatch)")
+            model_kwargs[key] = trees.repeat_interleave(int(expand_size))
+    return input_ids, model_kwargs
+
+
 def _word_embeddings_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook of the base model for the "paper" and "release" GATs: hands the word embeddings of the
     input (``w_i W_e``, the embedding matrix shared with the encoder; ``inputs_embeds`` when given) to the encoder
@@ -1720,6 +1754,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if causal or family.seq2seq:
         if callable(getattr(model, "_validate_model_kwargs", None)):  # generate(..., syntax_trees=...)
             model._validate_model_kwargs = functools.partial(_validate_generate_kwargs, model)
+        if callable(getattr(model, "_expand_inputs_for_generation", None)):  # num_beams, num_return_sequences > 1
+            model._expand_inputs_for_generation = functools.partial(_expand_generate_inputs, model)
     if not _family(base).encoder:  # the base model runs the layers: its forward's arguments are read by name
         base.syntax_forward_arguments = _forward_argument_names(base)
     if family.seq2seq:  # the encoder stack embeds the input itself: its arguments are read by name
