@@ -50,8 +50,8 @@ def check_padded_batch_equals_each_sentence_alone(encoder, ids, mask, heads):
 
 
 def check_beam_search(plain, syntax, randomise, inputs, trees, tiled=(), beams=3, sequences=2):
-    """``generate`` with ``num_beams=beams`` and ``num_return_sequences=sequences`` on a syntax model whose forward takes
-    trees (``trees``: keyword -> ``(rows of heads, one per batch item, leak_free)``; ``inputs``: generate's tensor
+    """``generate`` with ``num_beams=beams`` and ``num_return_sequences=sequences`` on a syntax model whose forward
+    takes trees (``trees``: keyword -> ``(rows of heads, one per batch item, leak_free)``; ``inputs``: generate's tensor
     inputs, batch B first), the trees expanded per beam as transformers expands the tensors (item b's copies next to
     each other):
 
@@ -90,3 +90,28 @@ def check_beam_search(plain, syntax, randomise, inputs, trees, tiled=(), beams=3
         if tiled:
             wrong = syntax(**repeated, **build(interleaved, tiled)).logits[:, -1]
             assert (first - wrong).abs().max() > 1e-3  # and so does their order
+
+
+def check_torch_compile(model, extra=(), **inputs):
+    """``torch.compile(model, backend="aot_eager", fullgraph=True)`` (dynamo and AOT autograd, no code generation; one
+    graph: the hooks, the trees and the syntax ops traced without a break) of a training forward with source and
+    target trees gives the eager logits on the valid target positions, and its backward the eager gradients of
+    every syntax parameter and of the parameters named in ``extra``."""
+    from syntaxkernels.integrations.transformers import syntax_parameters
+
+    torch._dynamo.reset()
+    model.train()
+    valid = inputs["decoder_attention_mask"].bool()
+    named = dict(model.named_parameters())
+    watched = {**syntax_parameters(model), **{name: named[name] for name in extra}}
+    out = model(**inputs).logits
+    out[valid].sum().backward()
+    grads = {name: p.grad.clone() for name, p in watched.items()}
+    model.zero_grad()
+    got = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs).logits
+    torch.testing.assert_close(got[valid], out[valid], rtol=1e-5, atol=1e-5)
+    got[valid].sum().backward()
+    for name, p in watched.items():
+        assert grads[name].abs().sum() > 0, name
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    torch._dynamo.reset()

@@ -41,6 +41,7 @@ from seq2seq_checks import (  # noqa: E402
     check_autocast_bf16,
     check_beam_search,
     check_gradient_checkpointing,
+    check_torch_compile,
     check_padded_batch_equals_each_sentence_alone,
 )
 
@@ -484,6 +485,20 @@ def test_beam_search_with_trees(cls, decoder_trees):
         trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
     check_beam_search(plain, syntax, _randomise, inputs, trees,
                       tiled=("decoder_syntax_trees",) if decoder_trees else ())
+
+
+@pytest.mark.long_on_cpu
+def test_torch_compile_with_source_and_target_trees():
+    """torch.compile (aot_eager, one graph) of BART with source and target trees (1 + 1 layers): logits and the
+    syntax tables' gradients equal eager (the other families share BART's attention class and hooks)."""
+    cls = "BartForConditionalGeneration"
+    model = enable_syntax_attention(_model(cls, encoder_layers=1, decoder_layers=1), "bias", decoder_trees=True,
+                                    per_head=True)
+    _randomise(model)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    check_torch_compile(model, input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
+                        decoder_attention_mask=dec_mask, syntax_trees=trees, decoder_syntax_trees=targets)
 
 
 @needs

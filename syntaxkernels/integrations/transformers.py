@@ -144,7 +144,11 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   (``model.encoder``, which embeds the input itself) checks the trees against ``input_ids`` (or ``inputs_embeds``) and
   the 0/1 padding mask (right padding) and hands every layer the keyword ``syntax_relative_position = (spec, table)``
   (recomputed layers under gradient checkpointing get it again). A layer left plain (``layers=``) runs SDPA with T5's
-  own ``position_bias [1, H, N, N]``, which T5's layer 0 still builds (unused by syntax layers).
+  own ``position_bias [1, H, N, N]``, which T5's layer 0 builds (``compute_bias``). When every layer of the stack is
+  a syntax layer nothing reads it: a forward pre-hook on layer 0's self-attention
+  (:func:`_unused_position_bias_pre_hook`) hands it an empty placeholder, so T5 skips ``compute_bias`` (the decoder
+  with ``decoder_trees=True`` likewise in its forward with target trees; its cached decoding steps build the bias for
+  their plain attention).
 - The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
   syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
   syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
@@ -157,6 +161,10 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   items before ``generate`` repeats its inputs (and the trees, :func:`_expand_generate_inputs`) per beam.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
   GAT take no relative-position table.
+- ``torch.compile``: the forward traces in one graph (``fullgraph=True`` with ``backend="aot_eager"`` tested for T5
+  and BART with source and target trees): the position buckets of each stack (a
+  :class:`~syntaxkernels.RelativePositionSpec`, whose construction reads its bucket table to the host) are built once
+  by :func:`enable_syntax_attention` and kept on the stack as ``syntax_position_spec``.
 - A new encoder-decoder family laid out like T5 is two things: its row of :data:`FAMILIES` (``seq2seq=True``) and its
   tests; T5 itself took the rows, the ``seq2seq`` field, the encoder-stack and decoder hooks, one branch of
   :func:`syntax_attention_forward` (:func:`_t5_encoder_attention`) and the position arguments of
@@ -589,6 +597,9 @@ def _add_position_bias(mask: Optional[torch.Tensor], position_bias: Optional[tor
     False."""
     if position_bias is None:
         return mask
+    if position_bias.numel() == 0:
+        raise RuntimeError("a plain T5 layer got the placeholder position_bias of a stack whose layers are all syntax "
+                           "layers (the integration's _unused_position_bias_pre_hook should not have run)")
     bias = position_bias.to(query.dtype)
     if mask is None:
         return bias
@@ -932,14 +943,43 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
 def _t5_relative_position(stack: nn.Module, bidirectional: bool):
     """T5's relative-position term of one stack (encoder: ``bidirectional``; decoder: causal buckets) as the op takes
     it: ``(RelativePositionSpec, table [H, P])``, the table ``.weight.T`` of the stack's layer 0
-    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
+    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding). The spec is the one
+    :func:`_position_spec` built when syntax attention was enabled (kept on the stack as ``syntax_position_spec``):
+    building one reads its bucket table to the host, which ``torch.compile`` would have to break its graph for."""
+    spec = getattr(stack, "syntax_position_spec", None)
+    if spec is None or spec.bidirectional != bidirectional:
+        spec = _position_spec(stack, bidirectional)
+    first = getattr(stack, _family(stack).layers)[0]
+    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
+
+
+def _position_spec(stack: nn.Module, bidirectional: bool):
+    """The :class:`~syntaxkernels.RelativePositionSpec` of a T5 / mT5 stack's config (encoder: ``bidirectional``;
+    decoder: causal buckets)."""
     from ..specs import RelativePositionSpec
 
     config = stack.config
-    spec = RelativePositionSpec(int(config.relative_attention_num_buckets),
+    return RelativePositionSpec(int(config.relative_attention_num_buckets),
                                 int(config.relative_attention_max_distance), bidirectional=bidirectional)
-    first = getattr(stack, _family(stack).layers)[0]
-    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
+
+
+def _unused_position_bias_pre_hook(attention: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of layer 0's self-attention (the ``T5Attention`` holding ``relative_attention_bias``) of a T5 /
+    mT5 stack whose every self-attention layer is a syntax layer: those add T5's position term inside the op
+    (``syntax_relative_position``) and read no ``position_bias``, so a forward with trees (``syntax_trees``: the
+    encoder's; the decoder's first forward with ``decoder_trees=True``) hands layer 0 an empty placeholder
+    (:func:`_unused_position_bias`) and T5 skips ``compute_bias`` (its ``[1, H, N, N]`` bias). A forward without trees
+    (a decoder decoding with a cache: plain attention with T5's bias) is left as it is."""
+    if kwargs.get("position_bias") is None and kwargs.get("syntax_trees") is not None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        kwargs["position_bias"] = _unused_position_bias(hidden)
+    return args, kwargs
+
+
+def _unused_position_bias(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder ``position_bias`` of a stack that reads none: an empty ``[1, 0, 0, 0]`` tensor (T5 passes it
+    from layer to layer; :func:`_add_position_bias` refuses it, so it is never added to scores by mistake)."""
+    return like.new_zeros((1, 0, 0, 0))
 
 
 def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
@@ -1760,6 +1800,16 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         base.syntax_forward_arguments = _forward_argument_names(base)
     if family.seq2seq:  # the encoder stack embeds the input itself: its arguments are read by name
         encoder.syntax_forward_arguments = _forward_argument_names(encoder)
+        if family.relative_positions:  # built once here, not in every forward (torch.compile)
+            encoder.syntax_position_spec = _position_spec(encoder, bidirectional=True)
+            if decoder_trees:
+                base.decoder.syntax_position_spec = _position_spec(base.decoder, bidirectional=False)
+            # Stacks whose every self-attention layer is a syntax layer read no position_bias [1, H, N, N]: layer 0
+            # is handed a placeholder instead of building it (_unused_position_bias_pre_hook).
+            for modules, parts_of in ((attention_modules, parts), (decoder_modules, decoder_parts)):
+                if modules and len(parts_of) == len(modules):
+                    modules[0].syntax_position_bias_hook_handle = modules[0].register_forward_pre_hook(
+                        _unused_position_bias_pre_hook, with_kwargs=True)
         hook = _seq2seq_encoder_pre_hook
         decoder = getattr(base, "decoder", None)
         if decoder is not None:
