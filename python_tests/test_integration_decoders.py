@@ -6,8 +6,8 @@ leak-free or whole-tree distances); causal masking is exact with leak-free trees
 changes an earlier position's logits) while whole-tree distances leak; a training step reaches the table; gradient
 checkpointing and bf16 autocast; save_pretrained / load_syntax_model; packed rows (DataCollatorWithFlattening's
 layout, PackedTreeBatch) equal the padded batch, gradients included; greedy generate with the KV cache equals the
-unpatched model's at init, and after training the prompt's positions use the bias while a generated token (no tree
-row) attends as with distance 255 to every key; the errors.
+unpatched model's at init (beam search too: the prompts' trees repeated per beam), and after training the prompt's
+positions use the bias while a generated token (no tree row) attends as with distance 255 to every key; the errors.
 """
 import copy
 

@@ -9,8 +9,9 @@ What is checked: a fresh syntax model equals the unpatched one (encoder states o
 the encoder-only class, mT5; "sdpa" and "eager" references); with random tables every layer's output equals a float64
 reference that adds the tree bias to T5's position bias in the unpatched eager model; a random table changes the
 outputs; gradients reach the syntax tables, T5's position table and the projections; padding (a padded batch equals
-each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; a layer
-left plain keeps T5's position bias; the refused methods and the errors.
+each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate (beam
+search: the trees repeated per beam); a layer left plain keeps T5's position bias, stacks of syntax layers build none;
+torch.compile (one graph) with source and target trees; the refused methods and the errors.
 
 Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees beside
 its own causal relative-position term; a fresh model equals the unpatched one; a float64 reference (each stack's tree

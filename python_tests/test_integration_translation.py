@@ -12,8 +12,9 @@ the encoder states on valid tokens; "sdpa" and "eager" references); with random 
 reference (the op's float64 reference with the module's scaling in the unpatched model's encoder layers, the decoder
 plain) and differ from the fresh model's; only the encoder's self-attention modules get syntax parameters; a layer
 left plain equals the unpatched layer; gradients reach the syntax tables and the projections; a padded batch equals
-each sentence alone; gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; the
-refused methods and the errors.
+each sentence alone; gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate (beam
+search: the source and target trees repeated per beam); torch.compile (one graph, BART) with source and target
+trees; the refused methods and the errors.
 
 Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees
 (causal); a fresh model equals the unpatched one; with random tables the logits equal a float64 reference (causal op
