@@ -6,8 +6,8 @@ leak-free or whole-tree distances); causal masking is exact with leak-free trees
 changes an earlier position's logits) while whole-tree distances leak; a training step reaches the table; gradient
 checkpointing and bf16 autocast; save_pretrained / load_syntax_model; packed rows (DataCollatorWithFlattening's
 layout, PackedTreeBatch) equal the padded batch, gradients included; greedy generate with the KV cache equals the
-unpatched model's at init, and after training the prompt's positions use the bias while a generated token (no tree
-row) attends as with distance 255 to every key; the errors.
+unpatched model's at init (beam search too: the prompts' trees repeated per beam), and after training the prompt's
+positions use the bias while a generated token (no tree row) attends as with distance 255 to every key; the errors.
 """
 import copy
 
@@ -341,6 +341,24 @@ def test_fresh_generate_equals_the_unpatched_generate(arch):
     assert out.shape == (2, 12) and torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("arch", PRIORITY)
+def test_beam_search_with_prompt_trees(arch):
+    """generate with num_beams=3, num_return_sequences=2: the prompts' trees (two different leak-free trees of 6
+    tokens) are repeated per beam as generate repeats the prompts (item b's beams next to each other); a fresh model
+    gives the unpatched model's beams, a trained one first-step scores equal to a forward on the repeated prompts."""
+    from seq2seq_checks import check_beam_search
+
+    plain, patched = _pair(arch, per_head=True)
+    ids, _, _ = _batch()
+    rows = [[2, 2, -1, 2, 2, 3], [-1, 0, 0, 2, 2, 0]]
+    check_beam_search(plain, patched, lambda model: _randomise(model, std=2.0), dict(input_ids=ids[:, :6]),
+                      {"syntax_trees": (rows, True)}, tiled=("syntax_trees",))
+    bare = sk.TreeBatch.from_heads(rows, leak_free=True)
+    bare = sk.plan.structure_plan(bare.distance, bare.lengths, symmetric=False)  # a plan that is not a TreeBatch
+    with pytest.raises(ValueError, match="repeats each batch item's syntax_trees: that takes a padded TreeBatch"):
+        patched.generate(ids[:, :6], syntax_trees=bare, num_beams=2, max_new_tokens=1)
+
+
 def test_copied_and_pickled_models_generate():
     """generate's check of syntax_trees travels with the model: a deepcopy and a torch.save / torch.load copy check
     against themselves and generate as the original does."""
@@ -356,6 +374,7 @@ def test_copied_and_pickled_models_generate():
     buffer.seek(0)
     for copied in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
         assert copied._validate_model_kwargs.args[0] is copied
+        assert copied._expand_inputs_for_generation.args[0] is copied
         assert torch.equal(copied.generate(ids[:1], syntax_trees=trees, **GENERATE), ref)
 
 

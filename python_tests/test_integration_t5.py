@@ -9,8 +9,9 @@ What is checked: a fresh syntax model equals the unpatched one (encoder states o
 the encoder-only class, mT5; "sdpa" and "eager" references); with random tables every layer's output equals a float64
 reference that adds the tree bias to T5's position bias in the unpatched eager model; a random table changes the
 outputs; gradients reach the syntax tables, T5's position table and the projections; padding (a padded batch equals
-each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; a layer
-left plain keeps T5's position bias; the refused methods and the errors.
+each sentence alone); gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate (beam
+search: the trees repeated per beam); a layer left plain keeps T5's position bias, stacks of syntax layers build none;
+torch.compile (one graph) with source and target trees; the refused methods and the errors.
 
 Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees beside
 its own causal relative-position term; a fresh model equals the unpatched one; a float64 reference (each stack's tree
@@ -34,7 +35,9 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
 )
 from seq2seq_checks import (  # noqa: E402
     check_autocast_bf16,
+    check_beam_search,
     check_gradient_checkpointing,
+    check_torch_compile,
     check_padded_batch_equals_each_sentence_alone,
 )
 
@@ -247,6 +250,84 @@ def test_generate():
         # the decoder is plain: the unpatched model decoding the syntax encoder's states gives the same tokens
         want = plain.generate(ids, encoder_outputs=encoded, **kw)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("decoder_trees", [False, True])
+def test_beam_search_with_trees(decoder_trees):
+    """generate with num_beams=3, num_return_sequences=2: the source trees bias the encoder (run once on the B items),
+    the target trees of a 3-token decoder prompt (two different trees of one length; with T5's causal position term)
+    are repeated per beam as generate repeats the inputs (item b's beams next to each other)."""
+    plain, syntax = _pair(decoder_trees=decoder_trees)
+    ids, mask, _, _ = _batch()
+    inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor([[0, 17, 33], [0, 41, 8]]))
+    trees = {"syntax_trees": (HEADS, False)}
+    if decoder_trees:
+        trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
+    check_beam_search(plain, syntax, _randomise, inputs, trees,
+                      tiled=("decoder_syntax_trees",) if decoder_trees else ())
+
+
+@pytest.mark.long_on_cpu
+def test_torch_compile_with_source_and_target_trees():
+    """torch.compile (aot_eager, one graph) of T5 with source and target trees (1 + 1 layers): logits, the syntax
+    tables' and both position tables' gradients equal eager."""
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(_config(num_layers=1, num_decoder_layers=1))
+    enable_syntax_attention(model, "bias", decoder_trees=True)
+    _randomise(model)
+    ids, mask, _, trees = _batch()
+    dec_ids = torch.tensor([[0, 17, 33, 5], [0, 41, 8, 0]])
+    dec_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    targets = sk.TreeBatch.from_heads([[-1, 0, 1, 1], [-1, 0, 0]], leak_free=True)
+    check_torch_compile(model, [f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+                                for stack in ("encoder", "decoder")],
+                        input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids, decoder_attention_mask=dec_mask,
+                        syntax_trees=trees, decoder_syntax_trees=targets)
+
+
+def _count_compute_bias(model):
+    """Counts of T5's ``compute_bias`` calls (the ``[1, H, N, N]`` position bias) in each stack's layer 0, by stack."""
+    calls = {}
+    for name in ("encoder", "decoder"):
+        attention = getattr(model, name).block[0].layer[0].SelfAttention
+        real = attention.compute_bias
+        calls[name] = 0
+
+        def spy(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        attention.compute_bias = spy
+    return calls
+
+
+def test_stacks_of_syntax_layers_build_no_position_bias():
+    """A stack whose every self-attention layer is a syntax layer (the op adds T5's position term) skips T5's
+    ``compute_bias``: the encoder always, the decoder (``decoder_trees=True``) in a forward with target trees; a
+    decoding step with a cache (plain attention with T5's bias) and a stack with a plain layer still build it. The
+    outputs equal the unpatched model's."""
+    plain, syntax = _pair(decoder_trees=True)
+    ids, mask, labels, trees = _batch()
+    targets = sk.TreeBatch.from_heads([[-1, 0, 1, 1]] * 2, leak_free=True)
+    calls = _count_compute_bias(syntax)
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        got = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees,
+                     decoder_syntax_trees=targets).logits
+        assert calls == {"encoder": 0, "decoder": 0}
+        torch.testing.assert_close(got, plain(input_ids=ids, attention_mask=mask, labels=labels).logits, rtol=1e-5,
+                                   atol=1e-5)
+        out = syntax.generate(ids, attention_mask=mask, syntax_trees=trees,
+                              decoder_syntax_trees=sk.TreeBatch.from_heads([[-1]] * 2), **kw)
+        assert calls == {"encoder": 0, "decoder": 3}  # the 3 steps after the start token's forward
+        torch.testing.assert_close(out, plain.generate(ids, attention_mask=mask, **kw))
+    plain, syntax = _pair(layers=[1])  # layer 0 plain: it reads T5's bias (the decoder is untouched)
+    calls = _count_compute_bias(syntax)
+    with torch.no_grad():
+        got = syntax(input_ids=ids, attention_mask=mask, labels=labels, syntax_trees=trees).logits
+    assert calls == {"encoder": 1, "decoder": 1}
+    torch.testing.assert_close(got, plain(input_ids=ids, attention_mask=mask, labels=labels).logits, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_errors():

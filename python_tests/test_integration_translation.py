@@ -12,8 +12,9 @@ the encoder states on valid tokens; "sdpa" and "eager" references); with random 
 reference (the op's float64 reference with the module's scaling in the unpatched model's encoder layers, the decoder
 plain) and differ from the fresh model's; only the encoder's self-attention modules get syntax parameters; a layer
 left plain equals the unpatched layer; gradients reach the syntax tables and the projections; a padded batch equals
-each sentence alone; gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate; the
-refused methods and the errors.
+each sentence alone; gradient checkpointing; bf16 autocast; save_pretrained / load_syntax_model; generate (beam
+search: the source and target trees repeated per beam); torch.compile (one graph, BART) with source and target
+trees; the refused methods and the errors.
 
 Target trees (``decoder_trees=True``, last section): the decoder's self-attention takes leak-free target trees
 (causal); a fresh model equals the unpatched one; with random tables the logits equal a float64 reference (causal op
@@ -39,7 +40,9 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
 )
 from seq2seq_checks import (  # noqa: E402
     check_autocast_bf16,
+    check_beam_search,
     check_gradient_checkpointing,
+    check_torch_compile,
     check_padded_batch_equals_each_sentence_alone,
 )
 
@@ -465,6 +468,38 @@ def test_decoder_trees_gradients_save_and_generate(tmp_path, cls):
         want = plain.generate(ids, encoder_outputs=encoded, **kw)
     torch.testing.assert_close(out.sequences, want.sequences)
     torch.testing.assert_close(torch.stack(out.scores), torch.stack(want.scores), rtol=1e-5, atol=1e-5)
+
+
+@needs
+@pytest.mark.parametrize("decoder_trees", [False, True])
+def test_beam_search_with_trees(cls, decoder_trees):
+    """generate with num_beams=3, num_return_sequences=2: the source trees bias the encoder (run once on the B items),
+    the target trees of a 3-token decoder prompt (two different trees of one length) are repeated per beam as
+    generate repeats the inputs (item b's beams next to each other). (Weights drawn with std 0.3: at 0.02 the tiny
+    model's logits barely move with the tables.)"""
+    plain = _model(cls, init_std=0.3)
+    syntax = enable_syntax_attention(copy.deepcopy(plain), "bias", decoder_trees=decoder_trees, per_head=True)
+    ids, mask, _, _ = _batch()
+    inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor([[2, 17, 33], [2, 41, 8]]))
+    trees = {"syntax_trees": (HEADS, False)}
+    if decoder_trees:
+        trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
+    check_beam_search(plain, syntax, _randomise, inputs, trees,
+                      tiled=("decoder_syntax_trees",) if decoder_trees else ())
+
+
+@pytest.mark.long_on_cpu
+def test_torch_compile_with_source_and_target_trees():
+    """torch.compile (aot_eager, one graph) of BART with source and target trees (1 + 1 layers): logits and the
+    syntax tables' gradients equal eager (the other families share BART's attention class and hooks)."""
+    cls = "BartForConditionalGeneration"
+    model = enable_syntax_attention(_model(cls, encoder_layers=1, decoder_layers=1), "bias", decoder_trees=True,
+                                    per_head=True)
+    _randomise(model)
+    ids, mask, _, trees = _batch()
+    dec_ids, dec_mask, targets = _targets()
+    check_torch_compile(model, input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
+                        decoder_attention_mask=dec_mask, syntax_trees=trees, decoder_syntax_trees=targets)
 
 
 @needs

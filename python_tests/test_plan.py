@@ -121,6 +121,40 @@ def test_copy_copies_the_structure_and_what_was_derived():
     assert a.derived(("transposed distance",)) is entry and torch.equal(entry, b.distance.transpose(1, 2))
 
 
+@pytest.mark.parametrize("leak_free", [False, True])
+def test_index_select_and_repeat_interleave_pick_items(leak_free):
+    """``TreeBatch.index_select`` / ``repeat_interleave`` (generate's beam expansion) equal the batch built from the
+    picked items' heads: every tensor, the aligned distance layout, and the op's output on it."""
+    rows = [[-1, 0, 1, 2, 3], [-1, 0, 0], [1, -1, 1, 1, 2]]
+    heads, lengths = _padded_heads(rows, 5)
+    trees = sk.TreeBatch.from_heads(heads, lengths, leak_free=leak_free)
+    trees.derived(("test entry",), lambda: trees.distance.sum(dim=1))
+    for picked, order in ((trees.index_select([2, 0, 2]), [2, 0, 2]),
+                          (trees.index_select(torch.tensor([1])), [1]),
+                          (trees.repeat_interleave(2), [0, 0, 1, 1, 2, 2])):
+        want = sk.TreeBatch.from_heads(heads[order], lengths[order], leak_free=leak_free)
+        for name in ("heads", "lengths", "distance", "depth", "segment", "kernel_lengths"):
+            assert torch.equal(getattr(picked, name), getattr(want, name)), name
+        assert picked.leak_free == leak_free and picked.symmetric == (not leak_free) and not picked._derived
+        assert picked.distance.stride(1) % 16 == 0 and picked.distance.stride(0) % 16 == 0
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(len(order), 2, 5, 8, generator=g) for _ in range(3))
+        table = torch.randn(sk.BucketSpec().num_buckets, generator=g)
+        got = sk.syntax_bias_attention(q, k, v, picked, table, buckets=sk.BucketSpec(), causal=leak_free)
+        ref = sk.syntax_bias_attention(q, k, v, want, table, buckets=sk.BucketSpec(), causal=leak_free)
+        torch.testing.assert_close(got, ref)
+    assert trees.repeat_interleave(1) is trees
+    with pytest.raises(ValueError, match="0..2"):
+        trees.index_select([0, 3])
+    with pytest.raises(ValueError, match="1-D"):
+        trees.index_select([[0]])
+    with pytest.raises(TypeError, match="integer"):
+        trees.index_select(torch.tensor([0.0]))
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="repeats"):
+            trees.repeat_interleave(bad)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Device work per layer
 # ----------------------------------------------------------------------------------------------------------

@@ -97,14 +97,20 @@ tree and are refused (``ValueError``). What differs from the encoders:
   softmax cancels) to every key. The prompt's keys and values in the cache were computed with the bias, so later
   tokens still see the prompt's syntax-aware states. A prompt fed in chunks (a forward that starts inside the trees
   after cached tokens) and static caches raise ``ValueError``; batched prompts of different lengths would need left
-  padding, which the syntax ops do not take (generate them one length at a time).
+  padding, which the syntax ops do not take (generate them one length at a time). Beam search and
+  ``num_return_sequences`` (``num_beams=k > 1``): ``generate`` repeats every tensor input per beam
+  (``repeat_interleave(k)`` along the batch); the trees, not tensors, are repeated the same way by
+  :func:`_expand_generate_inputs` (``TreeBatch.repeat_interleave``), set on the model in place of
+  ``_expand_inputs_for_generation``.
 - Sliding windows (Mistral's ``config.sliding_window``, Qwen2/Qwen3's sliding layers): a padded batch longer than
   the window keeps it (the op's ``position_window``, combined with the tree bias), and so does a packed row (positions
   within each sequence); cached decoding uses transformers' sliding mask.
 - Under autocast the rotary positions leave q, k in float32 and v in the autocast dtype: q, k, v go to the autocast
   dtype, as SDPA's autocast rule does.
 - ``generate`` checks its keyword arguments against the model's forward: ``enable_syntax_attention`` lets
-  ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument).
+  ``syntax_trees`` through (``model._validate_model_kwargs``, transformers' check for every other argument), and
+  repeats them per beam (``model._expand_inputs_for_generation``, transformers' expansion for the tensors); both are
+  ``functools.partial`` objects of the model, copied with it by ``copy.deepcopy`` and pickle.
 
 ModernBERT (the row of :data:`FAMILIES` with ``encoder == ""`` that is not causal) takes ``method="bias"`` with
 ``trees="given"``:
@@ -138,7 +144,11 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   (``model.encoder``, which embeds the input itself) checks the trees against ``input_ids`` (or ``inputs_embeds``) and
   the 0/1 padding mask (right padding) and hands every layer the keyword ``syntax_relative_position = (spec, table)``
   (recomputed layers under gradient checkpointing get it again). A layer left plain (``layers=``) runs SDPA with T5's
-  own ``position_bias [1, H, N, N]``, which T5's layer 0 still builds (unused by syntax layers).
+  own ``position_bias [1, H, N, N]``, which T5's layer 0 builds (``compute_bias``). When every layer of the stack is
+  a syntax layer nothing reads it: a forward pre-hook on layer 0's self-attention
+  (:func:`_unused_position_bias_pre_hook`) hands it an empty placeholder, so T5 skips ``compute_bias`` (the decoder
+  with ``decoder_trees=True`` likewise in its forward with target trees; its cached decoding steps build the bias for
+  their plain attention).
 - The decoder (its self-attention and the cross-attention) is untouched: only the encoder stack is switched to the
   syntaxkernels attention implementation (the rest of the model keeps its own; ``"sdpa"`` when it was loaded from a
   syntax checkpoint), and a forward pre-hook on the decoder drops ``syntax_trees`` (the model's forward passes its
@@ -147,9 +157,14 @@ T5 and mT5 (the rows of :data:`FAMILIES` with ``seq2seq=True``; Flan-T5 is T5) t
   beside the tree bias (causal buckets, ``bidirectional=False``; the decoder's layer-0 table), and while decoding with
   a cache the plain attention keeps T5's ``position_bias``.
 - ``model.generate(input_ids, attention_mask=..., syntax_trees=trees, ...)``: the encoder runs once, with the trees;
-  the decoder decodes plainly from the syntax-aware encoder states.
+  the decoder decodes plainly from the syntax-aware encoder states. With ``num_beams > 1`` the encoder runs on the B
+  items before ``generate`` repeats its inputs (and the trees, :func:`_expand_generate_inputs`) per beam.
 - "subnetwork", "gat", ``trees="predicted"`` and packed trees are refused (``ValueError``): the sub-network op and the
   GAT take no relative-position table.
+- ``torch.compile``: the forward traces in one graph (``fullgraph=True`` with ``backend="aot_eager"`` tested for T5
+  and BART with source and target trees): the position buckets of each stack (a
+  :class:`~syntaxkernels.RelativePositionSpec`, whose construction reads its bucket table to the host) are built once
+  by :func:`enable_syntax_attention` and kept on the stack as ``syntax_position_spec``.
 - A new encoder-decoder family laid out like T5 is two things: its row of :data:`FAMILIES` (``seq2seq=True``) and its
   tests; T5 itself took the rows, the ``seq2seq`` field, the encoder-stack and decoder hooks, one branch of
   :func:`syntax_attention_forward` (:func:`_t5_encoder_attention`) and the position arguments of
@@ -181,7 +196,8 @@ self-attention only** (source trees), as T5 does (same hooks, same refusals, sam
   (:func:`_target_trees_pre_hook`) hands ``decoder_syntax_trees`` on as the layers' ``syntax_trees`` and checks them
   as :func:`_decoder_pre_hook` does. ``generate(..., syntax_trees=source, decoder_syntax_trees=prompt)``: the trees of
   ``decoder_input_ids`` (the start token alone: ``TreeBatch.from_heads([[-1]] * B)``) bias the decoder's first
-  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family.
+  forward; generated tokens have no tree rows and attend plainly, as in a decoder-only family. With ``num_beams >
+  1`` the target trees are repeated per beam as the decoder prompt is (:func:`_expand_generate_inputs`).
 
 Saving and loading: ``enable_syntax_attention`` records its arguments in ``model.config.syntax_attention``
 (a JSON-serialisable dict), so ``save_pretrained`` writes them to ``config.json`` and the syntax parameters
@@ -583,6 +599,9 @@ def _add_position_bias(mask: Optional[torch.Tensor], position_bias: Optional[tor
     False."""
     if position_bias is None:
         return mask
+    if position_bias.numel() == 0:
+        raise RuntimeError("a plain T5 layer got the placeholder position_bias of a stack whose layers are all syntax "
+                           "layers (the integration's _unused_position_bias_pre_hook should not have run)")
     bias = position_bias.to(query.dtype)
     if mask is None:
         return bias
@@ -926,14 +945,43 @@ def _seq2seq_encoder_pre_hook(encoder: nn.Module, args: tuple, kwargs: dict):
 def _t5_relative_position(stack: nn.Module, bidirectional: bool):
     """T5's relative-position term of one stack (encoder: ``bidirectional``; decoder: causal buckets) as the op takes
     it: ``(RelativePositionSpec, table [H, P])``, the table ``.weight.T`` of the stack's layer 0
-    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding)."""
+    ``relative_attention_bias`` (a view, so its gradient reaches the Embedding). The spec is the one
+    :func:`_position_spec` built when syntax attention was enabled (kept on the stack as ``syntax_position_spec``):
+    building one reads its bucket table to the host, which ``torch.compile`` would have to break its graph for."""
+    spec = getattr(stack, "syntax_position_spec", None)
+    if spec is None or spec.bidirectional != bidirectional:
+        spec = _position_spec(stack, bidirectional)
+    first = getattr(stack, _family(stack).layers)[0]
+    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
+
+
+def _position_spec(stack: nn.Module, bidirectional: bool):
+    """The :class:`~syntaxkernels.RelativePositionSpec` of a T5 / mT5 stack's config (encoder: ``bidirectional``;
+    decoder: causal buckets)."""
     from ..specs import RelativePositionSpec
 
     config = stack.config
-    spec = RelativePositionSpec(int(config.relative_attention_num_buckets),
+    return RelativePositionSpec(int(config.relative_attention_num_buckets),
                                 int(config.relative_attention_max_distance), bidirectional=bidirectional)
-    first = getattr(stack, _family(stack).layers)[0]
-    return spec, first.layer[0].SelfAttention.relative_attention_bias.weight.t()
+
+
+def _unused_position_bias_pre_hook(attention: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of layer 0's self-attention (the ``T5Attention`` holding ``relative_attention_bias``) of a T5 /
+    mT5 stack whose every self-attention layer is a syntax layer: those add T5's position term inside the op
+    (``syntax_relative_position``) and read no ``position_bias``, so a forward with trees (``syntax_trees``: the
+    encoder's; the decoder's first forward with ``decoder_trees=True``) hands layer 0 an empty placeholder
+    (:func:`_unused_position_bias`) and T5 skips ``compute_bias`` (its ``[1, H, N, N]`` bias). A forward without trees
+    (a decoder decoding with a cache: plain attention with T5's bias) is left as it is."""
+    if kwargs.get("position_bias") is None and kwargs.get("syntax_trees") is not None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        kwargs["position_bias"] = _unused_position_bias(hidden)
+    return args, kwargs
+
+
+def _unused_position_bias(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder ``position_bias`` of a stack that reads none: an empty ``[1, 0, 0, 0]`` tensor (T5 passes it
+    from layer to layer; :func:`_add_position_bias` refuses it, so it is never added to scores by mistake)."""
+    return like.new_zeros((1, 0, 0, 0))
 
 
 def _drop_syntax_kwargs_pre_hook(decoder: nn.Module, args: tuple, kwargs: dict):
@@ -978,6 +1026,32 @@ def _validate_generate_kwargs(model: nn.Module, model_kwargs: dict) -> None:
     model_kwargs.pop("syntax_trees", None)
     model_kwargs.pop("decoder_syntax_trees", None)
     return type(model)._validate_model_kwargs(model, model_kwargs)
+
+
+def _expand_generate_inputs(model: nn.Module, expand_size: int = 1, is_encoder_decoder: bool = False,
+                            input_ids: Optional[torch.Tensor] = None, **model_kwargs):
+    """``generate``'s expansion of its inputs for beam search and ``num_return_sequences`` (``expand_size`` =
+    ``max(num_beams, num_return_sequences)``) on a model with syntax attention: transformers' own method expands every
+    tensor argument with ``repeat_interleave(expand_size, dim=0)`` (item b's copies next to each other); the trees
+    (``syntax_trees``, ``decoder_syntax_trees``) are not tensors, so they get the same with
+    :meth:`TreeBatch.repeat_interleave <syntaxkernels.TreeBatch.repeat_interleave>`: the forward after expansion (a
+    decoder's prompt, an encoder-decoder's decoder prompt with ``decoder_trees=True``) sees ``B * expand_size`` rows
+    and as many trees. (An encoder-decoder's encoder runs before the expansion, on the ``B`` source trees.) Other
+    structure plans (a ``GraphBatch``, a packed batch) raise ``ValueError`` when ``expand_size > 1``. Set on the model
+    as ``functools.partial(this, model)`` (copied with the model by ``copy.deepcopy`` and pickle)."""
+    input_ids, model_kwargs = type(model)._expand_inputs_for_generation(
+        model, expand_size=expand_size, is_encoder_decoder=is_encoder_decoder, input_ids=input_ids, **model_kwargs)
+    if expand_size != 1:
+        for key in ("syntax_trees", "decoder_syntax_trees"):
+            trees = model_kwargs.get(key)
+            if trees is None:
+                continue
+            if not isinstance(trees, TreeBatch):
+                raise ValueError(f"generate with num_beams or num_return_sequences > 1 repeats each batch item's "
+                                 f"{key}: that takes a padded TreeBatch, got {type(trees).__name__} (generate with "
+                                 "num_beams=1 and num_return_sequences=1, or pass a TreeBatch)")
+            model_kwargs[key] = trees.repeat_interleave(int(expand_size))
+    return input_ids, model_kwargs
 
 
 def _word_embeddings_pre_hook(base: nn.Module, args: tuple, kwargs: dict):
@@ -1733,10 +1807,22 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     if causal or family.seq2seq:
         if callable(getattr(model, "_validate_model_kwargs", None)):  # generate(..., syntax_trees=...)
             model._validate_model_kwargs = functools.partial(_validate_generate_kwargs, model)
+        if callable(getattr(model, "_expand_inputs_for_generation", None)):  # num_beams, num_return_sequences > 1
+            model._expand_inputs_for_generation = functools.partial(_expand_generate_inputs, model)
     if not _family(base).encoder:  # the base model runs the layers: its forward's arguments are read by name
         base.syntax_forward_arguments = _forward_argument_names(base)
     if family.seq2seq:  # the encoder stack embeds the input itself: its arguments are read by name
         encoder.syntax_forward_arguments = _forward_argument_names(encoder)
+        if family.relative_positions:  # built once here, not in every forward (torch.compile)
+            encoder.syntax_position_spec = _position_spec(encoder, bidirectional=True)
+            if decoder_trees:
+                base.decoder.syntax_position_spec = _position_spec(base.decoder, bidirectional=False)
+            # Stacks whose every self-attention layer is a syntax layer read no position_bias [1, H, N, N]: layer 0
+            # is handed a placeholder instead of building it (_unused_position_bias_pre_hook).
+            for modules, parts_of in ((attention_modules, parts), (decoder_modules, decoder_parts)):
+                if modules and len(parts_of) == len(modules):
+                    modules[0].syntax_position_bias_hook_handle = modules[0].register_forward_pre_hook(
+                        _unused_position_bias_pre_hook, with_kwargs=True)
         hook = _seq2seq_encoder_pre_hook
         decoder = getattr(base, "decoder", None)
         if decoder is not None:

@@ -1023,6 +1023,41 @@ class TreeBatch(StructurePlan):
         transfers work."""
         return self._map(lambda t: t.pin_memory())
 
+    def index_select(self, index) -> "TreeBatch":
+        """The batch items ``index`` (int64 ``[B']`` or a list of item numbers in ``0..B-1``, repeats allowed) as a
+        new ``TreeBatch [B', N]`` on this batch's device: every tensor indexed along the batch, the distance keeping
+        its aligned layout, ``leak_free`` kept. Entries derived on this batch (edge lists, tile lists) are not
+        carried: the new batch derives its own on first use.
+
+        Raises ``ValueError`` for an index that is not 1-D or (read on the host, when it is there) out of range,
+        ``TypeError`` for a non-integer one."""
+        index = torch.as_tensor(index)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"index_select takes integer item numbers, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"index_select takes a 1-D index of item numbers, got shape {tuple(index.shape)}")
+        if index.device.type == "cpu" and index.numel() and (int(index.min()) < 0 or
+                                                               int(index.max()) >= self.batch_size):
+            raise ValueError(f"index_select: item numbers must be in 0..{self.batch_size - 1}, got "
+                             f"{int(index.min())}..{int(index.max())}")
+        index = index.to(self.device, torch.int64)
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, index.to(t.device))
+
+        return TreeBatch(pick(self.heads), pick(self.lengths), _map_distance(pick, self.distance), pick(self.depth),
+                         pick(self.segment), leak_free=self.leak_free)
+
+    def repeat_interleave(self, repeats: int) -> "TreeBatch":
+        """Each item ``repeats`` times in a row (``[t0, t0, t1, t1]`` for 2): ``TreeBatch [B * repeats, N]``, what
+        ``Tensor.repeat_interleave(repeats, dim=0)`` does to the batch's input tensors (``generate`` expands its
+        inputs so for beam search and ``num_return_sequences``). ``ValueError`` unless ``repeats`` is an int >= 1."""
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+        if repeats == 1:
+            return self
+        return self.index_select(torch.arange(self.batch_size).repeat_interleave(repeats))
+
     def relation_lists(self, masks: MaskSpec) -> EdgeLists:
         """The :class:`EdgeLists` of the parent/child/sibling masks of ``masks`` (R of them, in
         ``masks.names`` order), built once per batch and kept (``pairwise`` and ``full`` are dense masks: no

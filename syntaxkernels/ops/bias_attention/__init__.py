@@ -198,9 +198,10 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
             :class:`~syntaxkernels.RelativePositionSpec` and a float table ``[H, P]`` (P = its ``num_buckets``; T5's
             ``relative_attention_bias.weight.T``). Adds ``position_table[h, pbucket(j - i)]`` to every score, computed
             from the indices (no ``[N, N]`` tensor); not multiplied by ``bias_scale``; gets a gradient. In a packed
-            batch positions count within each sequence. T5 divides no score by sqrt(d): pass ``scale=1.0``. The C++
-            CPU kernels take it (padded and packed); the Triton kernels do not yet (``backend="auto"`` runs the
-            reference for it there).
+            batch positions count within each sequence. T5 divides no score by sqrt(d): pass ``scale=1.0``. Every
+            kernel path takes it (``_host.POSITION_PATHS``: the C++ CPU kernels and the Triton kernels, padded and
+            packed; its gradient included); only calls that run the reference anyway (float64, head dims the
+            kernels do not take) add it there.
         deterministic: bit-identical gradients run to run (the Triton path always is: no atomics).
         symmetric: whether ``distance[b, i, j] == distance[b, j, i]``. None (default): a plan knows (a TreeBatch's
             distance is a tree distance: symmetric), and so does a tree distance the package built given as a tensor

@@ -42,7 +42,7 @@ from ... import _ext
 from ...plan import as_plan
 from ...specs import BucketSpec, RelativePositionSpec
 from .._dispatch import dropout_arguments
-from ._host import (_bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, position_args, position_gradient,
+from ._host import (_bucket_lut, _spec, bias_lut, bucket_args, kernel_arguments, position_gradient,
                     position_lut, table_gradients)
 
 __all__ = ["cpu_bias_attention", "bias_attention_cpu_forward", "bias_attention_cpu_backward"]
@@ -134,9 +134,11 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
     """Autograd over the two C++ ops; gradients for q, k, v, the table and a tensor ``bias_scale`` (the table and
     bias-scale gradients from the per-bucket sums, as ``_SyntaxBiasAttention`` does on the Triton path).
     ``dropout_p``, ``dropout_seed``: attention dropout (saved, not the mask: the backward regenerates it);
-    ``position_window``: ``|i - j| <= position_window`` (-1: none); ``position_spec``
-    (:func:`._host.position_args`, or None) and ``position_table`` ``[H, P]``: T5's relative-position term (its
-    gradient from the kernels' per-offset sums by :func:`._host.position_gradient`)."""
+    ``position_window``: ``|i - j| <= position_window`` (-1: none); ``position_spec`` (the
+    :class:`~syntaxkernels.RelativePositionSpec` itself, or None: passed as the object, as the Triton Functions take
+    it, since building one from its numbers reads its bucket table to the host, a graph break under
+    ``torch.compile``) and ``position_table`` ``[H, P]``: T5's relative-position term (its gradient from the
+    kernels' per-offset sums by :func:`._host.position_gradient`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, distance, table, bias_scale, lengths, scale, window, causal, bucket_spec,
@@ -145,8 +147,7 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
         lut = bias_lut(table, bias_scale, spec, window)
         plut, reach = None, -1
         if position_spec is not None:
-            pspec = RelativePositionSpec(*position_spec)
-            plut, reach = position_lut(pspec, position_table), pspec.reach
+            plut, reach = position_lut(position_spec, position_table), position_spec.reach
         out, lse = torch.ops.syntaxkernels.bias_attention_cpu_fwd(
             q, k, v, distance, lut, lengths, scale, window, causal,
             *dropout_arguments(dropout_p, dropout_seed), position_window, plut, reach)
@@ -167,7 +168,7 @@ class _SyntaxBiasAttentionCPU(torch.autograd.Function):
             ctx.window, ctx.causal, table_grad, *dropout_arguments(ctx.dropout_p, ctx.dropout_seed),
             ctx.position_window, plut, ctx.reach, wants_position)
         dtable, dscale = table_gradients(bucket_grad, table, bias_scale, *ctx.needs_input_grad[4:6])
-        dposition = (position_gradient(offset_sums, RelativePositionSpec(*ctx.position_spec), position_table)
+        dposition = (position_gradient(offset_sums, ctx.position_spec, position_table)
                      if wants_position else None)
         return (dq, dk, dv, None, dtable, dscale, None, None, None, None, None, None, None, None, None,
                 dposition)
@@ -204,5 +205,5 @@ def cpu_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distan
                                          -1 if window is None else int(window), bool(causal), bucket_args(buckets),
                                          float(dropout_p), None if dropout_p == 0.0 else int(dropout_seed),
                                          -1 if position_window is None else int(position_window),
-                                         None if position_buckets is None else position_args(position_buckets),
+                                         position_buckets,
                                          position_table if position_buckets is not None else None)
