@@ -257,8 +257,11 @@ def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
     holding several sums dS for each (a compare, a select and an add per element and bucket); a tile without
     an allowed pair costs nothing. The cost is per tile, not per head: the heads' dS were summed first.
 
-    Larger tables: ``sums`` is ``[BLOCK_M, BUCKETS_PAD]`` and ``present = lowest + 256 * highest``; the tile
-    walks the buckets of that range (a loop whose length is the data's).
+    Larger tables (a relation batch's 256 codes, log-spaced or windowed tables): ``sums`` is ``[BUCKETS_PAD]``
+    and ``present = lowest + 256 * highest``; the tile walks the buckets of that range (a loop whose length is the
+    data's), each trip a compare, a select and a whole-tile sum of dS added to its bucket (a few registers
+    whatever the table's size: per-row accumulators, ``BLOCK_M x BUCKETS_PAD``, spilled at 256 buckets and cost
+    as much per trip as the sum itself).
     """
     if STATIC_BUCKETS:
         if (present & (present - 1)) == 0:  # one bucket (or none: nothing to add)
@@ -277,33 +280,34 @@ def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
         bucket = bucket_from_distance(dist.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
         columns = tl.arange(0, BUCKETS_PAD)
         for t in range(present & 255, (present >> 8) + 1):
-            part = tl.sum(tl.where(bucket == t, ds, 0.0), 1)
-            sums += tl.where(columns[None, :] == t, part[:, None], 0.0)
+            part = tl.sum(tl.sum(tl.where(bucket == t, ds, 0.0), 1), 0)
+            sums += tl.where(columns == t, part, 0.0)
     return sums
 
 
 @triton.jit
 def _bucket_accumulators(BLOCK_M: tl.constexpr, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr,
                          BUCKETS_PAD: tl.constexpr):
-    """Zeroed per-row, per-bucket sums for :func:`_bucket_sums`: a tuple of ``[BLOCK_M]`` (``STATIC_BUCKETS``)
-    or ``[BLOCK_M, BUCKETS_PAD]``."""
+    """Zeroed per-bucket sums for :func:`_bucket_sums`: a tuple of per-row ``[BLOCK_M]`` (``STATIC_BUCKETS``)
+    or ``[BUCKETS_PAD]``."""
     if STATIC_BUCKETS:
         sums = (tl.zeros([BLOCK_M], dtype=tl.float32),) * NUM_BUCKETS
     else:
-        sums = tl.zeros([BLOCK_M, BUCKETS_PAD], dtype=tl.float32)
+        sums = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
     return sums
 
 
 @triton.jit
 def _bucket_totals(sums, NUM_BUCKETS: tl.constexpr, STATIC_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr):
-    """``[BUCKETS_PAD]``: the per-row sums of :func:`_bucket_sums` added over the rows (bucket t at index t)."""
+    """``[BUCKETS_PAD]``: the sums of :func:`_bucket_sums` per bucket (the per-row ones added over the rows;
+    bucket t at index t)."""
     if STATIC_BUCKETS:
         bucket_ids = tl.arange(0, BUCKETS_PAD)
         totals = tl.zeros([BUCKETS_PAD], dtype=tl.float32)
         for t in tl.static_range(NUM_BUCKETS):
             totals += tl.where(bucket_ids == t, tl.sum(sums[t], 0), 0.0)
     else:
-        totals = tl.sum(sums, 0)
+        totals = sums
     return totals
 
 
