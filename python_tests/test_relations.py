@@ -363,3 +363,46 @@ def test_transformers_model_takes_a_relation_batch(tmp_path):
     assert loaded.config.syntax_attention["relations"] == 2
     torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask, syntax_trees=relations).logits, got,
                                atol=1e-6, rtol=1e-6)
+
+
+def test_index_select_and_repeat_interleave():
+    case = relation_case(seed=10)
+    plan = RelationBatch.from_plans(case["plans"], case["specs"])
+    picked = plan.index_select([3, 0, 0])
+    assert torch.equal(picked.distance, plan.distance[[3, 0, 0]])
+    assert torch.equal(picked.kernel_lengths, plan.kernel_lengths[[3, 0, 0]])
+    assert picked.buckets == plan.buckets and picked.symmetric == plan.symmetric
+    repeated = plan.repeat_interleave(2)
+    assert torch.equal(repeated.distance, plan.distance.repeat_interleave(2, 0))
+    assert repeated.distance.stride(1) % 16 == 0  # (the aligned rows kept)
+    with pytest.raises(ValueError, match="item numbers must be in 0..3"):
+        plan.index_select([4])
+    with pytest.raises(ValueError, match="repeats must be an int"):
+        plan.repeat_interleave(0)
+
+
+def test_beam_search_repeats_a_relation_batch():
+    """A decoder-only model with ``relations=2``: ``generate(num_beams=2)`` repeats each item's relations per beam
+    (item b's beams next to each other): the first step's logits are a forward on the repeated prompts and
+    relations, which differs from one whose relations are repeated in the other order."""
+    transformers = pytest.importorskip("transformers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention, syntax_parameters
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=100)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    enable_syntax_attention(model, "bias", buckets=SPEC5, relations=2)
+    with torch.no_grad():
+        for p in syntax_parameters(model).values():
+            p.normal_(0.0, 2.0)
+    first = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 3], [1, 2, -1, 2, 2]], leak_free=True)
+    second = sk.TreeBatch.from_heads([[-1, 0, 0, 0, 0], [-1, 0, 1, 2, 3]], leak_free=True)
+    relations = RelationBatch.from_plans([first, second], SPEC5)
+    ids = torch.randint(0, 100, (2, 5))
+    with torch.no_grad():
+        out = model.generate(ids, syntax_trees=relations, num_beams=2, max_new_tokens=1, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        want = model(ids.repeat_interleave(2, 0), syntax_trees=relations.repeat_interleave(2)).logits[:, -1]
+        other = model(ids.repeat_interleave(2, 0), syntax_trees=relations.index_select([0, 1, 0, 1])).logits[:, -1]
+    torch.testing.assert_close(out.logits[0], want, atol=1e-5, rtol=1e-5)
+    assert (want - other).abs().max() > 1e-3

@@ -247,6 +247,7 @@ from ..plan import StructurePlan
 from ..specs import BucketSpec, MaskSpec
 from ..trees.batch import TreeBatch
 from ..trees.packed import PackedTreeBatch
+from ..trees.relations import RelationBatch
 from .checkpoint import quiet_syntax_keys_report, restore_parameters
 from .upos import UPOS_TAGS, token_pos_ids
 
@@ -1037,7 +1038,8 @@ def _expand_generate_inputs(model: nn.Module, expand_size: int = 1, is_encoder_d
     :meth:`TreeBatch.repeat_interleave <syntaxkernels.TreeBatch.repeat_interleave>`: the forward after expansion (a
     decoder's prompt, an encoder-decoder's decoder prompt with ``decoder_trees=True``) sees ``B * expand_size`` rows
     and as many trees. (An encoder-decoder's encoder runs before the expansion, on the ``B`` source trees.) Other
-    structure plans (a ``GraphBatch``, a packed batch) raise ``ValueError`` when ``expand_size > 1``. Set on the model
+    structure plans (a ``GraphBatch``, a packed batch) raise ``ValueError`` when ``expand_size > 1`` (a padded
+    :class:`~syntaxkernels.RelationBatch` repeats too). Set on the model
     as ``functools.partial(this, model)`` (copied with the model by ``copy.deepcopy`` and pickle)."""
     input_ids, model_kwargs = type(model)._expand_inputs_for_generation(
         model, expand_size=expand_size, is_encoder_decoder=is_encoder_decoder, input_ids=input_ids, **model_kwargs)
@@ -1046,10 +1048,11 @@ def _expand_generate_inputs(model: nn.Module, expand_size: int = 1, is_encoder_d
             trees = model_kwargs.get(key)
             if trees is None:
                 continue
-            if not isinstance(trees, TreeBatch):
+            if not (isinstance(trees, (TreeBatch, RelationBatch)) and not trees.is_packed):
                 raise ValueError(f"generate with num_beams or num_return_sequences > 1 repeats each batch item's "
-                                 f"{key}: that takes a padded TreeBatch, got {type(trees).__name__} (generate with "
-                                 "num_beams=1 and num_return_sequences=1, or pass a TreeBatch)")
+                                 f"{key}: that takes a padded TreeBatch or RelationBatch, got "
+                                 f"{type(trees).__name__} (generate with num_beams=1 and num_return_sequences=1, or "
+                                 "pass a TreeBatch)")
             model_kwargs[key] = trees.repeat_interleave(int(expand_size))
     return input_ids, model_kwargs
 

@@ -255,6 +255,40 @@ class RelationBatch(ItemPlan):
             total = term if total is None else total + term
         return total
 
+    def index_select(self, index) -> "RelationBatch":
+        """The items ``index`` (int64 ``[B']`` or a list of item numbers, repeats allowed) of a padded batch as a new
+        ``RelationBatch [B', N]`` (derived entries not carried). ``ValueError`` for a packed batch, an index that is
+        not 1-D or (on the host) out of range; ``TypeError`` for a non-integer one."""
+        from .batch import _map_distance
+
+        if self.is_packed:
+            raise ValueError("index_select takes a padded RelationBatch (a packed batch's items are sequences of "
+                             "one row)")
+        index = torch.as_tensor(index)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"index_select takes integer item numbers, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"index_select takes a 1-D index of item numbers, got shape {tuple(index.shape)}")
+        if index.device.type == "cpu" and index.numel() and (int(index.min()) < 0 or
+                                                               int(index.max()) >= self.num_items):
+            raise ValueError(f"index_select: item numbers must be in 0..{self.num_items - 1}, got "
+                             f"{int(index.min())}..{int(index.max())}")
+        index = index.to(self.device, torch.int64)
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, index.to(t.device))
+
+        return RelationBatch(_map_distance(pick, self.distance), buckets=self.buckets, code_buckets=self.code_buckets,
+                             lengths=pick(self.lengths), symmetric=self.symmetric,
+                             kernel_lengths=pick(self.kernel_lengths))
+
+    def repeat_interleave(self, repeats: int) -> "RelationBatch":
+        """Each item ``repeats`` times in a row, as ``Tensor.repeat_interleave(repeats, dim=0)`` (``generate``'s
+        expansion for beam search). ``ValueError`` unless ``repeats`` is an int >= 1."""
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+        return self.index_select(torch.arange(self.num_items).repeat_interleave(repeats))
+
     def _copied_from(self, other: "RelationBatch", non_blocking: bool) -> None:
         if self.buckets != other.buckets:
             raise ValueError("copy_: the two relation batches bucket their relations differently")
