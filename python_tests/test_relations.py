@@ -406,3 +406,25 @@ def test_beam_search_repeats_a_relation_batch():
         other = model(ids.repeat_interleave(2, 0), syntax_trees=relations.index_select([0, 1, 0, 1])).logits[:, -1]
     torch.testing.assert_close(out.logits[0], want, atol=1e-5, rtol=1e-5)
     assert (want - other).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("path", [CPP, TRITON])
+def test_two_parses_averaged_with_one_tied_table(path):
+    """Several parses averaged: the same table for both relations and strengths 1/2 (``bias = (t[b1] + t[b2]) / 2``):
+    the shared table's gradient is both relations' (autograd adds them), against the reference."""
+    backend, device = path
+    case = relation_case(seed=11, per_head=False)
+    plans, spec = case["plans"][:2], SPEC5
+    plan = RelationBatch.from_plans(plans, spec)
+    table = case["tables"][0].float().to(device).requires_grad_()
+    inputs = [case[n].to(device, torch.float32).requires_grad_() for n in ("q", "k", "v")]
+    half = torch.full((2,), 0.5, device=device)
+    out = sk.syntax_bias_attention(*inputs, plan.to(device), [table, table], buckets=spec, bias_scale=half,
+                                   backend=backend)
+    grads = torch.autograd.grad(out, inputs + [table], case["grad"].to(device, torch.float32))
+    ins = [case[n].clone().requires_grad_() for n in ("q", "k", "v")]
+    t64 = case["tables"][0].clone().requires_grad_()
+    distance = torch.stack([p.distance for p in plans], 1)
+    ref = reference.syntax_bias_attention(*ins, distance, [t64, t64], buckets=spec, bias_scale=half.double().cpu(),
+                                          lengths=case["lengths"])
+    check((out, grads), (ref, torch.autograd.grad(ref, ins + [t64], case["grad"])))
