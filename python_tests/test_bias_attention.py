@@ -397,6 +397,59 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
             assert torch.equal(results[groups][1][name], results[1][1][name]), (groups, name)
 
 
+@pytest.mark.parametrize("arch", [90, 100])
+def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
+    """configs.CAUSAL_CONFIGS: a causal call of 65..128-token rows at D = 128 on the sm90 family (sm_90, sm_100)
+    takes its own grouped tiles for the two-block backward (its grouped loop spills with the family's: sm_90 48 B,
+    24 B grouped-query, sm_100 8 B): sm_90 chunks of 32, sm_100 whole 64-column score chunks, dQ not transposed;
+    the non-causal call, the one-tile rows, D = 64 and other families keep theirs."""
+    from syntaxkernels.specs import BucketSpec
+
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    previous = P.interpret_as(arch)
+    try:
+        def short(N, D, causal, grouped=False):
+            return _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, BucketSpec(), grouped=grouped,
+                                          causal=causal).short
+
+        for grouped in (False, True):  # (grouped-query k, v or not)
+            causal, plain = short(100, 128, True, grouped), short(100, 128, False, grouped)
+            assert causal["GROUPED_CONFIG"] == (dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False) if arch == 90
+                                                else dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False))
+            assert "GROUPED_CONFIG" not in plain
+            assert {k: v for k, v in causal.items() if k != "GROUPED_CONFIG"} == plain  # (ungrouped: the family's)
+            assert short(100, 96, True, grouped)["GROUPED_CONFIG"] == causal["GROUPED_CONFIG"]  # (D = 96: pads to 128)
+        for N, D in ((50, 128), (100, 64), (50, 64)):
+            assert short(N, D, True) == short(N, D, False), (N, D)
+    finally:
+        P.interpret_as(previous)
+    for other in (80, 86, 120):
+        previous = P.interpret_as(other)
+        try:
+            assert short(100, 128, True) == short(100, 128, False), other
+        finally:
+            P.interpret_as(previous)
+
+
+@pytest.mark.parametrize("arch,chunks", [(90, (32, 32)), (100, (64, 64))])
+@pytest.mark.long_on_cpu
+def test_causal_two_block_grouped_tiles_are_exact(monkeypatch, arch, chunks):
+    """The causal two-block backward at D = 128 with its own grouped tiles (configs.CAUSAL_CONFIGS: sm_90 chunks of
+    32, sm_100 of 64, dQ not transposed) on an interpreted GPU, heads in two groups, grouped-query k and v: exact
+    against the float64 reference (ragged rows, one of at most 64 tokens)."""
+    monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: 2)
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(arch)
+    try:
+        case = make_case(2, 2, 100, 128, torch.bfloat16, kv_heads=1, lengths=[100, 57], seed=21)
+        check_against_reference(case, causal=True)
+    finally:
+        P.interpret_as(previous)
+    launched = [kw for name, kw in zip(names, names.kwargs) if name == "_bias_bwd_short2_kernel"]
+    assert launched and all(kw["GROUPED"] and kw["HEAD_GROUPS"] == 2 for kw in launched), names
+    assert all((kw["CHUNK"], kw["OUT_CHUNK"], kw["DQ_T"]) == (*chunks, False) for kw in launched)
+
+
 def test_head_groups_fill_the_gpu(monkeypatch):
     """The short-row grids: the fewest head groups with which the programs still give every multiprocessor two,
     groups of equal size or one fewer head; never more groups than heads."""

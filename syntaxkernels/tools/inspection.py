@@ -629,7 +629,7 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
         causal = variant == "causal"
         rows, one = table.reshape(-1, T), torch.ones(1)
         plan = structure_plan(distance, symmetric=True)
-        configs = _launch.launch_configs(N, head_dim, head_dim, dt, rows.shape[0], window, buckets)
+        configs = _launch.launch_configs(N, head_dim, head_dim, dt, rows.shape[0], window, buckets, causal=causal)
         forward = _launch.forward_metadata(plan, configs, window, causal)
         backward = _launch.backward_metadata(plan, configs, window, causal, buckets, True)
         out, lse, lut = _launch.bias_attention_forward(q, k, v, plan.distance, rows, one, _host._bucket_lut(buckets, q),

@@ -83,7 +83,7 @@ _CONFIGS = {}
 
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
                    spec: BucketSpec, position: bool = False, grouped: bool = False,
-                   scale: float = 1.0) -> LaunchConfigs:
+                   scale: float = 1.0, causal: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
     and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
@@ -93,13 +93,14 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     key/value heads than query heads): the tiled dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over
     the group's query heads). ``scale``: the score scale; below 1e-30 in magnitude (0: a call that ignores q k^T)
     the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
-    product carry it)."""
+    product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
+    "short" or "short2", whichever ``short`` holds)."""
     from . import configs
 
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS,
-           position, grouped, tiny)
+           position, grouped, tiny, causal)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
@@ -116,9 +117,20 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     overrides = [configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [configs.position_overrides(dtype, width, family, arch)] if position else []
+    overrides += [configs.causal_overrides(dtype, width, family, arch)] if causal else []
+    # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
+    # or the two-block kernel, by N): an entry of the other one is not this call's.
+    short_kind = "short" if N <= configs.SHORT_ROW_LIMIT else "short2"
     for override in overrides:
-        found = found._replace(**{kind: dict(getattr(found, kind), **fields) for kind, fields in override.items()
-                                  if getattr(found, kind) is not None})
+        updates = {}
+        for kind, fields in override.items():
+            if kind in ("short", "short2"):
+                if kind != short_kind:
+                    continue
+                kind = "short"
+            if getattr(found, kind) is not None:
+                updates[kind] = dict(getattr(found, kind), **fields)
+        found = found._replace(**updates)
     if not torch.compiler.is_compiling():  # (a traced call keeps nothing)
         _CONFIGS[key] = found
     return found
@@ -329,7 +341,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1],
-                             scale)
+                             scale, causal)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -481,7 +493,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
             pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale, causal)
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)

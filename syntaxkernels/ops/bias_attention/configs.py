@@ -22,8 +22,8 @@ import torch
 
 from .._primitives import arch_family, current_arch, head_block
 
-__all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "SHORT_ROW_LIMIT", "STATIC_BUCKET_LIMIT",
-           "select_config"]
+__all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "CAUSAL_CONFIGS", "SHORT_ROW_LIMIT",
+           "STATIC_BUCKET_LIMIT", "select_config"]
 
 #: Rows up to this long take the short-row kernels (see :func:`_short_config`).
 SHORT_ROW_LIMIT = 64
@@ -372,11 +372,27 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 }
 
 
+#: The short-row backward's tiles in causal calls (``launch_configs(..., causal=True)``), over :data:`CONFIGS`:
+#: ``(kind, family, dtype class, head-dim class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then
+#: "sm100"). Compiled as launched on odd-77 (``inspect --workload odd-77 --causal``, with and without ``--kv-heads
+#: 4``): the causal two-block kernel at D = 128 spills in its grouped loop with the family's tiles (sm_90 48 B, 24 B
+#: grouped-query; sm_100 8 B grouped-query), not in the single-axis loop. So grouped causal launches take their own
+#: tiles (``GROUPED_CONFIG``, as :data:`GROUPED_CONFIGS`; ungrouped ones keep the family's): sm_90 chunks of 32 with
+#: dQ not transposed (251 instructions per valid pair, 255 grouped-query; OUT_CHUNK = 64 with them spills 24 B,
+#: whole 64-column score chunks 40-96 B, eight warps do not spill at 279-287), sm_100 whole 64-column score chunks
+#: with dQ not transposed (its one-tile kernel's choice, :data:`BLACKWELL_CONFIGS`: 218 and 221, where the
+#: family's tiles gave 228 spill-free and 232 with 8 B spilled; sm_90's choice 278 and 281).
+CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    ("short2", "sm90", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False)),
+    ("short2", "sm100", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False)),
+}
+
+
 def _overrides(table: Dict[Tuple[str, str, str, int], dict], dtype: torch.dtype, head_dim: int, family: str,
                arch: int) -> Dict[str, dict]:
-    """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`) for this dtype,
-    head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120
-    and newer in the small one)."""
+    """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
+    :data:`CAUSAL_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in
+    the sm90 family) or "sm120" (sm_120 and newer in the small one)."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
@@ -397,6 +413,11 @@ def grouped_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int)
 def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
     """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU."""
     return _overrides(POSITION_CONFIGS, dtype, head_dim, family, arch)
+
+
+def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`CAUSAL_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(CAUSAL_CONFIGS, dtype, head_dim, family, arch)
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
