@@ -58,32 +58,12 @@ import torch  # noqa: E402
 import syntaxkernels as sk  # noqa: E402
 from syntaxkernels import data as sk_data  # noqa: E402
 
+import papers_in_miniature as PM  # noqa: E402  (DEPRELS, tagging_labels: each word's relation to its head)
 import syntax_lr as SL  # noqa: E402  (model_dir, sentence_split, labels_of, UPOS)
 
 
-#: Universal dependency relations (UD v2, subtypes dropped): the labels of ``--task deprel``.
-DEPRELS = ["acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound", "conj",
-           "cop", "csubj", "dep", "det", "discourse", "dislocated", "expl", "fixed", "flat", "goeswith", "iobj",
-           "list", "mark", "nmod", "nsubj", "nummod", "obj", "obl", "orphan", "parataxis", "punct", "reparandum",
-           "root", "vocative", "xcomp"]
-
-
-def deprel_labels_of(batch):
-    """The word's universal relation to its head (``nsubj:pass`` -> ``nsubj``) on each word's first piece, -100
-    elsewhere: a label that depends on where the word's head is, unlike its part of speech."""
-    ids = torch.full(batch["input_ids"].shape, -100, dtype=torch.int64)
-    for b, (s, word_ids) in enumerate(zip(batch["sentences"], batch["word_ids"])):
-        seen = set()
-        for p, w in enumerate(word_ids):
-            if w is not None and w not in seen:
-                seen.add(w)
-                ids[b, p] = DEPRELS.index(s.deprel[w].split(":")[0]) if s.deprel[w].split(":")[0] in DEPRELS \
-                    else DEPRELS.index("dep")
-    return ids
-
-
 #: ``--task``: (labels of a batch, number of classes).
-TASKS = {"upos": (SL.labels_of, len(SL.UPOS)), "deprel": (deprel_labels_of, len(DEPRELS))}
+TASKS = {"upos": (SL.labels_of, len(SL.UPOS)), "deprel": (PM.tagging_labels, len(PM.DEPRELS))}
 
 
 def build(kind, path, args):

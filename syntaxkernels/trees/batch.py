@@ -910,6 +910,21 @@ def _refuse_lists(trees, what: str) -> None:
                          "leak_free for the relation masks and tree windows")
 
 
+def item_index(index, count: int, device) -> torch.Tensor:
+    """``index`` (a list or tensor of item numbers, repeats allowed) as int64 ``[B']`` on ``device``, checked for a
+    batch of ``count`` items: ``TypeError`` for non-integer numbers, ``ValueError`` for an index that is not 1-D or
+    (read on the host, when it is there) out of range. The ``index_select`` of the batch plans."""
+    index = torch.as_tensor(index)
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise TypeError(f"index_select takes integer item numbers, got {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"index_select takes a 1-D index of item numbers, got shape {tuple(index.shape)}")
+    if index.device.type == "cpu" and index.numel() and (int(index.min()) < 0 or int(index.max()) >= count):
+        raise ValueError(f"index_select: item numbers must be in 0..{count - 1}, got "
+                         f"{int(index.min())}..{int(index.max())}")
+    return index.to(device, torch.int64)
+
+
 @dataclass(eq=False)
 class TreeBatch(StructurePlan):
     """A batch of dependency trees with everything the attention ops need: the batch's structure plan
@@ -1031,16 +1046,7 @@ class TreeBatch(StructurePlan):
 
         Raises ``ValueError`` for an index that is not 1-D or (read on the host, when it is there) out of range,
         ``TypeError`` for a non-integer one."""
-        index = torch.as_tensor(index)
-        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
-            raise TypeError(f"index_select takes integer item numbers, got {index.dtype}")
-        if index.dim() != 1:
-            raise ValueError(f"index_select takes a 1-D index of item numbers, got shape {tuple(index.shape)}")
-        if index.device.type == "cpu" and index.numel() and (int(index.min()) < 0 or
-                                                               int(index.max()) >= self.batch_size):
-            raise ValueError(f"index_select: item numbers must be in 0..{self.batch_size - 1}, got "
-                             f"{int(index.min())}..{int(index.max())}")
-        index = index.to(self.device, torch.int64)
+        index = item_index(index, self.batch_size, self.device)
 
         def pick(t: torch.Tensor) -> torch.Tensor:
             return t.index_select(0, index.to(t.device))

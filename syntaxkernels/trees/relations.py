@@ -259,21 +259,12 @@ class RelationBatch(ItemPlan):
         """The items ``index`` (int64 ``[B']`` or a list of item numbers, repeats allowed) of a padded batch as a new
         ``RelationBatch [B', N]`` (derived entries not carried). ``ValueError`` for a packed batch, an index that is
         not 1-D or (on the host) out of range; ``TypeError`` for a non-integer one."""
-        from .batch import _map_distance
+        from .batch import _map_distance, item_index
 
         if self.is_packed:
             raise ValueError("index_select takes a padded RelationBatch (a packed batch's items are sequences of "
                              "one row)")
-        index = torch.as_tensor(index)
-        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
-            raise TypeError(f"index_select takes integer item numbers, got {index.dtype}")
-        if index.dim() != 1:
-            raise ValueError(f"index_select takes a 1-D index of item numbers, got shape {tuple(index.shape)}")
-        if index.device.type == "cpu" and index.numel() and (int(index.min()) < 0 or
-                                                               int(index.max()) >= self.num_items):
-            raise ValueError(f"index_select: item numbers must be in 0..{self.num_items - 1}, got "
-                             f"{int(index.min())}..{int(index.max())}")
-        index = index.to(self.device, torch.int64)
+        index = item_index(index, self.num_items, self.device)
 
         def pick(t: torch.Tensor) -> torch.Tensor:
             return t.index_select(0, index.to(t.device))
