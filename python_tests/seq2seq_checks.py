@@ -49,6 +49,19 @@ def check_padded_batch_equals_each_sentence_alone(encoder, ids, mask, heads):
                                        atol=1e-5)
 
 
+def check_seq2seq_beam_search(plain, syntax, randomise, ids, mask, source_heads, start: int, decoder_trees: bool):
+    """:func:`check_beam_search` on an encoder-decoder model: the source trees ``source_heads`` to the encoder and, with
+    ``decoder_trees``, two different leak-free trees of a 3-token decoder prompt (``start`` its first token) repeated
+    per beam."""
+    inputs = dict(input_ids=ids, attention_mask=mask,
+                  decoder_input_ids=torch.tensor([[start, 17, 33], [start, 41, 8]]))
+    trees = {"syntax_trees": (source_heads, False)}
+    if decoder_trees:
+        trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
+    check_beam_search(plain, syntax, randomise, inputs, trees,
+                      tiled=("decoder_syntax_trees",) if decoder_trees else ())
+
+
 def check_beam_search(plain, syntax, randomise, inputs, trees, tiled=(), beams=3, sequences=2):
     """``generate`` with ``num_beams=beams`` and ``num_return_sequences=sequences`` on a syntax model whose forward
     takes trees (``trees``: keyword -> ``(rows of heads, one per batch item, leak_free)``; ``inputs``: generate's tensor

@@ -35,7 +35,7 @@ from syntaxkernels.integrations.transformers import (  # noqa: E402
 )
 from seq2seq_checks import (  # noqa: E402
     check_autocast_bf16,
-    check_beam_search,
+    check_seq2seq_beam_search,
     check_gradient_checkpointing,
     check_torch_compile,
     check_padded_batch_equals_each_sentence_alone,
@@ -259,12 +259,7 @@ def test_beam_search_with_trees(decoder_trees):
     are repeated per beam as generate repeats the inputs (item b's beams next to each other)."""
     plain, syntax = _pair(decoder_trees=decoder_trees)
     ids, mask, _, _ = _batch()
-    inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor([[0, 17, 33], [0, 41, 8]]))
-    trees = {"syntax_trees": (HEADS, False)}
-    if decoder_trees:
-        trees["decoder_syntax_trees"] = ([[-1, 0, 1], [-1, 0, 0]], True)
-    check_beam_search(plain, syntax, _randomise, inputs, trees,
-                      tiled=("decoder_syntax_trees",) if decoder_trees else ())
+    check_seq2seq_beam_search(plain, syntax, _randomise, ids, mask, HEADS, 0, decoder_trees)
 
 
 @pytest.mark.long_on_cpu
