@@ -258,7 +258,7 @@ BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
     ("table", "half", 64): dict(num_stages=1),
     ("table", "half", 128): dict(num_stages=1),
     ("table_extra", "half", 64): dict(num_stages=1),
-    ("table_extra", "half", 128): dict(num_stages=1),
+    ("table_extra", "half", 128): dict(num_warps=4, num_stages=1),  # (8 warps: 32 B at 256 buckets, odd-1000)
 }
 #: The short-row backward kernels walk their heads in groups, a program each (``GROUPED``,
 #: :func:`._launch.head_groups`), except where the grouped loop spills (kind, family, head-dim class): there one
