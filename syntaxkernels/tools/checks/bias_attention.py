@@ -194,6 +194,51 @@ def check_relative_position(device):
     return ok, f"N = {N}, T5 buckets (32, reach 128), scale 1: " + ", ".join(details)
 
 
+def check_relations(device):
+    """Several relations per score (a ``RelationBatch`` of two random trees of each item and their directed steps:
+    three relations, 7 x 7 x 5 codes, per-head tables of their own lengths, one strength each) on the kernels this
+    device runs (``backend="auto"``: Triton on CUDA, the C++ kernels on CPU), fp32, ragged with an empty item, against
+    the fp64 reference computed relation by relation: the output and the q, k, v, tables' and strengths' gradients."""
+    import syntaxkernels as sk
+    from syntaxkernels import reference
+    from syntaxkernels.tools.testing import compare_to_reference
+
+    shape = _shape(device, (3, 2, 40, 32), (16, 8, 128, 64))
+    B, H, N, D = shape
+    rng = random.Random(5)
+    lengths = [N, 0] + [N // 2 - b for b in range(B - 2)]
+    trees = [sk.TreeBatch.from_heads([[-1] + [rng.randrange(0, i) for i in range(1, n)] if n else []
+                                      for n in lengths]) for _ in range(2)]
+    padded = [sk.TreeBatch.from_heads(t.heads, t.lengths) for t in trees]
+    up_down = sk.RelationBatch.directed_tree(padded[0], max_steps=3)
+    specs = [sk.BucketSpec(max_distance=5), sk.BucketSpec(max_distance=5)]
+    distances = [t.distance for t in padded] + [up_down.code_buckets[0][up_down.distance.long()].to(torch.uint8)]
+    specs.append(sk.BucketSpec(max_distance=4, unreachable_bucket=False))  # the steps up: 0..3 and 255 -> 4
+    plan = sk.RelationBatch.from_distances(torch.stack(distances, 1), specs, padded[0].lengths, symmetric=False)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v, grad_out = (torch.randn(*shape, generator=gen) for _ in range(4))
+    tables = [torch.randn(H, s.num_buckets, generator=gen) for s in specs]
+    scales = torch.tensor([0.8, 1.1, -0.5])
+    runs = []
+    for dtype, backend in ((torch.float32, "auto"), (torch.float64, "reference"), (torch.float32, "reference")):
+        where = device if backend == "auto" else "cpu"
+        leaves = [t.to(where, dtype).requires_grad_() for t in (q, k, v, *tables, scales)]
+        if backend == "auto":
+            out = sk.syntax_bias_attention(*leaves[:3], plan.to(where), leaves[3:6], buckets=plan.buckets,
+                                           bias_scale=leaves[6])
+        else:
+            out = reference.syntax_bias_attention(*leaves[:3], torch.stack(distances, 1), leaves[3:6], buckets=specs,
+                                                  bias_scale=leaves[6], lengths=padded[0].lengths)
+        runs.append([out] + list(torch.autograd.grad(out, leaves, grad_out.to(where, dtype))))
+    names = ("out", "dq", "dk", "dv", "dtable0", "dtable1", "dtable2", "dscales")
+    details, ok = [], True
+    for name, got, ref64, reflp in zip(names, *runs):
+        good, err, bound = compare_to_reference(got.cpu(), ref64, reflp)
+        ok &= good
+        details.append(f"{name} {err:.1e}/{bound:.1e}" + ("" if good else " FAIL"))
+    return ok, f"3 relations (7 x 7 x 5 codes), N = {N}, fp32, backend auto on {device}: " + ", ".join(details)
+
+
 def _runs(device, count, run):
     """``count`` results of ``run()``: on CUDA plain repeats; under the interpreter each with its programs in
     another order (seeds 1..count), the way a GPU may schedule them."""
@@ -272,6 +317,7 @@ CHECKS = [
     Check("bias_attention.triton_dropout", check_dropout),
     Check("bias_attention.triton_grouped_query", check_grouped_query),
     Check("bias_attention.triton_relative_position", check_relative_position),
+    Check("bias_attention.relations", check_relations),
 ]
 
 
