@@ -514,8 +514,10 @@ def test_argument_errors():
         enable_syntax_attention(model, "syntax")
     with pytest.raises(ValueError, match="masks applies"):
         enable_syntax_attention(model, "bias", masks=sk.MaskSpec())
-    with pytest.raises(ValueError, match="buckets, per_head and window"):
+    with pytest.raises(ValueError, match="buckets, per_head, window and relations apply to method='bias'"):
         enable_syntax_attention(model, "gat", window=3)
+    with pytest.raises(ValueError, match="buckets, per_head, window and relations apply to method='bias'"):
+        enable_syntax_attention(model, "subnetwork", relations=2)
     with pytest.raises(ValueError, match="layers"):
         enable_syntax_attention(model, "bias", layers=[5])
     with pytest.raises(ValueError, match="gat_config has unknown keys"):
