@@ -40,7 +40,8 @@ Where each part lives (this folder):
   autograd Functions over them.
 - ``_cpu.py``: the C++ kernels' ops and autograd (CPU tensors); ``_varlen.py`` and ``_varlen_kernels.py``: packed
   (varlen) batches (``cu_seqlens``); ``_host.py``: what every path shares (the LUT, the kernels' arguments, the
-  table gradient from the per-bucket sums, the choice of implementation).
+  table gradient from the per-bucket sums, the choice of implementation); ``_relations.py``: several relations per
+  score (a ``RelationBatch``: the relations' tables gathered into one table per code, then this op on the code).
 
 Only ``configs.py``, ``_forward.py``, ``_backward.py``, ``_launch.py``, ``_autograd.py`` and ``_varlen_kernels.py``
 import Triton; they are imported when Triton is (:func:`.._dispatch.triton_status`), so that without it the op
