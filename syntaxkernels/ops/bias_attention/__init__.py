@@ -65,7 +65,6 @@ on the device and the kernels walk compacted lists of live tiles (interior first
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Optional
 
 import torch

@@ -3,7 +3,6 @@ distance-bias op: the R relations' tables and strengths gathered into one table 
 ``[H, 256]``, :meth:`~syntaxkernels.RelationBatch.code_table`), then the op on the batch's code with one bucket per
 code (:data:`~syntaxkernels.trees.relations.CODE_BUCKETS`): every backend, padded and packed, with no kernel of its
 own. The tables' and strengths' gradients are the code table's, taken back through the gather by autograd."""
-from typing import Optional
 
 import torch
 
