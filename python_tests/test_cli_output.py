@@ -101,11 +101,13 @@ def test_inspect_help_lists_every_workload(capsys):
     from syntaxkernels.tools import inspection, workloads
 
     assert cli._WORKLOADS == workloads.WORKLOADS and set(cli._WORKLOAD_GROUPS) == set(workloads.WORKLOAD_GROUPS)
+    assert cli._RELATION_WORKLOADS == workloads.RELATION_WORKLOADS
     assert cli._EDGE_WORKLOADS == inspection.EDGE_WORKLOADS
     with pytest.raises(SystemExit):
         cli.main(["inspect", "--help"])
     text = re.sub(r"-\s+", "-", re.sub(r"\s+", " ", capsys.readouterr().out))  # argparse may wrap after a hyphen
-    for name in workloads.WORKLOADS + tuple(workloads.WORKLOAD_GROUPS) + inspection.EDGE_WORKLOADS:
+    for name in (workloads.WORKLOADS + workloads.RELATION_WORKLOADS + tuple(workloads.WORKLOAD_GROUPS)
+                 + inspection.EDGE_WORKLOADS):
         assert re.search(rf"[ :,]{re.escape(name)}[,;)]", text), name
 
 

@@ -378,6 +378,142 @@ def test_tile_presence_is_cached_per_batch_not_per_name():
     assert I._presence(chains, 16, 16) is I._presence(chains, 16, 16)  # still cached
 
 
+def _brute_force_sets(distance, lengths, lut, bm, bn):
+    """Per tile the set of buckets of its valid pairs, by a loop over the tiles (the reference for the model)."""
+    B, N, _ = distance.shape
+    out = {}
+    for b in range(B):
+        L = int(lengths[b])
+        for qb in range(-(-N // bm)):
+            for kb in range(-(-N // bn)):
+                tile = distance[b, qb * bm:min((qb + 1) * bm, L), kb * bn:min((kb + 1) * bn, L)]
+                out[b, qb, kb] = set(lut[tile.long()].flatten().tolist())
+    return out
+
+
+def test_tile_bucket_sets_hold_every_code_of_256_buckets():
+    """The tile model counts more than 62 buckets (a relation batch's 256 codes): the bucket sets equal a
+    brute-force count per tile, the buckets a tile walks are its held buckets up to 31 buckets and its code range
+    above (as the launcher's own ``_tile_buckets`` metadata, lowest + 256 * highest, says), and the 62-bit packing
+    refuses such a LUT instead of dropping buckets."""
+    from syntaxkernels.ops.bias_attention import _launch
+    from syntaxkernels.specs import BucketSpec
+    from syntaxkernels.trees.relations import CODE_BUCKETS
+
+    g = torch.Generator().manual_seed(0)
+    B, N = 3, 45
+    lengths = torch.tensor([45, 30, 7])
+    low = torch.randint(0, 256, (B, N, N), generator=g)  # codes over the whole byte, some tiles narrow
+    low[:, :16, :16] = torch.randint(60, 64, (B, 16, 16), generator=g)
+    distance = low.to(torch.uint8)
+    lut = CODE_BUCKETS.lut()
+    for bm, bn in ((16, 16), (32, 16)):
+        sets = I.tile_bucket_sets(distance, lengths, bm, bn, lut)
+        assert sets.shape == (B, -(-N // bm), -(-N // bn), 256)
+        brute = _brute_force_sets(distance, lengths, lut, bm, bn)
+        for (b, qb, kb), held in brute.items():
+            assert set(torch.nonzero(sets[b, qb, kb]).flatten().tolist()) == held, (b, qb, kb)
+        assert int(sets.sum()) > 62 * 3  # many tiles hold more than 62 buckets: no 62-bit set could
+        walked = I.tile_walk_counts(sets, CODE_BUCKETS.num_buckets)
+        meta = _launch._tile_buckets(distance, lengths.to(torch.int32), bm, bn, -1, False, CODE_BUCKETS).long()
+        lowest, highest = meta % 256, meta // 256
+        live = sets.any(-1)  # (a tile without a valid pair is never walked: its metadata is not read)
+        assert torch.equal(walked[live], (highest - lowest + 1)[live]) and not bool(walked[~live].any())
+        for (b, qb, kb), held in brute.items():  # the range, every bucket between counted
+            assert int(walked[b, qb, kb]) == (max(held) - min(held) + 1 if held else 0)
+    # Up to 31 buckets: the buckets held (the bit set's popcount).
+    small = BucketSpec()
+    sets = I.tile_bucket_sets(distance, lengths, 16, 16, small.lut())
+    assert torch.equal(I.tile_walk_counts(sets, small.num_buckets), sets.sum(-1))
+    with pytest.raises(ValueError, match="62"):
+        I.tile_presence(distance, lengths, 16, 16, lut)
+
+
+def test_relation_workloads_are_the_plans_they_say():
+    """graph: an undirected GraphBatch of 32 [CLS] rows padded to the longest; two-parse: a 2-relation
+    RelationBatch whose codes decode to the gold tree and to a perturbed tree (still one tree, other heads); the
+    tile model walks their codes with the kernels' LUT (CODE_BUCKETS), as the launcher's metadata."""
+    from syntaxkernels.ops.bias_attention import _launch
+    from syntaxkernels.specs import BucketSpec
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.trees import GraphBatch, RelationBatch, TreeBatch
+    from syntaxkernels.trees.relations import CODE_BUCKETS
+
+    sentences, source = _generated()
+    assert "relations" in workloads.WORKLOAD_GROUPS and workloads.workload_names("relations") == list(
+        workloads.RELATION_WORKLOADS)
+    assert not set(workloads.workload_names("all")) & set(workloads.RELATION_WORKLOADS)
+    graph = workloads.named_workload("graph", sentences, source)
+    plan = graph.plan()
+    assert isinstance(plan, GraphBatch) and not plan.directed and plan.symmetric
+    assert graph.batch_size == 32 and graph.N == max(graph.lengths) and graph.structure == "graph"
+    assert tuple(plan.distance.shape) == (32, graph.N, graph.N)
+    for b, n in enumerate(graph.lengths):  # [CLS] (0) one edge from [SEP] (n - 1); every node reachable
+        assert int(plan.distance[b, 0, n - 1]) == 1 and int(plan.distance[b, :n, :n].max()) < 255
+    assert graph.kernel_buckets == BucketSpec()
+    with pytest.raises(ValueError, match="no heads"):
+        graph.tree_batch()
+
+    two = workloads.named_workload("two-parse", sentences, source)
+    base = workloads.named_workload("sentences", sentences, source)
+    rel = two.plan()
+    assert isinstance(rel, RelationBatch) and rel.num_relations == 2 and rel.buckets == (BucketSpec(),) * 2
+    assert two.lengths == base.lengths and two.N == base.N and two.kernel_buckets == CODE_BUCKETS
+    gold = base.tree_batch()
+    lut = BucketSpec().lut()
+    codes = rel.distance.long()
+    changed = 0
+    for b, n in enumerate(two.lengths):
+        assert torch.equal(codes[b, :n, :n] % 12, lut[gold.distance[b, :n, :n].long()])
+        changed += int(not torch.equal(codes[b, :n, :n] // 12, codes[b, :n, :n] % 12))
+    assert changed >= 16  # most rows' second parse differs
+    rng = __import__("random").Random(1)
+    for heads in sentences[:50]:
+        heads = workloads._single_root(heads)
+        other = workloads.perturbed_tree(heads, rng, share=0.5)
+        TreeBatch.from_heads([other])  # one tree still (a cycle raises)
+        assert [i for i, h in enumerate(other) if h < 0] == [i for i, h in enumerate(heads) if h < 0]
+    # The model walks the codes' range per tile, as the launcher's metadata at the kernels' 256 buckets.
+    tiles = I.workload_tiles("_bias_bwd_short_table_kernel", two, 64, 64)
+    meta = _launch._tile_buckets(rel.distance, rel.kernel_lengths, 64, 64, -1, False, CODE_BUCKETS).long()
+    lowest, highest = meta % 256, meta // 256
+    walk = torch.where(I._presence(two, 64, 64).any(-1), highest - lowest + 1, 0)
+    assert tiles["one_bucket"] + tiles["buckets_mixed"] == int(walk.sum())
+    assert tiles["mixed"] == int((walk > 1).sum()) and tiles["boundary"] == int((walk > 0).sum())
+    with pytest.raises(ValueError, match="relation batch"):
+        I.inspect_workload("two-parse", "bf16", 64, 90, buckets=BucketSpec(254))
+
+
+def test_code_workload_has_four_relations_of_the_code_tree():
+    pytest.importorskip("tree_sitter")
+    pytest.importorskip("tree_sitter_python")
+    from syntaxkernels.tools import workloads
+    from syntaxkernels.trees import RelationBatch, from_tree_sitter
+
+    one = workloads.named_workload("code-r1")
+    w = workloads.named_workload("code-r4")
+    assert one.lengths == w.lengths and one.plan([0]).distance.shape == (1, 512, 512) and one.relations is None
+    assert I._presence(one, 64, 64).shape[-1] == 12  # BucketSpec()'s LUT
+    assert w.N == 512 and w.batch_size == 16 and max(w.lengths) == 512 and w.relations == 4
+    assert w.compile_rows() and all(n <= 512 for n in w.lengths)
+    sources, spans, _ = workloads.code_rows()
+    rows = [0, 1]
+    rel = w.plan(rows)
+    assert isinstance(rel, RelationBatch) and rel.num_relations == 4 and not rel.symmetric
+    sizes = [s.num_buckets for s in rel.buckets]
+    assert sizes == [8, 4, 4, 2] and sizes[0] * sizes[1] * sizes[2] * sizes[3] == 256
+    code = from_tree_sitter([sources[b] for b in rows], [spans[b] for b in rows], size=512)
+    d, up, down, same = (x.long() for x in workloads.code_relation_distances(code))
+    n = w.lengths[0]
+    exact = (d[0, :n, :n] < 254)
+    assert torch.equal((up + down)[0, :n, :n][exact], d[0, :n, :n][exact])  # a path = its steps up and down
+    assert torch.equal(up[0, :n, :n].T, down[0, :n, :n])  # transposed: up and down swap
+    assert bool((same[0].diagonal()[:n] == 0).all()) and bool((same[0, :n, :n][d[0, :n, :n] > 2] == 1).all())
+    luts = [s.lut() for s in rel.buckets]
+    want = (luts[0][d] + 8 * luts[1][up] + 32 * luts[2][down] + 128 * luts[3][same])[0, :n, :n]
+    assert torch.equal(rel.distance[0, :n, :n].long(), want)
+
+
 def test_workload_cost_weights_each_class_by_its_loop():
     from syntaxkernels.specs import BucketSpec
 
@@ -397,6 +533,16 @@ def test_workload_cost_weights_each_class_by_its_loop():
     per_element = 5 * (10.0 + 4.0 / 4) + 3 * (12.0 + 8.0 / 4) + (2 + 12) * 2.0 / 4
     assert I.workload_cost(table, tiles)["instr"] == pytest.approx(per_element * 256 / 1000)
     assert I.workload_cost(I.KernelReport("bias_attention", "c", "_bias_fwd_kernel", 90, error="x"), tiles) is None
+    # The short table kernel on 256 buckets: per tile for its 12 heads the rest once, each head's dS sum, one trip
+    # of the bucket loop per bucket of the range walked.
+    from syntaxkernels.trees.relations import CODE_BUCKETS
+
+    short = I.KernelReport("bias_attention", "c", "_bias_bwd_short_table_kernel", 90, loop_other=[6.0],
+                           loop_all=[6.0], heads=12, once_other=2.0, once_all=30.0, head_sum_other=1.5)
+    tiles = dict(grid=4, skipped=1, interior=0, boundary=3, one_bucket=1, mixed=2, buckets_mixed=150,
+                 valid_pairs=1000, area=4096)
+    per_element = (3 * (2.0 + 12 * 1.5) + (1 + 150) * 6.0) / 12
+    assert I.workload_cost(short, tiles, buckets=CODE_BUCKETS)["instr"] == pytest.approx(per_element * 4096 / 1000)
 
 
 # sm_100-style code: the tile loop (0x30..0x90) waits on a barrier in a block placed after the code (0xb0),

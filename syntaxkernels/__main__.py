@@ -48,11 +48,12 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: The named workloads of ``inspect --workload`` and its groups, as ``syntaxkernels.tools.workloads`` defines them
-#: (``WORKLOADS``, ``WORKLOAD_GROUPS``; written out here so that ``--help`` imports no tool: a test keeps them
+#: (``WORKLOADS``, ``RELATION_WORKLOADS``, ``WORKLOAD_GROUPS``; written out here so that ``--help`` imports no tool: a test keeps them
 #: equal), and the edge report's (``inspection.EDGE_WORKLOADS``).
 _WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
               "long-8192", "odd-77", "odd-1000")
-_WORKLOAD_GROUPS = ("long", "odd", "finetune", "all")
+_RELATION_WORKLOADS = ("graph", "two-parse", "code-r1", "code-r4")
+_WORKLOAD_GROUPS = ("long", "odd", "finetune", "all", "relations")
 _EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")
 
 
@@ -62,8 +63,9 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: 80,90 for the launch cases, all with --workload")
     parser.add_argument("--workload", default="",
                         help="inspect these named workloads instead of the N = 1024 launch cases (comma-separated: "
-                             f"{', '.join(_WORKLOADS)}; groups {', '.join(_WORKLOAD_GROUPS)}); built from the "
-                             "treebank ($SYNTAXKERNELS_UD) or, without it, generated trees")
+                             f"{', '.join(_WORKLOADS)}; relation workloads {', '.join(_RELATION_WORKLOADS)}; groups "
+                             f"{', '.join(_WORKLOAD_GROUPS)}); built from the treebank ($SYNTAXKERNELS_UD) or, "
+                             "without it, generated trees (code-r1, code-r4: this package's sources)")
     parser.add_argument("--dtype", default="bf16", help="with --workload: dtypes, comma-separated (default bf16)")
     parser.add_argument("--buckets", default="",
                         help="with --workload: the layer's BucketSpec as MAX_DISTANCE or MAX_DISTANCE:LOG_DISTANCE "

@@ -285,6 +285,11 @@ def _run_inspect_workloads(args, I) -> int:
               file=sys.stderr)
         return 2
     buckets = None
+    relation_names = [n for n in names if n in W.RELATION_WORKLOADS]
+    if args.buckets and any(n in W.RELATION_BATCHES for n in relation_names):
+        print("syntaxkernels inspect: --buckets does not apply to the relation batches (two-parse, code-r4): the "
+              "kernels run their relations' codes (256 buckets)", file=sys.stderr)
+        return 2
     if args.buckets:
         from syntaxkernels.specs import BucketSpec
 
@@ -335,7 +340,12 @@ def _run_inspect_workloads(args, I) -> int:
                   f"{f', {kv_heads} key/value heads (grouped-query)' if kv_heads else ''}"
                   f"{', causal' if causal else ''}{f', positional window {band}' if band >= 0 else ''}"
                   f"{f', T5 relative-position term {position}, scale 1' if position is not None else ''}) compiled as "
-                  "launched, no GPU; a cost model read from the SASS")
+                  "launched, no GPU; a cost model read from the SASS"
+                  + ("; the relation batches (a RelationBatch of R relations) through DistanceBias(12, their R "
+                     "BucketSpecs, relations=R): R tables and R strengths with their gradients, the kernels on the "
+                     "relations' one-byte code (CODE_BUCKETS, 256 buckets: the runtime bucket loop, each tile's "
+                     "code range walked); the graph batch (a GraphBatch) through the default layer"
+                     if relation_names else ""))
     for line in textwrap.wrap(conditions, WIDTH):
         print(line)
     print()
@@ -418,6 +428,10 @@ def _run_inspect_host(args) -> int:
         names = W.workload_names(args.workload) if args.workload else list(Hs.HOST_WORKLOADS)
     except ValueError as exc:
         print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
+        return 2
+    if any(n in W.RELATION_WORKLOADS for n in names):
+        print(f"syntaxkernels inspect --host: takes the tree workloads ({', '.join(W.WORKLOADS)}), not the relation "
+              "workloads", file=sys.stderr)
         return 2
     print(f"syntaxkernels inspect --host: {len(names)} workloads, launches compiled for sm_{archs[0]} (the first "
           "call of each kernel compiles: a minute or so)", file=sys.stderr, flush=True)

@@ -52,7 +52,7 @@ __all__ = ["KernelReport", "LaunchCase", "launch_cases", "inspect_case", "inspec
            "check_targets", "TARGETS", "tool_path", "analyse_sass", "fake_gpu", "capture_launches", "verdict",
            "ALL_ARCHS", "SHARED_LIMIT", "inspect_workload", "inspect_workloads", "workload_tiles", "workload_cost",
            "workload_problems", "workload_summary", "format_workload_reports", "format_workload_summary",
-           "tile_presence"]
+           "tile_presence", "tile_bucket_sets", "tile_walk_counts"]
 
 ARCHS = (80, 90)
 WIDTH = 100  # the report tables fit this many columns
@@ -387,6 +387,9 @@ class KernelReport:
     # that loop, per unit, paid once per tile for all its heads: on the cheapest path and counting every branch.
     once_other: Optional[float] = None
     once_all: Optional[float] = None
+    # The short table kernel on more than 31 buckets: its tile loop (loop_other) is the runtime bucket loop, one
+    # trip; this is the loop before it that sums dS over the heads, one head's iteration per unit (cheapest path).
+    head_sum_other: Optional[float] = None
     plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
     block_m: int = 0
@@ -543,6 +546,13 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                     main_counted = (per(other), per(body))
             if main_counted is not None and report.bucket_trips:
                 report.other_per_unit, report.all_per_unit = main_counted
+            if name in _DOTLESS_PROGRAMS and trips and top:
+                # More than 31 buckets: the heads' dS summed (a loop over the heads), then the tile's bucket range
+                # walked (the tile loop above); the heads' loop: the outermost loop before it.
+                before = [o for o in loops if o.end < top[0].start
+                          and not any(x is not o and x.start <= o.start and o.end <= x.end for x in loops)]
+                if before:
+                    report.head_sum_other = per(before[-1].shortest_other)
             if (name in _HEAD_PROGRAMS or name in _SHORT2_PROGRAMS) and top:
                 # One tile a program, its loop over the heads: what lies outside the loop is paid once per tile.
                 # The two-block kernel: its two passes (tile loops over key blocks, each with a head loop
@@ -1055,7 +1065,7 @@ def _kernels_on_cpu_tensors():
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
                dropout: float = 0.0, kv_heads: int = 0, causal: bool = False, band: int = -1,
-               position=None) -> None:
+               position=None, relations: Optional[int] = None) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
@@ -1063,7 +1073,9 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
     heads, grouped-query attention, 0 = H; ``causal``: a decoder's layer; ``band``: a positional window, -1 none;
     ``position``: a :class:`~syntaxkernels.specs.RelativePositionSpec`, T5's relative-position term with a
     learnable ``[H, P]`` table and unscaled scores as T5 calls it, or None); the output merged back to
-    ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout."""
+    ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout. ``batch``: any padded structure plan (a
+    ``TreeBatch``, a ``GraphBatch``); with ``relations`` = R a ``RelationBatch`` of R relations, the layer
+    ``DistanceBias(H, buckets, relations=R)`` (``buckets``: its R BucketSpecs: a table and a strength each)."""
     import torch
 
     from syntaxkernels.nn import DistanceBias
@@ -1076,8 +1088,11 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
         return torch.zeros(B, N, h * head_dim, dtype=dt).view(B, N, h, head_dim).transpose(1, 2).requires_grad_()
 
     q, k, v = projection(), projection(kv_heads or heads), projection(kv_heads or heads)
-    layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
-                                                                                      backend="triton")
+    if relations is not None:
+        layer = DistanceBias(heads, list(buckets), backend="triton", relations=relations)
+    else:
+        layer = DistanceBias(heads, backend="triton") if buckets is None else DistanceBias(heads, buckets,
+                                                                                          backend="triton")
     position_args = {}
     if position is not None:  # T5: its own position table (a gradient too) and no 1/sqrt(d)
         position_args = dict(position_buckets=position, scale=1.0,
@@ -1209,51 +1224,98 @@ def _workload(name: str):
 _PRESENCE_CACHE: Dict[tuple, object] = {}
 
 
-def tile_presence(distance, lengths, block_m: int, block_n: int, bucket_lut):
-    """int64 ``[B, nQ, nK]``: the bit set of the buckets of each ``block_m x block_n`` tile's valid pairs (no
-    window, not causal; 0 = no valid pair), computed one query stripe at a time (long trees need no
-    ``B x N x N`` int64 temporary). Equal to the launcher's ``block_bucket_masks`` for such calls."""
+def tile_bucket_sets(distance, lengths, block_m: int, block_n: int, bucket_lut):
+    """bool ``[B, nQ, nK, T]``: which of the ``T = bucket_lut.max() + 1`` buckets (any number: a relation batch's 256
+    codes too) the valid pairs of each ``block_m x block_n`` tile hold (no window, not causal; a tile without a
+    valid pair holds none), computed one query stripe at a time (long trees need no ``B x N x N`` int64
+    temporary)."""
     import torch
 
     B, N, _ = distance.shape
     num_q, num_k = -(-N // block_m), -(-N // block_n)
     lut = bucket_lut.to(torch.int64)
     T = int(lut.max()) + 1
-    present = torch.zeros(B, num_q, num_k, dtype=torch.int64)
+    present = torch.zeros(B, num_q, num_k, T, dtype=torch.bool)
     key_block = (torch.arange(N) // block_n)[None, :]
     for b in range(B):
         L = min(int(lengths[b]), N)
         for qb in range(-(-L // block_m)):
             rows = distance[b, qb * block_m:min((qb + 1) * block_m, L), :L].long()
             keys = (key_block[:, :L] * T + lut[rows]).flatten()
-            seen = torch.bincount(keys, minlength=num_k * T).view(num_k, T) > 0
-            present[b, qb] = (seen.to(torch.int64) << torch.arange(T)).sum(dim=1)
+            present[b, qb] = torch.bincount(keys, minlength=num_k * T).view(num_k, T) > 0
     return present
 
 
-def _presence(workload, block_m: int, block_n: int):
+def tile_presence(distance, lengths, block_m: int, block_n: int, bucket_lut):
+    """int64 ``[B, nQ, nK]``: the bit set of the buckets of each ``block_m x block_n`` tile's valid pairs (no
+    window, not causal; 0 = no valid pair), from :func:`tile_bucket_sets`. Equal to the launcher's
+    ``block_bucket_masks`` for such calls. Up to 62 buckets (``ValueError`` beyond: use :func:`tile_bucket_sets`)."""
     import torch
 
-    from syntaxkernels.specs import BucketSpec
+    T = int(bucket_lut.max()) + 1
+    if T > 62:
+        raise ValueError(f"tile_presence packs at most 62 buckets into an int64, the LUT has {T}: use "
+                         "tile_bucket_sets")
+    present = tile_bucket_sets(distance, lengths, block_m, block_n, bucket_lut)
+    return (present.to(torch.int64) << torch.arange(present.shape[-1])).sum(dim=-1)
 
-    # Keyed by what the batch holds, not only its name: a workload of the same name built from other sentences
-    # (the treebank's, generated ones) is another batch.
-    identity = (workload.name, workload.source, workload.N, hash(tuple(tuple(heads) for heads in workload.heads)))
-    key = (identity, block_m, block_n)
+
+def tile_walk_counts(present, num_buckets: int):
+    """int64 ``[B, nQ, nK]``: the buckets the table kernels reduce per tile of bucket sets ``present``
+    (:func:`tile_bucket_sets`): up to ``STATIC_BUCKET_LIMIT`` (31) buckets the ones the tile holds (its bit set);
+    larger tables walk the range from the tile's lowest to its highest bucket (``_tile_buckets``: ``lowest + 256 *
+    highest``, the buckets being monotone in the distance), every bucket between counted; 0 for a tile without a
+    valid pair."""
+    import torch
+
+    from syntaxkernels.ops.bias_attention import configs as op
+
+    held = present.sum(dim=-1)
+    if num_buckets <= op.STATIC_BUCKET_LIMIT:
+        return held
+    T = present.shape[-1]
+    index = torch.arange(T)
+    lowest = torch.where(present, index, T).amin(dim=-1)
+    highest = torch.where(present, index, -1).amax(dim=-1)
+    return torch.where(held > 0, highest - lowest + 1, torch.zeros_like(held))
+
+
+def _workload_identity(workload) -> tuple:
+    """What a workload's batch holds (not only its name: a workload of the same name built from other sentences,
+    the treebank's or generated ones, is another batch)."""
+    if getattr(workload, "digest", ""):
+        return (workload.name, workload.source, workload.N, workload.digest)
+    return (workload.name, workload.source, workload.N, hash(tuple(tuple(heads) for heads in workload.heads)))
+
+
+def _workload_plan(workload):
+    """The whole batch's plan (:meth:`Workload.plan`), cached per batch."""
+    key = ("batch", _workload_identity(workload))
+    if key not in _WORKLOAD_CACHE:
+        _WORKLOAD_CACHE[key] = workload.plan()
+    return _WORKLOAD_CACHE[key]
+
+
+def _presence(workload, block_m: int, block_n: int, buckets=None):
+    """:func:`tile_bucket_sets` of the workload's whole batch at this tiling, with the bucket LUT the kernels run
+    (``buckets``, else the workload's own: ``BucketSpec()`` for trees and graphs, a relation batch's 256 codes)."""
+    import torch
+
+    spec = buckets or _kernel_buckets(workload)
+    key = (_workload_identity(workload), block_m, block_n, spec)
     if key not in _PRESENCE_CACHE:
-        batch = _WORKLOAD_CACHE.get(("batch", identity))
-        if batch is None:
-            batch = _WORKLOAD_CACHE[("batch", identity)] = workload.tree_batch()
-        _PRESENCE_CACHE[key] = tile_presence(batch.distance, batch.lengths, block_m, block_n,
-                                             BucketSpec().lut().to(torch.int64))
+        batch = _workload_plan(workload)
+        _PRESENCE_CACHE[key] = tile_bucket_sets(batch.distance, torch.tensor(workload.lengths), block_m, block_n,
+                                                spec.lut().to(torch.int64))
     return _PRESENCE_CACHE[key]
 
 
-def _popcount(x):
-    count = x * 0
-    for t in range(62):
-        count = count + ((x >> t) & 1)
-    return count
+def _kernel_buckets(workload):
+    """The BucketSpec the kernels run a workload with (``Workload.kernel_buckets``; ``BucketSpec()`` for a
+    workload object without it)."""
+    from syntaxkernels.specs import BucketSpec
+
+    return getattr(workload, "kernel_buckets", None) or BucketSpec()
 
 
 def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None) -> Optional[dict]:
@@ -1264,8 +1326,10 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
     (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
     The table kernel reduces each walked tile's dS (summed over its heads) per bucket: one row sum for a tile
-    wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*); it does
-    not walk its query block's most frequent one-bucket tiles (``bucket_skipped``, counted as skipped). Every
+    wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*; more than 31
+    buckets: per bucket of the tile's range, :func:`tile_walk_counts`); up to 31 buckets it does
+    not walk its query block's most frequent one-bucket tiles (``bucket_skipped``, counted as skipped).
+    ``buckets``: the BucketSpec the kernels run (None: the workload's own, ``Workload.kernel_buckets``). Every
     other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile.
 
     Returns counts ``grid, skipped, interior, boundary, one_bucket, mixed``, ``buckets_mixed`` (buckets walked
@@ -1274,7 +1338,6 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     import torch
 
     from syntaxkernels.ops.bias_attention import _launch as op
-    from syntaxkernels.specs import BucketSpec
 
     if kernel in _VARLEN_QUERY_PROGRAMS + _VARLEN_KEY_PROGRAMS:
         return _varlen_tiles(kernel, workload, block_m, block_n, buckets) if block_m and block_n else None
@@ -1296,8 +1359,10 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     if kernel in _ONE_TILE:  # every program walks its one tile (masked), an empty row's too
         out["boundary"] = grid
         return out
+    spec = buckets or _kernel_buckets(workload)
+    T = spec.num_buckets
     if kernel == "_bias_bwd_short_table_kernel":  # a program per tile; tiles without an allowed pair: skipped
-        counts = _popcount(_presence(workload, block_m, block_n))
+        counts = tile_walk_counts(_presence(workload, block_m, block_n, spec), T)
         out["boundary"] = int((counts > 0).sum())
         out["skipped"] = grid - out["boundary"]
         out["one_bucket"], out["mixed"] = int((counts == 1).sum()), int((counts > 1).sum())
@@ -1317,20 +1382,25 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
         out["interior"] = int((rows * (lengths // block_n)).sum())
         out["boundary"] = int((rows * (-(-lengths // block_n) - lengths // block_n)).sum())
         if kernel in _TABLE_PROGRAMS:
-            # Bucket sets per tile [B, nQ, nK]; every walked tile with an allowed pair reduces dS per bucket.
-            masks = _presence(workload, block_m, block_n)
+            # Bucket sets per tile [B, nQ, nK, T]; every walked tile with an allowed pair reduces dS per bucket.
+            present = _presence(workload, block_m, block_n, spec)
+            counts = tile_walk_counts(present, T)
             position_q = torch.arange(num_q)[None, :, None]
             position_k = torch.arange(num_k)[None, None, :]
             walked = (position_q < rows[:, None, None]) & (position_k < -(-lengths // block_n)[:, None, None])
-            # Each query block's most frequent one-bucket tiles are not walked (op._skip_buckets): a compare.
-            skip = op._skip_buckets(masks, BucketSpec().num_buckets).to(masks.dtype)
-            skipped = walked & (skip >= 0)[..., None] & (masks == (1 << skip.clamp(min=0))[..., None])
+            # Each query block's most frequent one-bucket tiles are not walked (op._skip_buckets, tables of up to
+            # STATIC_BUCKET_LIMIT buckets: their bit sets): a compare.
+            if T <= op.STATIC_BUCKET_LIMIT:
+                masks = (present.to(torch.int64) << torch.arange(present.shape[-1])).sum(dim=-1)
+                skip = op._skip_buckets(masks, T).to(masks.dtype)
+                skipped = walked & (skip >= 0)[..., None] & (masks == (1 << skip.clamp(min=0))[..., None])
+            else:
+                skipped = torch.zeros_like(walked)
             interior_tile = position_k < (lengths // block_n)[:, None, None]
             out["interior"] -= int((skipped & interior_tile).sum())
             out["boundary"] -= int((skipped & ~interior_tile).sum())
             out["bucket_skipped"] = int(skipped.sum())
             walked = walked & ~skipped
-            counts = _popcount(masks)
             one, mixed = walked & (counts == 1), walked & (counts > 1)
             out["one_bucket"], out["mixed"] = int(one.sum()), int(mixed.sum())
             out["buckets_mixed"] = int(counts[mixed].sum())
@@ -1378,7 +1448,7 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
         return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
     if not report.loop_other:
         return dict(area=area, instr=None)
-    T = (buckets or BucketSpec()).num_buckets
+    T = (buckets or BucketSpec()).num_buckets  # the kernels' buckets (a relation batch: its 256 codes)
     first_other, last_other = report.loop_other[0], report.loop_other[-1]
     per_tile = report.heads  # the heads one program takes per tile (the table kernel's HEADS)
     if report.kernel in _SHORT2_PROGRAMS:
@@ -1393,6 +1463,13 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
         per_element = (tiles["first_key_block"] * main0 + tiles["second_key_block"] * main1
                        + tiles["first_pass"] * first + tiles["programs"] * report.once_other / report.heads
                        + (tiles["boundary"] + tiles["first_pass"]) * gather / report.heads)
+        return dict(area=area, instr=per_element * tiles["area"] / valid)
+    if report.kernel in _DOTLESS_PROGRAMS and report.once_other is not None and report.head_sum_other is not None:
+        # The short table kernel on more than 31 buckets, per tile for all its heads: the rest once, each head's
+        # iteration of the loop summing dS, then one trip (``last_other``: the tile loop is the bucket loop) per
+        # bucket of the tile's range; per head (divided by them).
+        per_element = (tiles["boundary"] * (report.once_other + per_tile * report.head_sum_other)
+                       + (tiles["one_bucket"] + tiles["buckets_mixed"]) * last_other) / per_tile
         return dict(area=area, instr=per_element * tiles["area"] / valid)
     if report.kernel in _HEAD_PROGRAMS and report.once_other is not None:
         # Per tile: the head loop once per head, the rest once (its branches charged per bucket the tile
@@ -1470,8 +1547,12 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     (``w<band>`` in the case name; padded workloads only); ``position``: T5's relative-position term, a
     :class:`~syntaxkernels.specs.RelativePositionSpec` (``rp<P>:<max_distance>`` in the case name; padded workloads
     only)."""
-    _require_compiler()
     workload = _workload(name)
+    if buckets is not None and workload.structure == "relations":
+        raise ValueError(f"workload {name!r} is a relation batch: the kernels run its {workload.relations} relations' "
+                         "codes (CODE_BUCKETS, 256 buckets); it takes no other BucketSpec")
+    _require_compiler()
+    kernel_buckets = buckets or _kernel_buckets(workload)
     case = (f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
             + (f" p{dropout:g}" if dropout else "") + (f" kv{kv_heads}" if kv_heads else "")
             + (" causal" if causal else "") + (f" w{band}" if band >= 0 else "")
@@ -1487,8 +1568,10 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                 _user_call_packed(workload.packed_batch(), dtype, head_dim, buckets=buckets, dropout=dropout,
                                   kv_heads=kv_heads, causal=causal)
             else:
-                _user_call(workload.tree_batch(workload.compile_rows()), dtype, head_dim, buckets=buckets,
-                           dropout=dropout, kv_heads=kv_heads, causal=causal, band=band, position=position)
+                relations = workload.relations if workload.structure == "relations" else None
+                _user_call(workload.plan(workload.compile_rows()), dtype, head_dim,
+                           buckets=workload.buckets if relations else buckets, dropout=dropout, kv_heads=kv_heads,
+                           causal=causal, band=band, position=position, relations=relations)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1521,10 +1604,10 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
             if not report.block_m:
                 report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
                 report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
-            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, buckets)
+            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, kernel_buckets)
             report.tiles = tiles
             report.programs = round(math.prod(launch.grid) * whole)
-            report.cost = workload_cost(report, tiles, buckets=buckets)
+            report.cost = workload_cost(report, tiles, buckets=kernel_buckets)
             reports.append(report)
     return reports
 
@@ -1709,7 +1792,11 @@ def _valid_share(area) -> str:
 
 def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ()) -> str:
     """The workload summary table (:func:`workload_summary`), with each workload's batch described first."""
-    lines = ["workloads (token trees as TreeBatch.from_heads builds them; one token per word):"]
+    if any(getattr(w, "structure", "tree") != "tree" for w in workloads_used):
+        lines = ["workloads (token trees as TreeBatch.from_heads builds them, the relation workloads' plans as each "
+                 "line says; one token per word, code: regex tokens):"]
+    else:
+        lines = ["workloads (token trees as TreeBatch.from_heads builds them; one token per word):"]
     for w in workloads_used:
         lines.extend(textwrap.wrap(w.summary(), WIDTH, initial_indent="  ", subsequent_indent="    "))
     case_width = max([len("case")] + [len(r["case"]) for r in rows])

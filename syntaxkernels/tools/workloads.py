@@ -14,17 +14,24 @@ One place for every generator of trees the project measures or checks against:
 - :func:`named_workload` / :data:`WORKLOADS`: the batches users train on (sentences and sentence pairs under a
   ``[CLS]`` root padded to the batch's longest, fine-tuning batches padded to a fixed N, packed forests, long
   trees, odd N), built from the treebank when it is there and from generated trees otherwise (labelled), as
-  :class:`Workload` objects whose :meth:`Workload.tree_batch` is the ``TreeBatch`` a data loader would hand over.
+  :class:`Workload` objects whose :meth:`Workload.tree_batch` is the ``TreeBatch`` a data loader would hand over;
+- the relation workloads (:data:`RELATION_WORKLOADS`, group ``relations``): batches whose structure is not one tree
+  per row, carried as the structure plan itself (:meth:`Workload.plan`): ``graph`` (enhanced UD graphs as an
+  undirected ``GraphBatch``), ``two-parse`` (two parses of each sentence as a 2-relation ``RelationBatch``) and
+  ``code-r4`` (this package's own Python sources through ``trees.from_tree_sitter``, four relations as one
+  ``RelationBatch``: the kernels run its 256 codes, :data:`~syntaxkernels.trees.relations.CODE_BUCKETS`) and its
+  one-relation baseline ``code-r1`` (the code distance alone).
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["random_forest", "random_document", "generated_sentences", "chain", "treebank_heads", "pack_sentences",
            "chain_sentences", "connect_sentences", "Workload", "WORKLOADS", "WORKLOAD_GROUPS", "workload_names",
-           "named_workload", "sentence_source"]
+           "named_workload", "sentence_source", "RELATION_WORKLOADS", "graph_source", "perturbed_tree",
+           "code_rows", "code_relation_distances", "CODE_RELATION_BUCKETS"]
 
 
 def random_forest(rng: random.Random, length: int, num_trees: int = 1, extra_root_prob: float = 0.0) -> List[int]:
@@ -157,16 +164,26 @@ def connect_sentences(sentences: Sequence[Sequence[int]], N: int, rows: Optional
 #: The named workloads (see :func:`named_workload`), in report order.
 WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
              "long-8192", "odd-77", "odd-1000")
+#: The workloads whose structure is a plan other than one tree per row (see :func:`named_workload`); not in
+#: ``all`` (the tree workloads, which ``bench`` and ``inspect --host`` walk), their own group ``relations``.
+RELATION_WORKLOADS = ("graph", "two-parse", "code-r1", "code-r4")
+#: Those whose plan is a ``RelationBatch`` (the kernels run its codes: no other BucketSpec applies).
+RELATION_BATCHES = ("two-parse", "code-r4")
 #: Names that stand for several workloads.
 WORKLOAD_GROUPS = {"long": ("long-4096", "long-8192"), "odd": ("odd-77", "odd-1000"),
-                   "finetune": ("finetune-128", "finetune-512"), "all": WORKLOADS}
+                   "finetune": ("finetune-128", "finetune-512"), "all": WORKLOADS, "relations": RELATION_WORKLOADS}
 
 
 @dataclass
 class Workload:
-    """One batch of a named workload: token-level trees, the padded N, and where the trees came from.
+    """One batch of a named workload: token-level trees (or another structure), the padded N, and where the
+    structure came from.
 
     ``heads[b]`` are the 0-based token heads of row b (``lengths[b]`` tokens); the batch is padded to ``N``.
+    A relation workload (``structure`` ``"graph"``, ``"code"`` or ``"relations"``) carries its plan instead:
+    ``build(rows)`` makes the padded plan of those rows (a ``GraphBatch``, a ``CodeTreeBatch`` or a ``RelationBatch``
+    of ``relations`` relations bucketed by ``buckets``), ``row_lengths`` are its rows' tokens and ``heads`` may be
+    empty (a graph has no heads).
     """
 
     name: str
@@ -175,14 +192,41 @@ class Workload:
     source: str  # "treebank <file>" or "generated trees (no treebank)"
     description: str
     packed: bool = False  # the rows are the sequences of one packed (padding-free) batch: packed_batch()
+    structure: str = "tree"  # "tree" (heads), "graph" (a GraphBatch), "code" (a CodeTreeBatch), "relations"
+    row_lengths: Optional[List[int]] = None  # tokens per row when the rows are not heads
+    relations: Optional[int] = None  # R of a relation workload (a RelationBatch)
+    buckets: Optional[tuple] = None  # its R BucketSpecs
+    build: Optional[Callable] = field(default=None, repr=False, compare=False)  # rows -> the rows' padded plan
+    digest: str = ""  # what the plan holds (a hash), for caches keyed by the batch rather than its name
 
     @property
     def lengths(self) -> List[int]:
+        if self.row_lengths is not None:
+            return list(self.row_lengths)
         return [len(h) for h in self.heads]
 
     @property
     def batch_size(self) -> int:
-        return len(self.heads)
+        return len(self.lengths)
+
+    @property
+    def kernel_buckets(self):
+        """The :class:`~syntaxkernels.BucketSpec` the kernels run with: a relation batch's codes
+        (``CODE_BUCKETS``, 256 buckets), else the default ``BucketSpec()`` (trees, graphs)."""
+        from syntaxkernels.specs import BucketSpec
+
+        if self.structure == "relations":
+            from syntaxkernels.trees.relations import CODE_BUCKETS
+
+            return CODE_BUCKETS
+        return BucketSpec()
+
+    def plan(self, rows: Optional[Sequence[int]] = None):
+        """The padded structure plan of these rows (default: all) that a layer receives: ``tree_batch`` for a tree
+        workload, else the workload's own (a ``GraphBatch`` or ``RelationBatch`` ``[len(rows), N, N]``)."""
+        if self.build is None:
+            return self.tree_batch(rows)
+        return self.build(list(range(self.batch_size)) if rows is None else list(rows))
 
     def valid_pairs(self) -> int:
         """(query, key) pairs inside the lengths: what the attention computes for a user (no window, causal)."""
@@ -192,6 +236,8 @@ class Workload:
         """``(heads int64 [B, N] padded with -1, lengths int64 [B])`` of the given rows (default: all)."""
         import torch
 
+        if self.structure != "tree":
+            raise ValueError(f"workload {self.name!r} is a {self.structure} workload: it has no heads (use plan())")
         rows = range(self.batch_size) if rows is None else rows
         heads = torch.full((len(rows), self.N), -1, dtype=torch.int64)
         for i, b in enumerate(rows):
@@ -217,7 +263,8 @@ class Workload:
         """Rows enough to compile what the whole batch compiles: the JIT specialises on N, strides and pointer
         alignment (divisibility by 16), not on the batch size or the lengths' values, so the longest row and
         one other (a ragged length) stand for the batch."""
-        order = sorted(range(self.batch_size), key=lambda b: -len(self.heads[b]))
+        lengths = self.lengths
+        order = sorted(range(self.batch_size), key=lambda b: -lengths[b])
         return sorted(order[:2])
 
     def summary(self) -> str:
@@ -226,9 +273,10 @@ class Workload:
             return (f"{self.name}: S = {self.batch_size} sequences packed into T = {sum(lengths)} tokens, lengths "
                     f"{min(lengths)}..{max(lengths)} (mean {sum(lengths) / len(lengths):.1f}), no padding; "
                     f"{self.source}")
+        structure = "" if self.structure == "tree" else f"; {self.description}"
         return (f"{self.name}: B = {self.batch_size}, N = {self.N}, lengths {min(lengths)}..{max(lengths)} "
                 f"(mean {sum(lengths) / len(lengths):.1f}), valid pairs {self.valid_pairs() / (len(lengths) * self.N ** 2):.3f} "
-                f"of B*N^2; {self.source}")
+                f"of B*N^2{structure}; {self.source}")
 
 
 def workload_names(spec: str) -> List[str]:
@@ -238,9 +286,9 @@ def workload_names(spec: str) -> List[str]:
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        found = WORKLOAD_GROUPS.get(part, (part,) if part in WORKLOADS else None)
+        found = WORKLOAD_GROUPS.get(part, (part,) if part in WORKLOADS + RELATION_WORKLOADS else None)
         if found is None:
-            raise ValueError(f"unknown workload {part!r}; the workloads are {', '.join(WORKLOADS)} "
+            raise ValueError(f"unknown workload {part!r}; the workloads are {', '.join(WORKLOADS + RELATION_WORKLOADS)} "
                              f"(groups: {', '.join(WORKLOAD_GROUPS)})")
         names += [n for n in found if n not in names]
     return names
@@ -304,9 +352,24 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
       at most N tokens;
     - ``odd-77`` / ``odd-1000``: 4 rows of sentences under one root token, filling N = 77 / 1000.
 
-    Tokens are words (one piece each: no tokenizer is involved); the special tokens are placed as a BERT-style
-    tokenizer places them.
+    The relation workloads (:data:`RELATION_WORKLOADS`; each carries its plan, :meth:`Workload.plan`):
+
+    - ``graph``: 32 consecutive sentences' enhanced UD graphs (:func:`graph_source`: words, then empty nodes,
+      the DEPS edges) as an undirected ``GraphBatch``, each ``[CLS] nodes [SEP]`` with ``[CLS]`` linked to the
+      sentence's root and to ``[SEP]``, padded to the batch's longest; from ``sentences`` (or without the treebank)
+      generated graphs: the trees plus, per token, an edge to its grandparent with probability 0.15 (seed 0);
+    - ``two-parse``: the ``sentences`` rows with two parses of each as a 2-relation ``RelationBatch``
+      (``BucketSpec()`` each, 12 x 12 = 144 codes): the gold tree and a perturbed one (:func:`perturbed_tree`:
+      15% of the words reattached to a random word that is not their descendant, seed 0; still a tree);
+    - ``code-r1``: the ``code-r4`` rows with one relation, the code distance itself (the ``CodeTreeBatch``,
+      ``BucketSpec()``): the one-relation baseline of ``code-r4``;
+    - ``code-r4``: 16 rows of N = 512 tokens of this package's own ``.py`` files (:func:`code_rows`), each parsed
+      whole by ``trees.from_tree_sitter``, as a 4-relation ``RelationBatch`` (:func:`code_relation_distances`:
+      the code distance, the steps up and down it, the same-node relation; 8 x 4 x 4 x 2 = 256 codes). Needs
+      ``tree-sitter`` and ``tree-sitter-python`` (ImportError otherwise).
     """
+    if name in RELATION_WORKLOADS:
+        return _relation_workload(name, sentences, source, start)
     if sentences is None:
         sentences, source = sentence_source()
     pool = [list(s) for s in sentences if len(s) > 0]
@@ -350,3 +413,232 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
         heads = connect_sentences([_single_root(s) for s in pool], N, rows=4, start=start)
         return Workload(name, heads, N, source, f"4 rows of sentences under one root token, N = {N}")
     raise ValueError(f"unknown workload {name!r}; the workloads are {', '.join(WORKLOADS)}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Relation workloads: graphs, two parses, code with four relations (the structure as its plan)
+# ---------------------------------------------------------------------------------------------------------
+
+#: The graph workload's edges per row: ``(edges [(a, b), ...] over the row's nodes, nodes, root nodes)``.
+GraphRow = Tuple[List[Tuple[int, int]], int, List[int]]
+
+_GRAPH_CACHE: Dict[str, Tuple[List[GraphRow], str]] = {}
+
+
+def _generated_graphs(sentences: Sequence[Sequence[int]], seed: int = 0, extra: float = 0.15) -> List[GraphRow]:
+    """Graphs from trees (the generated stand-in for enhanced UD): every tree edge, and per token with a
+    grandparent an edge to it with probability ``extra`` (a propagated head, as enhanced UD's conjuncts and
+    controlled subjects add)."""
+    rng = random.Random(seed)
+    out = []
+    for heads in sentences:
+        heads = _single_root(heads)
+        edges = [(h, i) for i, h in enumerate(heads) if h >= 0]
+        edges += [(heads[h], i) for i, h in enumerate(heads) if h >= 0 and heads[h] >= 0 and rng.random() < extra]
+        out.append((edges, len(heads), [i for i, h in enumerate(heads) if h < 0]))
+    return out
+
+
+def graph_source() -> Tuple[List[GraphRow], str]:
+    """``(graphs, label)``: every treebank sentence's enhanced graph (``read_conllu(..., enhanced=True)``: the words
+    then the empty nodes, the DEPS edges; roots: the basic tree's root words) when ``$SYNTAXKERNELS_UD`` names a
+    file, else graphs generated from :func:`sentence_source`'s trees (:func:`_generated_graphs`), labelled."""
+    from syntaxkernels import data
+
+    path = data.treebank_path()
+    key = str(path)
+    if key not in _GRAPH_CACHE:
+        if data.treebank_available():
+            from syntaxkernels.trees import read_conllu
+
+            rows = [(list(s.enhanced_edges), s.num_nodes, s.roots) for s in read_conllu(path, enhanced=True)]
+            _GRAPH_CACHE[key] = (rows, f"treebank {path.name} (enhanced graphs)")
+        else:
+            sentences, label = sentence_source()
+            _GRAPH_CACHE[key] = (_generated_graphs(sentences), f"generated graphs: trees + grandparent edges ({label})")
+    return _GRAPH_CACHE[key]
+
+
+def perturbed_tree(heads: Sequence[int], rng: random.Random, share: float = 0.15) -> List[int]:
+    """A second parse of a tree: each non-root word, with probability ``share``, reattached to a random word that
+    is not itself or one of its descendants (so the result is still one tree with the same roots)."""
+    heads = list(heads)
+    n = len(heads)
+    for i in range(n):
+        if heads[i] < 0 or rng.random() >= share:
+            continue
+        candidates = []
+        for j in range(n):
+            k = j
+            while k >= 0 and k != i:  # j's path to the root: i on it means j is i's descendant (or i)
+                k = heads[k]
+            if k != i:
+                candidates.append(j)
+        if candidates:
+            heads[i] = rng.choice(candidates)
+    return heads
+
+
+_CODE_CACHE: Dict[tuple, Tuple[List[bytes], List[List[Tuple[int, int]]], str]] = {}
+
+
+def code_rows(rows: int = 16, N: int = 512, root=None) -> Tuple[List[bytes], List[List[Tuple[int, int]]], str]:
+    """``(sources, spans, label)``: ``rows`` rows of at most N tokens of this package's ``.py`` files (sorted by
+    path; the package directory ``root``, default this checkout's), each row N consecutive tokens of one file (a
+    file's last row shorter), ``sources[b]`` the whole file (UTF-8 bytes, parsed whole) and ``spans[b]`` the row's
+    byte spans. Tokens: word runs and single other characters (regex ``\\w+|[^\\w\\s]``; whitespace is no token)."""
+    import re
+    from pathlib import Path
+
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[1]
+    key = (rows, N, str(root))
+    if key not in _CODE_CACHE:
+        sources: List[bytes] = []
+        spans: List[List[Tuple[int, int]]] = []
+        names: List[str] = []
+        files = sorted(root.rglob("*.py"))
+        for path in files:
+            data = path.read_bytes()
+            tokens = [m.span() for m in re.finditer(rb"\w+|[^\w\s]", data)]
+            if tokens:
+                names.append(path.relative_to(root.parent).as_posix())
+            for first in range(0, len(tokens), N):
+                if len(spans) == rows:
+                    break
+                sources.append(data)
+                spans.append(tokens[first:first + N])
+            if len(spans) == rows:
+                break
+        _CODE_CACHE[key] = (sources, spans, f"this package's sources (the first {len(names)} non-empty .py files "
+                                            f"by path: {', '.join(names)}; {sum(map(len, spans))} tokens)")
+    return _CODE_CACHE[key]
+
+
+def _code_buckets():
+    """code-r4's relations' buckets (codes 8 x 4 x 4 x 2 = 256): the code distance (0..6, 7 and more), the steps up
+    and down it (0..2, 3 and more), the same-node relation (0: one node, 1: two). Padding (255) takes the last
+    bucket of each; the kernels never read it."""
+    from syntaxkernels.specs import BucketSpec
+
+    return (BucketSpec(max_distance=7, unreachable_bucket=False), BucketSpec(max_distance=3, unreachable_bucket=False),
+            BucketSpec(max_distance=3, unreachable_bucket=False), BucketSpec(max_distance=1, unreachable_bucket=False))
+
+
+
+def code_relation_distances(plan) -> List:
+    """The four relations of a padded ``CodeTreeBatch`` (uint8 ``[B, N, N]`` each, 255 on padding): the code
+    distance itself; the steps up from the query token to the lowest common ancestor and down from there to the
+    key token (each token a leaf under its node: ``up = (d + depth_i - depth_j) / 2``, ``down = d - up``, as
+    ``RelationBatch.directed_tree``; 254 where the distance saturates); and the same-node relation, 0 where the two
+    tokens hang from one syntax node (the diagonal too), else 1. Not symmetric (up and down swap)."""
+    import torch
+
+    d = plan.distance.to(torch.int32)
+    B, N = d.shape[0], d.shape[1]
+    depth = torch.zeros(B, N, dtype=torch.int32)
+    nodes = plan.token_nodes  # [B, N], -1 on padding (no special tokens here: every token has a span)
+    for b in range(B):
+        parents = plan.node_parents[b].tolist()
+        node_depth = [0] * len(parents)
+        for m in range(1, len(parents)):  # pre-order: a parent comes before its children
+            node_depth[m] = node_depth[parents[m]] + 1
+        n = int(plan.lengths[b])
+        table = torch.tensor(node_depth, dtype=torch.int32)
+        depth[b, :n] = table[nodes[b, :n].clamp(min=0)] + 1
+    valid = d != 255
+    exact = valid & (d < 254)
+    rise = depth[:, :, None] - depth[:, None, :]
+    up = torch.where(exact, (d + rise) // 2, torch.where(valid, 254, 255))
+    down = torch.where(exact, (d - rise) // 2, torch.where(valid, 254, 255))
+    same = torch.where(valid, (nodes[:, :, None] != nodes[:, None, :]).to(torch.int32), 255)
+    return [x.to(torch.uint8) for x in (d, up, down, same)]
+
+
+def _relation_workload(name: str, sentences, source: str, start: int) -> Workload:
+    import hashlib
+
+    import torch
+
+    def digest(plan) -> str:
+        return hashlib.sha1(plan.distance.contiguous().numpy().tobytes()
+                            + plan.kernel_lengths.numpy().tobytes()).hexdigest()
+
+    if name == "graph":
+        if sentences is None:
+            graphs, source = graph_source()
+        else:
+            graphs = _generated_graphs([list(s) for s in sentences if len(s) > 0])
+        fitting = [g for g in graphs if 0 < g[1] <= 510]
+        if not fitting:
+            raise ValueError("no sentences to build a workload from")
+        chosen = [fitting[(start + i) % len(fitting)] for i in range(32)]
+        rows = []
+        for edges, n, roots in chosen:  # [CLS] = 0, the nodes 1..n, [SEP] = n + 1
+            rows.append(([(a + 1, b + 1) for a, b in edges] + [(0, r + 1) for r in roots] + [(0, n + 1)], n + 2))
+        N = max(n for _, n in rows)
+
+        def build(index):
+            from syntaxkernels.trees import GraphBatch
+
+            return GraphBatch.from_edges([rows[b][0] for b in index], [rows[b][1] for b in index], size=N,
+                                         directed=False)
+
+        w = Workload(name, [], N, source, "enhanced UD graphs as an undirected GraphBatch, [CLS] nodes [SEP] "
+                     "([CLS] linked to the root and [SEP]), 32 sentences padded to the batch's longest",
+                     structure="graph", row_lengths=[n for _, n in rows], build=build)
+        w.digest = digest(w.plan())
+        return w
+    if name == "two-parse":
+        from syntaxkernels.specs import BucketSpec
+
+        base = named_workload("sentences", sentences, source, start) if sentences is not None else \
+            named_workload("sentences", start=start)
+        rng = random.Random(0)
+        pool = [list(s) for s in (sentences if sentences is not None else sentence_source()[0]) if 0 < len(s) <= 510]
+        chosen = [pool[(start + i) % len(pool)] for i in range(32)]
+        second = [_with_cls([[perturbed_tree(_single_root(s), rng)]]) for s in chosen]
+        assert [len(h) for h in second] == base.lengths
+        perturbed = Workload(name, second, base.N, base.source, "")
+
+        def build(index):
+            from syntaxkernels.trees import RelationBatch
+
+            return RelationBatch.from_plans([base.tree_batch(index), perturbed.tree_batch(index)], BucketSpec())
+
+        w = Workload(name, base.heads, base.N, base.source, "two parses of each sentence as 2 relations (the gold "
+                     "tree, a perturbed tree: 15% of words reattached, seed 0), BucketSpec() each: 144 codes",
+                     structure="relations", relations=2, buckets=(BucketSpec(),) * 2, build=build)
+        w.digest = digest(w.plan())
+        return w
+    if name == "code-r1":
+        from syntaxkernels.trees import from_tree_sitter
+
+        sources, spans, label = code_rows()
+
+        def build(index):
+            return from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=512)
+
+        w = Workload(name, [], 512, label, "the tree-sitter tree of Python code as one relation (the code "
+                     "distance, a CodeTreeBatch, BucketSpec()), rows of 512 tokens", structure="code",
+                     row_lengths=[len(x) for x in spans], build=build)
+        w.digest = digest(w.plan())
+        return w
+    if name == "code-r4":
+        from syntaxkernels.trees import RelationBatch, from_tree_sitter
+
+        sources, spans, label = code_rows()
+        N = 512
+        specs = _code_buckets()
+
+        def build(index):
+            plan = from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=N)
+            return RelationBatch.from_distances(code_relation_distances(plan), specs, plan.kernel_lengths,
+                                                symmetric=False)
+
+        w = Workload(name, [], N, label, "4 relations of the tree-sitter tree of Python code (the code distance "
+                     "8 buckets, steps up 4, steps down 4, same node 2: 256 codes), rows of 512 tokens",
+                     structure="relations", row_lengths=[len(x) for x in spans], relations=4, buckets=specs,
+                     build=build)
+        w.digest = digest(w.plan())
+        return w
+    raise ValueError(f"unknown workload {name!r}; the workloads are {', '.join(WORKLOADS + RELATION_WORKLOADS)}")
