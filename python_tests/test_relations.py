@@ -428,3 +428,48 @@ def test_two_parses_averaged_with_one_tied_table(path):
     ref = reference.syntax_bias_attention(*ins, distance, [t64, t64], buckets=spec, bias_scale=half.double().cpu(),
                                           lengths=case["lengths"])
     check((out, grads), (ref, torch.autograd.grad(ref, ins + [t64], case["grad"])))
+
+
+def test_transformers_model_takes_one_bucket_spec_per_relation(tmp_path):
+    """``enable_syntax_attention(..., buckets=[spec_0, spec_1], relations=2)``: each relation's table its own length
+    (a code model's relations are binned differently): the layer hands the op each relation's first ``T_r`` entries
+    (the rest of the ``[R, max T_r]`` parameter gets no gradient), the second relation's structure changes the output,
+    save / load round trip; a wrong count of specs is a ValueError. (The op with per-relation specs is checked
+    against the reference above.)"""
+    import copy
+
+    from syntaxkernels.integrations.transformers import (enable_syntax_attention, load_syntax_model,
+                                                         syntax_parameters)
+
+    small = sk.BucketSpec(max_distance=2)
+    first = sk.TreeBatch.from_heads([[-1, 0, 1, 1, 0, 4, 5], [-1, 0, 0, 2]])
+    second = sk.TreeBatch.from_heads([[-1, 0, 0, 0, 3, 3, 5], [-1, 0, 1, 1]])
+    ids = torch.randint(4, 100, (2, 7))
+    mask = (torch.arange(7)[None] < first.lengths[:, None]).long()
+    plain = _tiny_bert()
+    model = copy.deepcopy(plain)
+    enable_syntax_attention(model, "bias", buckets=[SPEC5, small], relations=2)
+    assert model.config.syntax_attention["buckets"][1]["max_distance"] == 2
+    params = syntax_parameters(model)
+    table = next(p for n, p in params.items() if n.endswith("distance_bias"))
+    assert table.shape == (2, SPEC5.num_buckets)
+    with torch.no_grad():
+        for p in params.values():
+            p.normal_(0.0, 0.5)
+    plan = RelationBatch.from_plans([first, second], [SPEC5, small])
+    got = model(input_ids=ids, attention_mask=mask, syntax_trees=plan).logits
+    layer = next(m for m in model.modules() if isinstance(m, sk.nn.DistanceBias))
+    assert [t.shape[-1] for t in layer._table()] == [SPEC5.num_buckets, small.num_buckets]
+    got.sum().backward()
+    assert table.grad[1, small.num_buckets:].abs().sum() == 0 and table.grad[1, :small.num_buckets].abs().sum() > 0
+    model.save_pretrained(tmp_path)
+    loaded = load_syntax_model(type(model), tmp_path).eval()
+    torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask, syntax_trees=plan).logits, got,
+                               atol=1e-6, rtol=1e-6)
+    other = model(input_ids=ids, attention_mask=mask,
+                  syntax_trees=RelationBatch.from_plans([first, first], [SPEC5, small])).logits
+    assert (other - got).abs().max() > 1e-5  # the second relation is read (float noise: ~1e-7)
+    with pytest.raises(ValueError, match="holds 3 BucketSpecs for relations = 2"):
+        enable_syntax_attention(copy.deepcopy(plain), "bias", buckets=[SPEC5, small, small], relations=2)
+    with pytest.raises(TypeError, match="buckets must be a BucketSpec"):
+        enable_syntax_attention(copy.deepcopy(plain), "bias", buckets=[SPEC5, small])  # a list needs relations

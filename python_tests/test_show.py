@@ -429,3 +429,34 @@ def test_cli_json_has_the_spread_and_the_mark(tmp_path, capsys):
     (row,) = json.loads((tmp_path / "o.json").read_text())["bias"]
     assert row["spread"] == 0.0 and row["negligible"] is True
     assert "too small to change attention" in capsys.readouterr().out
+
+
+def test_several_relations_show_one_table_each(tmp_path):
+    """A layer of R relations gives R panels: relation r's own table entries, strength and buckets, from the module
+    and from a saved directory alike (one BucketSpec for all relations, or one each)."""
+    transformers = pytest.importorskip("transformers")
+    from syntaxkernels.integrations.transformers import enable_syntax_attention
+
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=50, max_position_embeddings=32)
+    specs = [sk.BucketSpec(max_distance=4), sk.BucketSpec(max_distance=2)]
+    for buckets in (specs, specs[0]):
+        torch.manual_seed(0)
+        model = transformers.BertModel(config)
+        enable_syntax_attention(model, "bias", buckets=buckets, relations=2, layers=[1])
+        _randomised(model)
+        layer = next(m for m in model.modules() if isinstance(m, sk.nn.DistanceBias))
+        directory = tmp_path / ("per_relation" if isinstance(buckets, list) else "shared")
+        model.save_pretrained(directory)
+        for source in (model, directory):
+            learned = learned_syntax(source)
+            assert [b.relation for b in learned.bias] == [0, 1]
+            assert [b.layer for b in learned.bias] == [1, 1]
+            for r, b in enumerate(learned.bias):
+                spec = specs[r] if isinstance(buckets, list) else buckets
+                assert b.buckets == spec and len(b.bucket_names) == spec.num_buckets
+                c = float(layer.bias_scale.detach()[r])
+                assert b.bias_scale == pytest.approx(c)
+                want = c * layer.distance_bias.detach()[r, :spec.num_buckets]
+                torch.testing.assert_close(b.values, want)
+            assert "layer 1 relation 1: bias scale" in learned.summary()

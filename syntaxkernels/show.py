@@ -85,6 +85,12 @@ class BiasLayer:
     buckets: BucketSpec
     bucket_names: List[str]
     values: torch.Tensor  # c * table, [T] or [H, T]
+    relation: Optional[int] = None  # with several relations per score: which one (its own table, c and buckets)
+
+    @property
+    def label(self) -> str:
+        base = _label(self.name, self.layer)
+        return base if self.relation is None else f"{base} relation {self.relation}"
 
     @property
     def per_head(self) -> bool:
@@ -155,7 +161,7 @@ class LearnedSyntax:
         lines = [f"{self.source}:"]
         for b in self.bias:
             scale = "1 (fixed)" if b.bias_scale is None else f"{b.bias_scale:.4g}"
-            lines.append(f"  {_label(b.name, b.layer)}: bias scale c = {scale}, spread {b.spread:.4g}"
+            lines.append(f"  {b.label}: bias scale c = {scale}, spread {b.spread:.4g}"
                          + (f" (< {NEGLIGIBLE_BIAS}: too small to change attention)" if b.negligible else ""))
             rows = b.values[None] if not b.per_head else b.values
             for h, row in enumerate(rows):
@@ -197,6 +203,26 @@ def _prefix(name: str, suffix: str) -> str:
     return name[: -len(suffix)].rstrip(".") if name.endswith(suffix) else name
 
 
+def _bias_layers(name: str, table: torch.Tensor, scale: Optional[torch.Tensor], buckets,
+                 relations: Optional[int]) -> List[BiasLayer]:
+    """One :class:`BiasLayer` per table: the layer's, or with ``relations`` (R, its tables ``[R, T_max]`` or ``[R, H,
+    T_max]``, ``buckets`` one BucketSpec or R of them) each relation's first ``T_r`` entries with its strength."""
+    if relations is None:
+        return [_bias_layer(name, table, scale, buckets)]
+    specs = (buckets,) * relations if isinstance(buckets, BucketSpec) else tuple(buckets)
+    if table.shape[0] != relations or len(specs) != relations:
+        raise ValueError(f"{name}.distance_bias {tuple(table.shape)} does not hold {relations} relations' tables "
+                         f"({len(specs)} BucketSpecs)")
+    scales = None if scale is None else scale.detach().reshape(-1)
+    out = []
+    for r, spec in enumerate(specs):
+        layer = _bias_layer(name, table[r][..., :spec.num_buckets],
+                            None if scales is None else scales[r if scales.numel() > 1 else 0], spec)
+        layer.relation = r
+        out.append(layer)
+    return out
+
+
 def _bias_layer(name: str, table: torch.Tensor, scale: Optional[torch.Tensor], buckets: BucketSpec) -> BiasLayer:
     table = table.detach().float().cpu()
     if table.shape[-1] != buckets.num_buckets:
@@ -229,7 +255,8 @@ def _from_module(model: nn.Module, source: str) -> LearnedSyntax:
     out = LearnedSyntax(source)
     for name, module in model.named_modules():
         if isinstance(module, DistanceBias):
-            out.bias.append(_bias_layer(name, module.distance_bias, module.bias_scale, module.buckets))
+            out.bias.extend(_bias_layers(name, module.distance_bias, module.bias_scale, module.buckets,
+                                         module.relations))
         elif isinstance(module, Subnetworks) and module.variant != "release":  # the release: a fixed sum
             topical = module.topical
             out.topical.append(TopicalLayer(name, _layer_index(name), _sharpness(topical.query, topical.key_weight),
@@ -249,8 +276,8 @@ def _infer_buckets(table_length: int) -> BucketSpec:
     return BucketSpec(max_distance=table_length - 2)
 
 
-def _from_state_dict(state: Mapping[str, torch.Tensor], source: str, buckets: Optional[BucketSpec],
-                     masks: Optional[MaskSpec], notes: List[str]) -> LearnedSyntax:
+def _from_state_dict(state: Mapping[str, torch.Tensor], source: str, buckets, masks: Optional[MaskSpec],
+                     notes: List[str], relations: Optional[int] = None) -> LearnedSyntax:
     out = LearnedSyntax(source, notes=list(notes))
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     assumed = None
@@ -264,7 +291,7 @@ def _from_state_dict(state: Mapping[str, torch.Tensor], source: str, buckets: Op
             spec = _infer_buckets(table.shape[-1])
             assumed = spec
         scale = tensors.get(f"{prefix}.bias_scale" if prefix else "bias_scale")
-        out.bias.append(_bias_layer(prefix, table, scale, spec))
+        out.bias.extend(_bias_layers(prefix, table, scale, spec, relations))
     if assumed is not None:
         out.notes.append(f"buckets assumed: {assumed} (the state dict does not record them; pass buckets= or "
                          "--max-distance/--log-distance)")
@@ -305,7 +332,8 @@ def _unwrap_checkpoint(obj, where: str):
 
 
 def _read_directory(path: Path):
-    """(state dict of the syntax tensors, BucketSpec or None, MaskSpec or None) of a save_pretrained directory."""
+    """(state dict of the syntax tensors, BucketSpec (a tuple of R with per-relation buckets) or None, MaskSpec or
+    None, relations or None) of a save_pretrained directory."""
     config_path = path / "config.json"
     spec = None
     if config_path.is_file():
@@ -314,7 +342,13 @@ def _read_directory(path: Path):
     if spec is None:
         raise ValueError(f"{path} is not a saved syntax model: its config.json has no 'syntax_attention' "
                          "(save a model with save_pretrained after enable_syntax_attention)")
-    buckets = BucketSpec(**spec["buckets"]) if spec.get("buckets") else None
+    buckets = spec.get("buckets")
+    if isinstance(buckets, list):  # several relations, one BucketSpec each
+        buckets = tuple(BucketSpec(**b) for b in buckets)
+    elif buckets:
+        buckets = BucketSpec(**buckets)
+    else:
+        buckets = None
     masks = MaskSpec(**spec["masks"]) if spec.get("masks") else None
     index, single, binary = path / "model.safetensors.index.json", path / "model.safetensors", path / "pytorch_model.bin"
     state: Dict[str, torch.Tensor] = {}
@@ -332,7 +366,7 @@ def _read_directory(path: Path):
         state = torch.load(binary, map_location="cpu", weights_only=True)
     else:
         raise ValueError(f"{path} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-    return state, buckets, masks
+    return state, buckets, masks, spec.get("relations")
 
 
 def _load_directory_model(path: Path) -> nn.Module:
@@ -406,8 +440,8 @@ def learned_syntax(source, *, buckets: Optional[BucketSpec] = None, masks: Optio
     elif isinstance(source, (str, os.PathLike)):
         path = Path(os.fspath(source))
         if path.is_dir():
-            state, dir_buckets, dir_masks = _read_directory(path)
-            result = _from_state_dict(state, str(path), dir_buckets or buckets, dir_masks or masks, [])
+            state, dir_buckets, dir_masks, relations = _read_directory(path)
+            result = _from_state_dict(state, str(path), dir_buckets or buckets, dir_masks or masks, [], relations)
             if batch is not None:
                 model = _load_directory_model(path)
         elif path.is_file():
@@ -631,7 +665,7 @@ def _draw_bias(ax, fig, b: BiasLayer, limit: float) -> None:
     ax.set_xticks(x)
     ax.set_xticklabels(b.bucket_names, rotation=45, ha="right", fontsize=8)
     ax.set_xlabel("tree distance (bucket)")
-    title = f"{_label(b.name, b.layer)}: distance bias, c = {scale}"
+    title = f"{b.label}: distance bias, c = {scale}"
     if b.negligible:
         title += "\ntoo small to change attention"
         ax.set_facecolor("#eeeeee")
@@ -642,7 +676,7 @@ def _draw_bias(ax, fig, b: BiasLayer, limit: float) -> None:
 
 
 def _draw_scale(ax, layers: List[BiasLayer]) -> None:
-    labels = [_label(b.name, b.layer).replace("layer ", "") for b in layers]
+    labels = [b.label.replace("layer ", "").replace(" relation ", ".r") for b in layers]
     values = [1.0 if b.bias_scale is None else b.bias_scale for b in layers]
     ax.bar(range(len(values)), values, color="#7d3c98")
     ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")

@@ -1418,14 +1418,22 @@ def encoder_layers(model) -> nn.ModuleList:
     return getattr(_encoder(base), _family(base).layers)
 
 
-def _as_buckets(buckets) -> BucketSpec:
+def _as_buckets(buckets, relations: Optional[int] = None):
+    """The layer's BucketSpec; with ``relations`` also one per relation (a list or tuple of R BucketSpecs or dicts
+    of their fields: a tuple of BucketSpecs back)."""
+    if relations is not None and isinstance(buckets, (list, tuple)):
+        if len(buckets) != relations:
+            raise ValueError(f"buckets holds {len(buckets)} BucketSpecs for relations = {relations}: give one spec "
+                             "for every relation, or one BucketSpec for all of them")
+        return tuple(_as_buckets(b) for b in buckets)
     if buckets is None:
         return BucketSpec()
     if isinstance(buckets, BucketSpec):
         return buckets
     if isinstance(buckets, dict):
         return BucketSpec(**buckets)
-    raise TypeError(f"buckets must be a BucketSpec, a dict of its fields or None, got {type(buckets).__name__}")
+    raise TypeError(f"buckets must be a BucketSpec, a dict of its fields or None (with relations=R also a list of "
+                    f"R of them), got {type(buckets).__name__}")
 
 
 def _as_masks(masks) -> MaskSpec:
@@ -1604,7 +1612,8 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
             "Translation models").
         method: "bias" (learnable tree-distance bias), "subnetwork" (Syntax-BERT sub-networks with topical
             attention) or "gat" (syntax-augmented mBERT: a GAT over the tree feeding syntax heads).
-        buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``.
+        buckets: "bias": the :class:`BucketSpec` (or a dict of its fields); default ``BucketSpec()``. With
+            ``relations=R`` also a list of R of them, one per relation.
         per_head: "bias": one table per head (``[H, T]``) instead of one shared ``[T]``.
         learnable_scale: "bias": learn the strength c (``bias_scale``, init 1).
         window: "bias": attend only where ``d(i, j) <= window`` (None: every key).
@@ -1670,8 +1679,10 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
         relations: "bias" with several relations per score (``syntax_trees`` a
             :class:`~syntaxkernels.RelationBatch` of that many relations: two parses, a tree and a graph, the steps
             up and down a tree): each layer's ``distance_bias`` is ``[R, T]`` (``[R, H, T]`` per head) and its
-            ``bias_scale`` ``[R]``, every relation bucketed by ``buckets``; the encoder's (or a decoder-only model's)
-            layers only. None (default): one distance.
+            ``bias_scale`` ``[R]``, every relation bucketed by ``buckets`` (one BucketSpec for all, or a list of R:
+            the relations' own, e.g. ``RelationBatch.code_model``'s four of different sizes, whose tables then are
+            R tensors ``[T_r]``); the encoder's (or a decoder-only model's) layers only. None (default): one
+            distance.
     Raises:
         ``TypeError`` for a model that is not a transformers ``PreTrainedModel`` or arguments of the wrong
         kind; ``ValueError`` for an unsupported architecture or an ``is_decoder`` encoder, a decoder-only family with
@@ -1738,8 +1749,9 @@ def enable_syntax_attention(model, method: str = "bias", *, buckets: Union[Bucke
     encoder_parts: Dict[str, nn.Module] = {}
     # Every part is built (and every argument checked by its constructor) before the model changes.
     if method == "bias":
-        bucket_spec = _as_buckets(buckets)
-        spec.update(buckets=asdict(bucket_spec), per_head=per_head, learnable_scale=learnable_scale, window=window)
+        bucket_spec = _as_buckets(buckets, relations)
+        saved = ([asdict(b) for b in bucket_spec] if isinstance(bucket_spec, tuple) else asdict(bucket_spec))
+        spec.update(buckets=saved, per_head=per_head, learnable_scale=learnable_scale, window=window)
         if relations is not None:
             spec.update(relations=relations)
 

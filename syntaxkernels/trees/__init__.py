@@ -1,4 +1,5 @@
-"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``;
+"""Tree inputs (and graphs: ``graph_distance``, ``GraphBatch``; source code: ``from_tree_sitter``, ``CodeTreeBatch``,
+its code-model relations ``code_relation_distances``;
 several relations per score: ``RelationBatch``;
 trees decoded from arc scores: ``decode_tree``): batches and distances, CoNLL-U, stanza and spaCy readers,
 constituency trees (PTB brackets,
@@ -20,6 +21,7 @@ from .decode import decode_tree
 from .graph import GraphBatch, graph_distance
 from .relations import RelationBatch
 from .code import CodeTreeBatch, from_tree_sitter
+from .code_relations import code_relation_buckets, code_relation_distances
 from .constituency import PhraseTree, constituency_distance, from_stanza_constituency, read_brackets
 from .packed import PackedTreeBatch, pack_padded
 from .parse import join_sentences, parse, parse_dataset, parser_identity, sentence_from_row
@@ -37,6 +39,8 @@ __all__ = [
     "RelationBatch",
     "CodeTreeBatch",
     "from_tree_sitter",
+    "code_relation_distances",
+    "code_relation_buckets",
     "decode_tree",
     "build_tree_tensors",
     "normalize_heads",

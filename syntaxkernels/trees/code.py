@@ -28,8 +28,10 @@ CPU at load 4.6-4.8): 2,048 tokens (733 nodes) in 15 ms, 8,192 tokens (3,853 nod
 node distance is 0.5 MiB / 14.2 MiB beside the result's ``T^2`` bytes (4 MiB / 64 MiB), and the 8,192-token build
 raised the process's peak memory by 105 MiB.
 
-The code-model relations of the node path (ancestor, sibling distances as separate relations) need a kernel that
-reads several relations; they are not built here. The plan's sub-network relations (parent_d, child_d, sibling_d of
+The code-model relations of the node path (shortest path, signed ancestor and sibling distances, the steps up and
+down, binned, several per token pair) are built from this plan by ``sk.RelationBatch.code_model(plan, ...)`` (and
+``sk.trees.code_relation_distances`` for the reference): :mod:`syntaxkernels.trees.code_relations`. The plan's
+sub-network relations (parent_d, child_d, sibling_d of
 a ``MaskSpec``) are tree relations over tokens and are refused (:attr:`CodeTreeBatch.relations_refused`).
 """
 from __future__ import annotations
@@ -143,7 +145,7 @@ def _item_spans(b: int, item, limit: int, lengths_b: Optional[int], unit: str = 
     except (TypeError, ValueError):
         raise ValueError(f"batch item {b}: offsets must be (start, end) pairs") from None
     if spans.size == 0:
-        spans = spans.reshape(0, 2)
+        spans = spans.reshape(0, 2).astype(np.int64)  # (an empty list reads as float64)
     if spans.ndim != 2 or spans.shape[1] != 2 or spans.dtype.kind not in "iu":
         raise ValueError(f"batch item {b}: offsets must be integer (start, end) pairs [T, 2], got shape "
                          f"{tuple(spans.shape)} of {spans.dtype}")
@@ -206,6 +208,16 @@ def _item_tokens(b, source, spans_in, parser, char_offsets, lengths_b):
     return spans, token_kept, kept_parents, [types[i] for i in kept], node_spans
 
 
+def gather_rows(target: np.ndarray, table: np.ndarray, nodes: np.ndarray) -> None:
+    """``target[i, j] = table[nodes[i], nodes[j]]`` (``target`` ``[T, T]``, rows of any stride; ``table`` ``[M, M]``;
+    ``nodes`` int64 ``[T]``), gathered in blocks of :data:`ROW_BLOCK` rows: a ``[ROW_BLOCK, M]`` temporary, then a
+    gather straight into the target's rows (no ``T^2`` temporary)."""
+    T = target.shape[0]
+    for r0 in range(0, T, ROW_BLOCK):
+        r1 = min(T, r0 + ROW_BLOCK)
+        np.take(np.take(table, nodes[r0:r1], axis=0), nodes, axis=1, out=target[r0:r1])
+
+
 def _fill_block(out: torch.Tensor, node_distance: torch.Tensor, token_node: np.ndarray, special: str) -> None:
     """``out`` (uint8 ``[T, T]``, rows of any stride) = the tokens' distance from the nodes' (module docstring).
     ``node_distance`` (uint8 ``[M, M]``, the C++ builder's block of this item) is changed in place to ``+ 2``."""
@@ -216,10 +228,7 @@ def _fill_block(out: torch.Tensor, node_distance: torch.Tensor, token_node: np.n
     leaves = node_distance.numpy()
     np.minimum(leaves, MAX_PATH - 2, out=leaves)  # the two leaf edges, saturating at 254
     np.add(leaves, 2, out=leaves)
-    target = out.numpy()
-    for r0 in range(0, T, ROW_BLOCK):  # a [ROW_BLOCK, M] temporary, then a gather straight into the plan's rows
-        r1 = min(T, r0 + ROW_BLOCK)
-        np.take(np.take(leaves, nodes[r0:r1], axis=0), nodes, axis=1, out=target[r0:r1])
+    gather_rows(out.numpy(), leaves, nodes)
     out.diagonal().zero_()
     if special == "unreachable":
         lone = torch.from_numpy(np.flatnonzero(token_node < 0))

@@ -9,7 +9,8 @@ Each relation r has its own distance (uint8, 255 = unreachable, as trees and gra
 :class:`RelationBatch` stores the R distances as **one** uint8 code per pair, the mixed-radix number of the R buckets
 (``code = sum_r bucket_r(d_r) * stride_r``, ``stride_0 = 1``, ``stride_r = T_0 ... T_{r-1}``), which needs
 ``T_0 * ... * T_{R-1} <= 256``: two parses with the default buckets (12 each: 144 codes), three relations of 6
-buckets, a code model's four binned relations of 4, 4, 4 and 4 buckets. The fused kernels then read one byte per
+buckets, a code model's relations of a :class:`~syntaxkernels.trees.CodeTreeBatch` (:meth:`RelationBatch.code_model`:
+path, ancestor and sibling distances of 6 buckets each, 216 codes). The fused kernels then read one byte per
 pair whatever R is, and look the summed bias up per code: the op gathers the R tables into one code table
 ``[H or 1, 256]`` (``code_table[code] = sum_r c_r * table_r[bucket_r(code)]``, a few hundred elements, once per call)
 and runs the distance-bias kernels with one bucket per code value (:data:`CODE_BUCKETS`); autograd takes the code
@@ -211,6 +212,45 @@ class RelationBatch(ItemPlan):
         spec = BucketSpec(max_distance=max_steps)
         plans = [structure_plan(x, trees.kernel_lengths, symmetric=False) for x in (up, down)]
         return cls.from_plans(plans, spec)
+
+    @classmethod
+    def code_model(cls, code, relations: Sequence[str] = ("path", "ancestor", "sibling"), *, max_path=4,
+                   max_ancestor: int = 2, max_sibling: int = 2, max_steps: int = 1,
+                   num_threads: int = 0) -> "RelationBatch":
+        """A code model's relations of a :class:`~syntaxkernels.trees.CodeTreeBatch` (``sk.trees.from_tree_sitter``,
+        padded or packed), each token pair's relations read from its tokens' nodes n_i, n_j
+        (:mod:`syntaxkernels.trees.code_relations`):
+
+        - ``"path"``: the plan's token distance (``edges + 2``, 0 on the diagonal), ``BucketSpec(max_distance=
+          max_path)`` (or ``max_path`` a BucketSpec, e.g. log-spaced);
+        - ``"ancestor"`` (signed): ``depth(n_i) - depth(n_j)`` when n_j is an ancestor-or-self of n_i (steps up,
+          >= 0) or a descendant (steps down, < 0), clipped to ``[-max_ancestor, max_ancestor]``, else no relation;
+        - ``"sibling"`` (signed): ``index(n_j) - index(n_i)`` when n_i and n_j are children of one node (child
+          indices among the parent's kept named children, source order), clipped to ``[-max_sibling, max_sibling]``,
+          else no relation;
+        - ``"up"`` / ``"down"``: steps from n_i up to the lowest common ancestor and from it down to n_j, clipped
+          at ``max_steps``.
+
+        Two tokens of one node: ancestor, sibling, up, down all 0 (path 2); a token and itself: all 0. Tokens
+        without a span follow the plan's ``special``: at the root (``"root"``) or no relation to any other token
+        (``"unreachable"``). A signed relation clipped at m has ``2m + 2`` buckets (``-m .. m``, none: stored as
+        ``s + m``, 255), path and up/down ``max + 2``; the counts multiply to at most 256 codes. Defaults: path,
+        ancestor, sibling with one ``BucketSpec(max_distance=4)`` (6 x 6 x 6 = 216 codes); four relations:
+        ``("path", "up", "down", "sibling")`` with ``max_sibling=1`` (6 x 3 x 3 x 4 = 216). Not symmetric (but for
+        path alone). Built at node level (``[M, M]``, NumPy) and gathered to the tokens in row blocks straight
+        into the code: no ``O(N^2)`` Python step, ``T^2 + 2 M^2`` bytes.
+        :func:`sk.trees.code_relation_distances <syntaxkernels.trees.code_relation_distances>` gives the same
+        relations as R uint8 distances (the float64 reference's input).
+
+        Raises:
+            TypeError for a plan that is not a CodeTreeBatch; ValueError for an unknown or repeated relation, a clip
+            that is not an int >= 1, more than 256 codes (naming each relation's buckets), or (``up``/``down``) a
+            syntax tree deeper than 126 nodes (naming the batch item).
+        """
+        from .code_relations import code_model_relations
+
+        return code_model_relations(code, relations, max_path=max_path, max_ancestor=max_ancestor,
+                                    max_sibling=max_sibling, max_steps=max_steps, num_threads=num_threads)
 
     def code_table(self, tables, bias_scale=None) -> torch.Tensor:
         """The summed bias of every code, ``[256]`` (every relation's table shared by the heads) or ``[H, 256]``:

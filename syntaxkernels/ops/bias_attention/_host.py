@@ -175,11 +175,6 @@ def position_route(chosen: str, position_buckets, backend: str, packed: bool = F
     return "reference"
 
 
-def position_args(spec: RelativePositionSpec) -> Tuple[int, int, bool]:
-    """A :class:`RelativePositionSpec` as plain values (autograd Functions and ``torch.library`` ops keep these)."""
-    return spec.num_buckets, spec.max_distance, spec.bidirectional
-
-
 def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:
     """float32 ``[H, 2 * reach + 1]``: ``table[h, pbucket(r)] * log2(e)`` at index ``r + reach`` (``reach =
     spec.reach``): what every kernel gathers for T5's relative-position term, at ``clamp(j - i, -reach, reach) +
