@@ -485,33 +485,37 @@ def test_relation_workloads_are_the_plans_they_say():
 
 
 def test_code_workload_has_four_relations_of_the_code_tree():
+    """code-r4: the code model's four relations (RelationBatch.code_model: path, up, down, sibling) of this
+    package's sources, rows of at most 512 tokens, its code the relations' buckets in mixed radix; code-r1: the same
+    rows with the code distance alone (BucketSpec())."""
     pytest.importorskip("tree_sitter")
     pytest.importorskip("tree_sitter_python")
     from syntaxkernels.tools import workloads
-    from syntaxkernels.trees import RelationBatch, from_tree_sitter
+    from syntaxkernels.trees import RelationBatch, code_relation_distances, from_tree_sitter
 
     one = workloads.named_workload("code-r1")
     w = workloads.named_workload("code-r4")
     assert one.lengths == w.lengths and one.plan([0]).distance.shape == (1, 512, 512) and one.relations is None
     assert I._presence(one, 64, 64).shape[-1] == 12  # BucketSpec()'s LUT
     assert w.N == 512 and w.batch_size == 16 and max(w.lengths) == 512 and w.relations == 4
-    assert w.compile_rows() and all(n <= 512 for n in w.lengths)
+    assert all(n <= 512 for n in w.lengths) and w.kernel_buckets.num_buckets == 256
     sources, spans, _ = workloads.code_rows()
     rows = [0, 1]
     rel = w.plan(rows)
     assert isinstance(rel, RelationBatch) and rel.num_relations == 4 and not rel.symmetric
     sizes = [s.num_buckets for s in rel.buckets]
-    assert sizes == [8, 4, 4, 2] and sizes[0] * sizes[1] * sizes[2] * sizes[3] == 256
+    assert sizes == [6, 3, 3, 4] and tuple(rel.buckets) == tuple(w.buckets)
     code = from_tree_sitter([sources[b] for b in rows], [spans[b] for b in rows], size=512)
-    d, up, down, same = (x.long() for x in workloads.code_relation_distances(code))
-    n = w.lengths[0]
-    exact = (d[0, :n, :n] < 254)
-    assert torch.equal((up + down)[0, :n, :n][exact], d[0, :n, :n][exact])  # a path = its steps up and down
-    assert torch.equal(up[0, :n, :n].T, down[0, :n, :n])  # transposed: up and down swap
-    assert bool((same[0].diagonal()[:n] == 0).all()) and bool((same[0, :n, :n][d[0, :n, :n] > 2] == 1).all())
-    luts = [s.lut() for s in rel.buckets]
-    want = (luts[0][d] + 8 * luts[1][up] + 32 * luts[2][down] + 128 * luts[3][same])[0, :n, :n]
-    assert torch.equal(rel.distance[0, :n, :n].long(), want)
+    distances, specs = code_relation_distances(code, workloads.CODE_R4_RELATIONS, max_sibling=1)
+    assert tuple(specs) == tuple(w.buckets)
+    want, stride = 0, 1
+    for d, spec in zip(distances, specs):
+        want = want + spec.lut()[d.long()] * stride
+        stride *= spec.num_buckets
+    for b in range(len(rows)):
+        n = w.lengths[rows[b]]
+        assert torch.equal(rel.distance[b, :n, :n].long(), want[b, :n, :n])
+    assert torch.equal(distances[0][0, :w.lengths[0], :w.lengths[0]], code.distance[0, :w.lengths[0], :w.lengths[0]])
 
 
 def test_workload_cost_weights_each_class_by_its_loop():

@@ -18,12 +18,14 @@ One place for every generator of trees the project measures or checks against:
 - the relation workloads (:data:`RELATION_WORKLOADS`, group ``relations``): batches whose structure is not one tree
   per row, carried as the structure plan itself (:meth:`Workload.plan`): ``graph`` (enhanced UD graphs as an
   undirected ``GraphBatch``), ``two-parse`` (two parses of each sentence as a 2-relation ``RelationBatch``) and
-  ``code-r4`` (this package's own Python sources through ``trees.from_tree_sitter``, four relations as one
-  ``RelationBatch``: the kernels run its 256 codes, :data:`~syntaxkernels.trees.relations.CODE_BUCKETS`) and its
-  one-relation baseline ``code-r1`` (the code distance alone).
+  ``code-r4`` (this package's own Python sources through ``trees.from_tree_sitter``, the code model's four
+  relations as one ``RelationBatch``, ``RelationBatch.code_model``: the kernels run its codes with 256 buckets,
+  :data:`~syntaxkernels.trees.relations.CODE_BUCKETS`) and its one-relation baseline ``code-r1`` (the code distance
+  alone).
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -31,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 __all__ = ["random_forest", "random_document", "generated_sentences", "chain", "treebank_heads", "pack_sentences",
            "chain_sentences", "connect_sentences", "Workload", "WORKLOADS", "WORKLOAD_GROUPS", "workload_names",
            "named_workload", "sentence_source", "RELATION_WORKLOADS", "graph_source", "perturbed_tree",
-           "code_rows", "code_relation_distances", "CODE_RELATION_BUCKETS"]
+           "code_rows", "RELATION_BATCHES", "CODE_R4_RELATIONS"]
 
 
 def random_forest(rng: random.Random, length: int, num_trees: int = 1, extra_root_prob: float = 0.0) -> List[int]:
@@ -364,9 +366,10 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
     - ``code-r1``: the ``code-r4`` rows with one relation, the code distance itself (the ``CodeTreeBatch``,
       ``BucketSpec()``): the one-relation baseline of ``code-r4``;
     - ``code-r4``: 16 rows of N = 512 tokens of this package's own ``.py`` files (:func:`code_rows`), each parsed
-      whole by ``trees.from_tree_sitter``, as a 4-relation ``RelationBatch`` (:func:`code_relation_distances`:
-      the code distance, the steps up and down it, the same-node relation; 8 x 4 x 4 x 2 = 256 codes). Needs
-      ``tree-sitter`` and ``tree-sitter-python`` (ImportError otherwise).
+      whole by ``trees.from_tree_sitter``, as the code model's 4-relation ``RelationBatch``
+      (``RelationBatch.code_model(plan, CODE_R4_RELATIONS, max_sibling=1)``: path, steps up, steps down,
+      sibling; 6 x 3 x 3 x 4 = 216 codes). Needs ``tree-sitter`` and ``tree-sitter-python`` (ImportError
+      otherwise).
     """
     if name in RELATION_WORKLOADS:
         return _relation_workload(name, sentences, source, start)
@@ -514,44 +517,10 @@ def code_rows(rows: int = 16, N: int = 512, root=None) -> Tuple[List[bytes], Lis
     return _CODE_CACHE[key]
 
 
-def _code_buckets():
-    """code-r4's relations' buckets (codes 8 x 4 x 4 x 2 = 256): the code distance (0..6, 7 and more), the steps up
-    and down it (0..2, 3 and more), the same-node relation (0: one node, 1: two). Padding (255) takes the last
-    bucket of each; the kernels never read it."""
-    from syntaxkernels.specs import BucketSpec
-
-    return (BucketSpec(max_distance=7, unreachable_bucket=False), BucketSpec(max_distance=3, unreachable_bucket=False),
-            BucketSpec(max_distance=3, unreachable_bucket=False), BucketSpec(max_distance=1, unreachable_bucket=False))
-
-
-
-def code_relation_distances(plan) -> List:
-    """The four relations of a padded ``CodeTreeBatch`` (uint8 ``[B, N, N]`` each, 255 on padding): the code
-    distance itself; the steps up from the query token to the lowest common ancestor and down from there to the
-    key token (each token a leaf under its node: ``up = (d + depth_i - depth_j) / 2``, ``down = d - up``, as
-    ``RelationBatch.directed_tree``; 254 where the distance saturates); and the same-node relation, 0 where the two
-    tokens hang from one syntax node (the diagonal too), else 1. Not symmetric (up and down swap)."""
-    import torch
-
-    d = plan.distance.to(torch.int32)
-    B, N = d.shape[0], d.shape[1]
-    depth = torch.zeros(B, N, dtype=torch.int32)
-    nodes = plan.token_nodes  # [B, N], -1 on padding (no special tokens here: every token has a span)
-    for b in range(B):
-        parents = plan.node_parents[b].tolist()
-        node_depth = [0] * len(parents)
-        for m in range(1, len(parents)):  # pre-order: a parent comes before its children
-            node_depth[m] = node_depth[parents[m]] + 1
-        n = int(plan.lengths[b])
-        table = torch.tensor(node_depth, dtype=torch.int32)
-        depth[b, :n] = table[nodes[b, :n].clamp(min=0)] + 1
-    valid = d != 255
-    exact = valid & (d < 254)
-    rise = depth[:, :, None] - depth[:, None, :]
-    up = torch.where(exact, (d + rise) // 2, torch.where(valid, 254, 255))
-    down = torch.where(exact, (d - rise) // 2, torch.where(valid, 254, 255))
-    same = torch.where(valid, (nodes[:, :, None] != nodes[:, None, :]).to(torch.int32), 255)
-    return [x.to(torch.uint8) for x in (d, up, down, same)]
+#: code-r4's relations: the code model's four (``RelationBatch.code_model``), the sibling distance clipped at 1:
+#: path 6 buckets, steps up 3, steps down 3, sibling 4 (6 x 3 x 3 x 4 = 216 codes).
+CODE_R4_RELATIONS = ("path", "up", "down", "sibling")
+CODE_R4_OPTIONS = dict(max_sibling=1)
 
 
 def _relation_workload(name: str, sentences, source: str, start: int) -> Workload:
@@ -624,19 +593,20 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         w.digest = digest(w.plan())
         return w
     if name == "code-r4":
-        from syntaxkernels.trees import RelationBatch, from_tree_sitter
+        from syntaxkernels.trees import RelationBatch, code_relation_buckets, from_tree_sitter
 
         sources, spans, label = code_rows()
         N = 512
-        specs = _code_buckets()
+        specs = code_relation_buckets(CODE_R4_RELATIONS, **CODE_R4_OPTIONS)
 
         def build(index):
             plan = from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=N)
-            return RelationBatch.from_distances(code_relation_distances(plan), specs, plan.kernel_lengths,
-                                                symmetric=False)
+            return RelationBatch.code_model(plan, CODE_R4_RELATIONS, **CODE_R4_OPTIONS)
 
-        w = Workload(name, [], N, label, "4 relations of the tree-sitter tree of Python code (the code distance "
-                     "8 buckets, steps up 4, steps down 4, same node 2: 256 codes), rows of 512 tokens",
+        sizes = " x ".join(str(spec.num_buckets) for spec in specs)
+        w = Workload(name, [], N, label, "the code model's 4 relations of the tree-sitter tree of Python code "
+                     f"(RelationBatch.code_model: {', '.join(CODE_R4_RELATIONS)}, max_sibling=1; {sizes} = "
+                     f"{math.prod(spec.num_buckets for spec in specs)} codes), rows of 512 tokens",
                      structure="relations", row_lengths=[len(x) for x in spans], relations=4, buckets=specs,
                      build=build)
         w.digest = digest(w.plan())
