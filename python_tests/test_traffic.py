@@ -1,0 +1,103 @@
+"""The backward's memory-traffic model (:mod:`syntaxkernels.tools.traffic`): its buffers are the launcher's own, its
+figures follow the paths and lengths, and a 128-token item costs what the two-block kernels store and read back."""
+import pytest
+import torch
+
+import syntaxkernels as sk
+from syntaxkernels.ops import _primitives
+from syntaxkernels.tools import traffic
+from syntaxkernels.tools.inspection import _kernels_on_cpu_tensors, fake_gpu
+from syntaxkernels.tools.workloads import Workload
+
+
+def _allocations_of_short2(B, H, N, D, causal=False):
+    """fp32 tensors ``_short2_backward`` allocates on one call (launches captured, not compiled), by shape."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from syntaxkernels.ops.bias_attention import _launch
+
+    shapes = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default) \
+                    and out.dtype == torch.float32:
+                shapes.append(tuple(out.shape))
+            return out
+
+    original = _launch._short2_backward
+
+    def watched(*args, **kwargs):
+        with Watch():
+            return original(*args, **kwargs)
+
+    heads = torch.full((B, N), -1, dtype=torch.int64)
+    for b in range(B):
+        heads[b, 1:N] = torch.arange(N - 1)
+    trees = sk.TreeBatch.from_heads(heads, torch.full((B,), N))
+    q, k, v = (torch.randn(B, H, N, D, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.zeros(sk.BucketSpec().num_buckets, requires_grad=True)
+    previous = _primitives.set_launch_hook(lambda *a: None)
+    _launch._short2_backward = watched
+    try:
+        with fake_gpu(90), _kernels_on_cpu_tensors():
+            out = sk.syntax_bias_attention(q, k, v, trees, table, buckets=sk.BucketSpec(), backend="triton",
+                                           causal=causal)
+            out.sum().backward()
+    finally:
+        _launch._short2_backward = original
+        _primitives.set_launch_hook(previous)
+    return shapes
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_short2_buffers_are_the_launchers(D):
+    B, H, N = 2, 3, 100
+    allocated = _allocations_of_short2(B, H, N, D)
+    _, configs = traffic._path(N, D, torch.bfloat16, 90, False)
+    block = configs.short["BLOCK_M"]
+    modelled = traffic.short2_buffers(B, H, D, D, block, dq_transposed=configs.short["DQ_T"])
+    for name, shape in modelled.items():
+        assert shape in allocated, (name, shape, allocated)
+        allocated.remove(shape)
+    # what is left is the launcher's small buffers (per-tile bucket sums, delta rows), not shares or tiles
+    assert all(torch.Size(s).numel() <= B * H * 2 * 128 + 4 * B * 256 for s in allocated), allocated
+
+
+def test_a_128_token_item_costs_its_tiles_and_shares():
+    w = Workload("one", [[-1] + list(range(127))], 128, "test", "one 128-token chain")
+    r = traffic.backward_traffic(w, head_dim=64, heads=1)
+    assert r["path"] == "short2" and r["block"] == 64
+    long = r["per_long_item"]
+    # 4 dS tiles of 64 x 64 fp32 and 4 tiles' dQ, dK, dV shares of 64 x 64 fp32, written and read: 512 KiB,
+    # plus the delta rows (3 KiB)
+    assert long["scratch_kib"] == pytest.approx(512 + 3 * 4 * 2 * 64 / 1024)
+    # q, k, v, dO read, dQ, dK, dV written (bf16), the lse rows and the distance: ~112 KiB
+    assert long["essential_kib"] == pytest.approx((7 * 128 * 64 * 2 + 4 * 128 + 128 * 128) / 1024)
+    causal = traffic.backward_traffic(w, head_dim=64, heads=1, causal=True)["per_long_item"]
+    assert causal["scratch_kib"] == pytest.approx(384 + 3 * 4 * 2 * 64 / 1024)  # three tiles walked
+
+
+def test_paths_follow_n_and_short_items_keep_no_shares():
+    short = Workload("s", [[-1] + [0] * 29, [-1] + [0] * 9], 30, "test", "")
+    two = Workload("t", [[-1] + [0] * 59, [-1] + [0] * 89], 90, "test", "")
+    long = Workload("l", [[-1] + list(range(599))], 600, "test", "")
+    packed = Workload("p", [[-1] + [0] * 29, [-1] + [0] * 9], 30, "test", "", packed=True)
+    r_short, r_two, r_long, r_packed = (traffic.backward_traffic(w) for w in (short, two, long, packed))
+    assert (r_short["path"], r_two["path"], r_long["path"], r_packed["path"]) == ("short", "short2", "tiled",
+                                                                                 "packed")
+    # the 60-token item of the two-block batch stores no shares: one dS tile, as in the one-tile kernel
+    item_60 = traffic.backward_traffic(Workload("t1", [[-1] + [0] * 59], 90, "test", ""))["per_long_item"]
+    assert item_60["scratch_kib"] == pytest.approx(32.0)
+    assert r_two["per_long_item"]["scratch_kib"] > 500
+    # the tiled path's scratch is its delta rows: 12 bytes a row
+    assert r_long["per_long_item"]["scratch_kib"] == pytest.approx(3 * 4 * 600 / 1024)
+    assert r_long["ratio"] < 0.05 < r_short["ratio"] < r_two["ratio"]
+
+
+def test_format_names_its_units_and_model():
+    w = Workload("one", [[-1] + list(range(99))], 100, "test", "")
+    row = dict(traffic.backward_traffic(w), workload="one", head_dim=64)
+    text = traffic.format_traffic([row])
+    assert "per valid pair and head (bytes" in text and "not a measurement" in text and "short2" in text

@@ -1,0 +1,138 @@
+"""Memory traffic of the backward per valid pair: what it must move (essential) and the scratch it writes and reads
+back, a model of the launchers' buffers (``ops/bias_attention/_launch.py``, ``_varlen_kernels.py``; keep it in
+step with them).
+
+Per batch item (or packed sequence) of ``L`` tokens and head, in bytes (``e``: the element size of q's dtype):
+
+- **essential**: q, k, v and dO read once, dQ, dK, dV written once (``7 L D e``), the log-sum-exp rows read
+  (``4 L``), the tiled and packed kernels also read the output O (``L D e``: their delta is ``rowsum(dO * O)``),
+  and the item's uint8 distance once for all heads (``L^2 / H``);
+- **scratch**, each byte written once and read once (no cache counted: an upper bound of what reaches DRAM):
+
+  - rows of at most 64 tokens (one tile): each head's fp32 dS tile, ``BLOCK^2`` (for the table gradient kernel);
+  - rows of 65..128 tokens (the two-block kernels): per walked tile ``t`` (1 for an item of at most ``BLOCK``
+    tokens; 4, or 3 causal, for a longer one) its dS tile, and for a longer item each tile's fp32 shares of dQ, dK
+    and dV (``(2 BLOCK_D + BLOCK_DV) BLOCK`` elements a tile, added by the sum kernel) and its delta rows;
+  - the tiled and packed kernels: the fp32 delta rows, written by the dQ kernel and read by the dK/dV and table
+    kernels (``3 * 4 L``);
+  - the table gradient's per-program bucket sums (``4 T`` per program, once for all heads).
+
+``python -m syntaxkernels inspect --workload ... --traffic`` prints it per workload. A model, not a measurement:
+a GPU's L2 keeps part of the scratch (a two-block item's 512 KiB a head at D = 64 fits, a batch's does not).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+__all__ = ["backward_traffic", "format_traffic", "short2_buffers"]
+
+
+def short2_buffers(B: int, H: int, D: int, DV: int, block: int, table_grad: bool = True,
+                   dq_transposed: bool = True) -> Dict[str, tuple]:
+    """The fp32 scratch buffers :func:`~syntaxkernels.ops.bias_attention._launch._short2_backward` allocates, by
+    name: their shapes (the shares ``[B, H, 2, BLOCK_D, 2 BLOCK]`` each, dQ's ``[B, H, 2, 2 BLOCK, BLOCK_D]`` unless
+    formed transposed, and with the table gradient each head's dS tiles ``[B, H, 2, 2, BLOCK, BLOCK]``)."""
+    from syntaxkernels.ops._primitives import head_block
+
+    bd, bdv = head_block(D), head_block(DV)
+    out = dict(dq_part=(B, H, 2, bd, 2 * block) if dq_transposed else (B, H, 2, 2 * block, bd),
+               dk_part=(B, H, 2, bd, 2 * block), dv_part=(B, H, 2, bdv, 2 * block))
+    if table_grad:
+        out["ds"] = (B, H, 2, 2, block, block)
+    return out
+
+
+def _path(N: int, D: int, dtype, arch: int, causal: bool):
+    """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table)."""
+    from syntaxkernels.ops.bias_attention import _launch
+    from syntaxkernels.specs import BucketSpec
+    from syntaxkernels.tools.inspection import fake_gpu
+
+    with fake_gpu(arch):
+        configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
+    if configs.short is None:
+        return "tiled", configs
+    return ("short" if N <= configs.short["BLOCK_M"] else "short2"), configs
+
+
+def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: int = 90, heads: int = 12,
+                     causal: bool = False, buckets=None) -> dict:
+    """The backward's bytes per valid pair and head of ``workload`` (a :class:`~syntaxkernels.tools.workloads.Workload`,
+    a shared learnable table: the table gradient on), as the module docstring models them: ``essential``,
+    ``scratch``, their ``ratio``, the ``path`` ("short", "short2", "tiled", "packed") and ``per_long_item``: scratch
+    and essential KiB per head of the batch's longest item."""
+    import torch
+
+    from syntaxkernels.ops._primitives import head_block
+    from syntaxkernels.specs import BucketSpec
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    e = torch.tensor([], dtype=torch_dtype).element_size()
+    D = head_dim
+    T = (buckets or BucketSpec()).num_buckets
+    lengths = [int(n) for n in workload.lengths]
+    if workload.packed:
+        path, block = "packed", None
+    else:
+        path, configs = _path(workload.N, D, torch_dtype, arch, causal)
+        block = configs.short["BLOCK_M"] if configs.short is not None else None
+    essential: List[float] = []
+    scratch: List[float] = []
+    for L in lengths:
+        base = 7 * L * D * e + 4 * L + L * L / heads
+        if path in ("tiled", "packed"):
+            essential.append(base + L * D * e)
+            scratch.append(3 * 4 * L)
+            continue
+        essential.append(base)
+        if path == "short":
+            scratch.append(2 * 4 * block * block if L else 0)
+            continue
+        long = L > block
+        tiles = (3 if causal else 4) if long else (1 if L else 0)
+        item = tiles * 2 * 4 * block * block  # dS tiles
+        if long:
+            item += tiles * 2 * 4 * (2 * head_block(D) + head_block(D)) * block  # the dQ, dK, dV shares
+            item += 3 * 4 * 2 * block  # delta rows: the first pass's, then read and updated
+        scratch.append(item)
+    # The table gradient's per-program bucket sums (written once, read once; one per tile or program, all heads).
+    if path == "short":
+        programs = len(lengths)
+    elif path == "short2":
+        programs = 4 * len(lengths)
+    else:
+        programs = sum(-(-L // 64) for L in lengths)  # ~ one per query block (the tiled and packed table kernels)
+    partials = 2 * 4 * T * programs / heads
+    valid = sum(L * L for L in lengths)
+    total_essential, total_scratch = sum(essential), sum(scratch) + partials
+    longest = max(range(len(lengths)), key=lambda i: lengths[i]) if lengths else None
+    return dict(path=path, block=block, essential=total_essential / valid if valid else 0.0,
+                scratch=total_scratch / valid if valid else 0.0,
+                ratio=total_scratch / total_essential if total_essential else 0.0,
+                per_long_item=None if longest is None else dict(
+                    tokens=lengths[longest], scratch_kib=scratch[longest] / 1024,
+                    essential_kib=essential[longest] / 1024))
+
+
+def format_traffic(rows: Sequence[dict]) -> str:
+    """The ``--traffic`` table: one row per (workload, head dim) of :func:`backward_traffic` results (each with
+    ``workload`` and ``head_dim`` added)."""
+    import textwrap
+
+    header = (f"{'workload':<18} {'D':>4} {'path':<7} {'essential':>9} {'scratch':>8} {'ratio':>6} "
+              f"{'longest':>7} {'its scratch':>11} {'essential':>9}")
+    lines = ["backward memory traffic per valid pair and head (bytes; a model of the launchers' buffers)", header,
+             "-" * len(header)]
+    for r in rows:
+        long = r["per_long_item"] or {}
+        lines.append(f"{r['workload']:<18} {r['head_dim']:>4} {r['path']:<7} {r['essential']:>9.1f} "
+                     f"{r['scratch']:>8.1f} {r['ratio']:>6.2f} {long.get('tokens', 0):>7} "
+                     f"{long.get('scratch_kib', 0.0):>9.1f} K {long.get('essential_kib', 0.0):>7.1f} K")
+    lines += textwrap.wrap(
+        "essential: q, k, v, dO read and dQ, dK, dV written once (the tiled and packed paths also read O), the "
+        "log-sum-exp rows, the distance once for all heads; scratch: the fp32 buffers the backward writes and reads "
+        "back (dS tiles for the table gradient; the two-block kernels' dQ/dK/dV shares of items over one block; "
+        "delta rows; the bucket sums), each byte once each way, no cache counted; ratio: scratch / essential; "
+        "longest: the batch's longest item and its scratch and essential KiB per head. A model of the launchers' "
+        "buffers (syntaxkernels/tools/traffic.py), not a measurement.", 110)
+    return "\n".join(lines)
