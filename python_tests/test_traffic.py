@@ -101,3 +101,20 @@ def test_format_names_its_units_and_model():
     row = dict(traffic.backward_traffic(w), workload="one", head_dim=64)
     text = traffic.format_traffic([row])
     assert "per valid pair and head (bytes" in text and "not a measurement" in text and "short2" in text
+
+
+def test_cli_prints_the_model_and_refuses_what_it_does_not_model(capfd, tmp_path):
+    import json
+
+    from syntaxkernels import __main__ as cli
+
+    out = tmp_path / "traffic.json"
+    assert cli.main(["inspect", "--traffic", "--workload", "sentences,pairs", "--head-dim", "64",
+                     "--json", str(out)]) == 0
+    text = capfd.readouterr().out  # (under the interpreter the command runs in a child process)
+    assert "sentences" in text and "short2" in text and "not a measurement" in text
+    rows = json.loads(out.read_text())
+    assert [r["path"] for r in rows] == ["short", "short2"] and rows[1]["scratch"] > rows[1]["essential"]
+    assert cli.main(["inspect", "--traffic", "--workload", "two-parse"]) == 2
+    assert "not the relation workloads" in capfd.readouterr().err
+    assert cli.main(["inspect", "--traffic", "--arch", "80,90"]) == 2

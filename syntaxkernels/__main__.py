@@ -101,6 +101,12 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
                              "launch compiled for one --arch (default 90) and not run, timed as a ratio to a bare "
                              "autograd round trip, and its device kernels counted (--workload: default sentences, "
                              "pairs, finetune-512, sentences-packed; one --dtype and --head-dim, default bf16 and 64)")
+    parser.add_argument("--traffic", action="store_true",
+                        help="the backward's memory traffic per valid pair and head instead: what it must move "
+                             "against the scratch it writes and reads back, a model of the launchers' buffers, "
+                             "nothing compiled (--workload: default sentences, pairs, finetune-128, finetune-512, "
+                             "odd-77, sentences-packed, long-4096; --head-dim, --dtype, --causal; one --arch, "
+                             "default 90)")
     parser.add_argument("--json", default=None, help="write every report as JSON to this file")
 
 

@@ -448,6 +448,51 @@ def _run_inspect_host(args) -> int:
     return 0
 
 
+#: The workloads ``inspect --traffic`` models by default: every backward path (one tile, two blocks, tiled, packed).
+TRAFFIC_WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "odd-77", "sentences-packed", "long-4096")
+
+
+def _run_inspect_traffic(args) -> int:
+    """``inspect --traffic``: the backward's bytes per valid pair and head (:mod:`.traffic`), nothing compiled."""
+    from . import traffic as Tr
+    from . import workloads as W
+
+    archs = _numbers("--arch", args.arch or "90", (80, 86, 89, 90, 100, 120))
+    head_dims = _numbers("--head-dim", args.head_dim, (32, 64, 128))
+    if archs is None or head_dims is None:
+        return 2
+    dtypes = [d.strip() for d in args.dtype.split(",")]
+    if len(archs) != 1 or any(d not in ("bf16", "fp16", "fp32") for d in dtypes):
+        print("syntaxkernels inspect --traffic: one --arch; --dtype of bf16, fp16, fp32", file=sys.stderr)
+        return 2
+    try:
+        names = W.workload_names(args.workload) if args.workload else list(TRAFFIC_WORKLOADS)
+    except ValueError as exc:
+        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
+        return 2
+    if any(n in W.RELATION_WORKLOADS for n in names):
+        print(f"syntaxkernels inspect --traffic: takes the tree workloads ({', '.join(W.WORKLOADS)}), not the "
+              "relation workloads (their buffers are a tree's)", file=sys.stderr)
+        return 2
+    rows = []
+    for name in names:
+        workload = W.named_workload(name)
+        for dtype in dtypes:
+            for head_dim in head_dims:
+                row = Tr.backward_traffic(workload, head_dim=head_dim, dtype=dtype, arch=archs[0],
+                                          causal=args.causal)
+                row.update(workload=name if dtype == "bf16" else f"{name} {dtype}", head_dim=head_dim)
+                rows.append(row)
+    print(f"sm_{archs[0]}'s tiles, {'causal' if args.causal else 'not causal'}; {W.sentence_source()[1]}")
+    print(Tr.format_traffic(rows))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
 def inspect(args) -> int:
     """``python -m syntaxkernels inspect``: the launch cases, the named workloads (``--workload``) or the edge-list
     kernels (``--edges``) compiled as launched, and the cost model's report."""
@@ -460,6 +505,8 @@ def inspect(args) -> int:
         return _run_inspect_edges(args, I)
     if getattr(args, "host", False):
         return _run_inspect_host(args)
+    if getattr(args, "traffic", False):
+        return _run_inspect_traffic(args)
     if args.workload:
         return _run_inspect_workloads(args, I)
     archs = _numbers("--arch", args.arch or "80,90", I.ALL_ARCHS)
