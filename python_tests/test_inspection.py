@@ -393,9 +393,9 @@ def _brute_force_sets(distance, lengths, lut, bm, bn):
 
 def test_tile_bucket_sets_hold_every_code_of_256_buckets():
     """The tile model counts more than 62 buckets (a relation batch's 256 codes): the bucket sets equal a
-    brute-force count per tile, the buckets a tile walks are its held buckets up to 31 buckets and its code range
-    above (as the launcher's own ``_tile_buckets`` metadata, lowest + 256 * highest, says), and the 62-bit packing
-    refuses such a LUT instead of dropping buckets."""
+    brute-force count per tile, the buckets a tile walks are its held buckets up to 31 buckets and for the 256 codes
+    (inside the range the launcher's own ``_tile_buckets`` metadata, lowest + 256 * highest, says), the range for
+    other tables over 31 buckets, and the 62-bit packing refuses such a LUT instead of dropping buckets."""
     from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.specs import BucketSpec
     from syntaxkernels.trees.relations import CODE_BUCKETS
@@ -414,13 +414,19 @@ def test_tile_bucket_sets_hold_every_code_of_256_buckets():
         for (b, qb, kb), held in brute.items():
             assert set(torch.nonzero(sets[b, qb, kb]).flatten().tolist()) == held, (b, qb, kb)
         assert int(sets.sum()) > 62 * 3  # many tiles hold more than 62 buckets: no 62-bit set could
+        # One bucket per byte value (the codes): the kernels walk the codes a tile holds, inside the range the
+        # launcher's metadata gives; a table of more than 31 buckets otherwise walks the whole range.
         walked = I.tile_walk_counts(sets, CODE_BUCKETS.num_buckets)
         meta = _launch._tile_buckets(distance, lengths.to(torch.int32), bm, bn, -1, False, CODE_BUCKETS).long()
         lowest, highest = meta % 256, meta // 256
         live = sets.any(-1)  # (a tile without a valid pair is never walked: its metadata is not read)
-        assert torch.equal(walked[live], (highest - lowest + 1)[live]) and not bool(walked[~live].any())
+        assert torch.equal(walked, sets.sum(-1)) and not bool(walked[~live].any())
+        assert bool((walked[live] <= (highest - lowest + 1)[live]).all())
+        assert bool((walked[live] < (highest - lowest + 1)[live]).any())  # (the codes leave gaps in the range)
+        ranged = I.tile_walk_counts(sets, 102)  # e.g. BucketSpec(max_distance=100)'s 102 buckets: the range
         for (b, qb, kb), held in brute.items():  # the range, every bucket between counted
-            assert int(walked[b, qb, kb]) == (max(held) - min(held) + 1 if held else 0)
+            assert int(walked[b, qb, kb]) == len(held)
+            assert int(ranged[b, qb, kb]) == (max(held) - min(held) + 1 if held else 0)
     # Up to 31 buckets: the buckets held (the bit set's popcount).
     small = BucketSpec()
     sets = I.tile_bucket_sets(distance, lengths, 16, 16, small.lut())
@@ -473,13 +479,20 @@ def test_relation_workloads_are_the_plans_they_say():
         other = workloads.perturbed_tree(heads, rng, share=0.5)
         TreeBatch.from_heads([other])  # one tree still (a cycle raises)
         assert [i for i, h in enumerate(other) if h < 0] == [i for i, h in enumerate(heads) if h < 0]
-    # The model walks the codes' range per tile, as the launcher's metadata at the kernels' 256 buckets.
+    # The model walks the codes each tile holds (the kernels at 256 buckets go from each code to the next): a
+    # distinct count of each tile's valid codes, inside the range the launcher's metadata gives.
     tiles = I.workload_tiles("_bias_bwd_short_table_kernel", two, 64, 64)
     meta = _launch._tile_buckets(rel.distance, rel.kernel_lengths, 64, 64, -1, False, CODE_BUCKETS).long()
     lowest, highest = meta % 256, meta // 256
-    walk = torch.where(I._presence(two, 64, 64).any(-1), highest - lowest + 1, 0)
-    assert tiles["one_bucket"] + tiles["buckets_mixed"] == int(walk.sum())
-    assert tiles["mixed"] == int((walk > 1).sum()) and tiles["boundary"] == int((walk > 0).sum())
+    held = torch.zeros_like(meta)
+    for b, n in enumerate(two.lengths):
+        for qb in range(-(-n // 64)):
+            for kb in range(-(-n // 64)):
+                tile = codes[b, qb * 64:min(n, qb * 64 + 64), kb * 64:min(n, kb * 64 + 64)]
+                held[b, qb, kb] = tile.unique().numel()
+    assert bool((held <= torch.where(held > 0, highest - lowest + 1, 0)).all())
+    assert tiles["one_bucket"] + tiles["buckets_mixed"] == int(held.sum())
+    assert tiles["mixed"] == int((held > 1).sum()) and tiles["boundary"] == int((held > 0).sum())
     with pytest.raises(ValueError, match="relation batch"):
         I.inspect_workload("two-parse", "bf16", 64, 90, buckets=BucketSpec(254))
 

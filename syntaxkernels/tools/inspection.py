@@ -1170,6 +1170,7 @@ def varlen_table_walk(workload, block_m: int, block_n: int, buckets=None) -> dic
     mixed tiles walk, summed)."""
     import torch
 
+    from syntaxkernels.ops.bias_attention import configs as op
     from syntaxkernels.specs import BucketSpec
 
     spec = buckets or BucketSpec()
@@ -1200,7 +1201,10 @@ def varlen_table_walk(workload, block_m: int, block_n: int, buckets=None) -> dic
             index = base[rows][:, None] + (rows - start[rows])[:, None] * size[rows][:, None] \
                 + (cols - start[cols])[None, :]
             d = distance[index[same]]
-            count = int(lut[int(d.max())] - lut[int(d.min())]) + 1
+            if op.walks_present_codes(spec.num_buckets, spec.log_distance):  # the codes held, one trip each
+                count = int(torch.unique(lut[d]).numel())
+            else:
+                count = int(lut[int(d.max())] - lut[int(d.min())]) + 1
             out["live"] += 1
             if count == 1:
                 out["one_bucket"] += 1
@@ -1260,18 +1264,19 @@ def tile_presence(distance, lengths, block_m: int, block_n: int, bucket_lut):
     return (present.to(torch.int64) << torch.arange(present.shape[-1])).sum(dim=-1)
 
 
-def tile_walk_counts(present, num_buckets: int):
+def tile_walk_counts(present, num_buckets: int, log_distance=0):
     """int64 ``[B, nQ, nK]``: the buckets the table kernels reduce per tile of bucket sets ``present``
     (:func:`tile_bucket_sets`): up to ``STATIC_BUCKET_LIMIT`` (31) buckets the ones the tile holds (its bit set);
     larger tables walk the range from the tile's lowest to its highest bucket (``_tile_buckets``: ``lowest + 256 *
-    highest``, the buckets being monotone in the distance), every bucket between counted; 0 for a tile without a
-    valid pair."""
+    highest``, the buckets being monotone in the distance), every bucket between counted, except a table of one
+    bucket per byte value (a relation batch's codes, ``configs.walks_present_codes``), which walks the codes the
+    tile holds; 0 for a tile without a valid pair."""
     import torch
 
     from syntaxkernels.ops.bias_attention import configs as op
 
     held = present.sum(dim=-1)
-    if num_buckets <= op.STATIC_BUCKET_LIMIT:
+    if num_buckets <= op.STATIC_BUCKET_LIMIT or op.walks_present_codes(num_buckets, log_distance):
         return held
     T = present.shape[-1]
     index = torch.arange(T)
@@ -1362,7 +1367,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     spec = buckets or _kernel_buckets(workload)
     T = spec.num_buckets
     if kernel == "_bias_bwd_short_table_kernel":  # a program per tile; tiles without an allowed pair: skipped
-        counts = tile_walk_counts(_presence(workload, block_m, block_n, spec), T)
+        counts = tile_walk_counts(_presence(workload, block_m, block_n, spec), T, spec.log_distance)
         out["boundary"] = int((counts > 0).sum())
         out["skipped"] = grid - out["boundary"]
         out["one_bucket"], out["mixed"] = int((counts == 1).sum()), int((counts > 1).sum())
@@ -1384,7 +1389,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
         if kernel in _TABLE_PROGRAMS:
             # Bucket sets per tile [B, nQ, nK, T]; every walked tile with an allowed pair reduces dS per bucket.
             present = _presence(workload, block_m, block_n, spec)
-            counts = tile_walk_counts(present, T)
+            counts = tile_walk_counts(present, T, spec.log_distance)
             position_q = torch.arange(num_q)[None, :, None]
             position_k = torch.arange(num_k)[None, None, :]
             walked = (position_q < rows[:, None, None]) & (position_k < -(-lengths // block_n)[:, None, None])

@@ -261,7 +261,9 @@ def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
     and ``present = lowest + 256 * highest``; the tile walks the buckets of that range (a loop whose length is the
     data's), each trip a compare, a select and a whole-tile sum of dS added to its bucket (a few registers
     whatever the table's size: per-row accumulators, ``BLOCK_M x BUCKETS_PAD``, spilled at 256 buckets and cost
-    as much per trip as the sum itself).
+    as much per trip as the sum itself). With one bucket per byte value (256 buckets, not log-spaced: a relation
+    batch's codes) the walk visits only the codes the tile holds, from each to the next (a min over the tile per
+    trip: a few codes of a range of a hundred on two parses or a code model's four relations).
     """
     if STATIC_BUCKETS:
         if (present & (present - 1)) == 0:  # one bucket (or none: nothing to add)
@@ -279,9 +281,20 @@ def _bucket_sums(sums, ds, dist, present, NUM_BUCKETS: tl.constexpr, STATIC_BUCK
     else:
         bucket = bucket_from_distance(dist.to(tl.int32), MAX_DISTANCE, LOG_DISTANCE, UNREACHABLE_BUCKET)
         columns = tl.arange(0, BUCKETS_PAD)
-        for t in range(present & 255, (present >> 8) + 1):
-            part = tl.sum(tl.sum(tl.where(bucket == t, ds, 0.0), 1), 0)
-            sums += tl.where(columns == t, part, 0.0)
+        if NUM_BUCKETS == 256 and LOG_DISTANCE == 0:  # (configs.walks_present_codes)
+            # One bucket per byte value (a relation batch's codes): a tile holds a few codes scattered over a wide
+            # range (the mixed-radix code of R relations), so the walk goes from each code present to the next
+            # (a min over the tile per trip) instead of through the range.
+            t = present & 255
+            highest = present >> 8
+            while t <= highest:
+                part = tl.sum(tl.sum(tl.where(bucket == t, ds, 0.0), 1), 0)
+                sums += tl.where(columns == t, part, 0.0)
+                t = tl.min(tl.min(tl.where(bucket > t, bucket, 256), 1), 0)
+        else:
+            for t in range(present & 255, (present >> 8) + 1):
+                part = tl.sum(tl.sum(tl.where(bucket == t, ds, 0.0), 1), 0)
+                sums += tl.where(columns == t, part, 0.0)
     return sums
 
 

@@ -30,6 +30,13 @@ SHORT_ROW_LIMIT = 64
 #: Tables up to this many buckets sum dS through compile-time accumulators.
 STATIC_BUCKET_LIMIT = 31
 
+
+def walks_present_codes(num_buckets: int, log_distance) -> bool:
+    """Whether the table kernels walk only the buckets a tile holds, from each to the next (a table of one bucket per
+    byte value, not log-spaced: a relation batch's codes), rather than the range from its lowest to its highest
+    (:func:`._backward._bucket_sums` tests the same constexprs)."""
+    return num_buckets == 256 and not log_distance
+
 CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # The forward (:func:`._forward._bias_fwd_kernel`). fp32 inputs, here and in every tiled kernel, run exact fp32
     # products (no tensor cores, no TF32): Triton 3.6 lowers them to FMA loops that hold whole operand rows per
