@@ -230,18 +230,10 @@ def speed(model, held, trees, repeats):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=pathlib.Path, help="an unpacked all-MiniLM-L6-v2 (default: the package's)")
-    parser.add_argument("--data", type=pathlib.Path, default=None, help="CoNLL-U (default: $SYNTAXKERNELS_UD)")
-    parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--syntax-lr", type=float, default=1e-2)
+    parser = SL.common_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=80)
     parser.add_argument("--predictor-lr", type=float, default=2e-3)
     parser.add_argument("--aux-weight", type=float, default=1.0)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--predictor-layer", type=int, default=2)
-    parser.add_argument("--held-out", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--runs", default="predicted,unpatched")
     parser.add_argument("--task", choices=sorted(TASKS), default="upos",
@@ -250,9 +242,6 @@ def main(argv=None):
                         help="train benchmarks/tree_predictor.py's BiLSTM parser (gold UPOS + word forms) this many "
                              "epochs on the training sentences and evaluate the predicted model on its parses too "
                              "(0: skip)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = args.data or sk_data.treebank_path()

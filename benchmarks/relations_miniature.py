@@ -35,21 +35,22 @@ import papers_in_miniature as PM  # noqa: E402  (DEPRELS, tagging_labels)
 import syntax_lr as SL  # noqa: E402  (model_dir, sentence_split)
 
 
-def trees_of(kind, batch):
-    if kind == "directed":
-        return sk.RelationBatch.directed_tree(batch["trees"], max_steps=7)
-    return batch["trees"]
+ARMS = {  # kind -> (the plan of a collated batch, relations, buckets)
+    "tree": (lambda batch: batch["trees"], None, sk.BucketSpec()),
+    "directed": (lambda batch: sk.RelationBatch.directed_tree(batch["trees"], max_steps=7), 2,
+                 sk.BucketSpec(max_distance=7)),
+}
 
 
-def run(kind, path, train_sentences, held, collate, args):
+def run(kind, arms, path, train_sentences, held, collate, args):
+    """Fine-tune one arm (``arms[kind]``: the plan of a batch, relations, buckets); its held-out figures."""
     import transformers
 
     from syntaxkernels.integrations.transformers import enable_syntax_attention
 
+    plans_of, relations, spec = arms[kind]
     torch.manual_seed(args.seed)
     model = transformers.BertForTokenClassification.from_pretrained(str(path), num_labels=len(PM.DEPRELS))
-    relations = 2 if kind == "directed" else None
-    spec = sk.BucketSpec(max_distance=7) if kind == "directed" else sk.BucketSpec()
     enable_syntax_attention(model, "bias", buckets=spec, layers=[3, 4, 5], relations=relations)
     optimizer = torch.optim.AdamW(sk.syntax_param_groups(model, lr=args.lr, syntax_lr=args.syntax_lr,
                                                          weight_decay=args.weight_decay))
@@ -60,7 +61,7 @@ def run(kind, path, train_sentences, held, collate, args):
     for _ in range(args.steps):
         batch = collate(order.sample(train_sentences, args.batch))
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    labels=PM.tagging_labels(batch), syntax_trees=trees_of(kind, batch))
+                    labels=PM.tagging_labels(batch), syntax_trees=plans_of(batch))
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
@@ -71,7 +72,7 @@ def run(kind, path, train_sentences, held, collate, args):
     with torch.no_grad():
         for batch, labels in held:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           syntax_trees=trees_of(kind, batch)).logits
+                           syntax_trees=plans_of(batch)).logits
             keep = labels != -100
             correct += int((logits.argmax(-1) == labels)[keep].sum())
             total += int(keep.sum())
@@ -95,24 +96,14 @@ def bias_figures(model):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=pathlib.Path, help="an unpacked all-MiniLM-L6-v2 (default: the package's)")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--syntax-lr", type=float, default=1e-2)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--held-out", type=int, default=200)
-    parser.add_argument("--runs", default="tree,directed")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=pathlib.Path)
-    args = parser.parse_args(argv)
+def measure(args, arms, name, enhanced=False):
+    """Load the model and the treebank, fine-tune each arm of ``args.runs`` (printed, and written to ``args.json``
+    after each); 0, or 0 with a message when the model or the treebank is missing (nothing measured).
+    ``enhanced``: read the enhanced graphs too (``Sentence.enhanced_edges``; the same sentences)."""
     torch.set_num_threads(args.threads)
-    data = sk_data.treebank_path()
+    data = args.data or sk_data.treebank_path()
     if data is None or not pathlib.Path(data).is_file():
-        print(f"relations_miniature: {sk_data.missing_message(data)}; nothing measured", file=sys.stderr)
+        print(f"{name}: {sk_data.missing_message(data)}; nothing measured", file=sys.stderr)
         return 0
     path = SL.model_dir(args.model)
     if path is None:
@@ -121,20 +112,35 @@ def main(argv=None):
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     collate = sk.trees.TreeCollator(tokenizer=tokenizer, max_length=128)
-    train_sentences, held_sentences = SL.sentence_split(data, args.held_out)
+    train_sentences, held_sentences = SL.sentence_split(data, args.held_out, enhanced=enhanced)
     held = [(b, PM.tagging_labels(b)) for b in (collate(held_sentences[i:i + 64])
                                                 for i in range(0, len(held_sentences), 64))]
     results = dict(conditions=dict(vars(args), model=str(path), data=pathlib.Path(data).name,
+                                   train_sentences=len(train_sentences), held_out_sentences=len(held_sentences),
                                    torch=torch.__version__, transformers=transformers.__version__), results={})
-    results["conditions"]["json"] = str(args.json)
-    results["conditions"]["model"] = str(path)
     for kind in args.runs.split(","):
-        row = run(kind, path, train_sentences, held, collate, args)
+        row = run(kind, arms, path, train_sentences, held, collate, args)
         results["results"][kind] = row
         print(kind, json.dumps(row), flush=True)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
+
+
+def cli(argv, arms, runs, description, name, enhanced=False):
+    """Parse the command line (the shared arguments and ``--runs``, a comma list of ``arms``' keys, default
+    ``runs``), then :func:`measure`."""
+    parser = SL.common_arguments(argparse.ArgumentParser(description=description), steps=200)
+    parser.add_argument("--runs", default=runs, help="which of " + ", ".join(arms))
+    args = parser.parse_args(argv)
+    for kind in args.runs.split(","):
+        if kind not in arms:
+            parser.error(f"--runs: unknown run {kind!r} ({', '.join(arms)})")
+    return measure(args, arms, name, enhanced=enhanced)
+
+
+def main(argv=None):
+    return cli(argv, ARMS, "tree,directed", __doc__.split("\n")[0], "relations_miniature")
 
 
 if __name__ == "__main__":

@@ -72,8 +72,29 @@ def model_dir(given):
     return out
 
 
-def sentence_split(path, held_out):
-    sentences = [s for s in sk.trees.read_conllu(path) if 3 <= len(s) <= 40 and s.heads.count(-1) >= 1]
+def common_arguments(parser, *, steps, syntax_lr=True):
+    """The arguments the MiniLM miniatures share (this script, ``predicted_trees.py``, ``relations_miniature.py``,
+    ``enhanced_miniature.py``): model, data, steps, batch, optimiser, held-out slice, seed, threads, JSON output."""
+    parser.add_argument("--model", type=pathlib.Path, help="an unpacked all-MiniLM-L6-v2 (default: the package's)")
+    parser.add_argument("--data", type=pathlib.Path, default=None, help="CoNLL-U (default: $SYNTAXKERNELS_UD)")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    if syntax_lr:
+        parser.add_argument("--syntax-lr", type=float, default=1e-2)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--held-out", type=int, default=200, help="held-out sentences")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=pathlib.Path)
+    return parser
+
+
+def sentence_split(path, held_out, enhanced=False):
+    """``(train, held-out)`` Sentences: 3..40 words with a root, in document order; the first 80% train, the first
+    ``held_out`` of the rest held out. ``enhanced=True`` also reads the enhanced graphs (the same sentences)."""
+    sentences = [s for s in sk.trees.read_conllu(path, enhanced=enhanced)
+                 if 3 <= len(s) <= 40 and s.heads.count(-1) >= 1]
     cut = int(0.8 * len(sentences))
     return sentences[:cut], sentences[cut:cut + held_out]
 
@@ -194,20 +215,11 @@ def show(row):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=pathlib.Path, help="an unpacked all-MiniLM-L6-v2 (default: the package's)")
-    parser.add_argument("--data", type=pathlib.Path, default=None, help="CoNLL-U (default: $SYNTAXKERNELS_UD)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser = common_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]), steps=60,
+                              syntax_lr=False)
     parser.add_argument("--syntax-lrs", default="1e-3,1e-2,3e-2")
     parser.add_argument("--runs", default="unpatched,plain,helper", help="which of unpatched, plain, helper")
-    parser.add_argument("--held-out", type=int, default=200, help="held-out sentences")
     parser.add_argument("--share-sentences", type=int, default=64, help="held-out sentences for the shares")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--save", type=pathlib.Path, help="save each fine-tuned model (and the tokenizer) under it")
     args = parser.parse_args(argv)
     for kind in args.runs.split(","):

@@ -12,7 +12,7 @@ stanza helpers need ``stanza`` and ``from_tree_sitter`` needs ``tree-sitter`` on
 install it when it is missing; ``from_spacy``
 and ``parse`` never import spaCy or stanza themselves (they read the objects they are given).
 """
-from .align import align_batch, align_to_tokens
+from .align import align_batch, align_edges_batch, align_edges_to_tokens, align_to_tokens
 from .batch import (TreeBatch, aligned_distance, build_tree_tensors, normalize_heads, python_tree_tensors,
                     tree_distance)
 from .collate import TokenBudgetBatchSampler, TreeCollator, collate_trees
@@ -65,6 +65,8 @@ __all__ = [
     "join_sentences",
     "align_to_tokens",
     "align_batch",
+    "align_edges_to_tokens",
+    "align_edges_batch",
     "syntax_bert_batch",
     "WordTreeBatch",
     "TreeCollator",

@@ -36,7 +36,7 @@ import torch
 
 from ..variants import check_variant
 
-__all__ = ["align_to_tokens", "align_batch"]
+__all__ = ["align_to_tokens", "align_batch", "align_edges_to_tokens", "align_edges_batch"]
 
 _ROOT = -2  # placeholder for "a sentence root" until the sequence root is known
 
@@ -310,6 +310,24 @@ def align_batch(
     if sequence_ids is not None and len(sequence_ids) != batch:
         raise ValueError(f"sequence_ids has {len(sequence_ids)} items but word_ids has {batch}")
     width = max((len(w) for w in word_ids), default=0)
+    lengths = _mask_lengths(word_ids, attention_mask)
+    heads = torch.full((batch, width), pad_value, dtype=torch.int64)
+    for b in range(batch):
+        length = lengths[b]
+        seq = None if sequence_ids is None else list(sequence_ids[b])[:length]
+        try:
+            row = align_to_tokens(sentences[b], word_ids[b][:length], connect=connect, sequence_ids=seq,
+                                  missing_words=missing_words, variant=variant)
+        except ValueError as exc:
+            raise ValueError(f"batch item {b}: {exc}") from None
+        if row:
+            heads[b, :length] = torch.tensor(row, dtype=torch.int64)
+    return heads, torch.tensor(lengths, dtype=torch.int64)
+
+
+def _mask_lengths(word_ids: List[List[Optional[int]]], attention_mask) -> List[int]:
+    """Each item's length: its word-id count, or with ``attention_mask`` ([B, N] 0/1, right padding) its row sum."""
+    batch = len(word_ids)
     lengths = [len(w) for w in word_ids]
     if attention_mask is not None:
         if len(attention_mask) != batch:
@@ -325,15 +343,180 @@ def align_batch(
                 raise ValueError(f"batch item {b}: attention_mask is not a prefix of ones "
                                  "(left padding is not supported; use padding_side='right')")
             lengths[b] = length
-    heads = torch.full((batch, width), pad_value, dtype=torch.int64)
-    for b in range(batch):
-        length = lengths[b]
-        seq = None if sequence_ids is None else list(sequence_ids[b])[:length]
+    return lengths
+
+
+def _int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def align_edges_to_tokens(
+    edges,
+    num_nodes: int,
+    word_ids: Sequence[Optional[int]],
+    *,
+    num_words: Optional[int] = None,
+    roots: Optional[Sequence[int]] = None,
+    missing_words: str = "error",
+) -> List[Tuple[int, int]]:
+    """A word-level graph (an enhanced UD graph, say) on the tokens of one tokenised sequence, laid out as
+    :func:`align_to_tokens` lays out a tree (``connect=True``), so both see the same special-token structure.
+
+    - an edge ``(u, v)`` between words becomes ``(first piece of u, first piece of v)``;
+    - the other pieces of a word hang from its first piece: ``(first piece, piece)``;
+    - the first special token (``[CLS]``) is the sequence root: ``(root token, first piece of r)`` for each root
+      node r, and ``(root token, p)`` for every other special token p (``[SEP]``). Without any special token the
+      first root in token order is the sequence root and the other roots hang from it;
+    - nodes without tokens are contracted: the empty nodes (``num_words .. num_nodes - 1``, an elided predicate of
+      enhanced UD, :attr:`Sentence.empty_nodes`) always, and with ``missing_words="reattach"`` the words the
+      tokens do not cover (truncation): ``u -> e -> v`` with e tokenless gives ``u -> v`` (also through chains of
+      tokenless nodes), so a word whose only head is an empty node stays connected; a tokenless root passes the
+      root attachment on to the nodes it reaches.
+
+    Edge directions are kept (head -> dependent for ``Sentence.enhanced_edges``, as the tree's parent -> child);
+    ``GraphBatch.from_edges(..., directed=False)`` gives the symmetric distance, which for a tree given as its
+    edges (``[(heads[i], i) for i with heads[i] >= 0]``, ``roots`` its root words) equals the token tree's
+    distance from :func:`align_to_tokens`.
+
+    Args:
+        edges: ``(source, target)`` node pairs, 0-based (a list of pairs or an int tensor ``[E, 2]``); self-loops
+            and repeated edges are allowed and dropped.
+        num_nodes: the graph's nodes (``Sentence.num_nodes``): words ``0 .. num_words - 1``, then empty nodes.
+        word_ids: length N, from ``encoding.word_ids()`` of a fast tokenizer (``None`` for special tokens); cut it
+            to the valid length first (padding tokens would count as special tokens).
+        num_words: the words among the nodes (default ``num_nodes``: no empty nodes).
+        roots: the nodes attached to the sequence root (the ``0:root`` of the DEPS column; enhanced graphs can
+            give the root word incoming edges, so say which); default: the nodes without an incoming edge.
+        missing_words: "error" (default): a word with no token is refused; "reattach": it is contracted.
+
+    Returns:
+        ``list[(source, target)]`` of token positions in ``0 .. N - 1``, without repeats or self-loops, ready for
+        ``GraphBatch.from_edges([edges], lengths=[N])``.
+
+    Raises ``ValueError`` for a bad edge (naming it), node counts, roots or word ids out of range, and uncovered
+    words with ``missing_words="error"``.
+    """
+    if missing_words not in ("error", "reattach"):
+        raise ValueError(f"missing_words must be 'error' or 'reattach', got {missing_words!r}")
+    if not _int(num_nodes) or num_nodes < 0:
+        raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
+    num_nodes = int(num_nodes)
+    num_words = num_nodes if num_words is None else num_words
+    if not _int(num_words) or not 0 <= num_words <= num_nodes:
+        raise ValueError(f"num_words must be an int in 0..num_nodes ({num_nodes}), got {num_words!r}")
+    num_words = int(num_words)
+    if isinstance(edges, (torch.Tensor, np.ndarray)):
+        edges = edges.tolist()
+    out_edges: List[List[int]] = [[] for _ in range(num_nodes + 1)]  # node num_nodes: the sequence root
+    has_head = [False] * num_nodes
+    for e, pair in enumerate(edges):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_int(x) for x in pair)):
+            raise ValueError(f"edge {e}: {pair!r} is not a pair of ints")
+        u, v = int(pair[0]), int(pair[1])
+        for name, x in (("source", u), ("target", v)):
+            if not 0 <= x < num_nodes:
+                raise ValueError(f"edge {e}: ({u}, {v}): {name} {x} out of range (num_nodes {num_nodes}; "
+                                 f"expected 0..{num_nodes - 1})")
+        if u != v:
+            out_edges[u].append(v)
+            has_head[v] = True
+    if roots is None:
+        roots = [v for v in range(num_nodes) if not has_head[v]]
+    for r in roots:
+        if not _int(r) or not 0 <= r < num_nodes:
+            raise ValueError(f"roots: {r!r} out of range (num_nodes {num_nodes})")
+    out_edges[num_nodes] = [int(r) for r in roots]
+
+    word_ids = list(word_ids)
+    first_piece: List[Optional[int]] = [None] * num_words
+    root_token: Optional[int] = None
+    pieces: List[Tuple[int, int]] = []
+    specials: List[int] = []
+    for p, w in enumerate(word_ids):
+        if w is None:
+            if root_token is None:
+                root_token = p
+            else:
+                specials.append(p)
+            continue
+        if not _int(w) or not 0 <= w < num_words:
+            raise ValueError(f"token {p}: word_ids[{p}] = {w!r} out of range: the graph has {num_words} words")
+        if first_piece[w] is None:
+            first_piece[w] = p
+        else:
+            pieces.append((first_piece[w], p))
+    missing = [w for w in range(num_words) if first_piece[w] is None]
+    if missing and missing_words == "error":
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(f"word_ids do not cover every word: the graph ({num_words} words) has no token for "
+                         f"word(s) {shown}; after truncation pass missing_words='reattach'")
+
+    def token(node: int) -> Optional[int]:
+        return first_piece[node] if node < num_words else None
+
+    # Contracted edges from the sequence root, then from each word with a token, in token order.
+    sources = [num_nodes] + sorted((w for w in range(num_words) if first_piece[w] is not None),
+                                   key=lambda w: first_piece[w])
+    root_targets: List[int] = []
+    result: List[Tuple[int, int]] = []
+    seen = set()
+    for u in sources:
+        visited = {u}
+        stack = list(reversed(out_edges[u]))
+        reached: List[int] = []
+        while stack:
+            v = stack.pop()
+            if v in visited:
+                continue
+            visited.add(v)
+            t = token(v)
+            if t is None:
+                stack.extend(reversed(out_edges[v]))  # tokenless: pass through
+            else:
+                reached.append(t)
+        if u == num_nodes:
+            root_targets = sorted(set(reached))
+            continue
+        for t in reached:
+            if (first_piece[u], t) not in seen and first_piece[u] != t:
+                seen.add((first_piece[u], t))
+                result.append((first_piece[u], t))
+    top = root_token if root_token is not None else (root_targets[0] if root_targets else None)
+    head_edges = [(top, t) for t in root_targets if t != top] + [(top, p) for p in specials]
+    for pair in head_edges + pieces:
+        if pair not in seen:
+            seen.add(pair)
+            result.append(pair)
+    return result
+
+
+def align_edges_batch(graphs: Sequence, word_ids, *, attention_mask=None,
+                      missing_words: str = "error") -> Tuple[List[List[Tuple[int, int]]], torch.Tensor]:
+    """:func:`align_edges_to_tokens` for a batch: token edge lists and lengths for ``GraphBatch.from_edges``.
+
+    Args:
+        graphs: B items, each a mapping with ``edges`` and ``num_nodes`` and optionally ``num_words`` and
+            ``roots`` (the keyword arguments of :func:`align_edges_to_tokens`).
+        word_ids: B lists of word ids (length N_b), or a ``BatchEncoding`` of a fast tokenizer.
+        attention_mask: ``[B, N]`` 0/1 (right padding); with it, lengths are its row sums and padding is left out.
+
+    Returns:
+        ``(edges, lengths int64 [B])``: B lists of token pairs; ``GraphBatch.from_edges(edges, lengths,
+        size=N)`` builds the batch padded to the tokenizer's width N.
+    """
+    word_ids, attention_mask = batch_word_ids(word_ids, attention_mask)
+    if len(graphs) != len(word_ids):
+        raise ValueError(f"graphs has {len(graphs)} items but word_ids has {len(word_ids)}")
+    lengths = _mask_lengths(word_ids, attention_mask)
+    out = []
+    for b, graph in enumerate(graphs):
         try:
-            row = align_to_tokens(sentences[b], word_ids[b][:length], connect=connect, sequence_ids=seq,
-                                  missing_words=missing_words, variant=variant)
+            if not hasattr(graph, "keys") or "edges" not in graph or "num_nodes" not in graph:
+                raise ValueError("expected a mapping with 'edges' and 'num_nodes' (and optionally 'num_words', "
+                                 f"'roots'), got {type(graph).__name__}")
+            out.append(align_edges_to_tokens(graph["edges"], graph["num_nodes"], word_ids[b][: lengths[b]],
+                                             num_words=graph.get("num_words"), roots=graph.get("roots"),
+                                             missing_words=missing_words))
         except ValueError as exc:
             raise ValueError(f"batch item {b}: {exc}") from None
-        if row:
-            heads[b, :length] = torch.tensor(row, dtype=torch.int64)
-    return heads, torch.tensor(lengths, dtype=torch.int64)
+    return out, torch.tensor(lengths, dtype=torch.int64)
