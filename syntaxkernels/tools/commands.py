@@ -412,10 +412,26 @@ def _position_spec(args, causal: bool):
         return False, None
 
 
+def _tree_workloads(spec: str, default: Sequence[str], option: str) -> Optional[List[str]]:
+    """The tree workloads ``--workload`` names (``default`` without one), or None after saying on stderr what is
+    wrong (an unknown name; a relation workload, which ``option``'s report does not take)."""
+    from . import workloads as W
+
+    try:
+        names = W.workload_names(spec) if spec else list(default)
+    except ValueError as exc:
+        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
+        return None
+    if any(n in W.RELATION_WORKLOADS for n in names):
+        print(f"syntaxkernels inspect {option}: takes the tree workloads ({', '.join(W.WORKLOADS)}), not the relation "
+              "workloads", file=sys.stderr)
+        return None
+    return names
+
+
 def _run_inspect_host(args) -> int:
     """``inspect --host``: host work and device kernels per layer (:mod:`.host`); one arch, dtype and head dim."""
     from . import host as Hs
-    from . import workloads as W
 
     archs = _numbers("--arch", args.arch or "90", (80, 86, 89, 90, 100, 120))
     head_dims = _numbers("--head-dim", args.head_dim if args.head_dim != "64,128" else "64", (32, 64, 128))
@@ -424,14 +440,8 @@ def _run_inspect_host(args) -> int:
     if len(archs) != 1 or len(head_dims) != 1 or args.dtype not in ("bf16", "fp16", "fp32"):
         print("syntaxkernels inspect --host: one --arch, one --head-dim and one --dtype a run", file=sys.stderr)
         return 2
-    try:
-        names = W.workload_names(args.workload) if args.workload else list(Hs.HOST_WORKLOADS)
-    except ValueError as exc:
-        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
-        return 2
-    if any(n in W.RELATION_WORKLOADS for n in names):
-        print(f"syntaxkernels inspect --host: takes the tree workloads ({', '.join(W.WORKLOADS)}), not the relation "
-              "workloads", file=sys.stderr)
+    names = _tree_workloads(args.workload, Hs.HOST_WORKLOADS, "--host")
+    if names is None:
         return 2
     print(f"syntaxkernels inspect --host: {len(names)} workloads, launches compiled for sm_{archs[0]} (the first "
           "call of each kernel compiles: a minute or so)", file=sys.stderr, flush=True)
@@ -465,14 +475,8 @@ def _run_inspect_traffic(args) -> int:
     if len(archs) != 1 or any(d not in ("bf16", "fp16", "fp32") for d in dtypes):
         print("syntaxkernels inspect --traffic: one --arch; --dtype of bf16, fp16, fp32", file=sys.stderr)
         return 2
-    try:
-        names = W.workload_names(args.workload) if args.workload else list(TRAFFIC_WORKLOADS)
-    except ValueError as exc:
-        print(f"syntaxkernels inspect: --workload: {exc}", file=sys.stderr)
-        return 2
-    if any(n in W.RELATION_WORKLOADS for n in names):
-        print(f"syntaxkernels inspect --traffic: takes the tree workloads ({', '.join(W.WORKLOADS)}), not the "
-              "relation workloads (their buffers are a tree's)", file=sys.stderr)
+    names = _tree_workloads(args.workload, TRAFFIC_WORKLOADS, "--traffic")
+    if names is None:
         return 2
     rows = []
     for name in names:

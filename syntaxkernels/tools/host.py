@@ -95,7 +95,6 @@ def count_device_kernels(fn: Callable[[], None]) -> Dict[str, object]:
     """The device kernels ``fn`` launches: ``{"triton": [kernel names], "aten": Counter of aten ops, "copies":
     int}``. Triton launches are counted at the package's launch function; aten kernels with a dispatch mode (the
     package's ``torch.library`` ops are opened, so the aten calls inside them count)."""
-    import torch
     from torch._library.custom_ops import OPDEFS
     from torch.utils._python_dispatch import TorchDispatchMode
 

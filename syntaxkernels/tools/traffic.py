@@ -22,7 +22,7 @@ a GPU's L2 keeps part of the scratch (a two-block item's 512 KiB a head at D = 6
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 __all__ = ["backward_traffic", "format_traffic", "short2_buffers"]
 

@@ -526,7 +526,7 @@ CODE_R4_OPTIONS = dict(max_sibling=1)
 def _relation_workload(name: str, sentences, source: str, start: int) -> Workload:
     import hashlib
 
-    import torch
+    from syntaxkernels.trees import from_tree_sitter
 
     def digest(plan) -> str:
         return hashlib.sha1(plan.distance.contiguous().numpy().tobytes()
@@ -580,8 +580,6 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         w.digest = digest(w.plan())
         return w
     if name == "code-r1":
-        from syntaxkernels.trees import from_tree_sitter
-
         sources, spans, label = code_rows()
 
         def build(index):
@@ -593,7 +591,7 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         w.digest = digest(w.plan())
         return w
     if name == "code-r4":
-        from syntaxkernels.trees import RelationBatch, code_relation_buckets, from_tree_sitter
+        from syntaxkernels.trees import RelationBatch, code_relation_buckets
 
         sources, spans, label = code_rows()
         N = 512

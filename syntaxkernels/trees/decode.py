@@ -25,7 +25,7 @@ released) and the pure-Python one here (used when the extension lacks it, or wit
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import torch

@@ -603,7 +603,6 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
     :func:`_backward_kernels`."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    T = spec.num_buckets
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
     position = position or {}
@@ -679,7 +678,6 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
         config = {**config, **config["GROUPED_CONFIG"]}
     DV = v.shape[-1]
-    T = spec.num_buckets
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
     f32 = dict(dtype=torch.float32, device=q.device)
