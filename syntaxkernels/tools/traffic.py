@@ -63,7 +63,6 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
     and essential KiB per head of the batch's longest item."""
     import torch
 
-    from syntaxkernels.ops._primitives import head_block
     from syntaxkernels.specs import BucketSpec
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -78,6 +77,11 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []
+    if path == "short2":  # per walked tile and head, from the launcher's buffers (each holds four tiles' worth)
+        tile_elements = {name: torch.Size(shape).numel() // 4
+                         for name, shape in short2_buffers(1, 1, D, D, block).items()}
+        ds_tile = 2 * 4 * tile_elements.pop("ds")  # written, read back: fp32
+        share_tile = 2 * 4 * sum(tile_elements.values())  # the dQ, dK, dV shares
     for L in lengths:
         base = 7 * L * D * e + 4 * L + L * L / heads
         if path in ("tiled", "packed"):
@@ -90,9 +94,9 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
             continue
         long = L > block
         tiles = (3 if causal else 4) if long else (1 if L else 0)
-        item = tiles * 2 * 4 * block * block  # dS tiles
+        item = tiles * ds_tile
         if long:
-            item += tiles * 2 * 4 * (2 * head_block(D) + head_block(D)) * block  # the dQ, dK, dV shares
+            item += tiles * share_tile
             item += 3 * 4 * 2 * block  # delta rows: the first pass's, then read and updated
         scratch.append(item)
     # The table gradient's per-program bucket sums (written once, read once; one per tile or program, all heads).

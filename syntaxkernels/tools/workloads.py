@@ -532,6 +532,9 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         return hashlib.sha1(plan.distance.contiguous().numpy().tobytes()
                             + plan.kernel_lengths.numpy().tobytes()).hexdigest()
 
+    def code_plan(index, sources, spans):  # the code rows' CodeTreeBatch (code-r1's plan, code-r4's source)
+        return from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=512)
+
     if name == "graph":
         if sentences is None:
             graphs, source = graph_source()
@@ -583,7 +586,7 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         sources, spans, label = code_rows()
 
         def build(index):
-            return from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=512)
+            return code_plan(index, sources, spans)
 
         w = Workload(name, [], 512, label, "the tree-sitter tree of Python code as one relation (the code "
                      "distance, a CodeTreeBatch, BucketSpec()), rows of 512 tokens", structure="code",
@@ -598,8 +601,7 @@ def _relation_workload(name: str, sentences, source: str, start: int) -> Workloa
         specs = code_relation_buckets(CODE_R4_RELATIONS, **CODE_R4_OPTIONS)
 
         def build(index):
-            plan = from_tree_sitter([sources[b] for b in index], [spans[b] for b in index], size=N)
-            return RelationBatch.code_model(plan, CODE_R4_RELATIONS, **CODE_R4_OPTIONS)
+            return RelationBatch.code_model(code_plan(index, sources, spans), CODE_R4_RELATIONS, **CODE_R4_OPTIONS)
 
         sizes = " x ".join(str(spec.num_buckets) for spec in specs)
         w = Workload(name, [], N, label, "the code model's 4 relations of the tree-sitter tree of Python code "
