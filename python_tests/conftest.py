@@ -70,6 +70,32 @@ def spy_launches(monkeypatch, fresh_configs: bool = False) -> Launches:
     return launches
 
 
+def nan_scratch(monkeypatch) -> list:
+    """Every floating-point buffer the padded distance-bias launchers allocate with ``torch.empty`` comes filled
+    with NaN (fresh CPU memory is often zeros, which would hide a read of bytes no kernel wrote). Returns the
+    shapes allocated, in order."""
+    from syntaxkernels.ops.bias_attention import _launch
+
+    shapes = []
+    real = torch
+
+    def empty(*size, **kw):
+        out = real.empty(*size, **kw)
+        shapes.append(tuple(out.shape))
+        if out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+    class Torch:  # the launcher's ``torch``: every name torch's but ``empty``
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    proxy = Torch()
+    proxy.empty = empty
+    monkeypatch.setattr(_launch, "torch", proxy)
+    return shapes
+
+
 def sentence_lengths(rng: random.Random, total: int, longest: int):
     """Lengths of whole sentences (1..longest tokens) filling exactly ``total`` tokens."""
     lengths = []

@@ -309,6 +309,25 @@ def test_rows_up_to_128_take_the_two_block_backward(monkeypatch, shape, dtype, o
     assert backward == ["_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel", "_bias_bwd_short_table_kernel"], names
 
 
+@pytest.mark.parametrize("shape,dtype,opts,kw", [SHORT_CASES[0][1:], SHORT2_CASES[0][1:], SHORT2_CASES[1][1:]],
+                         ids=[SHORT_CASES[0][0], SHORT2_CASES[0][0], SHORT2_CASES[1][0]])
+def test_short_rows_read_back_only_the_scratch_they_wrote(monkeypatch, shape, dtype, opts, kw):
+    """The short-row backward writes its fp32 scratch (each head's dS tiles, the two-block kernel's dQ, dK, dV
+    shares) only at the positions inside the lengths (rounded up to 8), and the kernels after it read only those:
+    with every buffer the launcher allocates filled with NaN, forward and every gradient still match the float64
+    reference (ragged and empty rows, rows of at most 64 in a longer batch, a row of 65, causal with a window)."""
+    from conftest import nan_scratch
+
+    shapes = nan_scratch(monkeypatch)
+    names = _spy_launches(monkeypatch)
+    check_against_reference(make_case(*shape, dtype, **opts), **kw)
+    assert "_bias_bwd_short_table_kernel" in names, names
+    B, H = shape[:2]
+    if shape[2] > 64:  # the two-block buffers: dQ one share a head, dK and dV two
+        assert any(s[:2] == (B, H) and len(s) == 4 and 128 in s for s in shapes), shapes
+        assert (B, H, 2, 2, 64, 64) in shapes, shapes
+
+
 def test_short_rows_directed_distance_is_exact(monkeypatch):
     """The short-row backward reads each pair at ``distance[b, i, j]`` only: a directed distance needs no
     transposed copy and its gradients are exact."""
@@ -400,9 +419,12 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
 @pytest.mark.parametrize("arch", [90, 100])
 def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
     """configs.CAUSAL_CONFIGS: a causal call of 65..128-token rows at D = 128 on the sm90 family (sm_90, sm_100)
-    takes its own grouped tiles for the two-block backward (its grouped loop spills with the family's: sm_90 48 B,
-    24 B grouped-query, sm_100 8 B): sm_90 chunks of 32, sm_100 whole 64-column score chunks, dQ not transposed;
-    the non-causal call, the one-tile rows, D = 64 and other families keep theirs."""
+    takes its own grouped tiles for the two-block backward (its grouped loop spills with the family's on sm_90: 48 B,
+    24 B grouped-query): sm_90 chunks of 32 with dQ not transposed, sm_100 the family's own tiles (chunks of 32,
+    output chunks of 64, dQ transposed: the sm_90 entry would apply there otherwise); the non-causal call, the
+    one-tile rows, D = 64 and other families keep theirs. configs.GROUPED_KV_CONFIGS: sm_120's two-block backward
+    at D = 128 with grouped-query k, v forms dQ transposed (the small family's tiles spill 8 B there), causal or
+    not; without grouped-query it keeps the family's."""
     from syntaxkernels.specs import BucketSpec
 
     monkeypatch.setattr(_launch, "_CONFIGS", {})
@@ -415,7 +437,7 @@ def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
         for grouped in (False, True):  # (grouped-query k, v or not)
             causal, plain = short(100, 128, True, grouped), short(100, 128, False, grouped)
             assert causal["GROUPED_CONFIG"] == (dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False) if arch == 90
-                                                else dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False))
+                                                else dict(CHUNK=32, OUT_CHUNK=64, DQ_T=True))
             assert "GROUPED_CONFIG" not in plain
             assert {k: v for k, v in causal.items() if k != "GROUPED_CONFIG"} == plain  # (ungrouped: the family's)
             assert short(100, 96, True, grouped)["GROUPED_CONFIG"] == causal["GROUPED_CONFIG"]  # (D = 96: pads to 128)
@@ -427,16 +449,21 @@ def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
         previous = P.interpret_as(other)
         try:
             assert short(100, 128, True) == short(100, 128, False), other
+            # dQ transposed: the family's (sm80 yes, small no), but sm_120's with grouped-query k, v
+            assert short(100, 128, False)["DQ_T"] is (other == 80)
+            assert short(100, 128, False, True)["DQ_T"] is (other != 86) is short(100, 128, True, True)["DQ_T"]
         finally:
             P.interpret_as(previous)
 
 
-@pytest.mark.parametrize("arch,chunks", [(90, (32, 32)), (100, (64, 64))])
+@pytest.mark.parametrize("arch,chunks", [(90, (32, 32, False)), (100, (32, 64, True)), (120, (16, 32, True))])
 @pytest.mark.long_on_cpu
 def test_causal_two_block_grouped_tiles_are_exact(monkeypatch, arch, chunks):
     """The causal two-block backward at D = 128 with its own grouped tiles (configs.CAUSAL_CONFIGS: sm_90 chunks of
-    32, sm_100 of 64, dQ not transposed) on an interpreted GPU, heads in two groups, grouped-query k and v: exact
-    against the float64 reference (ragged rows, one of at most 64 tokens)."""
+    32 with dQ not transposed, sm_100 the family's; configs.GROUPED_KV_CONFIGS: sm_120 dQ transposed) on an
+    interpreted GPU, heads in two groups (sm_120's two-block kernel at D = 128 walks every head in one program:
+    configs.GROUPED_SPILLS), grouped-query k and v: exact against the float64 reference (ragged rows, one of at most
+    64 tokens)."""
     monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: 2)
     names = spy_launches(monkeypatch, fresh_configs=True)
     previous = P.interpret_as(arch)
@@ -446,8 +473,9 @@ def test_causal_two_block_grouped_tiles_are_exact(monkeypatch, arch, chunks):
     finally:
         P.interpret_as(previous)
     launched = [kw for name, kw in zip(names, names.kwargs) if name == "_bias_bwd_short2_kernel"]
-    assert launched and all(kw["GROUPED"] and kw["HEAD_GROUPS"] == 2 for kw in launched), names
-    assert all((kw["CHUNK"], kw["OUT_CHUNK"], kw["DQ_T"]) == (*chunks, False) for kw in launched)
+    groups = 1 if arch == 120 else 2
+    assert launched and all(kw["GROUPED"] is (groups > 1) and kw["HEAD_GROUPS"] == groups for kw in launched), names
+    assert all((kw["CHUNK"], kw["OUT_CHUNK"], kw["DQ_T"]) == chunks for kw in launched)
 
 
 def test_head_groups_fill_the_gpu(monkeypatch):

@@ -21,7 +21,7 @@ from syntaxkernels import RelativePositionSpec
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.tools.testing import bias_attention_case
 
-from conftest import KERNEL_DEVICE as DEVICE, needs_triton, spy_launches
+from conftest import KERNEL_DEVICE as DEVICE, nan_scratch, needs_triton, spy_launches
 from test_relative_position_cpu import GRADS, _assert_close, _grad_out, _position_table
 
 
@@ -114,8 +114,10 @@ def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, s
     """Rows of at most 64 tokens with the term (fp16/bf16, a shared tree table): the one-tile short-row forward and
     backward (queries-major on sm_90's tiles, keys-major on sm_80's) with POSITION, and the position table's
     gradient from the short table kernel (POSITION_GRAD): forward and every gradient against the reference; a
-    per-head tree table takes the tiled kernels."""
+    per-head tree table takes the tiled kernels. Every buffer the launcher allocates comes filled with NaN: the
+    table kernel reads back only the dS the backward stored (inside the lengths)."""
     H, N, lengths = shape
+    nan_scratch(monkeypatch)
     names = spy_launches(monkeypatch, fresh_configs=True)
     previous = P.interpret_as(arch) if P.interpreting() else None
     try:

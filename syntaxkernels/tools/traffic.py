@@ -7,12 +7,17 @@ Per batch item (or packed sequence) of ``L`` tokens and head, in bytes (``e``: t
 - **essential**: q, k, v and dO read once, dQ, dK, dV written once (``7 L D e``), the log-sum-exp rows read
   (``4 L``), the tiled and packed kernels also read the output O (``L D e``: their delta is ``rowsum(dO * O)``),
   and the item's uint8 distance once for all heads (``L^2 / H``);
-- **scratch**, each byte written once and read once (no cache counted: an upper bound of what reaches DRAM):
+- **scratch**, each byte written once and read once (no cache counted: an upper bound of what reaches DRAM), at
+  the positions the short-row kernels store and read (``S(n)``: a block's ``n`` positions inside the length
+  rounded up to 8, one 32-byte sector of fp32; :func:`~syntaxkernels.ops.bias_attention._backward._stored`):
 
-  - rows of at most 64 tokens (one tile): each head's fp32 dS tile, ``BLOCK^2`` (for the table gradient kernel);
-  - rows of 65..128 tokens (the two-block kernels): per walked tile ``t`` (1 for an item of at most ``BLOCK``
-    tokens; 4, or 3 causal, for a longer one) its dS tile, and for a longer item each tile's fp32 shares of dQ, dK
-    and dV (``(2 BLOCK_D + BLOCK_DV) BLOCK`` elements a tile, added by the sum kernel) and its delta rows;
+  - rows of at most 64 tokens (one tile): each head's fp32 dS tile, its ``S(L)`` query rows written whole
+    (``S(L) BLOCK``), read back at ``S(L)^2``;
+  - rows of 65..128 tokens (the two-block kernels): each walked tile's dS, written whole in the first key block
+    and at ``S(keys)`` in the second, read back at ``S(rows) S(keys)``; for an item longer than a block, each
+    tile's fp32 dK and dV shares (``(BLOCK_D + BLOCK_DV) S(keys)``, added by the sum kernel), each query block's one
+    dQ share when its rows reach both key blocks (``BLOCK_D BLOCK``, added by the program itself) and those rows'
+    delta (written, read and updated, read: ``4 * 4`` a row);
   - the tiled and packed kernels: the fp32 delta rows, written by the dQ kernel and read by the dK/dV and table
     kernels (``3 * 4 L``);
   - the table gradient's per-program bucket sums (``4 T`` per program, once for all heads).
@@ -30,16 +35,42 @@ __all__ = ["backward_traffic", "format_traffic", "short2_buffers"]
 def short2_buffers(B: int, H: int, D: int, DV: int, block: int, table_grad: bool = True,
                    dq_transposed: bool = True) -> Dict[str, tuple]:
     """The fp32 scratch buffers :func:`~syntaxkernels.ops.bias_attention._launch._short2_backward` allocates, by
-    name: their shapes (the shares ``[B, H, 2, BLOCK_D, 2 BLOCK]`` each, dQ's ``[B, H, 2, 2 BLOCK, BLOCK_D]`` unless
-    formed transposed, and with the table gradient each head's dS tiles ``[B, H, 2, 2, BLOCK, BLOCK]``)."""
+    name: their shapes (the dK and dV shares ``[B, H, 2, BLOCK_D, 2 BLOCK]``, dQ's one share
+    ``[B, H, BLOCK_D, 2 BLOCK]`` (``[B, H, 2 BLOCK, BLOCK_D]`` unless formed transposed), and with the table gradient
+    each head's dS tiles ``[B, H, 2, 2, BLOCK, BLOCK]``)."""
     from syntaxkernels.ops._primitives import head_block
 
     bd, bdv = head_block(D), head_block(DV)
-    out = dict(dq_part=(B, H, 2, bd, 2 * block) if dq_transposed else (B, H, 2, 2 * block, bd),
+    out = dict(dq_part=(B, H, bd, 2 * block) if dq_transposed else (B, H, 2 * block, bd),
                dk_part=(B, H, 2, bd, 2 * block), dv_part=(B, H, 2, bdv, 2 * block))
     if table_grad:
         out["ds"] = (B, H, 2, 2, block, block)
     return out
+
+
+def _stored(n: int) -> int:
+    """Positions the short-row kernels store of a block's ``n`` inside the length: ``n`` rounded up to 8."""
+    return -(-n // 8) * 8
+
+
+def _short2_item(L: int, block: int, bd: int, bdv: int, causal: bool) -> int:
+    """Scratch bytes per head of one item of ``L`` tokens in the two-block kernels (module docstring)."""
+    rows = [max(0, min(block, L - qb * block)) for qb in range(2)]
+    total = 0
+    for qb in range(2):
+        if not rows[qb]:
+            continue
+        num_k = 2 if L > block else 1
+        if causal:
+            num_k = min(num_k, qb + 1)
+        for kb in range(num_k):
+            keys = block if kb == 0 else _stored(rows[1])
+            total += 4 * (block * keys + _stored(rows[qb]) * _stored(rows[kb]))  # dS written, read
+            if L > block:
+                total += 2 * 4 * (bd + bdv) * keys  # dK, dV shares
+        if num_k == 2:
+            total += 2 * 4 * bd * block + 4 * 4 * rows[qb]  # dQ share, delta rows
+    return total
 
 
 def _path(N: int, D: int, dtype, arch: int, causal: bool):
@@ -77,11 +108,9 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []
-    if path == "short2":  # per walked tile and head, from the launcher's buffers (each holds four tiles' worth)
-        tile_elements = {name: torch.Size(shape).numel() // 4
-                         for name, shape in short2_buffers(1, 1, D, D, block).items()}
-        ds_tile = 2 * 4 * tile_elements.pop("ds")  # written, read back: fp32
-        share_tile = 2 * 4 * sum(tile_elements.values())  # the dQ, dK, dV shares
+    if path == "short2":  # the head dims of the launcher's shares
+        shares = short2_buffers(1, 1, D, D, block)
+        bd, bdv = shares["dk_part"][3], shares["dv_part"][3]
     for L in lengths:
         base = 7 * L * D * e + 4 * L + L * L / heads
         if path in ("tiled", "packed"):
@@ -90,15 +119,9 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
             continue
         essential.append(base)
         if path == "short":
-            scratch.append(2 * 4 * block * block if L else 0)
-            continue
-        long = L > block
-        tiles = (3 if causal else 4) if long else (1 if L else 0)
-        item = tiles * ds_tile
-        if long:
-            item += tiles * share_tile
-            item += 3 * 4 * 2 * block  # delta rows: the first pass's, then read and updated
-        scratch.append(item)
+            scratch.append(4 * (_stored(L) * block + _stored(L) ** 2))  # dS written (whole rows), read
+        else:
+            scratch.append(_short2_item(L, block, bd, bdv, causal))
     # The table gradient's per-program bucket sums (written once, read once; one per tile or program, all heads).
     if path == "short":
         programs = len(lengths)
@@ -136,7 +159,8 @@ def format_traffic(rows: Sequence[dict]) -> str:
         "essential: q, k, v, dO read and dQ, dK, dV written once (the tiled and packed paths also read O), the "
         "log-sum-exp rows, the distance once for all heads; scratch: the fp32 buffers the backward writes and reads "
         "back (dS tiles for the table gradient; the two-block kernels' dQ/dK/dV shares of items over one block; "
-        "delta rows; the bucket sums), each byte once each way, no cache counted; ratio: scratch / essential; "
+        "delta rows; the bucket sums) at the positions written and read (inside the length, rounded up to 8, where "
+        "the kernels mask them), no cache counted; ratio: scratch / essential; "
         "longest: the batch's longest item and its scratch and essential KiB per head. A model of the launchers' "
         "buffers (syntaxkernels/tools/traffic.py), not a measurement.", 110)
     return "\n".join(lines)

@@ -522,7 +522,8 @@ def _bias_bwd_short_kernel(
             ``[256]`` (:func:`bias_lut`, one row); LSE: fp32 ``[B, H, N]`` (rows ``stride_row`` apart).
         DQ, DK, DV_OUT: like Q (strides ``stride_x*``, ``stride_y*``, ``stride_z*``): dK and dV per query head (with
             KV_GROUP > 1 the launcher sums each group's in a fixed order).
-        DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD.
+        DS_OUT: fp32 ``[B, H, BLOCK_M, BLOCK_N]`` (contiguous), written with TABLE_GRAD at the query rows
+        :func:`_stored` keeps (inside the length, rounded up to 8; whole rows); the table kernel reads no other.
         seed, threshold, keep_scale, DROPOUT: the forward's attention dropout (its mask regenerated): dV takes the
             kept probabilities, dP the kept pairs (both scaled), so delta = rowsum(P * dP) stays exact.
         POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the forward (compiled out without
@@ -541,6 +542,7 @@ def _bias_bwd_short_kernel(
     bias = tl.where(_allowed(offs_m, offs_n, length, CAUSAL, BAND, band),
                     lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[:, None] * BLOCK_N + offs_n[None, :]
+    ds_kept = _stored(offs_m, length)[:, None]  # (the query rows: each head's dS past them is not stored)
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
@@ -598,7 +600,7 @@ def _bias_bwd_short_kernel(
         delta = tl.sum(p * dp, 1) * scale
         ds = p * (dp * scale - delta[:, None])
         if TABLE_GRAD:
-            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds)
+            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds, mask=ds_kept)
         ds_in = ds.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
@@ -659,6 +661,7 @@ def _bias_bwd_short_t_kernel(
         allowed_t = allowed_t & (tl.abs(offs_n[:, None] - offs_m[None, :]) <= band)
     bias_t = tl.where(allowed_t, lut_bias(LUT, dist_t, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     ds_ptrs = DS_OUT + b * HEADS * (BLOCK_M * BLOCK_N) + offs_m[None, :] * BLOCK_N + offs_n[:, None]  # [q, k]
+    ds_kept = _stored(offs_m, length)[None, :]  # (the query rows: each head's dS past them is not stored)
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
@@ -700,7 +703,7 @@ def _bias_bwd_short_t_kernel(
         delta = tl.sum(p_t * dp_t, 0) * scale  # per query: the columns
         ds_t = p_t * (dp_t * scale - delta[None, :])
         if TABLE_GRAD:
-            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds_t)
+            tl.store(ds_ptrs + h * (BLOCK_M * BLOCK_N), ds_t, mask=ds_kept)
         ds_in = ds_t.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
@@ -719,6 +722,15 @@ def _bias_bwd_short_t_kernel(
                 tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
                          + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
                          mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+
+
+@triton.jit
+def _stored(offs, length):
+    """Which of ``offs`` (token positions) the short-row kernels store their fp32 scratch for (dS tiles, the
+    two-block shares) and the kernels after them read back: the positions below ``length`` rounded up to a
+    multiple of 8 (a 32-byte sector of fp32), so that a masked row stays whole vectors; the stored values past the
+    length are zeros (no allowed pair)."""
+    return (offs // 8) < (length + 7) // 8
 
 
 @triton.jit
@@ -790,14 +802,19 @@ def _bias_bwd_short2_kernel(
     key blocks: a first pass over the second key block stores each head's row sums of ``P * dP`` there
     (``DELTA``), the first key block adds its own in the tile (exact delta: every row of dS sums to zero up to
     fp32 rounding), and the second is then walked again (two extra products on half the tiles). Such an item's
-    products are shares, each from one tile, stored in fp32 (``*_PART[b, h, q_block or k_block]``, transposed
-    ``[BLOCK_D, 2 * BLOCK_M]`` but dQ without DQ_T), which :func:`_bias_bwd_short2_sum_kernel` adds in a fixed
-    order (deterministic, no atomics). With TABLE_GRAD each head's dS goes to ``DS_OUT`` (fp32
-    ``[B, H, 2, 2, BLOCK_M, BLOCK_N]``) for :func:`_bias_bwd_short_table_kernel`. Each pair is read at
-    ``distance[b, i, j]`` only: a directed distance is exact.
+    dK and dV are shares, each from one tile, stored in fp32 (``DK_PART``, ``DV_PART`` ``[B, H, q_block,
+    BLOCK_D, 2 * BLOCK_N]``, transposed), which :func:`_bias_bwd_short2_sum_kernel` adds in a fixed order
+    (deterministic, no atomics); its dQ rows, owned by this program, take the first key block's product as a
+    share (``DQ_PART`` ``[B, H, BLOCK_D, 2 * BLOCK_M]``, ``[B, H, 2 * BLOCK_M, BLOCK_D]`` without DQ_T) that the
+    second key block reads back (after the barrier) as its product's accumulator and stores as dQ. With TABLE_GRAD each head's dS goes to
+    ``DS_OUT`` (fp32 ``[B, H, 2, 2, BLOCK_M, BLOCK_N]``) for :func:`_bias_bwd_short_table_kernel`. In the second
+    key block, dS and the dK, dV shares are written only at the keys :func:`_stored` keeps (inside the length,
+    rounded up to 8; every key of the first block is inside a longer item), and the kernels after this one read
+    no other. Each pair is read at ``distance[b, i, j]`` only: a directed distance is exact.
 
     Args: as :func:`_bias_bwd_short_kernel`; DELTA: fp32 rows like LSE (``stride_row``), written then read;
-        DQ, DK, DV_OUT zeroed.
+        DQ, DK, DV_OUT: what the kernel does not store (padding rows past a short item's first block, an empty
+        item's rows) the sum kernel zeroes.
     Grid: ``(B, 2 * HEAD_GROUPS)``: a program takes one query block and heads g, g + HEAD_GROUPS, ... (the
     launcher's :func:`._launch.head_groups`).
     """
@@ -819,6 +836,7 @@ def _bias_bwd_short2_kernel(
         num_k = 0
     share_d: tl.constexpr = BLOCK_D * 2 * BLOCK_N  # one share to the next (a head's two are adjacent)
     share_dv: tl.constexpr = BLOCK_DV * 2 * BLOCK_N
+    share_q: tl.constexpr = BLOCK_D * 2 * BLOCK_M  # a head's dQ share (its first key block's, all its rows)
     part_d = b * HEADS * (2 * share_d)  # this item's head 0
     part_dv = b * HEADS * (2 * share_dv)
     delta_rows = DELTA + b * HEADS * stride_row + offs_m
@@ -868,8 +886,12 @@ def _bias_bwd_short2_kernel(
                 # dS with the score scale folded in (a row constant), as in the one-tile kernel.
                 ds = p * (dp * scale - (delta * scale)[:, None])
                 if TABLE_GRAD:
-                    tl.store(DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
-                             + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds)
+                    ds_at = (DS_OUT + (((b * HEADS + h) * 2 + q_block) * 2 + kb) * (BLOCK_M * BLOCK_N)
+                             + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :])
+                    if kb == 0:
+                        tl.store(ds_at, ds)
+                    else:
+                        tl.store(ds_at, ds, mask=_stored(offs_n, length)[None, :])
                 p_in = p.to(Q.dtype.element_ty)
                 ds_in = ds.to(Q.dtype.element_ty)
                 # (the two orders of the share offsets: the spill-free one for each family's tiles)
@@ -882,32 +904,50 @@ def _bias_bwd_short2_kernel(
                     do = load_rows(do_base, offs_m, offs_c, stride_gn, stride_gd, length, DV, True, EVEN_DV)
                     dv = mma(tl.trans(do), p_in, DOT_PRECISION)  # dV^T [OUT_CHUNK, BLOCK_N]
                     if two_blocks:
-                        tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
+                        if kb == 0:  # (every key of the first block is inside a longer item)
+                            tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv)
+                        else:
+                            tl.store(dv_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dv,
+                                     mask=_stored(offs_n, length)[None, :])
                     else:
                         tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
                                  + offs_c[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
                                  mask=(offs_n[None, :] < N_OUT) & (offs_c[:, None] < DV))
+                # dQ: rows reaching one key block store it; rows reaching two store the first block's product as
+                # a share and accumulate the second's onto it (this program's own share, ordered by the barrier
+                # above).
+                dq_share = DQ_PART + (b * HEADS + h) * share_q
+                if kb == 0:
+                    dq_to_share = num_k == 2
+                else:
+                    dq_to_share = False
                 if DQ_T:
-                    dq_share = DQ_PART + part_d + h * (2 * share_d) + kb * share_d
                     dk_share = DK_PART + part_d + h * (2 * share_d) + q_block * share_d
                 else:
-                    dq_share = DQ_PART + kb * share_d + part_d + h * (2 * share_d)
                     dk_share = DK_PART + q_block * share_d + part_d + h * (2 * share_d)
                 for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
                     offs_c = c + tl.arange(0, OUT_CHUNK)
                     k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
                     if DQ_T:  # dQ^T = K^T dS^T
-                        dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
-                        if two_blocks:
-                            tl.store(dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :], dq)
+                        dq_at = dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :]
+                        if kb == 1:  # (the first block's share, accumulated into by the product)
+                            dq = mma_acc(tl.trans(k), tl.trans(ds_in), tl.load(dq_at), DOT_PRECISION)
+                        else:
+                            dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
+                        if dq_to_share:
+                            tl.store(dq_at, dq)
                         else:
                             tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
                                      + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
                                      mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
                     else:
-                        dq = mma(ds_in, k, DOT_PRECISION)
-                        if two_blocks:
-                            tl.store(dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :], dq)
+                        dq_at = dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :]
+                        if kb == 1:
+                            dq = mma_acc(ds_in, k, tl.load(dq_at), DOT_PRECISION)
+                        else:
+                            dq = mma(ds_in, k, DOT_PRECISION)
+                        if dq_to_share:
+                            tl.store(dq_at, dq)
                         else:
                             tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
                                      + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
@@ -915,7 +955,11 @@ def _bias_bwd_short2_kernel(
                     q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
                     dk = mma(tl.trans(q), ds_in, DOT_PRECISION)  # dK^T [OUT_CHUNK, BLOCK_N]
                     if two_blocks:
-                        tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
+                        if kb == 0:  # (every key of the first block is inside a longer item)
+                            tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk)
+                        else:
+                            tl.store(dk_share + offs_c[:, None] * (2 * BLOCK_N) + offs_n[None, :], dk,
+                                     mask=_stored(offs_n, length)[None, :])
                     else:
                         tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn
                                  + offs_c[:, None] * stride_yd, dk.to(DK.dtype.element_ty),
@@ -923,34 +967,35 @@ def _bias_bwd_short2_kernel(
 
 
 @triton.jit
-def _short2_share(PART, share, head, rows, cols, stride_r, FIRST: tl.constexpr, SECOND: tl.constexpr):
-    """One head's ``[rows, cols]`` block of a gradient from its two shares (``PART[0]``, ``PART[1]`` are
-    ``share`` apart; contiguous columns), added in that order; only the shares the kernel stored are read."""
-    ptrs = PART + head + rows[:, None] * stride_r + cols[None, :]
+def _short2_share(PART, share, head, rows, keys, stride_r, length, FIRST: tl.constexpr, SECOND: tl.constexpr):
+    """One head's ``[rows, keys]`` block of dK^T or dV^T from its two shares (``PART[0]``, ``PART[1]`` are
+    ``share`` apart; contiguous keys), added in that order; only the shares and keys the kernel stored are read
+    (:func:`_stored`; the others are 0)."""
+    ptrs = PART + head + rows[:, None] * stride_r + keys[None, :]
+    keep = _stored(keys, length)[None, :]
     if FIRST:
-        total = tl.load(ptrs)
+        total = tl.load(ptrs, mask=keep, other=0.0)
         if SECOND:
-            total += tl.load(ptrs + share)
+            total += tl.load(ptrs + share, mask=keep, other=0.0)
     else:
-        total = tl.load(ptrs + share)
+        total = tl.load(ptrs + share, mask=keep, other=0.0)
     return total
 
 
 @triton.jit
 def _bias_bwd_short2_sum_kernel(
-    LENGTHS, DQ_PART, DK_PART, DV_PART, DQ, DK, DV_OUT,
+    LENGTHS, DK_PART, DV_PART, DQ, DK, DV_OUT,
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_yb, stride_yh, stride_yn, stride_yd,
     stride_zb, stride_zh, stride_zn, stride_zd,
     B, N, N_OUT, D, DV, HEADS,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DQ_T: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr,
 ):
-    """dQ, dK, dV of one head of an item longer than ``BLOCK_M`` from :func:`_bias_bwd_short2_kernel`'s shares:
-    each row block's two shares added in a fixed order (the first query or key block's first), a share of a
-    tile the kernel did not walk (causality) read as 0. Items of at most ``BLOCK_M`` tokens: the kernel stored
-    the gradients of their first block (none of an empty item); the rows it did not store (padding) get zeros
-    here, so that no launch clears the gradients first. Grid: ``(B * HEADS,)``."""
+    """dK and dV of one head of an item longer than ``BLOCK_M`` from :func:`_bias_bwd_short2_kernel`'s shares:
+    each key block's two shares added in a fixed order (the first query block's first), a share of a tile the
+    kernel did not walk (causality) not read; the kernel stored such an item's dQ itself. Items of at most
+    ``BLOCK_M`` tokens: the kernel stored the gradients of their first block (none of an empty item); the rows it
+    did not store (padding) get zeros here, so that no launch clears the gradients first. Grid: ``(B * HEADS,)``."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // HEADS
     h = bh % HEADS
@@ -979,20 +1024,14 @@ def _bias_bwd_short2_sum_kernel(
         head_dv = bh * (2 * share_dv)
         for blk in tl.static_range(2):
             rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-            # dQ rows of query block blk: shares of key blocks 0 and 1; dK, dV rows of key block blk: shares of
-            # query blocks 0 and 1. Causal: query block 0 does not reach key block 1.
-            later = (not CAUSAL) or blk == 1
-            if DQ_T:
-                dq = tl.trans(_short2_share(DQ_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, True, later))
-            else:
-                dq = _short2_share(DQ_PART, share_d, head_d, rows, offs_d, BLOCK_D, True, later)
-            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
-                     dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            # dK, dV rows of key block blk: shares of query blocks 0 and 1. Causal: query block 0 does not reach
+            # key block 1.
             earlier = (not CAUSAL) or blk == 0
-            dk = tl.trans(_short2_share(DK_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, earlier, True))
+            dk = tl.trans(_short2_share(DK_PART, share_d, head_d, offs_d, rows, 2 * BLOCK_M, length, earlier, True))
             tl.store(DK + b * stride_yb + h * stride_yh + rows[:, None] * stride_yn + offs_d[None, :] * stride_yd,
                      dk.to(DK.dtype.element_ty), mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
-            dv = tl.trans(_short2_share(DV_PART, share_dv, head_dv, offs_dv, rows, 2 * BLOCK_M, earlier, True))
+            dv = tl.trans(_short2_share(DV_PART, share_dv, head_dv, offs_dv, rows, 2 * BLOCK_M, length, earlier,
+                                        True))
             tl.store(DV_OUT + b * stride_zb + h * stride_zh + rows[:, None] * stride_zn
                      + offs_dv[None, :] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
                      mask=(rows[:, None] < N_OUT) & (offs_dv[None, :] < DV))
@@ -1014,7 +1053,8 @@ def _bias_bwd_short_table_kernel(
 ):
     """The short-row table gradient: one dS tile of a batch item (:func:`_bias_bwd_short_kernel`'s or
     :func:`_bias_bwd_short2_kernel`'s ``DS_OUT``, ``[B, H, BLOCKS, BLOCKS, BLOCK_M, BLOCK_N]``) summed over the
-    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`). The tile's bucket set comes from
+    heads in a fixed order and reduced per bucket once (:func:`_bucket_sums`), read only where the kernel stored
+    it (:func:`_stored`: inside the length, rounded up to 8). The tile's bucket set comes from
     its own distance tile (``BUCKET_LUT``: the bucket of each uint8 distance), over the pairs the length,
     causality and ``window`` (-1: none) allow: up to 31 buckets their bit set (an OR over the tile), else the
     lowest and highest; a tile without an allowed pair is not read. Writes
@@ -1040,9 +1080,11 @@ def _bias_bwd_short_table_kernel(
         key_ok = offs_n < length
         ptrs_t = (DS + b * HEADS * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M)[None, :] * BLOCK_N
                   + tl.arange(0, BLOCK_N)[:, None])  # [keys, queries]
+        kept_t = _stored(offs_m, length)[None, :]  # (the query rows the one-tile kernels stored, every key)
         for h in range(0, HEADS):
             pos_sums = _offset_prefix_sums(tl.zeros([NUM_BOUNDS], dtype=tl.float32),
-                                           tl.load(ptrs_t + h * (BLOCK_M * BLOCK_N)), 0, offs_m, key_ok, bounds)
+                                           tl.load(ptrs_t + h * (BLOCK_M * BLOCK_N), mask=kept_t, other=0.0), 0,
+                                           offs_m, key_ok, bounds)
             tl.store(POS_PARTIALS + (b * HEADS + h) * NUM_BOUNDS + tl.arange(0, NUM_BOUNDS), pos_sums / scale)
     if TREE_GRAD:
         sums = _bucket_accumulators(BLOCK_M, NUM_BUCKETS, STATIC_BUCKETS, BUCKETS_PAD)
@@ -1065,9 +1107,10 @@ def _bias_bwd_short_table_kernel(
             if walk:
                 ptrs = (DS + (b * HEADS * BLOCKS * BLOCKS + q_block * BLOCKS + k_block) * (BLOCK_M * BLOCK_N)
                         + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+                kept = _stored(offs_m, length)[:, None] & _stored(offs_n, length)[None, :]
                 ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for h in range(0, HEADS):
-                    ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N))
+                    ds += tl.load(ptrs + h * (BLOCKS * BLOCKS * BLOCK_M * BLOCK_N), mask=kept, other=0.0)
                 sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
                                     UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
         bucket_ids = tl.arange(0, BUCKETS_PAD)

@@ -681,14 +681,17 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
     f32 = dict(dtype=torch.float32, device=q.device)
-    # Shares [B, H, 2, BLOCK_D, 2 * BLOCK] (a head's two adjacent: the sum kernel reads both from one address; the
-    # transposed products store contiguous rows), dQ's [B, H, 2, 2 * BLOCK, BLOCK_D] unless it is formed transposed;
-    # read only for items longer than BLOCK.
+    # The buffers traffic.short2_buffers models (keep them in step). dK, dV shares [B, H, 2, BLOCK_D, 2 * BLOCK]
+    # (a head's two adjacent: the sum kernel reads both from one address; the transposed products store contiguous
+    # rows); dQ's first-key-block share [B, H, BLOCK_D, 2 * BLOCK] ([B, H, 2 * BLOCK, BLOCK_D] unless formed
+    # transposed), written and read back by the program that owns the rows. Written and read only for items
+    # longer than BLOCK, at the positions _stored keeps.
     dq_t = config["DQ_T"]
-    dq_part = torch.empty((B, H, 2, block_d, 2 * block) if dq_t else (B, H, 2, 2 * block, block_d), **f32)
+    dq_part = torch.empty((B, H, block_d, 2 * block) if dq_t else (B, H, 2 * block, block_d), **f32)
     dk_part = torch.empty((B, H, 2, block_d, 2 * block), **f32)
     dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
-    # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64).
+    # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64; the rows and
+    # columns past the length neither written nor read).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
     launch(_bias_bwd_short2_kernel, (B, 2 * groups),
            q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds,
@@ -704,9 +707,8 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
            OPAQUE_BIAS=config["OPAQUE_BIAS"], **_kv_group(H // k.shape[1]), **(band or {}))
     sum_config = select_config("short2_sum", q.dtype, max(D, DV))
     launch(_bias_bwd_short2_sum_kernel, (B * H,),
-           lengths, dq_part, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
-           B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, DQ_T=dq_t,
-           CAUSAL=causal, num_warps=sum_config["num_warps"], num_stages=sum_config["num_stages"])
+           lengths, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
+           B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, num_warps=sum_config["num_warps"], num_stages=sum_config["num_stages"])
     if not table_grad:
         return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2,

@@ -297,12 +297,11 @@ BLACKWELL_GROUPED_CONFIGS = {("short2", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=F
 SPLIT_SPILLS = {("table", "small", "half", 128), ("table_extra", "small", "half", 128), ("table", "sm80", "fp32", 64),
                 ("table_extra", "sm80", "fp32", 64), ("table", "sm90", "fp32", 64), ("table_extra", "sm90", "fp32", 64)}
 
-# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for these, where the
-# Blackwell ptxas spills with them: the two-block backward at D = 128 spills 8 B with the opaque bias
-# (:func:`_opaque_bias`) whatever its chunks; without it, it is spill-free.
-CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
-    ("short2", "half", 128): dict(OPAQUE_BIAS=False),
-}
+# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for the entries here,
+# where the Blackwell ptxas spills with them. None today: the two-block backward at D = 128 took the plain bias
+# (OPAQUE_BIAS=False) while it spilled 8 B with the opaque one; since its dQ is added in the program it is
+# spill-free with it (and cheaper: 46.8 instructions per element against 72.6, pairs bf16).
+CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {}
 
 
 def _opaque_bias(family: str) -> bool:
@@ -376,6 +375,8 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # sm_100 (its own tiles spill 168 B at D64 and 376 B at D128 there; the sm90 entries above, then these): one
     # stage at D128.
     ("dkdv", "sm100", "half", 128): dict(BLOCK_M=16, num_stages=1),
+    # sm_120, the two-block backward at D128: dQ transposed (the small family's tiles spill 8 B there).
+    ("short2", "sm120", "half", 128): dict(DQ_T=True),
 }
 
 
@@ -386,12 +387,13 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 #: grouped-query; sm_100 8 B grouped-query), not in the single-axis loop. So grouped causal launches take their own
 #: tiles (``GROUPED_CONFIG``, as :data:`GROUPED_CONFIGS`; ungrouped ones keep the family's): sm_90 chunks of 32 with
 #: dQ not transposed (251 instructions per valid pair, 255 grouped-query; OUT_CHUNK = 64 with them spills 24 B,
-#: whole 64-column score chunks 40-96 B, eight warps do not spill at 279-287), sm_100 whole 64-column score chunks
-#: with dQ not transposed (its one-tile kernel's choice, :data:`BLACKWELL_CONFIGS`: 218 and 221, where the
-#: family's tiles gave 228 spill-free and 232 with 8 B spilled; sm_90's choice 278 and 281).
+#: whole 64-column score chunks 40-96 B, eight warps do not spill at 279-287), sm_100 the family's own tiles (chunks
+#: of 32, dQ transposed; since the kernel adds its dQ in the program, pairs bf16: 46.4 / 67.7 main-loop instructions
+#: per element, spill-free; the whole 64-column chunks it took before spill 56 B now, with 64 / 32 output chunks
+#: 64.7 / 82.0, sm_90's choice 66.7 / 84.1).
 CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short2", "sm90", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False)),
-    ("short2", "sm100", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False)),
+    ("short2", "sm100", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=32, OUT_CHUNK=64, DQ_T=True)),
 }
 
 
