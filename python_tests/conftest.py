@@ -71,10 +71,10 @@ def spy_launches(monkeypatch, fresh_configs: bool = False) -> Launches:
 
 
 def nan_scratch(monkeypatch) -> list:
-    """Every floating-point buffer the padded distance-bias launchers allocate with ``torch.empty`` comes filled
-    with NaN (fresh CPU memory is often zeros, which would hide a read of bytes no kernel wrote). Returns the
-    shapes allocated, in order."""
-    from syntaxkernels.ops.bias_attention import _launch
+    """Every floating-point buffer the distance-bias launchers (padded and packed) allocate with ``torch.empty``
+    comes filled with NaN (fresh CPU memory is often zeros, which would hide a read of bytes no kernel wrote).
+    Returns the shapes allocated, in order."""
+    from syntaxkernels.ops.bias_attention import _launch, _varlen_kernels
 
     shapes = []
     real = torch
@@ -93,6 +93,7 @@ def nan_scratch(monkeypatch) -> list:
     proxy = Torch()
     proxy.empty = empty
     monkeypatch.setattr(_launch, "torch", proxy)
+    monkeypatch.setattr(_varlen_kernels, "torch", proxy)
     return shapes
 
 

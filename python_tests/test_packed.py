@@ -221,6 +221,61 @@ def test_varlen_forward_and_gradients(lengths, H, D, dtype, opts):
     check_packed(case, dtype, **kw)
 
 
+# id, lengths, H, D, dtype, case options, call options
+TABLE_PATH_CASES = [
+    ("shared-empty-one", [9, 0, 23, 1, 14], 3, 32, torch.float32, {}, {}),
+    ("causal-dropout-bf16", [20, 9, 31, 2], 2, 64, torch.bfloat16, {}, dict(causal=True, dropout_p=0.2,
+                                                                           dropout_seed=5)),
+    ("grouped-window", [17, 6, 30], 4, 32, torch.float32, dict(kv_heads=2), dict(window=3)),
+    ("dropout-D128-fp16", [12, 5, 1], 1, 128, torch.float16, {}, dict(dropout_p=0.3, dropout_seed=2)),
+    ("66-buckets-position-window", [40, 3, 25], 2, 32, torch.float32,
+     dict(buckets=sk.BucketSpec(128, log_distance=62), roots=1), dict(position_window=5)),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("lengths,H,D,dtype,opts,kw", [c[1:] for c in TABLE_PATH_CASES],
+                         ids=[c[0] for c in TABLE_PATH_CASES])
+@pytest.mark.parametrize("stored", [True, False], ids=["stored-ds", "recomputed"])
+@pytest.mark.long_on_cpu
+def test_shared_table_gradient_from_stored_or_recomputed_ds(monkeypatch, lengths, H, D, dtype, opts, kw, stored):
+    """A shared table's gradient both ways the launcher takes it: from the dS the dK/dV kernel stores (batches of
+    short sequences) and recomputed by the table kernel (long ones; forced here by the limit), forward and every
+    gradient against the reference, every scratch buffer filled with NaN first (the table kernel reads only the
+    pairs the dK/dV kernel wrote: causal tiles, windows, empty and one-token sequences, dropout; grouped k/v take
+    the recomputation whatever the limit, and so does dropout above head dim 64)."""
+    from conftest import nan_scratch
+
+    nan_scratch(monkeypatch)
+    monkeypatch.setattr(bv, "STORED_DS_PAIRS_PER_TOKEN", 128 if stored else 0)
+    taken = []
+    original = bv.stores_ds
+    monkeypatch.setattr(bv, "stores_ds", lambda *a: taken.append(original(*a)) or taken[-1])
+    opts = dict(opts)
+    kv_heads = opts.pop("kv_heads", H)
+    case = make_packed_case(lengths, H, D, seed=41, **opts)
+    case["k"], case["v"] = case["k"][:, :kv_heads].contiguous(), case["v"][:, :kv_heads].contiguous()
+    check_packed(case, dtype, **kw)
+    # grouped-query attention and dropout above head dim 64 recompute dS either way
+    assert taken == [stored and kv_heads == H and not (kw.get("dropout_p") and D > 64)]
+
+
+def test_stored_ds_only_for_short_sequences_and_a_shared_table():
+    """The launcher's rule: dS is stored for a shared table's gradient when the batch holds at most
+    STORED_DS_PAIRS_PER_TOKEN pairs a token (sum n_s^2 <= 128 T), from the plan's sizes alone, without grouped-query
+    attention and without dropout above head dim 64."""
+    limit = bv.STORED_DS_PAIRS_PER_TOKEN
+    assert limit == 128
+    assert bv.stores_ds(True, 128 * 1000, 1000) and not bv.stores_ds(True, 128 * 1000 + 1, 1000)
+    assert not bv.stores_ds(False, 10, 10)  # a per-head table (the dK/dV kernel sums it) or no table gradient
+    assert not bv.stores_ds(True, 10, 10, kv_group=2)  # grouped-query attention
+    assert bv.stores_ds(True, 10, 10, dropout=True, head_block=64)
+    assert not bv.stores_ds(True, 10, 10, dropout=True, head_block=128)  # dropout above head dim 64
+    sentences = [12, 30, 7, 64, 128]
+    assert bv.stores_ds(True, sum(n * n for n in sentences), sum(sentences))
+    assert not bv.stores_ds(True, 300 * 300 + 3 * 3, 303)  # one long sequence among short ones: recomputed
+
+
 @needs_triton
 @pytest.mark.long_on_cpu
 def test_long_sequence_300_with_short_ones_on_real_tiles():
@@ -549,14 +604,21 @@ def sources(name, found, depth=0):
         return sources(re.match(r"(%[\\w.]+)", rest).group(1), found, depth + 1)
     return {op}
 
+from syntaxkernels.ops.bias_attention import _varlen_kernels as bv
+
 w = I._workload("sentences-packed")
-with I.fake_gpu(90), I.capture_launches(keep_going=True) as launches:
-    I._user_call_packed(w.packed_batch(), "bf16", 64)
+launches = []
+for limit in (bv.STORED_DS_PAIRS_PER_TOKEN, 0):  # dS stored by the dK/dV kernel, and recomputed by the table kernel
+    bv.STORED_DS_PAIRS_PER_TOKEN = limit
+    with I.fake_gpu(90), I.capture_launches(keep_going=True) as captured:
+        I._user_call_packed(w.packed_batch(), "bf16", 64)
+    launches += [(launch, "" if limit else ":recomputed") for launch in captured]
 out = {}
-for launch in launches:
+for launch, variant in launches:
     name = launch.kernel.fn.__name__
     if not name.startswith("_varlen"):
         continue
+    name += variant
     ttir = launch.compiled.asm["ttir"]
     found = definitions(ttir)
     narrow, wide = [], []
@@ -586,16 +648,20 @@ def test_packed_row_offsets_are_int64_before_any_stride():
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert sorted(result) == ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel",
-                              "_varlen_table_kernel"]
+    kernels = ["_varlen_dkdv_kernel", "_varlen_dq_kernel", "_varlen_fwd_kernel", "_varlen_table_kernel"]
+    assert sorted(result) == sorted(kernels + [k + ":recomputed" for k in kernels])
     for name, products in result.items():
         for factors in products["narrow"]:
-            if ROW_STRIDES & set(factors):
+            if (ROW_STRIDES | {"%stride_dsh"}) & set(factors):
                 assert "tt.make_range" in factors, (name, factors)
-        # every row stride the kernel reads is also multiplied in int64 (the tile's first token, or the key rows)
+        # every row stride the kernel reads is also multiplied in int64 (the tile's first token, or the key rows);
+        # the table kernel that reads the stored dS reads no row of q, k, v, dO
         used = ROW_STRIDES & {f for factors in products["narrow"] + products["wide"] for f in factors}
         wide = ROW_STRIDES & {f for factors in products["wide"] for f in factors}
-        assert used and used == wide, (name, used, wide)
+        assert (used or name == "_varlen_table_kernel") and used == wide, (name, used, wide)
+        # the stored dS's head offset (head x sum n_s^2 may pass 2^31) is an int64 product where it is read or written
+        if name in ("_varlen_dkdv_kernel", "_varlen_table_kernel"):
+            assert any("%stride_dsh" in factors for factors in products["wide"]), name
 
 
 # ---------------------------------------------------------------------------------------------------------

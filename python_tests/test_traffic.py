@@ -113,6 +113,19 @@ def test_paths_follow_n_and_short_items_keep_no_shares():
     assert r_long["ratio"] < 0.05 < r_short["ratio"] < r_two["ratio"]
 
 
+def test_packed_short_sequences_store_ds_long_ones_do_not():
+    """A packed batch of short sequences: the dK/dV kernel's stored dS (fp32, each allowed pair written and read
+    once a head) beside the delta rows; one sequence long enough that the batch passes 128 pairs a token: the table
+    kernel recomputes dS and only the delta rows remain."""
+    short = Workload("p", [[-1] + [0] * 29, [-1] + [0] * 9], 30, "test", "", packed=True)
+    item = traffic.backward_traffic(short)["per_long_item"]
+    assert item["tokens"] == 30 and item["scratch_kib"] == pytest.approx((3 * 4 * 30 + 2 * 4 * 30 * 30) / 1024)
+    causal = traffic.backward_traffic(short, causal=True)["per_long_item"]
+    assert causal["scratch_kib"] == pytest.approx((3 * 4 * 30 + 2 * 4 * 30 * 31 // 2) / 1024)
+    mixed = Workload("m", [[-1] + list(range(299)), [-1] + [0] * 9], 300, "test", "", packed=True)
+    assert traffic.backward_traffic(mixed)["per_long_item"]["scratch_kib"] == pytest.approx(3 * 4 * 300 / 1024)
+
+
 def test_format_names_its_units_and_model():
     w = Workload("one", [[-1] + list(range(99))], 100, "test", "")
     row = dict(traffic.backward_traffic(w), workload="one", head_dim=64)

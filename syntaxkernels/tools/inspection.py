@@ -512,9 +512,17 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             report.loop_other, report.loop_all, report.head_loop_other = [], [], []
             trips = _bucket_trips(kwargs)
             main_counted = None
+            head_loops = []
             for l in top:
                 inner = [o for o in with_tc if o is not l and l.start <= o.start and o.end < l.end]
+                if not inner and kwargs.get("STORED_DS"):
+                    # The packed table kernel reading the dS the dK/dV kernel stored: its head loop (the first loop
+                    # inside the tile loop, before the bucket reduction) holds no tensor-core work.
+                    inner = sorted((o for o in loops if o is not l and l.start < o.start and o.end < l.end),
+                                   key=lambda o: o.start)[:1]
                 head = max(inner, key=lambda o: (o.tensor_core, -o.start)) if inner else None
+                if head is not None:
+                    head_loops.append(head)
                 skips = [(head.start, head.end)] if head is not None else []
                 # A runtime bucket loop: a loop without tensor-core work inside the tile loop (not in the head
                 # loop). The cheapest path counts one trip of it; a tile runs up to NUM_BUCKETS trips.
@@ -582,6 +590,7 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
             if any(report.head_loop_other):  # per head: each head's loop, every branch, plus its share of the tile's
                 head_all = [per(o.instructions - o.tensor_core) for l in top for o in with_tc
                             if o is not l and l.start <= o.start and o.end < l.end]
+                head_all += [per(o.instructions) for o in head_loops if not o.tensor_core]  # (STORED_DS)
                 report.worst_per_unit = max(head_all) + max(report.loop_all) / report.heads
         if plain is not None:
             plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs)

@@ -20,6 +20,9 @@ Per batch item (or packed sequence) of ``L`` tokens and head, in bytes (``e``: t
     delta (written, read and updated, read: ``4 * 4`` a row);
   - the tiled and packed kernels: the fp32 delta rows, written by the dQ kernel and read by the dK/dV and table
     kernels (``3 * 4 L``);
+  - the packed kernels on a batch of short sequences (``_varlen_kernels.stores_ds``): each head's fp32 dS at the
+    sequence's allowed pairs, stored by the dK/dV kernel and read by the table kernel (``2 * 4 L^2``; causal
+    ``L (L + 1) / 2`` pairs);
   - the table gradient's per-program bucket sums (``4 T`` per program, once for all heads).
 
 ``python -m syntaxkernels inspect --workload ... --traffic`` prints it per workload. A model, not a measurement:
@@ -101,8 +104,12 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
     D = head_dim
     T = (buckets or BucketSpec()).num_buckets
     lengths = [int(n) for n in workload.lengths]
+    stored_ds = False
     if workload.packed:
+        from syntaxkernels.ops.bias_attention._varlen_kernels import stores_ds
+
         path, block = "packed", None
+        stored_ds = stores_ds(True, sum(L * L for L in lengths), sum(lengths))
     else:
         path, configs = _path(workload.N, D, torch_dtype, arch, causal)
         block = configs.short["BLOCK_M"] if configs.short is not None else None
@@ -115,7 +122,8 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         base = 7 * L * D * e + 4 * L + L * L / heads
         if path in ("tiled", "packed"):
             essential.append(base + L * D * e)
-            scratch.append(3 * 4 * L)
+            pairs = (L * (L + 1) // 2 if causal else L * L) if stored_ds else 0
+            scratch.append(3 * 4 * L + 2 * 4 * pairs)
             continue
         essential.append(base)
         if path == "short":
@@ -159,7 +167,7 @@ def format_traffic(rows: Sequence[dict]) -> str:
         "essential: q, k, v, dO read and dQ, dK, dV written once (the tiled and packed paths also read O), the "
         "log-sum-exp rows, the distance once for all heads; scratch: the fp32 buffers the backward writes and reads "
         "back (dS tiles for the table gradient; the two-block kernels' dQ/dK/dV shares of items over one block; "
-        "delta rows; the bucket sums) at the positions written and read (inside the length, rounded up to 8, where "
+        "the packed dK/dV kernel's stored dS on short sequences; delta rows; the bucket sums) at the positions written and read (inside the length, rounded up to 8, where "
         "the kernels mask them), no cache counted; ratio: scratch / essential; "
         "longest: the batch's longest item and its scratch and essential KiB per head. A model of the launchers' "
         "buffers (syntaxkernels/tools/traffic.py), not a measurement.", 110)

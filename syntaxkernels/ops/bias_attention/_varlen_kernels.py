@@ -25,9 +25,11 @@ Kernels:
 - ``_varlen_dq_kernel``: one query block: dQ, and ``delta + rowsum(dS)`` (the corrected delta, as in the
   padded op: the table kernel's per-bucket sums then see rows of dS summing to zero).
 - ``_varlen_dkdv_kernel``: one key block of one key/value head: dK, dV, summed over the head's group of query
-  heads in order (and for a per-head table each query head's per-bucket sums of dS).
+  heads in order (and for a per-head table each query head's per-bucket sums of dS; with STORE_DS each head's dS,
+  stored for the table kernel).
 - ``_varlen_table_kernel``: one query block and the heads of a shared table: dS
-  recomputed per head and summed over the heads, then added to the buckets once per element (the padded op's
+  recomputed per head (or, STORED_DS, read where the dK/dV kernel stored it: batches of short sequences,
+  :func:`stores_ds`) and summed over the heads, then added to the buckets once per element (the padded op's
   ``_bucket_sums``, over the bucket range of the tile's live distances); one ``[T_b]`` row per program,
   reduced in a fixed order by the launcher (the table gradient without atomics).
 
@@ -64,9 +66,9 @@ from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
 from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
                     position_lut, reference_gradients, warn_once)
-from .configs import CONFIGS, STATIC_BUCKET_LIMIT
+from .configs import CONFIGS, STATIC_BUCKET_LIMIT, STORED_DS_PAIRS_PER_TOKEN
 
-__all__ = ["varlen_forward", "varlen_backward", "select_varlen_config"]
+__all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "stores_ds"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -102,6 +104,16 @@ def _cols_meta(SEQ, CU, DOFF, offs, T):
     n = end - start
     base = tl.load(DOFF + safe, mask=in_range, other=0) - start * n + offs.to(tl.int64) - start
     return seq, base, n, start
+
+
+@triton.jit
+def _transposed_pairs(base_n, offs_n, len_n, start_m, rows):
+    """int64 ``[BLOCK_N, BLOCK_M]``: where the pairs (query ``start_m + rows[i]``, key ``offs_n[j]``) of one
+    sequence lie in a buffer laid out like the packed distance but transposed in each sequence's block (key-major:
+    ``offset_s + (j - start_s) * n_s + (i - start_s)``), from :func:`_cols_meta`'s ``base_n``, ``len_n`` of the keys
+    (``base_n = offset_s - start_s * n_s + j - start_s``). Key rows, consecutive queries adjacent: the layout the
+    dK/dV kernel's transposed dS tile stores without a shuffle."""
+    return (base_n + offs_n.to(tl.int64) * (len_n - 1) + start_m)[:, None] + rows[None, :]
 
 
 @triton.jit
@@ -372,7 +384,8 @@ def _varlen_dkdv_kernel(
     UNREACHABLE_BUCKET: tl.constexpr = False, LAST_DISTANCE_BUCKET: tl.constexpr = 0,
     DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
     POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False, POS_BOUNDS=0, POS_PARTIALS=0,
-    NUM_BOUNDS: tl.constexpr = 16, POSITION_GRAD: tl.constexpr = False,
+    NUM_BOUNDS: tl.constexpr = 16, POSITION_GRAD: tl.constexpr = False, DS=0, stride_dsh=0,
+    STORE_DS: tl.constexpr = False,
 ):
     """dK, dV for one packed key block (BLOCK_N keys) of one key/value head, walking the query tiles of its
     sequences in transposed orientation (keys are rows). Grouped-query attention (K, V, DK, DV_OUT ``[T, H_kv, *]``,
@@ -390,6 +403,9 @@ def _varlen_dkdv_kernel(
     POSITION: T5's relative-position term, as in the forward; with POSITION_GRAD (POS_BOUNDS, POS_PARTIALS
     ``[nK, H, NUM_BOUNDS]``, NUM_BOUNDS) the sums of each query head's dS at the position boundaries, as the padded
     dK/dV kernel writes them (:func:`._backward._offset_prefix_sums`; pairs of other sequences hold zero dS).
+    With STORE_DS each query head's dS goes to ``DS`` (fp32 ``[H, sum n_s^2]``, head stride ``stride_dsh``; each
+    sequence's block key-major, :func:`_transposed_pairs`), the allowed pairs only, for
+    :func:`_varlen_table_kernel`'s STORED_DS variant to sum (the table gradient without a second recomputation).
     Grid: ``(cdiv(T, BLOCK_N) * H_kv,)``."""
     k_block, bkv, b, kv = program_ids(num_k_blocks, H // kv_group)
     first = k_block * BLOCK_N
@@ -461,6 +477,9 @@ def _varlen_dkdv_kernel(
                 dp_t = tl.where(keep_t, dp_t * keep_scale, 0.0)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma_acc(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+            if STORE_DS:  # this head's dS at the allowed pairs, for the table kernel (STORED_DS)
+                tl.store(DS + h.to(tl.int64) * stride_dsh + _transposed_pairs(base_n, offs_n, len_n, start_m, rows),
+                         ds_t, mask=allowed_t)
             if POSITION_GRAD:
                 pos_sums = _offset_prefix_sums(pos_sums, ds_t, first, offs_m, key_ok, bounds)
             if TABLE_GRAD and SYNTAX:  # a per-head table: this head's dS per bucket here, no recomputation
@@ -524,6 +543,7 @@ def _varlen_table_kernel(
     CHUNK: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
     INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr, DROPOUT: tl.constexpr = False,
     BAND: tl.constexpr = False, band=0, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
+    DS=0, stride_dsh=0, STORED_DS: tl.constexpr = False,
 ):
     """The table gradient of a packed batch: per bucket, the sum of dS over one packed query block's pairs and
     ``HEADS`` heads (the padded op's :func:`._backward._bias_bwd_table_kernel` on packed tiles).
@@ -547,6 +567,10 @@ def _varlen_table_kernel(
         seed, threshold, keep_scale: with DROPOUT, each head's dP takes that head's keep mask as in the dQ kernel.
         BAND, band: the positional window, as in the dQ kernel; POS_LUT, stride_ph, reach, POSITION: T5's
             relative-position term, each head its own.
+        DS, stride_dsh, STORED_DS: with STORED_DS the heads' dS is read from ``DS`` (fp32 ``[H, sum n_s^2]``,
+            written by the dK/dV kernel's STORE_DS variant at the allowed pairs, which are the ones read) instead
+            of recomputed: one masked load a head and element in place of two products and an exponential (the
+            launcher takes it where the scratch is small: :data:`STORED_DS_PAIRS_PER_TOKEN`).
     Grid: ``(nQ * H / HEADS,)``.
     """
     q_block, bg, b, g = program_ids(num_q_blocks, H // HEADS)
@@ -577,7 +601,17 @@ def _varlen_table_kernel(
         # Live: allowed and not beyond the window (-inf); a NaN bias stays live (its NaN reaches its bucket).
         walk, present = _tile_buckets(BUCKET_LUT, dist, allowed & (bias != float("-inf")), NUM_BUCKETS,
                                       STATIC_BUCKETS)
-        if walk:
+        if walk and STORED_DS:  # the dK/dV kernel's dS, summed over the heads
+            ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            _, base_n, len_n, _ = _cols_meta(SEQ, CU, DOFF, offs_n, T)
+            ds_ptrs = DS + h0.to(tl.int64) * stride_dsh + tl.trans(_transposed_pairs(base_n, offs_n, len_n, first,
+                                                                                      rows))
+            for j in range(0, HEADS):
+                ds += tl.load(ds_ptrs, mask=allowed, other=0.0)
+                ds_ptrs += stride_dsh
+            sums = _bucket_sums(sums, ds, dist, present, NUM_BUCKETS, STATIC_BUCKETS, MAX_DISTANCE, LOG_DISTANCE,
+                                UNREACHABLE_BUCKET, LAST_DISTANCE_BUCKET, BUCKETS_PAD, INTERPRETED)
+        elif walk:
             ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for j in range(0, HEADS):
                 h = h0 + j
@@ -636,8 +670,23 @@ def _varlen_table_kernel(
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
 
 
+def stores_ds(shared_table_gradient: bool, pairs: int, tokens: int, kv_group: int = 1, dropout: bool = False,
+              head_block: int = 64) -> bool:
+    """Whether a packed backward's table gradient reads dS stored by the dK/dV kernel (STORE_DS / STORED_DS)
+    rather than recomputing it: a shared table's gradient (``shared_table_gradient``; a per-head table's is summed
+    inside the dK/dV kernel) on a batch of at most :data:`STORED_DS_PAIRS_PER_TOKEN` pairs a token (``pairs = sum
+    n_s^2``, the packed distance's size, known without a device read): sequences of ~128 tokens or fewer, where the
+    fp32 scratch (``H * pairs * 4`` bytes, written once and read once) moves no more than about q, k, v and dO read
+    and dQ, dK, dV written at D = 64. Grouped-query attention (``kv_group > 1``) and dropout above head dim 64
+    (``head_block``: the padded head dim) keep the recomputation: there the dK/dV kernel spills with the store (a
+    group of query heads up to 304 B at D = 128, dropout 8-16 B)."""
+    return (shared_table_gradient and kv_group == 1 and not (dropout and head_block > 64)
+            and pairs <= STORED_DS_PAIRS_PER_TOKEN * tokens)
+
+
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_table", "table") kernel
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_table", "table", "table_ds")
+    kernel
     (:data:`.configs.CONFIGS`)."""
     family = family or arch_family()
     if family == "unsupported":
@@ -706,7 +755,9 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
     program of that head): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
-    (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction) and the
+    (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction; on a batch
+    of short sequences, :func:`stores_ds`, from the dS the dK/dV kernel stored into an fp32 ``[H, sum n_s^2]``
+    buffer, else recomputed) and the
     kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
     ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again. ``band``: the
     forward's positional window (-1: none). ``pos_lut``, ``reach``: the forward's relative-position term;
@@ -755,7 +806,10 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     # A per-head table: the dK/dV kernel sums its own head's dS per bucket (a separate kernel would recompute dS
     # for one head only); a shared table: the table kernel below sums the heads first.
     inline = table_grad and rows > 1 and not position
-    config = select_varlen_config("dkdv_table" if inline else "dkdv", q.dtype, max(D, DV))
+    # A shared table of a batch of short sequences: the dK/dV kernel stores each head's dS (fp32, the valid pairs
+    # only: H x 4 bytes a pair) and the table kernel sums them; otherwise the table kernel recomputes dS.
+    stored = stores_ds(table_grad and not inline, distance.numel(), T, kv_group, dropping, max(block_d, block_dv))
+    config = select_varlen_config("dkdv_table" if inline else "dkdv_ds" if stored else "dkdv", q.dtype, max(D, DV))
     num_k = triton.cdiv(T, config["BLOCK_N"])
     gradient = {}
     if pos_bounds is not None:  # each program's sums at the boundaries, per query head: [nK, H, bounds]
@@ -767,6 +821,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
                         LOG_DISTANCE=spec.log_distance or 0, UNREACHABLE_BUCKET=spec.unreachable_bucket,
                         LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1) if inline else {}
     partials = torch.empty((H * num_k, NB), dtype=torch.float32, device=q.device) if inline else delta
+    scratch = dict(DS=torch.empty((H, distance.numel()), dtype=torch.float32, device=q.device),
+                   stride_dsh=distance.numel()) if stored else {}
     launch(_varlen_dkdv_kernel, launch_grid(num_k, 1, H_kv),  # one program per (key block, key/value head)
            q, k, v, dout, distance, lut, seq, cu, offsets, lse, delta, dk, dv,
            _bucket_lut(spec, q) if inline else seq, partials,
@@ -775,7 +831,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal, DOT_PRECISION=precision, SYNTAX=syntax,
            OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_, **_band(band),
-           **position, **gradient, num_warps=config["num_warps"], num_stages=config["num_stages"])
+           **position, **gradient, **scratch, STORE_DS=stored, num_warps=config["num_warps"],
+           num_stages=config["num_stages"])
     if pos_bounds is not None:  # a fixed-order sum over the key blocks: deterministic
         pos_sums = gradient["POS_PARTIALS"].sum(0)
     if inline:  # row h sums its own num_k programs
@@ -788,7 +845,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
                 pos_sums,)
         return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
 
-    config = select_varlen_config("table", q.dtype, max(D, DV))
+    config = select_varlen_config("table_ds" if stored else "table", q.dtype, max(D, DV))
     num_q = triton.cdiv(T, config["BLOCK_M"])
     heads = table_heads(H, rows == 1)
     groups = H // heads
@@ -803,8 +860,8 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            UNREACHABLE_BUCKET=spec.unreachable_bucket, LAST_DISTANCE_BUCKET=spec.num_distance_buckets - 1,
            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_D=block_d, BLOCK_DV=block_dv,
            CHUNK=min(64, block_d, block_dv), EVEN_D=block_d == D, EVEN_DV=block_dv == DV, CAUSAL=causal,
-           INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band), **position,
-           num_warps=config["num_warps"], num_stages=config["num_stages"])
+           INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band), **position, **scratch,
+           STORED_DS=stored, num_warps=config["num_warps"], num_stages=config["num_stages"])
     # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
     return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale) + (
         pos_sums,)

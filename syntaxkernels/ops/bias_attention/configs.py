@@ -3,7 +3,8 @@
 :data:`CONFIGS` holds every (kernel, GPU family, dtype class, head-dim class) entry written out: kernels "fwd",
 "dq", "dkdv", "table", "table_extra" (the tiled kernels), "fwd_short", "short", "short2" (rows of at most 64 and
 128 tokens), the two small kernels after the short-row backward, "short_table" and "short2_sum", and the packed
-kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_dkdv_table", "varlen_table"; families
+kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_dkdv_ds", "varlen_dkdv_table", "varlen_table",
+"varlen_table_ds"; families
 "sm90" (Hopper and newer), "sm80" (A100) and "small" (other GPUs with ~100 KB of shared memory a block:
 sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
 ``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
@@ -23,10 +24,14 @@ import torch
 from .._primitives import arch_family, current_arch, head_block
 
 __all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "CAUSAL_CONFIGS", "SHORT_ROW_LIMIT",
-           "STATIC_BUCKET_LIMIT", "select_config"]
+           "STATIC_BUCKET_LIMIT", "STORED_DS_PAIRS_PER_TOKEN", "select_config"]
 
 #: Rows up to this long take the short-row kernels (see :func:`_short_config`).
 SHORT_ROW_LIMIT = 64
+#: A packed batch's shared-table gradient sums dS stored by the dK/dV kernel when the batch holds at most this many
+#: pairs a token (``sum n_s^2 <= limit * T``: sequences of about the short-row kernels' 128 tokens or fewer), and
+#: recomputes it in the table kernel otherwise (:func:`._varlen_kernels.stores_ds`).
+STORED_DS_PAIRS_PER_TOKEN = 128
 #: Tables up to this many buckets sum dS through compile-time accumulators.
 STATIC_BUCKET_LIMIT = 31
 
@@ -232,6 +237,23 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_table", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
     ("varlen_table", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_table", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    # "varlen_table_ds": the table kernel's STORED_DS variant (it reads the dS the dK/dV kernel stored, no
+    # products): the smallest walked area whose fixed per-tile work stays amortised, one config for every dtype and
+    # head dim (it reads no q, k, v). sentences-packed bf16 D64 sm_100, instructions per valid pair (area): 16 x 64
+    # w4 38.9 (2.51), 16 x 32 w4 65.7 (2.06), 16 x 32 w2 32.7, 16 x 32 w1 28.8 (one-warp programs), 32 x 16 w2 34.5
+    # (2.32), 16 x 16 w2 54.7 (1.78), 32 x 32 w2 42.0 (2.65); spill-free on every family.
+    ("varlen_table_ds", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm90", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm80", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm80", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "small", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
+    ("varlen_table_ds", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
@@ -244,6 +266,21 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    # "varlen_dkdv_ds": the dK/dV kernel's STORE_DS variant (each head's dS stored for the table kernel): the dK/dV
+    # tiles, but one stage on sm_90 and sm_100 at D = 128 (two spill 8 B there; one: 146.2 instructions per valid
+    # pair, sentences-packed bf16 sm_90, against 143.2 spilling).
+    ("varlen_dkdv_ds", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dkdv_ds", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
+    ("varlen_dkdv_ds", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_ds", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_ds", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
+    ("varlen_dkdv_ds", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
+    ("varlen_dkdv_ds", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    ("varlen_dkdv_ds", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_dkdv_table", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_table", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
