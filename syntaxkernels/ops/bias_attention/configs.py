@@ -187,8 +187,9 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short2_sum", "small", "half", 64): dict(num_warps=2, num_stages=1),
     ("short2_sum", "small", "half", 128): dict(num_warps=4, num_stages=1),
     # The packed (varlen) kernels (:mod:`._varlen_kernels`: forward, dQ, dK/dV, table; read by its
-    # ``select_varlen_config``, no overrides). 32 x 32 tiles: on the EWT dev sentences packed end to end 31% of the
-    # pairs computed are valid (128 x 64 tiles: 11%; 64 x 32: 21%; 16 x 16: 50%); compiled for every family by the
+    # ``select_varlen_config``, no overrides). 32 x 32 tiles (16 x 32 for dQ and for the dS-storing dK/dV at D = 64,
+    # below): on the EWT dev sentences packed end to end 31% of the pairs computed are valid (128 x 64 tiles: 11%;
+    # 64 x 32: 21%; 16 x 32: 38% of the dQ kernel's; 16 x 16: 50%); compiled for every family by the
     # inspection report (the ``sentences-packed`` workload). The gathered bias is opaque to Triton's layout passes
     # (``lut_bias``), so P and dS keep 16-bit operand layouts: dK/dV then fits 4 warps at D = 128 on every family
     # (it took 8 on sm_90 and the small family with the uint8 layouts), and one stage at D = 64 on sm_90 (two
@@ -213,16 +214,21 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_fwd", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_fwd", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_fwd", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dq", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dq", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    # dQ (fp16/bf16): 16-query tiles of 32 keys with 2 warps, two stages: per valid pair the smaller walked area
+    # (2.65 -> 2.06 score elements, sentences-packed) outweighs the dearer element. bf16 D64 against 32 x 32 w4:
+    # sm_80 99.5 -> 84.8, sm_86 105.2 -> 95.1, sm_90 98.6 -> 85.0, sm_100 96.6 -> 81.7, sm_120 105.2 -> 94.5; D128
+    # sm_80 114.8 -> 109.7, sm_86 119.4 -> 105.4, sm_90 118.1 -> 111.0, sm_100 116.1 -> 108.7, sm_120 122.7 ->
+    # 109.7 (one stage spills 8-16 B on sm_90/sm_100 there); spill-free on every family.
+    ("varlen_dq", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
+    ("varlen_dq", "sm90", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
     ("varlen_dq", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dq", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dq", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dq", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "sm80", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
+    ("varlen_dq", "sm80", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
     ("varlen_dq", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dq", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dq", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
-    ("varlen_dq", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dq", "small", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
+    ("varlen_dq", "small", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2),
     ("varlen_dq", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dq", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
     ("varlen_table", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1),
@@ -266,18 +272,21 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("varlen_dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    # "varlen_dkdv_ds": the dK/dV kernel's STORE_DS variant (each head's dS stored for the table kernel): the dK/dV
-    # tiles, but one stage on sm_90 and sm_100 at D = 128 (two spill 8 B there; one: 146.2 instructions per valid
-    # pair, sentences-packed bf16 sm_90, against 143.2 spilling).
-    ("varlen_dkdv_ds", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
+    # "varlen_dkdv_ds": the dK/dV kernel's STORE_DS variant (each head's dS stored for the table kernel). D = 64:
+    # 16-query tiles of 32 keys, 2 warps, one stage (sentences-packed bf16, instructions per valid pair against the
+    # 32 x 32 w4 tiles: sm_80 122.0 -> 100.0, sm_86 139.6 -> 100.0, sm_90 117.1 -> 98.3, sm_100 116.7 -> 98.0,
+    # sm_120 121.7 -> 100.6; the smaller walked area, 2.65 -> 2.06 score elements per valid pair, outweighs the
+    # dearer element; two stages cost 5 more). D = 128: the dK/dV tiles, one stage on sm_90 and sm_100 (two spill 8
+    # B there; 16 x 32 w2 spills 16-72 B on every family).
+    ("varlen_dkdv_ds", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_dkdv_ds", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1),
     ("varlen_dkdv_ds", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv_ds", "sm90", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dkdv_ds", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "sm80", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_dkdv_ds", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_ds", "sm80", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1),
     ("varlen_dkdv_ds", "sm80", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
-    ("varlen_dkdv_ds", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("varlen_dkdv_ds", "small", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_dkdv_ds", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2),
     ("varlen_dkdv_ds", "small", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
     ("varlen_dkdv_ds", "small", "fp32", 128): dict(BLOCK_M=16, BLOCK_N=16, num_warps=8, num_stages=1),
