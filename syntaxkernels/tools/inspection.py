@@ -1860,9 +1860,12 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
         workload = _workload(name)
         for head_dim in head_dims:
             if workload.packed:  # the varlen kernels, the table kernel's tiles with a valid pair
+                # (a shared table: on short sequences the dK/dV kernel stores dS and the table kernel reads it)
+                lengths = [int(n) for n in workload.lengths]
+                stored = "_ds" if varlen.stores_ds(True, sum(n * n for n in lengths), sum(lengths)) else ""
                 fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
-                dkdv = varlen.select_varlen_config("dkdv", _torch_dtype(dtype), head_dim, family)
-                table = varlen.select_varlen_config("table", _torch_dtype(dtype), head_dim, family)
+                dkdv = varlen.select_varlen_config("dkdv" + stored, _torch_dtype(dtype), head_dim, family)
+                table = varlen.select_varlen_config("table" + stored, _torch_dtype(dtype), head_dim, family)
                 f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
                 t = workload_tiles("_varlen_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])

@@ -247,7 +247,8 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # products): the smallest walked area whose fixed per-tile work stays amortised, one config for every dtype and
     # head dim (it reads no q, k, v). sentences-packed bf16 D64 sm_100, instructions per valid pair (area): 16 x 64
     # w4 38.9 (2.51), 16 x 32 w4 65.7 (2.06), 16 x 32 w2 32.7, 16 x 32 w1 28.8 (one-warp programs), 32 x 16 w2 34.5
-    # (2.32), 16 x 16 w2 54.7 (1.78), 32 x 32 w2 42.0 (2.65); spill-free on every family.
+    # (2.32), 16 x 16 w2 54.7 (1.78), 32 x 32 w2 42.0 (2.65) (two builds of the head loop's addressing, within 1 of
+    # each other); spill-free on every family.
     ("varlen_table_ds", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_table_ds", "sm90", "half", 128): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
     ("varlen_table_ds", "sm90", "fp32", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
@@ -275,7 +276,7 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # "varlen_dkdv_ds": the dK/dV kernel's STORE_DS variant (each head's dS stored for the table kernel). D = 64:
     # 16-query tiles of 32 keys, 2 warps, one stage (sentences-packed bf16, instructions per valid pair against the
     # 32 x 32 w4 tiles: sm_80 122.0 -> 100.0, sm_86 139.6 -> 100.0, sm_90 117.1 -> 98.3, sm_100 116.7 -> 98.0,
-    # sm_120 121.7 -> 100.6; the smaller walked area, 2.65 -> 2.06 score elements per valid pair, outweighs the
+    # sm_120 121.7 -> 100.6; the smaller walked area, 2.65 -> 2.32 score elements per valid pair, outweighs the
     # dearer element; two stages cost 5 more). D = 128: the dK/dV tiles, one stage on sm_90 and sm_100 (two spill 8
     # B there; 16 x 32 w2 spills 16-72 B on every family).
     ("varlen_dkdv_ds", "sm90", "half", 64): dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=1),
