@@ -260,6 +260,22 @@ def test_shared_table_gradient_from_stored_or_recomputed_ds(monkeypatch, lengths
     assert taken == [stored and kv_heads == H and not (kw.get("dropout_p") and D > 64)]
 
 
+@pytest.mark.parametrize("arch,block_n,stages", [(86, 32, 2), (120, 16, 1), (90, 32, 1)])
+def test_consumer_blackwell_takes_its_own_packed_tiles(arch, block_n, stages):
+    """sm_120 reads CONSUMER_BLACKWELL_CONFIGS' varlen entry (the dS-storing dK/dV at D = 128: 16-key blocks, one
+    stage); sm_86, of the same small family, and sm_90 keep the table's; a family named explicitly takes no
+    override."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    previous = P.interpret_as(arch)
+    try:
+        config = bv.select_varlen_config("dkdv_ds", torch.bfloat16, 128)
+        assert (config["BLOCK_M"], config["BLOCK_N"], config["num_stages"]) == (32, block_n, stages)
+        assert bv.select_varlen_config("dkdv_ds", torch.bfloat16, 128, family="small")["BLOCK_N"] == 32
+    finally:
+        P.interpret_as(previous)
+
+
 def test_stored_ds_only_for_short_sequences_and_a_shared_table():
     """The launcher's rule: dS is stored for a shared table's gradient when the batch holds at most
     STORED_DS_PAIRS_PER_TOKEN pairs a token (sum n_s^2 <= 128 T), from the plan's sizes alone, without grouped-query

@@ -59,14 +59,14 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, build_lut, dot_precision, dropout_arguments, dropout_keep_pairs,
-                           head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma, mma_acc,
-                           position_bias, program_ids, seed_bits, KernelDoesNotFit)
+from .._primitives import (LOG2E, arch_family, build_lut, current_arch, dot_precision, dropout_arguments,
+                           dropout_keep_pairs, head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma,
+                           mma_acc, position_bias, program_ids, seed_bits, KernelDoesNotFit)
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
 from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
                     position_lut, reference_gradients, warn_once)
-from .configs import CONFIGS, STATIC_BUCKET_LIMIT, STORED_DS_PAIRS_PER_TOKEN
+from .configs import CONFIGS, CONSUMER_BLACKWELL_CONFIGS, STATIC_BUCKET_LIMIT, STORED_DS_PAIRS_PER_TOKEN
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "stores_ds"]
 
@@ -685,14 +685,20 @@ def stores_ds(shared_table_gradient: bool, pairs: int, tokens: int, kv_group: in
 
 
 def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
-    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_table", "table", "table_ds")
-    kernel
-    (:data:`.configs.CONFIGS`)."""
-    family = family or arch_family()
+    """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_ds", "dkdv_table", "table",
+    "table_ds") kernel (:data:`.configs.CONFIGS`; for the current GPU unless ``family`` is given: on sm_120 and newer
+    with :data:`.configs.CONSUMER_BLACKWELL_CONFIGS`' ``varlen_*`` entries)."""
+    arch = None
+    if family is None:
+        arch = current_arch()
+        family = arch_family(arch)
     if family == "unsupported":
         raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
     cls = "fp32" if dtype == torch.float32 else "half"
-    config = dict(CONFIGS[("varlen_" + kind, family, cls, 64 if head_block(head_dim) <= 64 else 128)])
+    dim_class = 64 if head_block(head_dim) <= 64 else 128
+    config = dict(CONFIGS[("varlen_" + kind, family, cls, dim_class)])
+    if arch is not None and arch >= 120 and family == "small":
+        config.update(CONSUMER_BLACKWELL_CONFIGS.get(("varlen_" + kind, cls, dim_class), {}))
     if _BLOCK_OVERRIDE is not None:
         config["BLOCK_M"], config["BLOCK_N"] = _BLOCK_OVERRIDE
     return config

@@ -344,11 +344,16 @@ BLACKWELL_GROUPED_CONFIGS = {("short2", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=F
 SPLIT_SPILLS = {("table", "small", "half", 128), ("table_extra", "small", "half", 128), ("table", "sm80", "fp32", 64),
                 ("table_extra", "sm80", "fp32", 64), ("table", "sm90", "fp32", 64), ("table_extra", "sm90", "fp32", 64)}
 
-# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for the entries here,
-# where the Blackwell ptxas spills with them. None today: the two-block backward at D = 128 took the plain bias
-# (OPAQUE_BIAS=False) while it spilled 8 B with the opaque one; since its dQ is added in the program it is
-# spill-free with it (and cheaper: 46.8 instructions per element against 72.6, pairs bf16).
-CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {}
+# Consumer Blackwell GPUs (sm_120: RTX 50xx, RTX PRO) take the small family's configs, but for the entries here
+# (padded kinds read by select_config, packed ones, "varlen_*", by _varlen_kernels.select_varlen_config). The
+# two-block backward at D = 128 took the plain bias (OPAQUE_BIAS=False) while it spilled 8 B with the opaque one;
+# since its dQ is added in the program it is spill-free with it (and cheaper: 46.8 instructions per element against
+# 72.6, pairs bf16). The packed dK/dV kernel storing dS at D = 128 takes 32-key blocks of 16 there (sentences-packed
+# bf16, instructions per valid pair: 152.8 -> 145.3, causal 169.0 -> 153.0; on sm_86 the same tiles cost more,
+# 145.2 -> 164.9).
+CONSUMER_BLACKWELL_CONFIGS: Dict[Tuple[str, str, int], dict] = {
+    ("varlen_dkdv_ds", "half", 128): dict(BLOCK_N=16, num_stages=1),
+}
 
 
 def _opaque_bias(family: str) -> bool:
