@@ -160,3 +160,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _launch_programs(request):
+    """Launcher replay (``ops._replay``) is on only in tests marked ``replay`` (test_replay.py compares it with the
+    launchers as written on every kernel path); every other test runs the launchers as written, so that a test that
+    patches a module's constant, config or launch function sees its patch. Each test starts with no program."""
+    from syntaxkernels.ops import _replay
+
+    _replay.clear()
+    previous = _replay.set_enabled(request.node.get_closest_marker("replay") is not None)
+    yield
+    _replay.set_enabled(previous)
+    _replay.clear()

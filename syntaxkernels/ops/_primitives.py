@@ -367,6 +367,10 @@ def launch(kernel, grid, *args, **kwargs):
     launch runs under that device (Triton itself launches on the current device). A config that does not fit
     the GPU raises :class:`KernelDoesNotFit` (never Triton's bare error).
     """
+    recorder = _RECORDER
+    if recorder is not None:  # a launcher being recorded (ops._replay): note the launch, then launch
+        recorder.launch(kernel, grid, args, kwargs)
+        recorder.launching = True
     try:
         _launch(kernel, grid, args, kwargs)
     except OutOfResources as error:
@@ -375,6 +379,37 @@ def launch(kernel, grid, *args, **kwargs):
             f"(sm_{current_arch()}, config family '{arch_family()}'): {error}. Every family's configs are compiled "
             "against its limits (python -m syntaxkernels inspect): please report this GPU; backend='reference' "
             "runs meanwhile") from error
+    finally:
+        if recorder is not None:
+            recorder.launching = False
+
+
+#: The recorder of :mod:`.ops._replay` while a launcher is being recorded (else None).
+_RECORDER = None
+
+
+def launch_with_entry(kernel, grid, args, kwargs, entry):
+    """:func:`launch` for a replayed launch (:mod:`._replay`): with ``entry``, what an earlier launch of the same
+    program step returned (the same kernel, constexprs and specialisation: the program's key guarantees it), straight
+    to Triton's C launcher; else through :func:`launch`. Returns the entry for the next replay (None when the launch
+    did not take the direct path: the interpreter, a hook, another device)."""
+    global _LAST_ENTRY
+    if entry is not None and _LAUNCH_HOOK is None:
+        compiled, trailing, slots, device = entry
+        active = _driver.active
+        if device == active.get_current_device() and not (_hooked(_knobs.runtime.launch_enter_hook)
+                                                           or _hooked(_knobs.runtime.launch_exit_hook)):
+            _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
+            return entry
+    _LAST_ENTRY = None
+    launch(kernel, grid, *args, **kwargs)
+    found, _LAST_ENTRY = _LAST_ENTRY, None
+    return found
+
+
+#: The entry :func:`_direct_launch` last launched with (``(compiled, trailing, slots, device)``), for
+#: :func:`launch_with_entry`.
+_LAST_ENTRY = None
 
 
 def _launch(kernel, grid, args, kwargs):
@@ -422,7 +457,9 @@ def _specialisation(args):
     plain = _PLAIN
     for a in args:
         kind = a.__class__
-        if kind is int or kind is bool or a is None:
+        if kind is int:  # (large ones by Triton's classes: a seed changes every call)
+            key.append(a if -_SMALL < a < _SMALL else _int_class(a))
+        elif kind is bool or a is None:
             key.append(a)
         elif kind is float:
             key.append(float)
@@ -435,6 +472,17 @@ def _specialisation(args):
         else:
             key.append(a)
     return tuple(key), device
+
+
+#: Integers below this magnitude key a specialisation by value; larger ones by :func:`_int_class`.
+_SMALL = 1 << 20
+
+
+def _int_class(value: int) -> tuple:
+    """What Triton specialises a runtime integer argument on, and finer: ``== 1``, divisible by 16, and its type
+    (int32, int64, uint64). Large integers (a dropout seed, different every call) key a launch by this class, so
+    that every seed reuses one compiled entry instead of adding one."""
+    return ("int", value == 1, value % 16 == 0, -(1 << 31) <= value < (1 << 31), value >= (1 << 63))
 
 
 def _launch_on_current_device(kernel, grid, args, kwargs, key):
@@ -466,13 +514,21 @@ def _direct_launch(kernel, grid, args, kwargs, key):
         return
     active = _driver.active
     device = active.get_current_device()
-    full_key = (kernel, device, key, _keyword_key(kwargs))
+    full_key = (kernel, device, key, _keyword_key(kernel, kwargs))
     entry = _COMPILED.get(full_key)
     if entry is None:
         compiled = kernel.run(*args, grid=grid, warmup=_DIRECT_LAUNCH_OVERRIDE is not None, **kwargs)
         _COMPILED[full_key] = (compiled, *_trailing_arguments(kernel, len(args), kwargs))
         return
     compiled, trailing, slots = entry
+    global _LAST_ENTRY
+    _LAST_ENTRY = (compiled, trailing, slots, device)
+    _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
+
+
+def _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device):
+    """Triton's C launcher of ``compiled`` on ``args`` and the trailing parameters (``slots``: those passed by name
+    as tensors, taken from ``kwargs``)."""
     if slots:  # tensors passed by name: this call's, at their places (the entry keeps none of them alive)
         trailing = list(trailing)
         for index, name in slots:
@@ -481,7 +537,7 @@ def _direct_launch(kernel, grid, args, kwargs, key):
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
     if _DIRECT_LAUNCH_OVERRIDE is not None:
-        _DIRECT_LAUNCH_OVERRIDE(compiled, grid[0], grid_1, grid_2, args + trailing)
+        _DIRECT_LAUNCH_OVERRIDE(compiled, grid[0], grid_1, grid_2, tuple(args) + trailing)
         return
     stream = active.get_current_stream(device)
     compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, None, None, None,
@@ -497,26 +553,45 @@ def _hooked(hook) -> bool:
     return calls is None or len(calls) > 0
 
 
-def _keyword_key(kwargs) -> tuple:
-    """What a launch specialises on in its keyword arguments: each value as it is, a tensor as its dtype and 16-byte
-    alignment (as :func:`_specialisation` takes the positional ones), never the tensor itself (a key holding it
-    would never match the next call's tensor, and would keep it alive)."""
+def _keyword_key(kernel, kwargs) -> tuple:
+    """What a launch specialises on in its keyword arguments: each value as it is (a constexpr), a large integer of a
+    runtime parameter by :func:`_int_class` (as :func:`_specialisation` takes the positional ones), a tensor as its
+    dtype and 16-byte alignment, never the tensor itself (a key holding it would never match the next call's tensor,
+    and would keep it alive)."""
     plain = _PLAIN
-    return tuple((name, (value.dtype, value.data_ptr() & 15)) if value.__class__ in plain else (name, value)
-                 for name, value in kwargs.items())
+    constexprs = _CONSTEXPR_NAMES.get(kernel)
+    if constexprs is None:
+        constexprs = _CONSTEXPR_NAMES[kernel] = frozenset(p.name for p in kernel.params if p.is_constexpr)
+    key = []
+    for name, value in kwargs.items():
+        kind = value.__class__
+        if kind in plain:
+            value = (value.dtype, value.data_ptr() & 15)
+        elif kind is int and not -_SMALL < value < _SMALL and name not in constexprs:
+            value = _int_class(value)
+        key.append((name, value))
+    return tuple(key)
+
+
+#: The constexpr parameters of each kernel, by name (:func:`_keyword_key`).
+_CONSTEXPR_NAMES: dict = {}
 
 
 def _trailing_arguments(kernel, positional: int, kwargs) -> tuple:
     """``(values, slots)``: the values of the kernel's parameters after the first ``positional`` ones, in signature
     order (from ``kwargs``, else their defaults): what a compiled kernel's launcher takes after the positional
-    arguments (the JIT passes every bound argument, constexprs included), with None where a tensor is passed by
-    name; ``slots``: ``(index, name)`` of those, which each launch fills with its own tensors. The rest is fixed
-    for a specialisation: its key holds ``kwargs`` (:func:`_keyword_key`)."""
+    arguments (the JIT passes every bound argument, constexprs included), with None where a tensor or a runtime
+    (not constexpr) parameter is passed by name; ``slots``: ``(index, name)`` of those, which each launch fills with
+    its own values (a seed differs every call). The rest is fixed for a specialisation: its key holds ``kwargs``
+    (:func:`_keyword_key`)."""
+    if any(p.is_constexpr for p in kernel.params[:positional]):  # (the keys take positional integers as runtime ones)
+        raise TypeError(f"{kernel.fn.__name__}: constexpr parameters must be passed by name")
     params = list(kernel.signature.parameters.values())[positional:]
+    runtime = {p.name for p in kernel.params if not p.is_constexpr}
     values, slots = [], []
     for index, p in enumerate(params):
         value = kwargs[p.name] if p.name in kwargs else p.default
-        if value.__class__ in _PLAIN:
+        if value.__class__ in _PLAIN or (p.name in kwargs and p.name in runtime):
             slots.append((index, p.name))
             value = None
         values.append(value)

@@ -20,6 +20,7 @@ from ...plan import register_derivation
 from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, current_arch, dot_precision, dropout_arguments, head_block, interpreting, launch,
                            launch_grid, multiprocessors)
+from .. import _replay
 from ..block_meta import block_bucket_masks, block_distance_range, boundary_tiles, live_blocks, split_lists
 from ._backward import (_bias_bwd_dkdv_kernel, _bias_bwd_dq_kernel, _bias_bwd_short2_kernel,
                         _bias_bwd_short2_sum_kernel, _bias_bwd_short_kernel, _bias_bwd_short_t_kernel,
@@ -303,6 +304,16 @@ def _even(N: int, config: dict) -> bool:
     return N % config["BLOCK_M"] == 0 and N % config["BLOCK_N"] == 0
 
 
+def _tile_state():
+    from . import configs
+
+    return configs._BLOCK_OVERRIDE, configs._SHORT_ROWS
+
+
+_replay.STATE.append(_tile_state)  # (the tests' tile overrides are part of every replay key)
+
+
+@_replay.replayed(skip=_replay.dropout_on(13))
 def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
@@ -441,6 +452,7 @@ def table_heads(H: int, shared_table: bool) -> int:
     return H if shared_table else 1
 
 
+@_replay.replayed(skip=_replay.dropout_on(18))
 def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
                             lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,

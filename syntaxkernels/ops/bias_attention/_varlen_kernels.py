@@ -62,6 +62,7 @@ from ...specs import BucketSpec
 from .._primitives import (LOG2E, arch_family, build_lut, current_arch, dot_precision, dropout_arguments,
                            dropout_keep_pairs, head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma,
                            mma_acc, position_bias, program_ids, seed_bits, KernelDoesNotFit)
+from .. import _replay
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
 from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
@@ -711,6 +712,14 @@ def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: O
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _varlen_tile_state():
+    return _BLOCK_OVERRIDE
+
+
+_replay.STATE.append(_varlen_tile_state)
+
+
+@_replay.replayed(skip=_replay.dropout_on(14))
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
                    dropout_seed: Optional[int] = None, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
@@ -751,6 +760,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     return out, lse, lut
 
 
+@_replay.replayed(skip=_replay.dropout_on(19))
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,

@@ -1,0 +1,416 @@
+"""Launch programs: a launcher's host work recorded once per shape class and replayed on every later call.
+
+A launcher (the forward or backward of an op: configs, buffers, the arguments of every Triton launch) does the
+same host work for every call of one *shape class*: the same shapes, strides, dtypes, devices and 16-byte
+alignments of its tensors, the same other arguments, the same GPU and config state. :func:`replayed` wraps a
+launcher so that its first call of a shape class runs it as written while a recorder notes what it did -- each
+aten op (allocations, views, the few small tensor ops between launches) and each kernel launch, with every tensor
+named by where it came from (an argument, or the output of an earlier step) -- and every later call of that class
+replays the notes on the new call's tensors: the allocations and views again, the launches with the new tensors
+and with everything else as recorded, through the compiled kernel the first replay found (Triton's C launcher
+directly: no argument binding, no specialisation, no constexpr resolution). The launcher's Python (config
+selection, constexpr assembly, grid arithmetic, the metadata branches) runs once per shape class.
+
+Exact by construction: a replay does what the launcher would do, provided the launcher's work depends on nothing
+but what the key holds (:func:`_key`: every tensor's shape, strides, dtype, device, alignment and aliasing, every
+other argument's value, and the state of :data:`STATE`: the GPU the kernels compile for, the interpreter, the
+tests' tile and multiprocessor overrides). The launchers read no tensor values on the host (no synchronisation):
+a recording that sees one (``item``, ``_local_scalar_dense``) is not replayed. Calls with attention dropout
+(their seed changes every call) and calls traced by ``torch.compile`` (fake or functional tensors) or watched by a
+launch hook (the inspection) run the launcher as written.
+
+:func:`set_enabled` turns replay off (the test suite runs the launchers as written, except the tests of replay
+itself, which compare replayed launches with the written ones); :func:`clear` forgets every program.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Callable, List, Optional
+
+import torch
+
+from . import _primitives
+
+__all__ = ["replayed", "dropout_on", "set_enabled", "enabled", "clear", "programs", "STATE", "MAX_PROGRAMS"]
+
+#: Programs kept (the least recently used ones go first): padded batches of many lengths make a program each.
+MAX_PROGRAMS = 512
+
+#: Functions whose results are part of every key: global state that launchers read (each op module adds its own
+#: tile overrides; :func:`_primitives.current_arch` and the interpreter are always in).
+STATE: List[Callable[[], object]] = []
+
+_PROGRAMS: "collections.OrderedDict" = collections.OrderedDict()
+_ENABLED = True
+_MISSING = object()
+#: Aten ops that read tensor values on the host: a launcher that calls one is not replayed.
+_HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"}
+#: Allocations replayed through the factory functions (a third of the dispatcher's cost from Python).
+_EMPTY = "aten.empty.memory_format"
+_EMPTY_STRIDED = "aten.empty_strided.default"
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn replay on or off (off: every launcher runs as written); returns the previous setting."""
+    global _ENABLED
+    previous, _ENABLED = _ENABLED, bool(flag)
+    return previous
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+def clear() -> None:
+    """Forget every recorded program."""
+    _PROGRAMS.clear()
+
+
+def programs() -> dict:
+    """``{(launcher name, key): program or None}`` (None: a shape class that is not replayed): for tests."""
+    return dict(_PROGRAMS)
+
+
+class _NotReplayable(Exception):
+    pass
+
+
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+#: Argument types a key takes as they are (the common ones, checked first).
+_VALUES = (int, float, bool, str, type(None), torch.dtype)
+
+
+def _flatten(values, leaves: list, key: list, seen: dict) -> None:
+    tensors, plain = _TENSORS, _VALUES
+    for value in values:
+        cls = value.__class__
+        if cls in tensors:
+            index = len(leaves)
+            leaves.append(value)
+            key.append((value.shape, value.stride(), value.dtype, value.device, value.data_ptr() & 15,
+                        seen.setdefault(id(value), index)))
+        elif cls in plain:
+            key.append(value)
+        elif isinstance(value, (tuple, list)):
+            key.append((cls, len(value)))
+            _flatten(value, leaves, key, seen)
+        elif isinstance(value, torch.Tensor):  # fake, functional or another subclass: a traced call
+            raise _NotReplayable
+        else:
+            key.append(value)
+
+
+def _key(args, kwargs):
+    """``(leaves, key)``: the call's tensors in order and its shape class, or ``(None, None)`` for a call that is not
+    replayed (a traced or subclassed tensor, an unhashable argument)."""
+    leaves: list = []
+    key: list = []
+    seen: dict = {}
+    try:
+        _flatten(args, leaves, key, seen)
+        if kwargs:
+            for name in sorted(kwargs):
+                key.append(name)
+                _flatten((kwargs[name],), leaves, key, seen)
+        key.append(_primitives.current_arch())
+        key.append(_primitives.interpreting())
+        key.append(_primitives._MULTIPROCESSORS_OVERRIDE)
+        key.append(torch.is_grad_enabled())
+        key.append(torch.is_inference_mode_enabled())
+        for state in STATE:
+            key.append(state())
+        key = tuple(key)
+        hash(key)
+    except (_NotReplayable, TypeError):
+        return None, None
+    return leaves, key
+
+
+def dropout_on(index: int):
+    """A :func:`replayed` ``skip``: calls whose ``dropout_p`` (positional ``index``, or by name) is not 0 run as
+    written (the seed changes every call)."""
+    return lambda *args, **kwargs: (args[index] if len(args) > index else kwargs.get("dropout_p", 0.0)) > 0.0
+
+
+def replayed(skip: Optional[Callable[..., bool]] = None):
+    """Decorate a launcher: record it once per shape class, replay it after (module docstring). ``skip(*args,
+    **kwargs)``: calls that always run as written (those with attention dropout: the seed changes every call)."""
+
+    def decorate(fn):
+        name = fn.__qualname__
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if (not _ENABLED or _primitives._RECORDER is not None or _primitives._LAUNCH_HOOK is not None
+                    or torch.compiler.is_compiling() or (skip is not None and skip(*args, **kwargs))):
+                return fn(*args, **kwargs)
+            leaves, key = _key(args, kwargs)
+            if key is None:
+                return fn(*args, **kwargs)
+            full = (name, key)
+            program = _PROGRAMS.get(full, _MISSING)
+            if program is _MISSING:
+                program, result = _record(fn, args, kwargs, leaves)
+                _PROGRAMS[full] = program
+                while len(_PROGRAMS) > MAX_PROGRAMS:
+                    _PROGRAMS.popitem(last=False)
+                return result
+            _PROGRAMS.move_to_end(full)
+            if program is None:
+                return fn(*args, **kwargs)
+            return program.run(leaves)
+
+        wrapper.written = fn  # the launcher as written (tests compare the two)
+        return wrapper
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recording
+# ---------------------------------------------------------------------------------------------------------
+
+# A reference in a recorded step: ("r", index) a register (an argument or an earlier step's output), ("c", value)
+# a constant tensor the launcher took from elsewhere (a device constant), ("l", value) a literal, ("s", cls, items)
+# a tuple or list of references.
+
+
+class _Recorder:
+    def __init__(self, leaves):
+        self.registers = {id(t): i for i, t in enumerate(leaves)}
+        self.count = len(leaves)
+        self.alive = list(leaves)  # every registered tensor stays alive while recording (ids are not reused)
+        self.steps = []
+        self.replayable = True
+        self.launching = False
+
+    def ref(self, value):
+        if isinstance(value, torch.Tensor):
+            index = self.registers.get(id(value))
+            return ("r", index) if index is not None else ("c", value)
+        if isinstance(value, (tuple, list)):
+            build = value.__class__._make if hasattr(value, "_fields") else value.__class__
+            return ("s", build, tuple(self.ref(v) for v in value))
+        if value.__class__ is dict:
+            return ("d", {name: self.ref(v) for name, v in value.items()})
+        return ("l", value)
+
+    def register(self, value):
+        """Registers for an op's outputs: one index, or a tuple or list of them."""
+        if isinstance(value, torch.Tensor):
+            index = self.count
+            self.registers[id(value)] = index
+            self.alive.append(value)
+            self.count += 1
+            return index
+        if value.__class__ in (tuple, list):
+            return tuple(self.register(v) for v in value)
+        return None
+
+    def op(self, func, args, kwargs, out):
+        if func.__name__.split(".")[0] in _HOST_READS:
+            self.replayable = False
+        base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if (base is not None and isinstance(out, torch.Tensor) and id(base) in self.registers
+                and func.__name__ in ("detach.default", "alias.default")):
+            # The same memory and geometry (the dispatcher detaches a factory's output under a mode): one register.
+            self.registers[id(out)] = self.registers[id(base)]
+            self.alive.append(out)
+            return
+        if (func.is_view and isinstance(out, torch.Tensor) and base is not None and id(base) in self.registers
+                and base.dtype == out.dtype):
+            # A view of a register: one as_strided on the replayed base (its offset kept relative to the base's).
+            self.steps.append(("view", self.registers[id(base)], tuple(out.shape), tuple(out.stride()),
+                               out.storage_offset() - base.storage_offset(), self.register(out)))
+            return
+        name = str(func)
+        if name == _EMPTY and set(kwargs) <= {"dtype", "device", "pin_memory", "layout"} and not kwargs.get(
+                "pin_memory") and kwargs.get("layout") in (None, torch.strided):
+            self.steps.append(("empty", tuple(args[0]), kwargs.get("dtype"), kwargs.get("device"),
+                               self.register(out)))
+            return
+        if name == _EMPTY_STRIDED and set(kwargs) <= {"dtype", "device", "pin_memory", "layout"} and not kwargs.get(
+                "pin_memory") and kwargs.get("layout") in (None, torch.strided):
+            self.steps.append(("empty_strided", tuple(args[0]), tuple(args[1]), kwargs.get("dtype"),
+                               kwargs.get("device"), self.register(out)))
+            return
+        self.steps.append(("op", func, self.ref(tuple(args)), self.ref(dict(kwargs)), self.register(out)))
+
+    def launch(self, kernel, grid, args, kwargs):
+        try:
+            self.steps.append(_Launch(kernel, tuple(grid), [self.ref(a) for a in args],
+                                      {name: self.ref(value) for name, value in kwargs.items()}))
+        except _NotReplayable:
+            self.replayable = False
+
+
+class _Launch:
+    """A recorded launch: its arguments as a template (everything as recorded) and the slots that take the call's
+    tensors (positions of registers); ``entry``: the compiled kernel the first replay launched
+    (:func:`_primitives.launch_with_entry`)."""
+
+    __slots__ = ("kernel", "grid", "args", "arg_slots", "kwargs", "kwarg_slots", "entry")
+
+    def __init__(self, kernel, grid, args, kwargs):
+        self.kernel, self.grid, self.entry = kernel, grid, None
+        self.args = [None if r[0] == "r" else _resolve(r, None) for r in args]
+        self.arg_slots = tuple((i, r[1]) for i, r in enumerate(args) if r[0] == "r")
+        self.kwargs = {name: (None if r[0] == "r" else _resolve(r, None)) for name, r in kwargs.items()}
+        self.kwarg_slots = tuple((name, r[1]) for name, r in kwargs.items() if r[0] == "r")
+        if any(r[0] == "s" and _has_register(r) for r in list(args) + list(kwargs.values())):
+            raise _NotReplayable  # (the launchers pass tensors one by one)
+
+    def run(self, registers):
+        args = self.args.copy()
+        for position, index in self.arg_slots:
+            args[position] = registers[index]
+        kwargs = self.kwargs
+        if self.kwarg_slots:
+            kwargs = dict(kwargs)
+            for name, index in self.kwarg_slots:
+                kwargs[name] = registers[index]
+        self.entry = _primitives.launch_with_entry(self.kernel, self.grid, args, kwargs, self.entry)
+
+
+def _has_register(ref) -> bool:
+    if ref[0] == "r":
+        return True
+    if ref[0] == "s":
+        return any(_has_register(r) for r in ref[2])
+    if ref[0] == "d":
+        return any(_has_register(r) for r in ref[1].values())
+    return False
+
+
+def _record(fn, args, kwargs, leaves):
+    """Run ``fn`` as written while recording it: ``(program or None, result)``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    recorder = _Recorder(leaves)
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if not recorder.launching:  # (a launch's own tensor work, the interpreter's, is the launch's)
+                recorder.op(func, args, kwargs, out)
+            return out
+
+    _primitives._RECORDER = recorder
+    try:
+        with Mode():
+            result = fn(*args, **kwargs)
+    finally:
+        _primitives._RECORDER = None
+    if not recorder.replayable:
+        return None, result
+    try:
+        return _Program(recorder.steps, recorder.ref(result), recorder.count, len(leaves)), result
+    except _NotReplayable:
+        return None, result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Replay
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _resolve(ref, registers):
+    kind = ref[0]
+    if kind == "r":
+        return registers[ref[1]]
+    if kind == "l" or kind == "c":
+        return ref[1]
+    if kind == "d":
+        return {name: _resolve(r, registers) for name, r in ref[1].items()}
+    return ref[1]([_resolve(r, registers) for r in ref[2]])
+
+
+def _store(index, value, registers):
+    if index is None:
+        return
+    if isinstance(index, int):
+        registers[index] = value
+        return
+    for i, v in zip(index, value):
+        _store(i, v, registers)
+
+
+def _uses(step) -> list:
+    """The registers a step reads."""
+    if step.__class__ is _Launch:
+        return [index for _, index in step.arg_slots] + [index for _, index in step.kwarg_slots]
+    if step[0] == "view":
+        return [step[1]]
+    if step[0] == "op":
+        return _registers_in(step[2]) + _registers_in(step[3])
+    return []
+
+
+def _registers_in(ref) -> list:
+    if ref[0] == "r":
+        return [ref[1]]
+    if ref[0] == "s":
+        return [i for r in ref[2] for i in _registers_in(r)]
+    if ref[0] == "d":
+        return [i for r in ref[1].values() for i in _registers_in(r)]
+    return []
+
+
+def _fold_allocations(steps, result) -> list:
+    """An allocation whose only use is one view covering all of it (``output_like``'s transposed layout) becomes
+    one ``empty_strided`` of the view's geometry: the same memory layout, one call instead of two."""
+    uses = collections.Counter(i for step in steps for i in _uses(step))
+    uses.update(_registers_in(result))
+    folded, dropped = {}, set()
+    for n, step in enumerate(steps):
+        if step.__class__ is _Launch or step[0] != "empty" or uses[step[4]] != 1:
+            continue
+        size, register = step[1], step[4]
+        numel = 1
+        for extent in size:
+            numel *= extent
+        for m in range(n + 1, len(steps)):
+            view = steps[m]
+            if view.__class__ is not _Launch and view[0] == "view" and view[1] == register:
+                _, _, vsize, vstride, offset, out = view
+                span = 1 + sum((e - 1) * st for e, st in zip(vsize, vstride)) if all(vsize) else 0
+                if offset == 0 and numel > 0 and span == numel and min(vstride, default=1) >= 0:
+                    folded[n] = ("empty_strided", vsize, vstride, step[2], step[3], out)
+                    dropped.add(m)
+                break
+    return [folded.get(n, step) for n, step in enumerate(steps) if n not in dropped]
+
+
+class _Program:
+    """A recorded launcher call: steps over registers (the call's tensors, then each step's outputs)."""
+
+    def __init__(self, steps, result, registers: int, leaves: int):
+        self.steps = _fold_allocations(steps, result)
+        self.result = result
+        self.blank = [None] * (registers - leaves)
+        self.launches = sum(1 for s in steps if s.__class__ is _Launch)
+        self.replays = 0
+
+    def run(self, leaves):
+        self.replays += 1
+        registers = leaves + self.blank
+        for step in self.steps:
+            if step.__class__ is _Launch:
+                step.run(registers)
+                continue
+            kind = step[0]
+            if kind == "view":
+                base = registers[step[1]]
+                registers[step[5]] = base.as_strided(step[2], step[3], base.storage_offset() + step[4])
+            elif kind == "empty":
+                registers[step[4]] = torch.empty(step[1], dtype=step[2], device=step[3])
+            elif kind == "empty_strided":
+                registers[step[5]] = torch.empty_strided(step[1], step[2], dtype=step[3], device=step[4])
+            else:
+                _, func, args, kwargs, out = step
+                _store(out, func(*_resolve(args, registers), **_resolve(kwargs, registers)), registers)
+        return _resolve(self.result, registers)
