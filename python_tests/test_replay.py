@@ -176,6 +176,42 @@ def test_a_launcher_that_reads_a_value_on_the_host_is_not_replayed():
     assert len(calls) == 2 and list(_replay.programs().values()) == [None]
 
 
+def test_a_recording_takes_its_own_threads_launches_only():
+    """The recorder is per thread: another thread's launch while a launcher is being recorded is not in its
+    program (DataParallel replicas run their layers in threads)."""
+    import threading
+
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fill(X, value, N: tl.constexpr):
+        tl.store(X + tl.arange(0, N), tl.full((N,), value, tl.float32))
+
+    inside, done = threading.Event(), threading.Event()
+
+    @_replay.replayed()
+    def launcher(x, wait):
+        P.launch(fill, (1,), x, 1.0, N=16)
+        if wait:
+            inside.set()
+            done.wait(30)
+        return x
+
+    def other():
+        inside.wait(30)
+        P.launch(fill, (1,), torch.zeros(16, device=DEVICE), 2.0, N=16)
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    launcher(torch.zeros(16, device=DEVICE), True)
+    thread.join()
+    (program,) = _replay.programs().values()
+    assert program is not None and program.launches == 1
+    assert torch.equal(launcher(torch.zeros(16, device=DEVICE), True), torch.ones(16, device=DEVICE))
+
+
 def test_dropout_calls_run_as_written():
     batch = sk.TreeBatch.from_heads(_heads([7, 19], 1)).to(DEVICE)
     (tensors, grad) = _inputs(batch, 2, 16, 0)

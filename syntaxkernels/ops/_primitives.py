@@ -21,6 +21,7 @@ limits, :data:`SHARED_LIMIT`), :func:`launches_on` (whether a kernel launch for 
 Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``), so softmaxes use
 ``exp2``; distance tiles are uint8, 255 = unreachable (and out of range).
 """
+import threading
 import triton
 import triton.language as tl
 from triton import knobs as _knobs
@@ -365,14 +366,15 @@ def launch(kernel, grid, *args, **kwargs):
     being traced for shapes only (fake tensors among the arguments) the launch is skipped, which is what the
     fake implementation needs (outputs are allocated by the caller). On a GPU other than the current one the
     launch runs under that device (Triton itself launches on the current device). A config that does not fit
-    the GPU raises :class:`KernelDoesNotFit` (never Triton's bare error).
+    the GPU raises :class:`KernelDoesNotFit` (never Triton's bare error). Returns what :func:`_direct_launch`
+    launched with (for :func:`launch_with_entry`), or None.
     """
-    recorder = _RECORDER
+    recorder = getattr(_RECORDING, "recorder", None)
     if recorder is not None:  # a launcher being recorded (ops._replay): note the launch, then launch
         recorder.launch(kernel, grid, args, kwargs)
         recorder.launching = True
     try:
-        _launch(kernel, grid, args, kwargs)
+        return _launch(kernel, grid, args, kwargs)
     except OutOfResources as error:
         raise KernelDoesNotFit(
             f"{getattr(getattr(kernel, 'fn', kernel), '__name__', kernel)} does not fit this GPU "
@@ -384,8 +386,9 @@ def launch(kernel, grid, *args, **kwargs):
             recorder.launching = False
 
 
-#: The recorder of :mod:`.ops._replay` while a launcher is being recorded (else None).
-_RECORDER = None
+#: ``recorder``: the recorder of :mod:`.ops._replay` while this thread records a launcher (per thread: another
+#: thread's launches are not this recording's).
+_RECORDING = threading.local()
 
 
 def launch_with_entry(kernel, grid, args, kwargs, entry):
@@ -393,7 +396,6 @@ def launch_with_entry(kernel, grid, args, kwargs, entry):
     program step returned (the same kernel, constexprs and specialisation: the program's key guarantees it), straight
     to Triton's C launcher; else through :func:`launch`. Returns the entry for the next replay (None when the launch
     did not take the direct path: the interpreter, a hook, another device)."""
-    global _LAST_ENTRY
     if entry is not None and _LAUNCH_HOOK is None:
         compiled, trailing, slots, device = entry
         active = _driver.active
@@ -401,15 +403,7 @@ def launch_with_entry(kernel, grid, args, kwargs, entry):
                                                            or _hooked(_knobs.runtime.launch_exit_hook)):
             _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
             return entry
-    _LAST_ENTRY = None
-    launch(kernel, grid, *args, **kwargs)
-    found, _LAST_ENTRY = _LAST_ENTRY, None
-    return found
-
-
-#: The entry :func:`_direct_launch` last launched with (``(compiled, trailing, slots, device)``), for
-#: :func:`launch_with_entry`.
-_LAST_ENTRY = None
+    return launch(kernel, grid, *args, **kwargs)
 
 
 def _launch(kernel, grid, args, kwargs):
@@ -437,8 +431,8 @@ def _launch(kernel, grid, args, kwargs):
     if device is not None and device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(device):  # Triton launches on the current device, not the tensors' one
             _launch_on_current_device(kernel, grid, args, kwargs, key)
-        return
-    _launch_on_current_device(kernel, grid, args, kwargs, key)
+        return None
+    return _launch_on_current_device(kernel, grid, args, kwargs, key)
 
 
 #: Tensor types a launch passes to Triton as they are (fake and functional tensors of a traced op go through
@@ -490,8 +484,8 @@ def _launch_on_current_device(kernel, grid, args, kwargs, key):
 
     if key is None:  # a torch.library op being traced (fake or functional tensors): through wrap_triton
         torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
-        return
-    _direct_launch(kernel, grid, args, kwargs, key)
+        return None
+    return _direct_launch(kernel, grid, args, kwargs, key)
 
 
 #: ``(kernel, device, specialisation key, constexprs and options) -> (compiled kernel, the values of the kernel's
@@ -521,9 +515,8 @@ def _direct_launch(kernel, grid, args, kwargs, key):
         _COMPILED[full_key] = (compiled, *_trailing_arguments(kernel, len(args), kwargs))
         return
     compiled, trailing, slots = entry
-    global _LAST_ENTRY
-    _LAST_ENTRY = (compiled, trailing, slots, device)
     _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
+    return compiled, trailing, slots, device
 
 
 def _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device):

@@ -11,13 +11,18 @@ and with everything else as recorded, through the compiled kernel the first repl
 directly: no argument binding, no specialisation, no constexpr resolution). The launcher's Python (config
 selection, constexpr assembly, grid arithmetic, the metadata branches) runs once per shape class.
 
+The wrapped units: the distance-bias op's launchers (padded and packed, forward and backward) and, around them, the
+forward and backward steps of its two autograd Functions (their table reshape, LUT constants and T5 term too); a
+unit called while an enclosing one records runs as written, its work part of the enclosing program.
+
 Exact by construction: a replay does what the launcher would do, provided the launcher's work depends on nothing
-but what the key holds (:func:`_key`: every tensor's shape, strides, dtype, device, alignment and aliasing, every
-other argument's value, and the state of :data:`STATE`: the GPU the kernels compile for, the interpreter, the
-tests' tile and multiprocessor overrides). The launchers read no tensor values on the host (no synchronisation):
-a recording that sees one (``item``, ``_local_scalar_dense``) is not replayed. Calls with attention dropout
-(their seed changes every call) and calls traced by ``torch.compile`` (fake or functional tensors) or watched by a
-launch hook (the inspection) run the launcher as written.
+but what the key holds (:func:`_key`: every tensor's shape, strides, dtype, device, alignment and identity, every
+other argument's value, and the state of :data:`STATE`: the GPU the kernels compile for, the interpreter, grad,
+inference and autocast modes, the tests' tile and multiprocessor overrides). The launchers read no tensor values on
+the host (no synchronisation): a recording that sees one (``item``, ``_local_scalar_dense``) is not replayed. Calls
+with attention dropout (their seed changes every call), calls traced by ``torch.compile`` (fake or functional
+tensors) and calls watched by a launch hook (the inspection) run the launcher as written. Recording is per thread
+(another thread's launches are not in this thread's program).
 
 :func:`set_enabled` turns replay off (the test suite runs the launchers as written, except the tests of replay
 itself, which compare replayed launches with the written ones); :func:`clear` forgets every program.
@@ -40,6 +45,10 @@ MAX_PROGRAMS = 512
 #: Functions whose results are part of every key: global state that launchers read (each op module adds its own
 #: tile overrides; :func:`_primitives.current_arch` and the interpreter are always in).
 STATE: List[Callable[[], object]] = []
+
+#: The autocast state in every key (the kernels' inputs' dtypes are in it too; a recording under autocast records the
+#: ops autocast chose).
+_AUTOCAST_DEVICE = "cuda"
 
 _PROGRAMS: "collections.OrderedDict" = collections.OrderedDict()
 _ENABLED = True
@@ -120,6 +129,7 @@ def _key(args, kwargs):
         key.append(_primitives._MULTIPROCESSORS_OVERRIDE)
         key.append(torch.is_grad_enabled())
         key.append(torch.is_inference_mode_enabled())
+        key.append(torch.is_autocast_enabled(_AUTOCAST_DEVICE))
         for state in STATE:
             key.append(state())
         key = tuple(key)
@@ -144,7 +154,8 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if (not _ENABLED or _primitives._RECORDER is not None or _primitives._LAUNCH_HOOK is not None
+            if (not _ENABLED or getattr(_primitives._RECORDING, "recorder", None) is not None
+                    or _primitives._LAUNCH_HOOK is not None
                     or torch.compiler.is_compiling() or (skip is not None and skip(*args, **kwargs))):
                 return fn(*args, **kwargs)
             leaves, key = _key(args, kwargs)
@@ -158,7 +169,10 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
                 while len(_PROGRAMS) > MAX_PROGRAMS:
                     _PROGRAMS.popitem(last=False)
                 return result
-            _PROGRAMS.move_to_end(full)
+            try:
+                _PROGRAMS.move_to_end(full)
+            except KeyError:  # (another thread let it go meanwhile)
+                pass
             if program is None:
                 return fn(*args, **kwargs)
             return program.run(leaves)
@@ -299,12 +313,12 @@ def _record(fn, args, kwargs, leaves):
                 recorder.op(func, args, kwargs, out)
             return out
 
-    _primitives._RECORDER = recorder
+    _primitives._RECORDING.recorder = recorder
     try:
         with Mode():
             result = fn(*args, **kwargs)
     finally:
-        _primitives._RECORDER = None
+        _primitives._RECORDING.recorder = None
     if not recorder.replayable:
         return None, result
     try:

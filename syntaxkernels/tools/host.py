@@ -25,6 +25,9 @@ for the projections and the parameters):
   views and allocations not counted; of those, the copies), for a layer after the first (the batch's plan already
   holds what the first derived) and for the first (``first_*``).
 
+The launchers replay their recorded host work as a model's layers do (:mod:`syntaxkernels.ops._replay`: the warm-up
+calls of :func:`_median_time` record each shape class, the timed calls replay it).
+
 ``python -m syntaxkernels inspect --host`` prints them; a model of the host path, not a GPU measurement.
 """
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from ...specs import BucketSpec
+from .. import _replay
 from .._dispatch import device_constant
 from ... import reference
 from .._primitives import KernelDoesNotFit, seed_bits
@@ -45,6 +46,32 @@ def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, wind
                                    reach, pos_bounds)
 
 
+@_replay.replayed(skip=_replay.dropout_on(14))
+def _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths, kv_list, kv_count, scale, window,
+                  causal, bucket_spec, dropout_p, dropout_seed, band, position):
+    """The forward of :class:`_SyntaxBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows, pos_lut)``
+    (``rows``: the table as ``[H or 1, T]``; ``pos_lut``: T5's term's LUT, or None). One replayed unit
+    (:mod:`.._replay`): a call of a recorded shape class runs none of this Python."""
+    rows = table.reshape(-1, table.shape[-1])
+    pos_lut, reach = None, 0
+    if position is not None:
+        pos_lut, reach = position_lut(position, position_table), position.reach
+    out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), lengths,
+                             kv_list, kv_count, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+    return out, lse, lut, rows, pos_lut
+
+
+@_replay.replayed(skip=_replay.dropout_on(18))
+def _backward_step(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, bucket_spec, rows,
+                   bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
+                   want_position):
+    """The kernels of :class:`_SyntaxBiasAttention`'s backward: :func:`_backward`'s results, one replayed unit."""
+    return _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, _spec(*bucket_spec),
+                     rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
+                     0 if position is None else position.reach,
+                     _position_bounds(position, q) if want_position else None)
+
+
 def _position_bounds(spec: RelativePositionSpec, like: torch.Tensor) -> torch.Tensor:
     """:func:`._host.position_bounds` on ``like``'s device, moved once per spec and device."""
     return device_constant(("position bounds", spec), like, lambda: position_bounds(spec)[0])
@@ -71,13 +98,9 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, table, bias_scale, position_table, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
         scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, position, same_t = rest[_META:]
-        buckets = _spec(*bucket_spec)
-        rows = table.reshape(-1, table.shape[-1])
-        pos_lut, reach = None, 0
-        if position is not None:
-            pos_lut, reach = position_lut(position, position_table), position.reach
-        out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), lengths, kv_list,
-                                 kv_count, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+        out, lse, lut, rows, pos_lut = _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths,
+                                                     kv_list, kv_count, scale, window, causal, bucket_spec,
+                                                     dropout_p, dropout_seed, band, position)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, pos_lut, position_table,
                               *meta)
         ctx.scale, ctx.window, ctx.causal, ctx.bucket_spec = scale, window, causal, bucket_spec
@@ -96,10 +119,10 @@ class _SyntaxBiasAttention(torch.autograd.Function):
             meta = meta._replace(distance_t=distance)
         spec = ctx.position
         try:
-            dq, dk, dv, dtable, dscale, pos_sums = _backward(
+            dq, dk, dv, dtable, dscale, pos_sums = _backward_step(
                 dout, q, k, v, out, lse, distance, lut, lengths, meta, ctx.scale, ctx.window, ctx.causal,
-                _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale, *ctx.dropout, ctx.band, pos_lut,
-                0 if spec is None else spec.reach, _position_bounds(spec, q) if want_position else None)
+                ctx.bucket_spec, rows, bias_scale, want_table, want_scale, *ctx.dropout, ctx.band, pos_lut, spec,
+                want_position)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise

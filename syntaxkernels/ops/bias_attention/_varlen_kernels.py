@@ -940,6 +940,32 @@ def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offs
                            band=band, pos_lut=pos_lut, reach=reach, pos_bounds=pos_bounds)
 
 
+@_replay.replayed(skip=_replay.dropout_on(12))
+def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
+                  dropout_p, dropout_seed, band, position, position_table, bucket_spec):
+    """The forward of :class:`_VarlenBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows,
+    pos_lut)``; one replayed unit (:mod:`.._replay`)."""
+    rows = table.reshape(-1, table.shape[-1])
+    pos_lut, reach = None, 0
+    if position is not None:
+        pos_lut, reach = position_lut(position, position_table), position.reach
+    out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), cu_seqlens,
+                             sequence, offsets, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+    return out, lse, lut, rows, pos_lut
+
+
+@_replay.replayed(skip=_replay.dropout_on(18))
+def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, bucket_spec,
+                   rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
+                   want_position):
+    """The kernels of :class:`_VarlenBiasAttention`'s backward: :func:`_backward`'s results, one replayed unit."""
+    return _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
+                     _spec(*bucket_spec), rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band,
+                     pos_lut, 0 if position is None else position.reach,
+                     device_constant(("position bounds", position), q, lambda: position_bounds(position)[0])
+                     if want_position else None)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Autograd and the public functions
 # ---------------------------------------------------------------------------------------------------------
@@ -959,13 +985,9 @@ class _VarlenBiasAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
                 bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None, band=-1, position=None,
                 position_table=None):
-        buckets = _spec(*bucket_spec)
-        rows = table.reshape(-1, table.shape[-1])
-        pos_lut, reach = None, 0
-        if position is not None:
-            pos_lut, reach = position_lut(position, position_table), position.reach
-        out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(buckets, q), cu_seqlens, sequence,
-                                 offsets, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+        out, lse, lut, rows, pos_lut = _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence,
+                                                     offsets, scale, window, causal, dropout_p, dropout_seed, band,
+                                                     position, position_table, bucket_spec)
         ctx.save_for_backward(q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut,
                               pos_lut, position_table)
         ctx.scale, ctx.causal, ctx.bucket_spec, ctx.table_shape = scale, causal, bucket_spec, table.shape
@@ -982,12 +1004,10 @@ class _VarlenBiasAttention(torch.autograd.Function):
         spec = ctx.position
         rest = (None,) * 13
         try:
-            dq, dk, dv, dtable, dscale, pos_sums = _backward(
+            dq, dk, dv, dtable, dscale, pos_sums = _backward_step(
                 dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, ctx.scale, ctx.causal,
-                _spec(*ctx.bucket_spec), rows, bias_scale, want_table, want_scale, ctx.dropout_p, ctx.dropout_seed,
-                ctx.band, pos_lut, 0 if spec is None else spec.reach,
-                device_constant(("position bounds", spec), q, lambda: position_bounds(spec)[0])
-                if want_position else None)
+                ctx.bucket_spec, rows, bias_scale, want_table, want_scale, ctx.dropout_p, ctx.dropout_seed,
+                ctx.band, pos_lut, spec, want_position)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise

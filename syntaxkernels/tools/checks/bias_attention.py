@@ -307,6 +307,63 @@ def _check_deterministic(device, shape):
     return ok, f"{summary}; {detail}"
 
 
+def check_replay(device):
+    """Launcher replay (``syntaxkernels.ops._replay``): a padded batch of sentences and a packed one, each recorded
+    on one batch and replayed on another of the same shapes (other trees, other values), give outputs and every
+    gradient bit-identical to the launchers as written on that batch, and every recorded program was replayed."""
+    import syntaxkernels as sk
+    from syntaxkernels.ops import _replay
+
+    _usable(device)
+    B, H, N, D = _shape(device, (2, 2, 40, 32), (32, 12, 57, 64))
+    enabled = _replay.set_enabled(True)
+    details, ok = [], True
+    try:
+        for packed in (False, True):
+            _replay.clear()
+            runs = []
+            for seed in (3, 4):
+                inp = _inputs(device, B, H, N, D, torch.bfloat16, lengths=[N, N // 2 + 1] + [N - 3] * (B - 2),
+                              seed=seed)
+                grad_out = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(seed))
+                if packed:
+                    rng = random.Random(seed)
+                    lengths = inp["lengths"].tolist()
+                    heads = [[-1] + [rng.randrange(0, i) for i in range(1, n)] for n in lengths]
+                    batch = sk.TreeBatch.from_heads(heads, packed=True).to(device)
+                    T = batch.num_tokens
+                    gen = torch.Generator().manual_seed(seed)
+                    tensors = [torch.randn(T, H, D, generator=gen).to(device, torch.bfloat16) for _ in range(3)]
+                    table = torch.randn(inp["table"].shape, generator=gen).to(device)
+                    grad = torch.randn(T, H, D, generator=gen).to(device, torch.bfloat16)
+
+                    def run(batch=batch, tensors=tensors, table=table, grad=grad):
+                        leaves = [t.detach().requires_grad_() for t in tensors + [table]]
+                        c = torch.tensor([BIAS_SCALE], device=device, requires_grad=True)
+                        out = sk.syntax_bias_attention(*leaves[:3], batch, leaves[3], buckets=sk.BucketSpec(),
+                                                       bias_scale=c, backend="triton")
+                        return [out, *torch.autograd.grad(out, leaves + [c], grad)]
+                else:
+                    def run(inp=inp, grad_out=grad_out):
+                        return _grads(inp, torch.bfloat16, "triton", grad_out)
+                runs.append(run)
+            runs[0]()
+            replayed = runs[1]()
+            programs = list(_replay.programs().values())
+            _replay.set_enabled(False)
+            written = runs[1]()
+            _replay.set_enabled(True)
+            differ = _bits_differ(replayed, written)
+            used = len(programs) == 2 and all(p is not None and p.replays == 1 for p in programs)
+            ok &= not differ and used
+            what = "packed" if packed else "padded"
+            details.append(f"{what}: {len(programs)} programs, " + ("each replayed once" if used else "NOT replayed")
+                           + (f", {', '.join(differ)} differ FAIL" if differ else ", bit-identical to as written"))
+    finally:
+        _replay.set_enabled(enabled)
+    return ok, "; ".join(details)
+
+
 CHECKS = [
     Check("bias_attention.triton_bf16_ragged", check_bf16),
     Check("bias_attention.triton_fp16_perhead_causal", check_fp16_perhead_causal),
@@ -318,6 +375,7 @@ CHECKS = [
     Check("bias_attention.triton_grouped_query", check_grouped_query),
     Check("bias_attention.triton_relative_position", check_relative_position),
     Check("bias_attention.relations", check_relations),
+    Check("bias_attention.launcher_replay", check_replay),
 ]
 
 
