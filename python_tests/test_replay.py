@@ -108,6 +108,20 @@ def test_a_replayed_call_is_bit_identical_to_the_launcher_as_written(monkeypatch
         assert got.stride() == want.stride()
 
 
+def test_recording_and_replaying_read_nothing_on_the_host():
+    """Recording a shape class and replaying it read no tensor value on the host (a read would stall the stream
+    and break CUDA-graph capture)."""
+    from syntaxkernels.tools.testing import count_host_reads
+
+    for packed in (False, True):
+        batches = [sk.TreeBatch.from_heads(_heads([9, 21], seed), packed=packed) for seed in (1, 2)]
+        with count_host_reads() as reads:
+            for seed, batch in zip((3, 4), batches):
+                _run(batch, *_inputs(batch, 2, 16, seed, packed=packed), buckets=sk.BucketSpec())
+        assert reads == [], reads
+        assert all(p is not None and p.replays >= 1 for p in _replay.programs().values())
+
+
 def test_lut_attention_replays_padded_and_packed():
     for packed in (False, True):
         _replay.clear()
@@ -218,6 +232,19 @@ def test_dropout_calls_run_as_written():
     for seed in (1, 2):
         _run(batch, tensors, grad, buckets=sk.BucketSpec(), dropout_p=0.25, dropout_seed=seed)
     assert _replay.programs() == {}
+
+
+def test_an_unhashable_argument_runs_as_written():
+    calls = []
+
+    @_replay.replayed()
+    def launcher(x, options):
+        calls.append(1)
+        return x + options["add"]
+
+    for _ in range(2):
+        assert torch.equal(launcher(torch.zeros(2), {"add": 1.0}), torch.ones(2))
+    assert len(calls) == 2 and _replay.programs() == {}
 
 
 def test_programs_are_bounded(monkeypatch):

@@ -39,7 +39,7 @@ from . import _primitives
 
 __all__ = ["replayed", "dropout_on", "set_enabled", "enabled", "clear", "programs", "STATE", "MAX_PROGRAMS"]
 
-#: Programs kept (the least recently used ones go first): padded batches of many lengths make a program each.
+#: Programs kept (the oldest go first): padded batches of many lengths make a program each.
 MAX_PROGRAMS = 512
 
 #: Functions whose results are part of every key: global state that launchers read (each op module adds its own
@@ -50,7 +50,7 @@ STATE: List[Callable[[], object]] = []
 #: ops autocast chose).
 _AUTOCAST_DEVICE = "cuda"
 
-_PROGRAMS: "collections.OrderedDict" = collections.OrderedDict()
+_PROGRAMS: dict = {}
 _ENABLED = True
 _MISSING = object()
 #: Aten ops that read tensor values on the host: a launcher that calls one is not replayed.
@@ -77,7 +77,8 @@ def clear() -> None:
 
 
 def programs() -> dict:
-    """``{(launcher name, key): program or None}`` (None: a shape class that is not replayed): for tests."""
+    """``{key: program or None}`` (the key starts with the launcher's name; None: a shape class that is not
+    replayed): for tests."""
     return dict(_PROGRAMS)
 
 
@@ -112,11 +113,11 @@ def _flatten(values, leaves: list, key: list, seen: dict) -> None:
             key.append(value)
 
 
-def _key(args, kwargs):
-    """``(leaves, key)``: the call's tensors in order and its shape class, or ``(None, None)`` for a call that is not
-    replayed (a traced or subclassed tensor, an unhashable argument)."""
+def _key(name, args, kwargs):
+    """``(leaves, key)``: the call's tensors in order and the launcher's name and shape class, or ``(None, None)`` for
+    a call that is not replayed (a traced or subclassed tensor)."""
     leaves: list = []
-    key: list = []
+    key: list = [name]
     seen: dict = {}
     try:
         _flatten(args, leaves, key, seen)
@@ -132,11 +133,9 @@ def _key(args, kwargs):
         key.append(torch.is_autocast_enabled(_AUTOCAST_DEVICE))
         for state in STATE:
             key.append(state())
-        key = tuple(key)
-        hash(key)
-    except (_NotReplayable, TypeError):
+    except _NotReplayable:
         return None, None
-    return leaves, key
+    return leaves, tuple(key)
 
 
 def dropout_on(index: int):
@@ -158,21 +157,22 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
                     or _primitives._LAUNCH_HOOK is not None
                     or torch.compiler.is_compiling() or (skip is not None and skip(*args, **kwargs))):
                 return fn(*args, **kwargs)
-            leaves, key = _key(args, kwargs)
+            leaves, key = _key(name, args, kwargs)
             if key is None:
                 return fn(*args, **kwargs)
-            full = (name, key)
-            program = _PROGRAMS.get(full, _MISSING)
+            try:
+                program = _PROGRAMS.get(key, _MISSING)
+            except TypeError:  # an unhashable argument
+                return fn(*args, **kwargs)
             if program is _MISSING:
                 program, result = _record(fn, args, kwargs, leaves)
-                _PROGRAMS[full] = program
-                while len(_PROGRAMS) > MAX_PROGRAMS:
-                    _PROGRAMS.popitem(last=False)
+                _PROGRAMS[key] = program
+                while len(_PROGRAMS) > MAX_PROGRAMS:  # the oldest first
+                    try:
+                        _PROGRAMS.pop(next(iter(_PROGRAMS)), None)
+                    except (RuntimeError, StopIteration):  # (another thread changed them meanwhile)
+                        break
                 return result
-            try:
-                _PROGRAMS.move_to_end(full)
-            except KeyError:  # (another thread let it go meanwhile)
-                pass
             if program is None:
                 return fn(*args, **kwargs)
             return program.run(leaves)
