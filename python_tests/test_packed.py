@@ -295,8 +295,8 @@ def test_stored_ds_only_for_short_sequences_and_a_shared_table():
 @needs_triton
 @pytest.mark.long_on_cpu
 def test_long_sequence_300_with_short_ones_on_real_tiles():
-    """Lengths 1..300 in one batch, with the configured tiles (fp16: 32 x 32, dQ 16 x 32): query blocks spanning
-    several short sequences, and a 300-token sequence spanning many blocks."""
+    """Lengths 1..300 in one batch, with the configured tiles (fp16: forward and dQ 16 x 32, dK/dV 32 x 32): query
+    blocks spanning several short sequences, and a 300-token sequence spanning many blocks."""
     assert bv._BLOCK_OVERRIDE is None
     case = make_packed_case([300, 1, 2, 31, 33, 5], 1, 32, seed=5)
     check_packed(case, torch.float16)

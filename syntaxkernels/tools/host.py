@@ -286,7 +286,9 @@ def format_host_report(rows: Sequence[dict]) -> str:
               "layer with an identity Function in place of the attention (its views, transposes, reshapes and the "
               "autograd engine stay), i.e. the op's own host work; triton / aten / copies: device kernels of a layer "
               "after the first (the batch's plan holds what the first derived); first_layer: Triton + aten kernels of "
-              "the first layer. Not included: the driver's launch call (cuLaunchKernel) of each kernel.")
+              "the first layer. The launchers replay the host work recorded on their first call of the shape "
+              "class, as a model's layers do after the first step (ops._replay). Not included: the driver's launch "
+              "call (cuLaunchKernel) of each kernel.")
     lines += textwrap.wrap(legend, WIDTH)
     for r in rows:
         kernels = f"{r['workload']}: {', '.join(r['kernels'])}" + (f"; aten {r['aten_ops']}" if r["aten_ops"] else "")
