@@ -16,8 +16,8 @@ from .._dispatch import device_constant
 from ... import reference
 from .._primitives import KernelDoesNotFit, seed_bits
 from ...specs import RelativePositionSpec
-from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
-                    position_lut, reference_gradients, warn_once)
+from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, kernel_tables, position_bounds_on,
+                    position_gradient_from_bounds, reference_gradients, warn_once)
 from ._launch import (BackwardMetadata, backward_configs, backward_metadata, bias_attention_backward,
                       bias_attention_forward, forward_metadata, launch_configs)
 
@@ -52,10 +52,7 @@ def _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths,
     """The forward of :class:`_SyntaxBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows, pos_lut)``
     (``rows``: the table as ``[H or 1, T]``; ``pos_lut``: T5's term's LUT, or None). One replayed unit
     (:mod:`.._replay`): a call of a recorded shape class runs none of this Python."""
-    rows = table.reshape(-1, table.shape[-1])
-    pos_lut, reach = None, 0
-    if position is not None:
-        pos_lut, reach = position_lut(position, position_table), position.reach
+    rows, pos_lut, reach = kernel_tables(table, position, position_table)
     out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), lengths,
                              kv_list, kv_count, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
     return out, lse, lut, rows, pos_lut
@@ -69,12 +66,7 @@ def _backward_step(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
     return _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, _spec(*bucket_spec),
                      rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
                      0 if position is None else position.reach,
-                     _position_bounds(position, q) if want_position else None)
-
-
-def _position_bounds(spec: RelativePositionSpec, like: torch.Tensor) -> torch.Tensor:
-    """:func:`._host.position_bounds` on ``like``'s device, moved once per spec and device."""
-    return device_constant(("position bounds", spec), like, lambda: position_bounds(spec)[0])
+                     position_bounds_on(position, q) if want_position else None)
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):

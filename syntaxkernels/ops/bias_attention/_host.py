@@ -183,6 +183,20 @@ def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tenso
     return (table.to(torch.float32)[:, buckets] * LOG2E).contiguous()
 
 
+def kernel_tables(table: torch.Tensor, position: Optional[RelativePositionSpec], position_table):
+    """``(rows, pos_lut, reach)``: what the Triton forwards take for the learnable tables: the distance table as
+    ``[H or 1, T]`` rows (a view), and T5's term as :func:`position_lut` and its reach (``None, 0`` without it)."""
+    rows = table.reshape(-1, table.shape[-1])
+    if position is None:
+        return rows, None, 0
+    return rows, position_lut(position, position_table), position.reach
+
+
+def position_bounds_on(spec: RelativePositionSpec, like: torch.Tensor) -> torch.Tensor:
+    """:func:`position_bounds`' boundaries on ``like``'s device, moved once per spec and device."""
+    return device_constant(("position bounds", spec), like, lambda: position_bounds(spec)[0])
+
+
 #: A position boundary past every offset: its sum is the whole tile's (:func:`position_bounds`).
 POSITION_TOTAL = 1 << 30
 

@@ -65,8 +65,8 @@ from .._primitives import (LOG2E, arch_family, build_lut, current_arch, dot_prec
 from .. import _replay
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
-from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, position_bounds, position_gradient_from_bounds,
-                    position_lut, reference_gradients, warn_once)
+from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, kernel_tables, position_bounds_on,
+                    position_gradient_from_bounds, reference_gradients, warn_once)
 from .configs import CONFIGS, CONSUMER_BLACKWELL_CONFIGS, STATIC_BUCKET_LIMIT, STORED_DS_PAIRS_PER_TOKEN
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "stores_ds"]
@@ -945,10 +945,7 @@ def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, of
                   dropout_p, dropout_seed, band, position, position_table, bucket_spec):
     """The forward of :class:`_VarlenBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows,
     pos_lut)``; one replayed unit (:mod:`.._replay`)."""
-    rows = table.reshape(-1, table.shape[-1])
-    pos_lut, reach = None, 0
-    if position is not None:
-        pos_lut, reach = position_lut(position, position_table), position.reach
+    rows, pos_lut, reach = kernel_tables(table, position, position_table)
     out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), cu_seqlens,
                              sequence, offsets, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
     return out, lse, lut, rows, pos_lut
@@ -962,8 +959,7 @@ def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
     return _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
                      _spec(*bucket_spec), rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band,
                      pos_lut, 0 if position is None else position.reach,
-                     device_constant(("position bounds", position), q, lambda: position_bounds(position)[0])
-                     if want_position else None)
+                     position_bounds_on(position, q) if want_position else None)
 
 
 # ---------------------------------------------------------------------------------------------------------
