@@ -520,9 +520,9 @@ def _direct_launch(kernel, grid, args, kwargs, key):
 
 
 def _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device):
-    """Triton's C launcher of ``compiled`` on ``args`` and the trailing parameters (``slots``: those passed by name
-    as tensors, taken from ``kwargs``)."""
-    if slots:  # tensors passed by name: this call's, at their places (the entry keeps none of them alive)
+    """Triton's C launcher of ``compiled`` on ``args`` and the trailing parameters (``slots``: the tensors and
+    runtime values passed by name, taken from ``kwargs``)."""
+    if slots:  # passed by name: this call's, at their places (the entry keeps no tensor alive)
         trailing = list(trailing)
         for index, name in slots:
             trailing[index] = kwargs[name]
