@@ -4,7 +4,7 @@ and replayed on the next ones gives exactly what the launcher as written gives, 
 Each case runs batch A (recorded) and then batch B (the same shape class, other trees and other values: replayed)
 with replay on, and batch B again with replay off; outputs and every gradient must be bit-identical, and every
 recorded program must have been replayed. Plus: what the key holds (alignment, aliasing, the GPU and tile state),
-what is never replayed (host reads, dropout, traced calls), and the launches a replay makes on a compiled GPU
+what is never replayed (host reads, traced calls), dropout seeds, and the launches a replay makes on a compiled GPU
 kernel (sm_90, not run) against the ones the launcher makes as written.
 """
 import random
@@ -76,6 +76,11 @@ CASES = {
     "packed-long": ([150], dict(packed=True)),
     "packed-gqa-causal": ([9, 26], dict(packed=True, kv_heads=1, causal=True)),
     "packed-t5": ([12, 20], dict(packed=True, position=sk.RelativePositionSpec(8, 16))),
+    # Attention dropout: batch B's seed is another one of the same classes (neither 1 nor a multiple of 16, int32).
+    "short-dropout": ([9, 30], dict(dropout_p=0.25, seeds=(12345, 54321))),
+    "tiled-dropout-causal": ([20, 37], dict(tiles=True, causal=True, dropout_p=0.25, seeds=(12345, 54321))),
+    "packed-dropout": ([9, 30], dict(packed=True, dropout_p=0.25, seeds=(12345, 54321))),
+    "packed-dropout-large-seed": ([9, 30], dict(packed=True, dropout_p=0.1, seeds=(2 ** 63 + 7, 2 ** 63 + 99))),
 }
 
 
@@ -87,6 +92,7 @@ def test_a_replayed_call_is_bit_identical_to_the_launcher_as_written(monkeypatch
     packed, tiles = options.pop("packed", False), options.pop("tiles", False)
     per_head, kv_heads = options.pop("per_head", False), options.pop("kv_heads", None)
     buckets, position = options.pop("buckets", None), options.pop("position", None)
+    seeds = options.pop("seeds", (None, None))
     if tiles:  # the tiled kernels at small N (as the tests of those kernels run them)
         monkeypatch.setattr(configs, "_SHORT_ROWS", False)
         monkeypatch.setattr(configs, "_BLOCK_OVERRIDE", (16, 16))
@@ -97,12 +103,13 @@ def test_a_replayed_call_is_bit_identical_to_the_launcher_as_written(monkeypatch
     runs = [_inputs(batch, 2, 16, seed, per_head=per_head, kv_heads=kv_heads, packed=packed, buckets=buckets,
                     position=position) for seed, batch in zip((3, 4), batches)]
     kw = dict(buckets=buckets or sk.BucketSpec(), **options)
-    _run(batches[0], *runs[0], **kw)  # recorded
-    replayed = _run(batches[1], *runs[1], **kw)  # replayed
+    seeded = [dict(kw, dropout_seed=seed) if seed is not None else kw for seed in seeds]
+    _run(batches[0], *runs[0], **seeded[0])  # recorded
+    replayed = _run(batches[1], *runs[1], **seeded[1])  # replayed
     programs = _replay.programs()
     assert len(programs) == 2 and all(p is not None and p.replays == 1 for p in programs.values()), programs
     _replay.set_enabled(False)
-    written = _run(batches[1], *runs[1], **kw)
+    written = _run(batches[1], *runs[1], **seeded[1])
     for got, want in zip(replayed, written):
         assert torch.equal(got, want)
         assert got.stride() == want.stride()
@@ -226,12 +233,15 @@ def test_a_recording_takes_its_own_threads_launches_only():
     assert torch.equal(launcher(torch.zeros(16, device=DEVICE), True), torch.ones(16, device=DEVICE))
 
 
-def test_dropout_calls_run_as_written():
+def test_a_dropout_seed_keys_by_its_classes_not_its_value():
+    """Seeds of the same classes (Triton's: == 1, a multiple of 16, the integer type) share a program; another class
+    records its own."""
     batch = sk.TreeBatch.from_heads(_heads([7, 19], 1)).to(DEVICE)
     (tensors, grad) = _inputs(batch, 2, 16, 0)
-    for seed in (1, 2):
+    for seed in (12345, 54321, 777, 4096):  # the last a multiple of 16
         _run(batch, tensors, grad, buckets=sk.BucketSpec(), dropout_p=0.25, dropout_seed=seed)
-    assert _replay.programs() == {}
+    programs = list(_replay.programs().values())
+    assert len(programs) == 4 and sorted(p.replays for p in programs) == [0, 0, 2, 2], [p.replays for p in programs]
 
 
 def test_an_unhashable_argument_runs_as_written():
@@ -342,6 +352,16 @@ with host._compiled_not_run(90):
         seeds.add(tuple(a for _, _, args in launched for a in args if isinstance(a, int) and abs(a) >= 1 << 20))
     assert len(P._COMPILED) <= entries + 2, (entries, len(P._COMPILED))  # (at most the other classes of a seed)
     assert len(seeds) == 6, seeds
+    # Replayed: each call's seed reaches its launches.
+    _replay.set_enabled(True)
+    _replay.clear()
+    seeds = set()
+    for _ in range(6):
+        launched.clear()
+        dropout_step()
+        seeds.add(tuple(a for _, _, args in launched for a in args if isinstance(a, int) and abs(a) >= 1 << 20))
+    assert len(seeds) == 6, seeds
+    assert sum(p.replays for p in _replay.programs().values()) >= 4, _replay.programs()
 print("OK")
 """
 
@@ -350,7 +370,7 @@ print("OK")
 def test_replayed_launches_equal_the_written_ones_on_compiled_kernels():
     """A replay launches the same compiled kernels with the same grids and arguments as the launcher as written
     (tensors: the same shapes, strides and dtypes), padded and packed; dropout seeds do not grow the compiled-entry
-    cache and reach every launch."""
+    cache and reach every launch, written and replayed."""
     import os
     import subprocess
     import sys

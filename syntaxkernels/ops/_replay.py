@@ -19,10 +19,12 @@ Exact by construction: a replay does what the launcher would do, provided the la
 but what the key holds (:func:`_key`: every tensor's shape, strides, dtype, device, alignment and identity, every
 other argument's value, and the state of :data:`STATE`: the GPU the kernels compile for, the interpreter, grad,
 inference and autocast modes, the tests' tile and multiprocessor overrides). The launchers read no tensor values on
-the host (no synchronisation): a recording that sees one (``item``, ``_local_scalar_dense``) is not replayed. Calls
-with attention dropout (their seed changes every call), calls traced by ``torch.compile`` (fake or functional
-tensors) and calls watched by a launch hook (the inspection) run the launcher as written. Recording is per thread
-(another thread's launches are not in this thread's program).
+the host (no synchronisation): a recording that sees one (``item``, ``_local_scalar_dense``) is not replayed. A
+dropout seed (new every call) is not in the key by value but by the classes Triton specialises its bits on (``== 1``,
+a multiple of 16, the integer type: ``_primitives._int_class``); a replay passes the call's seed to the kernels'
+``seed`` parameters that took the recorded call's seed (a seed parameter holding anything else is not replayed).
+Calls traced by ``torch.compile`` (fake or functional tensors) and calls watched by a launch hook (the inspection) run
+the launcher as written. Recording is per thread (another thread's launches are not in this thread's program).
 
 :func:`set_enabled` turns replay off (the test suite runs the launchers as written, except the tests of replay
 itself, which compare replayed launches with the written ones); :func:`clear` forgets every program.
@@ -37,7 +39,7 @@ import torch
 
 from . import _primitives
 
-__all__ = ["replayed", "dropout_on", "set_enabled", "enabled", "clear", "programs", "STATE", "MAX_PROGRAMS"]
+__all__ = ["replayed", "set_enabled", "enabled", "clear", "programs", "STATE", "MAX_PROGRAMS"]
 
 #: Programs kept (the oldest go first): padded batches of many lengths make a program each.
 MAX_PROGRAMS = 512
@@ -138,15 +140,11 @@ def _key(name, args, kwargs):
     return leaves, tuple(key)
 
 
-def dropout_on(index: int):
-    """A :func:`replayed` ``skip``: calls whose ``dropout_p`` (positional ``index``, or by name) is not 0 run as
-    written (the seed changes every call)."""
-    return lambda *args, **kwargs: (args[index] if len(args) > index else kwargs.get("dropout_p", 0.0)) > 0.0
-
-
-def replayed(skip: Optional[Callable[..., bool]] = None):
-    """Decorate a launcher: record it once per shape class, replay it after (module docstring). ``skip(*args,
-    **kwargs)``: calls that always run as written (those with attention dropout: the seed changes every call)."""
+def replayed(seed: Optional[int] = None):
+    """Decorate a launcher: record it once per shape class, replay it after (module docstring). ``seed``: the
+    position of the launcher's dropout seed (an int, or None; by name ``dropout_seed``): the key holds the classes
+    Triton specialises its bits on instead of its value, and a replay passes the call's seed where the recording
+    passed the recorded one (the kernels' ``seed`` parameters)."""
 
     def decorate(fn):
         name = fn.__qualname__
@@ -154,10 +152,19 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if (not _ENABLED or getattr(_primitives._RECORDING, "recorder", None) is not None
-                    or _primitives._LAUNCH_HOOK is not None
-                    or torch.compiler.is_compiling() or (skip is not None and skip(*args, **kwargs))):
+                    or _primitives._LAUNCH_HOOK is not None or torch.compiler.is_compiling()):
                 return fn(*args, **kwargs)
-            leaves, key = _key(name, args, kwargs)
+            bits = None
+            key_args, key_kwargs = args, kwargs
+            if seed is not None:  # the seed's value out of the key, its classes in
+                if len(args) > seed:
+                    value = args[seed]
+                    bits = None if value is None else _primitives.seed_bits(value)
+                    key_args = args[:seed] + (None if bits is None else _primitives._int_class(bits),) + args[seed + 1:]
+                elif kwargs.get("dropout_seed") is not None:
+                    bits = _primitives.seed_bits(kwargs["dropout_seed"])
+                    key_kwargs = dict(kwargs, dropout_seed=_primitives._int_class(bits))
+            leaves, key = _key(name, key_args, key_kwargs)
             if key is None:
                 return fn(*args, **kwargs)
             try:
@@ -165,7 +172,7 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
             except TypeError:  # an unhashable argument
                 return fn(*args, **kwargs)
             if program is _MISSING:
-                program, result = _record(fn, args, kwargs, leaves)
+                program, result = _record(fn, args, kwargs, leaves, bits)
                 _PROGRAMS[key] = program
                 while len(_PROGRAMS) > MAX_PROGRAMS:  # the oldest first
                     try:
@@ -175,7 +182,7 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
                 return result
             if program is None:
                 return fn(*args, **kwargs)
-            return program.run(leaves)
+            return program.run(leaves, bits)
 
         wrapper.written = fn  # the launcher as written (tests compare the two)
         return wrapper
@@ -193,7 +200,8 @@ def replayed(skip: Optional[Callable[..., bool]] = None):
 
 
 class _Recorder:
-    def __init__(self, leaves):
+    def __init__(self, leaves, seed_bits=None):
+        self.seed_bits = seed_bits  # the recorded call's dropout seed as the kernels take it (None: no seed)
         self.registers = {id(t): i for i, t in enumerate(leaves)}
         self.count = len(leaves)
         self.alive = list(leaves)  # every registered tensor stays alive while recording (ids are not reused)
@@ -256,7 +264,7 @@ class _Recorder:
     def launch(self, kernel, grid, args, kwargs):
         try:
             self.steps.append(_Launch(kernel, tuple(grid), [self.ref(a) for a in args],
-                                      {name: self.ref(value) for name, value in kwargs.items()}))
+                                      {name: self.ref(value) for name, value in kwargs.items()}, self.seed_bits))
         except _NotReplayable:
             self.replayable = False
 
@@ -266,9 +274,9 @@ class _Launch:
     tensors (positions of registers); ``entry``: the compiled kernel the first replay launched
     (:func:`_primitives.launch_with_entry`)."""
 
-    __slots__ = ("kernel", "grid", "args", "arg_slots", "kwargs", "kwarg_slots", "entry")
+    __slots__ = ("kernel", "grid", "args", "arg_slots", "kwargs", "kwarg_slots", "seed_args", "seed_kwarg", "entry")
 
-    def __init__(self, kernel, grid, args, kwargs):
+    def __init__(self, kernel, grid, args, kwargs, seed_bits=None):
         self.kernel, self.grid, self.entry = kernel, grid, None
         self.args = [None if r[0] == "r" else _resolve(r, None) for r in args]
         self.arg_slots = tuple((i, r[1]) for i, r in enumerate(args) if r[0] == "r")
@@ -276,16 +284,30 @@ class _Launch:
         self.kwarg_slots = tuple((name, r[1]) for name, r in kwargs.items() if r[0] == "r")
         if any(r[0] == "s" and _has_register(r) for r in list(args) + list(kwargs.values())):
             raise _NotReplayable  # (the launchers pass tensors one by one)
+        # The kernel's ``seed`` parameters that took the call's dropout seed: a replay passes its own there. A seed
+        # parameter holding anything else (a seed derived on the host) is not replayed.
+        names = getattr(kernel, "arg_names", ())
+        self.seed_args = tuple(i for i, name in enumerate(names[:len(self.args)]) if name == "seed")
+        self.seed_kwarg = "seed" in self.kwargs
+        if seed_bits is None:
+            self.seed_args, self.seed_kwarg = (), False
+        elif any(self.args[i] != seed_bits for i in self.seed_args) or (self.seed_kwarg
+                                                                         and self.kwargs["seed"] != seed_bits):
+            raise _NotReplayable
 
-    def run(self, registers):
+    def run(self, registers, seed_bits=None):
         args = self.args.copy()
         for position, index in self.arg_slots:
             args[position] = registers[index]
         kwargs = self.kwargs
-        if self.kwarg_slots:
+        if self.kwarg_slots or self.seed_kwarg:
             kwargs = dict(kwargs)
             for name, index in self.kwarg_slots:
                 kwargs[name] = registers[index]
+            if self.seed_kwarg:
+                kwargs["seed"] = seed_bits
+        for position in self.seed_args:
+            args[position] = seed_bits
         self.entry = _primitives.launch_with_entry(self.kernel, self.grid, args, kwargs, self.entry)
 
 
@@ -299,11 +321,11 @@ def _has_register(ref) -> bool:
     return False
 
 
-def _record(fn, args, kwargs, leaves):
+def _record(fn, args, kwargs, leaves, seed_bits=None):
     """Run ``fn`` as written while recording it: ``(program or None, result)``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    recorder = _Recorder(leaves)
+    recorder = _Recorder(leaves, seed_bits)
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -409,12 +431,12 @@ class _Program:
         self.launches = sum(1 for s in steps if s.__class__ is _Launch)
         self.replays = 0
 
-    def run(self, leaves):
+    def run(self, leaves, seed_bits=None):
         self.replays += 1
         registers = leaves + self.blank
         for step in self.steps:
             if step.__class__ is _Launch:
-                step.run(registers)
+                step.run(registers, seed_bits)
                 continue
             kind = step[0]
             if kind == "view":

@@ -313,7 +313,7 @@ def _tile_state():
 _replay.STATE.append(_tile_state)  # (the tests' tile overrides are part of every replay key)
 
 
-@_replay.replayed(skip=_replay.dropout_on(13))
+@_replay.replayed(seed=14)
 def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor,
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
@@ -452,7 +452,7 @@ def table_heads(H: int, shared_table: bool) -> int:
     return H if shared_table else 1
 
 
-@_replay.replayed(skip=_replay.dropout_on(18))
+@_replay.replayed(seed=19)
 def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, distance: torch.Tensor, lut: torch.Tensor,
                             lengths: torch.Tensor, meta: BackwardMetadata, scale: float, window: int, causal: bool,

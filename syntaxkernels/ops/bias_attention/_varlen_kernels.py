@@ -719,7 +719,7 @@ def _varlen_tile_state():
 _replay.STATE.append(_varlen_tile_state)
 
 
-@_replay.replayed(skip=_replay.dropout_on(14))
+@_replay.replayed(seed=15)
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
                    dropout_seed: Optional[int] = None, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
@@ -760,7 +760,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     return out, lse, lut
 
 
-@_replay.replayed(skip=_replay.dropout_on(19))
+@_replay.replayed(seed=20)
 def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale: float,
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
@@ -940,7 +940,7 @@ def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offs
                            band=band, pos_lut=pos_lut, reach=reach, pos_bounds=pos_bounds)
 
 
-@_replay.replayed(skip=_replay.dropout_on(12))
+@_replay.replayed(seed=13)
 def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
                   dropout_p, dropout_seed, band, position, position_table, bucket_spec):
     """The forward of :class:`_VarlenBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows,
@@ -951,7 +951,7 @@ def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, of
     return out, lse, lut, rows, pos_lut
 
 
-@_replay.replayed(skip=_replay.dropout_on(18))
+@_replay.replayed(seed=19)
 def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, bucket_spec,
                    rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
                    want_position):
