@@ -124,9 +124,9 @@ def _key(name, args, kwargs):
     try:
         _flatten(args, leaves, key, seen)
         if kwargs:
-            for name in sorted(kwargs):
-                key.append(name)
-                _flatten((kwargs[name],), leaves, key, seen)
+            for keyword in sorted(kwargs):
+                key.append(keyword)
+                _flatten((kwargs[keyword],), leaves, key, seen)
         key.append(_primitives.current_arch())
         key.append(_primitives.interpreting())
         key.append(_primitives._MULTIPROCESSORS_OVERRIDE)
