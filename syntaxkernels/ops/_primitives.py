@@ -399,8 +399,7 @@ def launch_with_entry(kernel, grid, args, kwargs, entry):
     if entry is not None and _LAUNCH_HOOK is None:
         compiled, trailing, slots, device = entry
         active = _driver.active
-        if device == active.get_current_device() and not (_hooked(_knobs.runtime.launch_enter_hook)
-                                                           or _hooked(_knobs.runtime.launch_exit_hook)):
+        if device == active.get_current_device() and not _profiler_hooks():
             _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
             return entry
     return launch(kernel, grid, *args, **kwargs)
@@ -502,8 +501,7 @@ def _direct_launch(kernel, grid, args, kwargs, key):
     specialisation, which goes through ``JITFunction.run`` and compiles. The key holds everything the JIT
     specialises on (:func:`_specialisation` of the positional arguments, the constexprs and options), so a kernel is
     reused only where the JIT would pick it too. Launch hooks (profilers) take the JIT's own path."""
-    runtime = _knobs.runtime
-    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+    if _profiler_hooks():
         kernel[grid](*args, **kwargs)
         return
     active = _driver.active
@@ -537,6 +535,12 @@ def _run_compiled(compiled, trailing, slots, grid, args, kwargs, active, device)
                  *args, *trailing)
 
 
+def _profiler_hooks() -> bool:
+    """Whether Triton's launch enter or exit hook is set (a profiler): launches then take the JIT's own path."""
+    runtime = _knobs.runtime
+    return _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook)
+
+
 def _hooked(hook) -> bool:
     """Whether a Triton launch hook is set: a chain of hooks with any in it (Triton 3.6 keeps an empty chain), or any
     other callable."""
@@ -552,9 +556,7 @@ def _keyword_key(kernel, kwargs) -> tuple:
     dtype and 16-byte alignment, never the tensor itself (a key holding it would never match the next call's tensor,
     and would keep it alive)."""
     plain = _PLAIN
-    constexprs = _CONSTEXPR_NAMES.get(kernel)
-    if constexprs is None:
-        constexprs = _CONSTEXPR_NAMES[kernel] = frozenset(p.name for p in kernel.params if p.is_constexpr)
+    constexprs = _constexpr_names(kernel)
     key = []
     for name, value in kwargs.items():
         kind = value.__class__
@@ -566,7 +568,14 @@ def _keyword_key(kernel, kwargs) -> tuple:
     return tuple(key)
 
 
-#: The constexpr parameters of each kernel, by name (:func:`_keyword_key`).
+def _constexpr_names(kernel) -> frozenset:
+    """The names of ``kernel``'s constexpr parameters (remembered per kernel)."""
+    names = _CONSTEXPR_NAMES.get(kernel)
+    if names is None:
+        names = _CONSTEXPR_NAMES[kernel] = frozenset(p.name for p in kernel.params if p.is_constexpr)
+    return names
+
+
 _CONSTEXPR_NAMES: dict = {}
 
 
@@ -580,11 +589,11 @@ def _trailing_arguments(kernel, positional: int, kwargs) -> tuple:
     if any(p.is_constexpr for p in kernel.params[:positional]):  # (the keys take positional integers as runtime ones)
         raise TypeError(f"{kernel.fn.__name__}: constexpr parameters must be passed by name")
     params = list(kernel.signature.parameters.values())[positional:]
-    runtime = {p.name for p in kernel.params if not p.is_constexpr}
+    constexprs = _constexpr_names(kernel)
     values, slots = [], []
     for index, p in enumerate(params):
         value = kwargs[p.name] if p.name in kwargs else p.default
-        if value.__class__ in _PLAIN or (p.name in kwargs and p.name in runtime):
+        if value.__class__ in _PLAIN or (p.name in kwargs and p.name not in constexprs):
             slots.append((index, p.name))
             value = None
         values.append(value)

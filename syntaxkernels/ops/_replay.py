@@ -248,13 +248,13 @@ class _Recorder:
                                out.storage_offset() - base.storage_offset(), self.register(out)))
             return
         name = str(func)
-        if name == _EMPTY and set(kwargs) <= {"dtype", "device", "pin_memory", "layout"} and not kwargs.get(
-                "pin_memory") and kwargs.get("layout") in (None, torch.strided):
+        plain_factory = (set(kwargs) <= {"dtype", "device", "pin_memory", "layout"} and not kwargs.get("pin_memory")
+                         and kwargs.get("layout") in (None, torch.strided))
+        if name == _EMPTY and plain_factory:
             self.steps.append(("empty", tuple(args[0]), kwargs.get("dtype"), kwargs.get("device"),
                                self.register(out)))
             return
-        if name == _EMPTY_STRIDED and set(kwargs) <= {"dtype", "device", "pin_memory", "layout"} and not kwargs.get(
-                "pin_memory") and kwargs.get("layout") in (None, torch.strided):
+        if name == _EMPTY_STRIDED and plain_factory:
             self.steps.append(("empty_strided", tuple(args[0]), tuple(args[1]), kwargs.get("dtype"),
                                kwargs.get("device"), self.register(out)))
             return

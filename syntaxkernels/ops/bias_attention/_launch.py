@@ -27,6 +27,7 @@ from ._backward import (_bias_bwd_dkdv_kernel, _bias_bwd_dq_kernel, _bias_bwd_sh
                         _bias_bwd_short_table_kernel, _bias_bwd_table_kernel, _bias_table_grad_kernel)
 from ._forward import _bias_fwd_kernel, _bias_fwd_short_kernel
 from ._host import _bucket_lut, _spec, output_like
+from . import configs as _configs
 from .configs import STATIC_BUCKET_LIMIT, _short_config, _short_forward_config, select_config
 
 __all__ = ["bias_attention_forward", "bias_attention_backward", "launch_configs", "forward_metadata",
@@ -96,11 +97,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
     product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
     "short" or "short2", whichever ``short`` holds)."""
-    from . import configs
-
     arch = current_arch()
     tiny = abs(scale) < 1e-30
-    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, configs._BLOCK_OVERRIDE, configs._SHORT_ROWS,
+    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
            position, grouped, tiny, causal)
     found = _CONFIGS.get(key)
     if found is not None:
@@ -108,7 +107,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     family = arch_family(arch)
     width = max(D, DV)
     extra = window >= 0 or (spec.log_distance or 0) > 0 or spec.num_buckets > STATIC_BUCKET_LIMIT or position
-    short_ok = not tiny and (not position or N <= configs.SHORT_ROW_LIMIT)  # (the two-block kernels take no term)
+    short_ok = not tiny and (not position or N <= _configs.SHORT_ROW_LIMIT)  # (the two-block kernels take no term)
     found = LaunchConfigs(
         fwd_short=_short_forward_config(N, dtype, width, lut_rows) if not tiny else None,
         fwd=select_config("fwd", dtype, width),
@@ -116,12 +115,12 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         dq=select_config("dq", dtype, width, family),
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
-    overrides = [configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
-    overrides += [configs.position_overrides(dtype, width, family, arch)] if position else []
-    overrides += [configs.causal_overrides(dtype, width, family, arch)] if causal else []
+    overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
+    overrides += [_configs.position_overrides(dtype, width, family, arch)] if position else []
+    overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.
-    short_kind = "short" if N <= configs.SHORT_ROW_LIMIT else "short2"
+    short_kind = "short" if N <= _configs.SHORT_ROW_LIMIT else "short2"
     for override in overrides:
         updates = {}
         for kind, fields in override.items():
@@ -305,9 +304,7 @@ def _even(N: int, config: dict) -> bool:
 
 
 def _tile_state():
-    from . import configs
-
-    return configs._BLOCK_OVERRIDE, configs._SHORT_ROWS
+    return _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS
 
 
 _replay.STATE.append(_tile_state)  # (the tests' tile overrides are part of every replay key)
