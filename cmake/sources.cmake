@@ -10,11 +10,13 @@ set(SYNTAXKERNELS_CORE_SOURCES
     csrc/mst_decode.cpp
 )
 
-# Python bindings of syntaxkernels._C, the CPU edge-list attention and the CPU distance-bias attention (need torch).
+# Python bindings of syntaxkernels._C, the CPU edge-list attention, the CPU distance-bias attention and the launcher
+# replay's key and buffers (need torch).
 set(SYNTAXKERNELS_BINDING_SOURCES
     csrc/bindings.cpp
     csrc/edge_attention.cpp
     csrc/bias_attention.cpp
+    csrc/replay.cpp
 )
 
 # CUDA builder: kernels (plain CUDA C++) and their torch launcher; only in a CUDA build.

@@ -38,6 +38,8 @@
 //     maximum spanning tree with one root word of each item (Chu-Liu/Edmonds, mst_decode.h), -1 for the root word
 //     and padding. Releases the GIL.
 // has_cuda() -> whether tree_distance_cuda was compiled in.
+// replay_flatten(values, leaves, key) -> bool and ReplayTensors: a launcher replay's shape-class key and the buffers
+//     and argument views of a replayed program (replay.h; syntaxkernels/ops/_replay.py holds the same in Python).
 // Bad input raises ValueError (std::invalid_argument) with the Python builder's messages.
 #include <torch/extension.h>
 
@@ -55,6 +57,7 @@
 #include "graph_distance.h"
 #include "mst_decode.h"
 #include "relation_lists.h"
+#include "replay.h"
 #include "tensor_checks.h"
 #include "tree_distance.h"
 
@@ -604,6 +607,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "heads int64 [B, N] of the maximum spanning tree with one root word of each item (Chu-Liu/Edmonds): scores "
         "[B, N, N] with scores[b, h, d] the score of head h for dependent d and the diagonal the root-word score; "
         "-1 for the root word and padding. ValueError names the batch item. Releases the GIL.");
+  m.def("replay_flatten", &syntaxkernels::replay_flatten, pybind11::arg("values"), pybind11::arg("leaves"),
+        pybind11::arg("key"),
+        "Appends the tensors of values (a tuple or list, nested ones walked) to leaves and their shape class to key "
+        "(per tensor: dim, sizes, strides, scalar type, device type and index, data pointer mod 16, index of its "
+        "first occurrence); False when a value is a tensor subclass (a traced call).");
+  pybind11::class_<syntaxkernels::ReplayTensors>(m, "ReplayTensors",
+                                                 "The buffers and argument views a replayed program makes.")
+      .def(pybind11::init<>())
+      .def("add_buffer", &syntaxkernels::ReplayTensors::add_buffer, "torch.empty(sizes, dtype, device)")
+      .def("add_strided_buffer", &syntaxkernels::ReplayTensors::add_strided_buffer,
+           "torch.empty_strided(sizes, strides, dtype, device)")
+      .def("add_buffer_view", &syntaxkernels::ReplayTensors::add_buffer_view,
+           "torch.empty(alloc, dtype, device).as_strided(sizes, strides, offset)")
+      .def("add_view", &syntaxkernels::ReplayTensors::add_view,
+           "registers[base].as_strided(sizes, strides, registers[base].storage_offset() + offset)")
+      .def("run", &syntaxkernels::ReplayTensors::run, pybind11::arg("registers"),
+           "Stores each tensor into registers (a list) at its index.")
+      .def("__len__", &syntaxkernels::ReplayTensors::size);
 #ifdef WITH_CUDA
   m.def("tree_distance_cuda", &syntaxkernels::tree_distance_cuda, pybind11::arg("heads"), pybind11::arg("lengths"),
         "The same as tree_distance for CUDA tensors, built on the GPU.");

@@ -1,5 +1,6 @@
 """Launcher replay (``syntaxkernels.ops._replay``): a launcher's host work recorded on the first call of a shape class
-and replayed on the next ones gives exactly what the launcher as written gives, on every kernel path.
+and replayed on the next ones gives exactly what the launcher as written gives, on every kernel path (the
+distance-bias op's and the edge-list op's).
 
 Each case runs batch A (recorded) and then batch B (the same shape class, other trees and other values: replayed)
 with replay on, and batch B again with replay off; outputs and every gradient must be bit-identical, and every
@@ -115,6 +116,59 @@ def test_a_replayed_call_is_bit_identical_to_the_launcher_as_written(monkeypatch
         assert got.stride() == want.stride()
 
 
+EDGE_CASES = {
+    # name: (lists, options, schedule chunk or None)
+    "relations": ("relations", {}, None),
+    "relations-split-rows": ("relations", {}, 2),
+    "window": ("window", {}, None),
+    "relations-dropout": ("relations", dict(dropout_p=0.25, seeds=(12345, 54321)), None),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_edge_list_attention_replays_bit_identical(monkeypatch, name):
+    """The edge-list op's launchers (the sub-network op's relations, the GAT's window): a layer after the first on
+    the same batch's lists (their schedule's sizes are the shape class) replays, bit-identical to as written."""
+    from syntaxkernels.ops import edge_attention
+
+    kind, options, chunk = EDGE_CASES[name]
+    options = dict(options)
+    seeds = options.pop("seeds", (None, None))
+    if chunk is not None:
+        monkeypatch.setattr(edge_attention, "SCHEDULE_CHUNK", chunk)
+    batch = sk.TreeBatch.from_heads(_heads([9, 21, 30], 5)).to(DEVICE)
+    lists = batch.relation_lists(sk.MaskSpec()) if kind == "relations" else batch.window_lists(2)
+
+    def run(seed, dropout_seed):
+        gen = torch.Generator().manual_seed(seed)
+        B, N = batch.distance.shape[:2]
+        q, k, v = (torch.randn(B, N, 2, 16, generator=gen).transpose(1, 2).to(DEVICE).requires_grad_()
+                   for _ in range(3))
+        out, nonempty = edge_attention.edge_list_attention(q, k, v, lists, backend="triton",
+                                                           dropout_seed=dropout_seed, **options)
+        grads = torch.autograd.grad(out, (q, k, v), torch.randn(out.shape, generator=gen).to(DEVICE))
+        return (out, nonempty) + grads
+
+    run(3, seeds[0])  # recorded
+    replayed = run(4, seeds[1])
+    programs = _replay.programs()
+    assert len(programs) == 2 and all(p is not None and p.replays == 1 for p in programs.values()), programs
+    _replay.set_enabled(False)
+    written = run(4, seeds[1])
+    for got, want in zip(replayed, written):
+        assert torch.equal(got, want)
+        assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("name", ["short", "tiled-window", "packed-stored-ds"])
+def test_the_python_helpers_replay_as_the_extension_does(monkeypatch, name):
+    """Without the C++ extension the key and the program's buffers and views come from the Python helpers
+    (``_flatten``, ``_make_tensors``): a replayed call is bit-identical to the launcher as written there too."""
+    monkeypatch.setattr(_replay, "_NATIVE", None)
+    test_a_replayed_call_is_bit_identical_to_the_launcher_as_written(monkeypatch, name)
+    assert all(p.tensors is None and p.specs for p in _replay.programs().values())
+
+
 def test_recording_and_replaying_read_nothing_on_the_host():
     """Recording a shape class and replaying it read no tensor value on the host (a read would stall the stream
     and break CUDA-graph capture)."""
@@ -154,8 +208,14 @@ def test_lut_attention_replays_padded_and_packed():
 # What the key holds, and what is never replayed
 # ----------------------------------------------------------------------------------------------------------
 
+needs_extension = pytest.mark.skipif(_replay._native() is None, reason="the C++ extension is not loaded")
+HELPERS = [pytest.param(True, id="extension", marks=needs_extension), pytest.param(False, id="python")]
 
-def test_the_key_holds_alignment_aliasing_values_and_state():
+
+@pytest.mark.parametrize("native", HELPERS)
+def test_the_key_holds_alignment_aliasing_values_and_state(monkeypatch, native):
+    if not native:
+        monkeypatch.setattr(_replay, "_NATIVE", None)
     calls = []
 
     @_replay.replayed()
@@ -181,6 +241,63 @@ def test_the_key_holds_alignment_aliasing_values_and_state():
     assert len(calls) == 6
     x = torch.arange(16.0)
     assert torch.equal(launcher(x, base[16:32], 1), x + 1)  # replayed on new values
+
+
+@pytest.mark.parametrize("native", HELPERS)
+def test_the_key_walks_nested_arguments_and_refuses_tensor_subclasses(monkeypatch, native):
+    if not native:
+        monkeypatch.setattr(_replay, "_NATIVE", None)
+    x, y = torch.zeros(2, 3), torch.zeros(3, 2).t()
+    leaves, key = _replay._key("f", (x, (y, [x, None]), 2.5, "s", torch.float16), {"z": y})
+    assert [id(t) for t in leaves] == [id(x), id(y), id(x), id(y)]
+    assert key[0] == "f" and 2.5 in key and "s" in key and torch.float16 in key and "z" in key
+    same = _replay._key("f", (torch.ones(2, 3), (torch.ones(3, 2).t(), [torch.ones(2, 3), None]), 2.5, "s",
+                              torch.float16), {"z": torch.ones(3, 2).t()})[1]
+    assert same != key  # (identity: the call above passed x and y twice each)
+    x2, y2 = torch.ones(2, 3), torch.ones(3, 2).t()
+    assert _replay._key("f", (x2, (y2, [x2, None]), 2.5, "s", torch.float16), {"z": y2})[1] == key
+    for other in ((torch.zeros(2, 3), (y, [x, None])),                       # x's first use another tensor
+                  (x, (y.contiguous(), [x, None])),                         # y's strides
+                  (x, (y, (x, None))),                                      # a tuple for the list
+                  (x.to(torch.float64), (y, [x, None]))):                   # a dtype
+        assert _replay._key("f", other + (2.5, "s", torch.float16), {"z": y})[1] != key
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert _replay._key("f", (x, (y, [x.as_subclass(Sub)])), {}) == (None, None)
+
+
+@pytest.mark.parametrize("native", HELPERS)
+def test_a_program_makes_its_buffers_and_views_before_its_launches(monkeypatch, native):
+    """The allocations and the views of arguments a launcher makes are made first, in one call of the extension
+    (or by the Python helper), with the recorded geometry; a buffer whose one use is a view is made as that view."""
+    if not native:
+        monkeypatch.setattr(_replay, "_NATIVE", None)
+
+    @_replay.replayed()
+    def launcher(x, table):
+        rows = table.view(1, -1)                                  # a view of an argument
+        out = torch.empty((3, 4), dtype=torch.float16, device=x.device).t()  # covering view: empty_strided
+        stats = torch.empty((2, 48), dtype=torch.float32, device=x.device)[:, 3:40]  # a partial view, offset 3
+        scratch = torch.empty((0,), dtype=torch.float32, device=x.device)
+        out.copy_(x.t())
+        return out, stats, scratch, rows * 2
+
+    args = (torch.randn(3, 4).to(torch.float16), torch.arange(6.0))
+    written = launcher(*args)
+    (program,) = _replay.programs().values()
+    kinds = sorted(spec[0] for spec in program.specs)
+    assert kinds == ["buffer", "buffer_view", "strided", "view", "view"], program.specs  # (x.t(): a view too)
+    assert (program.tensors is not None) == native
+    args = (torch.randn(3, 4).to(torch.float16), torch.arange(6.0) + 1)
+    replayed = launcher(*args)
+    assert program.replays == 1
+    assert torch.equal(replayed[0], args[0].t()) and torch.equal(replayed[3], (args[1] * 2).view(1, -1))
+    for got, want in zip(replayed, written):
+        assert (got.shape, got.stride(), got.dtype, got.device) == (want.shape, want.stride(), want.dtype, want.device)
+        assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes()
+        assert got.storage_offset() == want.storage_offset()
 
 
 def test_a_launcher_that_reads_a_value_on_the_host_is_not_replayed():

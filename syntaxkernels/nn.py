@@ -64,6 +64,7 @@ from .plan import StructurePlan
 from .specs import MAX_PATH, BucketSpec, MaskSpec
 from .trees.batch import TreeBatch
 from .trees.packed import PackedTreeBatch
+from .trees.relations import RelationBatch
 
 __all__ = [
     "DistanceBias",
@@ -325,8 +326,6 @@ class DistanceBias(nn.Module):
 
 def _relations_given(trees) -> Optional[int]:
     """R of a structure of several relations (a RelationBatch, or uint8 ``[B, R, N, N]``); None for one distance."""
-    from .trees.relations import RelationBatch
-
     if isinstance(trees, RelationBatch):
         return trees.num_relations
     if isinstance(trees, torch.Tensor) and trees.dim() == 4:

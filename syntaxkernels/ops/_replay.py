@@ -115,18 +115,45 @@ def _flatten(values, leaves: list, key: list, seen: dict) -> None:
             key.append(value)
 
 
+def _native():
+    """The C++ extension's key and tensor-making helpers (``replay_flatten``, ``ReplayTensors``), or None: the
+    Python ones (:func:`_flatten`, :func:`_make_tensors`) then do the same work."""
+    global _NATIVE
+    if _NATIVE is _MISSING:
+        from .. import _ext
+
+        module = _ext.load()
+        _NATIVE = module if module is not None and hasattr(module, "replay_flatten") else None
+    return _NATIVE
+
+
+_NATIVE = _MISSING
+
+
 def _key(name, args, kwargs):
     """``(leaves, key)``: the call's tensors in order and the launcher's name and shape class, or ``(None, None)`` for
-    a call that is not replayed (a traced or subclassed tensor)."""
+    a call that is not replayed (a traced or subclassed tensor). The extension's ``replay_flatten`` writes a tensor's
+    class as one tuple of ints (dim, sizes, strides, scalar type, device type and index, alignment, identity) where
+    :func:`_flatten` writes Python objects: the same classes apart, one process uses one of them."""
     leaves: list = []
     key: list = [name]
-    seen: dict = {}
+    native = _native()
     try:
-        _flatten(args, leaves, key, seen)
-        if kwargs:
-            for keyword in sorted(kwargs):
-                key.append(keyword)
-                _flatten((kwargs[keyword],), leaves, key, seen)
+        if native is not None:
+            if not native.replay_flatten(args, leaves, key):
+                return None, None
+            if kwargs:
+                for keyword in sorted(kwargs):
+                    key.append(keyword)
+                    if not native.replay_flatten((kwargs[keyword],), leaves, key):
+                        return None, None
+        else:
+            seen: dict = {}
+            _flatten(args, leaves, key, seen)
+            if kwargs:
+                for keyword in sorted(kwargs):
+                    key.append(keyword)
+                    _flatten((kwargs[keyword],), leaves, key, seen)
         key.append(_primitives.current_arch())
         key.append(_primitives.interpreting())
         key.append(_primitives._MULTIPROCESSORS_OVERRIDE)
@@ -235,6 +262,8 @@ class _Recorder:
         if func.__name__.split(".")[0] in _HOST_READS:
             self.replayable = False
         base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if base is not None and out is base and func.__name__ == "lift_fresh.default":
+            return  # (torch.tensor's last step: its output is its input, a constant or a register as it is)
         if (base is not None and isinstance(out, torch.Tensor) and id(base) in self.registers
                 and func.__name__ in ("detach.default", "alias.default")):
             # The same memory and geometry (the dispatcher detaches a factory's output under a mode): one register.
@@ -395,36 +424,103 @@ def _registers_in(ref) -> list:
     return []
 
 
-def _fold_allocations(steps, result) -> list:
-    """An allocation whose only use is one view covering all of it (``output_like``'s transposed layout) becomes
-    one ``empty_strided`` of the view's geometry: the same memory layout, one call instead of two."""
+def _prologue(steps, result, leaves: int):
+    """``(specs, steps)``: the steps that make tensors from the recording alone -- fresh buffers (``empty``,
+    ``empty_strided`` with a dtype and a device), views of the call's arguments and of those buffers, up to the first
+    other aten op (which might change an argument's geometry) -- taken out as *specs* to run first, in one call of
+    the extension's ``ReplayTensors`` (else :func:`_make_tensors`); the other steps in order. A buffer whose only use
+    is one view is made as that view (``empty`` then ``as_strided``; ``empty_strided`` when the view covers it
+    all, ``output_like``'s transposed layout). Specs: ``("buffer", out, sizes, dtype, device)``, ``("strided", out,
+    sizes, strides, dtype, device)``, ``("buffer_view", out, alloc, sizes, strides, offset, dtype, device)``,
+    ``("view", out, base, sizes, strides, offset)``."""
     uses = collections.Counter(i for step in steps for i in _uses(step))
     uses.update(_registers_in(result))
-    folded, dropped = {}, set()
-    for n, step in enumerate(steps):
-        if step.__class__ is _Launch or step[0] != "empty" or uses[step[4]] != 1:
+    fresh = {step[4]: step for step in steps
+             if step.__class__ is not _Launch and step[0] == "empty" and step[2] is not None and step[3] is not None}
+    sole_view = {}  # buffer register -> the one view of it that is its only use
+    for step in steps:
+        if step.__class__ is not _Launch and step[0] == "view" and step[1] in fresh and uses[step[1]] == 1:
+            sole_view[step[1]] = step
+    available = set(range(leaves))
+    specs, rest = [], []
+    hoisting = True  # until the first aten op
+    for step in steps:
+        if step.__class__ is _Launch:
+            rest.append(step)
             continue
-        size, register = step[1], step[4]
-        numel = 1
-        for extent in size:
-            numel *= extent
-        for m in range(n + 1, len(steps)):
-            view = steps[m]
-            if view.__class__ is not _Launch and view[0] == "view" and view[1] == register:
-                _, _, vsize, vstride, offset, out = view
-                span = 1 + sum((e - 1) * st for e, st in zip(vsize, vstride)) if all(vsize) else 0
-                if offset == 0 and numel > 0 and span == numel and min(vstride, default=1) >= 0:
-                    folded[n] = ("empty_strided", vsize, vstride, step[2], step[3], out)
-                    dropped.add(m)
-                break
-    return [folded.get(n, step) for n, step in enumerate(steps) if n not in dropped]
+        kind = step[0]
+        if kind == "empty" and step[4] in fresh:
+            if step[4] not in sole_view:
+                specs.append(("buffer", step[4], step[1], step[2], step[3]))
+                available.add(step[4])
+        elif kind == "empty_strided" and step[3] is not None and step[4] is not None:
+            specs.append(("strided", step[5], step[1], step[2], step[3], step[4]))
+            available.add(step[5])
+        elif kind == "view" and sole_view.get(step[1]) is step:
+            _, base, size, stride, offset, out = step
+            _, alloc, dtype, device, _ = fresh[base]
+            numel = 1
+            for extent in alloc:
+                numel *= extent
+            span = 1 + sum((e - 1) * st for e, st in zip(size, stride)) if all(size) else 0
+            if offset == 0 and numel > 0 and span == numel and min(stride, default=1) >= 0:
+                specs.append(("strided", out, size, stride, dtype, device))
+            else:
+                specs.append(("buffer_view", out, alloc, size, stride, offset, dtype, device))
+            available.add(out)
+        elif kind == "view" and hoisting and step[1] in available:
+            _, base, size, stride, offset, out = step
+            specs.append(("view", out, base, size, stride, offset))
+            available.add(out)
+        else:
+            hoisting = hoisting and kind != "op"
+            rest.append(step)
+    return specs, rest
+
+
+def _native_tensors(specs):
+    """The specs (:func:`_prologue`) as the extension's ``ReplayTensors``, or None without the extension."""
+    native = _native()
+    if native is None:
+        return None
+    tensors = native.ReplayTensors()
+    for spec in specs:
+        kind = spec[0]
+        if kind == "buffer":
+            tensors.add_buffer(spec[1], list(spec[2]), spec[3], torch.device(spec[4]))
+        elif kind == "strided":
+            tensors.add_strided_buffer(spec[1], list(spec[2]), list(spec[3]), spec[4], torch.device(spec[5]))
+        elif kind == "buffer_view":
+            tensors.add_buffer_view(spec[1], list(spec[2]), list(spec[3]), list(spec[4]), spec[5], spec[6],
+                                    torch.device(spec[7]))
+        else:
+            tensors.add_view(spec[1], spec[2], list(spec[3]), list(spec[4]), spec[5])
+    return tensors
+
+
+def _make_tensors(specs, registers) -> None:
+    """What ``ReplayTensors.run`` does, in Python: each spec's tensor into its register."""
+    for spec in specs:
+        kind = spec[0]
+        if kind == "buffer":
+            registers[spec[1]] = torch.empty(spec[2], dtype=spec[3], device=spec[4])
+        elif kind == "strided":
+            registers[spec[1]] = torch.empty_strided(spec[2], spec[3], dtype=spec[4], device=spec[5])
+        elif kind == "buffer_view":
+            registers[spec[1]] = torch.empty(spec[2], dtype=spec[6], device=spec[7]).as_strided(spec[3], spec[4],
+                                                                                                spec[5])
+        else:
+            base = registers[spec[2]]
+            registers[spec[1]] = base.as_strided(spec[3], spec[4], base.storage_offset() + spec[5])
 
 
 class _Program:
-    """A recorded launcher call: steps over registers (the call's tensors, then each step's outputs)."""
+    """A recorded launcher call: steps over registers (the call's tensors, then each step's outputs); the tensors
+    made from the recording alone first (:func:`_prologue`)."""
 
     def __init__(self, steps, result, registers: int, leaves: int):
-        self.steps = _fold_allocations(steps, result)
+        self.specs, self.steps = _prologue(steps, result, leaves)
+        self.tensors = _native_tensors(self.specs)
         self.result = result
         self.blank = [None] * (registers - leaves)
         self.launches = sum(1 for s in steps if s.__class__ is _Launch)
@@ -433,6 +529,10 @@ class _Program:
     def run(self, leaves, seed_bits=None):
         self.replays += 1
         registers = leaves + self.blank
+        if self.tensors is not None:
+            self.tensors.run(registers)
+        else:
+            _make_tensors(self.specs, registers)
         for step in self.steps:
             if step.__class__ is _Launch:
                 step.run(registers, seed_bits)

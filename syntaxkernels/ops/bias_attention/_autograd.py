@@ -75,10 +75,11 @@ class _SyntaxBiasAttention(torch.autograd.Function):
 
     Inputs: ``q, k, v, table, bias_scale, position_table`` (``[H, P]``, or None: no relative-position term),
     ``distance, lengths, kv_list, kv_count`` (the forward's metadata), the
-    nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then ``scale, window, causal``
-    and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that does not fit this GPU,
-    :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of raising),
-    ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed), ``band`` (the
+    nine tensors of :class:`._launch.BackwardMetadata` (None where a call needs none), then one tuple of the
+    call's other arguments (one input, not ten: a Function's apply costs about half a microsecond per input):
+    ``scale, window, causal`` and the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that
+    does not fit this GPU, :class:`KernelDoesNotFit`, then gives way to the reference, with a warning, instead of
+    raising), ``dropout_p, dropout_seed`` (the backward regenerates the forward's mask from the seed), ``band`` (the
     positional window ``|i - j| <= band``, -1: none), ``position`` (the RelativePositionSpec, or None) and
     ``same_t``: the
     transposed distance is the distance itself (symmetric), passed once (torch.compile traces no Function taking
@@ -89,7 +90,7 @@ class _SyntaxBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, table, bias_scale, position_table, distance, lengths, kv_list, kv_count, *rest):
         meta = BackwardMetadata(*rest[:_META])
-        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, position, same_t = rest[_META:]
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, position, same_t = rest[_META]
         out, lse, lut, rows, pos_lut = _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths,
                                                      kv_list, kv_count, scale, window, causal, bucket_spec,
                                                      dropout_p, dropout_seed, band, position)
@@ -105,7 +106,7 @@ class _SyntaxBiasAttention(torch.autograd.Function):
         q, k, v, out, lse, distance, rows, bias_scale, lengths, lut, pos_lut, position_table, *meta = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
         want_position = bool(ctx.needs_input_grad[5])
-        rest = (None,) * (4 + _META + 10)
+        rest = (None,) * (4 + _META + 1)
         meta = BackwardMetadata(*meta)
         if ctx.same_t:  # a symmetric distance is its own transpose (one tensor, passed once)
             meta = meta._replace(distance_t=distance)
@@ -193,9 +194,9 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
     if same_t:
         meta = meta._replace(distance_t=None)
     return _SyntaxBiasAttention.apply(q, k, v, table, bias_scale, position_table, plan.distance, plan.kernel_lengths,
-                                      *forward_meta, *meta, scale, window, causal, bucket_args(buckets), fallback,
-                                      dropout_p, dropout_seed if dropout_p > 0.0 else 0, position_window,
-                                      position_buckets, same_t)
+                                      *forward_meta, *meta, (scale, window, causal, bucket_args(buckets), fallback,
+                                                             dropout_p, dropout_seed if dropout_p > 0.0 else 0,
+                                                             position_window, position_buckets, same_t))
 
 
 def lut_attention(q, k, v, lut, plan, scale: float) -> torch.Tensor:

@@ -209,15 +209,13 @@ def syntax_bias_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                                position_buckets=position_buckets, position_table=position_table)
     fused_scale, fused_strength = kernel_arguments(q, scale, bias_scale)
     try:
-        return _varlen_kernels._VarlenBiasAttention.apply(q, k, v, table, fused_strength, plan.distance,
-                                                          plan.cu_seqlens, plan.sequence, plan.distance_offsets,
-                                                          float(fused_scale), -1 if window is None else int(window),
-                                                          bool(causal), bucket_args(buckets), backend == "auto",
-                                                          float(dropout_p), dropout_seed,
-                                                          # (a window past T tokens is none: kept in int32 range)
-                                                          -1 if position_window is None
-                                                          else min(int(position_window), q.shape[0]),
-                                                          position_buckets, position_table)
+        return _varlen_kernels._VarlenBiasAttention.apply(
+            q, k, v, table, fused_strength, plan.distance, plan.cu_seqlens, plan.sequence, plan.distance_offsets,
+            position_table,
+            (float(fused_scale), -1 if window is None else int(window), bool(causal), bucket_args(buckets),
+             backend == "auto", float(dropout_p), dropout_seed,
+             # (a window past T tokens is none: kept in int32 range)
+             -1 if position_window is None else min(int(position_window), q.shape[0]), position_buckets))
     except _varlen_kernels.KernelDoesNotFit as error:
         if backend != "auto":
             raise

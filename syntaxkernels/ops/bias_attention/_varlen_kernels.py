@@ -968,19 +968,19 @@ def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
 
 
 class _VarlenBiasAttention(torch.autograd.Function):
-    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table and a tensor bias_scale. Inputs:
-    ``q, k, v, table, bias_scale``, the packed plan's ``distance, cu_seqlens, sequence, distance_offsets``, then
-    ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args`, ``fallback`` (a backward kernel that
-    does not fit this GPU gives way to the reference, with a warning), ``dropout_p`` and ``dropout_seed`` (attention
-    dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again) and ``band`` (the positional
-    window ``|pos_i - pos_j| <= band`` within each sequence, -1 for none: the kernels' BAND variant), then T5's
-    relative-position term: ``position`` (a RelativePositionSpec, or None) and ``position_table`` (``[H, P]``, a
-    gradient too; None without the term)."""
+    """Autograd over the varlen Triton kernels: gradients for q, k, v, the table, a tensor bias_scale and T5's
+    position table. Inputs: ``q, k, v, table, bias_scale``, the packed plan's ``distance, cu_seqlens, sequence,
+    distance_offsets``, ``position_table`` (T5's relative-position term's ``[H, P]``, None without the term), then
+    one tuple of the call's other arguments (one input, not nine: a Function's apply costs about half a
+    microsecond per input): ``scale, window, causal``, the BucketSpec as :func:`._host.bucket_args`, ``fallback``
+    (a backward kernel that does not fit this GPU gives way to the reference, with a warning), ``dropout_p`` and
+    ``dropout_seed`` (attention dropout: the kernels' DROPOUT variant; the backward draws the forward's mask again),
+    ``band`` (the positional window ``|pos_i - pos_j| <= band`` within each sequence, -1 for none: the kernels' BAND
+    variant) and ``position`` (T5's term's RelativePositionSpec, or None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, scale, window, causal,
-                bucket_spec, fallback=False, dropout_p=0.0, dropout_seed=None, band=-1, position=None,
-                position_table=None):
+    def forward(ctx, q, k, v, table, bias_scale, distance, cu_seqlens, sequence, offsets, position_table, static):
+        scale, window, causal, bucket_spec, fallback, dropout_p, dropout_seed, band, position = static
         out, lse, lut, rows, pos_lut = _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence,
                                                      offsets, scale, window, causal, dropout_p, dropout_seed, band,
                                                      position, position_table, bucket_spec)
@@ -996,9 +996,9 @@ class _VarlenBiasAttention(torch.autograd.Function):
         (q, k, v, out, lse, distance, rows, bias_scale, cu_seqlens, sequence, offsets, lut, pos_lut,
          position_table) = ctx.saved_tensors
         want_table, want_scale = bool(ctx.needs_input_grad[3]), bool(ctx.needs_input_grad[4])
-        want_position = bool(ctx.needs_input_grad[18])
+        want_position = bool(ctx.needs_input_grad[9])
         spec = ctx.position
-        rest = (None,) * 13
+        rest = (None,) * 4
         try:
             dq, dk, dv, dtable, dscale, pos_sums = _backward_step(
                 dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, ctx.scale, ctx.causal,
@@ -1022,10 +1022,10 @@ class _VarlenBiasAttention(torch.autograd.Function):
                                                        position_table=None if spec is None else position_table)
             grads = reference_gradients(ctx.needs_input_grad[:5] + (want_position,), dout,
                                         (q, k, v, rows.view(ctx.table_shape), bias_scale, position_table), run)
-            return tuple(grads[:5]) + rest + (grads[5],)
+            return tuple(grads[:5]) + rest + (grads[5], None)
         dposition = position_gradient_from_bounds(pos_sums, spec, position_table) if want_position else None
         return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
-                + rest + (dposition,))
+                + rest + (dposition, None))
 
 
 class _VarlenLut(torch.autograd.Function):

@@ -14,8 +14,9 @@ Where each part lives (this folder):
   call runs: the Triton kernels, the C++ kernels or the reference, the dense masks from the lists), the autograd
   Function ``_EdgeAttention`` over both kernel sets, and the window's path model on CUDA (:func:`window_costs`:
   these kernels or the fused LUT kernel of :mod:`syntaxkernels.ops.bias_attention`).
-- ``_kernels.py``: the Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) and their launchers,
-  ``torch.library`` Triton ops ``syntaxkernels::edge_attention_fwd`` / ``_bwd``; imported when Triton is.
+- ``_kernels.py``: the Triton kernels (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``) and their launchers
+  (replayed: :mod:`syntaxkernels.ops._replay`; eager calls run them directly), the ``torch.library`` Triton ops
+  ``syntaxkernels::edge_attention_fwd`` / ``_bwd`` that ``torch.compile`` traces; imported when Triton is.
 - ``_cpu.py``: the C++ kernels' ops ``syntaxkernels::edge_attention_cpu_fwd`` / ``_cpu_bwd`` / ``_cpu_fwd_into``
   (CPU tensors, no Triton needed).
 - ``configs.py``: the Triton kernels' launch configuration (:func:`.configs.edge_config`).
@@ -80,9 +81,10 @@ class _EdgeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row_ptr, col, rel, t_ptr, t_col, t_rel, num_relations, scale, sizes, dropout,
                 *schedule):
-        if sizes is not None:  # the Triton kernels, over the schedule's work items
-            out, lse = torch.ops.syntaxkernels.edge_attention_fwd(q, k, v, col, rel, list(schedule), list(sizes),
-                                                                  num_relations, scale, *dropout)
+        if sizes is not None:  # the Triton kernels, over the schedule's work items (eager: the launcher directly)
+            forward = (torch.ops.syntaxkernels.edge_attention_fwd if torch.compiler.is_compiling()
+                       else _kernels.edge_attention_forward)
+            out, lse = forward(q, k, v, col, rel, list(schedule), list(sizes), num_relations, scale, *dropout)
         else:
             out, lse = torch.ops.syntaxkernels.edge_attention_cpu_fwd(q, k, v, row_ptr, col, num_relations, scale,
                                                                       *dropout)
@@ -94,9 +96,10 @@ class _EdgeAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, row_ptr, col, rel, t_ptr, t_col, t_rel, *schedule = ctx.saved_tensors
         if ctx.sizes is not None:
-            dq, dk, dv = torch.ops.syntaxkernels.edge_attention_bwd(dout, q, k, v, out, lse, col, rel, t_col, t_rel,
-                                                                   list(schedule), list(ctx.sizes), ctx.scale,
-                                                                   *ctx.dropout)
+            backward = (torch.ops.syntaxkernels.edge_attention_bwd if torch.compiler.is_compiling()
+                        else _kernels.edge_attention_backward)
+            dq, dk, dv = backward(dout, q, k, v, out, lse, col, rel, t_col, t_rel, list(schedule), list(ctx.sizes),
+                                  ctx.scale, *ctx.dropout)
         else:
             dq, dk, dv = torch.ops.syntaxkernels.edge_attention_cpu_bwd(dout, q, k, v, out, lse, row_ptr, col, rel,
                                                                         t_ptr, t_col, t_rel, ctx.scale, *ctx.dropout)

@@ -1,5 +1,5 @@
-"""The Triton kernels of edge-list attention and their launchers (the ``torch.library`` Triton ops
-``syntaxkernels::edge_attention_fwd`` / ``_bwd``), over the lists' balanced schedule
+"""The Triton kernels of edge-list attention and their launchers (replayed, :mod:`.._replay`; the ``torch.library``
+Triton ops ``syntaxkernels::edge_attention_fwd`` / ``_bwd`` for ``torch.compile``), over the lists' balanced schedule
 (:class:`~syntaxkernels.trees.batch.EdgeSchedule`: work items of at most ``SCHEDULE_CHUNK`` edges, sorted longest
 first).
 
@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _replay
 from .._primitives import LOG2E, dropout_arguments, dropout_keep_pairs, dropout_stream_seed, launch
 from .configs import _next_power_of_2, edge_config
 
@@ -506,6 +507,13 @@ def _fwd_tiles(tiles: dict, dtype: torch.dtype) -> dict:
 _MERGE_BLOCK = 32
 _INT32_LIMIT = 2 ** 31  # every tensor of a call spans fewer elements: int32 offsets (tests lower it)
 
+
+def _offset_state():
+    return _INT32_LIMIT
+
+
+_replay.STATE.append(_offset_state)  # (a test's lowered limit is part of every replay key)
+
 def _dropout(dropout_p: float, seed: int, token_item: Optional[torch.Tensor],
              token_pos: Optional[torch.Tensor]) -> dict:
     """The kernels' dropout arguments (none when ``dropout_p == 0``: the variant without dropout compiles)."""
@@ -522,13 +530,15 @@ def _sum_partials(part, tokens, ptr, out, H, N):
         launch(_edge_sum_kernel, (triton.cdiv(S, _MERGE_BLOCK) * H,), part, tokens, ptr, out, H, N, width, S,
                BLOCK_S=_MERGE_BLOCK, BLOCK_D=max(16, _next_power_of_2(width)), num_warps=4)
 
-@torch.library.triton_op("syntaxkernels::edge_attention_fwd", mutates_args=())
+@_replay.replayed(seed=10)
 def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col: torch.Tensor,
                            rel: torch.Tensor, schedule: List[torch.Tensor], sizes: List[int],
                            num_relations: int, scale: float, dropout_p: float = 0.0, seed: int = 0,
                            token_item: Optional[torch.Tensor] = None,
                            token_pos: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Triton forward launcher: ``(out [B, R, H, N, Dv] in q's dtype, lse2 fp32 [B, R, H, N])``.
+    """Triton forward launcher: ``(out [B, R, H, N, Dv] in q's dtype, lse2 fp32 [B, R, H, N])``. Replayed
+    (:mod:`.._replay`: its host work recorded once per shape class, as the layers after a model's first take it);
+    :func:`_forward_op` is the ``torch.library`` op that ``torch.compile`` traces.
 
     Args:
         q, k: ``[B, H, N, D]``; v: ``[B, H, N, Dv]`` (any strides; a non-contiguous last dim is copied).
@@ -569,7 +579,7 @@ def edge_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
                BLOCK_S=_MERGE_BLOCK, BLOCK_DV=tiles["BLOCK_DV"], num_warps=4)
     return out, lse
 
-@torch.library.triton_op("syntaxkernels::edge_attention_bwd", mutates_args=())
+@_replay.replayed(seed=14)
 def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, col: torch.Tensor, rel: torch.Tensor,
                             t_col: torch.Tensor, t_rel: torch.Tensor, schedule: List[torch.Tensor],
@@ -577,7 +587,8 @@ def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             token_item: Optional[torch.Tensor] = None,
                             token_pos: Optional[torch.Tensor] = None
                             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton backward launcher: ``(dq, dk [B, H, N, D], dv [B, H, N, Dv])`` in q's dtype.
+    """Triton backward launcher: ``(dq, dk [B, H, N, D], dv [B, H, N, Dv])`` in q's dtype. Replayed as the forward
+    is; :func:`_backward_op` is its ``torch.library`` op.
 
     Args: as :func:`edge_attention_forward`, plus ``dout`` (like out, any strides), the forward's ``out`` and
     ``lse`` and the transposed edges ``t_col``, ``t_rel`` (the forward's dropout arguments: its mask regenerated;
@@ -626,3 +637,29 @@ def edge_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     _sum_partials(dk_part, dk_tokens, dk_ptr, dk, H, N)
     _sum_partials(dv_part, dk_tokens, dk_ptr, dv, H, N)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The torch.library ops: what torch.compile traces (eager calls run the launchers above directly)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.library.triton_op("syntaxkernels::edge_attention_fwd", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col: torch.Tensor, rel: torch.Tensor,
+                schedule: List[torch.Tensor], sizes: List[int], num_relations: int, scale: float,
+                dropout_p: float = 0.0, seed: int = 0, token_item: Optional[torch.Tensor] = None,
+                token_pos: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`edge_attention_forward` as a ``torch.library`` op."""
+    return edge_attention_forward(q, k, v, col, rel, schedule, sizes, num_relations, scale, dropout_p, seed,
+                                  token_item, token_pos)
+
+
+@torch.library.triton_op("syntaxkernels::edge_attention_bwd", mutates_args=())
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, col: torch.Tensor, rel: torch.Tensor, t_col: torch.Tensor, t_rel: torch.Tensor,
+                 schedule: List[torch.Tensor], sizes: List[int], scale: float, dropout_p: float = 0.0, seed: int = 0,
+                 token_item: Optional[torch.Tensor] = None, token_pos: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`edge_attention_backward` as a ``torch.library`` op."""
+    return edge_attention_backward(dout, q, k, v, out, lse, col, rel, t_col, t_rel, schedule, sizes, scale, dropout_p,
+                                   seed, token_item, token_pos)
