@@ -300,6 +300,24 @@ def test_a_program_makes_its_buffers_and_views_before_its_launches(monkeypatch, 
         assert got.storage_offset() == want.storage_offset()
 
 
+def test_a_constant_built_while_recording_is_a_constant_of_the_program():
+    """A device constant (``_dispatch.device_constant``: built once per key and device) first built inside a
+    recording is not part of the program: replays take the built value, as every later call does, instead of
+    building it again (T5's bucket LUT was 17 aten ops a call this way)."""
+    from syntaxkernels.ops._dispatch import device_constant
+
+    key = ("a test's constant", object())
+
+    @_replay.replayed()
+    def launcher(x):
+        return x + device_constant(key, x, lambda: torch.arange(4.0) * 2)
+
+    assert torch.equal(launcher(torch.zeros(4)), torch.arange(4.0) * 2)
+    (program,) = _replay.programs().values()
+    assert [str(step[1]) for step in program.steps] == ["aten.add.Tensor"], program.steps
+    assert torch.equal(launcher(torch.ones(4)), torch.arange(4.0) * 2 + 1) and program.replays == 1
+
+
 def test_a_launcher_that_reads_a_value_on_the_host_is_not_replayed():
     calls = []
 

@@ -9,6 +9,7 @@ Imports torch but never Triton: an op module imports its Triton kernels and laun
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -48,13 +49,18 @@ def triton_status() -> str:
 
 _CONSTANTS: Dict[Tuple[Hashable, str], torch.Tensor] = {}
 
+#: ``recorder``: the recorder of :mod:`._replay` while this thread records a launcher (per thread: another thread's
+#: launches are not this recording's); its ``paused`` flag is set while a launch or a constant's build runs.
+RECORDING = threading.local()
+
 
 def device_constant(key: Hashable, like: torch.Tensor, build: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``build()`` (a CPU tensor that depends on ``key`` only) on ``like``'s device, built and moved once per
     (key, device) and handed out again afterwards: no host-to-device copy per call.
 
     While ``torch.compile`` traces, or for a fake ``like``, a fresh tensor is built instead (a traced or fake
-    tensor must never be remembered for the calls that follow).
+    tensor must never be remembered for the calls that follow). A build inside a launcher being recorded
+    (:mod:`._replay`) is not part of its program: the program takes the value as a constant, as later calls do.
     """
     from torch._subclasses.fake_tensor import is_fake
 
@@ -63,7 +69,15 @@ def device_constant(key: Hashable, like: torch.Tensor, build: Callable[[], torch
     full_key = (key, str(like.device))
     value = _CONSTANTS.get(full_key)
     if value is None:
-        value = _CONSTANTS[full_key] = build().to(like.device)
+        recorder = getattr(RECORDING, "recorder", None)
+        pause = recorder is not None and not recorder.paused
+        if pause:
+            recorder.paused = True
+        try:
+            value = _CONSTANTS[full_key] = build().to(like.device)
+        finally:
+            if pause:
+                recorder.paused = False
     return value
 
 

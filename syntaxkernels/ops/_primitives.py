@@ -21,7 +21,6 @@ limits, :data:`SHARED_LIMIT`), :func:`launches_on` (whether a kernel launch for 
 Conventions: scores are kept in the log2 domain inside the kernels (``s2 = s * log2(e)``), so softmaxes use
 ``exp2``; distance tiles are uint8, 255 = unreachable (and out of range).
 """
-import threading
 import triton
 import triton.language as tl
 from triton import knobs as _knobs
@@ -29,6 +28,7 @@ from triton.runtime import driver as _driver
 from triton.runtime.errors import OutOfResources
 
 from ._dispatch import LOG2E, dropout_arguments, interpreting, seed_bits  # noqa: F401 (the kernel layer's names)
+from ._dispatch import RECORDING as _RECORDING
 
 __all__ = ["LOG2E", "program_ids", "program_ids_r", "load_rows", "distance_tile", "load_distance_tile", "mma",
            "mma_acc", "bucket_from_distance", "in_bucket", "opaque_int32", "launch", "KernelDoesNotFit",
@@ -372,7 +372,7 @@ def launch(kernel, grid, *args, **kwargs):
     recorder = getattr(_RECORDING, "recorder", None)
     if recorder is not None:  # a launcher being recorded (ops._replay): note the launch, then launch
         recorder.launch(kernel, grid, args, kwargs)
-        recorder.launching = True
+        recorder.paused = True
     try:
         return _launch(kernel, grid, args, kwargs)
     except OutOfResources as error:
@@ -383,12 +383,8 @@ def launch(kernel, grid, *args, **kwargs):
             "runs meanwhile") from error
     finally:
         if recorder is not None:
-            recorder.launching = False
+            recorder.paused = False
 
-
-#: ``recorder``: the recorder of :mod:`.ops._replay` while this thread records a launcher (per thread: another
-#: thread's launches are not this recording's).
-_RECORDING = threading.local()
 
 
 def launch_with_entry(kernel, grid, args, kwargs, entry):

@@ -233,7 +233,7 @@ class _Recorder:
         self.alive = list(leaves)  # every registered tensor stays alive while recording (ids are not reused)
         self.steps = []
         self.replayable = True
-        self.launching = False
+        self.paused = False  # (a launch, or a device constant's build, runs: its aten ops are not steps)
 
     def ref(self, value):
         if isinstance(value, torch.Tensor):
@@ -359,7 +359,7 @@ def _record(fn, args, kwargs, leaves, seed_bits=None):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if not recorder.launching:  # (a launch's own tensor work, the interpreter's, is the launch's)
+            if not recorder.paused:  # (a launch's own tensor work, the interpreter's, is the launch's)
                 recorder.op(func, args, kwargs, out)
             return out
 

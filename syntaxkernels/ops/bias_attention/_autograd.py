@@ -61,12 +61,15 @@ def _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths,
 @_replay.replayed(seed=19)
 def _backward_step(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, bucket_spec, rows,
                    bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
-                   want_position):
-    """The kernels of :class:`_SyntaxBiasAttention`'s backward: :func:`_backward`'s results, one replayed unit."""
-    return _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, _spec(*bucket_spec),
-                     rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
-                     0 if position is None else position.reach,
-                     position_bounds_on(position, q) if want_position else None)
+                   want_position, position_table):
+    """The kernels of :class:`_SyntaxBiasAttention`'s backward, one replayed unit: :func:`_backward`'s results, the
+    last (the position-boundary sums) made T5's table's gradient (None without ``want_position``)."""
+    dq, dk, dv, dtable, dscale, pos_sums = _backward(
+        dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, _spec(*bucket_spec), rows,
+        bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
+        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None)
+    dposition = position_gradient_from_bounds(pos_sums, position, position_table) if want_position else None
+    return dq, dk, dv, dtable, dscale, dposition
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):
@@ -112,10 +115,10 @@ class _SyntaxBiasAttention(torch.autograd.Function):
             meta = meta._replace(distance_t=distance)
         spec = ctx.position
         try:
-            dq, dk, dv, dtable, dscale, pos_sums = _backward_step(
+            dq, dk, dv, dtable, dscale, dposition = _backward_step(
                 dout, q, k, v, out, lse, distance, lut, lengths, meta, ctx.scale, ctx.window, ctx.causal,
                 ctx.bucket_spec, rows, bias_scale, want_table, want_scale, *ctx.dropout, ctx.band, pos_lut, spec,
-                want_position)
+                want_position, position_table)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -133,7 +136,6 @@ class _SyntaxBiasAttention(torch.autograd.Function):
             return tuple(reference_gradients(ctx.needs_input_grad[:6], dout,
                                              (q, k, v, rows.view(ctx.table_shape), bias_scale, position_table),
                                              run)) + rest
-        dposition = position_gradient_from_bounds(pos_sums, spec, position_table) if want_position else None
         return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None,
                  dposition) + rest)
 

@@ -180,7 +180,7 @@ def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tenso
     spec.reach``): what every kernel gathers for T5's relative-position term, at ``clamp(j - i, -reach, reach) +
     reach`` (log2 domain, as the tree bias's LUT)."""
     buckets = device_constant(("position lut", spec), table, spec.lut)  # (built once per spec and device)
-    return (table.to(torch.float32)[:, buckets] * LOG2E).contiguous()
+    return torch.index_select(table.to(torch.float32), 1, buckets) * LOG2E  # (two aten ops: replayed, cheap)
 
 
 def kernel_tables(table: torch.Tensor, position: Optional[RelativePositionSpec], position_table):

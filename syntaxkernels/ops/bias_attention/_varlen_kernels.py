@@ -954,12 +954,15 @@ def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, of
 @_replay.replayed(seed=19)
 def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, bucket_spec,
                    rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
-                   want_position):
-    """The kernels of :class:`_VarlenBiasAttention`'s backward: :func:`_backward`'s results, one replayed unit."""
-    return _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
-                     _spec(*bucket_spec), rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band,
-                     pos_lut, 0 if position is None else position.reach,
-                     position_bounds_on(position, q) if want_position else None)
+                   want_position, position_table):
+    """The kernels of :class:`_VarlenBiasAttention`'s backward, one replayed unit: :func:`_backward`'s results, the
+    last (the position-boundary sums) made T5's table's gradient (None without ``want_position``)."""
+    dq, dk, dv, dtable, dscale, pos_sums = _backward(
+        dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, _spec(*bucket_spec),
+        rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
+        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None)
+    dposition = position_gradient_from_bounds(pos_sums, position, position_table) if want_position else None
+    return dq, dk, dv, dtable, dscale, dposition
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1000,10 +1003,10 @@ class _VarlenBiasAttention(torch.autograd.Function):
         spec = ctx.position
         rest = (None,) * 4
         try:
-            dq, dk, dv, dtable, dscale, pos_sums = _backward_step(
+            dq, dk, dv, dtable, dscale, dposition = _backward_step(
                 dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, ctx.scale, ctx.causal,
                 ctx.bucket_spec, rows, bias_scale, want_table, want_scale, ctx.dropout_p, ctx.dropout_seed,
-                ctx.band, pos_lut, spec, want_position)
+                ctx.band, pos_lut, spec, want_position, position_table)
         except KernelDoesNotFit as error:
             if not ctx.fallback:
                 raise
@@ -1023,7 +1026,6 @@ class _VarlenBiasAttention(torch.autograd.Function):
             grads = reference_gradients(ctx.needs_input_grad[:5] + (want_position,), dout,
                                         (q, k, v, rows.view(ctx.table_shape), bias_scale, position_table), run)
             return tuple(grads[:5]) + rest + (grads[5], None)
-        dposition = position_gradient_from_bounds(pos_sums, spec, position_table) if want_position else None
         return ((dq, dk, dv, dtable.view(ctx.table_shape) if want_table else None, dscale if want_scale else None)
                 + rest + (dposition, None))
 
