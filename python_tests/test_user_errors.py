@@ -261,3 +261,54 @@ def test_lengths_check_runs_once_per_plan(monkeypatch):
     assert len(calls) == 2
     with pytest.raises(ValueError, match="batch item 1"):  # other lengths: checked again
         _bias_call(torch.tensor([5, 4]), distance=trees.distance)
+
+
+# ------------------------------------------------------------------------------- checks run once per shape class
+
+
+needs_extension = pytest.mark.skipif(not sk._ext.available(), reason="the C++ extension is not loaded")
+
+
+@needs_extension
+def test_a_check_runs_once_per_shape_class_and_never_hides_an_error():
+    """``check_once``: a layer after the first with the same shapes (and equal other arguments of the same class)
+    skips the op's shape checks; another shape, dtype, value or class of value runs them again, so a bad input
+    always raises."""
+    from syntaxkernels import _validation as V
+
+    calls = []
+
+    def check(x, window):
+        calls.append(window)
+        V.check_window(window)
+
+    x = torch.zeros(2, 3)
+    V.check_once(check, x, 1)
+    V.check_once(check, torch.ones(2, 3), 1)                       # same class: skipped
+    assert calls == [1]
+    for args in ((torch.zeros(3, 2), 1), (x.t(), 1), (x.double(), 1), (x, 2)):  # shape, strides, dtype, value
+        V.check_once(check, *args)
+    assert calls == [1, 1, 1, 1, 2]
+    for bad in (True, 1.0, 255):  # equal to a passed value (True == 1 == 1.0) or new: the check runs and raises
+        with pytest.raises(ValueError, match="window must be None or an int"):
+            V.check_once(check, x, bad)
+        with pytest.raises(ValueError, match="window must be None or an int"):
+            V.check_once(check, x, bad)  # (an error is never remembered)
+    assert calls == [1, 1, 1, 1, 2, True, True, 1.0, 1.0, 255, 255]
+    V.check_once(check, {"x": x}, 1)  # an unhashable argument: runs every time
+    V.check_once(check, {"x": x}, 1)
+    assert calls[-2:] == [1, 1]
+
+
+@needs_extension
+def test_the_bias_op_checks_every_call_of_a_new_shape_class():
+    q = torch.randn(2, 2, 5, 8)
+    table = torch.zeros(sk.BucketSpec().num_buckets)
+    sk.syntax_bias_attention(q, q, q, TREES, table, buckets=sk.BucketSpec())
+    with pytest.raises(ValueError, match="table must have shape"):
+        sk.syntax_bias_attention(q, q, q, TREES, table[:-1], buckets=sk.BucketSpec())
+    with pytest.raises(ValueError, match="window must be None or an int"):
+        sk.syntax_bias_attention(q, q, q, TREES, table, buckets=sk.BucketSpec(), window=True)
+    sk.syntax_bias_attention(q, q, q, TREES, table, buckets=sk.BucketSpec(), window=1)
+    with pytest.raises(ValueError, match="window must be None or an int"):
+        sk.syntax_bias_attention(q, q, q, TREES, table, buckets=sk.BucketSpec(), window=True)

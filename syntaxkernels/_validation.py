@@ -372,6 +372,47 @@ def check_dropout(p, seed) -> None:
             raise ValueError(f"dropout_seed must be an int in [0, 2^64), got {seed!r}")
 
 
+#: Shape classes whose checks passed (:func:`check_once`), the oldest first out past :data:`MAX_PASSED`.
+_PASSED: dict = {}
+MAX_PASSED = 1024
+_NATIVE = False  # the extension's replay_flatten: looked up on first use (None: not loaded)
+
+
+def check_once(check: Callable[..., None], *args) -> None:
+    """``check(*args)``, unless the same check already passed for arguments of the same class: every tensor of the
+    same shape, strides, dtype and device (and which arguments are one tensor), every other argument of the same
+    class and equal. For
+    checks that read nothing but that (a shape, dtype, device or type check): a model's layers after the first
+    skip them. Without the C++ extension, while ``torch.compile`` traces, for a tensor subclass or an unhashable
+    argument the check simply runs. Never for a check of tensor values."""
+    global _NATIVE
+    if _NATIVE is False:
+        from . import _ext
+
+        module = _ext.load()
+        _NATIVE = module if module is not None and hasattr(module, "replay_flatten") else None
+    native = _NATIVE
+    if native is None or compiling():
+        check(*args)
+        return
+    leaves: list = []
+    key: list = [check, tuple(a.__class__ for a in args)]  # (classes too: True == 1 == 1.0 as values)
+    if not native.replay_flatten(args, leaves, key):
+        check(*args)
+        return
+    shape_class = tuple(key)
+    try:
+        if shape_class in _PASSED:
+            return
+    except TypeError:  # (an unhashable argument)
+        check(*args)
+        return
+    check(*args)
+    _PASSED[shape_class] = True
+    while len(_PASSED) > MAX_PASSED:
+        _PASSED.pop(next(iter(_PASSED)), None)
+
+
 def check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal=False,
                                 deterministic=False) -> None:
     """Every shape/dtype/device/type check of ``syntax_bias_attention``'s arguments (the reference, the fused

@@ -146,6 +146,15 @@ def lut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, l
                                                lengths=plan.kernel_lengths)
 
 
+def _check_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic, position_window,
+                  position_buckets, position_table) -> None:
+    """:func:`syntax_bias_attention`'s shape, dtype, device and type checks (no tensor value is read:
+    :func:`syntaxkernels._validation.check_once` runs them once per shape class)."""
+    V.check_position_window(position_window)
+    V.check_position_bias(position_buckets, position_table, q)
+    V.check_bias_attention_inputs(q, k, v, distance, table, buckets, bias_scale, window, causal, deterministic)
+
+
 def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance, table: torch.Tensor, *,
                           buckets: BucketSpec, scale: Optional[float] = None, bias_scale=None, lengths=None,
                           window: Optional[int] = None, causal: bool = False, deterministic: bool = False,
@@ -249,10 +258,9 @@ def syntax_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dis
                                             position_window=position_window, position_buckets=position_buckets,
                                             position_table=position_table)
     V.check_dropout(dropout_p, dropout_seed)
-    V.check_position_window(position_window)
-    V.check_position_bias(position_buckets, position_table, q)
-    V.check_bias_attention_inputs(q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
-                                  table, buckets, bias_scale, window, causal, deterministic)
+    V.check_once(_check_inputs, q, k, v, distance.distance if isinstance(distance, StructurePlan) else distance,
+                 table, buckets, bias_scale, window, causal, deterministic, position_window, position_buckets,
+                 position_table)  # (a layer after the first with the same shapes: checked once)
     plan = as_plan(distance, lengths, symmetric=symmetric)
     chosen = position_route(implementation(q, v, backend), position_buckets, backend)
     if chosen == "cpp":  # the fused C++ kernels
