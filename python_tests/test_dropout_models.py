@@ -154,3 +154,20 @@ def test_packed_rows_drop_what_their_padded_form_drops(method, kwargs):
     other = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
                   syntax_trees=padded["trees"]).logits
     assert (other[valid] - out_pad[valid]).abs().max() > 1e-3
+
+
+def test_the_drawn_seed_is_torch_randint_of_the_default_generator():
+    """The modules' seeds are ``torch.randint(0, 2**63 - 1, ())`` of torch's default generator (drawn into a kept
+    scalar): ``torch.manual_seed`` reproduces them, in any thread."""
+    import threading
+
+    torch.manual_seed(7)
+    want = [int(torch.randint(0, 2 ** 63 - 1, (), dtype=torch.int64)) for _ in range(4)]
+    torch.manual_seed(7)
+    assert [draw_dropout_seed() for _ in range(4)] == want
+    got = []
+    torch.manual_seed(7)
+    thread = threading.Thread(target=lambda: got.extend(draw_dropout_seed() for _ in range(4)))
+    thread.start()
+    thread.join()
+    assert got == want
