@@ -160,6 +160,16 @@ def test_edge_list_attention_replays_bit_identical(monkeypatch, name):
         assert got.stride() == want.stride()
 
 
+def test_verify_checks_the_edge_list_replay_and_can_fail(monkeypatch):
+    from syntaxkernels.tools.checks.subnetwork_attention import check_replay
+
+    ok, detail = check_replay(DEVICE)
+    assert ok and detail == "2 edge-list programs, each replayed once, bit-identical to as written", detail
+    monkeypatch.setattr(_replay._Launch, "run", lambda self, registers, seed_bits=None: None)  # replays launch nothing
+    ok, detail = check_replay(DEVICE)
+    assert not ok and "differ FAIL" in detail, detail
+
+
 @pytest.mark.parametrize("name", ["short", "tiled-window", "packed-stored-ds"])
 def test_the_python_helpers_replay_as_the_extension_does(monkeypatch, name):
     """Without the C++ extension the key and the program's buffers and views come from the Python helpers

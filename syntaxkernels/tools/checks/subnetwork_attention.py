@@ -164,7 +164,47 @@ def _bench_cuda(device: str, quick: bool):
     return [dict(row, data=source) for row in rows]
 
 
+def check_replay(device):
+    """The edge-list launchers' replay (``syntaxkernels.ops._replay``): the sub-network op's relations on one batch,
+    a first layer recorded and a second one (other q, k, v) replayed, give outputs and every gradient bit-identical
+    to the launchers as written, and both programs (forward, backward) were replayed."""
+    import syntaxkernels as sk
+    from syntaxkernels.ops import _replay
+
+    _usable(device, "triton")
+    rng = random.Random(1)
+    trees = sk.TreeBatch.from_heads([random_document(rng, [20, 17]), random_document(rng, [30])]).to(device)
+    masks = sk.MaskSpec()
+    B, N, H, D = trees.distance.shape[0], trees.max_len, 2, 64
+
+    def layer(seed):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(B, H, N, D, generator=gen).to(device, torch.bfloat16).requires_grad_()
+                   for _ in range(3))
+        out, nonempty = sk.syntax_subnetwork_attention(q, k, v, trees, masks, backend="triton")
+        grad = torch.randn(out.shape, generator=gen).to(device, torch.bfloat16)
+        return [out, nonempty, *torch.autograd.grad(out, (q, k, v), grad)]
+
+    enabled = _replay.set_enabled(True)
+    try:
+        _replay.clear()
+        layer(3)
+        replayed = layer(4)
+        programs = [p for key, p in _replay.programs().items() if key[0].startswith("edge_attention")]
+        _replay.set_enabled(False)
+        written = layer(4)
+    finally:
+        _replay.set_enabled(enabled)
+    differ = [name for name, x, y in zip(("out", "nonempty", "dq", "dk", "dv"), replayed, written)
+              if not torch.equal(x, y)]
+    used = len(programs) == 2 and all(p is not None and p.replays == 1 for p in programs)
+    detail = f"{len(programs)} edge-list programs, " + ("each replayed once" if used else "NOT replayed")
+    detail += f", {', '.join(differ)} differ FAIL" if differ else ", bit-identical to as written"
+    return not differ and used, detail
+
+
 CHECKS = [
+    Check("subnetwork_attention.launcher_replay", check_replay),
     Check("subnetwork_attention.triton_fp32_forest_default_masks_n37",
           lambda device: _check(device, "triton", torch.float32, 37, False)),
     Check("subnetwork_attention.triton_bf16_forest_pairwise_n70",
