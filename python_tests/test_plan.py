@@ -237,6 +237,26 @@ def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, row
     assert not [a for a in aten if a.split(".")[0] in _COPIES and a.split(".")[0] != "_to_copy"]
 
 
+@needs_triton
+def test_the_host_report_counts_no_device_kernel_for_the_dropout_seed():
+    """``inspect --host --dropout``: the seed a layer draws from torch's CPU generator every call (``random_`` into
+    an int64 scalar, then ``item``) is host work whatever the device, not a device kernel; any other ``random_`` or
+    host read still counts."""
+    from syntaxkernels.tools import host
+    from syntaxkernels.tools.inspection import _kernels_on_cpu_tensors
+
+    trees = sk.TreeBatch.from_heads([[-1, 0, 1, 1], [-1, 0, 0]])
+    with _kernels_on_cpu_tensors():
+        counted = host.count_device_kernels(host._layer(trees, 2, 16, torch.bfloat16, dropout=0.1))["aten"]
+    assert not {"random_.from", "_local_scalar_dense.default"} & set(counted), counted
+
+    def other():
+        torch.zeros(3, dtype=torch.int64).random_(0, 5)
+        torch.zeros(()).item()
+    counted = host.count_device_kernels(other)["aten"]
+    assert counted["random_.from"] == 1 and counted["_local_scalar_dense.default"] == 1, counted
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CUDA graphs by construction: replay the recorded launches with another batch copied in
 # ----------------------------------------------------------------------------------------------------------

@@ -71,8 +71,8 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --workload: the layer's BucketSpec as MAX_DISTANCE or MAX_DISTANCE:LOG_DISTANCE "
                              "(e.g. 128:62, 66 log-spaced buckets: the runtime bucket loop); default BucketSpec()")
     parser.add_argument("--dropout", type=float, default=0.0,
-                        help="with --workload: the layer's attention dropout probability (default 0: the kernels "
-                             "without their DROPOUT variant)")
+                        help="with --workload or --host: the layer's attention dropout probability (default 0: the "
+                             "kernels without their DROPOUT variant; --host: a seed drawn every call, as nn draws it)")
     parser.add_argument("--kv-heads", type=int, default=0,
                         help="with --workload: key/value heads of the layer (grouped-query attention: the 12 query "
                              "heads share them; default 0: 12, one a query head)")

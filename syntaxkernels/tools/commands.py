@@ -448,7 +448,12 @@ def _run_inspect_host(args) -> int:
     ok, position = _position_spec(args, False)
     if not ok:
         return 2
-    rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0], position=position)
+    dropout = float(getattr(args, "dropout", 0.0) or 0.0)
+    if not 0.0 <= dropout < 1.0:
+        print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
+        return 2
+    rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0], position=position,
+                          dropout=dropout)
     print(Hs.format_host_report(rows))
     if args.json:
         import json

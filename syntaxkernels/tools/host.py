@@ -22,8 +22,11 @@ for the projections and the parameters):
 - ``op_us`` / ``op_round_trips``: the layer's time less the same layer with an identity Function in place of the
   attention (the heads' views, transposes and reshapes and the autograd engine stay): the op's own host work;
 - ``triton`` / ``aten`` / ``copies``: device kernels of one layer at the full batch (Triton launches; aten kernels,
-  views and allocations not counted; of those, the copies), for a layer after the first (the batch's plan already
-  holds what the first derived) and for the first (``first_*``).
+  views and allocations not counted, nor a dropout seed's draw on torch's CPU generator; of those, the copies), for a
+  layer after the first (the batch's plan already holds what the first derived) and for the first (``first_*``).
+
+``inspect --host --dropout P`` times layers with attention dropout (a seed drawn every call, as ``nn`` draws it);
+``--position-buckets NUM_BUCKETS:MAX_DISTANCE`` layers with T5's relative-position term.
 
 The launchers replay their recorded host work as a model's layers do (:mod:`syntaxkernels.ops._replay`: the warm-up
 calls of :func:`_median_time` record each shape class, the timed calls replay it).
@@ -50,6 +53,15 @@ _NO_KERNEL = {"empty", "empty_strided", "view", "as_strided", "transpose", "t", 
               "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel",
               "sym_storage_offset", "size", "stride", "dim", "is_contiguous", "numel", "result_type"}
 _COPIES = {"clone", "copy_", "_to_copy", "contiguous"}
+#: The dropout seed's draw (:func:`syntaxkernels.nn.draw_dropout_seed`: ``random_`` of torch's CPU generator into an
+#: int64 scalar and its ``item``): host work on a CPU scalar whatever the model's device, no device kernel.
+_SEED_DRAW = {"random_", "_local_scalar_dense"}
+
+
+def _is_seed_scalar(tensor) -> bool:
+    import torch
+
+    return isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.dtype == torch.int64
 
 
 def _identity_function():
@@ -111,7 +123,8 @@ def count_device_kernels(fn: Callable[[], None]) -> Dict[str, object]:
             if func.namespace == "syntaxkernels":
                 with self:
                     return OPDEFS[func._schema.name]._init_fn(*args, **kwargs)
-            if func.__name__.split(".")[0] not in _NO_KERNEL:
+            name = func.__name__.split(".")[0]
+            if name not in _NO_KERNEL and not (name in _SEED_DRAW and _is_seed_scalar(args[0] if args else None)):
                 aten[func.__name__] += 1
             return func(*args, **kwargs)
 
@@ -157,12 +170,14 @@ def _compiled_not_run(arch: int):
         torch.set_num_threads(threads)
 
 
-def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False, position=None) -> Callable[[], None]:
+def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False, position=None,
+           dropout: float = 0.0) -> Callable[[], None]:
     """One distance-bias layer as a model runs it (module docstring), forward and backward. ``plain``: the same
     layer with an identity autograd Function in place of the attention (the views, transposes and reshapes of the
     heads, the engine): the baseline that :func:`host_report` takes off to give the op's own host work.
     ``position``: a :class:`~syntaxkernels.specs.RelativePositionSpec`, T5's term as T5 calls it (its own learnable
-    ``[H, P]`` table, unscaled scores)."""
+    ``[H, P]`` table, unscaled scores). ``dropout``: attention dropout of that probability (the layer draws a seed
+    every call, :func:`syntaxkernels.nn.draw_dropout_seed`; the plain baseline draws none)."""
     import torch
 
     from syntaxkernels.nn import DistanceBias
@@ -176,6 +191,8 @@ def _layer(trees, heads: int, head_dim: int, dtype, plain: bool = False, positio
         table = torch.zeros(heads, position.num_buckets, requires_grad=True)
         extra = dict(position_buckets=position, position_table=table, scale=1.0)
         params += (table,)
+    if dropout > 0.0:
+        extra["dropout_p"] = dropout
     if plain:
         identity = _identity_function()
 
@@ -235,10 +252,11 @@ TIMED_HEADS, TIMED_HEAD_DIM = 2, 16
 
 
 def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: str = "bf16", head_dim: int = 64,
-                heads: int = 12, reps: int = 30, position=None) -> List[dict]:
+                heads: int = 12, reps: int = 30, position=None, dropout: float = 0.0) -> List[dict]:
     """One row per workload (module docstring), launches compiled for ``sm_<arch>``; each row carries the bare
     round trip measured in the same process. ``position``: layers with T5's relative-position term (a
-    :class:`~syntaxkernels.specs.RelativePositionSpec`; the plain baseline is the same)."""
+    :class:`~syntaxkernels.specs.RelativePositionSpec`; the plain baseline is the same); ``dropout``: layers with
+    attention dropout of that probability (``inspect --host --dropout P``)."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -247,12 +265,13 @@ def host_report(names: Sequence[str] = HOST_WORKLOADS, arch: int = 90, dtype: st
     with _compiled_not_run(arch):
         for name in names:
             full, cut = _batches(name)
-            first = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, position=position))  # (+ the plan)
-            later = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, position=position))
-            host_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, position=position),
-                                   reps) * 1e6
+            kw = dict(position=position, dropout=dropout)
+            first = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, **kw))  # (+ the plan)
+            later = count_device_kernels(_layer(full, heads, head_dim, torch_dtype, **kw))
+            host_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, **kw), reps) * 1e6
             plain_us = _median_time(_layer(cut, TIMED_HEADS, TIMED_HEAD_DIM, torch_dtype, plain=True), reps) * 1e6
-            rows.append(dict(workload=name, arch=arch, dtype=dtype, head_dim=head_dim, heads=heads,
+            rows.append(dict(workload=name, arch=arch, dtype=dtype, head_dim=head_dim, heads=heads, dropout=dropout,
+                             position=None if position is None else f"{position.num_buckets}:{position.max_distance}",
                              shape=tuple(full.distance.shape[:2]) if not full.is_packed else (full.num_tokens,),
                              host_us=host_us, round_trip_us=round_trip, round_trips=host_us / round_trip,
                              plain_us=plain_us, op_us=host_us - plain_us,
@@ -271,9 +290,11 @@ def format_host_report(rows: Sequence[dict]) -> str:
     if not rows:
         return "no workloads"
     r0 = rows[0]
+    layer = "".join([f"; attention dropout {r0['dropout']:g}" if r0.get("dropout") else "",
+                     f"; T5's term {r0['position']}" if r0.get("position") else ""])
     lines = textwrap.wrap(f"Host work per layer (forward + backward), launches compiled for sm_{r0['arch']} and not "
-                          f"run; {r0['dtype']}, H = {r0['heads']}, D = {r0['head_dim']}; bare autograd round trip "
-                          f"{r0['round_trip_us']:.1f} us on this machine.", WIDTH)
+                          f"run; {r0['dtype']}, H = {r0['heads']}, D = {r0['head_dim']}{layer}; bare autograd round "
+                          f"trip {r0['round_trip_us']:.1f} us on this machine.", WIDTH)
     table = [dict(workload=r["workload"], shape="x".join(map(str, r["shape"])), host_us=f"{r['host_us']:.0f}",
                   round_trips=f"{r['round_trips']:.1f}", op_us=f"{r['op_us']:.0f}",
                   op_round_trips=f"{r['op_round_trips']:.1f}", triton=r["triton"], aten=r["aten"], copies=r["copies"],
