@@ -620,6 +620,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "torch.empty_strided(sizes, strides, dtype, device)")
       .def("add_buffer_view", &syntaxkernels::ReplayTensors::add_buffer_view,
            "torch.empty(alloc, dtype, device).as_strided(sizes, strides, offset)")
+      .def("add_filled_buffer", &syntaxkernels::ReplayTensors::add_filled_buffer,
+           "torch.full(sizes, value, dtype, device), a floating dtype")
       .def("add_view", &syntaxkernels::ReplayTensors::add_view,
            "registers[base].as_strided(sizes, strides, registers[base].storage_offset() + offset)")
       .def("run", &syntaxkernels::ReplayTensors::run, pybind11::arg("registers"),

@@ -86,25 +86,32 @@ bool replay_flatten(pybind11::handle values, pybind11::list leaves, pybind11::li
 }
 
 void ReplayTensors::add_buffer(int64_t out, std::vector<int64_t> alloc, at::ScalarType dtype, at::Device device) {
-  specs_.push_back(Spec{out, -1, std::move(alloc), false, false, {}, {}, 0, dtype, device});
+  specs_.push_back(Spec{out, -1, std::move(alloc), false, false, false, 0.0, {}, {}, 0, dtype, device});
 }
 
 void ReplayTensors::add_strided_buffer(int64_t out, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                                        at::ScalarType dtype, at::Device device) {
-  specs_.push_back(Spec{out, -1, {}, true, false, std::move(sizes), std::move(strides), 0, dtype, device});
+  specs_.push_back(
+      Spec{out, -1, {}, true, false, false, 0.0, std::move(sizes), std::move(strides), 0, dtype, device});
 }
 
 void ReplayTensors::add_buffer_view(int64_t out, std::vector<int64_t> alloc, std::vector<int64_t> sizes,
                                     std::vector<int64_t> strides, int64_t offset, at::ScalarType dtype,
                                     at::Device device) {
-  specs_.push_back(Spec{out, -1, std::move(alloc), false, true, std::move(sizes), std::move(strides), offset, dtype,
-                        device});
+  specs_.push_back(Spec{out, -1, std::move(alloc), false, true, false, 0.0, std::move(sizes), std::move(strides),
+                        offset, dtype, device});
 }
 
 void ReplayTensors::add_view(int64_t out, int64_t base, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                              int64_t offset) {
-  specs_.push_back(Spec{out, base, {}, false, true, std::move(sizes), std::move(strides), offset,
+  specs_.push_back(Spec{out, base, {}, false, true, false, 0.0, std::move(sizes), std::move(strides), offset,
                         at::ScalarType::Undefined, at::Device(at::kCPU)});
+}
+
+void ReplayTensors::add_filled_buffer(int64_t out, std::vector<int64_t> alloc, double value, at::ScalarType dtype,
+                                      at::Device device) {
+  if (!at::isFloatingType(dtype)) throw std::invalid_argument("ReplayTensors.add_filled_buffer: a floating dtype");
+  specs_.push_back(Spec{out, -1, std::move(alloc), false, false, true, value, {}, {}, 0, dtype, device});
 }
 
 void ReplayTensors::run(pybind11::list registers) const {
@@ -119,6 +126,8 @@ void ReplayTensors::run(pybind11::list registers) const {
       if (!THPVariable_Check(base_object)) throw std::invalid_argument("ReplayTensors.run: a view of a non-tensor");
       const at::Tensor& base = THPVariable_Unpack(base_object);
       tensor = base.as_strided(spec.sizes, spec.strides, base.storage_offset() + spec.offset);
+    } else if (spec.filled) {
+      tensor = at::full(spec.alloc, spec.value, options(spec.dtype, spec.device));
     } else if (spec.strided) {
       tensor = at::empty_strided(spec.sizes, spec.strides, options(spec.dtype, spec.device));
     } else {

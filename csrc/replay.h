@@ -18,7 +18,7 @@ namespace syntaxkernels {
 bool replay_flatten(pybind11::handle values, pybind11::list leaves, pybind11::list key);
 
 // The tensors a program makes from nothing but its recording: fresh buffers (torch.empty / empty_strided, an
-// optional view of the buffer) and views of the call's arguments. Built once per program; run() stores each into
+// optional view of the buffer; torch.zeros / full of a floating dtype) and views of the call's arguments. Built once per program; run() stores each into
 // the program's registers.
 class ReplayTensors {
  public:
@@ -28,6 +28,8 @@ class ReplayTensors {
     std::vector<int64_t> alloc;     // fresh buffer: its sizes (contiguous) when strided is false
     bool strided;                   // fresh buffer allocated as empty_strided(sizes, strides)
     bool view;                      // as_strided(sizes, strides, offset) of the buffer or of the base
+    bool filled;                    // fresh buffer filled with `value` (torch.zeros / torch.full)
+    double value;
     std::vector<int64_t> sizes, strides;
     int64_t offset;                 // storage offset of the view (relative to the base's own)
     at::ScalarType dtype;
@@ -41,6 +43,8 @@ class ReplayTensors {
                        std::vector<int64_t> strides, int64_t offset, at::ScalarType dtype, at::Device device);
   void add_view(int64_t out, int64_t base, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                 int64_t offset);
+  void add_filled_buffer(int64_t out, std::vector<int64_t> alloc, double value, at::ScalarType dtype,
+                         at::Device device);
   void run(pybind11::list registers) const;
   size_t size() const { return specs_.size(); }
 

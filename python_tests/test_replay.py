@@ -291,19 +291,27 @@ def test_a_program_makes_its_buffers_and_views_before_its_launches(monkeypatch, 
         out = torch.empty((3, 4), dtype=torch.float16, device=x.device).t()  # covering view: empty_strided
         stats = torch.empty((2, 48), dtype=torch.float32, device=x.device)[:, 3:40]  # a partial view, offset 3
         scratch = torch.empty((0,), dtype=torch.float32, device=x.device)
+        zeros = torch.zeros((2, 3), dtype=torch.float16, device=x.device)    # filled buffers
+        rows_lse = torch.full((5,), float("inf"), dtype=torch.float32, device=x.device)
+        counts = torch.full((2,), 3, dtype=torch.int32, device=x.device)   # an integer fill: an aten step
         out.copy_(x.t())
-        return out, stats, scratch, rows * 2
+        return out, stats, scratch, rows * 2, zeros, rows_lse, counts
 
     args = (torch.randn(3, 4).to(torch.float16), torch.arange(6.0))
     written = launcher(*args)
     (program,) = _replay.programs().values()
     kinds = sorted(spec[0] for spec in program.specs)
-    assert kinds == ["buffer", "buffer_view", "strided", "view", "view"], program.specs  # (x.t(): a view too)
+    assert kinds == ["buffer", "buffer_view", "filled", "filled", "strided", "view"], program.specs
+    # (x.t() comes after the integer fill, an aten op: views are hoisted up to the first one only)
+    assert [step[0] if step[0] == "view" else str(step[1]) for step in program.steps] == [
+        "aten.full.default", "view", "aten.copy_.default", "aten.mul.Tensor"], program.steps
     assert (program.tensors is not None) == native
     args = (torch.randn(3, 4).to(torch.float16), torch.arange(6.0) + 1)
     replayed = launcher(*args)
     assert program.replays == 1
     assert torch.equal(replayed[0], args[0].t()) and torch.equal(replayed[3], (args[1] * 2).view(1, -1))
+    for got, want in zip(replayed[4:], written[4:]):
+        assert torch.equal(got, want)  # (zeros, inf, 3)
     for got, want in zip(replayed, written):
         assert (got.shape, got.stride(), got.dtype, got.device) == (want.shape, want.stride(), want.dtype, want.device)
         assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes()

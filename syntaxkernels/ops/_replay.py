@@ -60,6 +60,9 @@ _HOST_READS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"}
 #: Allocations replayed through the factory functions (a third of the dispatcher's cost from Python).
 _EMPTY = "aten.empty.memory_format"
 _EMPTY_STRIDED = "aten.empty_strided.default"
+#: Filled allocations made with the buffers: ``torch.zeros`` and ``torch.full`` of a floating dtype.
+_ZEROS = "aten.zeros.default"
+_FULL = "aten.full.default"
 
 
 def set_enabled(flag: bool) -> bool:
@@ -287,6 +290,13 @@ class _Recorder:
             self.steps.append(("empty_strided", tuple(args[0]), tuple(args[1]), kwargs.get("dtype"),
                                kwargs.get("device"), self.register(out)))
             return
+        if (name in (_ZEROS, _FULL) and plain_factory and kwargs.get("device") is not None
+                and kwargs.get("dtype") is not None and kwargs["dtype"].is_floating_point):
+            value = 0.0 if name == _ZEROS else args[1]
+            if value.__class__ is float or (value.__class__ is int and abs(value) < 2 ** 24):  # (exact as a double)
+                self.steps.append(("filled", tuple(args[0]), float(value), kwargs["dtype"], kwargs["device"],
+                                   self.register(out)))
+                return
         self.steps.append(("op", func, self.ref(tuple(args)), self.ref(dict(kwargs)), self.register(out)))
 
     def launch(self, kernel, grid, args, kwargs):
@@ -426,12 +436,13 @@ def _registers_in(ref) -> list:
 
 def _prologue(steps, result, leaves: int):
     """``(specs, steps)``: the steps that make tensors from the recording alone -- fresh buffers (``empty``,
-    ``empty_strided`` with a dtype and a device), views of the call's arguments and of those buffers, up to the first
+    ``empty_strided`` with a dtype and a device; ``zeros``, ``full`` of a floating dtype on a device), views of the call's arguments and of those buffers, up to the first
     other aten op (which might change an argument's geometry) -- taken out as *specs* to run first, in one call of
     the extension's ``ReplayTensors`` (else :func:`_make_tensors`); the other steps in order. A buffer whose only use
     is one view is made as that view (``empty`` then ``as_strided``; ``empty_strided`` when the view covers it
     all, ``output_like``'s transposed layout). Specs: ``("buffer", out, sizes, dtype, device)``, ``("strided", out,
     sizes, strides, dtype, device)``, ``("buffer_view", out, alloc, sizes, strides, offset, dtype, device)``,
+    ``("filled", out, sizes, value, dtype, device)`` (``torch.zeros`` / ``torch.full`` of a floating dtype),
     ``("view", out, base, sizes, strides, offset)``."""
     uses = collections.Counter(i for step in steps for i in _uses(step))
     uses.update(_registers_in(result))
@@ -453,6 +464,9 @@ def _prologue(steps, result, leaves: int):
             if step[4] not in sole_view:
                 specs.append(("buffer", step[4], step[1], step[2], step[3]))
                 available.add(step[4])
+        elif kind == "filled":
+            specs.append(("filled", step[5], step[1], step[2], step[3], step[4]))
+            available.add(step[5])
         elif kind == "empty_strided" and step[3] is not None and step[4] is not None:
             specs.append(("strided", step[5], step[1], step[2], step[3], step[4]))
             available.add(step[5])
@@ -493,6 +507,8 @@ def _native_tensors(specs):
         elif kind == "buffer_view":
             tensors.add_buffer_view(spec[1], list(spec[2]), list(spec[3]), list(spec[4]), spec[5], spec[6],
                                     torch.device(spec[7]))
+        elif kind == "filled":
+            tensors.add_filled_buffer(spec[1], list(spec[2]), spec[3], spec[4], torch.device(spec[5]))
         else:
             tensors.add_view(spec[1], spec[2], list(spec[3]), list(spec[4]), spec[5])
     return tensors
@@ -509,6 +525,8 @@ def _make_tensors(specs, registers) -> None:
         elif kind == "buffer_view":
             registers[spec[1]] = torch.empty(spec[2], dtype=spec[6], device=spec[7]).as_strided(spec[3], spec[4],
                                                                                                 spec[5])
+        elif kind == "filled":
+            registers[spec[1]] = torch.full(spec[2], spec[3], dtype=spec[4], device=spec[5])
         else:
             base = registers[spec[2]]
             registers[spec[1]] = base.as_strided(spec[3], spec[4], base.storage_offset() + spec[5])
