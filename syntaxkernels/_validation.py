@@ -381,10 +381,9 @@ _NATIVE = False  # the extension's replay_flatten: looked up on first use (None:
 def check_once(check: Callable[..., None], *args) -> None:
     """``check(*args)``, unless the same check already passed for arguments of the same class: every tensor of the
     same shape, strides, dtype and device (and which arguments are one tensor), every other argument of the same
-    class and equal. For
-    checks that read nothing but that (a shape, dtype, device or type check): a model's layers after the first
-    skip them. Without the C++ extension, while ``torch.compile`` traces, for a tensor subclass or an unhashable
-    argument the check simply runs. Never for a check of tensor values."""
+    class and equal. For checks that read nothing but that (a shape, dtype, device or type check): a model's layers
+    after the first skip them. Without the C++ extension, while ``torch.compile`` traces, for a tensor subclass or an
+    unhashable argument the check simply runs. Never for a check of tensor values."""
     global _NATIVE
     if _NATIVE is False:
         from . import _ext
