@@ -12,6 +12,8 @@ Contract of ``_C`` (csrc/bindings.cpp):
     tree_distance_cuda(heads int64 [B, N] CUDA, lengths int64 [B] CUDA) -> same, on the GPU
         (present only in a CUDA build)
     has_cuda() -> bool
+    replay_flatten(values, leaves, key) -> bool and ReplayTensors: the launcher replay's key and program tensors
+        (csrc/replay.h; syntaxkernels/ops/_replay.py)
     graph_distance(edges int64 [B, E, 2] CPU, lengths int64 [B] CPU, N int, P int, directed bool, num_threads int)
         -> distance uint8 [B, P, P] (P >= N; all-pairs shortest paths, (-1, -1) pads an edge list)
     packed_graph_distance(edges int64 [E, 2], edge_offsets int64 [S + 1], cu_seqlens int64 [S + 1], directed bool,
@@ -62,6 +64,21 @@ def load() -> Optional[ModuleType]:
 
 def available() -> bool:
     return load() is not None
+
+
+_REPLAY = None
+_REPLAY_LOOKED = False
+
+
+def replay_helpers() -> Optional[ModuleType]:
+    """The extension when it has the launcher replay's helpers (``replay_flatten``, ``ReplayTensors``), else None;
+    looked up once (a hot path: every replayed call and every ``check_once`` asks)."""
+    global _REPLAY, _REPLAY_LOOKED
+    if not _REPLAY_LOOKED:
+        module = load()
+        _REPLAY = module if module is not None and hasattr(module, "replay_flatten") else None
+        _REPLAY_LOOKED = True
+    return _REPLAY
 
 
 def has_cuda_builder() -> bool:

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import _ext
 from .specs import MAX_PATH, BucketSpec, MaskSpec, RelativePositionSpec
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -375,7 +376,6 @@ def check_dropout(p, seed) -> None:
 #: Shape classes whose checks passed (:func:`check_once`), the oldest first out past :data:`MAX_PASSED`.
 _PASSED: dict = {}
 MAX_PASSED = 1024
-_NATIVE = False  # the extension's replay_flatten: looked up on first use (None: not loaded)
 
 
 def check_once(check: Callable[..., None], *args) -> None:
@@ -384,13 +384,7 @@ def check_once(check: Callable[..., None], *args) -> None:
     class and equal. For checks that read nothing but that (a shape, dtype, device or type check): a model's layers
     after the first skip them. Without the C++ extension, while ``torch.compile`` traces, for a tensor subclass or an
     unhashable argument the check simply runs. Never for a check of tensor values."""
-    global _NATIVE
-    if _NATIVE is False:
-        from . import _ext
-
-        module = _ext.load()
-        _NATIVE = module if module is not None and hasattr(module, "replay_flatten") else None
-    native = _NATIVE
+    native = _ext.replay_helpers()
     if native is None or compiling():
         check(*args)
         return

@@ -37,6 +37,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .. import _ext
 from . import _primitives
 
 __all__ = ["replayed", "set_enabled", "enabled", "clear", "programs", "STATE", "MAX_PROGRAMS"]
@@ -120,14 +121,9 @@ def _flatten(values, leaves: list, key: list, seen: dict) -> None:
 
 def _native():
     """The C++ extension's key and tensor-making helpers (``replay_flatten``, ``ReplayTensors``), or None: the
-    Python ones (:func:`_flatten`, :func:`_make_tensors`) then do the same work."""
-    global _NATIVE
-    if _NATIVE is _MISSING:
-        from .. import _ext
-
-        module = _ext.load()
-        _NATIVE = module if module is not None and hasattr(module, "replay_flatten") else None
-    return _NATIVE
+    Python ones (:func:`_flatten`, :func:`_make_tensors`) then do the same work. (Tests set :data:`_NATIVE` to None
+    to take the Python ones.)"""
+    return _ext.replay_helpers() if _NATIVE is _MISSING else _NATIVE
 
 
 _NATIVE = _MISSING
@@ -141,22 +137,22 @@ def _key(name, args, kwargs):
     leaves: list = []
     key: list = [name]
     native = _native()
+    if native is not None:
+        walk = native.replay_flatten
+    else:
+        seen: dict = {}
+
+        def walk(values, leaves, key):
+            _flatten(values, leaves, key, seen)
+            return True
     try:
-        if native is not None:
-            if not native.replay_flatten(args, leaves, key):
-                return None, None
-            if kwargs:
-                for keyword in sorted(kwargs):
-                    key.append(keyword)
-                    if not native.replay_flatten((kwargs[keyword],), leaves, key):
-                        return None, None
-        else:
-            seen: dict = {}
-            _flatten(args, leaves, key, seen)
-            if kwargs:
-                for keyword in sorted(kwargs):
-                    key.append(keyword)
-                    _flatten((kwargs[keyword],), leaves, key, seen)
+        if not walk(args, leaves, key):
+            return None, None
+        if kwargs:
+            for keyword in sorted(kwargs):
+                key.append(keyword)
+                if not walk((kwargs[keyword],), leaves, key):
+                    return None, None
         key.append(_primitives.current_arch())
         key.append(_primitives.interpreting())
         key.append(_primitives._MULTIPROCESSORS_OVERRIDE)

@@ -302,9 +302,8 @@ def _run_inspect_workloads(args, I) -> int:
             print(f"syntaxkernels inspect: --buckets takes MAX_DISTANCE[:LOG_DISTANCE], got {args.buckets!r} ({exc})",
                   file=sys.stderr)
             return 2
-    dropout = float(getattr(args, "dropout", 0.0) or 0.0)
-    if not 0.0 <= dropout < 1.0:
-        print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
+    dropout = _dropout_option(args)
+    if dropout is None:
         return 2
     kv_heads = int(getattr(args, "kv_heads", 0) or 0)
     if kv_heads and (kv_heads < 0 or I.WORKLOAD_HEADS % kv_heads):
@@ -395,6 +394,15 @@ def _run_inspect_edges(args, I) -> int:
     return I._edge_main(argv)
 
 
+def _dropout_option(args) -> Optional[float]:
+    """``--dropout``'s probability, or None after saying on stderr that it is not in ``[0, 1)``."""
+    dropout = float(getattr(args, "dropout", 0.0) or 0.0)
+    if not 0.0 <= dropout < 1.0:
+        print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
+        return None
+    return dropout
+
+
 def _position_spec(args, causal: bool):
     """``(ok, RelativePositionSpec or None)`` from ``--position-buckets NUM_BUCKETS:MAX_DISTANCE`` (bidirectional
     unless causal); a bad value is said on stderr (ok False)."""
@@ -448,9 +456,8 @@ def _run_inspect_host(args) -> int:
     ok, position = _position_spec(args, False)
     if not ok:
         return 2
-    dropout = float(getattr(args, "dropout", 0.0) or 0.0)
-    if not 0.0 <= dropout < 1.0:
-        print(f"syntaxkernels inspect: --dropout takes a probability in [0, 1), got {dropout!r}", file=sys.stderr)
+    dropout = _dropout_option(args)
+    if dropout is None:
         return 2
     rows = Hs.host_report(names, arch=archs[0], dtype=args.dtype, head_dim=head_dims[0], position=position,
                           dropout=dropout)
