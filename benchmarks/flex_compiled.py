@@ -21,8 +21,12 @@ What it does, per (workload, head dim, GPU family):
    ``bwd_dq_inner`` / ``bwd_dkdv_inner``) and weights each loop by its trips: instructions per valid
    (query, key) pair and per score element computed.
 
-Ours, on the same workload, family and head dim, come from ``inspect_workload`` (each backward kernel's
-tile-weighted cost per valid pair, and its every-branch figure per element). Both are models read from the SASS,
+Rows shorter than Flex's blocks (padded sentences) leave no loop in its compiled code: there each trip is charged
+the full-block loops' cost compiled at N = 1024 (no mask, no bounds), a floor for Flex, printed with ``>=``.
+
+Ours, on the same workload, family and head dim, come from ``inspect_workload`` (the backward kernels'
+tile-weighted cost per valid pair and per score element: the inspection's ``bwd`` and ``bwd/el``). Both are models
+read from the SASS,
 not timings; Flex's atomic table-gradient writes (one ``RED`` per element, on a dozen addresses per head) count as
 one instruction each, their contention not at all.
 
@@ -191,7 +195,6 @@ def _inductor_source(gm, inputs, arch):
         return out.new_empty_strided(out.shape, strides)
 
     source = {}
-    original_load = codecache.PyCodeCache.load_by_key_path
 
     def load_by_key_path(key, path, *args, **kwargs):
         with open(path) as f:
@@ -232,8 +235,7 @@ def _inductor_source(gm, inputs, arch):
             if "text" not in source:
                 raise
             del exc
-    torch_triton.triton_hash_with_backend.cache_clear()
-    del original_load
+    torch_triton.triton_hash_with_backend.cache_clear()  # (its hash was the fake backend's)
     return source["text"]
 
 
