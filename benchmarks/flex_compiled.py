@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 
@@ -81,19 +82,9 @@ class _Captured(Exception):
     pass
 
 
-@contextlib.contextmanager
 def _patched(obj, **attributes):
-    saved = {name: getattr(obj, name) for name in attributes if hasattr(obj, name)}
-    for name, value in attributes.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name in attributes:
-            if name in saved:
-                setattr(obj, name, saved[name])
-            else:
-                delattr(obj, name)
+    """``obj``'s attributes set for the length of a ``with`` (created where missing, removed after)."""
+    return mock.patch.multiple(obj, create=True, **attributes)
 
 
 def _trace_backward(B, N, D, lengths, docs):
@@ -375,19 +366,20 @@ def flex_case(workload, head_dim, arch):
         # floor: each trip at the full-block loops' cost of the same family and head dim (N = 1024, no padding:
         # no mask, no bounds), which the short rows' masked, bounded code can only exceed.
         bound = True
-        floor_kernel, floor_options, floor_signature, _ = _compiled_kernel(1, 1024, head_dim, [1024], None, arch)
-        loops, resources = _loops(floor_kernel, floor_options, floor_signature, arch)
+        floor_kernel, options, floor_signature, _ = _compiled_kernel(1, 1024, head_dim, [1024], None, arch)
+        loops, resources = _loops(floor_kernel, options, floor_signature, arch)
         loops = dict(loops, dq_partial=loops["dq_full"], dkdv_partial=loops["dkdv_full"])
     trips = _trips(N, _block_classes(N, lengths, docs), constants)
-    threads = 32 * options["num_warps"]
+    threads = 32 * options["num_warps"]  # (the warps of the kernel the loops were read from)
     area = {k: constants["BLOCK_M1"] * constants["BLOCK_N1"] if k.startswith("dkdv")
             else constants["BLOCK_M2"] * constants["BLOCK_N2"] for k in trips}
     valid = sum(n * n for n in lengths)
-    instr = sum(trips[k] * loops[k]["other"] * threads for k in trips)
+    cost = {k: trips[k] * loops[k]["other"] * threads for k in trips}  # thread-instructions of each loop's trips
     every = sum(trips[k] * loops[k]["every"] * threads for k in trips)
     elements = {kind: sum(trips[k] * area[k] for k in trips if k.startswith(kind)) for kind in ("dq", "dkdv")}
-    per_element = sum(sum(trips[k] * loops[k]["other"] * threads for k in trips if k.startswith(kind))
-                      / max(elements[kind], 1) for kind in ("dq", "dkdv"))
+    per_element = sum(sum(cost[k] for k in trips if k.startswith(kind)) / max(elements[kind], 1)
+                      for kind in ("dq", "dkdv"))
+    instr = sum(cost.values())
     return dict(workload=workload.name, head_dim=head_dim, arch=arch, blocks=constants, loops=loops, trips=trips,
                 lower_bound=bound,
                 resources=resources, valid_pairs=valid, per_valid_pair=instr / valid,
