@@ -416,6 +416,37 @@ def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, 
             assert torch.equal(results[groups][1][name], results[1][1][name]), (groups, name)
 
 
+@pytest.mark.parametrize("arch", [90, 100, 120])
+def test_one_tile_backward_tiles_per_variant(monkeypatch, arch):
+    """The one-tile backward (rows of at most 64 tokens, HEADS a compile-time constant) on sm_90 at D = 64 takes the
+    family's tiles grouped or not (configs.GROUPED_CONFIGS has no entry: its grouped loop is spill-free with them),
+    but chunks of 32 with T5's term (configs.POSITION_CONFIGS: 136 B grouped, 88 B not, with the family's), which
+    sm_100 does not take (it keeps whole 64-column chunks); sm_120 at D = 128 with grouped-query k, v forms its
+    outputs in chunks of 16 (configs.GROUPED_KV_CONFIGS), without them the family's 32."""
+    from syntaxkernels.specs import BucketSpec
+
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    previous = P.interpret_as(arch)
+    try:
+        def short(D, position=False, grouped=False):
+            return _launch.launch_configs(50, D, D, torch.bfloat16, 1, -1, BucketSpec(), position=position,
+                                          grouped=grouped).short
+
+        plain = short(64)
+        assert "GROUPED_CONFIG" not in plain
+        chunks = (plain["CHUNK"], plain["OUT_CHUNK"], plain["DQ_T"])
+        with_term = short(64, position=True)
+        if arch == 90:
+            assert chunks == (64, 64, False) and (with_term["CHUNK"], with_term["OUT_CHUNK"]) == (32, 32)
+        elif arch == 100:
+            assert (with_term["CHUNK"], with_term["OUT_CHUNK"], with_term["DQ_T"]) == chunks == (64, 64, False)
+        else:
+            assert with_term == plain
+            assert short(128, grouped=True)["OUT_CHUNK"] == 16 and short(128)["OUT_CHUNK"] == 32
+    finally:
+        P.interpret_as(previous)
+
+
 @pytest.mark.parametrize("arch", [90, 100])
 def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
     """configs.CAUSAL_CONFIGS: a causal call of 65..128-token rows at D = 128 on the sm90 family (sm_90, sm_100)

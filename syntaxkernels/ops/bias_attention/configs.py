@@ -331,11 +331,11 @@ GROUPED_SPILLS = {("short2", "small", 128)}
 
 #: Where the grouped loop spills with the family's tiles, the grouped launches take these instead (spill-free
 #: grouped; more instructions per element than the ungrouped tiles, on several times the programs), and a batch
-#: large enough to fill the GPU ungrouped keeps the family's tiles: sm_90 one tile D64 chunks of 32 (32.9
-#: instructions per element, the ungrouped tiles 19.1), D128 eight warps (45.2 / 30.3), two blocks D64 chunks of 32
-#: (35.9 / 24.1; sentences and pairs, bf16).
+#: large enough to fill the GPU ungrouped keeps the family's tiles: sm_90 one tile D128 eight warps (45.2 / 30.3
+#: instructions per element), two blocks D64 chunks of 32 (35.9 / 24.1; sentences and pairs, bf16). The one-tile
+#: kernel at D64 on sm_90 took chunks of 32 too (32.9 / 19.1) until its head count became a compile-time constant
+#: (``HEADS``): its grouped loop is spill-free with the family's tiles since (19.8 per element, sentences bf16).
 GROUPED_CONFIGS = {
-    ("short", "sm90", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
     ("short", "sm90", 128): dict(num_warps=8),
     ("short2", "sm90", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
 }
@@ -390,6 +390,10 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # main-loop instructions); the table kernel's "table_extra" 128x32 with one stage (two: 8 B).
     ("dkdv", "sm90", "half", 64): dict(num_stages=2),
     ("table", "sm90", "half", 64): dict(num_stages=1),
+    # sm_90 at D = 64: the one-tile backward spills with the term on the family's tiles (136 B grouped, 88 B
+    # not); it takes chunks of 32 there (sm_100 keeps the family's: the entry after it).
+    ("short", "sm90", "half", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
+    ("short", "sm100", "half", 64): dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False),
     # sm_90 at D = 128: the dK/dV kernel's 32x128 spills 24 B (two or three stages), 16x128 does not; the table
     # kernel's 64x64 spills 40-48 B, 64x32 with one stage does not. (Blackwell takes these too: spill-free there.)
     ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
@@ -435,6 +439,9 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dkdv", "sm100", "half", 128): dict(BLOCK_M=16, num_stages=1),
     # sm_120, the two-block backward at D128: dQ transposed (the small family's tiles spill 8 B there).
     ("short2", "sm120", "half", 128): dict(DQ_T=True),
+    # sm_120, the one-tile backward at D = 128: output products in chunks of 16 (the family's 32 spill 8 B in the
+    # grouped loop; sentences bf16, 41.7 -> 40.1 main-loop instructions per element).
+    ("short", "sm120", "half", 128): dict(OUT_CHUNK=16),
 }
 
 
