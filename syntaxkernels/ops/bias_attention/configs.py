@@ -391,9 +391,10 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dkdv", "sm90", "half", 64): dict(num_stages=2),
     ("table", "sm90", "half", 64): dict(num_stages=1),
     # sm_90 at D = 64: the one-tile backward spills with the term on the family's tiles (136 B grouped, 88 B
-    # not); it takes chunks of 32 there (sm_100 keeps the family's: the entry after it).
+    # not); it takes chunks of 32 there (sm_100 keeps the family's: the entry after it, read from CONFIGS).
     ("short", "sm90", "half", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
-    ("short", "sm100", "half", 64): dict(CHUNK=64, OUT_CHUNK=64, DQ_T=False),
+    ("short", "sm100", "half", 64): {k: CONFIGS[("short", "sm90", "half", 64)][k] for k in ("CHUNK", "OUT_CHUNK",
+                                                                                           "DQ_T")},
     # sm_90 at D = 128: the dK/dV kernel's 32x128 spills 24 B (two or three stages), 16x128 does not; the table
     # kernel's 64x64 spills 40-48 B, 64x32 with one stage does not. (Blackwell takes these too: spill-free there.)
     ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
