@@ -298,15 +298,21 @@ def test_short_rows_take_the_one_tile_backward(monkeypatch, shape, dtype, opts, 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [c[1:] for c in SHORT2_CASES], ids=[c[0] for c in SHORT2_CASES])
 @pytest.mark.long_on_cpu
 def test_rows_up_to_128_take_the_two_block_backward(monkeypatch, shape, dtype, opts, kw):
-    """Rows of 65..128 tokens with a shared table run the two-block short-row backward (a program per query
-    block: exact delta over both key blocks, fp32 shares of dQ, dK, dV added in a fixed order; the table
-    gradient per tile, summed over the heads), exact against the float64 reference: ragged rows, an empty row,
-    rows of at most 64 tokens in a longer batch (their second blocks get zero shares), a row of 65 (one pair in
-    its last tile), windows, causal, log-spaced and large tables, odd head dims."""
+    """Rows of 65..128 tokens with a shared table run the two-block short-row backward, on the interpreted sm_90
+    with the key blocks outer at head dims up to 64 (a program per item: dK, dV accumulated over steps of query
+    rows, dQ through one fp32 share, delta from O; no second kernel), else query-major (a program per query block:
+    exact delta over both key blocks, fp32 shares of dQ, dK, dV added in a fixed order by a second kernel); the
+    table gradient per tile, summed over the heads: exact against the float64 reference: ragged rows, an empty
+    row, rows of at most 64 tokens in a longer batch (their second blocks get zeros), a row of 65 (one pair in its
+    last tile), windows, causal, log-spaced and large tables, odd head dims."""
     names = _spy_launches(monkeypatch)
     check_against_reference(make_case(*shape, dtype, **opts), **kw)
     backward = [n for n in names if n.startswith("_bias_bwd")]
-    assert backward == ["_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel", "_bias_bwd_short_table_kernel"], names
+    if shape[3] <= 64:
+        assert backward == ["_bias_bwd_short2_keys_kernel", "_bias_bwd_short_table_kernel"], names
+    else:
+        assert backward == ["_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
+                            "_bias_bwd_short_table_kernel"], names
 
 
 @pytest.mark.parametrize("shape,dtype,opts,kw", [SHORT_CASES[0][1:], SHORT2_CASES[0][1:], SHORT2_CASES[1][1:]],
@@ -340,7 +346,7 @@ def test_short_rows_directed_distance_is_exact(monkeypatch):
 
 
 @pytest.mark.parametrize("N,lengths,kernel", [(50, [50, 31], "_bias_bwd_short_kernel"),
-                                               (110, [110, 31], "_bias_bwd_short2_kernel")])
+                                               (110, [110, 31], "_bias_bwd_short2_keys_kernel")])
 @pytest.mark.long_on_cpu
 def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N, lengths, kernel):
     """The same short batch through the short-row backward (one tile, or two blocks) and through the tiled
@@ -367,13 +373,14 @@ def test_short_rows_equal_the_tiled_kernels_and_are_deterministic(monkeypatch, N
 
 @pytest.mark.parametrize("N,lengths,arch,kernel", [(40, [40, 0, 23], 90, "_bias_bwd_short_kernel"),
                                                     (40, [40, 0, 23], 80, "_bias_bwd_short_t_kernel"),
-                                                    (100, [100, 64, 0], 90, "_bias_bwd_short2_kernel")])
+                                                    (100, [100, 64, 0], 90, "_bias_bwd_short2_keys_kernel"),
+                                                    (100, [100, 64, 0], 80, "_bias_bwd_short2_kernel")])
 @pytest.mark.long_on_cpu
 def test_short_row_head_groups_are_bit_identical(monkeypatch, N, lengths, arch, kernel):
     """The short-row kernels split the heads into groups, one program each (as many as fill the GPU): every
     grouping (all 5 heads in one program; 2 groups of 3 and 2 heads; one head a program) gives bit-identical
     outputs and gradients, the launches take the grid the grouping says, and the result is exact against the
-    float64 reference (ragged and empty rows; the one-tile kernels both ways, the two-block one)."""
+    float64 reference (ragged and empty rows; the one-tile kernels both ways, the two-block ones both ways)."""
     case = make_case(3, 5, N, 32, torch.bfloat16, lengths=lengths, seed=11)
     grad_out = torch.randn(3, 5, N, 32, generator=torch.Generator().manual_seed(12))
     grids = []
@@ -453,7 +460,8 @@ def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
     takes its own grouped tiles for the two-block backward (its grouped loop spills with the family's on sm_90: 48 B,
     24 B grouped-query): sm_90 chunks of 32 with dQ not transposed, sm_100 the family's own tiles (chunks of 32,
     output chunks of 64, dQ transposed: the sm_90 entry would apply there otherwise); the non-causal call, the
-    one-tile rows, D = 64 and other families keep theirs. configs.GROUPED_KV_CONFIGS: sm_120's two-block backward
+    one-tile rows and other families keep theirs (at D = 64 the two-block kernel runs with the key blocks outer,
+    its own causal tiles). configs.GROUPED_KV_CONFIGS: sm_120's two-block backward
     at D = 128 with grouped-query k, v forms dQ transposed (the small family's tiles spill 8 B there), causal or
     not; without grouped-query it keeps the family's."""
     from syntaxkernels.specs import BucketSpec
@@ -472,8 +480,11 @@ def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
             assert "GROUPED_CONFIG" not in plain
             assert {k: v for k, v in causal.items() if k != "GROUPED_CONFIG"} == plain  # (ungrouped: the family's)
             assert short(100, 96, True, grouped)["GROUPED_CONFIG"] == causal["GROUPED_CONFIG"]  # (D = 96: pads to 128)
-        for N, D in ((50, 128), (100, 64), (50, 64)):
+        for N, D in ((50, 128), (50, 64)):
             assert short(N, D, True) == short(N, D, False), (N, D)
+        # D = 64: the two-block kernel with the key blocks outer (its causal tiles:
+        # test_two_block_rows_take_the_key_blocks_outer_on_the_sm90_family)
+        assert short(100, 64, True)["KEYS_OUTER"] and short(100, 64, False)["KEYS_OUTER"]
     finally:
         P.interpret_as(previous)
     for other in (80, 86, 120):
@@ -485,6 +496,46 @@ def test_causal_two_block_rows_take_their_own_grouped_tiles(monkeypatch, arch):
             assert short(100, 128, False, True)["DQ_T"] is (other != 86) is short(100, 128, True, True)["DQ_T"]
         finally:
             P.interpret_as(previous)
+
+
+@pytest.mark.parametrize("arch", [90, 100])
+def test_two_block_rows_take_the_key_blocks_outer_on_the_sm90_family(monkeypatch, arch):
+    """On sm_90 and sm_100 at head dims up to 64 the two-block backward runs with the key blocks outer
+    (configs.CONFIGS' KEYS_OUTER: steps of 16 query rows, whole 64-column chunks, dQ transposed), with a positional
+    window too; a causal call keeps those tiles grouped, and on sm_90 takes chunks of 32 with dQ not transposed on
+    a single-axis grid (configs.CAUSAL_CONFIGS: the family's spill 16 B there with grouped-query k, v); D = 96 and
+    128 and the mma.sync families keep the query-major kernel."""
+    from syntaxkernels.specs import BucketSpec
+
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(arch)
+    try:
+        case = make_case(1, 2, 70, 32, torch.bfloat16, lengths=[70], seed=23)
+        for kw in (dict(), dict(position_window=9), dict(causal=True)):
+            names.clear()
+            names.kwargs.clear()
+            check_against_reference(case, **kw)
+            launched = [k for name, k in zip(names, names.kwargs) if name.startswith("_bias_bwd_short2")]
+            assert [name for name in names if name.startswith("_bias_bwd_short2")] == \
+                ["_bias_bwd_short2_keys_kernel"], (kw, names)
+            assert launched[0]["GROUPED"] and (launched[0]["ROWS"], launched[0]["CHUNK"]) == (16, 32), kw
+            # (CHUNK is capped at the head dim's block: 32 here)
+
+        def short(N, D, causal=False):
+            return _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, BucketSpec(), causal=causal).short
+
+        plain, causal = short(100, 64), short(100, 64, True)
+        assert plain["KEYS_OUTER"] and (plain["ROWS"], plain["CHUNK"], plain["OUT_CHUNK"], plain["DQ_T"]) == \
+            (16, 64, 64, True)
+        assert causal["GROUPED_CONFIG"] == dict(CHUNK=64, OUT_CHUNK=64, DQ_T=True)
+        ungrouped = (causal["CHUNK"], causal["OUT_CHUNK"], causal["DQ_T"])
+        assert ungrouped == ((32, 32, False) if arch == 90 else (64, 64, True))
+        for D in (96, 128):
+            assert not short(100, D).get("KEYS_OUTER")
+    finally:
+        P.interpret_as(previous)
+    for other in (80, 86, 120):
+        assert not configs.select_config("short2", torch.bfloat16, 64, arch=other).get("KEYS_OUTER"), other
 
 
 @pytest.mark.parametrize("arch,chunks", [(90, (32, 32, False)), (100, (32, 64, True)), (120, (16, 32, True))])

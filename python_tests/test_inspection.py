@@ -99,12 +99,14 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
     tiled = {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
              "_block_bucket_mask_kernel"}
     # Rows of at most 64 tokens: the short-row backward (one tile a sequence, every head a program); of 65..128:
-    # the two-block one (a program per query block, its shares added by a second kernel). Their table kernel
+    # the two-block one (a program per query block, its shares added by a second kernel; on sm_90 at D = 64 with
+    # the key blocks outer: a program per item, no shares, no second kernel). Their table kernel
     # forms each tile's bucket set itself (no metadata launch).
     short = {"_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel"}  # (sm_90)
     short_t = {"_bias_fwd_short_kernel", "_bias_bwd_short_t_kernel", "_bias_bwd_short_table_kernel"}  # (keys-major)
     short2 = {"_bias_fwd_kernel", "_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel",
               "_bias_bwd_short_table_kernel"}
+    short2_keys = {"_bias_fwd_kernel", "_bias_bwd_short2_keys_kernel", "_bias_bwd_short_table_kernel"}
     cases = {(f"{name} bf16 D{d}", a) for name, d in CI_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     cases |= {(f"{name} bf16 D{d} rp32:128", a) for name, d in CI_POSITION_WORKLOADS for a in CI_WORKLOAD_ARCHS}
     assert {(r.case, r.arch) for r in workload_reports} == cases
@@ -114,7 +116,9 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
         head_dim = int(case.split()[2][1:])
         keys_major = op.select_config("short", torch.bfloat16, head_dim, arch=arch).get("KEYS_MAJOR")
         one_tile = short_t if keys_major else short
-        expected = one_tile if rows <= op.SHORT_ROW_LIMIT else short2 if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
+        keys_outer = op.select_config("short2", torch.bfloat16, head_dim, arch=arch).get("KEYS_OUTER")
+        two_block = short2_keys if keys_outer else short2
+        expected = one_tile if rows <= op.SHORT_ROW_LIMIT else two_block if rows <= 2 * op.SHORT_ROW_LIMIT else tiled
         if case.endswith("rp32:128") and rows > op.SHORT_ROW_LIMIT:  # T5's position term: the one-tile kernels,
             expected = tiled  # else the tiled ones (the two-block kernels take no term)
         # (and the one-program epilogue that turns the bucket sums into the table's and strength's gradients)
@@ -161,6 +165,13 @@ def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports)
                 assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0, r
             if r.kernel in I._SHORT2_SUM:
                 assert r.tiles["programs_long"] > 0 and r.cost["instr"] > 0, r
+            if r.kernel in I._SHORT2_KEYS:  # head loop > key-block loop > step loop, and the zeroing loops
+                t, n = r.tiles, r.nest
+                assert n is not None and 0 < n["step_other"] <= n["step_all"] and n["key_block"] > 0, r
+                assert n["zero_step"] > 0 and n["zero_block"] > 0 and n["once"] > 0, r
+                assert t["skipped"] + t["boundary"] == t["grid"] and t["steps"] == t["boundary"] > 0, r
+                assert t["key_blocks"] >= t["items"] == I._workload(case.split()[0]).batch_size, r
+                assert r.cost["area"] >= 1.0 and r.cost["instr"] > 0 and r.main_tensor_core > 0, r
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the reports fixture)
@@ -364,6 +375,32 @@ def test_workload_tiles_follow_padding_and_lengths():
     t = I.workload_tiles("_bias_fwd_kernel", full, 16, 32)
     assert t["interior"] == t["grid"] and t["boundary"] == t["skipped"] == 0
     assert (t["interior"] * t["area"]) == full.valid_pairs()
+
+
+def test_two_block_tiles_with_the_key_blocks_outer_count_steps_by_hand():
+    """The two-block kernel with the key blocks outer walks, per item and head, first the second key block for the
+    rows reaching it (the exact delta), then each key block inside the length over the steps of ROWS query rows up
+    to the length's last (causal: from the key block's diagonal), and zeroes the steps of a last block past the
+    length and the blocks past it."""
+    from syntaxkernels.tools import workloads
+
+    w = workloads.Workload("t", [workloads.chain(100), workloads.chain(40), []], 128, "chains", "")
+    t = I.workload_tiles("_bias_bwd_short2_keys_kernel", w, 64, 64, rows=16)
+    # 100 tokens: 2 key blocks x 7 steps; 40: 1 x 3; empty: none
+    assert (t["steps"], t["key_blocks"], t["items"]) == (2 * 7 + 3, 3, 3)
+    assert t["boundary"] == t["steps"] and t["interior"] == 0 and t["area"] == 16 * 64
+    assert t["grid"] == 3 * 2 * 2 * 4 and t["skipped"] == t["grid"] - t["steps"]
+    assert (t["zero_steps"], t["zero_blocks"]) == ((8 - 7) + (4 - 3), 0 + 1 + 2)
+    assert t["first_pass"] == 7  # (the 100-token item's steps over its second key block, for the exact delta)
+    causal = I.workload_tiles("_bias_bwd_short2_keys_kernel", w, 64, 64, rows=16, causal=True)
+    assert causal["steps"] == (7 + (7 - 4)) + 3 and causal["first_pass"] == 3
+    nest = dict(step_other=10, step_all=12, first_other=6, first_all=8, key_block=30, head=7, zero_step=5,
+                zero_block=9, once=100, heads=12, groups=4)
+    report = I.KernelReport("bias_attention", "c", "_bias_bwd_short2_keys_kernel", 90, num_warps=4, nest=nest)
+    per_head = 17 * 10 + 7 * 6 + 3 * 30 + 3 * 7 + 2 * 5 + 3 * 9
+    once = 3 * 4 * 100 / 12
+    assert I.workload_cost(report, t)["instr"] == pytest.approx((per_head + once) * 128 / w.valid_pairs())
+    assert I.workload_cost(report, t)["area"] == pytest.approx(17 * 16 * 64 / w.valid_pairs())
 
 
 def test_tile_presence_is_cached_per_batch_not_per_name():

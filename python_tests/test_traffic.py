@@ -57,7 +57,9 @@ def test_short2_buffers_are_the_launchers(D):
     allocated = _allocations_of_short2(B, H, N, D)
     _, configs = traffic._path(N, D, torch.bfloat16, 90, False)
     block = configs.short["BLOCK_M"]
-    modelled = traffic.short2_buffers(B, H, D, D, block, dq_transposed=configs.short["DQ_T"])
+    modelled = traffic.short2_buffers(B, H, D, D, block, dq_transposed=configs.short["DQ_T"],
+                                      keys_outer=bool(configs.short.get("KEYS_OUTER")))
+    assert ("dk_part" in modelled) == (D > 64)  # (sm_90 at D = 64: the key blocks outer, no dK/dV shares)
     for name, shape in modelled.items():
         assert shape in allocated, (name, shape, allocated)
         allocated.remove(shape)
@@ -66,18 +68,34 @@ def test_short2_buffers_are_the_launchers(D):
 
 
 def test_a_128_token_item_costs_its_tiles_and_shares():
+    """The query-major two-block kernel (sm_80's tiles)."""
     w = Workload("one", [[-1] + list(range(127))], 128, "test", "one 128-token chain")
-    r = traffic.backward_traffic(w, head_dim=64, heads=1)
-    assert r["path"] == "short2" and r["block"] == 64
+    r = traffic.backward_traffic(w, head_dim=64, heads=1, arch=80)
+    assert r["path"] == "short2" and r["block"] == 64 and not r["keys_outer"]
     long = r["per_long_item"]
     # written and read back, fp32: 4 dS tiles of 64 x 64 (128 KiB), 4 tiles' dK and dV shares of 64 x 64 (256 KiB),
     # one dQ share a query block (64 KiB), and the delta rows (written, read and updated, read: 2 KiB)
     assert long["scratch_kib"] == pytest.approx(128 + 256 + 64 + 4 * 4 * 128 / 1024)
     # q, k, v, dO read, dQ, dK, dV written (bf16), the lse rows and the distance: ~112 KiB
     assert long["essential_kib"] == pytest.approx((7 * 128 * 64 * 2 + 4 * 128 + 128 * 128) / 1024)
-    causal = traffic.backward_traffic(w, head_dim=64, heads=1, causal=True)["per_long_item"]
+    causal = traffic.backward_traffic(w, head_dim=64, heads=1, causal=True, arch=80)["per_long_item"]
     # three tiles walked; only the second query block's rows reach both key blocks
     assert causal["scratch_kib"] == pytest.approx(96 + 192 + 32 + 4 * 4 * 64 / 1024)
+
+
+def test_a_128_token_item_with_the_key_blocks_outer_stays_under_twice_its_essential_traffic():
+    """sm_90 at D = 64: the two-block kernel with the key blocks outer keeps dK and dV in registers: 4 dS tiles
+    (128 KiB), one dQ share a query block (64 KiB) and the delta rows (written, read and updated, read: 2 KiB),
+    against the essential traffic (~112 KiB): under 2x."""
+    w = Workload("one", [[-1] + list(range(127))], 128, "test", "one 128-token chain")
+    r = traffic.backward_traffic(w, head_dim=64, heads=1)
+    assert r["path"] == "short2" and r["keys_outer"]
+    long = r["per_long_item"]
+    assert long["scratch_kib"] == pytest.approx(128 + 64 + 4 * 4 * 128 / 1024)
+    assert long["essential_kib"] == pytest.approx((7 * 128 * 64 * 2 + 4 * 128 + 128 * 128) / 1024)
+    assert long["scratch_kib"] < 2 * long["essential_kib"]
+    causal = traffic.backward_traffic(w, head_dim=64, heads=1, causal=True)["per_long_item"]
+    assert causal["scratch_kib"] == pytest.approx(96 + 32 + 4 * 4 * 64 / 1024)
 
 
 def test_only_the_positions_inside_the_length_count():
@@ -86,11 +104,17 @@ def test_only_the_positions_inside_the_length_count():
     reads 40 of the second query block's rows; a 20-token sentence's dS tile is written at 24 rows and read at
     24 x 24."""
     w = Workload("one", [[-1] + list(range(99))], 100, "test", "")
-    long = traffic.backward_traffic(w, head_dim=64, heads=1)["per_long_item"]
+    long = traffic.backward_traffic(w, head_dim=64, heads=1, arch=80)["per_long_item"]
     ds = (2 * 64 * (64 + 40) + (64 + 40) ** 2) * 4
     dkdv = 2 * (64 + 64) * (64 + 40) * 4 * 2
     dq = 2 * 64 * 64 * 4 * 2
     assert long["scratch_kib"] == pytest.approx((ds + dkdv + dq + 4 * 4 * 100) / 1024)
+    # the key blocks outer (sm_90, steps of 16 rows: 112 rows written, 48 of the second block's): dS written at
+    # those rows and the keys kept, read at 40 rows of the second block; dQ shares and delta at the rows written
+    keys = traffic.backward_traffic(w, head_dim=64, heads=1)["per_long_item"]
+    ds = ((64 + 48) * (64 + 40) + (64 + 40) ** 2) * 4
+    dq = 2 * 64 * (64 + 48) * 4 + 4 * 4 * 100
+    assert keys["scratch_kib"] == pytest.approx((ds + dq) / 1024)
     short = Workload("s", [[-1] + [0] * 19], 30, "test", "")
     assert traffic.backward_traffic(short, heads=1)["per_long_item"]["scratch_kib"] == pytest.approx(
         (24 * 64 + 24 * 24) * 4 / 1024)
@@ -101,13 +125,15 @@ def test_paths_follow_n_and_short_items_keep_no_shares():
     two = Workload("t", [[-1] + [0] * 59, [-1] + [0] * 89], 90, "test", "")
     long = Workload("l", [[-1] + list(range(599))], 600, "test", "")
     packed = Workload("p", [[-1] + [0] * 29, [-1] + [0] * 9], 30, "test", "", packed=True)
-    r_short, r_two, r_long, r_packed = (traffic.backward_traffic(w) for w in (short, two, long, packed))
+    r_short, r_two, r_long, r_packed = (traffic.backward_traffic(w, arch=80) for w in (short, two, long, packed))
     assert (r_short["path"], r_two["path"], r_long["path"], r_packed["path"]) == ("short", "short2", "tiled",
                                                                                  "packed")
     # the 60-token item of the two-block batch stores no shares: one dS tile, written whole, read at 64 x 64
-    item_60 = traffic.backward_traffic(Workload("t1", [[-1] + [0] * 59], 90, "test", ""))["per_long_item"]
+    item_60 = traffic.backward_traffic(Workload("t1", [[-1] + [0] * 59], 90, "test", ""), arch=80)["per_long_item"]
     assert item_60["scratch_kib"] == pytest.approx(32.0)
     assert r_two["per_long_item"]["scratch_kib"] > 300  # the 90-token item's tiles and shares
+    # with the key blocks outer (sm_90), no shares: under half of that
+    assert traffic.backward_traffic(two)["per_long_item"]["scratch_kib"] < 150
     # the tiled path's scratch is its delta rows: 12 bytes a row
     assert r_long["per_long_item"]["scratch_kib"] == pytest.approx(3 * 4 * 600 / 1024)
     assert r_long["ratio"] < 0.05 < r_short["ratio"] < r_two["ratio"]
@@ -144,7 +170,8 @@ def test_cli_prints_the_model_and_refuses_what_it_does_not_model(capfd, tmp_path
     text = capfd.readouterr().out  # (under the interpreter the command runs in a child process)
     assert "sentences" in text and "short2" in text and "not a measurement" in text
     rows = json.loads(out.read_text())
-    assert [r["path"] for r in rows] == ["short", "short2"] and rows[1]["scratch"] > rows[0]["scratch"] > 0
+    assert [r["path"] for r in rows] == ["short", "short2"] and rows[1]["keys_outer"]
+    assert rows[0]["scratch"] > 0 and rows[1]["scratch"] > 0
     assert cli.main(["inspect", "--traffic", "--workload", "two-parse"]) == 2
     assert "not the relation workloads" in capfd.readouterr().err
     assert cli.main(["inspect", "--traffic", "--arch", "80,90"]) == 2

@@ -399,6 +399,9 @@ class KernelReport:
     tiles: Optional[dict] = None  # a workload case: how the kernel walks the batch's tiles (workload_tiles)
     cost: Optional[dict] = None  # a workload case: its weighted cost per valid pair (workload_cost)
     programs: Optional[int] = None  # a workload case: the programs the whole batch's launch runs
+    # The two-block kernel with the key blocks outer (:func:`_keys_nest`): per-thread non-tensor-core instructions
+    # of its loop nest, and the launch's heads and head groups.
+    nest: Optional[dict] = None
 
     @property
     def ratio(self) -> Optional[float]:
@@ -428,6 +431,8 @@ def _work_per_iteration(kwargs: dict) -> Tuple[int, str]:
     """Units of work one main-loop iteration does, and their name."""
     if "BLOCK_E" in kwargs:
         return int(kwargs["BLOCK_E"]), "edge"
+    if "ROWS" in kwargs and "BLOCK_N" in kwargs:  # (a main loop over steps of ROWS query rows)
+        return int(kwargs["ROWS"]) * int(kwargs["BLOCK_N"]), "element"
     if "BLOCK_M" in kwargs and "BLOCK_N" in kwargs:
         return int(kwargs["BLOCK_M"]) * int(kwargs["BLOCK_N"]), "element"
     if "BLOCK_P" in kwargs:  # the table gradient's epilogue: BLOCK_P per-program bucket sums an iteration
@@ -454,6 +459,47 @@ def _loop_figures(compiled, kwargs: dict, analysed=None):
     return loops, main, with_tc, per, units, unit
 
 
+def _keys_nest(loops, instructions, kwargs: dict) -> Optional[dict]:
+    """The loop nest of the two-block kernel with the key blocks outer, per thread (non-tensor-core instructions):
+    ``step_other`` / ``step_all`` / ``step_ex2``: one trip of the step loop (the key-block loop's tensor-core loop)
+    on its cheapest path, counting every branch, and its ex2; ``first_other`` / ``first_all``: one trip of the
+    first pass (the tensor-core loop before the key blocks: the row sums of P * dP over the second key block, for
+    the exact delta); ``key_block``: the rest of one key block's trip (every
+    instruction); ``head``: the rest of one head's trip, the zeroing loops left out; ``zero_step`` /
+    ``zero_block``: one trip of the loops that zero a last block's steps (one trip of each loop ptxas made of it:
+    an upper bound) and of the loop that zeroes the blocks past the length;
+    ``once``: everything outside the head loop (every instruction); with the launch's ``heads`` and ``groups``.
+    None where the nest is not that shape."""
+    tc = [l for l in loops if l.tensor_core]
+    innermost = sorted((l for l in tc if not any(o is not l and l.start <= o.start and o.end <= l.end for o in tc)),
+                       key=lambda l: l.start)
+    if len(innermost) != 2:
+        return None
+    first, step = innermost
+    around = sorted((o for o in tc if o is not step and o.start <= step.start and step.end <= o.end),
+                    key=lambda o: o.end - o.start)
+    if len(around) != 2:
+        return None
+    key_loop, head_loop = around
+    if not (head_loop.start <= first.start and first.end < key_loop.start):
+        return None
+    zeros = sorted((o for o in loops if not o.tensor_core and head_loop.start <= o.start and o.end <= head_loop.end
+                    and not (key_loop.start <= o.start and o.end <= key_loop.end)), key=lambda o: o.start)
+    if len(zeros) < 2:
+        return None
+
+    def every(loop):
+        return loop.instructions - loop.tensor_core
+
+    total = sum(1 for _, op, _, _ in instructions if _count_other(op))
+    zero_step = sum(every(z) for z in zeros[:-1])  # (ptxas may unroll it, leaving a remainder loop: one trip of each)
+    return dict(step_other=step.shortest_other, step_all=every(step), step_ex2=step.ex2,
+                first_other=first.shortest_other, first_all=every(first), key_block=every(key_loop) - every(step),
+                head=every(head_loop) - every(key_loop) - every(first) - zero_step - every(zeros[-1]),
+                zero_step=zero_step, zero_block=every(zeros[-1]), once=total - every(head_loop),
+                heads=int(kwargs.get("HEADS", 1)), groups=int(kwargs.get("HEAD_GROUPS", 1)))
+
+
 def _tile_loops(loops, with_tc):
     """The tile loops: the outermost loops holding tensor-core instructions; without tensor cores (a dot lowered
     to FMA, as Triton 3.6 does for bf16 on sm_75) the outermost loops of at least a quarter of the largest one's
@@ -477,7 +523,9 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         report.num_warps = int(metadata.num_warps)
         report.num_stages = int(metadata.num_stages)
         report.shared_bytes = int(getattr(metadata, "shared", -1))
-        if "BLOCK_M" in kwargs and "BLOCK_N" in kwargs:
+        if "ROWS" in kwargs and "BLOCK_N" in kwargs:  # (a main loop over steps of ROWS query rows)
+            report.tile = f"{kwargs['ROWS']}x{kwargs['BLOCK_N']}"
+        elif "BLOCK_M" in kwargs and "BLOCK_N" in kwargs:
             report.tile = f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']}"
         elif "BLOCK_E" in kwargs:
             report.tile = f"E{kwargs['BLOCK_E']}"
@@ -592,6 +640,12 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
                             if o is not l and l.start <= o.start and o.end < l.end]
                 head_all += [per(o.instructions) for o in head_loops if not o.tensor_core]  # (STORED_DS)
                 report.worst_per_unit = max(head_all) + max(report.loop_all) / report.heads
+        if name in _SHORT2_KEYS and main is not None:
+            report.nest = _keys_nest(loops, analysed_instructions, kwargs)
+            if report.nest is not None:  # the main-loop figures: its step loop's
+                report.other_per_unit = per(report.nest["step_other"])
+                report.all_per_unit = report.worst_per_unit = per(report.nest["step_all"])
+                report.ex2_per_unit = per(report.nest["step_ex2"])
         if plain is not None:
             plain_loops, plain_main, plain_tc, plain_per, _, _ = _loop_figures(plain, kwargs)
             if plain_main is not None:
@@ -1053,6 +1107,10 @@ _ONE_TILE = ("_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_shor
 _SHORT2_PROGRAMS = ("_bias_bwd_short2_kernel",)
 #: Its shares added: one program per item and head (straight line; items of one block return at once).
 _SHORT2_SUM = ("_bias_bwd_short2_sum_kernel",)
+#: The two-block backward with the key blocks outer: one program per item (and head group); per head a runtime loop
+#: over the key blocks, inside it a runtime loop over steps of ROWS query rows (the main loop), then two loops that
+#: zero the gradient rows past the length (steps, blocks).
+_SHORT2_KEYS = ("_bias_bwd_short2_keys_kernel",)
 #: Kernels without a product (no tensor-core work to miss).
 _DOTLESS_PROGRAMS = ("_bias_bwd_short_table_kernel",)
 
@@ -1332,7 +1390,8 @@ def _kernel_buckets(workload):
     return getattr(workload, "kernel_buckets", None) or BucketSpec()
 
 
-def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None) -> Optional[dict]:
+def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None, rows: int = 0,
+                   causal: bool = False) -> Optional[dict]:
     """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
 
     A model of the kernels' loop bounds (``ops/bias_attention/``, no window, not causal; keep it in step with
@@ -1345,6 +1404,12 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     not walk its query block's most frequent one-bucket tiles (``bucket_skipped``, counted as skipped).
     ``buckets``: the BucketSpec the kernels run (None: the workload's own, ``Workload.kernel_buckets``). Every
     other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile.
+    The two-block kernel with the key blocks outer walks steps of ``rows`` query rows (its ROWS) per key block
+    inside the length, up to the length's last step (``causal``: from the key block's diagonal), all boundary
+    tiles of ``rows x block_n``, after a first pass over the second key block of the steps reaching it
+    (``first_pass``: the exact delta's row sums); it also counts ``steps``, ``key_blocks``, ``items``, and the
+    trips of its zeroing loops (``zero_steps``: a last block's steps past the length; ``zero_blocks``: blocks past
+    it).
 
     Returns counts ``grid, skipped, interior, boundary, one_bucket, mixed``, ``buckets_mixed`` (buckets walked
     by the mixed tiles, summed), ``valid_pairs`` (sum of length^2) and ``area`` (``block_m * block_n``), or None for a kernel without a tiling.
@@ -1363,6 +1428,17 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
                     programs_long=int((lengths > block_m).sum()))
     if not block_m or not block_n:
         return None
+    if kernel in _SHORT2_KEYS and rows:
+        blocks, steps_in = -(-lengths // block_m), -(-lengths // rows)
+        per_block = block_m // rows
+        steps = sum(int(((steps_in - (kb * per_block if causal else 0)) * (blocks > kb)).sum()) for kb in range(2))
+        grid = workload.batch_size * 2 * 2 * per_block
+        first = int(((steps_in - (per_block if causal else 0)) * (blocks > 1)).sum())  # (rows reaching both)
+        return dict(grid=grid, skipped=grid - steps, interior=0, boundary=steps, one_bucket=0, mixed=0,
+                    buckets_mixed=0, valid_pairs=workload.valid_pairs(), area=rows * block_n, steps=steps,
+                    first_pass=first,
+                    key_blocks=int(blocks.sum()), items=workload.batch_size,
+                    zero_steps=int((blocks * per_block - steps_in).sum()), zero_blocks=int((2 - blocks).sum()))
     num_q, num_k = -(-N // block_m), -(-N // block_n)
     grid = workload.batch_size * num_q * num_k
     out = dict(grid=grid, skipped=0, interior=0, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
@@ -1460,6 +1536,18 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     if report.kernel in _TILE_PROGRAMS:  # once per call, shared by every head (a bias-free backward has none)
         threads = 32 * report.num_warps
         return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
+    if report.kernel in _SHORT2_KEYS:
+        # Per head: each step (and first-pass step) at its loop's cheapest path, the rest of each key block's and head's trips and
+        # the zeroing loops' trips counting every instruction; per program (an item's head group) the prologue,
+        # every instruction, shared by the group's heads.
+        n = report.nest
+        if n is None or "steps" not in tiles:
+            return dict(area=area, instr=None)
+        per_head = (tiles["steps"] * n["step_other"] + tiles["first_pass"] * n["first_other"]
+                    + tiles["key_blocks"] * n["key_block"] + tiles["items"] * n["head"]
+                    + tiles["zero_steps"] * n["zero_step"] + tiles["zero_blocks"] * n["zero_block"])
+        once = tiles["items"] * n["groups"] * n["once"] / n["heads"]
+        return dict(area=area, instr=(per_head + once) * 32 * report.num_warps / valid)
     if not report.loop_other:
         return dict(area=area, instr=None)
     T = (buckets or BucketSpec()).num_buckets  # the kernels' buckets (a relation batch: its 256 codes)
@@ -1618,7 +1706,8 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
             if not report.block_m:
                 report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
                 report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
-            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, kernel_buckets)
+            tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, kernel_buckets,
+                                   rows=int(launch.kwargs.get("ROWS", 0)), causal=bool(launch.kwargs.get("CAUSAL")))
             report.tiles = tiles
             report.programs = round(math.prod(launch.grid) * whole)
             report.cost = workload_cost(report, tiles, buckets=kernel_buckets)
@@ -1758,7 +1847,7 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
 
         forward = ("_bias_fwd_kernel", "_bias_fwd_short_kernel") + _VARLEN_QUERY_PROGRAMS[:1]
         backward = (("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel") + _TILE_PROGRAMS
-                    + _HEAD_PROGRAMS[1:] + _SHORT2_PROGRAMS + _SHORT2_SUM + _VARLEN_QUERY_PROGRAMS[1:]
+                    + _HEAD_PROGRAMS[1:] + _SHORT2_PROGRAMS + _SHORT2_SUM + _SHORT2_KEYS + _VARLEN_QUERY_PROGRAMS[1:]
                     + _VARLEN_KEY_PROGRAMS)
         rows.append(dict(case=case, arch=arch, kernels=len(group), errors=sum(1 for r in group if r.error),
                          unmodelled=sum(1 for r in group if not r.error and r.block_m and r.block_n
@@ -1768,7 +1857,7 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
                          fwd_area=total(forward, "area"),
-                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE[1:] + _SHORT2_PROGRAMS
+                         dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE[1:] + _SHORT2_PROGRAMS + _SHORT2_KEYS
                                          + _VARLEN_KEY_PROGRAMS,
                                          "area")))
         last = rows[-1]
@@ -1880,8 +1969,9 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, None)
                 if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
-                    b = workload_tiles("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT
-                                       else "_bias_bwd_short2_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
+                    kernel = ("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT else
+                              "_bias_bwd_short2_keys_kernel" if short.get("KEYS_OUTER") else "_bias_bwd_short2_kernel")
+                    b = workload_tiles(kernel, workload, short["BLOCK_M"], short["BLOCK_N"], rows=short.get("ROWS", 0))
                     t = workload_tiles("_bias_bwd_short_table_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
                 else:
                     dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)

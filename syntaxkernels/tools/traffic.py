@@ -18,6 +18,12 @@ Per batch item (or packed sequence) of ``L`` tokens and head, in bytes (``e``: t
     tile's fp32 dK and dV shares (``(BLOCK_D + BLOCK_DV) S(keys)``, added by the sum kernel), each query block's one
     dQ share when its rows reach both key blocks (``BLOCK_D BLOCK``, added by the program itself) and those rows'
     delta (written, read and updated, read: ``4 * 4`` a row);
+  - the same rows with the key blocks outer (the sm90 family at head dims up to 64: the configs' KEYS_OUTER,
+    :func:`~syntaxkernels.ops.bias_attention._backward._bias_bwd_short2_keys_kernel`): each walked step of
+    ``ROWS`` query rows writes its dS at the key block's ``S(keys)`` keys, read back at ``S(rows) S(keys)``; for an
+    item longer than a block, the rows reaching both key blocks write their first key block's dQ product as an
+    fp32 share and read it back (``2 * 4 * BLOCK_D`` a row) and their delta (written by the first pass, read and
+    updated, read: ``4 * 4`` a row); dK and dV stay in registers;
   - the tiled and packed kernels: the fp32 delta rows, written by the dQ kernel and read by the dK/dV and table
     kernels (``3 * 4 L``);
   - the packed kernels on a batch of short sequences (``_varlen_kernels.stores_ds``): each head's fp32 dS at the
@@ -36,16 +42,17 @@ __all__ = ["backward_traffic", "format_traffic", "short2_buffers"]
 
 
 def short2_buffers(B: int, H: int, D: int, DV: int, block: int, table_grad: bool = True,
-                   dq_transposed: bool = True) -> Dict[str, tuple]:
+                   dq_transposed: bool = True, keys_outer: bool = False) -> Dict[str, tuple]:
     """The fp32 scratch buffers :func:`~syntaxkernels.ops.bias_attention._launch._short2_backward` allocates, by
-    name: their shapes (the dK and dV shares ``[B, H, 2, BLOCK_D, 2 BLOCK]``, dQ's one share
-    ``[B, H, BLOCK_D, 2 BLOCK]`` (``[B, H, 2 BLOCK, BLOCK_D]`` unless formed transposed), and with the table gradient
-    each head's dS tiles ``[B, H, 2, 2, BLOCK, BLOCK]``)."""
+    name: their shapes (the dK and dV shares ``[B, H, 2, BLOCK_D, 2 BLOCK]``, none with ``keys_outer``; dQ's one
+    share ``[B, H, BLOCK_D, 2 BLOCK]`` (``[B, H, 2 BLOCK, BLOCK_D]`` unless formed transposed), and with the table
+    gradient each head's dS tiles ``[B, H, 2, 2, BLOCK, BLOCK]``)."""
     from syntaxkernels.ops._primitives import head_block
 
     bd, bdv = head_block(D), head_block(DV)
-    out = dict(dq_part=(B, H, bd, 2 * block) if dq_transposed else (B, H, 2 * block, bd),
-               dk_part=(B, H, 2, bd, 2 * block), dv_part=(B, H, 2, bdv, 2 * block))
+    out = dict(dq_part=(B, H, bd, 2 * block) if dq_transposed else (B, H, 2 * block, bd))
+    if not keys_outer:
+        out.update(dk_part=(B, H, 2, bd, 2 * block), dv_part=(B, H, 2, bdv, 2 * block))
     if table_grad:
         out["ds"] = (B, H, 2, 2, block, block)
     return out
@@ -76,14 +83,37 @@ def _short2_item(L: int, block: int, bd: int, bdv: int, causal: bool) -> int:
     return total
 
 
+def _short2_keys_item(L: int, block: int, bd: int, causal: bool, rows: int) -> int:
+    """Scratch bytes per head of one item of ``L`` tokens in the two-block kernel with the key blocks outer
+    (module docstring; ``rows``: its ROWS)."""
+    blocks = -(-L // block)
+    walked = -(-L // rows) * rows  # the query rows the steps cover
+    total = 0
+    for kb in range(blocks):
+        keys = _stored(min(block, L - kb * block))
+        for qb in range(kb if causal else 0, blocks):
+            written = min(walked, (qb + 1) * block) - qb * block
+            total += 4 * (written * keys + _stored(min(block, L - qb * block)) * keys)  # dS written, read
+    if blocks == 2:  # rows reaching both key blocks (causal: the second query block's)
+        for qb in range(1 if causal else 0, 2):
+            written = min(walked, (qb + 1) * block) - qb * block
+            total += 2 * 4 * bd * written + 4 * 4 * min(block, L - qb * block)  # dQ share, delta rows
+    return total
+
+
 def _path(N: int, D: int, dtype, arch: int, causal: bool):
     """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table)."""
+    from syntaxkernels.ops._primitives import interpret_as
     from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.specs import BucketSpec
     from syntaxkernels.tools.inspection import fake_gpu
 
-    with fake_gpu(arch):
-        configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
+    previous = interpret_as(arch)  # (under the interpreter the configs follow this, not the faked driver)
+    try:
+        with fake_gpu(arch):
+            configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
+    finally:
+        interpret_as(previous)
     if configs.short is None:
         return "tiled", configs
     return ("short" if N <= configs.short["BLOCK_M"] else "short2"), configs
@@ -93,7 +123,8 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
                      causal: bool = False, buckets=None) -> dict:
     """The backward's bytes per valid pair and head of ``workload`` (a :class:`~syntaxkernels.tools.workloads.Workload`,
     a shared learnable table: the table gradient on), as the module docstring models them: ``essential``,
-    ``scratch``, their ``ratio``, the ``path`` ("short", "short2", "tiled", "packed") and ``per_long_item``: scratch
+    ``scratch``, their ``ratio``, the ``path`` ("short", "short2", "tiled", "packed"), ``keys_outer`` (the two-block
+    kernel with the key blocks outer) and ``per_long_item``: scratch
     and essential KiB per head of the batch's longest item."""
     import torch
 
@@ -115,6 +146,7 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []
+    keys_outer = path == "short2" and bool(configs.short.get("KEYS_OUTER"))
     if path == "short2":  # the head dims of the launcher's shares
         shares = short2_buffers(1, 1, D, D, block)
         bd, bdv = shares["dk_part"][3], shares["dv_part"][3]
@@ -128,6 +160,8 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         essential.append(base)
         if path == "short":
             scratch.append(4 * (_stored(L) * block + _stored(L) ** 2))  # dS written (whole rows), read
+        elif keys_outer:
+            scratch.append(_short2_keys_item(L, block, bd, causal, configs.short.get("ROWS", block)))
         else:
             scratch.append(_short2_item(L, block, bd, bdv, causal))
     # The table gradient's per-program bucket sums (written once, read once; one per tile or program, all heads).
@@ -141,7 +175,7 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
     valid = sum(L * L for L in lengths)
     total_essential, total_scratch = sum(essential), sum(scratch) + partials
     longest = max(range(len(lengths)), key=lambda i: lengths[i]) if lengths else None
-    return dict(path=path, block=block, essential=total_essential / valid if valid else 0.0,
+    return dict(path=path, block=block, keys_outer=keys_outer, essential=total_essential / valid if valid else 0.0,
                 scratch=total_scratch / valid if valid else 0.0,
                 ratio=total_scratch / total_essential if total_essential else 0.0,
                 per_long_item=None if longest is None else dict(
@@ -160,7 +194,8 @@ def format_traffic(rows: Sequence[dict]) -> str:
              "-" * len(header)]
     for r in rows:
         long = r["per_long_item"] or {}
-        lines.append(f"{r['workload']:<18} {r['head_dim']:>4} {r['path']:<7} {r['essential']:>9.1f} "
+        path = r["path"] + ("k" if r.get("keys_outer") else "")
+        lines.append(f"{r['workload']:<18} {r['head_dim']:>4} {path:<7} {r['essential']:>9.1f} "
                      f"{r['scratch']:>8.1f} {r['ratio']:>6.2f} {long.get('tokens', 0):>7} "
                      f"{long.get('scratch_kib', 0.0):>9.1f} K {long.get('essential_kib', 0.0):>7.1f} K")
     lines += textwrap.wrap(
@@ -170,5 +205,6 @@ def format_traffic(rows: Sequence[dict]) -> str:
         "the packed dK/dV kernel's stored dS on short sequences; delta rows; the bucket sums) at the positions written and read (inside the length, rounded up to 8, where "
         "the kernels mask them), no cache counted; ratio: scratch / essential; "
         "longest: the batch's longest item and its scratch and essential KiB per head. A model of the launchers' "
-        "buffers (syntaxkernels/tools/traffic.py), not a measurement.", 110)
+        "buffers (syntaxkernels/tools/traffic.py), not a measurement. Path short2k: the two-block kernel with the key "
+        "blocks outer (no dK/dV shares).", 110)
     return "\n".join(lines)

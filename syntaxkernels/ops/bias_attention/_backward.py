@@ -1038,6 +1038,170 @@ def _bias_bwd_short2_sum_kernel(
                      mask=(rows[:, None] < N_OUT) & (offs_dv[None, :] < DV))
 
 
+@triton.jit(do_not_specialize=["HEAD_GROUPS"])  # (one compile for every grouping of GROUPED)
+def _bias_bwd_short2_keys_kernel(
+    Q, K, V, DOUT, DIST, LUT, LENGTHS, LSE, DELTA, DQ, DK, DV_OUT, DQ_PART, DS_OUT,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gn, stride_gd,
+    stride_db, stride_di, stride_dj, stride_row,
+    stride_xb, stride_xh, stride_xn, stride_xd,
+    stride_yb, stride_yh, stride_yn, stride_yd,
+    stride_zb, stride_zh, stride_zn, stride_zd,
+    N, N_OUT, D, DV, scale, qk_scale2, HEADS: tl.constexpr, HEAD_GROUPS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, OUT_CHUNK: tl.constexpr, DQ_T: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False,
+    GROUPED: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False, band=0,
+    GROUPED_KV: tl.constexpr = False, ROWS: tl.constexpr = 32,
+):
+    """:func:`_bias_bwd_short2_kernel`'s twin with the key blocks outer (the configs' KEYS_OUTER), as a flash
+    backward runs: one program per batch item (and head group) walks its heads, and for each head the key blocks of
+    ``BLOCK_N = BLOCK_M`` the length reaches, each over the steps of ROWS query rows that reach it (causal: from the
+    diagonal's). A key block's dK and dV accumulate in registers over its steps and are stored once, in q's dtype:
+    no shares, no sum kernel, about half the scratch of the query-major kernel (``tools/traffic.py``), at two fp32
+    ``[BLOCK_D, BLOCK_N]`` accumulators' registers (spill-free at head dims up to 64).
+
+    ``delta`` (the row sums of ``P * dP``) is exact, as in :func:`_bias_bwd_short2_kernel` (every row of dS sums to
+    zero up to fp32 rounding, which the table gradient's bucket sums need: ``rowsum(dO * O)`` from the rounded O
+    leaves each row a small error that adds up per bucket): for an item longer than a block, a first pass over the
+    second key block stores each head's row sums of ``P * dP`` there in ``DELTA`` (fp32 rows like LSE,
+    ``stride_row``), and the first key block adds its own. Rows reaching both key blocks keep delta there and their
+    first key block's dQ product in ``DQ_PART`` (fp32 ``[B, H, BLOCK_D, 2 * BLOCK_M]``, ``[B, H, 2 * BLOCK_M,
+    BLOCK_D]`` without DQ_T), read back after a barrier: the second key block adds its product to it and stores
+    dQ. With TABLE_GRAD each head's dS goes to ``DS_OUT`` (fp32 ``[B, H, 2, 2, BLOCK_M,
+    BLOCK_N]``, [query block, key block]) for :func:`_bias_bwd_short_table_kernel`, at the keys :func:`_stored`
+    keeps (inside the length, rounded up to 8) of the rows the steps walk; the table kernel reads no other. Blocks
+    and steps past the length get zero gradients, so that no launch clears them first. Each pair is read at
+    ``distance[b, i, j]`` only: a directed distance is exact.
+
+    Args: as :func:`_bias_bwd_short2_kernel` (no dK/dV shares); ROWS: query rows a step (a multiple of 8 dividing
+        BLOCK_M).
+    Grid: ``(B, HEAD_GROUPS)``: a program takes heads g, g + HEAD_GROUPS, ... (the launcher's
+    :func:`._launch.head_groups`).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    length = tl.minimum(tl.load(LENGTHS + b), N)
+    offs_j = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    two_blocks = length > BLOCK_M
+    share_q: tl.constexpr = BLOCK_D * 2 * BLOCK_M  # a head's dQ share (its first key block's, all its rows)
+    for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
+        q_base = Q + b * stride_qb + h * stride_qh
+        k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)
+        v_base = V + b * stride_vb + _kv_offset(h, stride_vh, KV_GROUP, GROUPED_KV)
+        do_base = DOUT + b * stride_gb + h * stride_gh
+        dq_share = DQ_PART + (b * HEADS + h) * share_q
+        delta_rows = DELTA + (b * HEADS + h) * stride_row
+        lse_rows = LSE + (b * HEADS + h) * stride_row
+        # The key blocks the length reaches, each over the query rows that reach it in steps of ROWS (runtime
+        # loops: one copy of the tile's code, no step's loads hoisted into another's registers).
+        num_blocks = (length + BLOCK_N - 1) // BLOCK_N
+        num_steps = (length + ROWS - 1) // ROWS
+        if two_blocks:  # exact delta: first the row sums of P * dP over the second key block, of the rows reaching it
+            offs_n = BLOCK_N + offs_j
+            for step in range(BLOCK_M // ROWS if CAUSAL else 0, num_steps):
+                offs_m = step * ROWS + offs_r
+                row_ok = offs_m < length
+                bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                                    EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
+                lse = tl.load(lse_rows + offs_m, mask=row_ok, other=float("inf"))
+                p, dp = _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, length, D, DV,
+                                    stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_gn,
+                                    stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, DOT_PRECISION)
+                tl.store(delta_rows + offs_m, tl.sum(p * dp, 1), mask=row_ok)
+            tl.debug_barrier()  # (read back below, maybe by other warps' threads)
+        for kb in range(0, num_blocks):
+            tl.debug_barrier()  # the second key block reads the delta rows and dQ shares the first stored
+            offs_n = kb * BLOCK_N + offs_j
+            first_key_block = kb == 0
+            dk = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)  # dK^T, dV^T of the key block
+            dv = tl.zeros([BLOCK_DV, BLOCK_N], dtype=tl.float32)
+            # (causal: from the diagonal's query rows)
+            for step in range(kb * (BLOCK_N // ROWS) if CAUSAL else 0, num_steps):
+                offs_m = step * ROWS + offs_r
+                row_ok = offs_m < length
+                qb = (step * ROWS) // BLOCK_M  # the query block of these rows
+                # Rows whose keys reach both blocks take dQ in two products, the first key block's as a share.
+                if CAUSAL:
+                    dq_to_share = first_key_block & two_blocks & (qb == 1)
+                else:
+                    dq_to_share = first_key_block & two_blocks
+                bias = _short2_bias(DIST, LUT, b, offs_m, offs_n, length, N, stride_db, stride_di, stride_dj, CAUSAL,
+                                    EVEN_N, OPAQUE_BIAS, INTERPRETED, BAND, band)
+                lse = tl.load(lse_rows + offs_m, mask=row_ok, other=float("inf"))
+                p, dp = _short_p_dp(q_base, k_base, v_base, do_base, bias, lse, offs_m, offs_n, length, D, DV,
+                                    stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_gn,
+                                    stride_gd, qk_scale2, BLOCK_D, BLOCK_DV, CHUNK, EVEN_D, EVEN_DV, DOT_PRECISION)
+                if first_key_block:  # exact: this block's row sums plus the second's (rows reaching it)
+                    delta = tl.sum(p * dp, 1) + tl.load(delta_rows + offs_m, mask=row_ok & dq_to_share, other=0.0)
+                    tl.store(delta_rows + offs_m, delta, mask=row_ok & dq_to_share)
+                else:
+                    delta = tl.load(delta_rows + offs_m, mask=row_ok, other=0.0)
+                # dS with the score scale folded in (a row constant), as in the one-tile kernel.
+                ds = p * (dp * scale - (delta * scale)[:, None])
+                if TABLE_GRAD:
+                    tl.store(DS_OUT + (((b * HEADS + h) * 2 + qb) * 2 + kb) * (BLOCK_M * BLOCK_N)
+                             + (offs_m - qb * BLOCK_M)[:, None] * BLOCK_N + offs_j[None, :], ds,
+                             mask=_stored(offs_n, length)[None, :])
+                p_in = p.to(Q.dtype.element_ty)
+                ds_in = ds.to(Q.dtype.element_ty)
+                do = load_rows(do_base, offs_m, offs_dv, stride_gn, stride_gd, length, DV, True, EVEN_DV)
+                dv = mma_acc(tl.trans(do), p_in, dv, DOT_PRECISION)
+                q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, length, D, True, EVEN_D)
+                dk = mma_acc(tl.trans(q), ds_in, dk, DOT_PRECISION)
+                # dQ: rows reaching one key block store it; rows reaching two store the first block's product as
+                # a share, and the second block's accumulates onto it (ordered by the barrier above).
+                for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
+                    offs_c = c + tl.arange(0, OUT_CHUNK)
+                    k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
+                    if DQ_T:  # dQ^T = K^T dS^T
+                        dq_at = dq_share + offs_c[:, None] * (2 * BLOCK_M) + offs_m[None, :]
+                        dq = mma_acc(tl.trans(k), tl.trans(ds_in), tl.load(dq_at, mask=(kb == 1), other=0.0),
+                                     DOT_PRECISION)
+                        if dq_to_share:
+                            tl.store(dq_at, dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[None, :] * stride_xn
+                                     + offs_c[:, None] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[None, :] < N_OUT) & (offs_c[:, None] < D))
+                    else:
+                        dq_at = dq_share + offs_m[:, None] * BLOCK_D + offs_c[None, :]
+                        dq = mma_acc(ds_in, k, tl.load(dq_at, mask=(kb == 1), other=0.0), DOT_PRECISION)
+                        if dq_to_share:
+                            tl.store(dq_at, dq)
+                        else:
+                            tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
+                                     + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
+                                     mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
+            tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn + offs_d[:, None] * stride_yd,
+                     dk.to(DK.dtype.element_ty), mask=(offs_n[None, :] < N_OUT) & (offs_d[:, None] < D))
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + offs_n[None, :] * stride_zn
+                     + offs_dv[:, None] * stride_zd, dv.to(DV_OUT.dtype.element_ty),
+                     mask=(offs_n[None, :] < N_OUT) & (offs_dv[:, None] < DV))
+        # dQ rows of a last block's steps past the length: zero
+        for step in range(num_steps, num_blocks * (BLOCK_M // ROWS)):
+            rows = step * ROWS + offs_r
+            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                     tl.zeros([ROWS, BLOCK_D], dtype=DQ.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+        for kb in range(num_blocks, 2):  # blocks past the length (both of an empty item): zero dK, dV, dQ rows
+            rows = kb * BLOCK_N + offs_j
+            tl.store(DK + b * stride_yb + h * stride_yh + rows[:, None] * stride_yn + offs_d[None, :] * stride_yd,
+                     tl.zeros([BLOCK_N, BLOCK_D], dtype=DK.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+            tl.store(DV_OUT + b * stride_zb + h * stride_zh + rows[:, None] * stride_zn
+                     + offs_dv[None, :] * stride_zd, tl.zeros([BLOCK_N, BLOCK_DV], dtype=DV_OUT.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_dv[None, :] < DV))
+            tl.store(DQ + b * stride_xb + h * stride_xh + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                     tl.zeros([BLOCK_M, BLOCK_D], dtype=DQ.dtype.element_ty),
+                     mask=(rows[:, None] < N_OUT) & (offs_d[None, :] < D))
+
+
 @triton.jit
 def _bit_or(a, b):
     return a | b

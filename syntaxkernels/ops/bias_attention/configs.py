@@ -156,10 +156,15 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
                                           num_warps=4, num_stages=1),
     # Rows of 65..128 tokens (:func:`._backward._bias_bwd_short2_kernel`: a program per query block of 64, two key
     # blocks): the one-tile kernel's queries-major tiles (chunks of 32 with dQ^T on mma.sync GPUs), but for score
-    # and dP products over head-dim chunks of 32 on sm_90 at D = 64, of 16 on sm_80 at D = 128 and of 16 with dQ
-    # not transposed on the small family (the spill-free choices: with the one-tile kernel's, 16-56 B spill).
-    ("short2", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=False,
-                                         num_warps=4, num_stages=1),
+    # and dP products over head-dim chunks of 32 on sm_90 at D = 128, of 16 on sm_80 at D = 128 and of 16 with dQ
+    # not transposed on the small family (the spill-free choices: with the one-tile kernel's, 16-56 B spill). The
+    # sm90 family at D <= 64 runs them with the key blocks outer (KEYS_OUTER,
+    # :func:`._backward._bias_bwd_short2_keys_kernel`: a program per item, dK and dV in registers over steps of ROWS
+    # query rows, no dK/dV shares: about half the scratch, +8-24% instructions on pairs, -20% on odd-77; the
+    # spill-free tiling on sm_90 and sm_100 in every variant, grouped or not: steps of 16 rows, whole 64-column
+    # chunks, dQ transposed; steps of 32 spill 16-24 B).
+    ("short2", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, DQ_T=True, KEYS_OUTER=True,
+                                         ROWS=16, num_warps=4, num_stages=1),
     ("short2", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
                                           num_warps=4, num_stages=1),
     ("short2", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=32, DQ_T=True,
@@ -337,11 +342,11 @@ GROUPED_SPILLS = {("short2", "small", 128)}
 #: (``HEADS``): its grouped loop is spill-free with the family's tiles since (19.8 per element, sentences bf16).
 GROUPED_CONFIGS = {
     ("short", "sm90", 128): dict(num_warps=8),
-    ("short2", "sm90", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False),
 }
-#: sm_100 and newer in the sm90 family (their own tiles, :data:`BLACKWELL_CONFIGS`, group spill-free but for the
-#: two-block kernel at D64: 24 B; chunks of 32 do not spill, 41.5 instructions per element).
-BLACKWELL_GROUPED_CONFIGS = {("short2", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False)}
+#: sm_100 and newer in the sm90 family: their own tiles (:data:`BLACKWELL_CONFIGS`) group spill-free (the two-block
+#: kernel at D64, query-major, spilled 24 B grouped and took chunks of 32 here until it ran with the key blocks
+#: outer there).
+BLACKWELL_GROUPED_CONFIGS: Dict[Tuple[str, int], dict] = {}
 
 #: The table-gradient kernel splits a query block's walk among several programs where the grid is small
 #: (:func:`._launch.table_splits`), except where the split loop spills (kind, family, dtype class, head-dim class):
@@ -458,6 +463,9 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 #: per element, spill-free; the whole 64-column chunks it took before spill 56 B now, with 64 / 32 output chunks
 #: 64.7 / 82.0, sm_90's choice 66.7 / 84.1).
 CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    ("short2", "sm90", "half", 64): dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False,
+                                         GROUPED_CONFIG=dict(CHUNK=64, OUT_CHUNK=64, DQ_T=True)),
+    ("short2", "sm100", "half", 64): dict(CHUNK=64, OUT_CHUNK=64, DQ_T=True),
     ("short2", "sm90", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=32, OUT_CHUNK=32, DQ_T=False)),
     ("short2", "sm100", "half", 128): dict(GROUPED_CONFIG=dict(CHUNK=32, OUT_CHUNK=64, DQ_T=True)),
 }

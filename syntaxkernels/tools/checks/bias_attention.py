@@ -111,7 +111,8 @@ def _short_rows_check(device, shape, **kw):
     if config is None:
         path = "tiled kernels (no short-row tiles for this GPU family)"
     elif shape[2] > op.SHORT_ROW_LIMIT:
-        path = "two-block short-row backward"
+        path = ("two-block short-row backward, key blocks outer" if config.get("KEYS_OUTER")
+                else "two-block short-row backward")
     else:
         path = ("short-row forward, keys-major short-row backward" if config.get("KEYS_MAJOR")
                 else "short-row forward and backward")
