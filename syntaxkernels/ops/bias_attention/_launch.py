@@ -680,89 +680,55 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
                      dq, dk, dv, delta, band=None):
     """:func:`bias_attention_backward` for rows of 65..128 tokens: :func:`_bias_bwd_short2_kernel` (every head
     of one batch item and query block a program; items of at most 64 tokens store their gradients, longer ones
-    fp32 shares), :func:`_bias_bwd_short2_sum_kernel` (the shares added in a fixed order), then with
-    ``table_grad`` the heads' dS summed and reduced per bucket once per tile. ``delta``: the caller's row buffer
-    (lse's row stride), for the first pass's row sums. With the config's KEYS_OUTER: :func:`_short2_keys_backward`."""
-    if config.get("KEYS_OUTER"):
-        return _short2_keys_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec,
-                                     table_grad, config, dq, dk, dv, delta, band)
+    fp32 shares), :func:`_bias_bwd_short2_sum_kernel` (the shares added in a fixed order); or, with the config's
+    KEYS_OUTER, :func:`_bias_bwd_short2_keys_kernel` alone (every head of one batch item a program: each key block's
+    dK, dV accumulated over its query rows, dQ of rows reaching two key blocks through one fp32 share of the
+    program's own); then with ``table_grad`` the heads' dS summed and reduced per bucket once per tile. ``delta``:
+    the caller's row buffer (lse's row stride), for the first pass's row sums."""
     B, H, N, D = q.shape
-    groups = head_groups(2 * B, H, q.device) if config["GROUPED"] else 1
+    keys_outer = bool(config.get("KEYS_OUTER"))
+    groups = head_groups(B if keys_outer else 2 * B, H, q.device) if config["GROUPED"] else 1
     if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
         config = {**config, **config["GROUPED_CONFIG"]}
     DV = v.shape[-1]
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)
     f32 = dict(dtype=torch.float32, device=q.device)
-    # The buffers traffic.short2_buffers models (keep them in step). dK, dV shares [B, H, 2, BLOCK_D, 2 * BLOCK]
-    # (a head's two adjacent: the sum kernel reads both from one address; the transposed products store contiguous
-    # rows); dQ's first-key-block share [B, H, BLOCK_D, 2 * BLOCK] ([B, H, 2 * BLOCK, BLOCK_D] unless formed
-    # transposed), written and read back by the program that owns the rows. Written and read only for items
-    # longer than BLOCK, at the positions _stored keeps.
+    # The buffers traffic.short2_buffers models (keep them in step). dQ's first-key-block share [B, H, BLOCK_D,
+    # 2 * BLOCK] ([B, H, 2 * BLOCK, BLOCK_D] unless formed transposed), written and read back by the program that
+    # owns the rows; query-major, the dK, dV shares [B, H, 2, BLOCK_D, 2 * BLOCK] (a head's two adjacent: the sum
+    # kernel reads both from one address; the transposed products store contiguous rows). Written and read only
+    # for items longer than BLOCK, at the positions _stored keeps.
     dq_t = config["DQ_T"]
     dq_part = torch.empty((B, H, block_d, 2 * block) if dq_t else (B, H, 2 * block, block_d), **f32)
-    dk_part = torch.empty((B, H, 2, block_d, 2 * block), **f32)
-    dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
     # Each head's dS: B * H * 4 tiles of BLOCK^2 fp32 (64 KiB a head and sequence at BLOCK = 64; the rows and
     # columns past the length neither written nor read).
     ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
-    launch(_bias_bwd_short2_kernel, (B, 2 * groups),
-           q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds,
-           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
-           *dq.stride(), *dk.stride(), *dv.stride(),
-           B, _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads both)
-           HEAD_GROUPS=groups, GROUPED=groups > 1,
-           BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
-           CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
-           DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
-           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config["OPAQUE_BIAS"], **_kv_group(H // k.shape[1]), **(band or {}))
-    sum_config = select_config("short2_sum", q.dtype, max(D, DV))
-    launch(_bias_bwd_short2_sum_kernel, (B * H,),
-           lengths, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
-           B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, num_warps=sum_config["num_warps"], num_stages=sum_config["num_stages"])
-    if not table_grad:
-        return dq, dk, dv, None
-    return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2,
-                                             select_config("short_table", q.dtype, max(D, DV)))[0]
-
-
-def _short2_keys_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad,
-                          config, dq, dk, dv, delta, band=None):
-    """:func:`_short2_backward` with the key blocks outer: :func:`_bias_bwd_short2_keys_kernel` (every head of one
-    batch item a program, or a head group's: each key block's dK, dV accumulated over its query rows, dQ of rows
-    reaching two key blocks through one fp32 share of the program's own), then with ``table_grad`` the heads' dS
-    summed and reduced per bucket once per tile. ``delta``: the caller's row buffer (lse's row stride), for the
-    first pass's row sums; rows reaching two key blocks keep their delta there."""
-    B, H, N, D = q.shape
-    groups = head_groups(B, H, q.device) if config["GROUPED"] else 1
-    if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
-        config = {**config, **config["GROUPED_CONFIG"]}
-    DV = v.shape[-1]
-    block = config["BLOCK_M"]
-    block_d, block_dv = head_block(D), head_block(DV)
-    f32 = dict(dtype=torch.float32, device=q.device)
-    # The buffers traffic.short2_buffers models (keep them in step): dQ's first-key-block share [B, H, BLOCK_D,
-    # 2 * BLOCK] ([B, H, 2 * BLOCK, BLOCK_D] unless formed transposed), written and read back by the program that
-    # owns the item, only for items longer than BLOCK; each head's dS tiles [B, H, 2, 2, BLOCK, BLOCK] (64 KiB a
-    # head and sequence at BLOCK = 64; the rows and columns past the length neither written nor read).
-    dq_t = config["DQ_T"]
-    dq_part = torch.empty((B, H, block_d, 2 * block) if dq_t else (B, H, 2 * block, block_d), **f32)
-    ds = torch.empty((B, H, 2, 2, block, block), **f32) if table_grad else lengths
-    launch(_bias_bwd_short2_keys_kernel, (B, groups),
-           q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, ds,
-           *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
-           *dq.stride(), *dk.stride(), *dv.stride(),
-           _padded(N), N, D, DV, scale, scale * LOG2E, HEADS=H,  # (by name: the inspection reads both)
-           HEAD_GROUPS=groups, GROUPED=groups > 1,
-           BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
-           CHUNK=min(config["CHUNK"], block_d, block_dv), OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv),
-           DQ_T=dq_t, EVEN_D=block_d == D, EVEN_DV=block_dv == DV,
-           EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad, DOT_PRECISION=dot_precision(q.dtype),
-           num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRETED=interpreting(),
-           OPAQUE_BIAS=config["OPAQUE_BIAS"], ROWS=config["ROWS"], **_kv_group(H // k.shape[1]),
-           **(band or {}))
+    strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *distance.stride(), lse.stride(1),
+               *dq.stride(), *dk.stride(), *dv.stride())
+    common = dict(HEADS=H, HEAD_GROUPS=groups, GROUPED=groups > 1,  # (by name: the inspection reads both)
+                  BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d, BLOCK_DV=block_dv,
+                  CHUNK=min(config["CHUNK"], block_d, block_dv),
+                  OUT_CHUNK=min(config["OUT_CHUNK"], block_d, block_dv), DQ_T=dq_t, EVEN_D=block_d == D,
+                  EVEN_DV=block_dv == DV, EVEN_N=_even(_padded(N), config), CAUSAL=causal, TABLE_GRAD=table_grad,
+                  DOT_PRECISION=dot_precision(q.dtype), num_warps=config["num_warps"],
+                  num_stages=config["num_stages"], INTERPRETED=interpreting(), OPAQUE_BIAS=config["OPAQUE_BIAS"],
+                  **_kv_group(H // k.shape[1]), **(band or {}))
+    if keys_outer:
+        launch(_bias_bwd_short2_keys_kernel, (B, groups),
+               q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, ds, *strides,
+               _padded(N), N, D, DV, scale, scale * LOG2E, ROWS=config["ROWS"], **common)
+    else:
+        dk_part = torch.empty((B, H, 2, block_d, 2 * block), **f32)
+        dv_part = torch.empty((B, H, 2, block_dv, 2 * block), **f32)
+        launch(_bias_bwd_short2_kernel, (B, 2 * groups),
+               q, k, v, dout, distance, lut, lengths, lse, delta, dq, dk, dv, dq_part, dk_part, dv_part, ds, *strides,
+               B, _padded(N), N, D, DV, scale, scale * LOG2E, **common)
+        sum_config = select_config("short2_sum", q.dtype, max(D, DV))
+        launch(_bias_bwd_short2_sum_kernel, (B * H,),
+               lengths, dk_part, dv_part, dq, dk, dv, *dq.stride(), *dk.stride(), *dv.stride(),
+               B, _padded(N), N, D, DV, H, BLOCK_M=block, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal,
+               num_warps=sum_config["num_warps"], num_stages=sum_config["num_stages"])
     if not table_grad:
         return dq, dk, dv, None
     return dq, dk, dv, _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, 2,
