@@ -274,6 +274,20 @@ def test_consumer_blackwell_takes_its_own_packed_tiles(arch, block_n, stages):
         assert bv.select_varlen_config("dkdv_ds", torch.bfloat16, 128, family="small")["BLOCK_N"] == 32
     finally:
         P.interpret_as(previous)
+    # A GPU named by its architecture takes its own tiles whatever GPU runs this (the workload overview names one).
+    assert bv.select_varlen_config("dkdv_ds", torch.bfloat16, 128, arch=arch)["BLOCK_N"] == block_n
+    assert bv.select_varlen_config("dkdv_ds", torch.bfloat16, 128, "small" if arch != 90 else "sm90",
+                                   arch)["BLOCK_N"] == block_n
+
+
+def test_the_workload_overview_shows_a_named_gpus_own_packed_tiles():
+    """The overview without compiling (``bench``'s rows) reads the tiles of the GPU it names: the small family's
+    dS-storing dK/dV tile on sentences-packed at D = 128, and sm_120's own (CONSUMER_BLACKWELL_CONFIGS)."""
+    from syntaxkernels.tools import inspection
+
+    tiles = {arch: inspection.workload_overview(["sentences-packed"], "small", (128,), arch=arch)[0]["dkdv_tile"]
+             for arch in (None, 86, 120)}
+    assert tiles == {None: "32x32", 86: "32x32", 120: "32x16"}
 
 
 def test_stored_ds_only_for_short_sequences_and_a_shared_table():

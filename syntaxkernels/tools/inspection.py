@@ -1931,10 +1931,11 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
 
 
 def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Sequence[int] = (64,),
-                      dtype: str = "bf16") -> List[dict]:
+                      dtype: str = "bf16", arch: Optional[int] = None) -> List[dict]:
     """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
     fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling
-    ``select_config`` gives ``family`` (score elements computed per valid pair; the dK/dV kernel's interior
+    ``select_config`` gives ``family`` (``arch``: a GPU of the family, for the tiles of its own, e.g. 100 or
+    120; default the family's base tiles) (score elements computed per valid pair; the dK/dV kernel's interior
     tiles; the table kernel's walked tiles on its one-bucket and mixed paths). Columns: ``valid`` (valid pairs
     / B N^2), ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV
     kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
@@ -1952,21 +1953,21 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 # (a shared table: on short sequences the dK/dV kernel stores dS and the table kernel reads it)
                 lengths = [int(n) for n in workload.lengths]
                 stored = "_ds" if varlen.stores_ds(True, sum(n * n for n in lengths), sum(lengths)) else ""
-                fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family)
-                dkdv = varlen.select_varlen_config("dkdv" + stored, _torch_dtype(dtype), head_dim, family)
-                table = varlen.select_varlen_config("table" + stored, _torch_dtype(dtype), head_dim, family)
+                fwd = varlen.select_varlen_config("fwd", _torch_dtype(dtype), head_dim, family, arch)
+                dkdv = varlen.select_varlen_config("dkdv" + stored, _torch_dtype(dtype), head_dim, family, arch)
+                table = varlen.select_varlen_config("table" + stored, _torch_dtype(dtype), head_dim, family, arch)
                 f = workload_tiles("_varlen_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
                 t = workload_tiles("_varlen_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
                 walked = max(t["boundary"], 1)
             else:
                 if workload.N <= op.SHORT_ROW_LIMIT:  # one tile a sequence
-                    fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family)
+                    fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family, arch)
                     f = workload_tiles("_bias_fwd_short_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 else:
-                    fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family)
+                    fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family, arch)
                     f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
-                short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, None)
+                short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, arch)
                 if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
                     kernel = ("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT else
@@ -1974,9 +1975,9 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                     b = workload_tiles(kernel, workload, short["BLOCK_M"], short["BLOCK_N"], rows=short.get("ROWS", 0))
                     t = workload_tiles("_bias_bwd_short_table_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
                 else:
-                    dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family)
+                    dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family, arch)
                     b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-                    table = op.select_config("table", _torch_dtype(dtype), head_dim, family)
+                    table = op.select_config("table", _torch_dtype(dtype), head_dim, family, arch)
                     t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
                 walked = max(t["interior"] + t["boundary"], 1)
             lengths = workload.lengths

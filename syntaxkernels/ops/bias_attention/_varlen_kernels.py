@@ -685,14 +685,15 @@ def stores_ds(shared_table_gradient: bool, pairs: int, tokens: int, kv_group: in
             and pairs <= STORED_DS_PAIRS_PER_TOKEN * tokens)
 
 
-def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None) -> dict:
+def select_varlen_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
+                         arch: Optional[int] = None) -> dict:
     """The launch configuration of the varlen ``kind`` ("fwd", "dq", "dkdv", "dkdv_ds", "dkdv_table", "table",
-    "table_ds") kernel (:data:`.configs.CONFIGS`; for the current GPU unless ``family`` is given: on sm_120 and newer
-    with :data:`.configs.CONSUMER_BLACKWELL_CONFIGS`' ``varlen_*`` entries)."""
-    arch = None
-    if family is None:
+    "table_ds") kernel (:data:`.configs.CONFIGS`) for ``family`` (default: ``arch``'s, or the current GPU's when
+    neither is given); on sm_120 and newer (``arch``, or the current GPU when no family is given) with
+    :data:`.configs.CONSUMER_BLACKWELL_CONFIGS`' ``varlen_*`` entries."""
+    if family is None and arch is None:
         arch = current_arch()
-        family = arch_family(arch)
+    family = family or arch_family(arch)
     if family == "unsupported":
         raise ValueError("no Triton configs for this GPU: the kernels need sm_80 or newer")
     cls = "fp32" if dtype == torch.float32 else "half"
