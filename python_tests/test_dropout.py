@@ -262,3 +262,58 @@ def test_torch_compile_fullgraph_with_dropout(layout):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+# (arch, head dim, N, head groups): rows of 65..128 tokens take the tiled backward with dropout (every family's
+# DROPOUT_CONFIGS entries for dq, dK/dV and the table kernel); rows of at most 64 the one-tile kernels (the "short"
+# entries: grouped launches, 2 groups, take GROUPED_CONFIG; single-axis ones, 1, the entry's own fields).
+DROPOUT_TILE_CASES = [(arch, d, 70, None) for arch in (80, 86, 90, 100, 120) for d in (64, 128)] + [
+    (90, 64, 40, 2), (90, 64, 40, 1), (90, 128, 40, 2), (100, 128, 40, 2), (80, 64, 40, 1), (86, 128, 40, 1),
+    (120, 64, 40, 1)]
+
+
+@pytest.mark.parametrize("arch,head_dim,N,groups", DROPOUT_TILE_CASES)
+def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch, arch, head_dim, N, groups):
+    """Calls with dropout read :data:`configs.DROPOUT_CONFIGS` over the family's tiles (compiled as launched, the
+    mask's registers made the family's tiles spill), calls without keep the family's; the forward, the metadata
+    made for the backward and the backward ask for the same (dropout) configs; and the dropout tiles are exact
+    against the reference (forward and every gradient, bf16, ragged and empty rows), grouped and single-axis."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+    from syntaxkernels.ops.bias_attention import _launch, configs
+
+    if groups is not None:
+        monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: groups)
+    previous = P.interpret_as(arch)
+    try:
+        spec = sk.BucketSpec()
+        wanted = configs.dropout_overrides(torch.bfloat16, head_dim, P.arch_family(arch), arch)
+        plain = _launch.launch_configs(N, head_dim, head_dim, torch.bfloat16, 1, -1, spec)
+        dropped = _launch.launch_configs(N, head_dim, head_dim, torch.bfloat16, 1, -1, spec, dropout=True)
+        short_kind = "short" if N <= configs.SHORT_ROW_LIMIT else "short2"
+        for kind, fields in wanted.items():
+            if kind in ("short", "short2"):
+                if kind != short_kind:
+                    continue
+                kind = "short"
+            if getattr(plain, kind) is None:
+                continue
+            assert getattr(dropped, kind) == {**getattr(plain, kind), **fields}, (kind, fields)
+        for kind in ("fwd", "fwd_short", "dq", "dkdv", "table", "short"):  # nothing else moves
+            if kind not in wanted and not (kind == "short" and short_kind in wanted):
+                assert getattr(dropped, kind) == getattr(plain, kind), kind
+        _launch._CONFIGS.clear()
+        _replay.clear()  # (a program recorded by another test would skip the launchers asked about below)
+        case = bias_attention_case(2, 2, N, head_dim, torch.bfloat16, bias_scale=0.8, lengths=[N, 0] if N < 64
+                                   else [N, N - 9])
+        grad_out = torch.randn(2, 2, N, head_dim, generator=torch.Generator().manual_seed(2))
+        kw = dict(dropout_p=0.2, dropout_seed=99)
+        got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
+        asked = {key[-1] for key in _launch._CONFIGS if key[0] == N}  # the call's dropout flags, every launch
+        assert asked == {True}
+        ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+        reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
+        assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
+    finally:
+        P.interpret_as(previous)

@@ -9,7 +9,10 @@ kernels "varlen_fwd", "varlen_dq", "varlen_dkdv", "varlen_dkdv_ds", "varlen_dkdv
 sm_86, sm_89, sm_120); dtype classes "half" (fp16, bf16) and "fp32"; head-dim classes 64 (a padded head dim
 ``BLOCK_D <= 64``) and 128. The block metadata kernels (:mod:`..block_meta`) take the tiles of the kernel they
 serve. :func:`select_config` reads an entry and applies the Blackwell overrides (:data:`BLACKWELL_CONFIGS`,
-:data:`CONSUMER_BLACKWELL_CONFIGS`) and the family's opaque-bias rule (:func:`_opaque_bias`).
+:data:`CONSUMER_BLACKWELL_CONFIGS`) and the family's opaque-bias rule (:func:`_opaque_bias`). A call's variants take
+override tables over it (:func:`._launch.launch_configs`): grouped-query k, v (:data:`GROUPED_KV_CONFIGS`), T5's
+position term (:data:`POSITION_CONFIGS`), causal (:data:`CAUSAL_CONFIGS`) and attention dropout
+(:data:`DROPOUT_CONFIGS`), in that order.
 
 Each entry is compiled for its family by the inspection report (``python -m syntaxkernels inspect``), which checks
 registers, spills and the main loop's instruction mix; the choices are the spill-free ones with the fewest
@@ -23,8 +26,8 @@ import torch
 
 from .._primitives import arch_family, current_arch, head_block
 
-__all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "CAUSAL_CONFIGS", "SHORT_ROW_LIMIT",
-           "STATIC_BUCKET_LIMIT", "STORED_DS_PAIRS_PER_TOKEN", "select_config"]
+__all__ = ["CONFIGS", "BLACKWELL_CONFIGS", "CONSUMER_BLACKWELL_CONFIGS", "CAUSAL_CONFIGS", "DROPOUT_CONFIGS",
+           "SHORT_ROW_LIMIT", "STATIC_BUCKET_LIMIT", "STORED_DS_PAIRS_PER_TOKEN", "select_config"]
 
 #: Rows up to this long take the short-row kernels (see :func:`_short_config`).
 SHORT_ROW_LIMIT = 64
@@ -471,10 +474,63 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 }
 
 
+#: The kernels' tiles in calls with attention dropout (the ``DROPOUT`` variant: a mask drawn from the seed per score
+#: element, in the forward and again in the backward), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim
+#: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"). Compiled as
+#: launched with ``inspect --workload sentences,pairs,odd-77,odd-1000,sentences-packed --dropout 0.1``.
+DROPOUT_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+    # The tiled backward (rows over 64 tokens; with dropout also rows of 65..128: the two-block kernels take no mask).
+    # Each entry: the family's tiles spilled there with the mask (bytes on pairs / odd-1000), these do not.
+    # sm_80 at D = 64: dQ 128x64 (24 / 56 B) -> 128x32, one stage; dK/dV two stages (- / 24 B) -> one; the table
+    # kernel 128x32 (40 / 96 B) -> 128x16.
+    ("dq", "sm80", "half", 64): dict(BLOCK_N=32, num_stages=1),
+    ("dkdv", "sm80", "half", 64): dict(num_stages=1),
+    ("table", "sm80", "half", 64): dict(BLOCK_N=16),
+    # sm_80 at D = 128: dQ 128x32 (- / 16 B) -> 128x16; dK/dV 16x128 on eight warps (176 / 216 B) -> 16x64 on four,
+    # one stage.
+    ("dq", "sm80", "half", 128): dict(BLOCK_N=16),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_N=64, num_warps=4, num_stages=1),
+    # The small family (sm_86, sm_89; sm_120 reads them too) at D = 64: dQ 128x64 (- / 16 B) -> 128x32, one stage;
+    # dK/dV 32x128 on eight warps (- / 8 B) -> 32x64 on four.
+    ("dq", "small", "half", 64): dict(BLOCK_N=32, num_stages=1),
+    ("dkdv", "small", "half", 64): dict(BLOCK_N=64, num_warps=4),
+    # ... at D = 128: dK/dV as sm_80's (192 / 224 B); the table kernel 64x32 (24 / 24 B) -> 64x16 (128x16 spills
+    # 8 B on pairs, 32x32 and four warps 56-72 B).
+    ("dkdv", "small", "half", 128): dict(BLOCK_N=64, num_warps=4, num_stages=1),
+    ("table", "small", "half", 128): dict(BLOCK_N=16),
+    # sm_120 at D = 128: the table kernel 128x16 (64x32: 40 / 40 B; 128x16 spill-free there and cheaper than 64x16).
+    ("table", "sm120", "half", 128): dict(BLOCK_M=128, BLOCK_N=16),
+    # sm_90 at D = 64: the table kernel 128x64 (104 / 208 B) -> 128x32; at D = 128 64x64, two stages (16 / 24 B) ->
+    # 128x32, one stage. sm_100: 128x64 (80 / 88 B) -> 64x64 at D = 64, and its own 64x64 (spill-free) at D = 128.
+    ("table", "sm90", "half", 64): dict(BLOCK_N=32),
+    ("table", "sm90", "half", 128): dict(BLOCK_M=128, BLOCK_N=32, num_stages=1),
+    ("table", "sm100", "half", 64): dict(BLOCK_M=64, BLOCK_N=64),
+    ("table", "sm100", "half", 128): dict(BLOCK_M=64, BLOCK_N=64),
+    # The one-tile backward (rows of at most 64 tokens), grouped launches (sentences: 6 head groups) and single-axis
+    # ones (GROUPED_CONFIG: the grouped launches' fields where they differ). sm_90 at D = 64 (32 B grouped, 40 B
+    # single-axis) -> output products in chunks of 32, dQ transposed when grouped (the only spill-free tiles found:
+    # +34% / +31% instructions a valid pair on sentences; eight warps +60%); sm_100 keeps its own (spill-free).
+    ("short", "sm90", "half", 64): dict(OUT_CHUNK=32, GROUPED_CONFIG=dict(DQ_T=True)),
+    ("short", "sm100", "half", 64): dict(OUT_CHUNK=64, GROUPED_CONFIG={}),
+    # sm_90 at D = 128, grouped on eight warps (24 B) -> score chunks of 16; sm_100 at D = 128 (8 B) -> chunks of
+    # 32, grouped or not (its grouped launches keep four warps: the entry replaces the sm_90 one's GROUPED_CONFIG).
+    ("short", "sm90", "half", 128): dict(GROUPED_CONFIG=dict(num_warps=8, CHUNK=16)),
+    ("short", "sm100", "half", 128): dict(CHUNK=32, GROUPED_CONFIG=dict(CHUNK=32)),
+    # Single-axis launches (8 B each with the family's tiles; grouped ones keep them): sm_80 and sm_120 at D = 64
+    # score chunks of 16, sm_80 at D = 128 output chunks of 16; sm_86 / sm_89 at D = 128 eight warps (+37%
+    # instructions; every four-warp tiling tried spills 8-144 B), sm_120 there its own four (spill-free).
+    ("short", "sm80", "half", 64): dict(CHUNK=16, GROUPED_CONFIG=dict(CHUNK=32)),
+    ("short", "sm80", "half", 128): dict(OUT_CHUNK=16, GROUPED_CONFIG=dict(OUT_CHUNK=32)),
+    ("short", "small", "half", 128): dict(num_warps=8, GROUPED_CONFIG=dict(num_warps=4)),
+    ("short", "sm120", "half", 64): dict(CHUNK=16, GROUPED_CONFIG=dict(CHUNK=32)),
+    ("short", "sm120", "half", 128): dict(num_warps=4, GROUPED_CONFIG={}),
+}
+
+
 def _overrides(table: Dict[Tuple[str, str, str, int], dict], dtype: torch.dtype, head_dim: int, family: str,
                arch: int) -> Dict[str, dict]:
     """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
-    :data:`CAUSAL_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in
+    :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in
     the sm90 family) or "sm120" (sm_120 and newer in the small one)."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
@@ -501,6 +557,11 @@ def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int
 def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
     """``kind -> fields`` of :data:`CAUSAL_CONFIGS` for this dtype, head dim and GPU."""
     return _overrides(CAUSAL_CONFIGS, dtype, head_dim, family, arch)
+
+
+def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`DROPOUT_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(DROPOUT_CONFIGS, dtype, head_dim, family, arch)
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
