@@ -429,7 +429,9 @@ def test_one_tile_backward_tiles_per_variant(monkeypatch, arch):
     family's tiles grouped or not (configs.GROUPED_CONFIGS has no entry: its grouped loop is spill-free with them),
     but chunks of 32 with T5's term (configs.POSITION_CONFIGS: 136 B grouped, 88 B not, with the family's), which
     sm_100 does not take (it keeps whole 64-column chunks); sm_120 at D = 128 with grouped-query k, v forms its
-    outputs in chunks of 16 (configs.GROUPED_KV_CONFIGS), without them the family's 32."""
+    outputs in chunks of 16 (configs.GROUPED_KV_CONFIGS), without them the family's 32; sm_90 at D = 128 with
+    grouped-query k, v takes score chunks of 16 on a single-axis grid (32 spill 8 B there), its grouped launches
+    the family's 32 on eight warps, and sm_100 Blackwell's 64 on four, grouped or not."""
     from syntaxkernels.specs import BucketSpec
 
     monkeypatch.setattr(_launch, "_CONFIGS", {})
@@ -445,8 +447,13 @@ def test_one_tile_backward_tiles_per_variant(monkeypatch, arch):
         with_term = short(64, position=True)
         if arch == 90:
             assert chunks == (64, 64, False) and (with_term["CHUNK"], with_term["OUT_CHUNK"]) == (32, 32)
+            gqa = short(128, grouped=True)
+            assert gqa["CHUNK"] == 16 and gqa["GROUPED_CONFIG"] == {"num_warps": 8, "CHUNK": 32}
+            assert short(128)["CHUNK"] == 32 and short(128)["GROUPED_CONFIG"] == {"num_warps": 8}
         elif arch == 100:
             assert (with_term["CHUNK"], with_term["OUT_CHUNK"], with_term["DQ_T"]) == chunks == (64, 64, False)
+            gqa = short(128, grouped=True)
+            assert (gqa["CHUNK"], gqa["num_warps"], gqa.get("GROUPED_CONFIG", {})) == (64, 4, {})
         else:
             assert with_term == plain
             assert short(128, grouped=True)["OUT_CHUNK"] == 16 and short(128)["OUT_CHUNK"] == 32

@@ -317,3 +317,58 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
     finally:
         P.interpret_as(previous)
+
+
+def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones():
+    """A DROPOUT_CONFIGS key naming further variants ("causal", "grouped_kv", "position") applies only to calls with
+    all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small family's table kernel
+    at D = 64 takes 16-key blocks with dropout only when the call is causal or has grouped-query k, v; sm_120's
+    grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's own plain entry says 32."""
+    from syntaxkernels.ops.bias_attention import configs
+
+    def table(arch, variants=frozenset()):
+        fields = configs.dropout_overrides(torch.bfloat16, 64, P.arch_family(arch), arch, frozenset(variants))
+        return fields.get("table", {}).get("BLOCK_N")
+
+    for arch in (86, 89, 120):
+        assert table(arch) is None
+        assert table(arch, {"causal"}) == table(arch, {"grouped_kv"}) == table(arch, {"causal", "grouped_kv"}) == 16
+    assert table(80, {"causal"}) == 16 and table(90, {"causal", "grouped_kv"}) == 32  # (their plain entries)
+    short = configs.dropout_overrides(torch.bfloat16, 64, "small", 120, frozenset({"grouped_kv"}))["short"]
+    assert short["CHUNK"] == 16 and short["GROUPED_CONFIG"] == {"CHUNK": 16}
+    plain = configs.dropout_overrides(torch.bfloat16, 64, "small", 120)["short"]
+    assert plain["GROUPED_CONFIG"] == {"CHUNK": 32}
+    assert "short" not in configs.dropout_overrides(torch.bfloat16, 64, "small", 86)
+
+
+@pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),
+                                                (120, 64, dict(kv_heads=2, groups=2))])
+def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference(monkeypatch, arch, head_dim, opts):
+    """Causal and grouped-query calls with dropout run their DROPOUT_CONFIGS entries (rows of 65..128 tokens: the
+    tiled backward; of at most 64 with 2 head groups: the one-tile one), exact against the reference."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+    from syntaxkernels.ops.bias_attention import _launch
+
+    opts = dict(opts)
+    causal, groups, kv_heads = opts.pop("causal", False), opts.pop("groups", None), opts.pop("kv_heads", None)
+    N = 40 if groups else 70
+    if groups:
+        monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: groups)
+    previous = P.interpret_as(arch)
+    try:
+        _launch._CONFIGS.clear()
+        _replay.clear()
+        case = bias_attention_case(2, 4, N, head_dim, torch.bfloat16, bias_scale=0.8, lengths=[N, N - 9],
+                                   kv_heads=kv_heads)
+        grad_out = torch.randn(2, 4, N, head_dim, generator=torch.Generator().manual_seed(3))
+        kw = dict(dropout_p=0.2, dropout_seed=7, causal=causal)
+        got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
+        keys = [key for key in _launch._CONFIGS if key[0] == N]
+        assert keys and all(key[-1] and key[-2] == causal and key[-4] == bool(kv_heads) for key in keys), keys
+        ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+        reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
+        assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
+    finally:
+        P.interpret_as(previous)

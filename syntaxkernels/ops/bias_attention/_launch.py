@@ -98,7 +98,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
     product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
     "short" or "short2", whichever ``short`` holds). ``dropout``: a call with attention dropout (the kernels'
-    ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers), after the others."""
+    ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers; entries for dropout with the
+    other variants of the call too), after the others."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
@@ -120,7 +121,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch)] if position else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
-    overrides += [_configs.dropout_overrides(dtype, width, family, arch)] if dropout else []
+    variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position)) if on)
+    overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.
     short_kind = "short" if N <= _configs.SHORT_ROW_LIMIT else "short2"

@@ -451,6 +451,12 @@ GROUPED_KV_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # sm_120, the one-tile backward at D = 128: output products in chunks of 16 (the family's 32 spill 8 B in the
     # grouped loop; sentences bf16, 41.7 -> 40.1 main-loop instructions per element).
     ("short", "sm120", "half", 128): dict(OUT_CHUNK=16),
+    # sm_90, the one-tile backward at D = 128 on a single-axis grid: score chunks of 16 (32 spill 8 B; sentences with
+    # head groups forced to 1, 173.0 -> 176.5 instructions a valid pair); its grouped launches keep the family's
+    # chunks of 32 on eight warps (GROUPED_CONFIGS; 16 there: 325.9 -> 347.9); sm_100 keeps Blackwell's chunks of 64
+    # on four warps, grouped or not.
+    ("short", "sm90", "half", 128): dict(CHUNK=16, GROUPED_CONFIG=dict(num_warps=8, CHUNK=32)),
+    ("short", "sm100", "half", 128): dict(CHUNK=64, GROUPED_CONFIG={}),
 }
 
 
@@ -478,7 +484,7 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 #: element, in the forward and again in the backward), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim
 #: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"). Compiled as
 #: launched with ``inspect --workload sentences,pairs,odd-77,odd-1000,sentences-packed --dropout 0.1``.
-DROPOUT_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # The tiled backward (rows over 64 tokens; with dropout also rows of 65..128: the two-block kernels take no mask).
     # Each entry: the family's tiles spilled there with the mask (bytes on pairs / odd-1000), these do not.
     # sm_80 at D = 64: dQ 128x64 (24 / 56 B) -> 128x32, one stage; dK/dV two stages (- / 24 B) -> one; the table
@@ -524,23 +530,49 @@ DROPOUT_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short", "small", "half", 128): dict(num_warps=8, GROUPED_CONFIG=dict(num_warps=4)),
     ("short", "sm120", "half", 64): dict(CHUNK=16, GROUPED_CONFIG=dict(CHUNK=32)),
     ("short", "sm120", "half", 128): dict(num_warps=4, GROUPED_CONFIG={}),
+    # Dropout with other variants of the call (after every plain entry). Causal: the small family's table kernel at
+    # D = 64 (128x32: 32 B on odd-77; sm_120 16 B) -> 128x16.
+    ("table", "small", "half", 64, "causal"): dict(BLOCK_N=16),
+    # Grouped-query k, v (4 key/value heads for 12 query heads), over GROUPED_KV_CONFIGS: the dK/dV kernel's loop over
+    # a group's query heads (odd-77 / odd-1000): sm_80 D128 16x64 (32 / 32 B) -> 16x32; sm_90 D128 16x128 (56 /
+    # 80 B) -> 16x64 (16x32 on four warps also spill-free, more instructions on long rows; every other tiling tried
+    # spills 32-216 B); sm_100 D64 32x128 three stages (16 / 24 B) -> one, D128 16x128 (16 B) -> 16x64 on four warps;
+    # sm_120 D128 16x64 (16 B) -> 16x32. The table kernel on the small family at D = 64 (16 B; sm_120 8 B) -> 128x16.
+    # The one-tile backward: the small family at D = 64 grouped (16 B; sm_120 32 B) -> score chunks of 16; sm_120
+    # at D = 128 (48 B grouped, 88 B single-axis) -> output chunks of 32.
+    ("dkdv", "sm80", "half", 128, "grouped_kv"): dict(BLOCK_N=32),
+    ("dkdv", "sm90", "half", 128, "grouped_kv"): dict(BLOCK_N=64),
+    ("dkdv", "sm100", "half", 64, "grouped_kv"): dict(num_stages=1),
+    ("dkdv", "sm100", "half", 128, "grouped_kv"): dict(BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm120", "half", 128, "grouped_kv"): dict(BLOCK_N=32),
+    ("table", "small", "half", 64, "grouped_kv"): dict(BLOCK_N=16),
+    ("short", "small", "half", 64, "grouped_kv"): dict(GROUPED_CONFIG=dict(CHUNK=16)),
+    ("short", "sm120", "half", 128, "grouped_kv"): dict(OUT_CHUNK=32),
+    # sm_90 single-axis launches at D = 64 (8 B): dQ transposed, as the grouped ones (D = 128: GROUPED_KV_CONFIGS'
+    # score chunks of 16 serve); sm_100 keeps its own.
+    ("short", "sm90", "half", 64, "grouped_kv"): dict(DQ_T=True),
+    ("short", "sm100", "half", 64, "grouped_kv"): dict(DQ_T=False),
 }
 
 
-def _overrides(table: Dict[Tuple[str, str, str, int], dict], dtype: torch.dtype, head_dim: int, family: str,
-               arch: int) -> Dict[str, dict]:
+def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, family: str, arch: int,
+               variants: frozenset = frozenset()) -> Dict[str, dict]:
     """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
-    :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then "sm100" (sm_100 and newer in
-    the sm90 family) or "sm120" (sm_120 and newer in the small one)."""
+    :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then
+    "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one). A key may name
+    further variants after the head-dim class (``(kind, family, dtype class, head-dim class, "causal")``): such an
+    entry applies only to calls with all of them (``variants``: "causal", "grouped_kv" (grouped-query k, v),
+    "position"), after every plain entry."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
     names += ["sm120"] if family == "small" and arch >= 120 else []
     found: Dict[str, dict] = {}
-    for name in names:
-        for (kind, fam, c, d), fields in table.items():
-            if (fam, c, d) == (name, cls, dim_class):
-                found[kind] = dict(found.get(kind, {}), **fields)
+    for combined in (False, True):
+        for name in names:
+            for (kind, fam, c, d, *more), fields in table.items():
+                if (fam, c, d) == (name, cls, dim_class) and bool(more) == combined and set(more) <= variants:
+                    found[kind] = dict(found.get(kind, {}), **fields)
     return found
 
 
@@ -559,9 +591,11 @@ def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) 
     return _overrides(CAUSAL_CONFIGS, dtype, head_dim, family, arch)
 
 
-def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`DROPOUT_CONFIGS` for this dtype, head dim and GPU."""
-    return _overrides(DROPOUT_CONFIGS, dtype, head_dim, family, arch)
+def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
+                      variants: frozenset = frozenset()) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`DROPOUT_CONFIGS` for this dtype, head dim and GPU, in a call with these other
+    ``variants`` ("causal", "grouped_kv", "position")."""
+    return _overrides(DROPOUT_CONFIGS, dtype, head_dim, family, arch, variants)
 
 
 def select_config(kind: str, dtype: torch.dtype, head_dim: int, family: Optional[str] = None,
