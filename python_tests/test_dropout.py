@@ -273,6 +273,7 @@ DROPOUT_TILE_CASES = [(arch, d, 70, None) for arch in (80, 86, 90, 100, 120) for
 
 
 @pytest.mark.parametrize("arch,head_dim,N,groups", DROPOUT_TILE_CASES)
+@pytest.mark.long_on_cpu
 def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch, arch, head_dim, N, groups):
     """Calls with dropout read :data:`configs.DROPOUT_CONFIGS` over the family's tiles (compiled as launched, the
     mask's registers made the family's tiles spill), calls without keep the family's; the forward, the metadata
@@ -343,6 +344,7 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),
                                                 (120, 64, dict(kv_heads=2, groups=2))])
+@pytest.mark.long_on_cpu
 def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference(monkeypatch, arch, head_dim, opts):
     """Causal and grouped-query calls with dropout run their DROPOUT_CONFIGS entries (rows of 65..128 tokens: the
     tiled backward; of at most 64 with 2 head groups: the one-tile one), exact against the reference."""

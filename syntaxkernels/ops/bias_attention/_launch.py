@@ -121,7 +121,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch)] if position else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
-    variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position)) if on)
+    variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position))
+                         if on)
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.

@@ -482,8 +482,10 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 
 #: The kernels' tiles in calls with attention dropout (the ``DROPOUT`` variant: a mask drawn from the seed per score
 #: element, in the forward and again in the backward), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim
-#: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"). Compiled as
-#: launched with ``inspect --workload sentences,pairs,odd-77,odd-1000,sentences-packed --dropout 0.1``.
+#: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"), and entries whose key
+#: names the call's other variants too (``..., "causal")``, ``"grouped_kv"``, ``"position"``: see :func:`_overrides`).
+#: Compiled as launched with ``inspect --workload sentences,pairs,odd-77,odd-1000,sentences-packed --dropout 0.1``
+#: (plain, ``--causal``, ``--kv-heads 4``; one-tile launches also with head groups forced to 1).
 DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # The tiled backward (rows over 64 tokens; with dropout also rows of 65..128: the two-block kernels take no mask).
     # Each entry: the family's tiles spilled there with the mask (bytes on pairs / odd-1000), these do not.
