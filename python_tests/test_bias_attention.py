@@ -431,7 +431,8 @@ def test_one_tile_backward_tiles_per_variant(monkeypatch, arch):
     sm_100 does not take (it keeps whole 64-column chunks); sm_120 at D = 128 with grouped-query k, v forms its
     outputs in chunks of 16 (configs.GROUPED_KV_CONFIGS), without them the family's 32; sm_90 at D = 128 with
     grouped-query k, v takes score chunks of 16 on a single-axis grid (32 spill 8 B there), its grouped launches
-    the family's 32 on eight warps, and sm_100 Blackwell's 64 on four, grouped or not."""
+    the family's 32 on eight warps, and sm_100 Blackwell's 64 on four, grouped or not; with T5's term at D = 128
+    sm_90 runs eight warps on a single-axis grid as grouped (configs.POSITION_CONFIGS)."""
     from syntaxkernels.specs import BucketSpec
 
     monkeypatch.setattr(_launch, "_CONFIGS", {})
@@ -450,6 +451,8 @@ def test_one_tile_backward_tiles_per_variant(monkeypatch, arch):
             gqa = short(128, grouped=True)
             assert gqa["CHUNK"] == 16 and gqa["GROUPED_CONFIG"] == {"num_warps": 8, "CHUNK": 32}
             assert short(128)["CHUNK"] == 32 and short(128)["GROUPED_CONFIG"] == {"num_warps": 8}
+            # T5's term at D = 128: eight warps on a single-axis grid too (four spill 8 B there)
+            assert short(128, position=True)["num_warps"] == 8 and short(128)["num_warps"] == 4
         elif arch == 100:
             assert (with_term["CHUNK"], with_term["OUT_CHUNK"], with_term["DQ_T"]) == chunks == (64, 64, False)
             gqa = short(128, grouped=True)

@@ -425,7 +425,11 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dq", "sm100", "half", 64): dict(num_stages=2),
     ("table", "sm120", "half", 64): dict(BLOCK_M=64),
     # The one-tile short-row backward (rows of at most 64 tokens take the short-row kernels with the term):
-    # sm_100 at D = 128 spills 8 B with Blackwell's tiles (whole 64-column chunks); eight warps do not.
+    # sm_100 at D = 128 spills 8 B with Blackwell's tiles (whole 64-column chunks); eight warps do not. sm_90 at
+    # D = 128 on a single-axis grid spills 8 B on four warps (its grouped launches take eight, GROUPED_CONFIGS):
+    # eight there too (sentences, head groups forced to 1: 218.8 -> 298.2 instructions a valid pair; output chunks
+    # of 32 408.9, score chunks of 16 16 B, dQ not transposed 48 B).
+    ("short", "sm90", "half", 128): dict(num_warps=8),
     ("short", "sm100", "half", 128): dict(num_warps=8),
     # The one-tile short-row forward: sm_120 at D = 128 spills 16 B with the family's tiles (the term's tile is the
     # first product's accumulator); score products over head-dim chunks of 16 do not (eight warps do not either,
