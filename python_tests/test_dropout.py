@@ -340,6 +340,11 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     plain = configs.dropout_overrides(torch.bfloat16, 64, "small", 120)["short"]
     assert plain["GROUPED_CONFIG"] == {"CHUNK": 32}
     assert "short" not in configs.dropout_overrides(torch.bfloat16, 64, "small", 86)
+    # T5's term: sm_90's tiled dQ takes 32-key blocks with dropout, sm_100 keeps its own 64
+    with_term = frozenset({"position"})
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, with_term)["dq"]["BLOCK_N"] == 32
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, with_term)["dq"]["BLOCK_N"] == 64
+    assert "dq" not in configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90)
 
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),

@@ -56,6 +56,9 @@ CASES = [
      dict(position_window=5), torch.float16),
     ("dropout-mqa-fp32", (4, 50, [50, 23]), dict(kv_heads=1), RelativePositionSpec(8, 20),
      dict(dropout_p=0.2, dropout_seed=2 ** 40 + 7), torch.float32),
+    # ... with dropout too: the tiles of configs.DROPOUT_CONFIGS' "position" entries (sm_90 at D <= 64)
+    ("two-block-rows-dropout-bf16", (2, 90, [90, 70]), {}, RelativePositionSpec(), dict(dropout_p=0.2, dropout_seed=5),
+     torch.bfloat16),
 ]
 
 

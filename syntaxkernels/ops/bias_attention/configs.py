@@ -558,6 +558,35 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # score chunks of 16 serve); sm_100 keeps its own.
     ("short", "sm90", "half", 64, "grouped_kv"): dict(DQ_T=True),
     ("short", "sm100", "half", 64, "grouped_kv"): dict(DQ_T=False),
+    # T5's relative-position term (over POSITION_CONFIGS), the tiled kernels and the forward (odd-77 / odd-1000; the
+    # one-tile backward with the term and dropout still spills: benchmarks/RESULTS.md). sm_80 D64 dK/dV 32x128 (24 /
+    # 32 B) -> 32x64 on four warps; D128 dK/dV 16x64 (32 B) -> 16x32, the forward two stages (32 B) -> one. The small
+    # family D64 dK/dV 32x64 (8 B) -> 16x64, the table kernel 128x32 (88 / 96 B) -> 128x16 (sm_120: its own 64x32,
+    # spill-free). sm_90 D64 dQ 128x64 (8 / 40 B) -> 128x32, dK/dV 64x128 (24 / 32 B) -> 32x128, the table kernel
+    # 128x32 (24 B) -> 64x32; D128 the table kernel 64x32 (24 / 88 B) -> 64x16, dK/dV three stages (8 B) -> two, the
+    # forward three (16 B) -> two. sm_100 keeps its own but for the forward at D64 128x64 (56 B) -> 128x32 and D128
+    # (16 B) -> 128x32, and the table kernel at D128 64x64 (192 / 224 B) -> 64x32. sm_120 D128 dK/dV 16x64 (40 B) ->
+    # 16x32.
+    ("dkdv", "sm80", "half", 64, "position"): dict(BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm80", "half", 128, "position"): dict(BLOCK_N=32),
+    ("fwd", "sm80", "half", 128, "position"): dict(num_stages=1),
+    ("dkdv", "small", "half", 64, "position"): dict(BLOCK_M=16),
+    ("table", "small", "half", 64, "position"): dict(BLOCK_N=16),
+    ("table", "sm120", "half", 64, "position"): dict(BLOCK_N=32),
+    ("dkdv", "sm120", "half", 128, "position"): dict(BLOCK_N=32),
+    ("dq", "sm90", "half", 64, "position"): dict(BLOCK_N=32),
+    ("dkdv", "sm90", "half", 64, "position"): dict(BLOCK_M=32),
+    ("table", "sm90", "half", 64, "position"): dict(BLOCK_M=64),
+    ("table", "sm90", "half", 128, "position"): dict(BLOCK_M=64, BLOCK_N=16),
+    ("dkdv", "sm90", "half", 128, "position"): dict(num_stages=2),
+    ("fwd", "sm90", "half", 128, "position"): dict(num_stages=2),
+    ("dq", "sm100", "half", 64, "position"): dict(BLOCK_N=64),
+    ("dkdv", "sm100", "half", 64, "position"): dict(BLOCK_M=64),
+    ("table", "sm100", "half", 64, "position"): dict(BLOCK_M=64, BLOCK_N=64),
+    ("fwd", "sm100", "half", 64, "position"): dict(BLOCK_N=32),
+    ("table", "sm100", "half", 128, "position"): dict(BLOCK_N=32),
+    ("dkdv", "sm100", "half", 128, "position"): dict(num_stages=3),
+    ("fwd", "sm100", "half", 128, "position"): dict(BLOCK_N=32, num_stages=3),
 }
 
 
