@@ -311,8 +311,8 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
         grad_out = torch.randn(2, 2, N, head_dim, generator=torch.Generator().manual_seed(2))
         kw = dict(dropout_p=0.2, dropout_seed=99)
         got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
-        asked = {key[-1] for key in _launch._CONFIGS if key[0] == N}  # the call's dropout flags, every launch
-        assert asked == {True}
+        asked = {key[-2:] for key in _launch._CONFIGS if key[0] == N}  # (dropout, band) flags, every launch
+        assert asked == {(True, False)}
         ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
         reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
@@ -321,7 +321,8 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
 
 
 def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones():
-    """A DROPOUT_CONFIGS key naming further variants ("causal", "grouped_kv", "position") applies only to calls with
+    """A DROPOUT_CONFIGS key naming further variants ("causal", "grouped_kv", "position", "position_window") applies
+    only to calls with
     all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small family's table kernel
     at D = 64 takes 16-key blocks with dropout only when the call is causal or has grouped-query k, v; sm_120's
     grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's own plain entry says 32."""
@@ -345,14 +346,25 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, with_term)["dq"]["BLOCK_N"] == 32
     assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, with_term)["dq"]["BLOCK_N"] == 64
     assert "dq" not in configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90)
+    # A positional window: sm_90's tiled dQ takes 32-key blocks with dropout at D = 64, sm_100 keeps its 64; at
+    # D = 128 sm_100's dQ takes 64-query blocks; calls without the window keep the plain entries
+    window = frozenset({"position_window"})
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, window)["dq"]["BLOCK_N"] == 32
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, window)["dq"]["BLOCK_N"] == 64
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm90", 100, window)["dq"] == {"BLOCK_M": 64}
+    assert "dq" not in configs.dropout_overrides(torch.bfloat16, 128, "sm90", 100)
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, window | with_term)["table"]["BLOCK_N"] == 16
+    assert "table" not in configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80)
 
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),
-                                                (120, 64, dict(kv_heads=2, groups=2))])
+                                                (120, 64, dict(kv_heads=2, groups=2)),
+                                                (100, 128, dict(position_window=9)), (90, 64, dict(position_window=9))])
 @pytest.mark.long_on_cpu
 def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference(monkeypatch, arch, head_dim, opts):
-    """Causal and grouped-query calls with dropout run their DROPOUT_CONFIGS entries (rows of 65..128 tokens: the
-    tiled backward; of at most 64 with 2 head groups: the one-tile one), exact against the reference."""
+    """Causal, grouped-query and positional-window calls with dropout run their DROPOUT_CONFIGS entries (rows of
+    65..128 tokens: the tiled backward; of at most 64 with 2 head groups: the one-tile one), every launch asking with
+    the call's flags, exact against the reference."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
@@ -360,6 +372,7 @@ def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference
 
     opts = dict(opts)
     causal, groups, kv_heads = opts.pop("causal", False), opts.pop("groups", None), opts.pop("kv_heads", None)
+    band = opts.pop("position_window", None)
     N = 40 if groups else 70
     if groups:
         monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device: groups)
@@ -370,10 +383,12 @@ def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference
         case = bias_attention_case(2, 4, N, head_dim, torch.bfloat16, bias_scale=0.8, lengths=[N, N - 9],
                                    kv_heads=kv_heads)
         grad_out = torch.randn(2, 4, N, head_dim, generator=torch.Generator().manual_seed(3))
-        kw = dict(dropout_p=0.2, dropout_seed=7, causal=causal)
+        kw = dict(dropout_p=0.2, dropout_seed=7, causal=causal, position_window=band)
         got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
         keys = [key for key in _launch._CONFIGS if key[0] == N]
-        assert keys and all(key[-1] and key[-2] == causal and key[-4] == bool(kv_heads) for key in keys), keys
+        # (key: ..., grouped, tiny, causal, dropout, band)
+        assert keys and all(key[-2] and key[-3] == causal and key[-5] == bool(kv_heads) and key[-1] == (band is not None)
+                            for key in keys), keys
         ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
         reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)

@@ -100,6 +100,12 @@ SHORT_CASES = [
      dict(dropout_p=0.2, dropout_seed=2 ** 40 + 7), torch.bfloat16, 80, True),
     ("short-dropout-bf16", (2, 30, [30, 23]), {}, RelativePositionSpec(8, 20),
      dict(dropout_p=0.2, dropout_seed=11), torch.bfloat16, 90, True),
+    # ... with the tiles of DROPOUT_CONFIGS' "position" entries: keys-major on sm_90, queries-major on the small
+    # family and sm_120 (which are keys-major without them)
+    ("short-dropout-bf16-small-family", (2, 30, [30, 23]), {}, RelativePositionSpec(8, 20),
+     dict(dropout_p=0.2, dropout_seed=12), torch.bfloat16, 86, True),
+    ("short-dropout-fp16-sm120", (3, 41, [41, 17]), {}, RelativePositionSpec(8, 20),
+     dict(dropout_p=0.3, dropout_seed=13), torch.float16, 120, True),
     ("short-position-window-bf16", (2, 40, [40, 25]), {}, RelativePositionSpec(8, 20), dict(position_window=5),
      torch.bfloat16, 80, True),
     # A per-head tree table: the short-row kernels hold one bias tile for every head, so the tiled kernels run.
@@ -115,7 +121,8 @@ SHORT_CASES = [
                          ids=[c[0] for c in SHORT_CASES])
 def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, spec, kw, dtype, arch, short):
     """Rows of at most 64 tokens with the term (fp16/bf16, a shared tree table): the one-tile short-row forward and
-    backward (queries-major on sm_90's tiles, keys-major on sm_80's) with POSITION, and the position table's
+    backward (queries-major on sm_90's tiles, keys-major on sm_80's; with dropout as DROPOUT_CONFIGS says) with
+    POSITION, and the position table's
     gradient from the short table kernel (POSITION_GRAD): forward and every gradient against the reference; a
     per-head tree table takes the tiled kernels. Every buffer the launcher allocates comes filled with NaN: the
     table kernel reads back only the dS the backward stored (inside the lengths)."""
@@ -136,8 +143,9 @@ def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, s
         assert not [n for n in names if "short" in n], names
         assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"} <= set(names)
     else:
-        if P.interpreting():
-            backward = "_bias_bwd_short_t_kernel" if arch == 80 else "_bias_bwd_short_kernel"
+        if P.interpreting():  # sm_80's tiles are keys-major, sm_90's too with the term and dropout
+            keys_major = arch == 80 or (arch == 90 and "dropout_p" in kw)
+            backward = "_bias_bwd_short_t_kernel" if keys_major else "_bias_bwd_short_kernel"
         else:  # a real GPU takes its own family's kernel
             backward = next(n for n in names if n in ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel"))
         assert {"_bias_fwd_short_kernel", backward, "_bias_bwd_short_table_kernel"} <= set(names), names

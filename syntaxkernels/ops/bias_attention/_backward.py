@@ -605,7 +605,7 @@ def _bias_bwd_short_kernel(
         ds_in = ds.to(Q.dtype.element_ty)
         for c in tl.static_range(0, BLOCK_D, OUT_CHUNK):
             offs_c = c + tl.arange(0, OUT_CHUNK)
-            if OUT_CHUNK < BLOCK_D:
+            if OUT_CHUNK < BLOCK_D or CHUNK < BLOCK_D:  # (whole k and q held from the scores only without chunks)
                 k = load_rows(k_base, offs_n, offs_c, stride_kn, stride_kd, length, D, True, EVEN_D)
             if DQ_T:  # dQ^T = K^T dS^T: dS only ever a second operand (fewer registers at D = 128 on sm_90)
                 dq = mma(tl.trans(k), tl.trans(ds_in), DOT_PRECISION)
@@ -617,7 +617,7 @@ def _bias_bwd_short_kernel(
                 tl.store(DQ + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xn
                          + offs_c[None, :] * stride_xd, dq.to(DQ.dtype.element_ty),
                          mask=(offs_m[:, None] < N_OUT) & (offs_c[None, :] < D))
-            if OUT_CHUNK < BLOCK_D:
+            if OUT_CHUNK < BLOCK_D or CHUNK < BLOCK_D:
                 q = load_rows(q_base, offs_m, offs_c, stride_qn, stride_qd, length, D, True, EVEN_D)
             dk = mma(tl.trans(q), ds_in, DOT_PRECISION)
             tl.store(DK + b * stride_yb + h * stride_yh + offs_n[None, :] * stride_yn + offs_c[:, None] * stride_yd,

@@ -86,7 +86,8 @@ _CONFIGS = {}
 
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
                    spec: BucketSpec, position: bool = False, grouped: bool = False,
-                   scale: float = 1.0, causal: bool = False, dropout: bool = False) -> LaunchConfigs:
+                   scale: float = 1.0, causal: bool = False, dropout: bool = False,
+                   band: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
     and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
@@ -99,11 +100,12 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
     "short" or "short2", whichever ``short`` holds). ``dropout``: a call with attention dropout (the kernels'
     ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers; entries for dropout with the
-    other variants of the call too), after the others."""
+    other variants of the call too), after the others. ``band``: a call with a positional window (``|i - j| <=
+    W``): only the dropout entries keyed by it (``"position_window"``) read it."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
-           position, grouped, tiny, causal, dropout)
+           position, grouped, tiny, causal, dropout, band)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
@@ -121,8 +123,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch)] if position else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
-    variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position))
-                         if on)
+    variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
+                                               ("position_window", band)) if on)
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.
@@ -355,7 +357,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1],
-                             scale, causal, dropout_p > 0.0)
+                             scale, causal, dropout_p > 0.0, band >= 0)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -509,7 +511,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
     configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale, causal,
-                             bool(drop))
+                             bool(drop), bool(band))
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)

@@ -487,7 +487,8 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 #: The kernels' tiles in calls with attention dropout (the ``DROPOUT`` variant: a mask drawn from the seed per score
 #: element, in the forward and again in the backward), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim
 #: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"), and entries whose key
-#: names the call's other variants too (``..., "causal")``, ``"grouped_kv"``, ``"position"``: see :func:`_overrides`).
+#: names the call's other variants too (``..., "causal")``, ``"grouped_kv"``, ``"position"``, ``"position_window"``:
+#: see :func:`_overrides`).
 #: Compiled as launched with ``inspect --workload sentences,pairs,odd-77,odd-1000,sentences-packed --dropout 0.1``
 #: (plain, ``--causal``, ``--kv-heads 4``; one-tile launches also with head groups forced to 1).
 DROPOUT_CONFIGS: Dict[tuple, dict] = {
@@ -587,6 +588,45 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("table", "sm100", "half", 128, "position"): dict(BLOCK_N=32),
     ("dkdv", "sm100", "half", 128, "position"): dict(num_stages=3),
     ("fwd", "sm100", "half", 128, "position"): dict(BLOCK_N=32, num_stages=3),
+    # ... and the one-tile backward with the term (sentences, grouped launches: 6 head groups / single-axis; bytes
+    # spilled with the tiles above, then what the entry costs a valid pair against them). sm_90 D64 (144 / 128 B):
+    # keys-major tiles in chunks of 16 (597.0 -> 521.5 / 508.9 -> 479.1; queries-major with output chunks of 16
+    # spills 32 B grouped, eight warps 706.8); sm_100 D64 (152 / 128 B): keys-major in chunks of 32 (483.5 -> 501.6
+    # / 441.0 -> 481.0; eight warps queries-major 518.0 / 477.2). sm_80 D64 (64 / 24 B): output chunks of 16 (600.3
+    # -> 600.8 / 555.8 -> 557.9). The small family D64 (32 / 32 B): queries-major on eight warps (592.5 -> 737.4 /
+    # 549.5 -> 656.8; every keys-major or four-warp tiling tried spills 8-64 B); sm_120 D64 (152 / 64 B): the same
+    # grouped (546.8 -> 641.3), single-axis queries-major in chunks of 16 with dQ transposed (552.9 -> 539.1).
+    # sm_90 D128 (8 / 72 B): score chunks of 16, grouped with output chunks of 32 (747.5 -> 913.1 / 647.5 -> 665.4;
+    # grouped output chunks of 16 935.9, keys-major 944.0); sm_100 keeps its own (spill-free). The small family
+    # D128 grouped (8 B): eight warps as its single-axis launches (742.9 -> 945.2); sm_120 D128 (72 / 56 B): eight
+    # warps, score chunks of 32 single-axis (693.7 -> 867.4 / 684.9 -> 727.1). sm_80 D128 (24 / 8 B): grouped output
+    # chunks of 16 as its single-axis tiles had (705.4 -> 712.0), single-axis queries-major on eight warps (671.1 ->
+    # 923.7; every keys-major tiling tried spills 8-472 B, queries-major on four warps 40-48 B).
+    ("short", "sm90", "half", 64, "position"): dict(KEYS_MAJOR=True, CHUNK=16, OUT_CHUNK=16, GROUPED_CONFIG={}),
+    ("short", "sm100", "half", 64, "position"): dict(KEYS_MAJOR=True, CHUNK=32, OUT_CHUNK=32, GROUPED_CONFIG={}),
+    ("short", "sm80", "half", 64, "position"): dict(OUT_CHUNK=16, GROUPED_CONFIG={}),
+    ("short", "small", "half", 64, "position"): dict(KEYS_MAJOR=False, num_warps=8, GROUPED_CONFIG={}),
+    ("short", "sm120", "half", 64, "position"): dict(num_warps=4, CHUNK=16, OUT_CHUNK=16, DQ_T=True,
+                                                     GROUPED_CONFIG=dict(num_warps=8, OUT_CHUNK=32, DQ_T=False)),
+    ("short", "sm90", "half", 128, "position"): dict(CHUNK=16, GROUPED_CONFIG=dict(num_warps=8, CHUNK=16,
+                                                                                   OUT_CHUNK=32)),
+    ("short", "sm100", "half", 128, "position"): dict(CHUNK=32, GROUPED_CONFIG={}),
+    ("short", "small", "half", 128, "position"): dict(GROUPED_CONFIG={}),
+    ("short", "sm120", "half", 128, "position"): dict(num_warps=8, CHUNK=32, GROUPED_CONFIG=dict(CHUNK=16)),
+    ("short", "sm80", "half", 128, "position"): dict(KEYS_MAJOR=False, num_warps=8, CHUNK=16, OUT_CHUNK=32,
+                                                    GROUPED_CONFIG=dict(KEYS_MAJOR=True, num_warps=4, OUT_CHUNK=16)),
+    # A positional window (``--position-window 10``; pairs / odd-77 / odd-1000, the tiled kernels): sm_90 D64 dQ
+    # 128x64 (- / - / 8 B) -> 128x32 (sm_100 keeps its 64: 128x32 spills 16 B there on odd-1000), D128 the forward's
+    # three stages (8 B on odd-1000) -> two (sm_100 reads it too, spill-free); sm_80 D128 the table kernel 64x32
+    # (8 B each) -> 64x16 (one stage 32-40 B, 32x32 8-16 B, 128x16 24-56 B, four warps 40-72 B); sm_100 D128 dQ
+    # 128x32 (16 / 16 / 40 B) -> 64x32 and dK/dV 32x128 (8 / 8 / - B) -> 32x64 (dQ 128x16 and dK/dV 16x128 also
+    # spill-free, dearer on pairs and odd-77; fewer stages spill).
+    ("dq", "sm90", "half", 64, "position_window"): dict(BLOCK_N=32),
+    ("dq", "sm100", "half", 64, "position_window"): dict(BLOCK_N=64),
+    ("fwd", "sm90", "half", 128, "position_window"): dict(num_stages=2),
+    ("table", "sm80", "half", 128, "position_window"): dict(BLOCK_N=16),
+    ("dq", "sm100", "half", 128, "position_window"): dict(BLOCK_M=64),
+    ("dkdv", "sm100", "half", 128, "position_window"): dict(BLOCK_N=64),
 }
 
 
@@ -597,7 +637,7 @@ def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, fami
     "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one). A key may name
     further variants after the head-dim class (``(kind, family, dtype class, head-dim class, "causal")``): such an
     entry applies only to calls with all of them (``variants``: "causal", "grouped_kv" (grouped-query k, v),
-    "position"), after every plain entry."""
+    "position" (T5's term), "position_window" (a positional window)), after every plain entry."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
@@ -629,7 +669,7 @@ def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) 
 def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
                       variants: frozenset = frozenset()) -> Dict[str, dict]:
     """``kind -> fields`` of :data:`DROPOUT_CONFIGS` for this dtype, head dim and GPU, in a call with these other
-    ``variants`` ("causal", "grouped_kv", "position")."""
+    ``variants`` ("causal", "grouped_kv", "position", "position_window")."""
     return _overrides(DROPOUT_CONFIGS, dtype, head_dim, family, arch, variants)
 
 
