@@ -322,10 +322,10 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
 
 def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones():
     """A DROPOUT_CONFIGS key naming further variants ("causal", "grouped_kv", "position", "position_window") applies
-    only to calls with
-    all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small family's table kernel
-    at D = 64 takes 16-key blocks with dropout only when the call is causal or has grouped-query k, v; sm_120's
-    grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's own plain entry says 32."""
+    only to calls with all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small
+    family's table kernel at D = 64 takes 16-key blocks with dropout only when the call is causal or has
+    grouped-query k, v; sm_120's grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's
+    own plain entry says 32."""
     from syntaxkernels.ops.bias_attention import configs
 
     def table(arch, variants=frozenset()):
@@ -387,8 +387,8 @@ def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference
         got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
         keys = [key for key in _launch._CONFIGS if key[0] == N]
         # (key: ..., grouped, tiny, causal, dropout, band)
-        assert keys and all(key[-2] and key[-3] == causal and key[-5] == bool(kv_heads) and key[-1] == (band is not None)
-                            for key in keys), keys
+        assert keys and all(key[-2] and key[-3] == causal and key[-5] == bool(kv_heads)
+                            and key[-1] == (band is not None) for key in keys), keys
         ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
         reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)

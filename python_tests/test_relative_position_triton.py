@@ -122,9 +122,8 @@ SHORT_CASES = [
 def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, spec, kw, dtype, arch, short):
     """Rows of at most 64 tokens with the term (fp16/bf16, a shared tree table): the one-tile short-row forward and
     backward (queries-major on sm_90's tiles, keys-major on sm_80's; with dropout as DROPOUT_CONFIGS says) with
-    POSITION, and the position table's
-    gradient from the short table kernel (POSITION_GRAD): forward and every gradient against the reference; a
-    per-head tree table takes the tiled kernels. Every buffer the launcher allocates comes filled with NaN: the
+    POSITION, and the position table's gradient from the short table kernel (POSITION_GRAD): forward and every
+    gradient against the reference; a per-head tree table takes the tiled kernels. Every buffer the launcher allocates comes filled with NaN: the
     table kernel reads back only the dS the backward stored (inside the lengths)."""
     H, N, lengths = shape
     nan_scratch(monkeypatch)
