@@ -272,8 +272,8 @@ def test_triton_relative_position_is_deterministic(N, dtype):
 @needs_triton
 def test_triton_ops_with_the_position_lut_pass_opcheck():
     """The torch.library Triton ops with a position LUT (what torch.compile traces): schema, fake tensors and
-    autograd registration; the backward's boundary sums have their ``[H, K]`` shape and give the reference's
-    position-table gradient."""
+    autograd registration; the backward's position-table gradient (its boundary sums times the boundaries-to-buckets
+    matrix, in the table gradient's kernel) has its ``[H, P]`` shape and is the reference's."""
     from syntaxkernels.ops.bias_attention import _host, _launch
     from syntaxkernels.plan import structure_plan
 
@@ -294,18 +294,18 @@ def test_triton_ops_with_the_position_lut_pass_opcheck():
                                      -1, False, case["buckets"], True)
     dout = torch.randn_like(out)
     bwd = (dout, q, k, v, out, lse, plan.distance, blut, plan.kernel_lengths, *meta, 0.25, -1, False,
-           *_host.bucket_args(case["buckets"]), table, scale, True, True, 0.0, 0, -1, lut, spec.reach, bounds)
+           *_host.bucket_args(case["buckets"]), table, scale, True, True, 0.0, 0, -1, lut, spec.reach, bounds,
+           _host.position_matrix_on(spec, q))
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_bwd, bwd, test_utils=utils)
-    sums = torch.ops.syntaxkernels.bias_attention_bwd(*bwd)[5]
-    assert sums.shape == (2, bounds.numel())
+    got = torch.ops.syntaxkernels.bias_attention_bwd(*bwd)[5]
+    assert got.shape == (2, spec.num_buckets) and got.dtype == torch.float32
     pt = ptable.double().requires_grad_()
     ref = sk.syntax_bias_attention(q.cpu().double(), k.cpu().double(), v.cpu().double(), case["distance"],
                                    case["table"].double(), buckets=case["buckets"], bias_scale=case["bias_scale"],
                                    lengths=case["lengths"], scale=0.25, position_buckets=spec, position_table=pt,
                                    backend="reference")
     expected, = torch.autograd.grad(ref, pt, dout.cpu().double())
-    got = _host.position_gradient_from_bounds(sums.cpu(), spec, ptable)
-    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got.cpu().double(), expected, atol=2e-5, rtol=2e-5)
 
 
 @needs_triton
@@ -383,3 +383,36 @@ def test_packed_triton_relative_position_matches_the_reference(monkeypatch, leng
     assert not any(n == "_varlen_dkdv_kernel" and table_grad for n, _, table_grad in names)
     ref64 = _packed_grads(case, torch.float64, "spec", spec, ptable, **kw)
     _assert_close(case, got, ref64, _packed_grads(case, dtype, "spec", spec, ptable, **kw), dtype)
+
+
+@needs_triton
+@pytest.mark.long_on_cpu
+def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypatch):
+    """With T5's term at D = 128, sm_80's and sm_120's tiled dK/dV kernel takes 32 keys a program
+    (configs.POSITION_CONFIGS: 16x64 spilled 8 B there, compiled as launched on odd-77, odd-1000 and pairs), the
+    small family keeps 64; the call with those tiles is exact against the reference (bf16, rows of 70 and 53)."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+    from syntaxkernels.ops.bias_attention import _launch
+
+    spec = RelativePositionSpec(8, 20)
+    _replay.clear()  # (a program recorded by another test would skip the launchers)
+    for arch, block_n in ((80, 32), (120, 32), (86, 64)):
+        previous = P.interpret_as(arch)
+        try:
+            configs = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True)
+            assert (configs.dkdv["BLOCK_M"], configs.dkdv["BLOCK_N"]) == (16, block_n), (arch, configs.dkdv)
+            if arch != 80:
+                continue
+            names = spy_launches(monkeypatch, fresh_configs=True)
+            case = bias_attention_case(2, 2, 70, 128, lengths=[70, 53], seed=5, bias_scale=0.8)
+            ptable = _position_table(2, spec, seed=6)
+            g = _grad_out(case)
+            got = _grads("triton", case, torch.bfloat16, g, spec, ptable)
+            dkdv = [k for n, k in zip(names, names.kwargs) if n == "_bias_bwd_dkdv_kernel"]
+            assert dkdv and all(k["BLOCK_N"] == 32 and k.get("POSITION") for k in dkdv), dkdv
+        finally:
+            P.interpret_as(previous)
+        ref64 = _grads("reference", case, torch.float64, g, spec, ptable)
+        _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable), torch.bfloat16)

@@ -17,7 +17,7 @@ from ... import reference
 from .._primitives import KernelDoesNotFit, seed_bits
 from ...specs import RelativePositionSpec
 from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, kernel_tables, position_bounds_on,
-                    position_gradient_from_bounds, reference_gradients, warn_once)
+                    position_matrix_on, reference_gradients, warn_once)
 from ._launch import (BackwardMetadata, backward_configs, backward_metadata, bias_attention_backward,
                       bias_attention_forward, forward_metadata, launch_configs)
 
@@ -36,14 +36,15 @@ def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list,
 
 def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
               want_table, want_scale, dropout_p=0.0, dropout_seed=0, band=-1, pos_lut=None, reach=0,
-              pos_bounds=None):
+              pos_bounds=None, pos_matrix=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_bwd(
             dout, q, k, v, out, lse, distance, lut, lengths, *meta, scale, window, causal, *bucket_args(spec), table,
-            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed), band, pos_lut, reach, pos_bounds)
+            bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed), band, pos_lut, reach, pos_bounds,
+            pos_matrix)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec,
                                    table, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
-                                   reach, pos_bounds)
+                                   reach, pos_bounds, pos_matrix)
 
 
 @_replay.replayed(seed=15)
@@ -63,13 +64,13 @@ def _backward_step(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
                    bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
                    want_position, position_table):
     """The kernels of :class:`_SyntaxBiasAttention`'s backward, one replayed unit: :func:`_backward`'s results, the
-    last (the position-boundary sums) made T5's table's gradient (None without ``want_position``)."""
-    dq, dk, dv, dtable, dscale, pos_sums = _backward(
+    last T5's table's gradient in its dtype (None without ``want_position``)."""
+    dq, dk, dv, dtable, dscale, dposition = _backward(
         dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, _spec(*bucket_spec), rows,
         bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
-        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None)
-    dposition = position_gradient_from_bounds(pos_sums, position, position_table) if want_position else None
-    return dq, dk, dv, dtable, dscale, dposition
+        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None,
+        position_matrix_on(position, q) if want_position else None)
+    return dq, dk, dv, dtable, dscale, dposition.to(position_table.dtype) if want_position else None
 
 
 class _SyntaxBiasAttention(torch.autograd.Function):

@@ -1409,18 +1409,27 @@ def _bias_table_grad_kernel(
     PARTIALS, TABLE, SCALE, DTABLE, DSCALE,
     outer, rows, inner, stride_po, stride_pr, stride_pi, stride_tr, stride_dr,
     NUM_BUCKETS: tl.constexpr, BUCKETS_PAD: tl.constexpr, BLOCK_P: tl.constexpr, WANT_TABLE: tl.constexpr,
-    WANT_SCALE: tl.constexpr,
+    WANT_SCALE: tl.constexpr, POS_PARTIALS=0, POS_MATRIX=0, DPOS=0, pos_outer=0, pos_rows=0,
+    NUM_BOUNDS: tl.constexpr = 16, NUM_POS: tl.constexpr = 16, POS_PAD: tl.constexpr = 16,
+    POSITION_GRAD: tl.constexpr = False,
 ):
-    """The table and bias-strength gradients from the backward's per-program bucket sums, in one program.
+    """The table and bias-strength gradients from the backward's per-program bucket sums, in one program; with
+    POSITION_GRAD T5's position table's gradient too.
 
     ``G[r] = sum_{a < outer, i < inner} PARTIALS[a, r, i, :]`` (a fixed order: blocks of BLOCK_P partial rows, each
     block summed as a tile), ``DTABLE[r] = c * G[r]`` in the table's dtype and ``DSCALE = sum_r sum_t TABLE[r, t] *
     G[r, t]`` in the strength's dtype, with ``c = SCALE[0]``: deterministic, no atomics, and no aten epilogue.
+    ``DPOS[h] = (sum_{a < pos_outer} POS_PARTIALS[a, h, :]) @ POS_MATRIX`` for the ``pos_rows`` heads (fp32): the
+    sums of dS at T5's position boundaries (:func:`._host.position_bounds`) made the position table's gradient by the
+    boundaries-to-buckets matrix (:func:`._host.position_matrix_on`), in the same fixed order.
 
     Args:
         PARTIALS: fp32, row ``(a, r, i)`` at ``a * stride_po + r * stride_pr + i * stride_pi``, ``NUM_BUCKETS``
             contiguous sums each; TABLE / DTABLE: ``[rows, NUM_BUCKETS]`` with row strides ``stride_tr`` /
-            ``stride_dr``; SCALE, DSCALE: one element.
+            ``stride_dr``; SCALE, DSCALE: one element. ``rows = 0``: no tree table gradient (neither wanted).
+        POS_PARTIALS: fp32 ``[pos_outer, pos_rows, NUM_BOUNDS]`` contiguous; POS_MATRIX: fp32 ``[NUM_BOUNDS,
+            NUM_POS]`` contiguous; DPOS: fp32 ``[pos_rows, NUM_POS]`` contiguous (``POS_PAD``: ``NUM_POS`` padded to
+            a power of two).
     Grid: ``(1,)``.
     """
     cols = tl.arange(0, BUCKETS_PAD)
@@ -1441,3 +1450,13 @@ def _bias_table_grad_kernel(
             dscale += tl.load(TABLE + r * stride_tr + cols, mask=col_ok, other=0.0).to(tl.float32) * total
     if WANT_SCALE:
         tl.store(DSCALE, tl.sum(dscale, 0).to(DSCALE.dtype.element_ty))
+    if POSITION_GRAD:
+        bounds = tl.arange(0, NUM_BOUNDS)
+        buckets = tl.arange(0, POS_PAD)
+        matrix = tl.load(POS_MATRIX + bounds[:, None] * NUM_POS + buckets[None, :], mask=buckets[None, :] < NUM_POS,
+                         other=0.0)
+        for h in range(0, pos_rows):
+            sums = tl.zeros([NUM_BOUNDS], dtype=tl.float32)
+            for a in range(0, pos_outer):
+                sums += tl.load(POS_PARTIALS + (a * pos_rows + h) * NUM_BOUNDS + bounds)
+            tl.store(DPOS + h * NUM_POS + buckets, tl.sum(sums[:, None] * matrix, 0), mask=buckets < NUM_POS)

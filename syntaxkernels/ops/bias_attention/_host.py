@@ -231,14 +231,19 @@ def _bounds_to_buckets(spec: RelativePositionSpec) -> torch.Tensor:
     return matrix
 
 
+def position_matrix_on(spec: RelativePositionSpec, like: torch.Tensor) -> torch.Tensor:
+    """:func:`_bounds_to_buckets`' matrix (float32 ``[len(bounds), P]``) on ``like``'s device, built once per spec and
+    device: what the table-gradient kernel multiplies the boundary sums by (the padded Triton path)."""
+    return device_constant(("position bounds to buckets", spec), like, lambda: _bounds_to_buckets(spec))
+
+
 def position_gradient_from_bounds(bound_sums: torch.Tensor, spec: RelativePositionSpec,
                                   table: torch.Tensor) -> torch.Tensor:
     """The position table's gradient ``[H, P]`` (table's dtype) from the Triton kernels' sums of dS at each boundary
     of :func:`position_bounds` (float32 ``[H, len(bounds)]``: pairs at offsets ``<= bounds[t]``): consecutive
     differences give each range's sum, which goes to its bucket: one product with a constant matrix
     (:func:`_bounds_to_buckets`, built once per spec and device; a fixed order, no host sync)."""
-    matrix = device_constant(("position bounds to buckets", spec), bound_sums, lambda: _bounds_to_buckets(spec))
-    return (bound_sums.to(torch.float32) @ matrix).to(table.dtype)
+    return (bound_sums.to(torch.float32) @ position_matrix_on(spec, bound_sums)).to(table.dtype)
 
 
 def position_gradient(offset_sums: torch.Tensor, spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:

@@ -424,23 +424,35 @@ def _host_lut(table, bias_scale, bucket_lut, window):
 
 
 def table_gradient(partials: torch.Tensor, outer: int, rows: int, inner: int, table: torch.Tensor,
-                   bias_scale: torch.Tensor, want_table: bool, want_scale: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(d table, d bias_scale)`` from the backward's per-program bucket sums, by one small kernel
+                   bias_scale: torch.Tensor, want_table: bool, want_scale: bool,
+                   position: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, ...]:
+    """``(d table, d bias_scale, d position table)`` from the backward's per-program sums, by one small kernel
     (:func:`._backward._bias_table_grad_kernel`): ``partials`` fp32 ``[outer, rows, inner, T]`` (contiguous), summed
-    over ``outer`` and ``inner`` for each of the table's ``rows``; ``table`` ``[rows, T]`` (rows contiguous). A gradient
-    not wanted comes back as an empty tensor."""
+    over ``outer`` and ``inner`` for each of the table's ``rows``; ``table`` ``[rows, T]`` (rows contiguous).
+    ``position``: T5's term, ``(boundary partials fp32 [programs, H, K], the boundaries-to-buckets matrix fp32 [K,
+    P])`` (:func:`._host.position_matrix_on`): the position table's gradient, fp32 ``[H, P]``, in the same launch. A
+    gradient not wanted comes back as an empty tensor (no launch when none is)."""
     T = table.shape[-1]
     device = partials.device
     dtable = torch.empty(table.shape, dtype=table.dtype, device=device) if want_table else _nothing(device)
     dscale = torch.empty(bias_scale.shape, dtype=bias_scale.dtype, device=device) if want_scale else _nothing(device)
-    if not (want_table or want_scale):
-        return dtable, dscale
+    dpos = _nothing(device)
+    if not (want_table or want_scale or position is not None):
+        return dtable, dscale, dpos
+    pos_args = {}
+    if position is not None:
+        pos_partials, matrix = position
+        bounds, P = matrix.shape
+        dpos = torch.empty((pos_partials.shape[1], P), dtype=torch.float32, device=device)
+        pos_args = dict(POS_PARTIALS=pos_partials, POS_MATRIX=matrix, DPOS=dpos, pos_outer=pos_partials.shape[0],
+                        pos_rows=pos_partials.shape[1], NUM_BOUNDS=bounds, NUM_POS=P,
+                        POS_PAD=max(16, triton.next_power_of_2(P)), POSITION_GRAD=True)
     pad = max(16, triton.next_power_of_2(T))
     launch(_bias_table_grad_kernel, (1,), partials, table, bias_scale, dtable if want_table else partials,
            dscale if want_scale else partials, outer, rows, inner, rows * inner * T, inner * T, T,
            table.stride(0) if rows > 1 else 0, T, NUM_BUCKETS=T, BUCKETS_PAD=pad, BLOCK_P=max(1, min(64, 2048 // pad)),
-           WANT_TABLE=want_table, WANT_SCALE=want_scale, num_warps=4, num_stages=1)
-    return dtable, dscale
+           WANT_TABLE=want_table, WANT_SCALE=want_scale, num_warps=4, num_stages=1, **pos_args)
+    return dtable, dscale, dpos
 
 
 def _nothing(device) -> torch.Tensor:
@@ -464,12 +476,14 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             spec: BucketSpec, table: torch.Tensor, bias_scale: torch.Tensor, want_table: bool,
                             want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
                             band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
-                            pos_bounds: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
-    """Backward launcher: ``(dq, dk, dv, d table, d bias_scale, position sums)``, the first three in q's, k's and
+                            pos_bounds: Optional[torch.Tensor] = None,
+                            pos_matrix: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+    """Backward launcher: ``(dq, dk, dv, d table, d bias_scale, d position table)``, the first three in q's, k's and
     v's layouts; the table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the
     per-bucket sums of dS ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted;
-    with ``pos_bounds`` the sums of dS at T5's position boundaries, fp32 ``[H, len(pos_bounds)]``
-    (:func:`._host.position_gradient_from_bounds` makes the table's gradient of them), else an empty tensor.
+    with ``pos_bounds`` and ``pos_matrix`` T5's position table's gradient, fp32 ``[H, P]`` (the sums of dS at the
+    position boundaries times the boundaries-to-buckets matrix, :func:`._host.position_matrix_on`, in the table
+    gradient's kernel), else an empty tensor.
 
     Args: as :func:`bias_attention_forward`, plus ``dout`` (like out, any strides), ``out``, ``lse``, the forward's
     ``lut``, ``meta`` (:func:`backward_metadata`: the transposed distance the dK/dV kernel reads, the live-tile lists
@@ -477,24 +491,26 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     their gradients to compute; the forward's dropout (its mask regenerated from the seed; rows of 65..128 tokens
     then run the tiled kernels: the two-block ones take no mask), the positional window ``band``, and T5's
     relative-position term (``pos_lut``, ``reach`` as in the forward; ``pos_bounds``: int32, its table's gradient
-    wanted, :func:`._host.position_bounds`).
+    wanted, :func:`._host.position_bounds`, with ``pos_matrix``).
     """
-    dq, dk, dv, sums, pos_sums = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
-                                                   window, causal, spec, want_table or want_scale,
-                                                   _dropout(dropout_p, dropout_seed), _band(band),
-                                                   _position(pos_lut, reach), pos_bounds)
-    if pos_sums is None:
-        pos_sums = _nothing(q.device)
-    if sums is None:
-        return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
-    return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale) + (pos_sums,)
+    dq, dk, dv, sums, pos_partials = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
+                                                       window, causal, spec, want_table or want_scale,
+                                                       _dropout(dropout_p, dropout_seed), _band(band),
+                                                       _position(pos_lut, reach), pos_bounds)
+    if pos_partials is not None and pos_matrix is None:
+        raise ValueError("pos_bounds needs pos_matrix (the boundaries-to-buckets matrix, _host.position_matrix_on)")
+    position = None if pos_partials is None else (pos_partials, pos_matrix)
+    if sums is None:  # no tree-table gradient (the kernel then reduces only the position sums, if any)
+        sums = (lut if pos_partials is None else pos_partials, 0, 0, 0)
+    return (dq, dk, dv) + table_gradient(*sums, table, bias_scale, want_table, want_scale, position)
 
 
 def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad,
                       drop: dict, band: dict, position: dict = None, pos_bounds: Optional[torch.Tensor] = None):
-    """The backward's kernels: ``(dq, dk, dv, sums, pos_sums)``, ``sums`` the per-program bucket sums of dS as
-    ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``), ``pos_sums`` the
-    position boundaries' sums ``[H, len(pos_bounds)]`` (None without ``pos_bounds``)."""
+    """The backward's kernels: ``(dq, dk, dv, sums, pos_partials)``, ``sums`` the per-program bucket sums of dS as
+    ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``), ``pos_partials`` the
+    per-program sums at the position boundaries, fp32 ``[programs, H, len(pos_bounds)]`` (None without
+    ``pos_bounds``; :func:`table_gradient` sums them)."""
     position = position or {}
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -507,7 +523,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
     if dq.numel() == 0 or dv.numel() == 0:
         sums = (torch.zeros((1, rows, 1, T), dtype=torch.float32, device=q.device), 1, rows, 1) if table_grad else None
         if pos_bounds is not None:
-            pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
+            pos_sums = torch.zeros((1, H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
     configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale, causal,
@@ -577,8 +593,8 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
            DOT_PRECISION=precision, num_warps=dkdv_config["num_warps"], num_stages=dkdv_config["num_stages"],
            OPAQUE_BIAS=dkdv_config["OPAQUE_BIAS"], INTERPRETED=interpreting(), **_kv_group(group), **drop, **band,
            **position, **gradient)
-    if pos_bounds is not None:  # a fixed-order sum over the batch and the key blocks: deterministic
-        pos_sums = gradient["POS_PARTIALS"].sum((0, 1))
+    if pos_bounds is not None:  # (summed over the batch and the key blocks by the table gradient's kernel)
+        pos_sums = gradient["POS_PARTIALS"].view(B * num_k, H, pos_bounds.numel())
     if not table_grad:
         return dq, dk, dv, None, pos_sums
 
@@ -656,11 +672,11 @@ def _short_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, c
 
 def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, config, H, blocks, table_config,
                           table_grad=True, pos_bounds=None):
-    """``(sums, pos_sums)``: the per-tile bucket sums of the short-row kernels' dS tiles
+    """``(sums, pos_partials)``: the per-tile bucket sums of the short-row kernels' dS tiles
     (:func:`_bias_bwd_short_table_kernel`, launched with ``table_config``'s warps and stages), as
     :func:`_backward_kernels` returns them (one table row; None without ``table_grad``), and with ``pos_bounds`` (one
-    tile a sequence) each head's sums at T5's position boundaries, fp32 ``[H, len(pos_bounds)]`` (the items' summed
-    in a fixed order), else None."""
+    tile a sequence) each item's and head's sums at T5's position boundaries, fp32 ``[B, H, len(pos_bounds)]``
+    (summed by :func:`table_gradient`), else None."""
     B, N = distance.shape[0], distance.shape[-1]
     T = spec.num_buckets
     block = config["BLOCK_M"]
@@ -679,8 +695,7 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
            EVEN_N=_even(_padded(N), config), CAUSAL=causal, INTERPRETED=interpreting(), BLOCKS=blocks,
            num_warps=table_config["num_warps"], num_stages=table_config["num_stages"],
            **({} if table_grad else dict(TREE_GRAD=False)), **gradient)
-    # Fixed-order sums over the batch: deterministic.
-    pos_sums = gradient["POS_PARTIALS"].sum(0) if gradient else None
+    pos_sums = gradient["POS_PARTIALS"] if gradient else None
     return ((partials, 1, 1, B * blocks * blocks) if table_grad else None), pos_sums
 
 
@@ -771,11 +786,11 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
                  bias_scale: torch.Tensor, want_table: bool, want_scale: bool, dropout_p: float = 0.0,
                  dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
-                 pos_bounds: Optional[torch.Tensor] = None
+                 pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
     meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
                             skip_bucket)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                    _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                                   want_scale, dropout_p, dropout_seed, band, pos_lut, reach, pos_bounds)
+                                   want_scale, dropout_p, dropout_seed, band, pos_lut, reach, pos_bounds, pos_matrix)

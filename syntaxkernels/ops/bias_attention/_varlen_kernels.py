@@ -798,7 +798,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
         pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         partials = torch.zeros((1, 1, 1, NB), dtype=torch.float32, device=q.device)
-        return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale) + (
+        return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale)[:2] + (
             pos_sums,)
     cu, seq = cu_seqlens, sequence
     stride_lut = lut.stride(0) if rows > 1 else 0
@@ -853,13 +853,13 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     if pos_bounds is not None:  # a fixed-order sum over the key blocks: deterministic
         pos_sums = gradient["POS_PARTIALS"].sum(0)
     if inline:  # row h sums its own num_k programs
-        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale) + (
+        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)[:2] + (
             pos_sums,)
     if not table_grad:
         if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero
             partials = torch.zeros((1, rows, 1, NB), dtype=torch.float32, device=q.device)
-            return (dq, dk, dv) + table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale) + (
-                pos_sums,)
+            dtable, dscale, _ = table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale)
+            return dq, dk, dv, dtable, dscale, pos_sums
         return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
 
     config = select_varlen_config("table_ds" if stored else "table", q.dtype, max(D, DV))
@@ -880,7 +880,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band), **position, **scratch,
            STORED_DS=stored, num_warps=config["num_warps"], num_stages=config["num_stages"])
     # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
-    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale) + (
+    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale)[:2] + (
         pos_sums,)
 
 

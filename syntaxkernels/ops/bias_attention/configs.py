@@ -407,10 +407,17 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # kernel's 64x64 spills 40-48 B, 64x32 with one stage does not. (Blackwell takes these too: spill-free there.)
     ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
     ("table", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_stages=1),
+    # ... and the forward's 128x64 spills 8 B on odd-1000 (three or two stages; one does not), 128x32 does not and
+    # costs less but on odd-1000 (odd-1000 / odd-77 / pairs / finetune-512, two stages -> 128x32: 27.3 -> 32.9, 87.3
+    # -> 83.8, 97.2 -> 95.9, 298.9 -> 211.1 instructions a valid pair; sm_100 reads it too, spill-free: 26.5 ->
+    # 31.1, 92.3 -> 80.7, 105.0 -> 92.8, 334.5 -> 206.5).
+    ("fwd", "sm90", "half", 128): dict(BLOCK_N=32),
     # sm_80: the table kernel's 128x32 spills 8 B at D = 64 (64x32 does not); at D = 128 the dK/dV kernel's 16x128
-    # and the table kernel's 64x32 spill 32 B each (64 keys a program on four warps, and 64x16, do not).
+    # and the table kernel's 64x32 spill 32 B each (64x16 does not; dK/dV 16x64 on four warps spilled 8 B on odd-77,
+    # odd-1000 and pairs, 16x32 does not: whole backward 357.4 -> 340.3, 187.0 -> 191.4, 345.2 -> 338.5 a valid
+    # pair, finetune-512 618.9 -> 563.4; sm_120 the same, its entry below).
     ("table", "sm80", "half", 64): dict(BLOCK_M=64),
-    ("dkdv", "sm80", "half", 128): dict(BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_N=32, num_warps=4),
     ("table", "sm80", "half", 128): dict(BLOCK_N=16),
     # The small family: the dK/dV kernel's 128 keys a program spill (sm_86: 72 B at D = 64, 40 B at D = 128); 64
     # keys on four warps do not.
@@ -421,9 +428,15 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("fwd", "small", "half", 64): dict(num_stages=1),
     ("dq", "small", "half", 64): dict(num_stages=1),
     # sm_100: dQ's three stages spill 8 B at D = 64 on sentences (two do not); sm_120: the table kernel's 128x32
-    # spills 8 B there (64x32 does not).
+    # spills 8 B there (64x32 does not). sm_100's dK/dV at D = 64 (two stages, the sm_90 entry's) spills 8 B on
+    # odd-1000; one stage does not, and costs less on odd-1000, odd-77, pairs and finetune-512 (dK/dV 61.0 -> 59.9,
+    # 176.2 -> 172.3, 192.4 -> 188.1, 584.9 -> 567.2 instructions a valid pair).
     ("dq", "sm100", "half", 64): dict(num_stages=2),
+    ("dkdv", "sm100", "half", 64): dict(num_stages=1),
     ("table", "sm120", "half", 64): dict(BLOCK_M=64),
+    # sm_120 at D = 128: the small family's dK/dV 16x64 spills 8 B on odd-77, odd-1000 and pairs; 16x32 does not
+    # (316.3 -> 297.7, 161.9 -> 165.9, 305.0 -> 296.7, finetune-512 536.2 -> 484.8 a valid pair).
+    ("dkdv", "sm120", "half", 128): dict(BLOCK_N=32),
     # The one-tile short-row backward (rows of at most 64 tokens take the short-row kernels with the term):
     # sm_100 at D = 128 spills 8 B with Blackwell's tiles (whole 64-column chunks); eight warps do not. sm_90 at
     # D = 128 on a single-axis grid spills 8 B on four warps (its grouped launches take eight, GROUPED_CONFIGS):
@@ -560,14 +573,15 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("short", "sm90", "half", 64, "grouped_kv"): dict(DQ_T=True),
     ("short", "sm100", "half", 64, "grouped_kv"): dict(DQ_T=False),
     # T5's relative-position term (over POSITION_CONFIGS), the tiled kernels and the forward (odd-77 / odd-1000; the
-    # one-tile backward with the term and dropout still spills: benchmarks/RESULTS.md). sm_80 D64 dK/dV 32x128 (24 /
-    # 32 B) -> 32x64 on four warps; D128 dK/dV 16x64 (32 B) -> 16x32, the forward two stages (32 B) -> one. The small
-    # family D64 dK/dV 32x64 (8 B) -> 16x64, the table kernel 128x32 (88 / 96 B) -> 128x16 (sm_120: its own 64x32,
-    # spill-free). sm_90 D64 dQ 128x64 (8 / 40 B) -> 128x32, dK/dV 64x128 (24 / 32 B) -> 32x128, the table kernel
+    # one-tile backward: below). sm_80 D64 dK/dV 32x128 (24 / 32 B) -> 32x64 on four warps; D128 dK/dV 16x64 (32 B)
+    # -> 16x32 (POSITION_CONFIGS' own since, which the plain dropout entry's 16x64 would override), the forward two
+    # stages (32 B) -> one. The small family D64 dK/dV 32x64 (8 B) -> 16x64, the table kernel 128x32 (88 / 96 B) ->
+    # 128x16 (sm_120: its own 64x32, spill-free). sm_90 D64 dQ 128x64 (8 / 40 B) -> 128x32, dK/dV 64x128 (24 / 32 B) -> 32x128, the table kernel
     # 128x32 (24 B) -> 64x32; D128 the table kernel 64x32 (24 / 88 B) -> 64x16, dK/dV three stages (8 B) -> two, the
-    # forward three (16 B) -> two. sm_100 keeps its own but for the forward at D64 128x64 (56 B) -> 128x32 and D128
+    # forward three (16 B) -> two. sm_100 keeps its own but for dK/dV at D64 64x128 on two stages (POSITION_CONFIGS'
+    # one stage spills 16 B with dropout), the forward at D64 128x64 (56 B) -> 128x32 and D128
     # (16 B) -> 128x32, and the table kernel at D128 64x64 (192 / 224 B) -> 64x32. sm_120 D128 dK/dV 16x64 (40 B) ->
-    # 16x32.
+    # 16x32 (as POSITION_CONFIGS' own since, over the plain dropout entry).
     ("dkdv", "sm80", "half", 64, "position"): dict(BLOCK_N=64, num_warps=4),
     ("dkdv", "sm80", "half", 128, "position"): dict(BLOCK_N=32),
     ("fwd", "sm80", "half", 128, "position"): dict(num_stages=1),
@@ -582,7 +596,7 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm90", "half", 128, "position"): dict(num_stages=2),
     ("fwd", "sm90", "half", 128, "position"): dict(num_stages=2),
     ("dq", "sm100", "half", 64, "position"): dict(BLOCK_N=64),
-    ("dkdv", "sm100", "half", 64, "position"): dict(BLOCK_M=64),
+    ("dkdv", "sm100", "half", 64, "position"): dict(BLOCK_M=64, num_stages=2),
     ("table", "sm100", "half", 64, "position"): dict(BLOCK_M=64, BLOCK_N=64),
     ("fwd", "sm100", "half", 64, "position"): dict(BLOCK_N=32),
     ("table", "sm100", "half", 128, "position"): dict(BLOCK_N=32),
