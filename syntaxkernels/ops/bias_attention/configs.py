@@ -408,14 +408,14 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dkdv", "sm90", "half", 128): dict(BLOCK_M=16),
     ("table", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_stages=1),
     # ... and the forward's 128x64 spills 8 B on odd-1000 (three or two stages; one does not), 128x32 does not and
-    # costs less but on odd-1000 (odd-1000 / odd-77 / pairs / finetune-512, two stages -> 128x32: 27.3 -> 32.9, 87.3
-    # -> 83.8, 97.2 -> 95.9, 298.9 -> 211.1 instructions a valid pair; sm_100 reads it too, spill-free: 26.5 ->
-    # 31.1, 92.3 -> 80.7, 105.0 -> 92.8, 334.5 -> 206.5).
+    # costs less but on odd-1000 (odd-1000 / odd-77 / pairs / finetune-512, the forward a valid pair: 28.2 -> 32.9,
+    # 90.3 -> 83.8, 101.0 -> 95.9, 314.6 -> 211.1; sm_100 reads it too, spill-free before and after: 27.1 -> 31.1,
+    # 95.1 -> 80.7, 108.3 -> 92.8, 342.9 -> 206.5).
     ("fwd", "sm90", "half", 128): dict(BLOCK_N=32),
     # sm_80: the table kernel's 128x32 spills 8 B at D = 64 (64x32 does not); at D = 128 the dK/dV kernel's 16x128
     # and the table kernel's 64x32 spill 32 B each (64x16 does not; dK/dV 16x64 on four warps spilled 8 B on odd-77,
-    # odd-1000 and pairs, 16x32 does not: whole backward 357.4 -> 340.3, 187.0 -> 191.4, 345.2 -> 338.5 a valid
-    # pair, finetune-512 618.9 -> 563.4; sm_120 the same, its entry below).
+    # odd-1000 and pairs, 16x32 does not: whole backward 364.8 -> 347.7, 190.1 -> 194.5, 359.5 -> 352.7 a valid
+    # pair, finetune-512 1547.9 -> 1492.3; sm_120 the same, its entry below).
     ("table", "sm80", "half", 64): dict(BLOCK_M=64),
     ("dkdv", "sm80", "half", 128): dict(BLOCK_N=32, num_warps=4),
     ("table", "sm80", "half", 128): dict(BLOCK_N=16),
@@ -435,7 +435,7 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("dkdv", "sm100", "half", 64): dict(num_stages=1),
     ("table", "sm120", "half", 64): dict(BLOCK_M=64),
     # sm_120 at D = 128: the small family's dK/dV 16x64 spills 8 B on odd-77, odd-1000 and pairs; 16x32 does not
-    # (316.3 -> 297.7, 161.9 -> 165.9, 305.0 -> 296.7, finetune-512 536.2 -> 484.8 a valid pair).
+    # (323.3 -> 304.7, 164.4 -> 168.4, 317.9 -> 309.6, finetune-512 1271.5 -> 1220.1 a valid pair).
     ("dkdv", "sm120", "half", 128): dict(BLOCK_N=32),
     # The one-tile short-row backward (rows of at most 64 tokens take the short-row kernels with the term):
     # sm_100 at D = 128 spills 8 B with Blackwell's tiles (whole 64-column chunks); eight warps do not. sm_90 at
