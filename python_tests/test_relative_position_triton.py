@@ -416,3 +416,56 @@ def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypa
             P.interpret_as(previous)
         ref64 = _grads("reference", case, torch.float64, g, spec, ptable)
         _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable), torch.bfloat16)
+
+
+@needs_triton
+@pytest.mark.long_on_cpu
+def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(monkeypatch):
+    """POSITION_CONFIGS entries keyed by "grouped_kv" or "causal" apply only to calls with the term and that variant
+    (compiled as launched on odd-77, the family's tiles spilled there): with grouped-query k, v the small family's
+    dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one stage, sm_90's at D = 128
+    16x64 on one stage while sm_100 keeps its 128 keys; causal, sm_90's dK/dV at D = 64 takes 32 queries a block
+    and sm_120's table kernel at D = 128 128x16. Calls without the variant keep the term's plain tiles. The
+    grouped-query call (sm_86) and the causal one (sm_90) on those tiles are exact against the reference (bf16,
+    rows of 70 and 53)."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+    from syntaxkernels.ops.bias_attention import _launch
+
+    def tiles(arch, D, kind, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            c = getattr(_launch.launch_configs(70, D, D, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True, **kw),
+                        kind)
+        finally:
+            P.interpret_as(previous)
+        return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]
+
+    assert tiles(86, 64, "dkdv", grouped=True)[:2] == (16, 64) != tiles(86, 64, "dkdv")[:2]
+    assert tiles(80, 64, "dkdv", grouped=True)[1:] == (64, 4, 1) != tiles(80, 64, "dkdv")[1:]
+    assert tiles(90, 128, "dkdv", grouped=True)[1:2] + tiles(90, 128, "dkdv", grouped=True)[3:] == (64, 1)
+    assert tiles(100, 128, "dkdv", grouped=True)[1] == 128
+    assert tiles(86, 128, "table", grouped=True)[:2] == (128, 16) != tiles(86, 128, "table")[:2]
+    assert tiles(90, 64, "dkdv", causal=True)[0] == 32 != tiles(90, 64, "dkdv")[0]
+    assert tiles(120, 128, "table", causal=True)[:2] == (128, 16) != tiles(120, 128, "table")[:2]
+    assert tiles(120, 128, "table", grouped=True, causal=True)[:2] == (128, 16)
+    spec = RelativePositionSpec(8, 20)
+    for arch, options, kw, (block_m, block_n) in ((86, dict(kv_heads=2), {}, (16, 64)),
+                                                 (90, {}, dict(causal=True), (32, 128))):
+        _replay.clear()  # (a program recorded by another test would skip the launchers)
+        previous = P.interpret_as(arch)
+        try:
+            names = spy_launches(monkeypatch, fresh_configs=True)
+            case = bias_attention_case(2, 4, 70, 64, lengths=[70, 53], seed=5, bias_scale=0.8, **options)
+            ptable = _position_table(4, spec, seed=6)
+            g = _grad_out(case)
+            got = _grads("triton", case, torch.bfloat16, g, spec, ptable, **kw)
+            dkdv = [k for n, k in zip(names, names.kwargs) if n == "_bias_bwd_dkdv_kernel"]
+            assert dkdv and all((k["BLOCK_M"], k["BLOCK_N"]) == (block_m, block_n) and k.get("POSITION")
+                                for k in dkdv), (arch, dkdv)
+        finally:
+            P.interpret_as(previous)
+        ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+        _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw),
+                      torch.bfloat16)

@@ -93,9 +93,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
     kernels on rows of at most :data:`.configs.SHORT_ROW_LIMIT` tokens (they take the term), else the tiled kernels
     (also on rows of 65..128 tokens: the two-block kernels take no term), the table kernel's "table_extra" tiles
-    and :data:`.configs.POSITION_CONFIGS` (the term's registers). ``grouped``: grouped-query k and v (fewer
-    key/value heads than query heads): the tiled dK/dV kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over
-    the group's query heads). ``scale``: the score scale; below 1e-30 in magnitude (0: a call that ignores q k^T)
+    and :data:`.configs.POSITION_CONFIGS` (the term's registers; entries for the term in causal or grouped-query
+    calls too). ``grouped``: grouped-query k and v (fewer key/value heads than query heads): the tiled dK/dV
+    kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over the group's query heads). ``scale``: the score scale; below 1e-30 in magnitude (0: a call that ignores q k^T)
     the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
     product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
     "short" or "short2", whichever ``short`` holds). ``dropout``: a call with attention dropout (the kernels'
@@ -120,11 +120,11 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         dq=select_config("dq", dtype, width, family),
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
-    overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
-    overrides += [_configs.position_overrides(dtype, width, family, arch)] if position else []
-    overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band)) if on)
+    overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
+    overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
+    overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.

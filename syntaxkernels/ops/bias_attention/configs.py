@@ -392,8 +392,9 @@ _SHORT_ROWS = True  # tests may turn the short-row backward off to run the tiled
 #: entry first, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
 #: Each entry was compiled for its family on the sentences and finetune-512 workloads (``inspect --workload ...
 #: --position-buckets 32:128``): the term's gathers, prefix sums and layout conversions take registers and shared
-#: memory the plain tiles do not have.
-POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
+#: memory the plain tiles do not have. Keys may name the call's other variants too (``..., "grouped_kv")``,
+#: ``"causal"``): such entries apply only to calls with them, after the plain ones (see :func:`_overrides`).
+POSITION_CONFIGS: Dict[tuple, dict] = {
     # sm_90 at D = 64: the dK/dV kernel's three stages spill 8 B with the term's gradient, two do not (the same
     # main-loop instructions); the table kernel's "table_extra" 128x32 with one stage (two: 8 B).
     ("dkdv", "sm90", "half", 64): dict(num_stages=2),
@@ -448,6 +449,29 @@ POSITION_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # first product's accumulator); score products over head-dim chunks of 16 do not (eight warps do not either,
     # but compute the exponent twice: 1.6x the instructions).
     ("fwd_short", "sm120", "half", 128): dict(CHUNK=16),
+    # The term with the call's other variants (after every plain entry; ``inspect --workload sentences,pairs,odd-77,
+    # odd-1000 --position-buckets 32:128`` with ``--kv-heads 4`` or ``--causal``; bytes spilled on odd-77 with the
+    # tiles above, then the kernel's instructions a valid pair there before -> after). Grouped-query k, v (the tiled
+    # dK/dV kernel's loop over a group's query heads): sm_80 D64 16x128 on eight warps, two stages (8 B) -> 16x64 on
+    # four, one stage (238.5 -> 114.4); the small family D64 32x64 (64 B; sm_120 40 B) -> 16x64 (123.3 -> 114.4;
+    # sm_120 127.0 -> 114.2); sm_90 D64 two stages (72 B) -> one (230.8 -> 157.9; sm_100 has its one already);
+    # the small family D128 two stages (136 B) -> one (257.5 -> 167.2; sm_120, spill-free, 219.2 -> 151.8) and the
+    # table kernel 64x32 (16 B; sm_120 8 B) -> 128x16 (103.4 -> 118.0 spill-free; sm_120 99.3 -> 110.3); sm_90
+    # D128 16x128 on three stages (120 B) -> 16x64 on one (268.9 -> 222.9; 16x32 on four warps also spill-free,
+    # 245.2), sm_100 keeping its own 16x128 (spill-free, 172.8; the sm_90 tiles 189.9); sm_120's grouped one-tile
+    # backward at D128 on sentences (8 B) -> output chunks of 32 (265.3 -> 270.6; single-axis launches keep 16,
+    # spill-free). Causal: sm_90 D64 dK/dV 64x128 (8 B) -> 32x128 (198.5 -> 151.2; sm_100, spill-free before,
+    # 182.1 -> 149.0); sm_120 D128 the table kernel 64x32 (8 B) -> 128x16 (89.2 -> 106.6).
+    ("dkdv", "sm80", "half", 64, "grouped_kv"): dict(BLOCK_N=64, num_warps=4, num_stages=1),
+    ("dkdv", "small", "half", 64, "grouped_kv"): dict(BLOCK_M=16),
+    ("dkdv", "sm90", "half", 64, "grouped_kv"): dict(num_stages=1),
+    ("dkdv", "small", "half", 128, "grouped_kv"): dict(num_stages=1),
+    ("table", "small", "half", 128, "grouped_kv"): dict(BLOCK_M=128, BLOCK_N=16),
+    ("dkdv", "sm90", "half", 128, "grouped_kv"): dict(BLOCK_N=64, num_stages=1),
+    ("dkdv", "sm100", "half", 128, "grouped_kv"): dict(BLOCK_N=128),
+    ("short", "sm120", "half", 128, "grouped_kv"): dict(GROUPED_CONFIG=dict(OUT_CHUNK=32)),
+    ("dkdv", "sm90", "half", 64, "causal"): dict(BLOCK_M=32),
+    ("table", "sm120", "half", 128, "causal"): dict(BLOCK_M=128, BLOCK_N=16),
 }
 
 
@@ -670,9 +694,11 @@ def grouped_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int)
     return _overrides(GROUPED_KV_CONFIGS, dtype, head_dim, family, arch)
 
 
-def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU."""
-    return _overrides(POSITION_CONFIGS, dtype, head_dim, family, arch)
+def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
+                       variants: frozenset = frozenset()) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU, in a call with these other
+    ``variants`` ("causal", "grouped_kv")."""
+    return _overrides(POSITION_CONFIGS, dtype, head_dim, family, arch, variants)
 
 
 def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
