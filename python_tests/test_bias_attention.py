@@ -968,7 +968,8 @@ def test_opcheck_forward_and_backward():
     if DEVICE == "cuda":
         utils = utils + ("test_aot_dispatch_dynamic",)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
-    out, lse, lut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    out, lse, lut, pos_lut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    assert pos_lut.shape == (0, 0)  # (no T5 term)
     dout = torch.randn_like(out)
     bwd_args = (dout, *args[:3], out, lse, args[3], lut, args[7], *meta, *args[10:],
                 *_host.bucket_args(case["buckets"]), table, scale, True, True)

@@ -87,7 +87,7 @@ def test_the_seed_decides_the_mask():
     args = (q, k, v, packed.distance, case["table"].reshape(1, -1).to(DEVICE), case["bias_scale"].to(DEVICE),
             _host._bucket_lut(case["buckets"], q), packed.cu_seqlens, packed.sequence, packed.distance_offsets,
             q.shape[-1] ** -0.5, -1, False, p, seed_bits(big))
-    op_out, _, _ = torch.ops.syntaxkernels.bias_attention_varlen_fwd(*args)
+    op_out, _, _, _ = torch.ops.syntaxkernels.bias_attention_varlen_fwd(*args)
     torch.testing.assert_close(op_out, ref.detach().to(op_out.dtype), rtol=1e-5, atol=1e-5)
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_varlen_fwd, args,
                           test_utils=("test_schema", "test_faketensor"))

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import syntaxkernels as sk
+from syntaxkernels import RelativePositionSpec
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops.bias_attention import configs
 from syntaxkernels.plan import DistancePlan, StructurePlan, structure_plan
@@ -175,9 +176,10 @@ def _record(monkeypatch, run=True):
     return launches
 
 
-def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=False):
+def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=False, position=None):
     """One layer as a model runs it: projections [B, N, H * D] split into heads, a shared table and a learnable
-    strength, forward and backward; returns the tensors (inputs, output, gradients)."""
+    strength (and with ``position``, a RelativePositionSpec, T5's term with a learnable ``[H, P]`` table), forward
+    and backward; returns the tensors (inputs, output, gradients)."""
     g = torch.Generator().manual_seed(seed)
     if trees.is_packed:
         T = trees.num_tokens
@@ -193,32 +195,45 @@ def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=Fals
     if table is None:
         table = torch.randn(buckets.num_buckets, generator=g).to(DEVICE).requires_grad_()
     c = torch.full((1,), 0.7, device=DEVICE, requires_grad=True)
+    term, leaves = {}, [table, c]
+    if position is not None:
+        ptable = torch.randn(H, position.num_buckets, generator=g).to(DEVICE).requires_grad_()
+        term, leaves = dict(position_buckets=position, position_table=ptable), leaves + [ptable]
     out = sk.syntax_bias_attention(q, k, v, trees, table, buckets=buckets, bias_scale=c, window=window, causal=causal,
-                                   backend="triton")
+                                   backend="triton", **term)
     merged = out.reshape(out.shape[0], -1) if trees.is_packed else out.transpose(1, 2).reshape(grad.shape)
-    grads = torch.autograd.grad(merged, x + [table, c], grad)
+    grads = torch.autograd.grad(merged, x + leaves, grad)
     return dict(x=x, grad=grad, table=table, c=c, out=out, grads=grads)
 
 
 @needs_triton
-@pytest.mark.parametrize("name,rows,N,kernels", [
+@pytest.mark.parametrize("name,rows,N,kernels,position", [
     ("sentences", [_chain(30), _chain(17), [-1, 0, 0, 1]], 30,
-     ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"]),
+     ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"],
+     None),
     ("packed", [_chain(30), _chain(17), [-1, 0, 0, 1]], None,
      ["_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_varlen_table_kernel",
-      "_bias_table_grad_kernel"]),
+      "_bias_table_grad_kernel"], None),
+    ("sentences-t5", [_chain(30), _chain(17), [-1, 0, 0, 1]], 30,
+     ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"],
+     RelativePositionSpec(8, 20)),
+    ("tiled-t5", [_chain(70), _chain(41)], 70,
+     ["_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
+      "_bias_table_grad_kernel"], RelativePositionSpec(8, 20)),
 ])
-def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, rows, N, kernels):
+def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, rows, N, kernels, position):
     """A layer on padded sentences (rows of at most 64 tokens) and on a packed batch: four kernels (five packed:
-    its table gradient has a kernel of its own) forward and backward (the LUT written by the forward kernel, the table's gradients by the last), no aten kernel and no
-    copy: the outputs and gradients are allocated in the projections' layout, so merging the heads back and the
-    way into the projections copy nothing."""
+    its table gradient has a kernel of its own) forward and backward (the LUT written by the forward kernel, the
+    table's gradients by the last), no aten kernel and no copy: the outputs and gradients are allocated in the
+    projections' layout, so merging the heads back and the way into the projections copy nothing. With T5's term
+    (padded, one-tile and tiled kernels) the same: its LUT written by the forward kernel too, its table's gradient
+    by the table-gradient kernel."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from syntaxkernels.tools.host import _COPIES, _NO_KERNEL
 
     trees = sk.TreeBatch.from_heads(rows, packed=True).to(DEVICE) if N is None else _batch(rows, N)
-    _layer(trees, torch.bfloat16)  # (the first layer derives what the others reuse: nothing, here)
+    _layer(trees, torch.bfloat16, position=position)  # (the first layer derives what the others reuse)
     aten = []
 
     class Count(TorchDispatchMode):
@@ -229,7 +244,7 @@ def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, row
 
     launches = _record(monkeypatch)
     with Count():
-        _layer(trees, torch.bfloat16, seed=1)
+        _layer(trees, torch.bfloat16, seed=1, position=position)
     # (the test's own inputs: randn, the casts to the device and dtype, the table, the strength)
     ours = [a for a in aten if a.split(".")[0] not in ("randn", "_to_copy", "full", "normal_", "detach")]
     assert [k.fn.__name__ for k, *_ in launches] == kernels
@@ -318,6 +333,7 @@ def test_replay_with_another_packed_batch_is_bit_identical(monkeypatch):
 
 DIRECT_SCRIPT = r"""
 import torch
+from syntaxkernels import RelativePositionSpec
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops.bias_attention._backward import _bias_table_grad_kernel
 from syntaxkernels.tools.inspection import fake_gpu

@@ -84,9 +84,9 @@ def test_odd_n_reads_the_tree_batch_distance_in_place(monkeypatch):
                                              "_bias_bwd_table_kernel"}
     for name, ptr, stride in seen:
         assert ptr == d.data_ptr() and stride == d.stride(), name
-    _, lse, _ = _launch.bias_attention_forward(q.detach(), k, v, d, torch.zeros(1, 12, device=DEVICE),
-                                               torch.ones(1, device=DEVICE), _host._bucket_lut(sk.BucketSpec(), d),
-                                               trees.kernel_lengths, None, None, 0.1, -1, False)
+    _, lse, _, _ = _launch.bias_attention_forward(q.detach(), k, v, d, torch.zeros(1, 12, device=DEVICE),
+                                                  torch.ones(1, device=DEVICE), _host._bucket_lut(sk.BucketSpec(), d),
+                                                  trees.kernel_lengths, None, None, 0.1, -1, False)
     assert lse.shape == (2, 2, N) and lse.stride(1) % 16 == 0
 
 

@@ -271,9 +271,11 @@ def test_triton_relative_position_is_deterministic(N, dtype):
 
 @needs_triton
 def test_triton_ops_with_the_position_lut_pass_opcheck():
-    """The torch.library Triton ops with a position LUT (what torch.compile traces): schema, fake tensors and
-    autograd registration; the backward's position-table gradient (its boundary sums times the boundaries-to-buckets
-    matrix, in the table gradient's kernel) has its ``[H, P]`` shape and is the reference's."""
+    """The torch.library Triton ops with T5's term (what torch.compile traces): schema, fake tensors and autograd
+    registration; the forward writes the position LUT (the host's ``position_lut`` values, from the table and the
+    spec's buckets: no aten gather a layer), which the backward takes; the backward's position-table gradient (its
+    boundary sums times the boundaries-to-buckets matrix, in the table gradient's kernel) has its ``[H, P]`` shape
+    and is the reference's."""
     from syntaxkernels.ops.bias_attention import _host, _launch
     from syntaxkernels.plan import structure_plan
 
@@ -283,13 +285,13 @@ def test_triton_ops_with_the_position_lut_pass_opcheck():
     q, k, v = (case[n].to(DEVICE) for n in ("q", "k", "v"))
     table, scale = case["table"].to(DEVICE).reshape(1, -1), case["bias_scale"].to(DEVICE)
     plan = structure_plan(case["distance"].to(DEVICE), case["lengths"].to(DEVICE), symmetric=True)
-    lut = _host.position_lut(spec, ptable.to(DEVICE))
     bounds = _host.position_bounds(spec)[0].to(DEVICE)
     args = (q, k, v, plan.distance, table, scale, _host._bucket_lut(case["buckets"], q), plan.kernel_lengths, None,
-            None, 0.25, -1, False, 0.0, 0, -1, lut, spec.reach)
+            None, 0.25, -1, False, 0.0, 0, -1, ptable.to(DEVICE), spec.lut(DEVICE), spec.reach)
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     torch.library.opcheck(torch.ops.syntaxkernels.bias_attention_fwd, args, test_utils=utils)
-    out, lse, blut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    out, lse, blut, lut = torch.ops.syntaxkernels.bias_attention_fwd(*args)
+    assert torch.equal(lut.cpu(), _host.position_lut(spec, ptable))
     meta = _launch.backward_metadata(plan, _launch.launch_configs(20, 32, 32, q.dtype, 1, -1, case["buckets"], True),
                                      -1, False, case["buckets"], True)
     dout = torch.randn_like(out)
@@ -424,8 +426,8 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     """POSITION_CONFIGS entries keyed by "grouped_kv" or "causal" apply only to calls with the term and that variant
     (compiled as launched on odd-77, the family's tiles spilled there): with grouped-query k, v the small family's
     dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one stage, sm_90's at D = 128
-    16x64 on one stage while sm_100 keeps its 128 keys; causal, sm_90's dK/dV at D = 64 takes 32 queries a block
-    and sm_120's table kernel at D = 128 128x16. Calls without the variant keep the term's plain tiles. The
+    16x64 on one stage while sm_100 keeps its 128 keys; causal, sm_90's dK/dV at D = 64 takes 32 queries a block,
+    sm_120's table kernel at D = 128 128x16, sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the term's plain tiles. The
     grouped-query call (sm_86) and the causal one (sm_90) on those tiles are exact against the reference (bf16,
     rows of 70 and 53)."""
     if DEVICE != "cpu":
@@ -450,6 +452,8 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     assert tiles(90, 64, "dkdv", causal=True)[0] == 32 != tiles(90, 64, "dkdv")[0]
     assert tiles(120, 128, "table", causal=True)[:2] == (128, 16) != tiles(120, 128, "table")[:2]
     assert tiles(120, 128, "table", grouped=True, causal=True)[:2] == (128, 16)
+    assert tiles(100, 64, "fwd", causal=True)[1] == 32 != tiles(100, 64, "fwd")[1]
+    assert tiles(120, 64, "dq", causal=True)[1] == 32 != tiles(120, 64, "dq")[1]
     spec = RelativePositionSpec(8, 20)
     for arch, options, kw, (block_m, block_n) in ((86, dict(kv_heads=2), {}, (16, 64)),
                                                  (90, {}, dict(causal=True), (32, 128))):

@@ -10,6 +10,7 @@ Device helpers (``@triton.jit``):
   resolved at compile time): equal to ``BucketSpec.lut()``;
 - :func:`opaque_int32`: an int32 copy the compiler cannot fold back into its packed source;
 - :func:`build_lut`: the forward's first step, one row of the per-distance bias LUT from the table;
+  :func:`build_position_lut`: likewise one head's row of T5's relative-position LUT;
 - :func:`dropout_keep` (a tile) / :func:`dropout_keep_pairs` (any pairs): the attention-dropout keep mask, a
   Philox function of (seed, item and head, query, key) equal to :func:`syntaxkernels.reference.dropout_keep`.
 
@@ -287,6 +288,22 @@ def build_lut(TABLE, SCALE, BUCKETS, lut_row, table_row, window, HAS_WINDOW: tl.
     if HAS_WINDOW:
         value = tl.where(d > window, float("-inf"), value)
     tl.store(lut_row + d, value)
+    tl.debug_barrier()
+
+
+@triton.jit
+def build_position_lut(pos_row, table_row, PBUCKETS, width, POS_WIDTH: tl.constexpr):
+    """Write one head's row of T5's relative-position LUT the kernels gather from (:func:`position_bias`):
+    ``pos_row[r] = table_row[PBUCKETS[r]] * log2(e)`` for the ``width = 2 * reach + 1`` clamped offsets (POS_WIDTH:
+    a power of two at least ``width``), then a barrier so that every thread of the program reads what the others
+    wrote. The forward kernels call it first for each head they walk (as :func:`build_lut`): no aten gather and
+    product a layer. ``PBUCKETS``: int ``[width]`` (``RelativePositionSpec.lut()``); ``table_row``: the head's row
+    of the ``[H, P]`` position table (any float dtype). The same values as the host's ``position_lut``."""
+    r = tl.arange(0, POS_WIDTH)
+    inside = r < width
+    bucket = tl.load(PBUCKETS + r, mask=inside, other=0)
+    value = tl.load(table_row + bucket, mask=inside, other=0.0).to(tl.float32) * 1.4426950408889634
+    tl.store(pos_row + r, value, mask=inside)
     tl.debug_barrier()
 
 

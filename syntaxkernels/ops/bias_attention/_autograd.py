@@ -25,13 +25,14 @@ _META = len(BackwardMetadata._fields)
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale, window, causal,
-             dropout_p=0.0, dropout_seed=0, band=-1, pos_lut=None, reach=0):
+             dropout_p=0.0, dropout_seed=0, band=-1, position_table=None, pos_buckets=None, reach=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_fwd(q, k, v, distance, table, bias_scale, bucket_lut, lengths,
                                                           kv_list, kv_count, scale, window, causal, dropout_p,
-                                                          seed_bits(dropout_seed), band, pos_lut, reach)
+                                                          seed_bits(dropout_seed), band, position_table, pos_buckets,
+                                                          reach)
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+                                  window, causal, dropout_p, dropout_seed, band, position_table, pos_buckets, reach)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table, bias_scale,
@@ -53,10 +54,11 @@ def _forward_step(q, k, v, table, bias_scale, position_table, distance, lengths,
     """The forward of :class:`_SyntaxBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows, pos_lut)``
     (``rows``: the table as ``[H or 1, T]``; ``pos_lut``: T5's term's LUT, or None). One replayed unit
     (:mod:`.._replay`): a call of a recorded shape class runs none of this Python."""
-    rows, pos_lut, reach = kernel_tables(table, position, position_table)
-    out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), lengths,
-                             kv_list, kv_count, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
-    return out, lse, lut, rows, pos_lut
+    rows, ptable, pos_buckets, reach = kernel_tables(table, position, position_table)
+    out, lse, lut, pos_lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q),
+                                      lengths, kv_list, kv_count, scale, window, causal, dropout_p, dropout_seed, band,
+                                      ptable, pos_buckets, reach)
+    return out, lse, lut, rows, pos_lut if position is not None else None
 
 
 @_replay.replayed(seed=19)
@@ -150,8 +152,8 @@ class _LutAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, distance, lut, lengths, distance_t, scale):
         one = device_constant(("bias strength", 1.0), q, lambda: torch.ones(1, dtype=torch.float32))
         # The LUT is a table of one bucket per distance value (LUT_BUCKETS); the kernel scales it to log2.
-        out, lse, lut2 = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), lengths, None, None, scale,
-                                  -1, False)
+        out, lse, lut2, _ = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), lengths, None, None,
+                                     scale, -1, False)
         ctx.save_for_backward(q, k, v, out, lse, distance, lut2, lengths, distance_t, lut, one)
         ctx.scale = scale
         return out

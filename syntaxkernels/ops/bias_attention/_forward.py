@@ -10,7 +10,7 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import (build_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, opaque_offsets,
+from .._primitives import (build_lut, build_position_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, opaque_offsets,
                            position_bias, program_ids)
 
 
@@ -157,7 +157,8 @@ def _bias_fwd_kernel(
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False,
     KV_GROUP=1, BAND: tl.constexpr = False, band=0, GROUPED_KV: tl.constexpr = False,
-    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False, PTABLE=0, stride_pt=0, PBUCKETS=0,
+    POS_WIDTH: tl.constexpr = 1,
 ):
     """Forward: output rows and their log2-sum-exp for one query block of one (batch, head).
 
@@ -189,7 +190,9 @@ def _bias_fwd_kernel(
             the product with V, the output is scaled by ``keep_scale``; the lse is the undropped one.
         POS_LUT, stride_ph, reach, POSITION: T5's relative-position term (compiled out without POSITION): fp32
             ``[H, 2 * reach + 1]`` (row stride ``stride_ph``), head h's score gets ``POS_LUT[h, clamp(j - i, -reach,
-            reach) + reach]`` (log2 domain) beside the tree bias.
+            reach) + reach]`` (log2 domain) beside the tree bias; written here first (:func:`build_position_lut`)
+            from PTABLE (``[H, P]``, row stride ``stride_pt``) and PBUCKETS (int ``[2 * reach + 1]``,
+            ``RelativePositionSpec.lut()``; POS_WIDTH: a power of two at least its length), read by the backward.
     Grid: ``(nQ * B * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -204,6 +207,8 @@ def _bias_fwd_kernel(
     lut_row = LUT + h * stride_lh
     if SYNTAX:
         build_lut(TABLE, SCALE, BUCKETS, lut_row, TABLE + h * stride_tr, window, HAS_WINDOW)
+    if POSITION:
+        build_position_lut(POS_LUT + h * stride_ph, PTABLE + h * stride_pt, PBUCKETS, 2 * reach + 1, POS_WIDTH)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -254,6 +259,7 @@ def _bias_fwd_short_kernel(
     OPAQUE_BIAS: tl.constexpr = False, INTERPRETED: tl.constexpr = False, GROUPED: tl.constexpr = False,
     seed=0, threshold=0, keep_scale=1.0, DROPOUT: tl.constexpr = False, KV_GROUP=1, BAND: tl.constexpr = False,
     band=0, GROUPED_KV: tl.constexpr = False, POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
+    PTABLE=0, stride_pt=0, PBUCKETS=0, POS_WIDTH: tl.constexpr = 1,
 ):
     """The forward of short rows (``N <= BLOCK_M = BLOCK_N``: a whole sequence is one tile) with a LUT shared by
     the heads: the output rows and their log2-sum-exp for one batch item and one of ``HEAD_GROUPS`` groups of its
@@ -267,7 +273,8 @@ def _bias_fwd_short_kernel(
     ``q k^T``, OUT_CHUNK for ``P V``).
 
     Args: as :func:`_bias_fwd_kernel` (LUT and TABLE: one row; no live-tile lists; dropout, KV_GROUP and T5's
-    relative-position term likewise: with POSITION each head adds its own :func:`position_bias` tile to its scores
+    relative-position term likewise: with POSITION the group's heads write their rows of the term's LUT
+    first (:func:`build_position_lut`), then each head adds its own :func:`position_bias` tile to its scores
     inside the head loop, the shared bias tile staying the tree's).
     Grid: ``(B, HEAD_GROUPS)``.
     """
@@ -281,6 +288,8 @@ def _bias_fwd_short_kernel(
                     lut_bias(LUT, dist, OPAQUE_BIAS, INTERPRETED), float("-inf"))
     if POSITION:
         inv_scale2 = 1.0 / qk_scale2
+        for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):  # (before the head loop)
+            build_position_lut(POS_LUT + h * stride_ph, PTABLE + h * stride_pt, PBUCKETS, 2 * reach + 1, POS_WIDTH)
     for h in range(_first_head(GROUPED), HEADS, _head_step(HEAD_GROUPS, GROUPED)):
         q_base = Q + b * stride_qb + h * stride_qh
         k_base = K + b * stride_kb + _kv_offset(h, stride_kh, KV_GROUP, GROUPED_KV)

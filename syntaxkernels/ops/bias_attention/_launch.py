@@ -323,9 +323,11 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                            table: torch.Tensor, bias_scale: torch.Tensor, bucket_lut: torch.Tensor,
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
                            scale: float, window: int, causal: bool, dropout_p: float = 0.0,
-                           dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
-                           reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256])``.
+                           dropout_seed: int = 0, band: int = -1, position_table: Optional[torch.Tensor] = None,
+                           pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256],
+    pos_lut fp32 [H, 2 * reach + 1])`` (``pos_lut`` ``[0, 0]`` without T5's term).
 
     Args:
         q: ``[B, H, N, D]``; k: ``[B, H_kv, N, D]``, v: ``[B, H_kv, N, Dv]`` (``H_kv`` divides ``H``: grouped-query
@@ -340,24 +342,30 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
             ``|i - j| <= band`` (-1: none; the tiled kernel then needs the live-tile lists).
         dropout_p, dropout_seed: attention dropout on the probabilities (0: compiled out); the lse stays the
             undropped one, so the backward recomputes P and regenerates the mask from the seed.
-        pos_lut, reach: T5's relative-position term (None: none): fp32 ``[H, 2 * reach + 1]``
-            (:func:`._host.position_lut`); the short-row forward takes it too.
+        position_table, pos_buckets, reach: T5's relative-position term (None: none): its table ``[H, P]`` (rows
+            contiguous) and ``RelativePositionSpec.lut()`` (int ``[2 * reach + 1]``) on the device: the kernel writes
+            the log2-domain LUT it gathers from, ``pos_lut[h, r] = table[h, pos_buckets[r]] * log2(e)`` (the values
+            of :func:`._host.position_lut`), which the backward reads; the short-row forward takes it too.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
-    drop = {**_dropout(dropout_p, dropout_seed), **_band(band), **_position(pos_lut, reach)}
+    pos_lut = _position_lut(q, position_table, reach)
+    position = _position(pos_lut if position_table is not None else None, reach, position_table, pos_buckets)
+    drop = {**_dropout(dropout_p, dropout_seed), **_band(band), **position}
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         lse.fill_(float("inf"))
-        return out, lse, _host_lut(table, bias_scale, bucket_lut, window)
+        if position_table is not None:
+            pos_lut = torch.index_select(position_table.to(torch.float32), 1, pos_buckets) * LOG2E
+        return out, lse, _host_lut(table, bias_scale, bucket_lut, window), pos_lut
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
-    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, pos_lut is not None, H > k.shape[1],
-                             scale, causal, dropout_p > 0.0, band >= 0)
+    configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, position_table is not None,
+                             H > k.shape[1], scale, causal, dropout_p > 0.0, band >= 0)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -371,7 +379,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
                num_warps=short["num_warps"], num_stages=short["num_stages"], OPAQUE_BIAS=short["OPAQUE_BIAS"],
                INTERPRETED=interpreting(), **_kv_group(group), **drop)
-        return out, lse, lut
+        return out, lse, lut, pos_lut
     config = configs.fwd
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     use_lists = kv_list is not None
@@ -386,7 +394,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
            USE_LISTS=use_lists, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0,
            num_warps=config["num_warps"], num_stages=config["num_stages"], OPAQUE_BIAS=config["OPAQUE_BIAS"],
            INTERPRETED=interpreting(), **_kv_group(group), **drop)
-    return out, lse, lut
+    return out, lse, lut, pos_lut
 
 
 def _dropout(p: float, seed: int) -> dict:
@@ -397,11 +405,25 @@ def _dropout(p: float, seed: int) -> dict:
     return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
 
 
-def _position(pos_lut: Optional[torch.Tensor], reach: int) -> dict:
-    """The kernels' arguments for T5's relative-position term by name: none (POSITION compiled out) without a LUT."""
+def _position(pos_lut: Optional[torch.Tensor], reach: int, position_table: Optional[torch.Tensor] = None,
+              pos_buckets: Optional[torch.Tensor] = None) -> dict:
+    """The kernels' arguments for T5's relative-position term by name: none (POSITION compiled out) without a LUT.
+    With ``position_table`` (``[H, P]``) and ``pos_buckets`` (``RelativePositionSpec.lut()`` on the device): a
+    forward's, whose kernel writes ``pos_lut`` first (:func:`.._primitives.build_position_lut`)."""
     if pos_lut is None:
         return {}
-    return dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
+    args = dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
+    if position_table is not None:
+        args.update(PTABLE=position_table, stride_pt=position_table.stride(0), PBUCKETS=pos_buckets,
+                    POS_WIDTH=triton.next_power_of_2(2 * reach + 1))
+    return args
+
+
+def _position_lut(q: torch.Tensor, position_table: Optional[torch.Tensor], reach: int) -> torch.Tensor:
+    """A forward's output for T5's term: fp32 ``[H, 2 * reach + 1]`` that its kernel writes and the backward reads,
+    or an empty ``[0, 0]`` without the term (an op's outputs are tensors)."""
+    rows, width = (0, 0) if position_table is None else (position_table.shape[0], 2 * reach + 1)
+    return torch.empty((rows, width), dtype=torch.float32, device=q.device)
 
 
 def _kv_group(group: int) -> dict:
@@ -768,12 +790,13 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: tor
                 bias_scale: torch.Tensor, bucket_lut: torch.Tensor, lengths: torch.Tensor,
                 kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
                 causal: bool, dropout_p: float = 0.0,
-                dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
-                reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                dropout_seed: int = 0, band: int = -1, position_table: Optional[torch.Tensor] = None,
+                pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
     :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
     return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
+                                  window, causal, dropout_p, dropout_seed, band, position_table, pos_buckets, reach)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())

@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, build_lut, current_arch, dot_precision, dropout_arguments,
+from .._primitives import (LOG2E, arch_family, build_lut, build_position_lut, current_arch, dot_precision, dropout_arguments,
                            dropout_keep_pairs, head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma,
                            mma_acc, position_bias, program_ids, seed_bits, KernelDoesNotFit)
 from .. import _replay
@@ -218,7 +218,8 @@ def _varlen_fwd_kernel(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SYNTAX: tl.constexpr = True, OPAQUE_BIAS: tl.constexpr = False,
     INTERPRETED: tl.constexpr = False, DROPOUT: tl.constexpr = False, BAND: tl.constexpr = False, band=0,
-    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False,
+    POS_LUT=0, stride_ph=0, reach=0, POSITION: tl.constexpr = False, PTABLE=0, stride_pt=0, PBUCKETS=0,
+    POS_WIDTH: tl.constexpr = 1,
 ):
     """Forward for one packed query block of one head.
 
@@ -238,7 +239,7 @@ def _varlen_fwd_kernel(
             every tile (:func:`_in_band`), and the key tiles beyond every row's window are not walked
             (:func:`_band_range`). Off, it compiles as without.
         POS_LUT, stride_ph, reach, POSITION: T5's relative-position term, as in the padded forward (offsets within
-            each sequence).
+            each sequence; the LUT written first from PTABLE, stride_pt, PBUCKETS, POS_WIDTH).
     Grid: ``(cdiv(T, BLOCK_M) * H,)``.
     """
     q_block, bh, b, h = program_ids(num_q_blocks, H)
@@ -255,6 +256,8 @@ def _varlen_fwd_kernel(
     lut_row = LUT + h * stride_lut
     if SYNTAX:
         build_lut(TABLE, SCALE, BUCKETS, lut_row, TABLE + h * stride_tr, window, HAS_WINDOW)
+    if POSITION:
+        build_position_lut(POS_LUT + h * stride_ph, PTABLE + h * stride_pt, PBUCKETS, 2 * reach + 1, POS_WIDTH)
     kstart, kend = _span(SEQ, CU, q_block * BLOCK_M, BLOCK_M, T)
     if CAUSAL:
         kend = tl.minimum(kend, tl.minimum(q_block * BLOCK_M + BLOCK_M, T))
@@ -723,9 +726,10 @@ _replay.STATE.append(_varlen_tile_state)
 @_replay.replayed(seed=15)
 def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale: float,
                    window: int, causal: bool, syntax: bool = True, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None, band: int = -1, pos_lut: Optional[torch.Tensor] = None,
-                   reach: int = 0):
-    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256])`` from q ``[T, H, D]`` and k, v
+                   dropout_seed: Optional[int] = None, band: int = -1, position_table: Optional[torch.Tensor] = None,
+                   pos_buckets: Optional[torch.Tensor] = None, reach: int = 0):
+    """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256], pos_lut fp32 [H, 2 * reach + 1]
+    or [0, 0])`` from q ``[T, H, D]`` and k, v
     ``[T, H_kv, *]`` (``H % H_kv == 0``, grouped-query attention: query head h reads key/value head
     ``h // (H / H_kv)`` in place, no copy per query head): the kernel writes the
     log2-domain LUT from ``table`` (``[H or 1, T_b]``, rows contiguous), ``bias_scale`` and ``bucket_lut``
@@ -733,9 +737,11 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     (int32 ``[S + 1]``), ``sequence`` (int32 ``[T]``) and ``distance_offsets`` (int64 ``[S + 1]``).
     ``dropout_p > 0``: attention dropout with the mask of ``dropout_seed`` (an int in ``[0, 2^64)``; sequence s
     draws batch item s's mask), the kernels' DROPOUT variant. ``band >= 0``: the positional window ``|pos_i - pos_j|
-    <= band`` within each sequence, the kernels' BAND variant (-1: none). ``pos_lut``, ``reach``: T5's
-    relative-position term (:func:`._host.position_lut`; None: none), the kernels' POSITION variant."""
-    from ._launch import _band, _position
+    <= band`` within each sequence, the kernels' BAND variant (-1: none). ``position_table``, ``pos_buckets``,
+    ``reach``: T5's relative-position term (its ``[H, P]`` table and ``RelativePositionSpec.lut()`` on the device;
+    None: none), the kernels' POSITION variant: the kernel writes ``pos_lut`` (:func:`._host.position_lut`'s
+    values), which the backward reads."""
+    from ._launch import _band, _position, _position_lut
 
     T, H, D = q.shape
     DV = v.shape[-1]
@@ -743,8 +749,11 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     out = torch.empty((T, H, DV), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
+    pos_lut = _position_lut(q, position_table, reach)
     if T == 0 or H == 0:
-        return out, lse, lut
+        if position_table is not None:
+            pos_lut = torch.index_select(position_table.to(torch.float32), 1, pos_buckets) * LOG2E
+        return out, lse, lut, pos_lut
     config = select_varlen_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     num_q = triton.cdiv(T, block_m)
@@ -756,9 +765,10 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
-           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band), **_position(pos_lut, reach),
+           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band),
+           **_position(pos_lut if position_table is not None else None, reach, position_table, pos_buckets),
            num_warps=config["num_warps"], num_stages=config["num_stages"])
-    return out, lse, lut
+    return out, lse, lut, pos_lut
 
 
 @_replay.replayed(seed=20)
@@ -889,13 +899,14 @@ def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distanc
                       bias_scale: torch.Tensor, bucket_lut: torch.Tensor, cu_seqlens: torch.Tensor,
                       sequence: torch.Tensor, offsets: torch.Tensor, scale: float, window: int,
                       causal: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
-                      band: int = -1, pos_lut: Optional[torch.Tensor] = None,
-                      reach: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      band: int = -1, position_table: Optional[torch.Tensor] = None,
+                      pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it);
     ``dropout_seed`` as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
-                          reach=reach)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band,
+                          position_table=position_table, pos_buckets=pos_buckets, reach=reach)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
@@ -917,15 +928,15 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 
 def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale, window, causal,
-             dropout_p=0.0, dropout_seed=None, band=-1, pos_lut=None, reach=0):
+             dropout_p=0.0, dropout_seed=None, band=-1, position_table=None, pos_buckets=None, reach=0):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_fwd(q, k, v, distance, table, bias_scale, bucket_lut,
                                                                  cu_seqlens, sequence, offsets, scale, window, causal,
                                                                  dropout_p, seed_bits(dropout_seed or 0), band,
-                                                                 pos_lut, reach)
+                                                                 position_table, pos_buckets, reach)
     return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
-                          reach=reach)
+                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band,
+                          position_table=position_table, pos_buckets=pos_buckets, reach=reach)
 
 
 def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
@@ -946,10 +957,11 @@ def _forward_step(q, k, v, table, bias_scale, distance, cu_seqlens, sequence, of
                   dropout_p, dropout_seed, band, position, position_table, bucket_spec):
     """The forward of :class:`_VarlenBiasAttention` but its autograd bookkeeping: ``(out, lse, lut, rows,
     pos_lut)``; one replayed unit (:mod:`.._replay`)."""
-    rows, pos_lut, reach = kernel_tables(table, position, position_table)
-    out, lse, lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q), cu_seqlens,
-                             sequence, offsets, scale, window, causal, dropout_p, dropout_seed, band, pos_lut, reach)
-    return out, lse, lut, rows, pos_lut
+    rows, ptable, pos_buckets, reach = kernel_tables(table, position, position_table)
+    out, lse, lut, pos_lut = _forward(q, k, v, distance, rows, bias_scale, _bucket_lut(_spec(*bucket_spec), q),
+                                      cu_seqlens, sequence, offsets, scale, window, causal, dropout_p, dropout_seed,
+                                      band, ptable, pos_buckets, reach)
+    return out, lse, lut, rows, pos_lut if position is not None else None
 
 
 @_replay.replayed(seed=19)
@@ -1040,8 +1052,8 @@ class _VarlenLut(torch.autograd.Function):
     def forward(ctx, q, k, v, distance, lut, cu_seqlens, sequence, offsets, scale):
         one = device_constant(("bias strength", 1.0), q, lambda: torch.ones(1, dtype=torch.float32))
         # The LUT is a table of one bucket per distance value (LUT_BUCKETS); the kernel scales it to log2.
-        out, lse, lut2 = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), cu_seqlens, sequence,
-                                  offsets, scale, -1, False)
+        out, lse, lut2, _ = _forward(q, k, v, distance, lut, one, _bucket_lut(LUT_BUCKETS, q), cu_seqlens, sequence,
+                                     offsets, scale, -1, False)
         ctx.save_for_backward(q, k, v, out, lse, distance, lut2, cu_seqlens, sequence, offsets, lut, one)
         ctx.scale = scale
         return out
