@@ -217,6 +217,9 @@ def _layer(trees, dtype, H=2, D=32, window=None, table=None, seed=0, causal=Fals
     ("sentences-t5", [_chain(30), _chain(17), [-1, 0, 0, 1]], 30,
      ["_bias_fwd_short_kernel", "_bias_bwd_short_kernel", "_bias_bwd_short_table_kernel", "_bias_table_grad_kernel"],
      RelativePositionSpec(8, 20)),
+    ("packed-t5", [_chain(30), _chain(17), [-1, 0, 0, 1]], None,
+     ["_varlen_fwd_kernel", "_varlen_dq_kernel", "_varlen_dkdv_kernel", "_varlen_table_kernel",
+      "_bias_table_grad_kernel"], RelativePositionSpec(8, 20)),
     ("tiled-t5", [_chain(70), _chain(41)], 70,
      ["_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel",
       "_bias_table_grad_kernel"], RelativePositionSpec(8, 20)),
@@ -226,8 +229,8 @@ def test_a_layer_launches_four_kernels_and_no_aten_kernel(monkeypatch, name, row
     its table gradient has a kernel of its own) forward and backward (the LUT written by the forward kernel, the
     table's gradients by the last), no aten kernel and no copy: the outputs and gradients are allocated in the
     projections' layout, so merging the heads back and the way into the projections copy nothing. With T5's term
-    (padded, one-tile and tiled kernels) the same: its LUT written by the forward kernel too, its table's gradient
-    by the table-gradient kernel."""
+    (padded one-tile and tiled kernels, packed) the same: its LUT written by the forward kernel too, its table's
+    gradient made by the table-gradient kernel from the dK/dV kernel's boundary sums."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from syntaxkernels.tools.host import _COPIES, _NO_KERNEL

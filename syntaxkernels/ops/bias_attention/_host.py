@@ -242,15 +242,6 @@ def position_matrix_on(spec: RelativePositionSpec, like: torch.Tensor) -> torch.
     return device_constant(("position bounds to buckets", spec), like, lambda: _bounds_to_buckets(spec))
 
 
-def position_gradient_from_bounds(bound_sums: torch.Tensor, spec: RelativePositionSpec,
-                                  table: torch.Tensor) -> torch.Tensor:
-    """The position table's gradient ``[H, P]`` (table's dtype) from the Triton kernels' sums of dS at each boundary
-    of :func:`position_bounds` (float32 ``[H, len(bounds)]``: pairs at offsets ``<= bounds[t]``): consecutive
-    differences give each range's sum, which goes to its bucket: one product with a constant matrix
-    (:func:`_bounds_to_buckets`, built once per spec and device; a fixed order, no host sync)."""
-    return (bound_sums.to(torch.float32) @ position_matrix_on(spec, bound_sums)).to(table.dtype)
-
-
 def position_gradient(offset_sums: torch.Tensor, spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tensor:
     """The position table's gradient ``[H, P]`` (table's dtype) from the per-offset sums of dS, float32 ``[H, 2 *
     reach + 1]`` (index ``r + reach``, offsets beyond the reach summed into the ends): each bucket sums its offsets,

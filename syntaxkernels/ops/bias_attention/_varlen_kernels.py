@@ -66,7 +66,7 @@ from .. import _replay
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
 from ._host import (LUT_BUCKETS, _bucket_lut, _spec, bucket_args, kernel_tables, position_bounds_on,
-                    position_gradient_from_bounds, reference_gradients, warn_once)
+                    position_matrix_on, reference_gradients, warn_once)
 from .configs import CONFIGS, CONSUMER_BLACKWELL_CONFIGS, STATIC_BUCKET_LIMIT, STORED_DS_PAIRS_PER_TOKEN
 
 __all__ = ["varlen_forward", "varlen_backward", "select_varlen_config", "stores_ds"]
@@ -776,9 +776,9 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
                     causal: bool, spec: BucketSpec, table, bias_scale, want_table: bool, want_scale: bool,
                     syntax: bool = True, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
                     band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
-                    pos_bounds: Optional[torch.Tensor] = None):
-    """``(dq, dk, dv, d table, d bias_scale, position sums)`` (the table's and the strength's empty tensors unless
-    wanted; the sums of dS at T5's position boundaries ``[H, len(pos_bounds)]`` with ``pos_bounds``, else empty; dk, dv ``[T, H_kv, *]``
+                    pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None):
+    """``(dq, dk, dv, d table, d bias_scale, d position table)`` (the table's and the strength's empty tensors unless
+    wanted; T5's position table's gradient fp32 ``[H, P]`` with ``pos_bounds`` and ``pos_matrix``, else empty; dk, dv ``[T, H_kv, *]``
     like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
     program of that head): the dQ kernel (and delta,
     corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
@@ -788,8 +788,10 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
     ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again. ``band``: the
     forward's positional window (-1: none). ``pos_lut``, ``reach``: the forward's relative-position term;
-    ``pos_bounds``: its table's gradient wanted (:func:`._host.position_bounds`), summed by the dK/dV kernel (a
-    per-head tree table then takes the table kernel, not the dK/dV kernel's inline sums)."""
+    ``pos_bounds``: its table's gradient wanted (:func:`._host.position_bounds`), summed at the boundaries by the
+    dK/dV kernel (a per-head tree table then takes the table kernel, not the dK/dV kernel's inline sums), its
+    per-program sums reduced and multiplied by ``pos_matrix`` (:func:`._host.position_matrix_on`) in the
+    table-gradient kernel: no aten kernel."""
     from ._launch import _band, _nothing, _position, table_gradient, table_heads
 
     T, H, D = q.shape
@@ -803,13 +805,15 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
     dk = torch.empty((T, H_kv, D), dtype=k.dtype, device=q.device)
     dv = torch.empty((T, H_kv, DV), dtype=v.dtype, device=q.device)
     position = _position(pos_lut, reach)
-    pos_sums = _nothing(q.device)
-    if pos_bounds is not None:
-        pos_sums = torch.zeros((H, pos_bounds.numel()), dtype=torch.float32, device=q.device)
+    if pos_bounds is not None and pos_matrix is None:
+        raise ValueError("pos_bounds needs pos_matrix (the boundaries-to-buckets matrix, _host.position_matrix_on)")
     if T == 0 or H == 0:
         partials = torch.zeros((1, 1, 1, NB), dtype=torch.float32, device=q.device)
+        dpos = _nothing(q.device)
+        if pos_bounds is not None:
+            dpos = torch.zeros((H, pos_matrix.shape[1]), dtype=torch.float32, device=q.device)
         return (dq, dk, dv) + table_gradient(partials, 1, 1, 1, table, bias_scale, want_table, want_scale)[:2] + (
-            pos_sums,)
+            dpos,)
     cu, seq = cu_seqlens, sequence
     stride_lut = lut.stride(0) if rows > 1 else 0
     block_d, block_dv = head_block(D), head_block(DV)
@@ -860,17 +864,18 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            OPAQUE_BIAS=True, INTERPRETED=interpreting(), DROPOUT=dropping, **bucket_args_, **_band(band),
            **position, **gradient, **scratch, STORE_DS=stored, num_warps=config["num_warps"],
            num_stages=config["num_stages"])
-    if pos_bounds is not None:  # a fixed-order sum over the key blocks: deterministic
-        pos_sums = gradient["POS_PARTIALS"].sum(0)
+    # T5's table: the programs' boundary sums, reduced over the key blocks in a fixed order (deterministic) and
+    # multiplied by the matrix in the table-gradient kernel, beside the tree table's gradient
+    pos = None if pos_bounds is None else (gradient["POS_PARTIALS"], pos_matrix)
     if inline:  # row h sums its own num_k programs
-        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale)[:2] + (
-            pos_sums,)
+        return (dq, dk, dv) + table_gradient(partials, 1, H, num_k, table, bias_scale, want_table, want_scale, pos)
     if not table_grad:
         if want_table or want_scale:  # no bias (syntax=False): the table takes no part, its gradients are zero
             partials = torch.zeros((1, rows, 1, NB), dtype=torch.float32, device=q.device)
-            dtable, dscale, _ = table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale)
-            return dq, dk, dv, dtable, dscale, pos_sums
-        return dq, dk, dv, _nothing(q.device), _nothing(q.device), pos_sums
+            return (dq, dk, dv) + table_gradient(partials, 1, rows, 1, table, bias_scale, want_table, want_scale, pos)
+        if pos is None:
+            return dq, dk, dv, _nothing(q.device), _nothing(q.device), _nothing(q.device)
+        return (dq, dk, dv) + table_gradient(pos[0], 0, 0, 0, table, bias_scale, False, False, pos)
 
     config = select_varlen_config("table_ds" if stored else "table", q.dtype, max(D, DV))
     num_q = triton.cdiv(T, config["BLOCK_M"])
@@ -890,8 +895,7 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
            INTERPRETED=interpreting(), DOT_PRECISION=precision, **_band(band), **position, **scratch,
            STORED_DS=stored, num_warps=config["num_warps"], num_stages=config["num_stages"])
     # Per-head tables: row h sums its own num_q programs; a shared table sums all num_q of its one group.
-    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale)[:2] + (
-        pos_sums,)
+    return (dq, dk, dv) + table_gradient(partials, 1, groups, num_q, table, bias_scale, want_table, want_scale, pos)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_fwd", mutates_args=())
@@ -916,14 +920,14 @@ def varlen_backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        log_distance: int, unreachable_bucket: bool, table: torch.Tensor, bias_scale: torch.Tensor,
                        want_table: bool, want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
                        band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
-                       pos_bounds: Optional[torch.Tensor] = None
+                       pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None
                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_backward` as a torch.library op; the BucketSpec as :func:`._host.bucket_args`, ``dropout_seed``
     as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal,
                            _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
                            want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band, pos_lut=pos_lut,
-                           reach=reach, pos_bounds=pos_bounds)
+                           reach=reach, pos_bounds=pos_bounds, pos_matrix=pos_matrix)
 
 
 
@@ -941,15 +945,15 @@ def _forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, seque
 
 def _backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec, table,
               bias_scale, want_table, want_scale, dropout_p=0.0, dropout_seed=None, band=-1, pos_lut=None, reach=0,
-              pos_bounds=None):
+              pos_bounds=None, pos_matrix=None):
     if torch.compiler.is_compiling():
         return torch.ops.syntaxkernels.bias_attention_varlen_bwd(
             dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, *bucket_args(spec),
             table, bias_scale, want_table, want_scale, dropout_p, seed_bits(dropout_seed or 0), band, pos_lut, reach,
-            pos_bounds)
+            pos_bounds, pos_matrix)
     return varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, spec,
                            table, bias_scale, want_table, want_scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                           band=band, pos_lut=pos_lut, reach=reach, pos_bounds=pos_bounds)
+                           band=band, pos_lut=pos_lut, reach=reach, pos_bounds=pos_bounds, pos_matrix=pos_matrix)
 
 
 @_replay.replayed(seed=13)
@@ -969,13 +973,13 @@ def _backward_step(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence,
                    rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut, position,
                    want_position, position_table):
     """The kernels of :class:`_VarlenBiasAttention`'s backward, one replayed unit: :func:`_backward`'s results, the
-    last (the position-boundary sums) made T5's table's gradient (None without ``want_position``)."""
-    dq, dk, dv, dtable, dscale, pos_sums = _backward(
+    last T5's table's gradient in its dtype (None without ``want_position``)."""
+    dq, dk, dv, dtable, dscale, dposition = _backward(
         dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence, offsets, scale, causal, _spec(*bucket_spec),
         rows, bias_scale, want_table, want_scale, dropout_p, dropout_seed, band, pos_lut,
-        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None)
-    dposition = position_gradient_from_bounds(pos_sums, position, position_table) if want_position else None
-    return dq, dk, dv, dtable, dscale, dposition
+        0 if position is None else position.reach, position_bounds_on(position, q) if want_position else None,
+        position_matrix_on(position, q) if want_position else None)
+    return dq, dk, dv, dtable, dscale, dposition.to(position_table.dtype) if want_position else None
 
 
 # ---------------------------------------------------------------------------------------------------------
