@@ -424,12 +424,13 @@ def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypa
 @pytest.mark.long_on_cpu
 def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(monkeypatch):
     """POSITION_CONFIGS entries keyed by "grouped_kv" or "causal" apply only to calls with the term and that variant
-    (compiled as launched on odd-77, the family's tiles spilled there): with grouped-query k, v the small family's
-    dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one stage, sm_90's at D = 128
-    16x64 on one stage while sm_100 keeps its 128 keys; causal, sm_90's dK/dV at D = 64 takes 32 queries a block,
-    sm_120's table kernel at D = 128 128x16, sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the term's plain tiles. The
-    grouped-query call (sm_86) and the causal one (sm_90) on those tiles are exact against the reference (bf16,
-    rows of 70 and 53)."""
+    (compiled as launched on odd-77, odd-1000 and sentences, the family's tiles spilled there): with grouped-query
+    k, v the small family's dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one
+    stage, sm_90's at D = 128 16x64 on one stage while sm_100 keeps its 128 keys, sm_90's one-tile backward runs
+    keys-major in chunks of 16; causal, sm_90's dK/dV at D = 64 takes 32 queries a block, sm_120's table kernel at
+    D = 128 128x16, sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the
+    term's plain tiles. The grouped-query calls (sm_86 tiled, sm_90 one-tile) and the causal one (sm_90) on those tiles are exact against
+    the reference (bf16, rows of 70 and 53, 40 and 23)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
@@ -453,21 +454,32 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     assert tiles(120, 128, "table", causal=True)[:2] == (128, 16) != tiles(120, 128, "table")[:2]
     assert tiles(120, 128, "table", grouped=True, causal=True)[:2] == (128, 16)
     assert tiles(100, 64, "fwd", causal=True)[1] == 32 != tiles(100, 64, "fwd")[1]
+    previous = P.interpret_as(90)
+    try:  # the one-tile backward on rows of at most 64: sm_90 keys-major with grouped-query k, v
+        short = _launch.launch_configs(40, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True,
+                                       grouped=True).short
+        assert short.get("KEYS_MAJOR") and (short["CHUNK"], short["OUT_CHUNK"]) == (16, 16), short
+        plain = _launch.launch_configs(40, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True).short
+        assert not plain.get("KEYS_MAJOR"), plain
+    finally:
+        P.interpret_as(previous)
     assert tiles(120, 64, "dq", causal=True)[1] == 32 != tiles(120, 64, "dq")[1]
     spec = RelativePositionSpec(8, 20)
-    for arch, options, kw, (block_m, block_n) in ((86, dict(kv_heads=2), {}, (16, 64)),
-                                                 (90, {}, dict(causal=True), (32, 128))):
+    for arch, N, options, kw, kernel, tile in (
+            (86, 70, dict(kv_heads=2), {}, "_bias_bwd_dkdv_kernel", dict(BLOCK_M=16, BLOCK_N=64)),
+            (90, 70, {}, dict(causal=True), "_bias_bwd_dkdv_kernel", dict(BLOCK_M=32, BLOCK_N=128)),
+            (90, 40, dict(kv_heads=2), {}, "_bias_bwd_short_t_kernel", dict(CHUNK=16, OUT_CHUNK=16))):
         _replay.clear()  # (a program recorded by another test would skip the launchers)
         previous = P.interpret_as(arch)
         try:
             names = spy_launches(monkeypatch, fresh_configs=True)
-            case = bias_attention_case(2, 4, 70, 64, lengths=[70, 53], seed=5, bias_scale=0.8, **options)
+            case = bias_attention_case(2, 4, N, 64, lengths=[N, N - 17], seed=5, bias_scale=0.8, **options)
             ptable = _position_table(4, spec, seed=6)
             g = _grad_out(case)
             got = _grads("triton", case, torch.bfloat16, g, spec, ptable, **kw)
-            dkdv = [k for n, k in zip(names, names.kwargs) if n == "_bias_bwd_dkdv_kernel"]
-            assert dkdv and all((k["BLOCK_M"], k["BLOCK_N"]) == (block_m, block_n) and k.get("POSITION")
-                                for k in dkdv), (arch, dkdv)
+            launched = [k for n, k in zip(names, names.kwargs) if n == kernel]
+            assert launched and all({f: k[f] for f in tile} == tile and k.get("POSITION") for k in launched), (
+                arch, kernel, launched)
         finally:
             P.interpret_as(previous)
         ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)

@@ -460,7 +460,9 @@ POSITION_CONFIGS: Dict[tuple, dict] = {
     # D128 16x128 on three stages (120 B) -> 16x64 on one (268.9 -> 222.9; 16x32 on four warps also spill-free,
     # 245.2), sm_100 keeping its own 16x128 (spill-free, 172.8; the sm_90 tiles 189.9); sm_120's grouped one-tile
     # backward at D128 on sentences (8 B) -> output chunks of 32 (265.3 -> 270.6; single-axis launches keep 16,
-    # spill-free). Causal: sm_90 D64 dK/dV 64x128 (8 B) -> 32x128 (198.5 -> 151.2; sm_100, spill-free before,
+    # spill-free); its single-axis launches at D64 (sentences, head groups forced to 1): sm_90 (16 B) -> keys-major
+    # tiles in chunks of 16 (345.3 -> 300.1 the whole backward a valid pair, grouped 387.0 -> 340.1), sm_100 (8 B)
+    # -> its own chunks of 64 with dQ transposed (297.7 -> 291.2, grouped 317.3 -> 315.6). Causal: sm_90 D64 dK/dV 64x128 (8 B) -> 32x128 (198.5 -> 151.2; sm_100, spill-free before,
     # 182.1 -> 149.0); sm_120 D128 the table kernel 64x32 (8 B) -> 128x16 (89.2 -> 106.6); on odd-1000 sm_100's
     # forward at D64 128x64 on three stages (96 B) -> 128x32 (25.1 -> 28.4; one stage also spill-free, 25.1, without
     # its loads' overlap) and sm_120's dQ at D64 128x64 (8 B) -> 128x32 (29.7 -> 29.8).
@@ -472,6 +474,8 @@ POSITION_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm90", "half", 128, "grouped_kv"): dict(BLOCK_N=64, num_stages=1),
     ("dkdv", "sm100", "half", 128, "grouped_kv"): dict(BLOCK_N=128),
     ("short", "sm120", "half", 128, "grouped_kv"): dict(GROUPED_CONFIG=dict(OUT_CHUNK=32)),
+    ("short", "sm90", "half", 64, "grouped_kv"): dict(KEYS_MAJOR=True, CHUNK=16, OUT_CHUNK=16),
+    ("short", "sm100", "half", 64, "grouped_kv"): dict(KEYS_MAJOR=False, CHUNK=64, OUT_CHUNK=64, DQ_T=True),
     ("dkdv", "sm90", "half", 64, "causal"): dict(BLOCK_M=32),
     ("table", "sm120", "half", 128, "causal"): dict(BLOCK_M=128, BLOCK_N=16),
     ("fwd", "sm100", "half", 64, "causal"): dict(BLOCK_N=32),
