@@ -131,3 +131,36 @@ def test_triton_position_window_matches_the_reference(monkeypatch, shape, dtype,
         unbanded = _run(case, torch.float64, "reference", grad_out,
                         **{k: v for k, v in kw.items() if k != "position_window"})
         assert (unbanded[0] - ref64[0]).abs().max() > 1e-3
+
+
+@needs_triton
+@pytest.mark.long_on_cpu
+def test_calls_with_a_window_take_their_own_tiles(monkeypatch):
+    """A call with a positional window reads configs.BAND_CONFIGS over the family's tiles, one without keeps them:
+    sm_80's table kernel at D = 128 runs one stage with the window (two spilled 8 B there, compiled as launched on
+    odd-1000), and the call with those configs is exact against the reference (bf16, rows of 70 and 45)."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+    from syntaxkernels.ops.bias_attention import _launch
+
+    from syntaxkernels.ops.bias_attention import configs
+
+    monkeypatch.setattr(configs, "_SHORT_ROWS", False)  # (rows of 70 take the tiled kernels, as past 128 tokens)
+    previous = P.interpret_as(80)
+    try:
+        banded = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec(), band=True).table
+        plain = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec()).table
+        assert banded == {**plain, "num_stages": 1} and plain["num_stages"] == 2, (banded, plain)
+        _replay.clear()  # (a program recorded by another test would skip the launchers)
+        launches = spy_launches(monkeypatch, fresh_configs=True)
+        case = bias_attention_case(2, 2, 70, 128, torch.bfloat16, bias_scale=0.8, seed=3, lengths=[70, 45])
+        grad_out = torch.randn(2, 2, 70, 128, generator=torch.Generator().manual_seed(1))
+        got = _run(case, torch.bfloat16, "triton", grad_out, position_window=12)
+    finally:
+        P.interpret_as(previous)
+    table = [kw for name, kw in zip(launches, launches.kwargs) if name == "_bias_bwd_table_kernel"]
+    assert table and all(kw["num_stages"] == 1 for kw in table), table
+    ref64 = _run(case, torch.float64, "reference", grad_out, position_window=12)
+    reflp = _run(case, torch.bfloat16, "reference", grad_out, position_window=12)
+    assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)

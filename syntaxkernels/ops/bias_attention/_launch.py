@@ -101,7 +101,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     "short" or "short2", whichever ``short`` holds). ``dropout``: a call with attention dropout (the kernels'
     ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers; entries for dropout with the
     other variants of the call too), after the others. ``band``: a call with a positional window (``|i - j| <=
-    W``): only the dropout entries keyed by it (``"position_window"``) read it."""
+    W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it (``"position_window"``)."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
@@ -124,6 +124,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
                                                ("position_window", band)) if on)
     overrides = [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
+    overrides += [_configs.band_overrides(dtype, width, family, arch)] if band else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile

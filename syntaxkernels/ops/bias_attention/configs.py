@@ -529,6 +529,18 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 }
 
 
+#: The kernels' tiles in calls with a positional window (``launch_configs(..., band=True)``: the BAND variant, its
+#: boundary tiles masked by ``|i - j| <= W``), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim class)
+#: -> fields`` as :data:`POSITION_CONFIGS`. Compiled as launched on pairs, odd-77 and odd-1000 (``inspect --workload
+#: pairs,odd-77,odd-1000 --position-window 10``, no dropout: with dropout, :data:`DROPOUT_CONFIGS`' entries keyed by
+#: "position_window"): sm_80's table kernel at D = 128, 64x32 on two stages, spilled 8 B on odd-1000 (1 of the 257
+#: kernels); on one stage it does not (38.7 -> 39.9 instructions a valid pair; 64x16 on two stages, also spill-free,
+#: 52.9; 128x16 32 B).
+BAND_CONFIGS: Dict[tuple, dict] = {
+    ("table", "sm80", "half", 128): dict(num_stages=1),
+}
+
+
 #: The kernels' tiles in calls with attention dropout (the ``DROPOUT`` variant: a mask drawn from the seed per score
 #: element, in the forward and again in the backward), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim
 #: class) -> fields`` as :data:`POSITION_CONFIGS` (the family's entry, then "sm100" or "sm120"), and entries whose key
@@ -679,7 +691,7 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
 def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, family: str, arch: int,
                variants: frozenset = frozenset()) -> Dict[str, dict]:
     """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
-    :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then
+    :data:`BAND_CONFIGS`, :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then
     "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one). A key may name
     further variants after the head-dim class (``(kind, family, dtype class, head-dim class, "causal")``): such an
     entry applies only to calls with all of them (``variants``: "causal", "grouped_kv" (grouped-query k, v),
@@ -707,6 +719,11 @@ def position_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int
     """``kind -> fields`` of :data:`POSITION_CONFIGS` for this dtype, head dim and GPU, in a call with these other
     ``variants`` ("causal", "grouped_kv")."""
     return _overrides(POSITION_CONFIGS, dtype, head_dim, family, arch, variants)
+
+
+def band_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`BAND_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(BAND_CONFIGS, dtype, head_dim, family, arch)
 
 
 def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
