@@ -682,7 +682,7 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("dq", "sm90", "half", 64, "position_window"): dict(BLOCK_N=32),
     ("dq", "sm100", "half", 64, "position_window"): dict(BLOCK_N=64),
     ("fwd", "sm90", "half", 128, "position_window"): dict(num_stages=2),
-    ("table", "sm80", "half", 128, "position_window"): dict(BLOCK_N=16),
+    ("table", "sm80", "half", 128, "position_window"): dict(BLOCK_N=16, num_stages=2),  # (over BAND_CONFIGS' one)
     ("dq", "sm100", "half", 128, "position_window"): dict(BLOCK_M=64),
     ("dkdv", "sm100", "half", 128, "position_window"): dict(BLOCK_N=64),
 }
