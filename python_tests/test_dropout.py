@@ -353,7 +353,10 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, window)["dq"]["BLOCK_N"] == 64
     assert configs.dropout_overrides(torch.bfloat16, 128, "sm90", 100, window)["dq"] == {"BLOCK_M": 64}
     assert "dq" not in configs.dropout_overrides(torch.bfloat16, 128, "sm90", 100)
-    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, window | with_term)["table"]["BLOCK_N"] == 16
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, window | with_term)["table"] == {
+        "BLOCK_N": 16, "num_stages": 1}  # (an entry naming both variants, after the one naming the window)
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, window)["table"] == {"BLOCK_N": 16,
+                                                                                         "num_stages": 2}
     assert "table" not in configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80)
 
 

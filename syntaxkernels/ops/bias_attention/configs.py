@@ -683,6 +683,8 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("dq", "sm100", "half", 64, "position_window"): dict(BLOCK_N=64),
     ("fwd", "sm90", "half", 128, "position_window"): dict(num_stages=2),
     ("table", "sm80", "half", 128, "position_window"): dict(BLOCK_N=16, num_stages=2),  # (over BAND_CONFIGS' one)
+    # ... with T5's term too: 64x16 on two stages spills 8 B on pairs and odd-77, on one stage it does not.
+    ("table", "sm80", "half", 128, "position", "position_window"): dict(num_stages=1),
     ("dq", "sm100", "half", 128, "position_window"): dict(BLOCK_M=64),
     ("dkdv", "sm100", "half", 128, "position_window"): dict(BLOCK_N=64),
 }
