@@ -424,12 +424,12 @@ def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypa
 @pytest.mark.long_on_cpu
 def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(monkeypatch):
     """POSITION_CONFIGS entries keyed by "grouped_kv" or "causal" apply only to calls with the term and that variant
-    (compiled as launched on odd-77, odd-1000 and sentences, the family's tiles spilled there): with grouped-query
-    k, v the small family's dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one
-    stage, sm_90's at D = 128 16x64 on one stage while sm_100 keeps its 128 keys, sm_90's one-tile backward runs
-    keys-major in chunks of 16; causal, sm_90's dK/dV at D = 64 takes 32 queries a block, sm_120's table kernel at
-    D = 128 128x16, sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the
-    term's plain tiles. The grouped-query calls (sm_86 tiled, sm_90 one-tile) and the causal one (sm_90) on those tiles are exact against
+    (compiled as launched on odd-77, odd-1000 and sentences, the family's tiles spilled there): with grouped-query k, v
+    the small family's dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one stage,
+    sm_90's at D = 128 16x64 on one stage while sm_100 keeps its 128 keys, sm_90's one-tile backward runs keys-major in
+    chunks of 16; causal, sm_90's dK/dV at D = 64 takes 32 queries a block, sm_120's table kernel at D = 128 128x16,
+    sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the term's plain tiles.
+    The grouped-query calls (sm_86 tiled, sm_90 one-tile) and the causal one (sm_90) on those tiles are exact against
     the reference (bf16, rows of 70 and 53, 40 and 23)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")

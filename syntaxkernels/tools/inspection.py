@@ -705,8 +705,9 @@ def _bias_case(dtype: str, head_dim: int, variant: str, N: int = 1024, B: int = 
         configs = _launch.launch_configs(N, head_dim, head_dim, dt, rows.shape[0], window, buckets, causal=causal)
         forward = _launch.forward_metadata(plan, configs, window, causal)
         backward = _launch.backward_metadata(plan, configs, window, causal, buckets, True)
-        out, lse, lut, _ = _launch.bias_attention_forward(q, k, v, plan.distance, rows, one, _host._bucket_lut(buckets, q),
-                                                       plan.kernel_lengths, *forward, 0.125, window, causal)
+        out, lse, lut, _ = _launch.bias_attention_forward(q, k, v, plan.distance, rows, one,
+                                                          _host._bucket_lut(buckets, q), plan.kernel_lengths, *forward,
+                                                          0.125, window, causal)
         _launch.bias_attention_backward(dout, q, k, v, out, lse, plan.distance, lut, plan.kernel_lengths, backward,
                                         0.125, window, causal, buckets, rows, one, True, True)
 

@@ -10,8 +10,8 @@ tile) also serve the dQ and table kernels (:mod:`._backward`). Launched by :mod:
 import triton
 import triton.language as tl
 
-from .._primitives import (build_lut, build_position_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma, mma_acc, opaque_offsets,
-                           position_bias, program_ids)
+from .._primitives import (build_lut, build_position_lut, distance_tile, dropout_keep, load_rows, lut_bias, mma,
+                           mma_acc, opaque_offsets, position_bias, program_ids)
 
 
 @triton.jit

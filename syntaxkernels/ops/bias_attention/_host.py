@@ -185,14 +185,12 @@ def position_lut(spec: RelativePositionSpec, table: torch.Tensor) -> torch.Tenso
 
 def kernel_tables(table: torch.Tensor, position: Optional[RelativePositionSpec], position_table):
     """``(rows, position_table, pos_buckets, reach)``: what the Triton forwards take for the learnable tables: the
-    distance table as ``[H or 1, T]`` rows (a view), and T5's term as its table (rows contiguous), the spec's
+    distance table as ``[H or 1, T]`` rows (a view), and T5's term as its table, the spec's
     ``lut()`` on the table's device (moved once per spec and device) and its reach (``None, None, 0`` without it):
     the forward kernels write :func:`position_lut`'s values themselves."""
     rows = table.reshape(-1, table.shape[-1])
     if position is None:
         return rows, None, None, 0
-    if position_table.stride(-1) != 1:
-        position_table = position_table.contiguous()
     buckets = device_constant(("position lut", position), position_table, position.lut)
     return rows, position_table, buckets, position.reach
 

@@ -89,19 +89,20 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
                    scale: float = 1.0, causal: bool = False, dropout: bool = False,
                    band: bool = False) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
-    (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU
-    and the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row
-    kernels on rows of at most :data:`.configs.SHORT_ROW_LIMIT` tokens (they take the term), else the tiled kernels
-    (also on rows of 65..128 tokens: the two-block kernels take no term), the table kernel's "table_extra" tiles
-    and :data:`.configs.POSITION_CONFIGS` (the term's registers; entries for the term in causal or grouped-query
-    calls too). ``grouped``: grouped-query k and v (fewer key/value heads than query heads): the tiled dK/dV
-    kernel's :data:`.configs.GROUPED_KV_CONFIGS` (its loop over the group's query heads). ``scale``: the score scale; below 1e-30 in magnitude (0: a call that ignores q k^T)
-    the tiled kernels run, as the short-row ones divide by it (their bucket sums and the term in their first
-    product carry it). ``causal``: a causal call: the short-row backward's :data:`.configs.CAUSAL_CONFIGS` (kind
-    "short" or "short2", whichever ``short`` holds). ``dropout``: a call with attention dropout (the kernels'
-    ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers; entries for dropout with the
-    other variants of the call too), after the others. ``band``: a call with a positional window (``|i - j| <=
-    W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it (``"position_window"``)."""
+    (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU and
+    the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row kernels
+    on rows of at most :data:`.configs.SHORT_ROW_LIMIT` tokens (they take the term), else the tiled kernels (also on
+    rows of 65..128 tokens: the two-block kernels take no term), the table kernel's "table_extra" tiles and
+    :data:`.configs.POSITION_CONFIGS` (the term's registers; entries for the term in causal or grouped-query calls
+    too). ``grouped``: grouped-query k and v (fewer key/value heads than query heads): the tiled dK/dV kernel's
+    :data:`.configs.GROUPED_KV_CONFIGS` (its loop over the group's query heads). ``scale``: the score scale; below
+    1e-30 in magnitude (0: a call that ignores q k^T) the tiled kernels run, as the short-row ones divide by it (their
+    bucket sums and the term in their first product carry it). ``causal``: a causal call: the short-row backward's
+    :data:`.configs.CAUSAL_CONFIGS` (kind "short" or "short2", whichever ``short`` holds). ``dropout``: a call with
+    attention dropout (the kernels' ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers;
+    entries for dropout with the other variants of the call too), after the others. ``band``: a call with a positional
+    window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
+    (``"position_window"``)."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
@@ -415,6 +416,8 @@ def _position(pos_lut: Optional[torch.Tensor], reach: int, position_table: Optio
         return {}
     args = dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
     if position_table is not None:
+        if position_table.stride(-1) != 1:  # (the kernels gather along a row)
+            position_table = position_table.contiguous()
         args.update(PTABLE=position_table, stride_pt=position_table.stride(0), PBUCKETS=pos_buckets,
                     POS_WIDTH=triton.next_power_of_2(2 * reach + 1))
     return args

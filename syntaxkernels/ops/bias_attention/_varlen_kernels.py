@@ -59,9 +59,9 @@ import triton
 import triton.language as tl
 
 from ...specs import BucketSpec
-from .._primitives import (LOG2E, arch_family, build_lut, build_position_lut, current_arch, dot_precision, dropout_arguments,
-                           dropout_keep_pairs, head_block, interpreting, launch, launch_grid, load_rows, lut_bias, mma,
-                           mma_acc, position_bias, program_ids, seed_bits, KernelDoesNotFit)
+from .._primitives import (LOG2E, arch_family, build_lut, build_position_lut, current_arch, dot_precision,
+                           dropout_arguments, dropout_keep_pairs, head_block, interpreting, launch, launch_grid,
+                           load_rows, lut_bias, mma, mma_acc, position_bias, program_ids, seed_bits, KernelDoesNotFit)
 from .. import _replay
 from .._dispatch import device_constant
 from ._backward import _bucket_accumulators, _bucket_sums, _bucket_totals, _offset_prefix_sums
@@ -778,20 +778,18 @@ def varlen_backward(dout, q, k, v, out, lse, distance, lut, cu_seqlens, sequence
                     band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
                     pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None):
     """``(dq, dk, dv, d table, d bias_scale, d position table)`` (the table's and the strength's empty tensors unless
-    wanted; T5's position table's gradient fp32 ``[H, P]`` with ``pos_bounds`` and ``pos_matrix``, else empty; dk, dv ``[T, H_kv, *]``
-    like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV kernel's
-    program of that head): the dQ kernel (and delta,
-    corrected when the table takes a gradient), the dK/dV kernel, then with a table gradient the table kernel
-    (:func:`_varlen_table_kernel`: the heads of a shared table summed before the per-bucket reduction; on a batch
-    of short sequences, :func:`stores_ds`, from the dS the dK/dV kernel stored into an fp32 ``[H, sum n_s^2]``
-    buffer, else recomputed) and the
-    kernel that reduces its per-program sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``,
-    ``dropout_seed``: the forward's (``out`` its dropped output); every kernel draws the mask again. ``band``: the
-    forward's positional window (-1: none). ``pos_lut``, ``reach``: the forward's relative-position term;
-    ``pos_bounds``: its table's gradient wanted (:func:`._host.position_bounds`), summed at the boundaries by the
-    dK/dV kernel (a per-head tree table then takes the table kernel, not the dK/dV kernel's inline sums), its
-    per-program sums reduced and multiplied by ``pos_matrix`` (:func:`._host.position_matrix_on`) in the
-    table-gradient kernel: no aten kernel."""
+    wanted; T5's position table's gradient fp32 ``[H, P]`` with ``pos_bounds`` and ``pos_matrix``, else empty; dk, dv
+    ``[T, H_kv, *]`` like k, v, each key/value head's the sum over its group's query heads, walked in order by the dK/dV
+    kernel's program of that head): the dQ kernel (and delta, corrected when the table takes a gradient), the dK/dV
+    kernel, then with a table gradient the table kernel (:func:`_varlen_table_kernel`: the heads of a shared table
+    summed before the per-bucket reduction; on a batch of short sequences, :func:`stores_ds`, from the dS the dK/dV
+    kernel stored into an fp32 ``[H, sum n_s^2]`` buffer, else recomputed) and the kernel that reduces its per-program
+    sums in a fixed order (:func:`._launch.table_gradient`). ``dropout_p``, ``dropout_seed``: the forward's (``out`` its
+    dropped output); every kernel draws the mask again. ``band``: the forward's positional window (-1: none).
+    ``pos_lut``, ``reach``: the forward's relative-position term; ``pos_bounds``: its table's gradient wanted
+    (:func:`._host.position_bounds`), summed at the boundaries by the dK/dV kernel (a per-head tree table then takes the
+    table kernel, not the dK/dV kernel's inline sums), its per-program sums reduced and multiplied by ``pos_matrix``
+    (:func:`._host.position_matrix_on`) in the table-gradient kernel: no aten kernel."""
     from ._launch import _band, _nothing, _position, table_gradient, table_heads
 
     T, H, D = q.shape

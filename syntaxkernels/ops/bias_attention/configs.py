@@ -450,22 +450,22 @@ POSITION_CONFIGS: Dict[tuple, dict] = {
     # but compute the exponent twice: 1.6x the instructions).
     ("fwd_short", "sm120", "half", 128): dict(CHUNK=16),
     # The term with the call's other variants (after every plain entry; ``inspect --workload sentences,pairs,odd-77,
-    # odd-1000 --position-buckets 32:128`` with ``--kv-heads 4`` or ``--causal``; bytes spilled on odd-77 with the
-    # tiles above, then the kernel's instructions a valid pair there before -> after). Grouped-query k, v (the tiled
-    # dK/dV kernel's loop over a group's query heads): sm_80 D64 16x128 on eight warps, two stages (8 B) -> 16x64 on
-    # four, one stage (238.5 -> 114.4); the small family D64 32x64 (64 B; sm_120 40 B) -> 16x64 (123.3 -> 114.4;
-    # sm_120 127.0 -> 114.2); sm_90 D64 two stages (72 B) -> one (230.8 -> 157.9; sm_100 has its one already);
-    # the small family D128 two stages (136 B) -> one (257.5 -> 167.2; sm_120, spill-free, 219.2 -> 151.8) and the
-    # table kernel 64x32 (16 B; sm_120 8 B) -> 128x16 (103.4 -> 118.0 spill-free; sm_120 99.3 -> 110.3); sm_90
-    # D128 16x128 on three stages (120 B) -> 16x64 on one (268.9 -> 222.9; 16x32 on four warps also spill-free,
-    # 245.2), sm_100 keeping its own 16x128 (spill-free, 172.8; the sm_90 tiles 189.9); sm_120's grouped one-tile
-    # backward at D128 on sentences (8 B) -> output chunks of 32 (265.3 -> 270.6; single-axis launches keep 16,
-    # spill-free); its single-axis launches at D64 (sentences, head groups forced to 1): sm_90 (16 B) -> keys-major
-    # tiles in chunks of 16 (345.3 -> 300.1 the whole backward a valid pair, grouped 387.0 -> 340.1), sm_100 (8 B)
-    # -> its own chunks of 64 with dQ transposed (297.7 -> 291.2, grouped 317.3 -> 315.6). Causal: sm_90 D64 dK/dV 64x128 (8 B) -> 32x128 (198.5 -> 151.2; sm_100, spill-free before,
-    # 182.1 -> 149.0); sm_120 D128 the table kernel 64x32 (8 B) -> 128x16 (89.2 -> 106.6); on odd-1000 sm_100's
-    # forward at D64 128x64 on three stages (96 B) -> 128x32 (25.1 -> 28.4; one stage also spill-free, 25.1, without
-    # its loads' overlap) and sm_120's dQ at D64 128x64 (8 B) -> 128x32 (29.7 -> 29.8).
+    # odd-1000 --position-buckets 32:128`` with ``--kv-heads 4`` or ``--causal``; bytes spilled on odd-77 with the tiles
+    # above, then the kernel's instructions a valid pair there before -> after). Grouped-query k, v (the tiled dK/dV
+    # kernel's loop over a group's query heads): sm_80 D64 16x128 on eight warps, two stages (8 B) -> 16x64 on four, one
+    # stage (238.5 -> 114.4); the small family D64 32x64 (64 B; sm_120 40 B) -> 16x64 (123.3 -> 114.4; sm_120 127.0 ->
+    # 114.2); sm_90 D64 two stages (72 B) -> one (230.8 -> 157.9; sm_100 has its one already); the small family D128 two
+    # stages (136 B) -> one (257.5 -> 167.2; sm_120, spill-free, 219.2 -> 151.8) and the table kernel 64x32 (16 B;
+    # sm_120 8 B) -> 128x16 (103.4 -> 118.0 spill-free; sm_120 99.3 -> 110.3); sm_90 D128 16x128 on three stages (120 B)
+    # -> 16x64 on one (268.9 -> 222.9; 16x32 on four warps also spill-free, 245.2), sm_100 keeping its own 16x128
+    # (spill-free, 172.8; the sm_90 tiles 189.9); sm_120's grouped one-tile backward at D128 on sentences (8 B) ->
+    # output chunks of 32 (265.3 -> 270.6; single-axis launches keep 16, spill-free); its single-axis launches at D64
+    # (sentences, head groups forced to 1): sm_90 (16 B) -> keys-major tiles in chunks of 16 (345.3 -> 300.1 the whole
+    # backward a valid pair, grouped 387.0 -> 340.1), sm_100 (8 B) -> its own chunks of 64 with dQ transposed (297.7 ->
+    # 291.2, grouped 317.3 -> 315.6). Causal: sm_90 D64 dK/dV 64x128 (8 B) -> 32x128 (198.5 -> 151.2; sm_100, spill-free
+    # before, 182.1 -> 149.0); sm_120 D128 the table kernel 64x32 (8 B) -> 128x16 (89.2 -> 106.6); on odd-1000 sm_100's
+    # forward at D64 128x64 on three stages (96 B) -> 128x32 (25.1 -> 28.4; one stage also spill-free, 25.1, without its
+    # loads' overlap) and sm_120's dQ at D64 128x64 (8 B) -> 128x32 (29.7 -> 29.8).
     ("dkdv", "sm80", "half", 64, "grouped_kv"): dict(BLOCK_N=64, num_warps=4, num_stages=1),
     ("dkdv", "small", "half", 64, "grouped_kv"): dict(BLOCK_M=16),
     ("dkdv", "sm90", "half", 64, "grouped_kv"): dict(num_stages=1),
@@ -693,11 +693,11 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
 def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, family: str, arch: int,
                variants: frozenset = frozenset()) -> Dict[str, dict]:
     """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
-    :data:`BAND_CONFIGS`, :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the family's entries, then
-    "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one). A key may name
-    further variants after the head-dim class (``(kind, family, dtype class, head-dim class, "causal")``): such an
-    entry applies only to calls with all of them (``variants``: "causal", "grouped_kv" (grouped-query k, v),
-    "position" (T5's term), "position_window" (a positional window)), after every plain entry."""
+    :data:`BAND_CONFIGS`, :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the
+    family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
+    A key may name further variants after the head-dim class (``(kind, family, dtype class, head-dim class,
+    "causal")``): such an entry applies only to calls with all of them (``variants``: "causal", "grouped_kv"
+    (grouped-query k, v), "position" (T5's term), "position_window" (a positional window)), after every plain entry."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
