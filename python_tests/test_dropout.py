@@ -357,6 +357,10 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
         "BLOCK_N": 16, "num_stages": 1}  # (an entry naming both variants, after the one naming the window)
     assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, window)["table"] == {"BLOCK_N": 16,
                                                                                          "num_stages": 2}
+    # T5's term with a window: sm_80's dK/dV at D = 64 takes 16-query blocks, with either variant alone it does not
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, window | with_term)["dkdv"]["BLOCK_M"] == 16
+    assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, with_term)["dkdv"]
+    assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, window).get("dkdv", {})
     assert "table" not in configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80)
 
 
