@@ -121,7 +121,8 @@ SHORT_CASES = [
                          ids=[c[0] for c in SHORT_CASES])
 def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, spec, kw, dtype, arch, short):
     """Rows of at most 64 tokens with the term (fp16/bf16, a shared tree table): the one-tile short-row forward and
-    backward (queries-major on sm_90's tiles, keys-major on sm_80's; with dropout as DROPOUT_CONFIGS says) with
+    backward (queries-major on sm_90's tiles, keys-major on sm_80's; with dropout as DROPOUT_CONFIGS says, with
+    grouped-query k, v as POSITION_CONFIGS says: keys-major on sm_90) with
     POSITION, and the position table's gradient from the short table kernel (POSITION_GRAD): forward and every
     gradient against the reference; a per-head tree table takes the tiled kernels. Every buffer the launcher allocates comes filled with NaN: the
     table kernel reads back only the dS the backward stored (inside the lengths)."""
@@ -142,8 +143,8 @@ def test_triton_relative_position_on_short_rows(monkeypatch, shape, case_opts, s
         assert not [n for n in names if "short" in n], names
         assert {"_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"} <= set(names)
     else:
-        if P.interpreting():  # sm_80's tiles are keys-major, sm_90's too with the term and dropout
-            keys_major = arch == 80 or (arch == 90 and "dropout_p" in kw)
+        if P.interpreting():  # sm_80's tiles are keys-major, sm_90's too with the term and dropout or grouped k, v
+            keys_major = arch == 80 or (arch == 90 and ("dropout_p" in kw or "kv_heads" in case_opts))
             backward = "_bias_bwd_short_t_kernel" if keys_major else "_bias_bwd_short_kernel"
         else:  # a real GPU takes its own family's kernel
             backward = next(n for n in names if n in ("_bias_bwd_short_kernel", "_bias_bwd_short_t_kernel"))
