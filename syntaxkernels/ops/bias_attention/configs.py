@@ -684,12 +684,13 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("fwd", "sm90", "half", 128, "position_window"): dict(num_stages=2),
     ("table", "sm80", "half", 128, "position_window"): dict(BLOCK_N=16, num_stages=2),  # (over BAND_CONFIGS' one)
     # ... with T5's term too (``--dropout 0.1 --position-buckets 32:128 --position-window 10`` on pairs, odd-77,
-    # odd-1000: 18 of 357 kernels spilled with the entries above; bytes on odd-77, then the kernel's instructions a
-    # valid pair there, or the whole backward's): sm_80's table kernel at D128 64x16 on two stages (8 B on pairs and
-    # odd-77) -> one; sm_80's dK/dV at D64 32x64 (32 B) -> 16x64 (whole backward 414.7 -> 401.4); sm_90's forward at
-    # D64 128x64 (8 B) -> 128x32 (149.0 -> 120.2); sm_100's dK/dV at D64 64x128 (16 B on odd-1000) -> 32x128; the
-    # small family's dK/dV at D128 16x64 (32 B) -> 16x32; sm_100 at D128 dQ 64x32 on three stages (24 B) -> one and
-    # dK/dV 16x64 on eight warps (24 B) -> four (whole backward ~390 with the spills -> 362.4).
+    # odd-1000: 18 of 357 kernels spilled with the entries above; bytes on odd-77): sm_80's table kernel at D128 64x16
+    # on two stages (8 B on pairs and odd-77) -> one; sm_80's dK/dV at D64 32x64 (32 B) -> 16x64; sm_90's forward at
+    # D64 128x64 (8 B) -> 128x32 (149.0 -> 120.2 instructions a valid pair); sm_100's dK/dV at D64 64x128 (16 B on
+    # odd-1000) -> 32x128; the small family's dK/dV at D128 16x64 (32 B) -> 16x32; sm_100 at D128 dQ 64x32 on three
+    # stages (24 B) -> one and dK/dV 16x64 on eight warps (24 B) -> four. The whole backward a valid pair, before ->
+    # after on pairs / odd-77 / odd-1000: sm_80 D64 452.9 / 439.5 / 209.2 -> 442.0 / 427.5 / 215.4, the small family
+    # D128 526.3 / 524.9 / 278.2 -> 525.0 / 502.5 / 288.4, sm_100 D128 401.3 / 417.0 / 215.2 -> 370.9 / 383.6 / 196.9.
     ("table", "sm80", "half", 128, "position", "position_window"): dict(num_stages=1),
     ("dkdv", "sm80", "half", 64, "position", "position_window"): dict(BLOCK_M=16),
     ("fwd", "sm90", "half", 64, "position", "position_window"): dict(BLOCK_N=32),
