@@ -327,9 +327,9 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                            scale: float, window: int, causal: bool, dropout_p: float = 0.0,
                            dropout_seed: int = 0, band: int = -1, position_table: Optional[torch.Tensor] = None,
                            pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
-                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256],
-    pos_lut fp32 [H, 2 * reach + 1])`` (``pos_lut`` ``[0, 0]`` without T5's term).
+    pos_lut fp32 [H, 2 * reach + 1])`` (``pos_lut`` None without T5's term; the op returns ``[0, 0]`` then).
 
     Args:
         q: ``[B, H, N, D]``; k: ``[B, H_kv, N, D]``, v: ``[B, H_kv, N, Dv]`` (``H_kv`` divides ``H``: grouped-query
@@ -352,17 +352,14 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     B, H, N, D = q.shape
     DV = v.shape[-1]
     rows = table.shape[0]
-    pos_lut = _position_lut(q, position_table, reach)
-    position = _position(pos_lut if position_table is not None else None, reach, position_table, pos_buckets)
-    drop = {**_dropout(dropout_p, dropout_seed), **_band(band), **position}
     group = H // k.shape[1]  # query heads per key/value head (grouped-query attention; 1 without)
     out = output_like(q, DV)
     lse = _row_buffer(B, H, N, q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
+    pos_lut, position = _forward_position(q, position_table, pos_buckets, reach, out.numel() > 0)
+    drop = {**_dropout(dropout_p, dropout_seed), **_band(band), **position}
     if out.numel() == 0:
         lse.fill_(float("inf"))
-        if position_table is not None:
-            pos_lut = torch.index_select(position_table.to(torch.float32), 1, pos_buckets) * LOG2E
         return out, lse, _host_lut(table, bias_scale, bucket_lut, window), pos_lut
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
@@ -407,27 +404,34 @@ def _dropout(p: float, seed: int) -> dict:
     return dict(seed=seed, threshold=threshold, keep_scale=keep_scale, DROPOUT=True)
 
 
-def _position(pos_lut: Optional[torch.Tensor], reach: int, position_table: Optional[torch.Tensor] = None,
-              pos_buckets: Optional[torch.Tensor] = None) -> dict:
-    """The kernels' arguments for T5's relative-position term by name: none (POSITION compiled out) without a LUT.
-    With ``position_table`` (``[H, P]``) and ``pos_buckets`` (``RelativePositionSpec.lut()`` on the device): a
-    forward's, whose kernel writes ``pos_lut`` first (:func:`.._primitives.build_position_lut`)."""
+def _position(pos_lut: Optional[torch.Tensor], reach: int) -> dict:
+    """The kernels' arguments for T5's relative-position term by name: none (POSITION compiled out) without a LUT."""
     if pos_lut is None:
         return {}
-    args = dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
-    if position_table is not None:
-        if position_table.stride(-1) != 1:  # (the kernels gather along a row)
-            position_table = position_table.contiguous()
-        args.update(PTABLE=position_table, stride_pt=position_table.stride(0), PBUCKETS=pos_buckets,
-                    POS_WIDTH=triton.next_power_of_2(2 * reach + 1))
-    return args
+    return dict(POS_LUT=pos_lut, stride_ph=pos_lut.stride(0), reach=reach, POSITION=True)
 
 
-def _position_lut(q: torch.Tensor, position_table: Optional[torch.Tensor], reach: int) -> torch.Tensor:
-    """A forward's output for T5's term: fp32 ``[H, 2 * reach + 1]`` that its kernel writes and the backward reads,
-    or an empty ``[0, 0]`` without the term (an op's outputs are tensors)."""
-    rows, width = (0, 0) if position_table is None else (position_table.shape[0], 2 * reach + 1)
-    return torch.empty((rows, width), dtype=torch.float32, device=q.device)
+def _forward_position(q: torch.Tensor, position_table: Optional[torch.Tensor], pos_buckets: Optional[torch.Tensor],
+                      reach: int, launches: bool) -> Tuple[Optional[torch.Tensor], dict]:
+    """A forward's T5 LUT and its kernel's arguments by name: ``(None, {})`` without the term; else an fp32 ``[H, 2 *
+    reach + 1]`` buffer the kernel writes first (:func:`.._primitives.build_position_lut`, from ``position_table``
+    ``[H, P]`` and ``pos_buckets``, ``RelativePositionSpec.lut()`` on the device) and the backward reads, or, when
+    nothing ``launches`` (an empty call), the same values from the host and no arguments."""
+    if position_table is None:
+        return None, {}
+    if not launches:
+        return torch.index_select(position_table.to(torch.float32), 1, pos_buckets) * LOG2E, {}
+    if position_table.stride(-1) != 1:  # (the kernels gather along a row)
+        position_table = position_table.contiguous()
+    pos_lut = torch.empty((position_table.shape[0], 2 * reach + 1), dtype=torch.float32, device=q.device)
+    return pos_lut, dict(_position(pos_lut, reach), PTABLE=position_table, stride_pt=position_table.stride(0),
+                         PBUCKETS=pos_buckets, POS_WIDTH=triton.next_power_of_2(2 * reach + 1))
+
+
+def op_position_lut(pos_lut: Optional[torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+    """A forward op's fourth output: the launcher's T5 LUT, or an empty ``[0, 0]`` without the term (an op's outputs
+    are tensors; the eager launchers allocate nothing for it)."""
+    return pos_lut if pos_lut is not None else torch.empty((0, 0), dtype=torch.float32, device=q.device)
 
 
 def _kv_group(group: int) -> dict:
@@ -799,8 +803,10 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: tor
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
     :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
-    return bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list, kv_count, scale,
-                                  window, causal, dropout_p, dropout_seed, band, position_table, pos_buckets, reach)
+    out, lse, lut, pos_lut = bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list,
+                                                    kv_count, scale, window, causal, dropout_p, dropout_seed, band,
+                                                    position_table, pos_buckets, reach)
+    return out, lse, lut, op_position_lut(pos_lut, q)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_bwd", mutates_args=())

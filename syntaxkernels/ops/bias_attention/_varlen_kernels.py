@@ -729,7 +729,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
                    dropout_seed: Optional[int] = None, band: int = -1, position_table: Optional[torch.Tensor] = None,
                    pos_buckets: Optional[torch.Tensor] = None, reach: int = 0):
     """``(out [T, H, DV] in q's dtype, lse2 fp32 [H, T], lut fp32 [H or 1, 256], pos_lut fp32 [H, 2 * reach + 1]
-    or [0, 0])`` from q ``[T, H, D]`` and k, v
+    or None)`` from q ``[T, H, D]`` and k, v
     ``[T, H_kv, *]`` (``H % H_kv == 0``, grouped-query attention: query head h reads key/value head
     ``h // (H / H_kv)`` in place, no copy per query head): the kernel writes the
     log2-domain LUT from ``table`` (``[H or 1, T_b]``, rows contiguous), ``bias_scale`` and ``bucket_lut``
@@ -741,7 +741,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     ``reach``: T5's relative-position term (its ``[H, P]`` table and ``RelativePositionSpec.lut()`` on the device;
     None: none), the kernels' POSITION variant: the kernel writes ``pos_lut`` (:func:`._host.position_lut`'s
     values), which the backward reads."""
-    from ._launch import _band, _position, _position_lut
+    from ._launch import _band, _forward_position
 
     T, H, D = q.shape
     DV = v.shape[-1]
@@ -749,10 +749,8 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
     out = torch.empty((T, H, DV), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
     lut = torch.empty((rows, 256), dtype=torch.float32, device=q.device)
-    pos_lut = _position_lut(q, position_table, reach)
+    pos_lut, position = _forward_position(q, position_table, pos_buckets, reach, T > 0 and H > 0)
     if T == 0 or H == 0:
-        if position_table is not None:
-            pos_lut = torch.index_select(position_table.to(torch.float32), 1, pos_buckets) * LOG2E
         return out, lse, lut, pos_lut
     config = select_varlen_config("fwd", q.dtype, max(D, DV))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
@@ -765,8 +763,7 @@ def varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens,
            H // k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
            EVEN_D=head_block(D) == D, EVEN_DV=head_block(DV) == DV, CAUSAL=causal,
            DOT_PRECISION=dot_precision(q.dtype), HAS_WINDOW=window >= 0, SYNTAX=syntax, OPAQUE_BIAS=True,
-           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band),
-           **_position(pos_lut if position_table is not None else None, reach, position_table, pos_buckets),
+           INTERPRETED=interpreting(), DROPOUT=dropout_p > 0.0, **_band(band), **position,
            num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse, lut, pos_lut
 
@@ -906,9 +903,13 @@ def varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distanc
                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`varlen_forward` as a torch.library op (``torch.compile`` traces the kernels through it);
     ``dropout_seed`` as :func:`~syntaxkernels.ops._primitives.seed_bits` writes it."""
-    return varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence, offsets, scale,
-                          window, causal, dropout_p=dropout_p, dropout_seed=dropout_seed, band=band,
-                          position_table=position_table, pos_buckets=pos_buckets, reach=reach)
+    from ._launch import op_position_lut
+
+    out, lse, lut, pos_lut = varlen_forward(q, k, v, distance, table, bias_scale, bucket_lut, cu_seqlens, sequence,
+                                            offsets, scale, window, causal, dropout_p=dropout_p,
+                                            dropout_seed=dropout_seed, band=band, position_table=position_table,
+                                            pos_buckets=pos_buckets, reach=reach)
+    return out, lse, lut, op_position_lut(pos_lut, q)
 
 
 @torch.library.triton_op("syntaxkernels::bias_attention_varlen_bwd", mutates_args=())
