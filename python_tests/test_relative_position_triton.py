@@ -429,9 +429,11 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     the small family's dK/dV kernel at D = 64 takes 16 queries a block, sm_80's 16x64 on four warps and one stage,
     sm_90's at D = 128 16x64 on one stage while sm_100 keeps its 128 keys, sm_90's one-tile backward runs keys-major in
     chunks of 16; causal, sm_90's dK/dV at D = 64 takes 32 queries a block, sm_120's table kernel at D = 128 128x16,
-    sm_100's forward and sm_120's dQ at D = 64 32 keys a block. Calls without the variant keep the term's plain tiles.
-    The grouped-query calls (sm_86 tiled, sm_90 one-tile) and the causal one (sm_90) on those tiles are exact against
-    the reference (bf16, rows of 70 and 53, 40 and 23)."""
+    sm_100's forward and sm_120's dQ at D = 64 32 keys a block; with both, the small family's table kernel at D = 64
+    64x32, 32x32 dK/dV tiles on sm_120 at D = 64 and on the small family and sm_90 at D = 128 (sm_100 keeping its
+    16x128 on eight warps). Calls without the variant keep the term's plain tiles. The grouped-query calls (sm_86
+    tiled, sm_90 one-tile), the causal one (sm_90) and one with both (sm_120) on those tiles are exact against the
+    reference (bf16, rows of 70 and 53, 40 and 23)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
@@ -455,6 +457,12 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     assert tiles(120, 128, "table", causal=True)[:2] == (128, 16) != tiles(120, 128, "table")[:2]
     assert tiles(120, 128, "table", grouped=True, causal=True)[:2] == (128, 16)
     assert tiles(100, 64, "fwd", causal=True)[1] == 32 != tiles(100, 64, "fwd")[1]
+    # both: grouped-query k, v in a causal call
+    assert tiles(86, 64, "table", grouped=True, causal=True)[:2] == (64, 32) != tiles(86, 64, "table", grouped=True)[:2]
+    assert tiles(120, 64, "dkdv", grouped=True, causal=True)[:2] == (32, 32) != tiles(120, 64, "dkdv", grouped=True)[:2]
+    assert tiles(86, 128, "dkdv", grouped=True, causal=True)[:2] == (32, 32)
+    assert tiles(90, 128, "dkdv", grouped=True, causal=True)[:3] == (32, 32, 4)
+    assert tiles(100, 128, "dkdv", grouped=True, causal=True)[:3] == (16, 128, 8)
     previous = P.interpret_as(90)
     try:  # the one-tile backward on rows of at most 64: sm_90 keys-major with grouped-query k, v
         short = _launch.launch_configs(40, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True,
@@ -469,7 +477,8 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     for arch, N, options, kw, kernel, tile in (
             (86, 70, dict(kv_heads=2), {}, "_bias_bwd_dkdv_kernel", dict(BLOCK_M=16, BLOCK_N=64)),
             (90, 70, {}, dict(causal=True), "_bias_bwd_dkdv_kernel", dict(BLOCK_M=32, BLOCK_N=128)),
-            (90, 40, dict(kv_heads=2), {}, "_bias_bwd_short_t_kernel", dict(CHUNK=16, OUT_CHUNK=16))):
+            (90, 40, dict(kv_heads=2), {}, "_bias_bwd_short_t_kernel", dict(CHUNK=16, OUT_CHUNK=16)),
+            (120, 70, dict(kv_heads=2), dict(causal=True), "_bias_bwd_dkdv_kernel", dict(BLOCK_M=32, BLOCK_N=32))):
         _replay.clear()  # (a program recorded by another test would skip the launchers)
         previous = P.interpret_as(arch)
         try:

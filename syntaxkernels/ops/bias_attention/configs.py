@@ -480,6 +480,17 @@ POSITION_CONFIGS: Dict[tuple, dict] = {
     ("table", "sm120", "half", 128, "causal"): dict(BLOCK_M=128, BLOCK_N=16),
     ("fwd", "sm100", "half", 64, "causal"): dict(BLOCK_N=32),
     ("dq", "sm120", "half", 64, "causal"): dict(BLOCK_N=32),
+    # The term with grouped-query k, v in a causal call (``--kv-heads 4 --causal``; bytes spilled on odd-77 with
+    # the entries above, then the kernel's instructions a valid pair there before -> after): the small family's table
+    # kernel at D64 128x32 (32 B) -> 64x32 (77.8 -> 88.4; 128x16 also spill-free, 93.4); sm_120's dK/dV at D64 16x64
+    # (8 B) -> 32x32 (118.1 -> 124.1; 16x32 149.2); the small family's dK/dV at D128 16x64 (16 B) -> 32x32 (167.8 ->
+    # 132.2; 16x32 164.2); sm_90's at D128 16x64 on eight warps (16 B) -> 32x32 on four (222.0 -> 164.2; 16x32 188.7,
+    # 16x128 24 B, 16x64 on four 80 B); sm_100 keeps its own 16x128 on eight (spill-free).
+    ("table", "small", "half", 64, "grouped_kv", "causal"): dict(BLOCK_M=64),
+    ("dkdv", "sm120", "half", 64, "grouped_kv", "causal"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "small", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "sm90", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("dkdv", "sm100", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=16, BLOCK_N=128, num_warps=8),
 }
 
 
