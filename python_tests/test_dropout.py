@@ -325,7 +325,8 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     only to calls with all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small
     family's table kernel at D = 64 takes 16-key blocks with dropout only when the call is causal or has
     grouped-query k, v; sm_120's grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's
-    own plain entry says 32."""
+    own plain entry says 32; entries naming two variants (T5's term with a window, or with grouped-query k, v) apply
+    only to calls with both."""
     from syntaxkernels.ops.bias_attention import configs
 
     def table(arch, variants=frozenset()):
@@ -362,6 +363,16 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, with_term)["dkdv"]
     assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, window).get("dkdv", {})
     assert "table" not in configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80)
+    # T5's term with grouped-query k, v: the grouped dK/dV loop's own tiles (sm_100 at D = 64 32x128 on one stage,
+    # not its T5 entry's 64 queries on two; sm_90 16 queries a block), sm_80's grouped one-tile backward at D = 128
+    # its single-axis tiles; with either variant alone the entries do not apply
+    grouped_term = frozenset({"grouped_kv", "position"})
+    dkdv = configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, grouped_term)["dkdv"]
+    assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"], dkdv["num_stages"]) == (32, 128, 1)
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, with_term)["dkdv"]["BLOCK_M"] == 64
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, grouped_term)["dkdv"]["BLOCK_M"] == 16
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, grouped_term)["short"]["GROUPED_CONFIG"] == {}
+    assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, with_term)["short"]["GROUPED_CONFIG"] != {}
 
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),

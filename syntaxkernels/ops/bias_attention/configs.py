@@ -711,6 +711,24 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 128, "position", "position_window"): dict(num_warps=4),
     ("dq", "sm100", "half", 128, "position_window"): dict(BLOCK_M=64),
     ("dkdv", "sm100", "half", 128, "position_window"): dict(BLOCK_N=64),
+    # ... T5's term with grouped-query k, v (``--dropout 0.1 --position-buckets 32:128 --kv-heads 4`` on sentences,
+    # pairs, odd-77, odd-1000: 32 of 264 kernels spilled with the entries above; bytes on odd-1000, then the kernel's
+    # instructions a valid pair there): the grouped dK/dV loop on sm_100 at D64 64x128 on two stages (1,688 B) ->
+    # 32x128 on one (85.6; 16x128 105.2, 32x64 104.5), at D128 16x64 on three (1,016 B) -> 32x32 on one (111.4; one
+    # stage of 16x64 64 B, 16x128 on eight warps 96 B, 16x32 172.7); sm_90 at D64 32x128 (104 B) -> 16x128 (98.8;
+    # 32x64 8 B), at D128 16x64 on eight warps, two stages (88 B) -> 16x32 on four, one (167.2; 16x64 on one stage
+    # 104 B); the small family at D64 16x64 (16 B) -> 32x32 (102.1; 16x32 130.5), at D128 16x64 (40 B on odd-77) ->
+    # 16x16 (16x32 8 B, 32x32 24 B) and its table kernel 128x16 (24 B on odd-77) -> 64x16, as sm_120's (8 B); sm_80's
+    # grouped one-tile backward at D128 on sentences keys-major (8 B) -> its single-axis tiles (queries-major, eight
+    # warps; keys-major in chunks of 16 still 8 B).
+    ("dkdv", "sm90", "half", 64, "grouped_kv", "position"): dict(BLOCK_M=16),
+    ("dkdv", "sm90", "half", 128, "grouped_kv", "position"): dict(BLOCK_N=32, num_warps=4, num_stages=1),
+    ("dkdv", "sm100", "half", 64, "grouped_kv", "position"): dict(BLOCK_M=32, BLOCK_N=128, num_stages=1),
+    ("dkdv", "sm100", "half", 128, "grouped_kv", "position"): dict(BLOCK_M=32, BLOCK_N=32, num_stages=1),
+    ("dkdv", "small", "half", 64, "grouped_kv", "position"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "small", "half", 128, "grouped_kv", "position"): dict(BLOCK_M=16, BLOCK_N=16),
+    ("table", "small", "half", 128, "grouped_kv", "position"): dict(BLOCK_M=64),
+    ("short", "sm80", "half", 128, "grouped_kv", "position"): dict(GROUPED_CONFIG={}),
 }
 
 
