@@ -514,7 +514,8 @@ def test_two_block_rows_take_the_key_blocks_outer_on_the_sm90_family(monkeypatch
     (configs.CONFIGS' KEYS_OUTER: steps of 16 query rows, whole 64-column chunks, dQ transposed), with a positional
     window too; a causal call keeps those tiles grouped, and on sm_90 takes chunks of 32 with dQ not transposed on
     a single-axis grid (configs.CAUSAL_CONFIGS: the family's spill 16 B there with grouped-query k, v); D = 96 and
-    128 and the mma.sync families keep the query-major kernel."""
+    128 keep the query-major kernel, and so do the mma.sync families' base configs (the small family's grouped
+    launches: the next test)."""
     from syntaxkernels.specs import BucketSpec
 
     names = spy_launches(monkeypatch, fresh_configs=True)
@@ -546,6 +547,54 @@ def test_two_block_rows_take_the_key_blocks_outer_on_the_sm90_family(monkeypatch
         P.interpret_as(previous)
     for other in (80, 86, 120):
         assert not configs.select_config("short2", torch.bfloat16, 64, arch=other).get("KEYS_OUTER"), other
+
+
+@pytest.mark.parametrize("arch", [86, 120])
+@pytest.mark.long_on_cpu
+def test_two_block_rows_on_the_small_family_take_the_key_blocks_outer_when_grouped(monkeypatch, arch):
+    """The small family (sm_86, sm_89, sm_120) at head dims up to 64: grouped launches of the two-block backward run
+    with the key blocks outer (the family's GROUPED_CONFIG: steps of 16 rows, chunks of 32, dQ not transposed), a
+    single-axis grid (a batch of at least two programs a multiprocessor) the query-major kernel and its sum kernel
+    (the key blocks outer spill 8-16 B there on single-axis causal or windowed calls); the head groups are counted
+    for the kernel that runs grouped (a program per item). sm_80 and D = 128 keep the query-major kernel. Both
+    launches, plain, causal and with a positional window, are exact against the float64 reference."""
+    from syntaxkernels.specs import BucketSpec
+
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(arch)
+    try:
+        def short(N, D):
+            return _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, BucketSpec()).short
+
+        base = short(100, 64)
+        assert not base.get("KEYS_OUTER") and base["GROUPED_CONFIG"]["KEYS_OUTER"]
+        cpu = torch.device("cpu")
+        grouped, groups = _launch.short2_grouping(base, 48, 12, cpu)
+        # 48 items on 84 / 170 multiprocessors: groups counted for 48 programs (4 / 6), not 96 (2 / 4)
+        assert groups == _launch.head_groups(48, 12, cpu) > _launch.head_groups(96, 12, cpu)
+        assert grouped["KEYS_OUTER"] and (grouped["ROWS"], grouped["CHUNK"], grouped["OUT_CHUNK"],
+                                          grouped["DQ_T"]) == (16, 32, 32, False)
+        assert _launch.short2_grouping(base, 1000, 12, cpu) == (base, 1)
+        assert "GROUPED_CONFIG" not in short(100, 128) and not short(100, 128).get("KEYS_OUTER")
+        case = make_case(2, 4, 70, 32, torch.bfloat16, lengths=[70, 53], seed=29)
+        for groups, kw in ((2, dict()), (2, dict(causal=True)), (2, dict(position_window=9)), (1, dict())):
+            monkeypatch.setattr(_launch, "head_groups", lambda programs, H, device, g=groups: g)
+            names.clear()
+            names.kwargs.clear()
+            check_against_reference(case, **kw)
+            two_block = [(n, k) for n, k in zip(names, names.kwargs) if n.startswith("_bias_bwd_short2")]
+            if groups > 1:
+                assert [n for n, _ in two_block] == ["_bias_bwd_short2_keys_kernel"], (kw, names)
+                assert two_block[0][1]["GROUPED"] and two_block[0][1]["ROWS"] == 16, kw
+            else:
+                assert [n for n, _ in two_block] == ["_bias_bwd_short2_kernel", "_bias_bwd_short2_sum_kernel"], names
+    finally:
+        P.interpret_as(previous)
+    previous = P.interpret_as(80)
+    try:
+        assert "GROUPED_CONFIG" not in _launch.launch_configs(100, 64, 64, torch.bfloat16, 1, -1, BucketSpec()).short
+    finally:
+        P.interpret_as(previous)
 
 
 @pytest.mark.parametrize("arch,chunks", [(90, (32, 32, False)), (100, (32, 64, True)), (120, (16, 32, True))])

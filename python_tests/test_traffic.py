@@ -83,6 +83,22 @@ def test_a_128_token_item_costs_its_tiles_and_shares():
     assert causal["scratch_kib"] == pytest.approx(96 + 192 + 32 + 4 * 4 * 64 / 1024)
 
 
+@pytest.mark.parametrize("arch", [86, 120])
+def test_the_small_familys_grouped_two_block_backward_keeps_the_key_blocks_outer(arch):
+    """The small family at D = 64: an item of 12 heads groups them (a grid of one program per item cannot fill the
+    GPU), so the two-block backward runs with the key blocks outer (the family's GROUPED_CONFIG): the same scratch as
+    sm_90's, under twice the essential traffic; one head cannot be grouped, and its single-axis launch is the
+    query-major kernel with its shares (over 3x)."""
+    w = Workload("one", [[-1] + list(range(127))], 128, "test", "one 128-token chain")
+    grouped = traffic.backward_traffic(w, head_dim=64, heads=12, arch=arch)
+    assert grouped["path"] == "short2" and grouped["keys_outer"]
+    assert grouped["per_long_item"] == traffic.backward_traffic(w, head_dim=64, heads=12)["per_long_item"]
+    assert grouped["per_long_item"]["scratch_kib"] < 2 * grouped["per_long_item"]["essential_kib"]
+    single = traffic.backward_traffic(w, head_dim=64, heads=1, arch=arch)
+    assert not single["keys_outer"] and single["per_long_item"]["scratch_kib"] > 3 * single["per_long_item"][
+        "essential_kib"]
+
+
 def test_a_128_token_item_with_the_key_blocks_outer_stays_under_twice_its_essential_traffic():
     """sm_90 at D = 64: the two-block kernel with the key blocks outer keeps dK and dV in registers: 4 dS tiles
     (128 KiB), one dQ share a query block (64 KiB) and the delta rows (written, read and updated, read: 2 KiB),

@@ -1931,6 +1931,26 @@ def format_workload_summary(rows: Sequence[dict], workloads_used: Sequence = ())
     return "\n".join(lines)
 
 
+#: The GPU whose multiprocessors :func:`workload_overview` sizes a family's grids for (an A100, an A10-class GPU,
+#: an H100) when no arch is named.
+_FAMILY_ARCHS = {"sm80": 80, "small": 86, "sm90": 90}
+
+
+@contextlib.contextmanager
+def _multiprocessors_of(arch: int):
+    """Size the launchers' grids for ``arch``'s multiprocessors (:data:`~syntaxkernels.ops._primitives.MULTIPROCESSORS`)
+    where nothing else set a count: what a launch on that GPU would fill, asked without a GPU or the interpreter."""
+    from syntaxkernels.ops import _primitives as P
+
+    previous = P._MULTIPROCESSORS_OVERRIDE
+    if previous is None:
+        P._MULTIPROCESSORS_OVERRIDE = P.MULTIPROCESSORS.get(arch, 132)
+    try:
+        yield
+    finally:
+        P._MULTIPROCESSORS_OVERRIDE = previous
+
+
 def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Sequence[int] = (64,),
                       dtype: str = "bf16", arch: Optional[int] = None) -> List[dict]:
     """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
@@ -1942,6 +1962,7 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
     kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
     path), ``bkts`` (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
+    from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.ops.bias_attention import configs as op
 
     rows = []
@@ -1969,6 +1990,9 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                     fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family, arch)
                     f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, arch)
+                if short is not None and workload.N > op.SHORT_ROW_LIMIT:  # (grouped: its GROUPED_CONFIG)
+                    with _multiprocessors_of(arch or _FAMILY_ARCHS[family]):
+                        short, _ = _launch.short2_grouping(short, workload.batch_size, WORKLOAD_HEADS)
                 if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
                     kernel = ("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT else

@@ -18,7 +18,9 @@ Per batch item (or packed sequence) of ``L`` tokens and head, in bytes (``e``: t
     tile's fp32 dK and dV shares (``(BLOCK_D + BLOCK_DV) S(keys)``, added by the sum kernel), each query block's one
     dQ share when its rows reach both key blocks (``BLOCK_D BLOCK``, added by the program itself) and those rows'
     delta (written, read and updated, read: ``4 * 4`` a row);
-  - the same rows with the key blocks outer (the sm90 family at head dims up to 64: the configs' KEYS_OUTER,
+  - the same rows with the key blocks outer (the sm90 family at head dims up to 64, and the small family's grouped
+    launches there: the configs' KEYS_OUTER, as :func:`~syntaxkernels.ops.bias_attention._launch.short2_grouping`
+    gives it for the workload's items and heads,
     :func:`~syntaxkernels.ops.bias_attention._backward._bias_bwd_short2_keys_kernel`): each walked step of
     ``ROWS`` query rows writes its dS at the key block's ``S(keys)`` keys, read back at ``S(rows) S(keys)``; for an
     item longer than a block, the rows reaching both key blocks write their first key block's dQ product as an
@@ -101,17 +103,21 @@ def _short2_keys_item(L: int, block: int, bd: int, causal: bool, rows: int) -> i
     return total
 
 
-def _path(N: int, D: int, dtype, arch: int, causal: bool):
-    """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table)."""
+def _path(N: int, D: int, dtype, arch: int, causal: bool, B: int = 1, heads: int = 12):
+    """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table);
+    the two-block kernel's config as ``B`` items of ``heads`` heads launch it (grouped: its GROUPED_CONFIG)."""
     from syntaxkernels.ops._primitives import interpret_as
     from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.specs import BucketSpec
-    from syntaxkernels.tools.inspection import fake_gpu
+    from syntaxkernels.tools.inspection import _multiprocessors_of, fake_gpu
 
     previous = interpret_as(arch)  # (under the interpreter the configs follow this, not the faked driver)
     try:
         with fake_gpu(arch):
             configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
+            if configs.short is not None and N > configs.short["BLOCK_M"]:
+                with _multiprocessors_of(arch):
+                    configs = configs._replace(short=_launch.short2_grouping(configs.short, B, heads)[0])
     finally:
         interpret_as(previous)
     if configs.short is None:
@@ -142,7 +148,7 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         path, block = "packed", None
         stored_ds = stores_ds(True, sum(L * L for L in lengths), sum(lengths))
     else:
-        path, configs = _path(workload.N, D, torch_dtype, arch, causal)
+        path, configs = _path(workload.N, D, torch_dtype, arch, causal, workload.batch_size, heads)
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []

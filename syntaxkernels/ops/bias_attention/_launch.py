@@ -729,6 +729,19 @@ def _short_table_gradient(ds, distance, lengths, window, causal, spec, scale, co
     return ((partials, 1, 1, B * blocks * blocks) if table_grad else None), pos_sums
 
 
+def short2_grouping(config: dict, B: int, H: int, device=None) -> Tuple[dict, int]:
+    """The two-block backward's tiles and head groups for ``B`` items of ``H`` heads: ``(config, groups)``. Grouped
+    launches (``groups > 1``) take the config's GROUPED_CONFIG over it (tiles that stay spill-free with the grouped
+    head loop), which may switch to the key blocks outer (KEYS_OUTER: a program per item and group, else one per
+    query block); the groups are counted for the kernel that runs grouped (``B`` programs a group with the key
+    blocks outer, else ``2 B``). The launcher, the inspection and the traffic model ask here."""
+    keys_outer = bool(config.get("KEYS_OUTER") or config.get("GROUPED_CONFIG", {}).get("KEYS_OUTER"))
+    groups = head_groups(B if keys_outer else 2 * B, H, device) if config["GROUPED"] else 1
+    if groups > 1 and "GROUPED_CONFIG" in config:
+        config = {**config, **config["GROUPED_CONFIG"]}
+    return config, groups
+
+
 def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, causal, spec, table_grad, config,
                      dq, dk, dv, delta, band=None):
     """:func:`bias_attention_backward` for rows of 65..128 tokens: :func:`_bias_bwd_short2_kernel` (every head
@@ -739,10 +752,8 @@ def _short2_backward(dout, q, k, v, lse, distance, lut, lengths, scale, window, 
     program's own); then with ``table_grad`` the heads' dS summed and reduced per bucket once per tile. ``delta``:
     the caller's row buffer (lse's row stride), for the first pass's row sums."""
     B, H, N, D = q.shape
+    config, groups = short2_grouping(config, B, H, q.device)
     keys_outer = bool(config.get("KEYS_OUTER"))
-    groups = head_groups(B if keys_outer else 2 * B, H, q.device) if config["GROUPED"] else 1
-    if groups > 1 and "GROUPED_CONFIG" in config:  # (tiles that stay spill-free with the grouped loop)
-        config = {**config, **config["GROUPED_CONFIG"]}
     DV = v.shape[-1]
     block = config["BLOCK_M"]
     block_d, block_dv = head_block(D), head_block(DV)

@@ -165,7 +165,14 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     # :func:`._backward._bias_bwd_short2_keys_kernel`: a program per item, dK and dV in registers over steps of ROWS
     # query rows, no dK/dV shares: about half the scratch, +8-24% instructions on pairs, -20% on odd-77; the
     # spill-free tiling on sm_90 and sm_100 in every variant, grouped or not: steps of 16 rows, whole 64-column
-    # chunks, dQ transposed; steps of 32 spill 16-24 B).
+    # chunks, dQ transposed; steps of 32 spill 16-24 B). The small family at D <= 64 takes it in grouped launches
+    # (GROUPED_CONFIG, :func:`._launch.short2_grouping`): steps of 16 rows, chunks of 32, dQ not transposed,
+    # spill-free grouped on sm_86 and sm_120 plain, causal, grouped-query, windowed: scratch per valid pair and head
+    # 26.9 -> 12.3 B on pairs, 40.3 -> 15.3 on odd-77 (2.82 -> 1.07 of essential), for a trade in instructions as on
+    # sm_90 (the whole backward a valid pair, sm_86 / sm_120: pairs 122.8 -> 159.0 / 135.9 -> 155.0, odd-77 205.4 ->
+    # 175.6 / 206.4 -> 170.6, finetune-128 252.9 -> 321.8 / 277.6 -> 316.6); its single-axis launches keep the
+    # query-major kernel (keys outer there spill 8-16 B causal or windowed, in chunks of 16 too). sm_80 keeps it
+    # everywhere: every keys-outer tiling tried spills (40-456 B, eight warps 192 B).
     ("short2", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=64, OUT_CHUNK=64, DQ_T=True, KEYS_OUTER=True,
                                          ROWS=16, num_warps=4, num_stages=1),
     ("short2", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=32, OUT_CHUNK=64, DQ_T=True,
@@ -175,7 +182,8 @@ CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
     ("short2", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=True,
                                           num_warps=4, num_stages=1),
     ("short2", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=False,
-                                          num_warps=4, num_stages=1),
+                                          num_warps=4, num_stages=1,
+                                          GROUPED_CONFIG=dict(KEYS_OUTER=True, ROWS=16, CHUNK=32, OUT_CHUNK=32)),
     ("short2", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=64, CHUNK=16, OUT_CHUNK=32, DQ_T=False,
                                            num_warps=4, num_stages=1),
     # After the short-row backward: the table gradient of its dS tiles

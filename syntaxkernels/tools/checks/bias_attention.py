@@ -111,6 +111,9 @@ def _short_rows_check(device, shape, **kw):
     if config is None:
         path = "tiled kernels (no short-row tiles for this GPU family)"
     elif shape[2] > op.SHORT_ROW_LIMIT:
+        from syntaxkernels.ops.bias_attention._launch import short2_grouping
+
+        config = short2_grouping(config, shape[0], shape[1], torch.device(device))[0]  # (grouped: its own tiles)
         path = ("two-block short-row backward, key blocks outer" if config.get("KEYS_OUTER")
                 else "two-block short-row backward")
     else:
