@@ -93,6 +93,25 @@ def test_workload_kernels_compile_without_spills_and_fit_shared_memory(workload_
 
 
 @pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
+def test_a_layer_after_the_first_leaves_the_block_metadata_to_the_plan(workload_reports):
+    """The summary's ``bwd_layer_instr`` is the backward without the block-metadata kernels (the structure plan
+    keeps their tile bucket sets for the batch's other layers): on N = 1000 the tiled path's bucket-mask kernel is
+    left out, on sentences (the short-row table kernel forms its tiles' bucket sets itself) nothing is."""
+    rows = I.workload_summary(workload_reports)
+    metadata = {}
+    for r in workload_reports:
+        if r.kernel in I._TILE_PROGRAMS and not r.error and (r.cost or {}).get("instr") is not None:
+            metadata[(r.case, r.arch)] = metadata.get((r.case, r.arch), 0.0) + r.cost["instr"]
+    for row in rows:
+        spent = metadata.get((row["case"], row["arch"]), 0.0)
+        assert row["bwd_layer_instr"] == pytest.approx(row["bwd_instr"] - spent), row
+        if row["case"].startswith("odd-1000"):
+            assert spent > 0 and row["bwd_layer_instr"] < row["bwd_instr"]
+        if row["case"].startswith("sentences"):
+            assert spent == 0
+
+
+@pytest.mark.slow  # compiles for sm_80/sm_90 (the workload_reports fixture)
 def test_workload_cases_report_every_kernel_its_tiles_and_cost(workload_reports):
     from syntaxkernels.ops.bias_attention import configs as op
 

@@ -1835,7 +1835,9 @@ WORKLOAD_LEGEND = (
 
 def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
     """One row per workload case and arch: the forward's and the backward's (dQ, dK/dV, the table gradient, the
-    block metadata) instructions and score elements per valid pair, and what spills or does not fit."""
+    block metadata) instructions and score elements per valid pair, and what spills or does not fit;
+    ``bwd_layer_instr``: the backward of a layer after the batch's first (without the block-metadata kernels, whose
+    results the batch's structure plan keeps for its other layers)."""
     groups: Dict[tuple, List[KernelReport]] = {}
     for r in reports:
         groups.setdefault((r.case, r.arch), []).append(r)
@@ -1857,6 +1859,8 @@ def workload_summary(reports: Sequence[KernelReport]) -> List[dict]:
                          spill_bytes=max([r.spill_bytes for r in group if not r.error] or [0]),
                          over_shared=sum(1 for r in group if not r.error and r.over_shared_limit),
                          fwd_instr=total(forward, "instr"), bwd_instr=total(backward, "instr"),
+                         # a layer after the first: the block metadata is the batch's plan's, derived once
+                         bwd_layer_instr=total(tuple(k for k in backward if k not in _TILE_PROGRAMS), "instr"),
                          fwd_area=total(forward, "area"),
                          dkdv_area=total(("_bias_bwd_dkdv_kernel",) + _ONE_TILE[1:] + _SHORT2_PROGRAMS + _SHORT2_KEYS
                                          + _VARLEN_KEY_PROGRAMS,
