@@ -737,6 +737,14 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "small", "half", 128, "grouped_kv", "position"): dict(BLOCK_M=16, BLOCK_N=16),
     ("table", "small", "half", 128, "grouped_kv", "position"): dict(BLOCK_M=64),
     ("short", "sm80", "half", 128, "grouped_kv", "position"): dict(GROUPED_CONFIG={}),
+    # ... a positional window with grouped-query k, v (``--dropout 0.1 --position-window 10 --kv-heads 4`` on
+    # sentences, pairs, odd-77, odd-1000: 5 of 396 kernels spilled; bytes, then the backward a valid pair): sm_80's
+    # table kernel at D64 128x16 on two stages (8 B on pairs and odd-77) -> 64x32 (pairs 375.8 one stage, 374.7 64x16,
+    # 363.1); sm_90's at D64 128x32 (8 B on odd-1000) -> 64x32 (151.1; 128x16 152.0); sm_100's dK/dV at D64 32x128 (72 B
+    # on pairs and odd-77) -> 32x64 (pairs 323.5; 16x128 348.3, two stages 627.1).
+    ("table", "sm80", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_M=64, BLOCK_N=32),
+    ("table", "sm90", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_M=64),
+    ("dkdv", "sm100", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_N=64),
 }
 
 
