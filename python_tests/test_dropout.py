@@ -373,11 +373,25 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, grouped_term)["dkdv"]["BLOCK_M"] == 16
     assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, grouped_term)["short"]["GROUPED_CONFIG"] == {}
     assert configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, with_term)["short"]["GROUPED_CONFIG"] != {}
+    # a window with grouped-query k, v: sm_100's dK/dV at D = 64 takes 64-key blocks, sm_80's table kernel 64x32;
+    # grouped-query k, v in a causal call: sm_90's dK/dV at D = 64 one stage, the small family's 32x32 at D = 128
+    grouped_window = frozenset({"grouped_kv", "position_window"})
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, grouped_window)["dkdv"]["BLOCK_N"] == 64
+    assert "dkdv" not in configs.dropout_overrides(torch.bfloat16, 64, "sm90", 100, window)
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, grouped_window)["table"] == {"BLOCK_M": 64,
+                                                                                                 "BLOCK_N": 32}
+    grouped_causal = frozenset({"grouped_kv", "causal"})
+    assert configs.dropout_overrides(torch.bfloat16, 64, "sm90", 90, grouped_causal)["dkdv"]["num_stages"] == 1
+    dkdv = configs.dropout_overrides(torch.bfloat16, 128, "small", 86, grouped_causal)["dkdv"]
+    assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (32, 32)
+    assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "small", 86, frozenset({"causal"})).get(
+        "dkdv", {})
 
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),
                                                 (120, 64, dict(kv_heads=2, groups=2)),
-                                                (100, 128, dict(position_window=9)), (90, 64, dict(position_window=9))])
+                                                (100, 128, dict(position_window=9)), (90, 64, dict(position_window=9)),
+                                                (100, 64, dict(kv_heads=2, position_window=9))])
 @pytest.mark.long_on_cpu
 def test_dropout_with_other_variants_takes_their_tiles_and_matches_the_reference(monkeypatch, arch, head_dim, opts):
     """Causal, grouped-query and positional-window calls with dropout run their DROPOUT_CONFIGS entries (rows of

@@ -745,6 +745,12 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     ("table", "sm80", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_M=64, BLOCK_N=32),
     ("table", "sm90", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_M=64),
     ("dkdv", "sm100", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_N=64),
+    # ... grouped-query k, v in a causal call (``--dropout 0.1 --kv-heads 4 --causal`` on sentences, pairs, odd-77,
+    # odd-1000: 7 of 264 kernels spilled; bytes, then the backward a valid pair on odd-1000): the small family's dK/dV
+    # at D128 16x64 (8 B) -> 32x32 (225.1; 16x32 248.7); sm_90's at D64 32x128 on three stages (16 B on odd-1000) ->
+    # one (113.5; two stages 8 B). sm_100 has its one stage already.
+    ("dkdv", "small", "half", 128, "causal", "grouped_kv"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "sm90", "half", 64, "causal", "grouped_kv"): dict(num_stages=1),
 }
 
 
