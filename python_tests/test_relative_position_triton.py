@@ -431,7 +431,9 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     chunks of 16; causal, sm_90's dK/dV at D = 64 takes 32 queries a block, sm_120's table kernel at D = 128 128x16,
     sm_100's forward and sm_120's dQ at D = 64 32 keys a block; with both, the small family's table kernel at D = 64
     64x32, 32x32 dK/dV tiles on sm_120 at D = 64 and on the small family and sm_90 at D = 128 (sm_100 keeping its
-    16x128 on eight warps). Calls without the variant keep the term's plain tiles. The grouped-query calls (sm_86
+    16x128 on eight warps); with a positional window, the small family's dQ at D = 64 32 keys a block and its dK/dV
+    at D = 128 32x32, sm_100's grouped dK/dV at D = 128 64 keys. Calls without the variant keep the term's plain
+    tiles. The grouped-query calls (sm_86
     tiled, sm_90 one-tile), the causal one (sm_90) and one with both (sm_120) on those tiles are exact against the
     reference (bf16, rows of 70 and 53, 40 and 23)."""
     if DEVICE != "cpu":
@@ -463,6 +465,11 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     assert tiles(86, 128, "dkdv", grouped=True, causal=True)[:2] == (32, 32)
     assert tiles(90, 128, "dkdv", grouped=True, causal=True)[:3] == (32, 32, 4)
     assert tiles(100, 128, "dkdv", grouped=True, causal=True)[:3] == (16, 128, 8)
+    # a positional window: the small family's dQ at D = 64 32 keys a block, its dK/dV at D = 128 32x32; with
+    # grouped-query k, v too, sm_100's dK/dV at D = 128 64 keys a block
+    assert tiles(86, 64, "dq", band=True)[1] == 32 != tiles(86, 64, "dq")[1]
+    assert tiles(86, 128, "dkdv", band=True)[:2] == (32, 32) != tiles(86, 128, "dkdv")[:2]
+    assert tiles(100, 128, "dkdv", grouped=True, band=True)[:2] == (16, 64) != tiles(100, 128, "dkdv", grouped=True)[:2]
     previous = P.interpret_as(90)
     try:  # the one-tile backward on rows of at most 64: sm_90 keys-major with grouped-query k, v
         short = _launch.launch_configs(40, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True,

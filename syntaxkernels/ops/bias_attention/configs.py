@@ -499,6 +499,18 @@ POSITION_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "small", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=32, BLOCK_N=32),
     ("dkdv", "sm90", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
     ("dkdv", "sm100", "half", 128, "grouped_kv", "causal"): dict(BLOCK_M=16, BLOCK_N=128, num_warps=8),
+    # The term with a positional window (``--position-window 10``, no dropout; odd-1000 / odd-77, bytes, then the
+    # backward a valid pair): the small family's dQ at D64 128x64 (8 B on odd-1000) -> 128x32 (64x64 24 B); its dK/dV
+    # at D128 16x64 (16 B on pairs, odd-77, odd-1000, causal or not) -> 32x32 (causal odd-77 289.4; 16x32 310.4);
+    # sm_90's dK/dV at D64 64x128 on two stages (8 B on pairs and odd-77, 56 B on odd-1000) -> 32x128 on one (110.9;
+    # one stage of 64x128 80 B; sm_100 reads it too: pairs 424.1 -> 382.0, spill-free either way); sm_100's at D128
+    # 16x128 on three stages (24 B on odd-1000) -> one (128.5; two 16 B, 16x64 147.6); with grouped-query k, v too,
+    # sm_100's dK/dV at D128 16x128 (8 B on odd-1000) -> 16x64 (174.3; 32x32 197.0, four warps 1,256 B).
+    ("dq", "small", "half", 64, "position_window"): dict(BLOCK_N=32),
+    ("dkdv", "small", "half", 128, "position_window"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "sm90", "half", 64, "position_window"): dict(BLOCK_M=32, num_stages=1),
+    ("dkdv", "sm100", "half", 128, "position_window"): dict(num_stages=1),
+    ("dkdv", "sm100", "half", 128, "grouped_kv", "position_window"): dict(BLOCK_N=64),
 }
 
 
