@@ -1942,8 +1942,9 @@ _FAMILY_ARCHS = {"sm80": 80, "small": 86, "sm90": 90}
 
 @contextlib.contextmanager
 def _multiprocessors_of(arch: int):
-    """Size the launchers' grids for ``arch``'s multiprocessors (:data:`~syntaxkernels.ops._primitives.MULTIPROCESSORS`)
-    where nothing else set a count: what a launch on that GPU would fill, asked without a GPU or the interpreter."""
+    """Size the launchers' grids for ``arch``'s multiprocessors
+    (:data:`~syntaxkernels.ops._primitives.MULTIPROCESSORS`) where nothing else set a count: what a launch on that
+    GPU would fill, asked without a GPU or the interpreter."""
     from syntaxkernels.ops import _primitives as P
 
     previous = P._MULTIPROCESSORS_OVERRIDE

@@ -34,9 +34,9 @@ Where each part lives (this folder):
   gradient, one query block and every head of a shared table a program), and the short-row backward
   (``_bias_bwd_short_kernel`` / ``_bias_bwd_short_t_kernel``, ``_bias_bwd_short2_kernel`` (with
   ``_bias_bwd_short2_sum_kernel``) or ``_bias_bwd_short2_keys_kernel`` (key blocks outer: sm_90 and sm_100 at head
-  dims up to 64, the small family's grouped launches there too), and ``_bias_bwd_short_table_kernel``: rows of at most 128 tokens with a shared table,
-  fp16/bf16: dQ, dK, dV and each head's dS for every head of a sequence in one program, then the heads' dS summed
-  and reduced per bucket once).
+  dims up to 64, the small family's grouped launches there too), and ``_bias_bwd_short_table_kernel``: rows of at
+  most 128 tokens with a shared table, fp16/bf16: dQ, dK, dV and each head's dS for every head of a sequence in
+  one program, then the heads' dS summed and reduced per bucket once).
 - ``_launch.py``: the ``torch.library`` Triton ops (launchers) and their host work; ``_autograd.py``: the
   autograd Functions over them.
 - ``_cpu.py``: the C++ kernels' ops and autograd (CPU tensors); ``_varlen.py`` and ``_varlen_kernels.py``: packed
