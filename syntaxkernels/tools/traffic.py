@@ -109,15 +109,14 @@ def _path(N: int, D: int, dtype, arch: int, causal: bool, B: int = 1, heads: int
     from syntaxkernels.ops._primitives import interpret_as
     from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.specs import BucketSpec
-    from syntaxkernels.tools.inspection import _multiprocessors_of, fake_gpu
+    from syntaxkernels.tools.inspection import fake_gpu
 
     previous = interpret_as(arch)  # (under the interpreter the configs follow this, not the faked driver)
     try:
         with fake_gpu(arch):
             configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
-            if configs.short is not None and N > configs.short["BLOCK_M"]:
-                with _multiprocessors_of(arch):
-                    configs = configs._replace(short=_launch.short2_grouping(configs.short, B, heads)[0])
+            if configs.short is not None and N > configs.short["BLOCK_M"]:  # (grids sized for arch's multiprocessors)
+                configs = configs._replace(short=_launch.short2_grouping(configs.short, B, heads)[0])
     finally:
         interpret_as(previous)
     if configs.short is None:
