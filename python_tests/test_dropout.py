@@ -325,8 +325,8 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     only to calls with all of them, after every plain entry (the family's and sm_100's / sm_120's own): the small
     family's table kernel at D = 64 takes 16-key blocks with dropout only when the call is causal or has
     grouped-query k, v; sm_120's grouped-query one-tile backward takes score chunks of 16 grouped although sm_120's
-    own plain entry says 32; entries naming two variants (T5's term with a window, or with grouped-query k, v) apply
-    only to calls with both."""
+    own plain entry says 32; entries naming two or more variants (T5's term with a window, or with grouped-query k,
+    v; three or four of them) apply only to calls with all of them."""
     from syntaxkernels.ops.bias_attention import configs
 
     def table(arch, variants=frozenset()):
@@ -386,6 +386,27 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (32, 32)
     assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "small", 86, frozenset({"causal"})).get(
         "dkdv", {})
+    # Three variants besides dropout: T5's term with grouped-query k, v in a causal call (the small family and
+    # sm_100 take 32x16 dK/dV tiles at D = 128; sm_120 keeps its own 32-key blocks), or with a positional window
+    # (the small family 32x32, sm_100 32x16, sm_80's table kernel at D = 64 128x16); all four (32x16 on the small
+    # family and the sm90 family); any two of them keep the entries naming two
+    def dkdv(head_dim, family, arch, variants):
+        fields = configs.dropout_overrides(torch.bfloat16, head_dim, family, arch, frozenset(variants))["dkdv"]
+        return fields["BLOCK_M"], fields["BLOCK_N"]
+
+    term_causal, term_window = grouped_term | {"causal"}, grouped_term | {"position_window"}
+    for family, arch in (("small", 86), ("small", 89), ("sm90", 100)):
+        assert dkdv(128, family, arch, term_causal) == (32, 16)
+    assert dkdv(128, "small", 120, term_causal) == (32, 32)
+    assert dkdv(128, "small", 86, term_window) == (32, 32) and dkdv(128, "sm90", 100, term_window) == (32, 16)
+    assert dkdv(128, "small", 86, grouped_term) == (16, 16) and dkdv(128, "sm90", 100, grouped_term) == (32, 32)
+    table_window = configs.dropout_overrides(torch.bfloat16, 64, "sm80", 80, term_window)["table"]
+    assert (table_window["BLOCK_M"], table_window["BLOCK_N"]) == (128, 16)
+    every = term_causal | term_window
+    for family, arch in (("small", 86), ("sm90", 90), ("sm90", 100)):
+        assert dkdv(128, family, arch, every) == (32, 16)
+    # (sm_90 with three of them keeps what the term's causal grouped-query entry gives: spill-free there)
+    assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "sm90", 90, term_causal)["dkdv"]
 
 
 @pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),

@@ -502,3 +502,35 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
         ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
         _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw),
                       torch.bfloat16)
+
+
+@needs_triton
+@pytest.mark.long_on_cpu
+@pytest.mark.parametrize("arch,kw,tile", [
+    (86, dict(causal=True), dict(BLOCK_M=32, BLOCK_N=16)),
+    (100, dict(position_window=5), dict(BLOCK_M=32, BLOCK_N=16))], ids=["sm86-causal", "sm100-window"])
+def test_four_variants_in_one_call_take_their_own_tiles(monkeypatch, arch, kw, tile):
+    """T5's term, grouped-query k, v and dropout with a causal mask (sm_86) or a positional window (sm_100) in one
+    call at D = 128 run the dK/dV tiles of DROPOUT_CONFIGS' entries naming all of them (32x16: the tiles of the
+    entries naming two spilled there), exact against the reference (bf16, rows of 70 and 53)."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+
+    spec = RelativePositionSpec(8, 20)
+    kw = dict(kw, dropout_p=0.2, dropout_seed=11)
+    _replay.clear()  # (a program recorded by another test would skip the launchers)
+    previous = P.interpret_as(arch)
+    try:
+        names = spy_launches(monkeypatch, fresh_configs=True)
+        case = bias_attention_case(2, 4, 70, 128, lengths=[70, 53], seed=7, bias_scale=0.8, kv_heads=2)
+        ptable = _position_table(4, spec, seed=8)
+        g = _grad_out(case)
+        got = _grads("triton", case, torch.bfloat16, g, spec, ptable, **kw)
+        launched = [k for n, k in zip(names, names.kwargs) if n == "_bias_bwd_dkdv_kernel"]
+        assert launched and all({f: k[f] for f in tile} == tile and k.get("POSITION") and k.get("DROPOUT")
+                                for k in launched), launched
+    finally:
+        P.interpret_as(previous)
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+    _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw), torch.bfloat16)

@@ -763,6 +763,27 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # one (113.5; two stages 8 B). sm_100 has its one stage already.
     ("dkdv", "small", "half", 128, "causal", "grouped_kv"): dict(BLOCK_M=32, BLOCK_N=32),
     ("dkdv", "sm90", "half", 64, "causal", "grouped_kv"): dict(num_stages=1),
+    # Four variants in one call (``--dropout 0.1 --position-buckets 32:128 --kv-heads 4`` with ``--causal``, with
+    # ``--position-window 10``, and with both; sentences, pairs, odd-1000 on sm_80, 86, 90, 100, 120 at D64 and D128;
+    # every other four-variant set compiled spill-free): T5's term, grouped-query k, v and dropout in a causal call
+    # (4 of 160 kernels spilled; bytes, then the dK/dV kernel a valid pair on pairs / odd-1000): the small family's
+    # dK/dV at D128 32x32 (16 B) -> 32x16 (213.3 / 132.3 -> 200.3 / 141.1; 16x16 251.9 / 199.0, 16x32 8 B; sm_120
+    # keeps its 32-key blocks, spill-free), sm_100's 32x32 (8 B) -> 32x16 (182.9 / 113.5 -> 196.6 / 138.5; 16x32
+    # 244.3 / 172.1, 16x64 128 B, 16x128 on eight warps 56-88 B); with a positional window instead of causal (6 of
+    # 160): the small family's dK/dV at D128 16x16 (24 B) -> 32x32 (pairs 609.7 -> 500.8, odd-1000 402.6 -> 281.6 the
+    # whole backward a valid pair; 32x16 499.7 / 298.2), sm_100's 32x32 (8 B) -> 32x16 (364.6 / 209.6 -> 381.9 /
+    # 237.2; 16x32 432.6 / 272.9), sm_80's table kernel at D64 64x32 (16-56 B) -> 128x16 (412.7 / 208.1 -> 427.1 /
+    # 203.0; 64x16 430.8 / 229.5, 32x32 16 B, 64x32 on four warps 64 B); with all five (8 of 234: those and sm_90's
+    # dK/dV at D128 32x32, 8 B): the small family and the sm90 family take 32x16 there.
+    ("dkdv", "small", "half", 128, "causal", "grouped_kv", "position"): dict(BLOCK_M=32, BLOCK_N=16),
+    ("dkdv", "sm100", "half", 128, "causal", "grouped_kv", "position"): dict(BLOCK_M=32, BLOCK_N=16),
+    ("dkdv", "small", "half", 128, "grouped_kv", "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "sm100", "half", 128, "grouped_kv", "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=16),
+    ("table", "sm80", "half", 64, "grouped_kv", "position", "position_window"): dict(BLOCK_M=128, BLOCK_N=16),
+    ("dkdv", "small", "half", 128, "causal", "grouped_kv", "position", "position_window"): dict(BLOCK_M=32,
+                                                                                                BLOCK_N=16),
+    ("dkdv", "sm90", "half", 128, "causal", "grouped_kv", "position", "position_window"): dict(BLOCK_M=32,
+                                                                                               BLOCK_N=16),
 }
 
 
