@@ -642,6 +642,76 @@ def test_head_groups_fill_the_gpu(monkeypatch):
         P.interpret_as(previous)
 
 
+def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
+    """Calls of 129..512 tokens (a fine-tuning batch padded to 512) take PADDED_CONFIGS' dQ (64 rows, 32 keys a step)
+    and dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at
+    D = 64 (its entries after), and the table kernel's 32x32 where it was spill-free; longer rows, calls with
+    causality, grouped-query k, v, T5's term, a window or a positional window, dropout at D = 128, and the tests'
+    tile override keep the long rows' tiles."""
+    spec = sk.BucketSpec()
+
+    def tiles(arch, N, D=64, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            window = kw.pop("window", -1)
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, window, spec, **kw)
+        finally:
+            P.interpret_as(previous)
+        return (c.dq["BLOCK_M"], c.dq["BLOCK_N"], c.dq["num_warps"]), (c.dkdv["BLOCK_M"], c.dkdv["BLOCK_N"],
+                                                                       c.dkdv["num_warps"])
+
+    padded = ((64, 32, 4), (32, 64, 4))
+    for arch in (80, 86, 89, 90, 100, 120):
+        for D in (64, 128):
+            assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
+            assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
+            for kw in (dict(causal=True), dict(grouped=True), dict(position=True), dict(band=True), dict(window=3)):
+                assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
+    assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
+    for arch in (80, 86, 90, 120):  # dropout at D = 128: exactly the long rows' dropout tiles
+        assert tiles(arch, 300, 128, dropout=True) == tiles(arch, 600, 128, dropout=True), arch
+
+    def table(arch, N, D=64, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, spec, **kw).table
+        finally:
+            P.interpret_as(previous)
+        return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]
+
+    # The table kernel: 32x32 on four warps at D = 64 on every family, at D = 128 on the small family and sm_100;
+    # sm_80's and sm_90's D = 128 tiles stay, and with dropout the dropout entries' tiles
+    for arch in (80, 86, 89, 90, 100, 120):
+        assert table(arch, 512) == (32, 32, 4) != table(arch, 513), arch
+        assert table(arch, 300, dropout=True) == table(arch, 600, dropout=True), arch
+    for arch in (86, 89, 100, 120):
+        assert table(arch, 512, 128) == (32, 32, 4), arch
+    for arch in (80, 90):
+        assert table(arch, 512, 128) == table(arch, 600, 128), arch
+    previous = configs._BLOCK_OVERRIDE
+    try:
+        configs._BLOCK_OVERRIDE = (16, 16)
+        assert tiles(90, 300) == ((16, 16, 8), (16, 16, 8))
+    finally:
+        configs._BLOCK_OVERRIDE = previous
+
+
+@pytest.mark.long_on_cpu
+def test_padded_tiles_are_exact(monkeypatch):
+    """A padded batch of short rows on the padded tiles (interpreted sm_80: dQ 64x32, dK/dV 32x64, the table kernel
+    32x32 on four warps): ragged, empty and full rows exact against the float64 reference."""
+    previous = P.interpret_as(80)
+    try:
+        names = spy_launches(monkeypatch, fresh_configs=True)
+        check_against_reference(make_case(3, 2, 150, 64, torch.bfloat16, lengths=[150, 37, 0]))
+    finally:
+        P.interpret_as(previous)
+    tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs)
+             if n in ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")}
+    assert tiles == {"_bias_bwd_dq_kernel": (64, 32, 4), "_bias_bwd_dkdv_kernel": (32, 64, 4),
+                     "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+
+
 @pytest.mark.parametrize("N,dtype,rows,family,arch,takes", [
     (57, torch.bfloat16, 1, "sm90", 90, True),
     (64, torch.float16, 1, "sm90", 100, True),

@@ -389,6 +389,51 @@ def _opaque_bias(family: str) -> bool:
     return family in ("sm80", "small")
 
 
+#: Padded batches of short rows (a fine-tuning batch padded to 512): calls of ``2 * SHORT_ROW_LIMIT < N <=
+#: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v, T5's term or a window take :data:`PADDED_CONFIGS`
+#: over the tiled dQ, dK/dV and table tiles; with attention dropout at head dims up to 64 the dQ and dK/dV ones (the
+#: dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small family and
+#: sm_90: those calls keep their tiles).
+PADDED_ROW_LIMIT = 512
+
+#: The tiled dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`), over
+#: :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class, head-dim class) -> fields``. The long
+#: rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute 6.4-10.3 score elements a valid pair on
+#: 32 sentences padded to 512 (finetune-512, mean 26 tokens); 64 rows and 32 keys a dQ step, 64 keys a dK/dV program
+#: on four warps compute 3.2. Compiled on finetune-512 and odd-1000 (4 rows of ~970 tokens, what such tiles cost on
+#: long rows; N = 1000 itself keeps the long rows' tiles), the whole backward a valid pair, one kernel changed at a
+#: time (spill-free): dQ 64x32 on finetune-512 sm_80 D64 450.4 -> 305.9, D128 410.1 -> 359.9, sm_86 D64 440.1 ->
+#: 295.0, D128 393.5 -> 365.9, sm_90 D64 543.4 -> 412.9, D128 431.1 -> 366.3, sm_100 D64 554.0 -> 404.4 (64x64:
+#: dearer, or 8-16 B spills); dK/dV 32x64 sm_80 D64 392.2, D128 353.4, sm_86 D64 385.8, D128 337.3, sm_90 D64 410.9,
+#: D128 360.0, sm_100 D64 432.4, D128 332.0 (16x64 about the same, dearer on long rows; 64x64 spills 8-96 B on the
+#: small family and at D128). On odd-1000 the same tiles cost -1% .. +10% (dQ at D128 on sm_80 and sm_86 the most).
+#: Both together, finetune-512: D64 -44% .. -49%, D128 -21% .. -34% on every family; with dropout 0.1 at D64 -19% ..
+#: -55% (``inspect --workload finetune-512``, spill-free); with the table kernel's entries below, D64 -54% .. -62%,
+#: D128 -26% .. -40%.
+PADDED_CONFIGS: Dict[tuple, dict] = {
+    ("dq", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dq", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dq", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dq", "sm80", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dq", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dq", "small", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("dkdv", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm90", "half", 128): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    ("dkdv", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    ("dkdv", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    ("dkdv", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=64, num_warps=4),
+    # The table kernel (after those two; finetune-512, the whole backward): 32x32 on four warps at D64 sm_90 280.4 ->
+    # 205.5, sm_80 247.8 -> 207.9, sm_86 240.7 -> 198.7, sm_100 282.9 -> 209.3, sm_120 243.0 -> 202.6 (64x32: 213.9,
+    # 240.1, 227.5, 8 B on sm_100, 231.5); at D128 the small family 309.7 -> 272.9 (sm_120 299.2 -> 265.0) and sm_100
+    # 261.0 -> 236.3 (64x32 8 B); on sm_90 and sm_80 at D128 32x32 spills, 64x32 gains nothing: their tiles stay.
+    ("table", "sm90", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "sm80", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "sm100", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+}
+
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
 # also turn the short-row kernels off (they need a key tile as long as the rows).
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
@@ -828,6 +873,17 @@ def band_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) ->
 def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
     """``kind -> fields`` of :data:`CAUSAL_CONFIGS` for this dtype, head dim and GPU."""
     return _overrides(CAUSAL_CONFIGS, dtype, head_dim, family, arch)
+
+
+def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
+                     dropout: bool = False) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` the dQ and
+    dK/dV entries only (the table kernel keeps the dropout entries' tiles: 32x32 on four warps under them spilled
+    8 B on sm_100)."""
+    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch)
+    if dropout:
+        found.pop("table", None)
+    return found
 
 
 def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
