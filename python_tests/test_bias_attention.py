@@ -22,7 +22,8 @@ from syntaxkernels.tools.workloads import random_document
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops import bias_attention as ba
 from syntaxkernels.ops.bias_attention import _autograd, _host, _launch, configs
-from syntaxkernels.ops.block_meta import block_distance_range, boundary_tiles, compact_rows, split_lists
+from syntaxkernels.ops.block_meta import (block_bucket_masks, block_distance_range, boundary_tiles, compact_rows,
+                                          split_lists)
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
 from conftest import KERNEL_DEVICE as DEVICE, spy_launches
@@ -882,6 +883,33 @@ def test_block_meta_matches_dense_computation():
             expect = mask[b, r].nonzero().flatten()
             assert counts[b, r] == expect.numel()
             assert torch.equal(idx[b, r, :expect.numel()].long(), expect)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
+def test_block_bucket_masks_match_dense_computation(block_m, block_n):
+    """The bucket set of each tile's allowed pairs, tile by tile from the dense distance: tiles past an item's
+    length (a padded item, an empty one) hold none, with a window and causality too."""
+    case = make_case(3, 1, 50, 32, torch.float32, lengths=[50, 21, 0])
+    dist, lengths = case["distance"].to(DEVICE), case["lengths"].to(DEVICE, torch.int32)
+    spec = sk.BucketSpec(max_distance=6)
+    lut = spec.lut().to(DEVICE)
+    for window, causal in [(None, False), (2, False), (None, True), (3, True)]:
+        masks = block_bucket_masks(dist, lengths, lut, block_m, block_n, window, causal).cpu()
+        assert masks.shape == (3, 4 if block_m == 16 else 2, 2 if block_n == 32 else 4)
+        for b, L in enumerate(lengths.tolist()):
+            for qi in range(masks.shape[1]):
+                for ki in range(masks.shape[2]):
+                    want = 0
+                    for i in range(qi * block_m, min((qi + 1) * block_m, L)):
+                        for j in range(ki * block_n, min((ki + 1) * block_n, L)):
+                            d = int(dist[b, i, j])
+                            if (window is None or d <= window) and (not causal or j <= i):
+                                want |= 1 << int(spec.lut()[d])
+                    assert int(masks[b, qi, ki]) == want, (b, qi, ki, window, causal)
+    # A program's warps: one per 1024 pairs of its tile, one to four (a padded batch's many empty tiles: one warp).
+    from syntaxkernels.ops.block_meta import _tile_warps
+
+    assert [_tile_warps(*t) for t in ((16, 32), (32, 32), (64, 32), (64, 64), (128, 64))] == [1, 1, 2, 4, 4]
 
 
 def test_split_lists_put_interior_tiles_first():

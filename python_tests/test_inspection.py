@@ -396,6 +396,40 @@ def test_workload_tiles_follow_padding_and_lengths():
     assert (t["interior"] * t["area"]) == full.valid_pairs()
 
 
+SASS_EARLY_EXIT = """
+        /*0000*/                   S2R R0, SR_CTAID.X ;
+        /*0010*/                   ISETP.GE.AND P0, PT, R0, 0x4, PT ;
+        /*0020*/               @P0 BRA 0x80 ;
+        /*0030*/                   LDG.E.U8 R2, desc[UR4][R4.64] ;
+        /*0040*/                   LOP3.LUT R3, R2, 0xff, RZ, 0xc0, !PT ;
+        /*0050*/                   SHFL.BFLY PT, R6, R3, 0x1, 0x1f ;
+        /*0060*/                   STG.E [R8.64], R6 ;
+        /*0070*/                   EXIT ;
+        /*0080*/                   STG.E [R8.64], RZ ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_block_metadata_tiles_past_the_length_cost_their_early_exit():
+    """The block-metadata kernels' programs whose tile starts past the length (or, for the causal bucket masks,
+    lies wholly above the diagonal) count as skipped and cost only their path to the early exit; the others every
+    instruction."""
+    from syntaxkernels.tools import workloads
+
+    # The cheapest path to an EXIT: S2R, ISETP, BRA (taken), STG, EXIT.
+    assert I._shortest_exit(I._instructions(SASS_EARLY_EXIT)) == 5
+    w = workloads.Workload("t", [workloads.chain(100), workloads.chain(40), []], 128, "chains", "")
+    t = I.workload_tiles("_block_bucket_mask_kernel", w, 32, 32)
+    # 100 tokens: 4 x 4 tiles start inside the length; 40: 2 x 2; the empty item none.
+    assert (t["grid"], t["interior"], t["skipped"], t["boundary"]) == (48, 20, 28, 0)
+    causal = I.workload_tiles("_block_bucket_mask_kernel", w, 32, 32, causal=True)
+    assert (causal["interior"], causal["skipped"]) == (10 + 3, 48 - 13)  # (key block <= query block)
+    report = I.KernelReport("bias_attention", "c", "_block_bucket_mask_kernel", 90, num_warps=4, instructions=50,
+                            exit_instructions=8)
+    cost = I.workload_cost(report, t, heads=12)
+    assert cost["instr"] == pytest.approx((20 * 50 + 28 * 8) * 128 / 12 / (100 ** 2 + 40 ** 2))
+
+
 def test_two_block_tiles_with_the_key_blocks_outer_count_steps_by_hand():
     """The two-block kernel with the key blocks outer walks, per item and head, first the second key block for the
     rows reaching it (the exact delta), then each key block inside the length over the steps of ROWS query rows up

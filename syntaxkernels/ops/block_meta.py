@@ -34,21 +34,31 @@ __all__ = ["block_distance_range", "block_bucket_masks", "block_bucket_masks_tor
 
 
 @triton.jit
-def _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N, num_q_blocks, num_k_blocks, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr):
+def _tile_ids(LENGTHS, N, num_q_blocks, num_k_blocks):
     """The tile of this program (a 1-D grid of ``nK * nQ * B`` programs, :func:`_tile_grid`): ``(b, q_block,
-    k_block, offs_m, offs_n, distance, valid)``, the uint8 distance tile and the pairs inside the item's length."""
-    pid = tl.program_id(0)
-    k_block = pid % num_k_blocks
-    rest = pid // num_k_blocks
-    q_block = rest % num_q_blocks
-    b = (rest // num_q_blocks).to(tl.int64)
+    k_block, length, out)``, ``out`` its index in a contiguous ``[B, nQ, nK]`` output."""
+    pid = tl.program_id(0).to(tl.uint32)  # (unsigned: a division by a runtime value costs about half)
+    num_k = tl.cast(num_k_blocks, tl.uint32)
+    rest = pid // num_k
+    k_block = (pid - rest * num_k).to(tl.int32)
+    b = rest // tl.cast(num_q_blocks, tl.uint32)
+    q_block = (rest - b * tl.cast(num_q_blocks, tl.uint32)).to(tl.int32)
+    b = b.to(tl.int64)
     length = tl.minimum(tl.load(LENGTHS + b), N)
+    return b, q_block, k_block, length, pid.to(tl.int64)
+
+
+@triton.jit
+def _tile(DIST, b, q_block, k_block, length, stride_db, stride_di, stride_dj, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """``(offs_m, offs_n, distance, valid)`` of a tile from :func:`_tile_ids`: the uint8 distance tile and the
+    pairs inside the item's length. The kernels call it only for tiles that start inside the length (the others,
+    padding only on a padded batch, store their empty value at once)."""
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
     distance = load_distance_tile(DIST + b * stride_db, offs_m, offs_n, stride_di, stride_dj, length)
     valid = (offs_m[:, None] < length) & (offs_n[None, :] < length)
-    return b, q_block, k_block, offs_m, offs_n, distance, valid
+    return offs_m, offs_n, distance, valid
 
 
 @triton.jit
@@ -61,15 +71,26 @@ def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
     Args:
         DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``.
         MIN_OUT, MAX_OUT: uint8 ``[B, nQ, nK]`` contiguous.
-    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item (a tile that starts
+    past the length stores its empty value and ends: on a padded batch most do).
     """
-    b, q_block, k_block, offs_m, offs_n, distance, valid = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj, N,
-                                                                 num_q_blocks, num_k_blocks, BLOCK_M, BLOCK_N)
-    smallest = tl.min(tl.min(tl.where(valid, distance, 255), axis=1), axis=0)
-    largest = tl.max(tl.max(tl.where(valid, distance, 0), axis=1), axis=0)
-    out = (b * num_q_blocks + q_block) * num_k_blocks + k_block
-    tl.store(MIN_OUT + out, smallest.to(tl.uint8))
-    tl.store(MAX_OUT + out, largest.to(tl.uint8))
+    b, q_block, k_block, length, out = _tile_ids(LENGTHS, N, num_q_blocks, num_k_blocks)
+    if (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length):
+        offs_m, offs_n, distance, valid = _tile(DIST, b, q_block, k_block, length, stride_db, stride_di, stride_dj,
+                                                BLOCK_M, BLOCK_N)
+        smallest = tl.min(tl.min(tl.where(valid, distance, 255), axis=1), axis=0)
+        largest = tl.max(tl.max(tl.where(valid, distance, 0), axis=1), axis=0)
+        tl.store(MIN_OUT + out, smallest.to(tl.uint8))
+        tl.store(MAX_OUT + out, largest.to(tl.uint8))
+    else:  # a tile of padding only
+        tl.store(MIN_OUT + out, tl.full([], 255, tl.uint8))
+        tl.store(MAX_OUT + out, tl.full([], 0, tl.uint8))
+
+
+def _tile_warps(block_m: int, block_n: int) -> int:
+    """Warps of a block-metadata program: one per 1024 pairs of its tile, one to four. On a padded batch most
+    programs hold padding only and exit at once; a 32 x 32 tile on one warp keeps each such program one warp."""
+    return max(1, min(4, block_m * block_n // 1024))
 
 
 def _tile_grid(num_q: int, num_k: int, B: int):
@@ -98,7 +119,7 @@ def block_distance_range(distance: torch.Tensor, lengths: torch.Tensor, block_m:
     if B * num_q * num_k:
         launch(_block_distance_range_kernel, _tile_grid(num_q, num_k, B), distance, lengths, smallest, largest,
                distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
-               BLOCK_M=block_m, BLOCK_N=block_n)
+               BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_tile_warps(block_m, block_n))
     return smallest, largest
 
 
@@ -118,17 +139,25 @@ def _block_bucket_mask_kernel(DIST, LENGTHS, BUCKET_LUT, MASK_OUT,
     Args:
         DIST: uint8 ``[B, N, N]`` (strided); LENGTHS: int32 ``[B]``; BUCKET_LUT: int32 ``[256]``
             (``BucketSpec.lut()``); MASK_OUT: int32 ``[B, nQ, nK]`` contiguous.
-    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item.
+    Grid: :func:`_tile_grid`; one program owns one ``BLOCK_M x BLOCK_N`` tile of one batch item (a tile that starts
+    past the length stores its empty value and ends: on a padded batch most do).
     """
-    b, q_block, k_block, offs_m, offs_n, distance, allowed = _tile(DIST, LENGTHS, stride_db, stride_di, stride_dj,
-                                                                   N, num_q_blocks, num_k_blocks, BLOCK_M, BLOCK_N)
-    if HAS_WINDOW:
-        allowed = allowed & (distance <= window)
-    if CAUSAL:
-        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
-    bits = tl.where(allowed, 1 << tl.load(BUCKET_LUT + distance), 0)
-    present = tl.reduce(tl.reduce(bits, 1, _or), 0, _or)
-    tl.store(MASK_OUT + (b * num_q_blocks + q_block) * num_k_blocks + k_block, present)
+    b, q_block, k_block, length, out = _tile_ids(LENGTHS, N, num_q_blocks, num_k_blocks)
+    live = (q_block * BLOCK_M < length) & (k_block * BLOCK_N < length)
+    if CAUSAL:  # (a tile wholly above the diagonal holds no allowed pair)
+        live = live & (k_block * BLOCK_N <= q_block * BLOCK_M + BLOCK_M - 1)
+    if live:
+        offs_m, offs_n, distance, allowed = _tile(DIST, b, q_block, k_block, length, stride_db, stride_di,
+                                                  stride_dj, BLOCK_M, BLOCK_N)
+        if HAS_WINDOW:
+            allowed = allowed & (distance <= window)
+        if CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        bits = tl.where(allowed, 1 << tl.load(BUCKET_LUT + distance), 0)
+        present = tl.reduce(tl.reduce(bits, 1, _or), 0, _or)
+        tl.store(MASK_OUT + out, present)
+    else:  # a tile of padding only (or above the diagonal): no bucket
+        tl.store(MASK_OUT + out, tl.full([], 0, tl.int32))
 
 
 def block_bucket_masks(distance: torch.Tensor, lengths: torch.Tensor, bucket_lut: torch.Tensor, block_m: int,
@@ -148,7 +177,7 @@ def block_bucket_masks(distance: torch.Tensor, lengths: torch.Tensor, bucket_lut
         launch(_block_bucket_mask_kernel, _tile_grid(num_q, num_k, B), distance, lengths, bucket_lut.to(torch.int32), out,
                distance.stride(0), distance.stride(1), distance.stride(2), N, num_q, num_k,
                0 if window is None else window, BLOCK_M=block_m, BLOCK_N=block_n, HAS_WINDOW=window is not None,
-               CAUSAL=causal)
+               CAUSAL=causal, num_warps=_tile_warps(block_m, block_n))
     return out
 
 

@@ -266,6 +266,15 @@ def _shortest_path(instructions, start: int, end: int, weight=None, skip=None) -
     return 0
 
 
+def _shortest_exit(instructions) -> int:
+    """Fewest instructions executed from the entry to an unpredicated ``EXIT`` (:func:`_shortest_path` to each,
+    the cheapest kept; 0 when none is reached)."""
+    exits = [i for i, (_, opcode, _, predicated) in enumerate(instructions)
+             if opcode.startswith("EXIT") and not predicated]
+    paths = [p for p in (_shortest_path(instructions, 0, i) for i in exits) if p]
+    return min(paths) if paths else 0
+
+
 def _returns_from_out_of_line_block(instructions, target: int, address: int) -> bool:
     """A backward branch to ``target`` that closes no loop: it returns from a block placed out of line after
     the code (sm_100's waits on tensor-core barriers: ``@!P BRA wait; ...`` where ``wait`` spins and
@@ -392,6 +401,9 @@ class KernelReport:
     head_sum_other: Optional[float] = None
     plain_loop_other: List[float] = dataclasses.field(default_factory=list)  # loop_other of the SYNTAX=False twin
     instructions: int = 0  # every non-NOP instruction of the kernel (straight-line kernels: one program's work)
+    # The block-metadata kernels: instructions on the cheapest path from the entry to an EXIT (a tile that starts
+    # past the length stores its empty value and ends there).
+    exit_instructions: int = 0
     block_m: int = 0
     block_n: int = 0
     workload: str = ""  # the named workload of a workload case ("" for the N = 1024 launch cases)
@@ -536,6 +548,8 @@ def _report_for(op: str, case: str, launch: Launch, arch: int, plain=None) -> Ke
         analysed_instructions = _instructions(sass)
         analysed = _analyse(analysed_instructions)
         report.instructions = sum(1 for _, op in analysed[0] if op != "NOP")
+        if name in _TILE_PROGRAMS:
+            report.exit_instructions = _shortest_exit(analysed_instructions)
         report.block_m, report.block_n = int(kwargs.get("BLOCK_M", 0)), int(kwargs.get("BLOCK_N", 0))
         report.shared_limit = SHARED_LIMIT.get(arch, 0)
         report.spill_instructions = len(re.findall(r"\*/\s+(?:@!?P\w+\s+)?(?:STL|LDL)\b", sass))
@@ -1404,7 +1418,9 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     buckets: per bucket of the tile's range, :func:`tile_walk_counts`); up to 31 buckets it does
     not walk its query block's most frequent one-bucket tiles (``bucket_skipped``, counted as skipped).
     ``buckets``: the BucketSpec the kernels run (None: the workload's own, ``Workload.kernel_buckets``). Every
-    other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile.
+    other tile of the ``B x nQ x nK`` grid is *skipped*. The block-metadata kernels run one program per tile:
+    those whose tile starts inside the length (``causal``: and reaches the diagonal) count as interior, the others
+    (they exit at once) as skipped.
     The two-block kernel with the key blocks outer walks steps of ``rows`` query rows (its ROWS) per key block
     inside the length, up to the length's last step (``causal``: from the key block's diagonal), all boundary
     tiles of ``rows x block_n``, after a first pass over the second key block of the steps reaching it
@@ -1444,8 +1460,14 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     grid = workload.batch_size * num_q * num_k
     out = dict(grid=grid, skipped=0, interior=0, boundary=0, one_bucket=0, mixed=0, buckets_mixed=0,
                valid_pairs=workload.valid_pairs(), area=block_m * block_n)
-    if kernel in _TILE_PROGRAMS:
-        out["interior"] = grid
+    if kernel in _TILE_PROGRAMS:  # a program per tile; the tiles that start past the length exit at once
+        q_start = torch.arange(num_q)[None, :, None] * block_m
+        k_start = torch.arange(num_k)[None, None, :] * block_n
+        live = (q_start < lengths[:, None, None]) & (k_start < lengths[:, None, None])
+        if causal:  # (the bucket-mask kernel: a tile wholly above the diagonal too)
+            live = live & (k_start <= q_start + block_m - 1)
+        out["interior"] = int(live.sum())
+        out["skipped"] = grid - out["interior"]
         return out
     if kernel in _ONE_TILE:  # every program walks its one tile (masked), an empty row's too
         out["boundary"] = grid
@@ -1519,10 +1541,12 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
       cheapest path divided by the table's buckets (all branch overhead charged to the buckets: an upper
       bound); the table kernel (a loop over heads inside its tile loop) pays its head loop per head and the
       rest of its tile loop, bucket reduction included, once per tile for all its heads. Straight-line kernels
-      (the block metadata) count all their instructions per program; they run once per call for every head, so their figure is
-      divided by the head count (``heads``) to be per head like the others. A runtime loop over the buckets (more
-      than 31; ``report.bucket_loop_other``) costs one trip per bucket walked instead, every trip counted; the
-      packed table kernel's *dead* tiles (no valid pair) cost their tile loop's cheapest path only.
+      (the block metadata) count all their instructions per program whose tile starts inside the length, and
+      their path to the early exit (``exit_instructions``) per program whose tile does not; they run once per call
+      for every head, so their figure is divided by the head count (``heads``) to be per head like the others. A
+      runtime loop over the buckets (more than 31; ``report.bucket_loop_other``) costs one trip per bucket walked
+      instead, every trip counted; the packed table kernel's *dead* tiles (no valid pair) cost their tile loop's
+      cheapest path only.
     """
     from syntaxkernels.specs import BucketSpec
 
@@ -1536,7 +1560,8 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
     area = walked * tiles["area"] / valid
     if report.kernel in _TILE_PROGRAMS:  # once per call, shared by every head (a bias-free backward has none)
         threads = 32 * report.num_warps
-        return dict(area=None, instr=report.instructions * threads * tiles["grid"] / heads / valid)
+        programs = tiles["interior"] * report.instructions + tiles["skipped"] * report.exit_instructions
+        return dict(area=None, instr=programs * threads / heads / valid)
     if report.kernel in _SHORT2_KEYS:
         # Per head: each step (and first-pass step) at its loop's cheapest path, the rest of each key block's and head's trips and
         # the zeroing loops' trips counting every instruction; per program (an item's head group) the prologue,
