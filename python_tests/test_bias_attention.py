@@ -644,12 +644,32 @@ def test_head_groups_fill_the_gpu(monkeypatch):
 
 
 def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
-    """Calls of 129..512 tokens (a fine-tuning batch padded to 512) take PADDED_CONFIGS' dQ (64 rows, 32 keys a step)
-    and dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at
-    D = 64 (its entries after), and the table kernel's 32x32 where it was spill-free; longer rows, calls with
-    causality, grouped-query k, v, T5's term, a window or a positional window, dropout at D = 128, and the tests'
-    tile override keep the long rows' tiles."""
+    """Calls of 65..512 tokens (a fine-tuning batch padded to 128 or 512) take PADDED_CONFIGS' forward (64 rows, 32
+    keys on four warps; 32x32 on two at D = 128 on sm_80 and the small family), dQ (64 rows, 32 keys a step) and
+    dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at D = 64
+    (its entries after), and the table kernel's 32x32 where it was spill-free; longer rows, calls with causality,
+    grouped-query k, v, T5's term, a window or a positional window, dropout at D = 128, and the tests' tile override
+    keep the long rows' tiles."""
     spec = sk.BucketSpec()
+
+    def forward(arch, N, D=64, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            window = kw.pop("window", -1)
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, window, spec, **kw).fwd
+        finally:
+            P.interpret_as(previous)
+        return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]
+
+    for arch in (80, 86, 89, 90, 100, 120):
+        for D in (64, 128):
+            small = (32, 32, 2) if D == 128 and arch not in (90, 100) else (64, 32, 4)
+            assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
+            assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
+            for kw in (dict(causal=True), dict(grouped=True), dict(position=True), dict(band=True), dict(window=3)):
+                assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
+        assert forward(arch, 300, 64, dropout=True) == (64, 32, 4), arch  # (with dropout at D = 64 too)
+        assert forward(arch, 300, 128, dropout=True) == forward(arch, 600, 128, dropout=True), arch
 
     def tiles(arch, N, D=64, **kw):
         previous = P.interpret_as(arch)
@@ -669,6 +689,15 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             for kw in (dict(causal=True), dict(grouped=True), dict(position=True), dict(band=True), dict(window=3)):
                 assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
     assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
+    for arch in (80, 86, 89, 90, 100, 120):  # dropout on rows of 65..128 tokens: the tiled backward (the two-block
+        assert tiles(arch, 100, dropout=True) == padded, arch  # kernels take no dropout mask) on the padded tiles
+    previous = P.interpret_as(120)  # sm_120's forward with dropout: one stage (two spilled 8 B)
+    try:
+        stages = [_launch.launch_configs(300, 64, 64, torch.bfloat16, 1, -1, spec, dropout=p).fwd["num_stages"]
+                  for p in (True, False)]
+    finally:
+        P.interpret_as(previous)
+    assert stages == [1, 2]
     for arch in (80, 86, 90, 120):  # dropout at D = 128: exactly the long rows' dropout tiles
         assert tiles(arch, 300, 128, dropout=True) == tiles(arch, 600, 128, dropout=True), arch
 
@@ -699,18 +728,24 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
 
 @pytest.mark.long_on_cpu
 def test_padded_tiles_are_exact(monkeypatch):
-    """A padded batch of short rows on the padded tiles (interpreted sm_80: dQ 64x32, dK/dV 32x64, the table kernel
-    32x32 on four warps): ragged, empty and full rows exact against the float64 reference."""
+    """A padded batch of short rows on the padded tiles (interpreted sm_80: the forward 64x32, dQ 64x32, dK/dV 32x64,
+    the table kernel 32x32 on four warps; at D = 128 on 65..128 tokens the forward 32x32 on two warps): ragged, empty
+    and full rows exact against the float64 reference."""
+    kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
     previous = P.interpret_as(80)
     try:
         names = spy_launches(monkeypatch, fresh_configs=True)
         check_against_reference(make_case(3, 2, 150, 64, torch.bfloat16, lengths=[150, 37, 0]))
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
+                         "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+        names.clear()
+        names.kwargs.clear()
+        check_against_reference(make_case(2, 1, 70, 128, torch.bfloat16, lengths=[70, 0]))
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == {"_bias_fwd_kernel": (32, 32, 2)}, tiles  # (the two-block short-row backward)
     finally:
         P.interpret_as(previous)
-    tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs)
-             if n in ("_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")}
-    assert tiles == {"_bias_bwd_dq_kernel": (64, 32, 4), "_bias_bwd_dkdv_kernel": (32, 64, 4),
-                     "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
 
 
 @pytest.mark.parametrize("N,dtype,rows,family,arch,takes", [

@@ -276,7 +276,8 @@ DROPOUT_TILE_CASES = [(arch, d, 70, None) for arch in (80, 86, 90, 100, 120) for
 @pytest.mark.long_on_cpu
 def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch, arch, head_dim, N, groups):
     """Calls with dropout read :data:`configs.DROPOUT_CONFIGS` over the family's tiles (compiled as launched, the
-    mask's registers made the family's tiles spill), calls without keep the family's; the forward, the metadata
+    mask's registers made the family's tiles spill; on a padded batch's rows, 65..512 tokens at D <= 64, over the
+    padded tiles), calls without keep the family's; the forward, the metadata
     made for the backward and the backward ask for the same (dropout) configs; and the dropout tiles are exact
     against the reference (forward and every gradient, bf16, ragged and empty rows), grouped and single-axis."""
     if DEVICE != "cpu":
@@ -289,21 +290,31 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
     previous = P.interpret_as(arch)
     try:
         spec = sk.BucketSpec()
-        wanted = configs.dropout_overrides(torch.bfloat16, head_dim, P.arch_family(arch), arch)
+        family = P.arch_family(arch)
+        wanted = configs.dropout_overrides(torch.bfloat16, head_dim, family, arch)
+        # A padded batch's call (65..512 tokens; with dropout at D <= 64) takes the padded tiles first
+        padded = (configs.padded_overrides(torch.bfloat16, head_dim, family, arch, dropout=True)
+                  if configs.SHORT_ROW_LIMIT < N <= configs.PADDED_ROW_LIMIT and head_dim <= 64 else {})
+        _launch._CONFIGS.clear()
+        padded_configs = configs.PADDED_CONFIGS
+        monkeypatch.setattr(configs, "PADDED_CONFIGS", {})  # the family's own tiles
         plain = _launch.launch_configs(N, head_dim, head_dim, torch.bfloat16, 1, -1, spec)
+        monkeypatch.setattr(configs, "PADDED_CONFIGS", padded_configs)
+        _launch._CONFIGS.clear()
         dropped = _launch.launch_configs(N, head_dim, head_dim, torch.bfloat16, 1, -1, spec, dropout=True)
         short_kind = "short" if N <= configs.SHORT_ROW_LIMIT else "short2"
-        for kind, fields in wanted.items():
-            if kind in ("short", "short2"):
-                if kind != short_kind:
-                    continue
-                kind = "short"
-            if getattr(plain, kind) is None:
-                continue
-            assert getattr(dropped, kind) == {**getattr(plain, kind), **fields}, (kind, fields)
+        expected = {}
+        for source in (padded, wanted):  # (the dropout entries after the padded ones)
+            for kind, fields in source.items():
+                if kind in ("short", "short2"):
+                    if kind != short_kind:
+                        continue
+                    kind = "short"
+                expected[kind] = {**expected.get(kind, {}), **fields}
         for kind in ("fwd", "fwd_short", "dq", "dkdv", "table", "short"):  # nothing else moves
-            if kind not in wanted and not (kind == "short" and short_kind in wanted):
-                assert getattr(dropped, kind) == getattr(plain, kind), kind
+            base = getattr(plain, kind)
+            want = None if base is None else {**base, **expected.get(kind, {})}
+            assert getattr(dropped, kind) == want, (kind, expected.get(kind))
         _launch._CONFIGS.clear()
         _replay.clear()  # (a program recorded by another test would skip the launchers asked about below)
         case = bias_attention_case(2, 2, N, head_dim, torch.bfloat16, bias_scale=0.8, lengths=[N, 0] if N < 64

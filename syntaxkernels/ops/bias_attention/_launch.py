@@ -102,9 +102,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     attention dropout (the kernels' ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers;
     entries for dropout with the other variants of the call too), after the others. ``band``: a call with a positional
     window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
-    (``"position_window"``). A padded batch of short rows (``2 * SHORT_ROW_LIMIT < N <=``
+    (``"position_window"``). A padded batch of short rows (``SHORT_ROW_LIMIT < N <=``
     :data:`.configs.PADDED_ROW_LIMIT`; no window, causality, grouped-query k, v, term or positional window; dropout
-    at head dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' dQ, dK/dV and table tiles first."""
+    at head dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
@@ -125,7 +125,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band)) if on)
-    padded = (2 * _configs.SHORT_ROW_LIMIT < N <= _configs.PADDED_ROW_LIMIT and window < 0 and not
+    padded = (_configs.SHORT_ROW_LIMIT < N <= _configs.PADDED_ROW_LIMIT and window < 0 and not
               (causal or grouped or position or band or (dropout and head_block(width) > 64))
               and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout)] if padded else []

@@ -389,20 +389,21 @@ def _opaque_bias(family: str) -> bool:
     return family in ("sm80", "small")
 
 
-#: Padded batches of short rows (a fine-tuning batch padded to 512): calls of ``2 * SHORT_ROW_LIMIT < N <=
+#: Padded batches of short rows (a fine-tuning batch padded to 128 or 512): calls of ``SHORT_ROW_LIMIT < N <=
 #: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v, T5's term or a window take :data:`PADDED_CONFIGS`
-#: over the tiled dQ, dK/dV and table tiles; with attention dropout at head dims up to 64 the dQ and dK/dV ones (the
-#: dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small family and
-#: sm_90: those calls keep their tiles).
+#: over the tiled forward, dQ, dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the
+#: short-row backward ends, and below it with attention dropout or a scale of 0); with attention dropout at head dims
+#: up to 64 the forward, dQ and dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled
+#: 24-104 B on sm_80, the small family and sm_90: those calls keep their tiles).
 PADDED_ROW_LIMIT = 512
 
-#: The tiled dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`), over
-#: :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class, head-dim class) -> fields``. The long
-#: rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute 6.4-10.3 score elements a valid pair on
-#: 32 sentences padded to 512 (finetune-512, mean 26 tokens); 64 rows and 32 keys a dQ step, 64 keys a dK/dV program
-#: on four warps compute 3.2. Compiled on finetune-512 and odd-1000 (4 rows of ~970 tokens, what such tiles cost on
-#: long rows; N = 1000 itself keeps the long rows' tiles), the whole backward a valid pair, one kernel changed at a
-#: time (spill-free): dQ 64x32 on finetune-512 sm_80 D64 450.4 -> 305.9, D128 410.1 -> 359.9, sm_86 D64 440.1 ->
+#: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows
+#: (:data:`PADDED_ROW_LIMIT`), over :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class,
+#: head-dim class) -> fields``. The long rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute
+#: 6.4-10.3 score elements a valid pair on 32 sentences padded to 512 (finetune-512, mean 26 tokens); 64 rows and 32
+#: keys a dQ step, 64 keys a dK/dV program on four warps compute 3.2. Compiled on finetune-512 and odd-1000 (4 rows
+#: of ~970 tokens, what such tiles cost on long rows; N = 1000 itself keeps the long rows' tiles), the whole backward
+#: a valid pair, one kernel changed at a time (spill-free): dQ 64x32 on finetune-512 sm_80 D64 450.4 -> 305.9, D128 410.1 -> 359.9, sm_86 D64 440.1 ->
 #: 295.0, D128 393.5 -> 365.9, sm_90 D64 543.4 -> 412.9, D128 431.1 -> 366.3, sm_100 D64 554.0 -> 404.4 (64x64:
 #: dearer, or 8-16 B spills); dK/dV 32x64 sm_80 D64 392.2, D128 353.4, sm_86 D64 385.8, D128 337.3, sm_90 D64 410.9,
 #: D128 360.0, sm_100 D64 432.4, D128 332.0 (16x64 about the same, dearer on long rows; 64x64 spills 8-96 B on the
@@ -411,6 +412,27 @@ PADDED_ROW_LIMIT = 512
 #: -55% (``inspect --workload finetune-512``, spill-free); with the table kernel's entries below, D64 -54% .. -62%,
 #: D128 -26% .. -40%.
 PADDED_CONFIGS: Dict[tuple, dict] = {
+    # The forward (128 query rows a program: 10.3 score elements a valid pair on finetune-512), compiled on
+    # finetune-512 and on odd-1000 (what the tiles cost on long rows), the forward a valid pair: 64x32 on four warps
+    # at D64 sm_80 197.3 -> 72.6 (odd-1000 17.2 -> 19.8), sm_86 197.3 -> 72.7 (17.2 -> 20.0), sm_90 201.5 -> 73.9
+    # (17.7 -> 21.2), sm_100 225.9 -> 76.1 (16.8 -> 20.7), sm_120 201.8 -> 71.0 (17.8 -> 20.6); at D128 sm_90 224.3
+    # -> 86.8 (19.7 -> 25.1), sm_100 250.0 -> 85.8 (18.5 -> 24.3); 32x32 on two warps at D128 sm_80 166.5 -> 79.2
+    # (23.9 -> 33.2), sm_86 -> 77.6 (23.9 -> 32.8), sm_120 162.7 -> 76.7 (24.4 -> 31.7). (32x32 on two warps at D64:
+    # 61-70 but odd-1000 25-31; 64x64: 102-117, spilling 16-32 B at D128 on sm_80 and the small family; 32x64,
+    # 64x16: dearer.) On rows of 65..128 tokens the forward is the tiled one too: finetune-128 sm_80 D64 208.2 ->
+    # 72.6, sm_90 201.2 -> 73.9, D128 166.5 -> 79.2, 224.3 -> 86.8; pairs 66.3 -> 40.2, 64.7 -> 42.1, 73.2 -> 58.2,
+    # 72.0 -> 49.5; odd-77 58.6 -> 43.3, 57.6 -> 45.5, 63.4 -> 58.2, 64.2 -> 53.5 (sm_80, sm_90; D64, D128).
+    ("fwd", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("fwd", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("fwd", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("fwd", "sm80", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=2),
+    ("fwd", "small", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
+    ("fwd", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=2),
+    # With attention dropout at D64 sm_120's forward on 64x32, two stages, spills 8 B (finetune-512, finetune-128,
+    # pairs); one stage does not (the forward a valid pair on finetune-512: 130.7 with dropout 0.1; 74.9 against
+    # 71.0 without it, and 21.3 against 20.6 on odd-1000: so only with dropout; 32x32 on two warps 102.6, 64x16 111.6
+    # but 25.5 on odd-1000).
+    ("fwd", "sm120", "half", 64, "dropout"): dict(num_stages=1),
     ("dq", "sm90", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
     ("dq", "sm90", "half", 128): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
     ("dq", "sm80", "half", 64): dict(BLOCK_M=64, BLOCK_N=32, num_warps=4),
@@ -839,7 +861,8 @@ def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, fami
     family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
     A key may name further variants after the head-dim class (``(kind, family, dtype class, head-dim class,
     "causal")``): such an entry applies only to calls with all of them (``variants``: "causal", "grouped_kv"
-    (grouped-query k, v), "position" (T5's term), "position_window" (a positional window)), after every plain entry."""
+    (grouped-query k, v), "position" (T5's term), "position_window" (a positional window); :data:`PADDED_CONFIGS`:
+    "dropout"), after every plain entry."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
@@ -877,10 +900,10 @@ def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) 
 
 def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
                      dropout: bool = False) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` the dQ and
-    dK/dV entries only (the table kernel keeps the dropout entries' tiles: 32x32 on four warps under them spilled
-    8 B on sm_100)."""
-    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch)
+    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` the forward,
+    dQ and dK/dV entries only, and those keyed ``"dropout"`` after them (the table kernel keeps the dropout entries'
+    tiles: 32x32 on four warps under them spilled 8 B on sm_100)."""
+    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch, frozenset({"dropout"} if dropout else ()))
     if dropout:
         found.pop("table", None)
     return found
