@@ -126,8 +126,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band)) if on)
     padded = (_configs.SHORT_ROW_LIMIT < N <= _configs.PADDED_ROW_LIMIT and window < 0 and not
-              (causal or grouped or position or band or (dropout and head_block(width) > 64))
-              and _configs._BLOCK_OVERRIDE is None)
+              (causal or grouped or position or band) and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout)] if padded else []
     overrides += [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []

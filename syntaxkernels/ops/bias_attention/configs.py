@@ -900,9 +900,12 @@ def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) 
 
 def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
                      dropout: bool = False) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` the forward,
-    dQ and dK/dV entries only, and those keyed ``"dropout"`` after them (the table kernel keeps the dropout entries'
-    tiles: 32x32 on four warps under them spilled 8 B on sm_100)."""
+    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` at head dims up
+    to 64 the forward, dQ and dK/dV entries only, and those keyed ``"dropout"`` after them (the table kernel keeps the
+    dropout entries' tiles: 32x32 on four warps under them spilled 8 B on sm_100), at larger head dims none (the
+    padded tiles and the dropout entries together spilled 24-104 B)."""
+    if dropout and head_block(head_dim) > 64:
+        return {}
     found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch, frozenset({"dropout"} if dropout else ()))
     if dropout:
         found.pop("table", None)
