@@ -647,9 +647,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     """Calls of 65..512 tokens (a fine-tuning batch padded to 128 or 512) take PADDED_CONFIGS' forward (64 rows, 32
     keys on four warps; 32x32 on two at D = 128 on sm_80 and the small family), dQ (64 rows, 32 keys a step) and
     dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at D = 64
-    (its entries after), and the table kernel's 32x32 where it was spill-free; longer rows, calls with causality,
-    grouped-query k, v, T5's term, a window or a positional window, dropout at D = 128, and the tests' tile override
-    keep the long rows' tiles."""
+    (its entries after), and the table kernel's 32x32 where it was spill-free; calls with T5's term too, under their
+    own entries' refinements (applied after the term's); longer rows, calls with causality, grouped-query k, v, a
+    window or a positional window, dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
     spec = sk.BucketSpec()
 
     def forward(arch, N, D=64, **kw):
@@ -666,8 +666,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             small = (32, 32, 2) if D == 128 and arch not in (90, 100) else (64, 32, 4)
             assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
-            for kw in (dict(causal=True), dict(grouped=True), dict(position=True), dict(band=True), dict(window=3)):
+            for kw in (dict(causal=True), dict(grouped=True), dict(band=True), dict(window=3)):
                 assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
+            assert forward(arch, 300, D, position=True) == small != forward(arch, 600, D, position=True), (arch, D)
         assert forward(arch, 300, 64, dropout=True) == (64, 32, 4), arch  # (with dropout at D = 64 too)
         assert forward(arch, 300, 128, dropout=True) == forward(arch, 600, 128, dropout=True), arch
 
@@ -686,8 +687,12 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         for D in (64, 128):
             assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
             assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
-            for kw in (dict(causal=True), dict(grouped=True), dict(position=True), dict(band=True), dict(window=3)):
+            for kw in (dict(causal=True), dict(grouped=True), dict(band=True), dict(window=3)):
                 assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
+            # T5's term: the padded tiles, refined where the term's entries over them spilled
+            dkdv = {(80, 128): (32, 32, 4), (86, 128): (32, 32, 4), (89, 128): (32, 32, 4), (120, 128): (32, 32, 4),
+                    (90, 128): (16, 64, 4), (100, 128): (16, 64, 4)}.get((arch, D), padded[1])
+            assert tiles(arch, 300, D, position=True) == (padded[0], dkdv), (arch, D)
     assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
     for arch in (80, 86, 89, 90, 100, 120):  # dropout on rows of 65..128 tokens: the tiled backward (the two-block
         assert tiles(arch, 100, dropout=True) == padded, arch  # kernels take no dropout mask) on the padded tiles
@@ -718,6 +723,11 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         assert table(arch, 512, 128) == (32, 32, 4), arch
     for arch in (80, 90):
         assert table(arch, 512, 128) == table(arch, 600, 128), arch
+    # With T5's term ("table_extra" tiles under the term's entries): the small family's D = 128 32x16 (sm_120 32x32),
+    # sm_120's D = 64 32x32, sm_100's dK/dV at D = 64 with dropout 32x64 (the dropout entry's 64 queries spilled)
+    assert table(86, 300, 128, position=True) == (32, 16, 4) and table(120, 300, 128, position=True) == (32, 32, 4)
+    assert table(120, 300, 64, position=True)[:2] == (32, 32)
+    assert tiles(100, 300, 64, position=True, dropout=True)[1][:2] == (32, 64)
     previous = configs._BLOCK_OVERRIDE
     try:
         configs._BLOCK_OVERRIDE = (16, 16)

@@ -292,9 +292,11 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
         spec = sk.BucketSpec()
         family = P.arch_family(arch)
         wanted = configs.dropout_overrides(torch.bfloat16, head_dim, family, arch)
-        # A padded batch's call (65..512 tokens; with dropout at D <= 64) takes the padded tiles first
-        padded = (configs.padded_overrides(torch.bfloat16, head_dim, family, arch, dropout=True)
-                  if configs.SHORT_ROW_LIMIT < N <= configs.PADDED_ROW_LIMIT and head_dim <= 64 else {})
+        # A padded batch's call (65..512 tokens; with dropout at D <= 64) takes the padded tiles first, and their
+        # entries naming dropout last
+        is_padded = configs.SHORT_ROW_LIMIT < N <= configs.PADDED_ROW_LIMIT and head_dim <= 64
+        padded, padded_last = [configs.padded_overrides(torch.bfloat16, head_dim, family, arch, dropout=True,
+                                                        last=last) if is_padded else {} for last in (False, True)]
         _launch._CONFIGS.clear()
         padded_configs = configs.PADDED_CONFIGS
         monkeypatch.setattr(configs, "PADDED_CONFIGS", {})  # the family's own tiles
@@ -304,7 +306,7 @@ def test_dropout_calls_take_their_own_tiles_and_match_the_reference(monkeypatch,
         dropped = _launch.launch_configs(N, head_dim, head_dim, torch.bfloat16, 1, -1, spec, dropout=True)
         short_kind = "short" if N <= configs.SHORT_ROW_LIMIT else "short2"
         expected = {}
-        for source in (padded, wanted):  # (the dropout entries after the padded ones)
+        for source in (padded, wanted, padded_last):  # (the dropout entries after the padded ones)
             for kind, fields in source.items():
                 if kind in ("short", "short2"):
                     if kind != short_kind:

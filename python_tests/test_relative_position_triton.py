@@ -388,17 +388,26 @@ def test_packed_triton_relative_position_matches_the_reference(monkeypatch, leng
     _assert_close(case, got, ref64, _packed_grads(case, dtype, "spec", spec, ptable, **kw), dtype)
 
 
+def _long_rows_tiles(monkeypatch, configs, launch):
+    """The long rows' tiles at any N: the padded batches' rule off (``PADDED_ROW_LIMIT = 0``: calls of 65..512 tokens
+    take PADDED_CONFIGS otherwise), no configs remembered from before."""
+    monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 0)
+    monkeypatch.setattr(launch, "_CONFIGS", {})
+
+
 @needs_triton
 @pytest.mark.long_on_cpu
 def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypatch):
     """With T5's term at D = 128, sm_80's and sm_120's tiled dK/dV kernel takes 32 keys a program
     (configs.POSITION_CONFIGS: 16x64 spilled 8 B there, compiled as launched on odd-77, odd-1000 and pairs), the
-    small family keeps 64; the call with those tiles is exact against the reference (bf16, rows of 70 and 53)."""
+    small family keeps 64 (the long rows' tiles: the padded batches' rule off); the call with those tiles is exact
+    against the reference (bf16, rows of 70 and 53)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
-    from syntaxkernels.ops.bias_attention import _launch
+    from syntaxkernels.ops.bias_attention import _launch, configs
 
+    _long_rows_tiles(monkeypatch, configs, _launch)
     spec = RelativePositionSpec(8, 20)
     _replay.clear()  # (a program recorded by another test would skip the launchers)
     for arch, block_n in ((80, 32), (120, 32), (86, 64)):
@@ -433,13 +442,15 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     64x32, 32x32 dK/dV tiles on sm_120 at D = 64 and on the small family and sm_90 at D = 128 (sm_100 keeping its
     16x128 on eight warps); with a positional window, the small family's dQ at D = 64 32 keys a block and its dK/dV
     at D = 128 32x32, sm_100's grouped dK/dV at D = 128 64 keys. Calls without the variant keep the term's plain
-    tiles. The grouped-query calls (sm_86
+    tiles (the long rows' tiles: the padded batches' rule off). The grouped-query calls (sm_86
     tiled, sm_90 one-tile), the causal one (sm_90) and one with both (sm_120) on those tiles are exact against the
     reference (bf16, rows of 70 and 53, 40 and 23)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
-    from syntaxkernels.ops.bias_attention import _launch
+    from syntaxkernels.ops.bias_attention import _launch, configs
+
+    _long_rows_tiles(monkeypatch, configs, _launch)
 
     def tiles(arch, D, kind, **kw):
         previous = P.interpret_as(arch)
@@ -534,3 +545,33 @@ def test_four_variants_in_one_call_take_their_own_tiles(monkeypatch, arch, kw, t
         P.interpret_as(previous)
     ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
     _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw), torch.bfloat16)
+
+
+@needs_triton
+@pytest.mark.long_on_cpu
+def test_padded_batches_with_the_term_take_the_padded_tiles(monkeypatch):
+    """A padded batch's call with T5's term (sm_86, D = 128, 70 tokens: the tiled forward and backward, the two-block
+    kernels take no term) runs the padded tiles under the term's entries and their refinements (the forward 32x32 on
+    two warps, dQ 64x32, dK/dV 32x32, the table kernel 32x16), exact against the reference (bf16, rows of 70 and
+    21, one empty)."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+
+    spec = RelativePositionSpec(8, 20)
+    _replay.clear()  # (a program recorded by another test would skip the launchers)
+    previous = P.interpret_as(86)
+    try:
+        names = spy_launches(monkeypatch, fresh_configs=True)
+        case = bias_attention_case(3, 2, 70, 128, lengths=[70, 21, 0], seed=5, bias_scale=0.8)
+        ptable = _position_table(2, spec, seed=6)
+        g = _grad_out(case)
+        got = _grads("triton", case, torch.bfloat16, g, spec, ptable)
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs)
+                 if n in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")}
+        assert tiles == {"_bias_fwd_kernel": (32, 32, 2), "_bias_bwd_dq_kernel": (64, 32, 4),
+                         "_bias_bwd_dkdv_kernel": (32, 32, 4), "_bias_bwd_table_kernel": (32, 16, 4)}, tiles
+    finally:
+        P.interpret_as(previous)
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable)
+    _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable), torch.bfloat16)

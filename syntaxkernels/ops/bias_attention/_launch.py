@@ -103,8 +103,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     entries for dropout with the other variants of the call too), after the others. ``band``: a call with a positional
     window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
     (``"position_window"``). A padded batch of short rows (``SHORT_ROW_LIMIT < N <=``
-    :data:`.configs.PADDED_ROW_LIMIT`; no window, causality, grouped-query k, v, term or positional window; dropout
-    at head dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first."""
+    :data:`.configs.PADDED_ROW_LIMIT`; no window, causality, grouped-query k, v or positional window; dropout at head
+    dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries
+    naming the call's term or dropout last."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
@@ -126,13 +127,14 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band)) if on)
     padded = (_configs.SHORT_ROW_LIMIT < N <= _configs.PADDED_ROW_LIMIT and window < 0 and not
-              (causal or grouped or position or band) and _configs._BLOCK_OVERRIDE is None)
-    overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout)] if padded else []
+              (causal or grouped or band) and _configs._BLOCK_OVERRIDE is None)
+    overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout, variants)] if padded else []
     overrides += [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
     overrides += [_configs.band_overrides(dtype, width, family, arch)] if band else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
+    overrides += [_configs.padded_overrides(dtype, width, family, arch, dropout, variants, last=True)] if padded else []
     # An override's kind names a field of LaunchConfigs, but "short" and "short2" both name ``short`` (the one-tile
     # or the two-block kernel, by N): an entry of the other one is not this call's.
     short_kind = "short" if N <= _configs.SHORT_ROW_LIMIT else "short2"

@@ -390,7 +390,8 @@ def _opaque_bias(family: str) -> bool:
 
 
 #: Padded batches of short rows (a fine-tuning batch padded to 128 or 512): calls of ``SHORT_ROW_LIMIT < N <=
-#: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v, T5's term or a window take :data:`PADDED_CONFIGS`
+#: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v or a window (with T5's term too: its entries in
+#: PADDED_CONFIGS refine the tiles after the term's own) take :data:`PADDED_CONFIGS`
 #: over the tiled forward, dQ, dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the
 #: short-row backward ends, and below it with attention dropout or a scale of 0); with attention dropout at head dims
 #: up to 64 the forward, dQ and dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled
@@ -454,6 +455,25 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("table", "small", "half", 64): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
     ("table", "small", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
     ("table", "sm100", "half", 128): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    # Calls with T5's relative-position term (entries naming "position" apply after POSITION_CONFIGS' and the others,
+    # :func:`padded_overrides`): the tiles above under the term's entries spilled 24 B in the small family's dK/dV
+    # and table kernels at D128, 40 B in sm_90's dK/dV at D128 (16x64, three stages), 8 B in sm_100's forward at D64
+    # (three stages) and in sm_120's table kernel at D64 (64x32, finetune-128). Swept on finetune-128 and
+    # finetune-512 (``--position-buckets 32:128``), the kernel a valid pair: the small family at D128 dK/dV 32x32
+    # 142.6 (16x32 163.5, 16x64 217.9), the table kernel 32x16 111.3 (64x32 on eight warps 149.8, 16x32 spills);
+    # sm_90 at D128 dK/dV 16x64 on two stages 171.7 (16x32 180.5); sm_100 at D64 the forward on two stages 95.8 (64x16
+    # 100.7); sm_120 at D64 the table kernel 32x32 82.1.
+    ("dkdv", "small", "half", 128, "position"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("table", "small", "half", 128, "position"): dict(BLOCK_M=32, BLOCK_N=16),
+    ("dkdv", "sm90", "half", 128, "position"): dict(num_stages=2),
+    ("fwd", "sm100", "half", 64, "position"): dict(num_stages=2),
+    ("table", "sm120", "half", 64, "position"): dict(BLOCK_M=32),
+    # ... and under those, sm_100's dK/dV at D128 on two stages spilled 8 B (three: 166.6), sm_120's table kernel at
+    # D128 32x16 16 B (32x32: 101.0); with dropout at D64 sm_100's dK/dV 64x64 (the dropout entry's 64 queries over
+    # the padded 64 keys) 8 B: 32x64 (226.0; one stage 345.6).
+    ("dkdv", "sm100", "half", 128, "position"): dict(num_stages=3),
+    ("table", "sm120", "half", 128, "position"): dict(BLOCK_N=32),
+    ("dkdv", "sm100", "half", 64, "position", "dropout"): dict(BLOCK_M=32),
 }
 
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
@@ -855,23 +875,24 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
 
 
 def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, family: str, arch: int,
-               variants: frozenset = frozenset()) -> Dict[str, dict]:
+               variants: frozenset = frozenset(), combined: Optional[bool] = None) -> Dict[str, dict]:
     """``kind -> fields`` of an override table (:data:`GROUPED_KV_CONFIGS`, :data:`POSITION_CONFIGS`,
     :data:`BAND_CONFIGS`, :data:`CAUSAL_CONFIGS`, :data:`DROPOUT_CONFIGS`) for this dtype, head dim and GPU: the
     family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
     A key may name further variants after the head-dim class (``(kind, family, dtype class, head-dim class,
     "causal")``): such an entry applies only to calls with all of them (``variants``: "causal", "grouped_kv"
     (grouped-query k, v), "position" (T5's term), "position_window" (a positional window); :data:`PADDED_CONFIGS`:
-    "dropout"), after every plain entry."""
+    "dropout"), after every plain entry. ``combined``: only the plain entries (False) or only those naming variants
+    (True); None: both."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
     names += ["sm120"] if family == "small" and arch >= 120 else []
     found: Dict[str, dict] = {}
-    for combined in (False, True):
+    for named in (False, True) if combined is None else (combined,):
         for name in names:
             for (kind, fam, c, d, *more), fields in table.items():
-                if (fam, c, d) == (name, cls, dim_class) and bool(more) == combined and set(more) <= variants:
+                if (fam, c, d) == (name, cls, dim_class) and bool(more) == named and set(more) <= variants:
                     found[kind] = dict(found.get(kind, {}), **fields)
     return found
 
@@ -898,15 +919,18 @@ def causal_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) 
     return _overrides(CAUSAL_CONFIGS, dtype, head_dim, family, arch)
 
 
-def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
-                     dropout: bool = False) -> Dict[str, dict]:
-    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU; with ``dropout`` at head dims up
-    to 64 the forward, dQ and dK/dV entries only, and those keyed ``"dropout"`` after them (the table kernel keeps the
-    dropout entries' tiles: 32x32 on four warps under them spilled 8 B on sm_100), at larger head dims none (the
-    padded tiles and the dropout entries together spilled 24-104 B)."""
+def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int, dropout: bool = False,
+                     variants: frozenset = frozenset(), last: bool = False) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`PADDED_CONFIGS` for this dtype, head dim and GPU: its plain entries (applied
+    first), or with ``last`` those naming variants of the call (``variants``: "position"; with ``dropout``
+    "dropout"), which apply after every other table's (they refine a variant's own tiles on padded batches). With
+    ``dropout`` at head dims up to 64 the forward, dQ and dK/dV entries only (the table kernel keeps the dropout
+    entries' tiles: 32x32 on four warps under them spilled 8 B on sm_100), at larger head dims none (the padded tiles
+    and the dropout entries together spilled 24-104 B)."""
     if dropout and head_block(head_dim) > 64:
         return {}
-    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch, frozenset({"dropout"} if dropout else ()))
+    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch,
+                       variants | frozenset({"dropout"} if dropout else ()), combined=last)
     if dropout:
         found.pop("table", None)
     return found
