@@ -391,27 +391,26 @@ def _opaque_bias(family: str) -> bool:
 
 #: Padded batches of short rows (a fine-tuning batch padded to 128 or 512): calls of ``SHORT_ROW_LIMIT < N <=
 #: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v or a window (with T5's term too: its entries in
-#: PADDED_CONFIGS refine the tiles after the term's own) take :data:`PADDED_CONFIGS`
-#: over the tiled forward, dQ, dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the
-#: short-row backward ends, and below it with attention dropout or a scale of 0); with attention dropout at head dims
-#: up to 64 the forward, dQ and dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled
-#: 24-104 B on sm_80, the small family and sm_90: those calls keep their tiles).
+#: PADDED_CONFIGS refine the tiles after the term's own) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
+#: and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it
+#: with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV
+#: ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small
+#: family and sm_90: those calls keep their tiles).
 PADDED_ROW_LIMIT = 512
 
-#: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows
-#: (:data:`PADDED_ROW_LIMIT`), over :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class,
-#: head-dim class) -> fields``. The long rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute
-#: 6.4-10.3 score elements a valid pair on 32 sentences padded to 512 (finetune-512, mean 26 tokens); 64 rows and 32
-#: keys a dQ step, 64 keys a dK/dV program on four warps compute 3.2. Compiled on finetune-512 and odd-1000 (4 rows
-#: of ~970 tokens, what such tiles cost on long rows; N = 1000 itself keeps the long rows' tiles), the whole backward
-#: a valid pair, one kernel changed at a time (spill-free): dQ 64x32 on finetune-512 sm_80 D64 450.4 -> 305.9, D128 410.1 -> 359.9, sm_86 D64 440.1 ->
-#: 295.0, D128 393.5 -> 365.9, sm_90 D64 543.4 -> 412.9, D128 431.1 -> 366.3, sm_100 D64 554.0 -> 404.4 (64x64:
-#: dearer, or 8-16 B spills); dK/dV 32x64 sm_80 D64 392.2, D128 353.4, sm_86 D64 385.8, D128 337.3, sm_90 D64 410.9,
-#: D128 360.0, sm_100 D64 432.4, D128 332.0 (16x64 about the same, dearer on long rows; 64x64 spills 8-96 B on the
-#: small family and at D128). On odd-1000 the same tiles cost -1% .. +10% (dQ at D128 on sm_80 and sm_86 the most).
-#: Both together, finetune-512: D64 -44% .. -49%, D128 -21% .. -34% on every family; with dropout 0.1 at D64 -19% ..
-#: -55% (``inspect --workload finetune-512``, spill-free); with the table kernel's entries below, D64 -54% .. -62%,
-#: D128 -26% .. -40%.
+#: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`),
+#: over :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class, head-dim class) -> fields``. The
+#: long rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute 6.4-10.3 score elements a valid pair
+#: on 32 sentences padded to 512 (finetune-512, mean 26 tokens); 64 rows and 32 keys a dQ step, 64 keys a dK/dV program
+#: on four warps compute 3.2. Compiled on finetune-512 and odd-1000 (4 rows of ~970 tokens, what such tiles cost on long
+#: rows; N = 1000 itself keeps the long rows' tiles), the whole backward a valid pair, one kernel changed at a time
+#: (spill-free): dQ 64x32 on finetune-512 sm_80 D64 450.4 -> 305.9, D128 410.1 -> 359.9, sm_86 D64 440.1 -> 295.0, D128
+#: 393.5 -> 365.9, sm_90 D64 543.4 -> 412.9, D128 431.1 -> 366.3, sm_100 D64 554.0 -> 404.4 (64x64: dearer, or 8-16 B
+#: spills); dK/dV 32x64 sm_80 D64 392.2, D128 353.4, sm_86 D64 385.8, D128 337.3, sm_90 D64 410.9, D128 360.0, sm_100
+#: D64 432.4, D128 332.0 (16x64 about the same, dearer on long rows; 64x64 spills 8-96 B on the small family and at
+#: D128). On odd-1000 the same tiles cost -1% .. +10% (dQ at D128 on sm_80 and sm_86 the most). Both together,
+#: finetune-512: D64 -44% .. -49%, D128 -21% .. -34% on every family; with dropout 0.1 at D64 -19% .. -55% (``inspect
+#: --workload finetune-512``, spill-free); with the table kernel's entries below, D64 -54% .. -62%, D128 -26% .. -40%.
 PADDED_CONFIGS: Dict[tuple, dict] = {
     # The forward (128 query rows a program: 10.3 score elements a valid pair on finetune-512), compiled on
     # finetune-512 and on odd-1000 (what the tiles cost on long rows), the forward a valid pair: 64x32 on four warps
