@@ -70,6 +70,16 @@ def spy_launches(monkeypatch, fresh_configs: bool = False) -> Launches:
     return launches
 
 
+def long_rows_tiles(monkeypatch) -> None:
+    """The distance-bias launchers on the long rows' tiles at any N: the padded batches' rule off
+    (``configs.PADDED_ROW_LIMIT = 0``: calls of 65..512 tokens take PADDED_CONFIGS otherwise), no launch
+    configurations remembered from before."""
+    from syntaxkernels.ops.bias_attention import _launch, configs
+
+    monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 0)
+    monkeypatch.setattr(_launch, "_CONFIGS", {})
+
+
 def nan_scratch(monkeypatch) -> list:
     """Every floating-point buffer the distance-bias launchers (padded and packed) allocate with ``torch.empty``
     comes filled with NaN (fresh CPU memory is often zeros, which would hide a read of bytes no kernel wrote).

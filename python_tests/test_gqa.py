@@ -98,7 +98,7 @@ def test_grouped_auto_runs_a_grouped_path():
 # The padded Triton kernels (interpreted on the CPU): every kernel family a grouped call can take
 # ---------------------------------------------------------------------------------------------------------------
 
-from conftest import KERNEL_DEVICE as DEVICE, needs_triton, spy_launches  # noqa: E402
+from conftest import KERNEL_DEVICE as DEVICE, long_rows_tiles, needs_triton, spy_launches  # noqa: E402
 
 from syntaxkernels.ops import _primitives as P  # noqa: E402
 
@@ -161,10 +161,8 @@ def test_triton_grouped_forward_is_the_expanded_forward_bit_for_bit(monkeypatch,
     of the same call with k and v repeated per query head (a wrong head mapping differs). Both on the same tiles: the
     padded batches' rule (calls of 65..512 tokens, grouped-query ones left out) is off here."""
     from syntaxkernels.ops import _replay
-    from syntaxkernels.ops.bias_attention import _launch, configs
 
-    monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 0)
-    monkeypatch.setattr(_launch, "_CONFIGS", {})
+    long_rows_tiles(monkeypatch)
     _replay.clear()  # (a program recorded with the padded tiles would replay them)
     try:
         case = bias_attention_case(2, 6, N, 32, dtype, kv_heads=2, seed=4, lengths=[N, N // 2])

@@ -21,7 +21,7 @@ from syntaxkernels import RelativePositionSpec
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.tools.testing import bias_attention_case
 
-from conftest import KERNEL_DEVICE as DEVICE, nan_scratch, needs_triton, spy_launches
+from conftest import KERNEL_DEVICE as DEVICE, long_rows_tiles, nan_scratch, needs_triton, spy_launches
 from test_relative_position_cpu import GRADS, _assert_close, _grad_out, _position_table
 
 
@@ -388,13 +388,6 @@ def test_packed_triton_relative_position_matches_the_reference(monkeypatch, leng
     _assert_close(case, got, ref64, _packed_grads(case, dtype, "spec", spec, ptable, **kw), dtype)
 
 
-def _long_rows_tiles(monkeypatch, configs, launch):
-    """The long rows' tiles at any N: the padded batches' rule off (``PADDED_ROW_LIMIT = 0``: calls of 65..512 tokens
-    take PADDED_CONFIGS otherwise), no configs remembered from before."""
-    monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 0)
-    monkeypatch.setattr(launch, "_CONFIGS", {})
-
-
 @needs_triton
 @pytest.mark.long_on_cpu
 def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypatch):
@@ -405,9 +398,9 @@ def test_the_dkdv_tiles_with_the_term_at_head_dim_128_on_sm80_and_sm120(monkeypa
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
-    from syntaxkernels.ops.bias_attention import _launch, configs
+    from syntaxkernels.ops.bias_attention import _launch
 
-    _long_rows_tiles(monkeypatch, configs, _launch)
+    long_rows_tiles(monkeypatch)
     spec = RelativePositionSpec(8, 20)
     _replay.clear()  # (a program recorded by another test would skip the launchers)
     for arch, block_n in ((80, 32), (120, 32), (86, 64)):
@@ -448,9 +441,9 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
-    from syntaxkernels.ops.bias_attention import _launch, configs
+    from syntaxkernels.ops.bias_attention import _launch
 
-    _long_rows_tiles(monkeypatch, configs, _launch)
+    long_rows_tiles(monkeypatch)
 
     def tiles(arch, D, kind, **kw):
         previous = P.interpret_as(arch)
