@@ -71,12 +71,12 @@ def spy_launches(monkeypatch, fresh_configs: bool = False) -> Launches:
 
 
 def long_rows_tiles(monkeypatch) -> None:
-    """The distance-bias launchers on the long rows' tiles at any N: the padded batches' rule off
-    (``configs.PADDED_ROW_LIMIT = 0``: calls of 65..512 tokens take PADDED_CONFIGS otherwise), no launch
-    configurations remembered from before."""
+    """The distance-bias launchers on the long rows' tiles at any N: the padded batches' rule off (no
+    ``configs.PADDED_CONFIGS``: calls on a plan of short rows, or of 65..512 tokens without one, take them otherwise),
+    no launch configurations remembered from before."""
     from syntaxkernels.ops.bias_attention import _launch, configs
 
-    monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 0)
+    monkeypatch.setattr(configs, "PADDED_CONFIGS", {})
     monkeypatch.setattr(_launch, "_CONFIGS", {})
 
 

@@ -25,6 +25,7 @@ from syntaxkernels.ops.bias_attention import _autograd, _host, _launch, configs
 from syntaxkernels.ops.block_meta import (block_bucket_masks, block_distance_range, boundary_tiles, compact_rows,
                                           split_lists)
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
+from syntaxkernels.plan import structure_plan
 
 from conftest import KERNEL_DEVICE as DEVICE, spy_launches
 from conftest import requires_cuda
@@ -754,6 +755,83 @@ def test_padded_tiles_are_exact(monkeypatch):
         check_against_reference(make_case(2, 1, 70, 128, torch.bfloat16, lengths=[70, 0]))
         tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
         assert tiles == {"_bias_fwd_kernel": (32, 32, 2)}, tiles  # (the two-block short-row backward)
+    finally:
+        P.interpret_as(previous)
+
+
+def test_the_plans_row_class_picks_the_padded_tiles_not_n():
+    """``launch_configs(..., short_rows=)``, the plan's summary of its lengths: short rows (1) take PADDED_CONFIGS'
+    tiles at any N above 64 (beyond 512 tokens too), rows that fill the long tiles (0) keep the long rows' tiles
+    at 65..512 tokens, and without a summary (-1) N decides as before; a causal call keeps its own tiles either way."""
+    spec = sk.BucketSpec()
+
+    def tiles(arch, N, D, short_rows, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, spec, short_rows=short_rows, **kw)
+        finally:
+            P.interpret_as(previous)
+        return c.fwd, c.dq, c.dkdv, c.table
+
+    for arch in (80, 86, 90, 100, 120):
+        for D in (64, 128):
+            padded, long = tiles(arch, 300, D, -1), tiles(arch, 1024, D, -1)
+            assert padded != long, (arch, D)
+            assert tiles(arch, 1024, D, 1) == tiles(arch, 2000, D, 1) == tiles(arch, 65, D, 1) == padded, (arch, D)
+            assert tiles(arch, 300, D, 0) == tiles(arch, 65, D, 0) == long, (arch, D)
+            assert tiles(arch, 300, D, 1, causal=True) == tiles(arch, 300, D, 0, causal=True), (arch, D)
+            assert tiles(arch, 64, D, 1) == tiles(arch, 64, D, 0), (arch, D)  # (the one-tile kernels' rows)
+
+
+@pytest.mark.long_on_cpu
+def test_short_rows_beyond_512_tokens_and_full_rows_take_their_tiles_exactly(monkeypatch):
+    """Through the op on a plan made once from host lengths (``structure_plan``, as a collator's batch): rows of 40
+    and 23 tokens padded to 600 run the padded tiles (interpreted sm_90: forward 64x32, dQ 64x32, dK/dV 32x64, table
+    32x32), full rows of 300 the long rows' ones (the tiles of a call without the padded batches' rule), both exact
+    against the float64 reference; the same short rows as bare tensors (a plan per call, no lengths read) the long
+    rows' tiles (N decides)."""
+    from conftest import long_rows_tiles
+
+    def planned(q, k, v, distance, table, lengths=None, **kw):
+        plan = structure_plan(distance, lengths.cpu())
+        assert plan.short_rows is not None
+        return sk.syntax_bias_attention(q, k, v, plan, table, backend="triton", **kw)
+
+    def check(case):
+        B, H, N, D = case["q"].shape
+        dtype = case["dtype"]
+        grad_out = torch.randn(B, H, N, D, generator=torch.Generator().manual_seed(1))
+        got = bias_attention_grads(planned, case, dtype, grad_out, DEVICE)
+        want64 = _run(case, torch.float64, "reference", grad_out)
+        assert_bias_attention_close(case, got, want64, _run(case, dtype, "reference", grad_out), dtype)
+
+    kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
+
+    def launched(names):
+        return {n: (k["BLOCK_M"], k["BLOCK_N"]) for n, k in zip(names, names.kwargs) if n in kernels}
+
+    previous = P.interpret_as(90)
+    try:
+        names = spy_launches(monkeypatch, fresh_configs=True)
+        short = make_case(2, 1, 600, 32, torch.bfloat16, lengths=[40, 23])
+        check(short)
+        assert launched(names) == {"_bias_fwd_kernel": (64, 32), "_bias_bwd_dq_kernel": (64, 32),
+                                   "_bias_bwd_dkdv_kernel": (32, 64), "_bias_bwd_table_kernel": (32, 32)}, names
+        names.clear()
+        names.kwargs.clear()
+        check(make_case(1, 1, 300, 32, torch.bfloat16, roots=3))
+        full = launched(names)
+        names.clear()
+        names.kwargs.clear()
+        check_against_reference(short)  # (bare tensors)
+        assert launched(names) == full, names
+        long_rows_tiles(monkeypatch)  # the long rows' tiles, the padded batches' rule off
+        want = _launch.launch_configs(300, 32, 32, torch.bfloat16, 1, -1, sk.BucketSpec())
+        assert full == {"_bias_fwd_kernel": (want.fwd["BLOCK_M"], want.fwd["BLOCK_N"]),
+                        "_bias_bwd_dq_kernel": (want.dq["BLOCK_M"], want.dq["BLOCK_N"]),
+                        "_bias_bwd_dkdv_kernel": (want.dkdv["BLOCK_M"], want.dkdv["BLOCK_N"]),
+                        "_bias_bwd_table_kernel": (want.table["BLOCK_M"], want.table["BLOCK_N"])}, full
+        assert full["_bias_fwd_kernel"] != (64, 32)
     finally:
         P.interpret_as(previous)
 

@@ -16,7 +16,7 @@ import syntaxkernels as sk
 from syntaxkernels import RelativePositionSpec
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.ops.bias_attention import configs
-from syntaxkernels.plan import DistancePlan, StructurePlan, structure_plan
+from syntaxkernels.plan import DistancePlan, StructurePlan, rows_are_short, structure_plan
 
 from conftest import KERNEL_DEVICE as DEVICE
 from conftest import needs_triton
@@ -120,6 +120,54 @@ def test_copy_copies_the_structure_and_what_was_derived():
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert torch.equal(a.distance, b.distance)
     assert a.derived(("transposed distance",)) is entry and torch.equal(entry, b.distance.transpose(1, 2))
+
+
+def test_rows_are_short_is_the_tile_model_by_hand():
+    """Score elements spanned in 64x32 tiles, each 1.3 times as dear, against 128x64 tiles: a 30-token row 2,048 x
+    1.3 against 8,192 (short), 77 tokens 128 x 96 x 1.3 = 15,974 against 16,384 (short), 100 tokens 128 x 128 in
+    both (not), 500 tokens 512 x 512 in both (not); a batch is summed over its rows (one 500-token row and 31 of 20
+    tokens: 325,632 x 1.3 = 423,322 against 516,096, short); no rows: not."""
+    assert rows_are_short([30] * 4) and rows_are_short([77]) and rows_are_short([500] + [20] * 31)
+    assert not rows_are_short([100, 100]) and not rows_are_short([500]) and not rows_are_short([])
+    assert not rows_are_short([0, 0])
+
+
+def test_short_rows_is_made_with_the_plan_from_host_lengths(monkeypatch):
+    """A plan made from lengths on the host carries their summary (TreeBatch, structure_plan from a tensor or a list,
+    or without lengths: every row N); given, it wins; lengths on a GPU (pretended) leave it unknown, and a plan
+    moved (``to``) or pickled keeps what it had; an in-place change of the lengths leaves it as it was."""
+    from syntaxkernels import _validation
+
+    short = _batch([_chain(30), _chain(5)], 100)
+    full = _batch([_chain(100), _chain(99)], 100)
+    assert short.short_rows is True and full.short_rows is False
+    d = torch.zeros(2, 300, 300, dtype=torch.uint8)
+    assert structure_plan(d).short_rows is False and structure_plan(d[:, :40, :40]).short_rows is True
+    assert structure_plan(d, torch.tensor([20, 30])).short_rows is True
+    assert structure_plan(d, [300, 299]).short_rows is False
+    assert structure_plan(d, [300, 299], short_rows=True).short_rows is True
+    assert pickle.loads(pickle.dumps(short)).short_rows is True
+    monkeypatch.setattr(_validation, "_on_host", lambda t: False)  # lengths that live on a GPU
+    assert structure_plan(d, torch.tensor([20, 30])).short_rows is None
+    assert short.to(DEVICE).short_rows is True  # (moved: the summary made on the host goes with it)
+    unknown = structure_plan(d, torch.tensor([20, 30]))
+    assert unknown.short_rows is None and unknown.to(DEVICE).short_rows is None
+    monkeypatch.undo()
+    full.lengths.fill_(3)
+    full.derived(("transposed distance",))  # (the change is noticed: derived entries dropped, the summary kept)
+    assert full.short_rows is False
+
+
+def test_copy_refuses_a_plan_of_another_row_class_unless_pinned():
+    """``short_rows`` picks the tiles, so it is part of a captured graph's class: ``copy_`` refuses a batch of the
+    other class (a replay of the captured tiles would round unlike an eager call on it); set on both, it copies."""
+    a = _batch([_chain(30), _chain(5)], 100)
+    b = _batch([_chain(100), _chain(99)], 100)
+    with pytest.raises(ValueError, match="short_rows True here, False given"):
+        a.copy_(b)
+    b.short_rows = True
+    a.copy_(b)
+    assert torch.equal(a.lengths, b.lengths) and a.short_rows is True
 
 
 @pytest.mark.parametrize("leak_free", [False, True])

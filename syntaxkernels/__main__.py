@@ -50,8 +50,8 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
 #: The named workloads of ``inspect --workload`` and its groups, as ``syntaxkernels.tools.workloads`` defines them
 #: (``WORKLOADS``, ``RELATION_WORKLOADS``, ``WORKLOAD_GROUPS``; written out here so that ``--help`` imports no tool: a test keeps them
 #: equal), and the edge report's (``inspection.EDGE_WORKLOADS``).
-_WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
-              "long-8192", "odd-77", "odd-1000")
+_WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "finetune-1024", "packed", "packed-512",
+              "sentences-packed", "long-4096", "long-8192", "odd-77", "odd-1000")
 _RELATION_WORKLOADS = ("graph", "two-parse", "code-r1", "code-r4")
 _WORKLOAD_GROUPS = ("long", "odd", "finetune", "all", "relations")
 _EDGE_WORKLOADS = ("packed-4x1024", "cls-4x1024", "sentences", "pairs", "packed", "long-4096", "odd-1000")

@@ -9,6 +9,9 @@ A :class:`StructurePlan` holds
   transposed tiles from the distance itself);
 - a padded batch's ``kernel_lengths`` (int32 ``[B]``), or a packed batch's ``cu_seqlens`` (int32 ``[S + 1]``),
   ``sequence`` (int32 ``[T]``: each token's sequence), ``distance_offsets`` (int64 ``[S + 1]``) and ``max_seqlen``;
+- a padded batch's ``short_rows``, a host summary of its lengths made where the plan is made (the lengths are on the
+  host there): whether its rows are short against the kernels' long tiles (:func:`rows_are_short`), which picks
+  the tiles of every layer's launches; None when the lengths were not on the host;
 - what the ops derive from those for a launch configuration (live-tile lists of a window, per-tile bucket sets,
   the transposed copy of a directed distance, edge lists, ...): :meth:`StructurePlan.derived`, computed by the
   first layer that needs it and kept on the plan for the others.
@@ -35,7 +38,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
-__all__ = ["StructurePlan", "DistancePlan", "ItemPlan", "structure_plan", "register_derivation", "as_plan"]
+__all__ = ["StructurePlan", "DistancePlan", "ItemPlan", "structure_plan", "register_derivation", "as_plan",
+           "rows_are_short"]
 
 #: kind -> function(plan, *arguments) -> value: how each kind of derived entry is computed (registered by the
 #: module that reads it), so that :meth:`StructurePlan.copy_` can derive the entries of another batch.
@@ -46,6 +50,37 @@ def register_derivation(kind: str, compute: Callable[..., Any]) -> None:
     """Declare how ``plan.derived((kind, *arguments))`` is computed: ``compute(plan, *arguments)`` returns a tensor,
     a tuple of tensors (or None), or an object with a ``to`` method (edge lists)."""
     _DERIVATIONS[kind] = compute
+
+
+#: The model behind :func:`rows_are_short`: the tiled kernels' long forward tile (rows x keys), the padded batches'
+#: smaller one, and how much dearer a score element of the smaller tile is (the inspection's model of the forward on
+#: full rows: +15..+39% an element on 970-token rows, -8..-28% a valid pair on 77-token rows for 25% fewer elements).
+LONG_TILE, SHORT_TILE, SHORT_TILE_COST = (128, 64), (64, 32), 1.3
+
+
+def _tile_span(length: int, tile: Tuple[int, int]) -> int:
+    rows, keys = tile
+    return -(-length // rows) * rows * (-(-length // keys)) * keys
+
+
+def rows_are_short(lengths) -> bool:
+    """Whether a padded batch of rows of these ``lengths`` (ints) is cheaper on the padded batches' tiles: the score
+    elements its rows span in :data:`SHORT_TILE` tiles, each :data:`SHORT_TILE_COST` times as dear, fewer than in
+    :data:`LONG_TILE` tiles (a tile past a row's length is skipped, so N does not enter). Sentences of 5..60 tokens
+    padded to 128 or 512: short (a 30-token row spans 2,048 elements against 8,192); rows of 100 or 500 tokens: not
+    (the same elements in either tile); a batch without rows: not."""
+    short = sum(_tile_span(n, SHORT_TILE) for n in lengths)
+    return short * SHORT_TILE_COST < sum(_tile_span(n, LONG_TILE) for n in lengths)
+
+
+def _host_short_rows(lengths: Optional[torch.Tensor]) -> Optional[bool]:
+    """:func:`rows_are_short` of a lengths tensor on the host (None for one on a GPU: nothing is read back, or while
+    ``torch.compile`` traces)."""
+    from ._validation import _on_host
+
+    if lengths is None or _compiling() or lengths.dim() != 1 or not _on_host(lengths):
+        return None
+    return rows_are_short(lengths.tolist())
 
 
 def _compiling() -> bool:
@@ -97,7 +132,15 @@ def move_arguments(args, kwargs):
 
 class StructurePlan:
     """Base of every structure plan (module docstring). Subclasses call :meth:`_init_plan` once their tensors are
-    set, and list the tensors that define their structure in :meth:`_structure_tensors`."""
+    set, and list the tensors that define their structure in :meth:`_structure_tensors`.
+
+    ``short_rows`` (padded plans): True when the batch's rows are short against the kernels' long tiles
+    (:func:`rows_are_short` of its lengths, made when the plan is made from lengths on the host: a collator's
+    batch), False when they fill them, None when not known (lengths made on a GPU; packed plans): the distance-bias
+    kernels then choose by N (padded tiles from 65 to 512 tokens). It picks every layer's tiles, never a result
+    beyond the summation order; it is part of a captured graph's class (:meth:`copy_`), and may be set (to pin one
+    class for every batch a graph replays). It is a summary of the lengths the plan was made with: an in-place
+    change of them leaves it as it was."""
 
     distance: torch.Tensor
     symmetric: bool
@@ -106,10 +149,17 @@ class StructurePlan:
     sequence: Optional[torch.Tensor]
     distance_offsets: Optional[torch.Tensor]
     max_seqlen: Optional[int]
+    short_rows: Optional[bool]
 
-    def _init_plan(self, symmetric: bool, kernel_lengths: Optional[torch.Tensor] = None) -> None:
+    def _init_plan(self, symmetric: bool, kernel_lengths: Optional[torch.Tensor] = None,
+                   short_rows: Optional[bool] = None, summarize: bool = True) -> None:
+        """Set the plan's fields (``short_rows``: given, else with ``summarize`` :func:`rows_are_short` of
+        ``kernel_lengths`` when they are on the host, else None)."""
         self.symmetric = bool(symmetric)
         self.kernel_lengths = kernel_lengths
+        if short_rows is None and summarize:
+            short_rows = _host_short_rows(kernel_lengths)
+        self.short_rows = None if short_rows is None else bool(short_rows)
         self._derived: Dict[Hashable, Any] = {}
         self._stamp = self._current_stamp()
 
@@ -176,6 +226,8 @@ class StructurePlan:
         """``mapped`` (this plan moved by ``fn``: ``.to()``, ``.pin_memory()``) with this plan's derived entries
         moved the same way."""
         mapped._derived = {key: _map_value(value, fn) for key, value in self._derived.items()}
+        if mapped.short_rows is None:  # (moved to a GPU: the host summary goes with it)
+            mapped.short_rows = getattr(self, "short_rows", None)
         mapped._stamp = mapped._current_stamp()
         return mapped
 
@@ -186,14 +238,21 @@ class StructurePlan:
         every entry derived on this plan, ``other``'s (derived from ``other`` if it has not been). What to do between
         the replays of a CUDA graph captured with this plan; returns ``self``.
 
-        Raises ValueError when the shapes differ (a graph replays one shape class) or an entry cannot be copied
-        (edge lists, whose size depends on the batch)."""
+        Raises ValueError when the shapes differ (a graph replays one shape class), when :attr:`short_rows` differs
+        (it picks the tiles, so it is part of the class: a replay of the captured tiles would round differently from
+        an eager call on ``other``; set the attribute on every batch to pin one class) or when an entry cannot be
+        copied (edge lists, whose size depends on the batch)."""
         if not isinstance(other, StructurePlan):
             raise TypeError(f"copy_ takes a StructurePlan (a TreeBatch, PackedTreeBatch, ...), got {type(other).__name__}")
         if self.is_packed != other.is_packed:
             raise ValueError("copy_: one plan is packed and the other padded")
         if self.symmetric != other.symmetric:
             raise ValueError("copy_: the plans differ in symmetry (the captured backward reads the distance as it was)")
+        if getattr(self, "short_rows", None) != getattr(other, "short_rows", None):
+            raise ValueError(f"copy_: the plans' rows differ in class (short_rows {self.short_rows} here, "
+                             f"{other.short_rows} given): a captured graph runs the tiles of its class; set "
+                             "short_rows to one value on every batch (True: sentences padded to a fixed N, False: "
+                             "full rows) to replay them all")
         mine, theirs = self._plan_tensors(), other._plan_tensors()
         for name, t in mine.items():
             o = theirs[name]
@@ -258,13 +317,14 @@ class DistancePlan(StructurePlan):
 
     def __init__(self, distance: torch.Tensor, *, symmetric: bool, kernel_lengths: Optional[torch.Tensor] = None,
                  cu_seqlens: Optional[torch.Tensor] = None, sequence: Optional[torch.Tensor] = None,
-                 distance_offsets: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None):
+                 distance_offsets: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                 short_rows: Optional[bool] = None, summarize: bool = True):
         self.distance = distance
         self.cu_seqlens = cu_seqlens
         self.sequence = sequence
         self.distance_offsets = distance_offsets
         self.max_seqlen = max_seqlen
-        self._init_plan(symmetric, kernel_lengths)
+        self._init_plan(symmetric, kernel_lengths, short_rows, summarize)
 
     @property
     def device(self) -> torch.device:
@@ -321,7 +381,8 @@ class ItemPlan(DistancePlan):
 
 def structure_plan(distance: torch.Tensor, lengths=None, *, symmetric: Optional[bool] = None,
                    cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
-                   num_tokens: Optional[int] = None, validate: bool = True) -> DistancePlan:
+                   num_tokens: Optional[int] = None, validate: bool = True,
+                   short_rows: Optional[bool] = None, summarize: bool = True) -> DistancePlan:
     """A plan from bare tensors.
 
     Args:
@@ -336,6 +397,11 @@ def structure_plan(distance: torch.Tensor, lengths=None, *, symmetric: Optional[
             ``cu_seqlens``, as the ops do from q's shape, so that nothing is read back).
         validate: check the tensors (shapes, dtypes; the lengths against a tree distance's own padding:
             ``ValueError`` on CPU tensors, a device-side assertion on a GPU).
+        short_rows: a padded batch's :attr:`StructurePlan.short_rows` (the tiles' choice); None: from the lengths
+            when they are on the host and ``summarize`` (or not given: every row N tokens), else not known (the
+            kernels then choose by N).
+        summarize: read lengths on the host for ``short_rows`` (the ops' per-call plans, made at every layer from
+            bare tensors, do not: they read no tensor value; a plan made once per batch does).
     """
     from . import _validation as V
     from .trees.batch import aligned_distance, is_tree_distance
@@ -370,17 +436,24 @@ def structure_plan(distance: torch.Tensor, lengths=None, *, symmetric: Optional[
         V.check_lengths_match_distance(given, distance)
     if given is None:
         kernel_lengths = torch.full((B,), N, dtype=torch.int32, device=distance.device)
+        if short_rows is None and not _compiling():
+            short_rows = B > 0 and rows_are_short([N])  # (B rows of N tokens: one row's ratio)
     else:
         kernel_lengths = given.to(torch.int32)
+        if short_rows is None and summarize:  # (the lengths as given, where they were on the host, or now)
+            host = lengths if isinstance(lengths, torch.Tensor) else torch.as_tensor(lengths)
+            host = host if host.dim() == 1 and host.dtype != torch.bool else given
+            short_rows = _host_short_rows(host)
     return DistancePlan(aligned_distance(distance), symmetric=tree if symmetric is None else symmetric,
-                        kernel_lengths=kernel_lengths)
+                        kernel_lengths=kernel_lengths, short_rows=short_rows, summarize=False)
 
 
 def as_plan(structure, lengths=None, *, symmetric: Optional[bool] = None, cu_seqlens=None,
             max_seqlen: Optional[int] = None, num_tokens: Optional[int] = None) -> StructurePlan:
     """``structure`` as a plan: a plan itself (a TreeBatch, PackedTreeBatch, ...; ``lengths`` then overrides its
     lengths for this call only), or a distance tensor with its ``lengths`` / ``cu_seqlens`` (:func:`structure_plan`,
-    made for this call). Raises ``TypeError`` for anything else."""
+    made for this call; it reads no lengths, so its ``short_rows`` is known only without them: every row N tokens).
+    Raises ``TypeError`` for anything else."""
     if isinstance(structure, StructurePlan):
         if cu_seqlens is not None and structure.is_packed and cu_seqlens is not structure.cu_seqlens:
             raise ValueError("cu_seqlens is given by the packed plan; do not pass another")
@@ -390,10 +463,10 @@ def as_plan(structure, lengths=None, *, symmetric: Optional[bool] = None, cu_seq
             return structure
         if structure.is_packed:
             raise ValueError("lengths does not apply to a packed batch (cu_seqlens gives the sequences)")
-        return structure_plan(structure.distance, lengths, symmetric=structure.symmetric)
+        return structure_plan(structure.distance, lengths, symmetric=structure.symmetric, summarize=False)
     if isinstance(structure, torch.Tensor):
         return structure_plan(structure, lengths, symmetric=symmetric, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                              num_tokens=num_tokens)
+                              num_tokens=num_tokens, summarize=False)
     raise TypeError("the structure must be a StructurePlan (a TreeBatch or PackedTreeBatch) or a uint8 distance "
                     f"tensor, got {type(structure).__name__}")
 
@@ -403,4 +476,5 @@ def _with_symmetry(plan: StructurePlan, symmetric: bool) -> DistancePlan:
     if plan.is_packed:
         return DistancePlan(plan.distance, symmetric=symmetric, cu_seqlens=plan.cu_seqlens, sequence=plan.sequence,
                             distance_offsets=plan.distance_offsets, max_seqlen=plan.max_seqlen)
-    return DistancePlan(plan.distance, symmetric=symmetric, kernel_lengths=plan.kernel_lengths)
+    return DistancePlan(plan.distance, symmetric=symmetric, kernel_lengths=plan.kernel_lengths,
+                        short_rows=plan.short_rows, summarize=False)

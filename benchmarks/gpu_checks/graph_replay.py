@@ -8,8 +8,9 @@ plan's tile lists and bucket sets; a packed batch), a layer's forward and backwa
 projections, a shared table and a strength, ``nn.DistanceBias.attend`` on the batch's plan) is
 
 1. captured in a CUDA graph after a warm-up, then replayed with two other batches of the same shapes copied into the
-   captured plan (``plan.copy_``) and other inputs copied into the captured tensors: the output and every gradient
-   must equal an eager call's bit for bit;
+   captured plan (``plan.copy_``; their ``short_rows``, which picks the tiles, set to the captured batch's) and
+   other inputs copied into the captured tensors: the output and every gradient must equal an eager call's bit for
+   bit;
 2. compiled with ``torch.compile(mode="reduce-overhead")`` and called with each batch: compared with eager (the
    largest difference is recorded; equality is required);
 3. timed: the host time of an eager layer (forward and backward, the device idle: a small batch) over a bare
@@ -98,6 +99,8 @@ def make_layer(trees, window, device, dtype=torch.bfloat16):
 def check_graphs(kind, device):
     group, window = batches(kind, device)
     captured = group[0]
+    for other in group[1:]:  # one row class for the graph (plan.short_rows picks the tiles: part of the class)
+        other.short_rows = captured.short_rows
     layer, x, grad, step = make_layer(captured, window, device)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -173,6 +176,7 @@ failed = False
 if args.dry_run or not torch.cuda.is_available():
     for kind in ("sentences", "window-200", "packed"):
         group, _ = batches(kind, "cpu")
+        group[1].short_rows = group[0].short_rows
         group[0].copy_(group[1])
         assert torch.equal(group[0].distance, group[1].distance)
     result["checked"] = "batches and plan copies on CPU (no GPU)"

@@ -244,6 +244,7 @@ def _batches(name: str):
         for i, r in enumerate(rows):
             heads[i, :len(r)] = torch.tensor(r)
         cut = sk.TreeBatch.from_heads(heads, lengths)
+    cut.short_rows = full.short_rows  # (the cut stands for the batch: the whole batch's tiles)
     return full, cut
 
 

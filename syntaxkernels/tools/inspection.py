@@ -1697,7 +1697,11 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                                   kv_heads=kv_heads, causal=causal)
             else:
                 relations = workload.relations if workload.structure == "relations" else None
-                _user_call(workload.plan(workload.compile_rows()), dtype, head_dim,
+                from syntaxkernels.plan import rows_are_short
+
+                compile_plan = workload.plan(workload.compile_rows())
+                compile_plan.short_rows = rows_are_short(workload.lengths)  # (the whole batch's tiles)
+                _user_call(compile_plan, dtype, head_dim,
                            buckets=workload.buckets if relations else buckets, dropout=dropout, kv_heads=kv_heads,
                            causal=causal, band=band, position=position, relations=relations)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on

@@ -103,9 +103,10 @@ def _short2_keys_item(L: int, block: int, bd: int, causal: bool, rows: int) -> i
     return total
 
 
-def _path(N: int, D: int, dtype, arch: int, causal: bool, B: int = 1, heads: int = 12):
-    """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table);
-    the two-block kernel's config as ``B`` items of ``heads`` heads launch it (grouped: its GROUPED_CONFIG)."""
+def _path(N: int, D: int, dtype, arch: int, causal: bool, B: int = 1, heads: int = 12, short_rows: int = -1):
+    """``("short" | "short2" | "tiled", config)``: the padded backward a call of ``N`` tokens runs (a shared table;
+    ``short_rows`` the plan's, :func:`~syntaxkernels.plan.rows_are_short`); the two-block kernel's config as ``B``
+    items of ``heads`` heads launch it (grouped: its GROUPED_CONFIG)."""
     from syntaxkernels.ops._primitives import interpret_as
     from syntaxkernels.ops.bias_attention import _launch
     from syntaxkernels.specs import BucketSpec
@@ -114,7 +115,7 @@ def _path(N: int, D: int, dtype, arch: int, causal: bool, B: int = 1, heads: int
     previous = interpret_as(arch)  # (under the interpreter the configs follow this, not the faked driver)
     try:
         with fake_gpu(arch):
-            configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal)
+            configs = _launch.launch_configs(N, D, D, dtype, 1, -1, BucketSpec(), causal=causal, short_rows=short_rows)
             if configs.short is not None and N > configs.short["BLOCK_M"]:  # (grids sized for arch's multiprocessors)
                 configs = configs._replace(short=_launch.short2_grouping(configs.short, B, heads)[0])
     finally:
@@ -133,6 +134,7 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
     and essential KiB per head of the batch's longest item."""
     import torch
 
+    from syntaxkernels.plan import rows_are_short
     from syntaxkernels.specs import BucketSpec
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -147,7 +149,8 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         path, block = "packed", None
         stored_ds = stores_ds(True, sum(L * L for L in lengths), sum(lengths))
     else:
-        path, configs = _path(workload.N, D, torch_dtype, arch, causal, workload.batch_size, heads)
+        path, configs = _path(workload.N, D, torch_dtype, arch, causal, workload.batch_size, heads,
+                              int(rows_are_short(workload.lengths)))
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []

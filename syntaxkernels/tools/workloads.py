@@ -164,8 +164,8 @@ def connect_sentences(sentences: Sequence[Sequence[int]], N: int, rows: Optional
 # ---------------------------------------------------------------------------------------------------------
 
 #: The named workloads (see :func:`named_workload`), in report order.
-WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "packed", "sentences-packed", "long-4096",
-             "long-8192", "odd-77", "odd-1000")
+WORKLOADS = ("sentences", "pairs", "finetune-128", "finetune-512", "finetune-1024", "packed", "packed-512",
+             "sentences-packed", "long-4096", "long-8192", "odd-77", "odd-1000")
 #: The workloads whose structure is a plan other than one tree per row (see :func:`named_workload`); not in
 #: ``all`` (the tree workloads, which ``bench`` and ``inspect --host`` walk), their own group ``relations``.
 RELATION_WORKLOADS = ("graph", "two-parse", "code-r1", "code-r4")
@@ -173,7 +173,8 @@ RELATION_WORKLOADS = ("graph", "two-parse", "code-r1", "code-r4")
 RELATION_BATCHES = ("two-parse", "code-r4")
 #: Names that stand for several workloads.
 WORKLOAD_GROUPS = {"long": ("long-4096", "long-8192"), "odd": ("odd-77", "odd-1000"),
-                   "finetune": ("finetune-128", "finetune-512"), "all": WORKLOADS, "relations": RELATION_WORKLOADS}
+                   "finetune": ("finetune-128", "finetune-512", "finetune-1024"), "all": WORKLOADS,
+                   "relations": RELATION_WORKLOADS}
 
 
 @dataclass
@@ -346,8 +347,11 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
     - ``sentences``: 32 consecutive sentences, each ``[CLS] words [SEP]`` under the ``[CLS]`` root, padded to
       the batch's longest (N is whatever that gives: rarely a multiple of 16);
     - ``pairs``: 32 rows of two consecutive sentences, ``[CLS] a [SEP] b [SEP]``, the same way;
-    - ``finetune-128`` / ``finetune-512``: 32 ``[CLS]`` sentences (real lengths) padded to a fixed N;
+    - ``finetune-128`` / ``finetune-512`` / ``finetune-1024``: 32 ``[CLS]`` sentences (real lengths) padded to a
+      fixed N (1024: a long-context encoder fine-tuned on sentences; the padded tiles beyond 512 tokens);
     - ``packed``: 8 rows of whole consecutive sentences packed into 1024-token forests (one tree each);
+    - ``packed-512``: 16 rows of them packed into 512 tokens, as a model of 512 tokens is pre-trained or
+      fine-tuned on documents: full rows of at most 512 tokens (the long tiles, ``TreeBatch.short_rows`` False);
     - ``sentences-packed``: 256 ``[CLS]`` sentences as one padding-free packed batch (``Workload.packed``: the
       varlen kernels, sequences sharing tiles);
     - ``long-4096`` / ``long-8192``: one tree (consecutive sentences, each root under the previous one's) of
@@ -396,13 +400,16 @@ def named_workload(name: str, sentences: Optional[Sequence[Sequence[int]]] = Non
         heads = [_with_cls([[chosen[2 * i]], [chosen[2 * i + 1]]]) for i in range(32)]
         return Workload(name, heads, max(map(len, heads)), source,
                         "32 sentence pairs, [CLS] a [SEP] b [SEP], padded to the batch's longest")
-    if name in ("finetune-128", "finetune-512"):
+    if name in ("finetune-128", "finetune-512", "finetune-1024"):
         N = int(name.split("-")[1])
         heads = [_with_cls([[s]]) for s in take(32, N - 2)]
         return Workload(name, heads, N, source, f"32 sentences, [CLS] s [SEP], padded to N = {N}")
     if name == "packed":
         heads = pack_sentences(pool, 1024, rows=8, start=start)
         return Workload(name, heads, 1024, source, "8 rows of whole sentences packed into 1024 tokens (a forest)")
+    if name == "packed-512":
+        heads = pack_sentences(pool, 512, rows=16, start=start)
+        return Workload(name, heads, 512, source, "16 rows of whole sentences packed into 512 tokens (a forest)")
     if name == "sentences-packed":
         heads = [_with_cls([[s]]) for s in take(256, 510)]
         return Workload(name, heads, max(map(len, heads)), source,

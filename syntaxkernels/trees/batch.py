@@ -942,6 +942,10 @@ class TreeBatch(StructurePlan):
             the whole tree's (``segment >= 0`` marks the real tokens), and :meth:`relation_lists`,
             :meth:`window_lists` (built from the whole tree) raise ValueError.
         kernel_lengths: ``int32 [B]``, the lengths the fused kernels read.
+        short_rows: whether the rows are short against the kernels' long tiles (:func:`~syntaxkernels.plan.
+            rows_are_short` of the lengths, made when the batch is built from lengths on the host; None when they
+            were on a GPU; given, it is kept): it picks the tiles of every layer
+            (:class:`~syntaxkernels.plan.StructurePlan`).
 
     Edge lists (:meth:`relation_lists`, :meth:`window_lists`) and what the fused ops derive for their tiles are
     built on first use and kept on the batch (:meth:`~syntaxkernels.plan.StructurePlan.derived`).
@@ -953,13 +957,15 @@ class TreeBatch(StructurePlan):
     depth: torch.Tensor
     segment: torch.Tensor
     leak_free: bool = False
+    short_rows: Optional[bool] = field(default=None, repr=False)
 
     def __post_init__(self):
         self.leak_free = bool(self.leak_free)
         self.distance = aligned_distance(self.distance)
         if not self.leak_free:  # the mark says "symmetric": a leak-free distance is not
             _mark_tree_distance(self.distance)
-        self._init_plan(symmetric=not self.leak_free, kernel_lengths=self.lengths.to(torch.int32))
+        self._init_plan(symmetric=not self.leak_free, kernel_lengths=self.lengths.to(torch.int32),
+                        short_rows=self.short_rows)
 
     def __setstate__(self, state):  # unpickled in the main process from a DataLoader worker
         self.__dict__.update(state)
@@ -1025,7 +1031,7 @@ class TreeBatch(StructurePlan):
 
     def _map(self, fn) -> "TreeBatch":
         mapped = TreeBatch(fn(self.heads), fn(self.lengths), _map_distance(fn, self.distance), fn(self.depth),
-                           fn(self.segment), leak_free=self.leak_free)
+                           fn(self.segment), leak_free=self.leak_free, short_rows=self.short_rows)
         return self._carry_derived(mapped, fn)
 
     def to(self, *args, **kwargs) -> "TreeBatch":

@@ -69,7 +69,7 @@ class WordTreeBatch(TreeBatch):
     def _map(self, fn) -> "WordTreeBatch":
         mapped = WordTreeBatch(fn(self.heads), fn(self.lengths), _map_distance(fn, self.distance), fn(self.depth),
                                fn(self.segment), words=None if self.words is None else fn(self.words),
-                               pairwise_self=self.pairwise_self, variant=self.variant)
+                               pairwise_self=self.pairwise_self, variant=self.variant, short_rows=self.short_rows)
         return self._carry_derived(mapped, fn)
 
     def relation_lists(self, masks: MaskSpec) -> EdgeLists:

@@ -87,7 +87,7 @@ _CONFIGS = {}
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
                    spec: BucketSpec, position: bool = False, grouped: bool = False,
                    scale: float = 1.0, causal: bool = False, dropout: bool = False,
-                   band: bool = False) -> LaunchConfigs:
+                   band: bool = False, short_rows: int = -1) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU and
     the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row kernels
@@ -102,14 +102,16 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     attention dropout (the kernels' ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers;
     entries for dropout with the other variants of the call too), after the others. ``band``: a call with a positional
     window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
-    (``"position_window"``). A padded batch of short rows (``SHORT_ROW_LIMIT < N <=``
-    :data:`.configs.PADDED_ROW_LIMIT`; no window, causality, grouped-query k, v or positional window; dropout at head
-    dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries
-    naming the call's term or dropout last."""
+    (``"position_window"``). ``short_rows``: the plan's :attr:`~syntaxkernels.plan.StructurePlan.short_rows` (1: the
+    batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
+    (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`; no
+    window, causality, grouped-query k, v or positional window; dropout at head dims up to 64) takes
+    :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
+    term or dropout last."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
-           position, grouped, tiny, causal, dropout, band)
+           position, grouped, tiny, causal, dropout, band, short_rows)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
@@ -126,8 +128,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band)) if on)
-    padded = (_configs.SHORT_ROW_LIMIT < N <= _configs.PADDED_ROW_LIMIT and window < 0 and not
-              (causal or grouped or band) and _configs._BLOCK_OVERRIDE is None)
+    rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
+    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and window < 0 and not (causal or grouped or band)
+              and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout, variants)] if padded else []
     overrides += [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
@@ -333,7 +336,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
                            lengths: torch.Tensor, kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor],
                            scale: float, window: int, causal: bool, dropout_p: float = 0.0,
                            dropout_seed: int = 0, band: int = -1, position_table: Optional[torch.Tensor] = None,
-                           pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
+                           pos_buckets: Optional[torch.Tensor] = None, reach: int = 0, short_rows: int = -1
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Forward launcher: ``(out [B, H, N, Dv] in q's dtype and layout, lse2 fp32 [B, H, N], lut fp32 [H or 1, 256],
     pos_lut fp32 [H, 2 * reach + 1])`` (``pos_lut`` None without T5's term; the op returns ``[0, 0]`` then).
@@ -355,6 +358,8 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
             contiguous) and ``RelativePositionSpec.lut()`` (int ``[2 * reach + 1]``) on the device: the kernel writes
             the log2-domain LUT it gathers from, ``pos_lut[h, r] = table[h, pos_buckets[r]] * log2(e)`` (the values
             of :func:`._host.position_lut`), which the backward reads; the short-row forward takes it too.
+        short_rows: the plan's ``short_rows`` (1, 0, or -1: not known), which picks the tiles
+            (:func:`launch_configs`); the results depend on it through the tiles' summation order only.
     """
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -371,7 +376,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, position_table is not None,
-                             H > k.shape[1], scale, causal, dropout_p > 0.0, band >= 0)
+                             H > k.shape[1], scale, causal, dropout_p > 0.0, band >= 0, short_rows)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -514,7 +519,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             want_scale: bool, dropout_p: float = 0.0, dropout_seed: int = 0,
                             band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
                             pos_bounds: Optional[torch.Tensor] = None,
-                            pos_matrix: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+                            pos_matrix: Optional[torch.Tensor] = None, short_rows: int = -1
+                            ) -> Tuple[torch.Tensor, ...]:
     """Backward launcher: ``(dq, dk, dv, d table, d bias_scale, d position table)``, the first three in q's, k's and
     v's layouts; the table's (``[H or 1, T]``, like ``table``) and the strength's (like ``bias_scale``) from the
     per-bucket sums of dS ``G`` (``d table = c * G``, ``d c = sum(table * G)``), each an empty tensor unless wanted;
@@ -533,7 +539,7 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     dq, dk, dv, sums, pos_partials = _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale,
                                                        window, causal, spec, want_table or want_scale,
                                                        _dropout(dropout_p, dropout_seed), _band(band),
-                                                       _position(pos_lut, reach), pos_bounds)
+                                                       _position(pos_lut, reach), pos_bounds, short_rows)
     if pos_partials is not None and pos_matrix is None:
         raise ValueError("pos_bounds needs pos_matrix (the boundaries-to-buckets matrix, _host.position_matrix_on)")
     position = None if pos_partials is None else (pos_partials, pos_matrix)
@@ -543,7 +549,8 @@ def bias_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
 
 def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal, spec, table_grad,
-                      drop: dict, band: dict, position: dict = None, pos_bounds: Optional[torch.Tensor] = None):
+                      drop: dict, band: dict, position: dict = None, pos_bounds: Optional[torch.Tensor] = None,
+                      short_rows: int = -1):
     """The backward's kernels: ``(dq, dk, dv, sums, pos_partials)``, ``sums`` the per-program bucket sums of dS as
     ``(partials [outer, rows, inner, T], outer, rows, inner)`` (None without ``table_grad``), ``pos_partials`` the
     per-program sums at the position boundaries, fp32 ``[programs, H, len(pos_bounds)]`` (None without
@@ -564,7 +571,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
     configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale, causal,
-                             bool(drop), bool(band))
+                             bool(drop), bool(band), short_rows)
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)
@@ -817,13 +824,13 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: tor
                 kv_list: Optional[torch.Tensor], kv_count: Optional[torch.Tensor], scale: float, window: int,
                 causal: bool, dropout_p: float = 0.0,
                 dropout_seed: int = 0, band: int = -1, position_table: Optional[torch.Tensor] = None,
-                pos_buckets: Optional[torch.Tensor] = None, reach: int = 0
+                pos_buckets: Optional[torch.Tensor] = None, reach: int = 0, short_rows: int = -1
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_forward` as a ``torch.library`` op (``dropout_seed`` the int64 bit pattern of the seed:
     :func:`~syntaxkernels.ops._primitives.dropout_arguments`)."""
     out, lse, lut, pos_lut = bias_attention_forward(q, k, v, distance, table, bias_scale, bucket_lut, lengths, kv_list,
                                                     kv_count, scale, window, causal, dropout_p, dropout_seed, band,
-                                                    position_table, pos_buckets, reach)
+                                                    position_table, pos_buckets, reach, short_rows)
     return out, lse, lut, op_position_lut(pos_lut, q)
 
 
@@ -837,11 +844,13 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                  causal: bool, max_distance: int, log_distance: int, unreachable_bucket: bool, table: torch.Tensor,
                  bias_scale: torch.Tensor, want_table: bool, want_scale: bool, dropout_p: float = 0.0,
                  dropout_seed: int = 0, band: int = -1, pos_lut: Optional[torch.Tensor] = None, reach: int = 0,
-                 pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None
+                 pos_bounds: Optional[torch.Tensor] = None, pos_matrix: Optional[torch.Tensor] = None,
+                 short_rows: int = -1
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`bias_attention_backward` as a ``torch.library`` op (the metadata and the BucketSpec spelled out)."""
     meta = BackwardMetadata(distance_t, dq_list, dq_count, dkdv_list, dkdv_count, table_list, table_count, tile_buckets,
                             skip_bucket)
     return bias_attention_backward(dout, q, k, v, out, lse, distance, lut, lengths, meta, scale, window, causal,
                                    _spec(max_distance, log_distance, unreachable_bucket), table, bias_scale, want_table,
-                                   want_scale, dropout_p, dropout_seed, band, pos_lut, reach, pos_bounds, pos_matrix)
+                                   want_scale, dropout_p, dropout_seed, band, pos_lut, reach, pos_bounds, pos_matrix,
+                                   short_rows)
