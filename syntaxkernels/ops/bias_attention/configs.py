@@ -389,8 +389,10 @@ def _opaque_bias(family: str) -> bool:
     return family in ("sm80", "small")
 
 
-#: Padded batches of short rows (a fine-tuning batch padded to 128 or 512): calls of ``SHORT_ROW_LIMIT < N <=
-#: PADDED_ROW_LIMIT`` tokens without causality, grouped-query k, v or a window (with T5's term too: its entries in
+#: Padded batches of short rows (a fine-tuning batch padded to 128, 512 or 1024): calls of more than
+#: ``SHORT_ROW_LIMIT`` tokens on a plan whose ``short_rows`` is True (:func:`~syntaxkernels.plan.rows_are_short` of
+#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without causality,
+#: grouped-query k, v or a window (with T5's term too: its entries in
 #: PADDED_CONFIGS refine the tiles after the term's own) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
 #: and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it
 #: with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV
