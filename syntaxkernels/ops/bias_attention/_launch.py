@@ -110,8 +110,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     term or dropout last."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
-    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, _configs._BLOCK_OVERRIDE, _configs._SHORT_ROWS,
-           position, grouped, tiny, causal, dropout, band, short_rows)
+    key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, short_rows, _configs._BLOCK_OVERRIDE,
+           _configs._SHORT_ROWS, position, grouped, tiny, causal, dropout, band)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
