@@ -778,19 +778,53 @@ def test_the_plans_row_class_picks_the_padded_tiles_not_n():
             padded, long = tiles(arch, 300, D, -1), tiles(arch, 1024, D, -1)
             assert padded != long, (arch, D)
             assert tiles(arch, 1024, D, 1) == tiles(arch, 2000, D, 1) == tiles(arch, 65, D, 1) == padded, (arch, D)
-            assert tiles(arch, 300, D, 0) == tiles(arch, 65, D, 0) == long, (arch, D)
+            assert tiles(arch, 65, D, 0) == long, (arch, D)  # (above 128 tokens LONG_ROW_CONFIGS: the next test)
             assert tiles(arch, 300, D, 1, causal=True) == tiles(arch, 300, D, 0, causal=True), (arch, D)
             assert tiles(arch, 64, D, 1) == tiles(arch, 64, D, 0), (arch, D)  # (the one-tile kernels' rows)
+
+
+def test_long_rows_take_their_own_tiles_above_128_tokens_in_plain_calls():
+    """A plan whose rows fill the long tiles (``short_rows`` 0) takes LONG_ROW_CONFIGS over the family's tiles in calls
+    of more than 128 tokens (long trees, padded batches of full rows), looked up here by hand for each family (its
+    entries, then sm_100's on sm_100); calls with causality, dropout, T5's term, grouped-query k, v or a window, rows
+    of 65..128 tokens and plans without a summary keep the family's tiles."""
+    spec = sk.BucketSpec()
+    kinds = ("fwd", "dq", "dkdv", "table")
+
+    def tiles(arch, N, D, short_rows, window=-1, **kw):
+        previous = P.interpret_as(arch)
+        try:
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, window, spec, short_rows=short_rows, **kw)
+        finally:
+            P.interpret_as(previous)
+        return [getattr(c, kind) for kind in kinds]
+
+    changed = set()
+    for arch, family in ((80, "sm80"), (86, "small"), (89, "small"), (90, "sm90"), (100, "sm90"), (120, "small")):
+        for D in (64, 128):
+            base = tiles(arch, 1024, D, -1)
+            names = [family] + (["sm100"] if arch >= 100 and family == "sm90" else [])
+            want = [dict(config) for config in base]
+            for name in names:
+                for (kind, fam, cls, dim), fields in configs.LONG_ROW_CONFIGS.items():
+                    if (fam, cls, dim) == (name, "half", D):
+                        want[kinds.index(kind)].update(fields)
+            assert tiles(arch, 1024, D, 0) == tiles(arch, 300, D, 0) == tiles(arch, 129, D, 0) == want, (arch, D)
+            changed |= {(arch, D, kind) for kind, a, b in zip(kinds, base, want) if a != b}
+            for kw in (dict(causal=True), dict(dropout=True), dict(position=True), dict(grouped=True),
+                       dict(band=True), dict(window=3)):
+                assert tiles(arch, 1024, D, 0, **kw) == tiles(arch, 1024, D, -1, **kw), (arch, D, kw)
+            assert tiles(arch, 2000, D, -1) == base, (arch, D)  # (no summary: the family's tiles)
+    assert {(90, 128, "dq"), (80, 64, "fwd"), (100, 128, "dkdv"), (86, 128, "dq")} <= changed, changed
 
 
 @pytest.mark.long_on_cpu
 def test_short_rows_beyond_512_tokens_and_full_rows_take_their_tiles_exactly(monkeypatch):
     """Through the op on a plan made once from host lengths (``structure_plan``, as a collator's batch): rows of 40
     and 23 tokens padded to 600 run the padded tiles (interpreted sm_90: forward 64x32, dQ 64x32, dK/dV 32x64, table
-    32x32), full rows of 300 the long rows' ones (the tiles of a call without the padded batches' rule), both exact
-    against the float64 reference; the same short rows as bare tensors (a plan per call, no lengths read) the long
-    rows' tiles (N decides)."""
-    from conftest import long_rows_tiles
+    32x32), full rows of 300 the long rows' ones (LONG_ROW_CONFIGS over the family's), both exact against the float64
+    reference; the same short rows as bare tensors (a plan per call, no lengths read) the family's tiles (N decides);
+    full rows of 200 on sm_80, sm_100 and sm_86 LONG_ROW_CONFIGS' backward tiles, exact."""
 
     def planned(q, k, v, distance, table, lengths=None, **kw):
         plan = structure_plan(distance, lengths.cpu())
@@ -824,14 +858,29 @@ def test_short_rows_beyond_512_tokens_and_full_rows_take_their_tiles_exactly(mon
         names.clear()
         names.kwargs.clear()
         check_against_reference(short)  # (bare tensors)
-        assert launched(names) == full, names
-        long_rows_tiles(monkeypatch)  # the long rows' tiles, the padded batches' rule off
-        want = _launch.launch_configs(300, 32, 32, torch.bfloat16, 1, -1, sk.BucketSpec())
-        assert full == {"_bias_fwd_kernel": (want.fwd["BLOCK_M"], want.fwd["BLOCK_N"]),
-                        "_bias_bwd_dq_kernel": (want.dq["BLOCK_M"], want.dq["BLOCK_N"]),
-                        "_bias_bwd_dkdv_kernel": (want.dkdv["BLOCK_M"], want.dkdv["BLOCK_N"]),
-                        "_bias_bwd_table_kernel": (want.table["BLOCK_M"], want.table["BLOCK_N"])}, full
-        assert full["_bias_fwd_kernel"] != (64, 32)
+        bare = launched(names)
+
+        def expected(N, D, short_rows):
+            want = _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, sk.BucketSpec(), short_rows=short_rows)
+            return {name: (config["BLOCK_M"], config["BLOCK_N"])
+                    for name, config in zip(kernels, (want.fwd, want.dq, want.dkdv, want.table))}
+
+        assert full == expected(300, 32, 0), full  # the long rows' tiles (LONG_ROW_CONFIGS' forward, 128x128)
+        assert full["_bias_fwd_kernel"] == (128, 128), full
+        assert bare == expected(600, 32, -1), bare  # N's rule: the family's tiles
+        assert bare["_bias_fwd_kernel"] == (128, 64), bare
+        # LONG_ROW_CONFIGS' backward tiles, exact: sm_80's dK/dV 64x128 at D64, sm_100's dQ 128x64 and dK/dV 64x128
+        # at D128 (the head dim 80 in the 128 class), the small family's dQ 128x32 at D128.
+        for arch, D, tiles in ((80, 32, {"_bias_fwd_kernel": (128, 128), "_bias_bwd_dkdv_kernel": (64, 128)}),
+                               (100, 80, {"_bias_fwd_kernel": (128, 128), "_bias_bwd_dq_kernel": (128, 64),
+                                          "_bias_bwd_dkdv_kernel": (64, 128)}),
+                               (86, 80, {"_bias_bwd_dq_kernel": (128, 32)})):
+            P.interpret_as(arch)
+            names.clear()
+            names.kwargs.clear()
+            check(make_case(1, 1, 200, D, torch.bfloat16, roots=2))
+            got = launched(names)
+            assert got == expected(200, D, 0) and tiles.items() <= got.items(), (arch, D, got)
     finally:
         P.interpret_as(previous)
 

@@ -850,3 +850,29 @@ def test_inspect_edges_reports_slots_and_instructions_per_real_edge():
         # have other degree spreads; there only >= 1).
         assert all(1.0 <= s <= (1.25 if treebank else 2.0) for s in slots_after), r
         assert 0 < float(r[7]) <= 450, r  # the forward's main loop per real edge (bf16, D64, sm_90)
+
+
+def test_the_workload_overview_shows_the_tiles_the_batchs_row_class_launches():
+    """``bench``'s workload rows (no compile) give the tiles a call on the whole batch's plan launches: short rows
+    padded to 512 or 1024 the padded batches' (PADDED_CONFIGS), a long tree and rows packed into 512 tokens the long
+    rows' (LONG_ROW_CONFIGS over the family's, sm_90 at D64: the forward 128 x 128), sentences the short-row
+    kernels (64-token tiles); not the family's base tiles."""
+    from syntaxkernels.ops.bias_attention import configs
+
+    def tile(kind, table, D):
+        config = dict(configs.CONFIGS[(kind, "sm90", "half", D)], **table.get((kind, "sm90", "half", D), {}))
+        return f"{config['BLOCK_M']}x{config['BLOCK_N']}"
+
+    rows = {(r["workload"], r["D"]): r for r in I.workload_overview(
+        ["finetune-512", "finetune-1024", "long-4096", "packed-512", "sentences"], "sm90", (64, 128))}
+    for D in (64, 128):
+        for name in ("finetune-512", "finetune-1024"):
+            assert rows[name, D]["fwd_tile"] == tile("fwd", configs.PADDED_CONFIGS, D), (name, D)
+            assert rows[name, D]["dkdv_tile"] == tile("dkdv", configs.PADDED_CONFIGS, D), (name, D)
+        for name in ("long-4096", "packed-512"):
+            assert rows[name, D]["fwd_tile"] == tile("fwd", configs.LONG_ROW_CONFIGS, D), (name, D)
+            assert rows[name, D]["dkdv_tile"] == tile("dkdv", configs.LONG_ROW_CONFIGS, D), (name, D)
+        assert rows["sentences", D]["fwd_tile"] == "64x64", D
+    assert rows["long-4096", 64]["fwd_tile"] == "128x128" != tile("fwd", {}, 64)
+    assert rows["finetune-1024", 64]["fwd_tile"] != tile("fwd", {}, 64)
+    assert rows["finetune-512", 64]["f_area"] < 5  # (the base 128 x 64 tiles: 10.3 score elements a valid pair)

@@ -1697,10 +1697,8 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                                   kv_heads=kv_heads, causal=causal)
             else:
                 relations = workload.relations if workload.structure == "relations" else None
-                from syntaxkernels.plan import rows_are_short
-
                 compile_plan = workload.plan(workload.compile_rows())
-                compile_plan.short_rows = rows_are_short(workload.lengths)  # (the whole batch's tiles)
+                compile_plan.short_rows = workload.short_rows  # (the whole batch's tiles)
                 _user_call(compile_plan, dtype, head_dim,
                            buckets=workload.buckets if relations else buckets, dropout=dropout, kv_heads=kv_heads,
                            causal=causal, band=band, position=position, relations=relations)
@@ -1988,19 +1986,20 @@ def _multiprocessors_of(arch: int):
 def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Sequence[int] = (64,),
                       dtype: str = "bf16", arch: Optional[int] = None) -> List[dict]:
     """Without compiling anything: per workload and head dim, the batch (B, N, lengths, valid pairs as a
-    fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling
-    ``select_config`` gives ``family`` (``arch``: a GPU of the family, for the tiles of its own, e.g. 100 or
-    120; default the family's base tiles) (score elements computed per valid pair; the dK/dV kernel's interior
+    fraction of ``B x N^2``) and how the forward and the dK/dV kernel walk its tiles at the tiling a call on the
+    whole batch's plan launches on ``family`` (``launch_configs`` with the plan's row class, ``short_rows``: the
+    padded batches' tiles, the long rows'; ``arch``: a GPU of the family, for the tiles of its own, e.g. 100 or
+    120; default the family's first) (score elements computed per valid pair; the dK/dV kernel's interior
     tiles; the table kernel's walked tiles on its one-bucket and mixed paths). Columns: ``valid`` (valid pairs
     / B N^2), ``f_area``/``b_area`` (score elements per valid pair, forward / dK/dV), ``bnd`` (the dK/dV
     kernel's walked tiles that are boundary tiles), ``one``/``mixed`` (the table kernel's walked tiles on each
     path), ``bkts`` (mean buckets per mixed tile). Cheap: ``bench`` prints it on machines without
     a GPU; ``inspect --workload`` adds what each kernel compiles to."""
-    from syntaxkernels.ops.bias_attention import _launch
-    from syntaxkernels.ops.bias_attention import configs as op
+    from syntaxkernels.ops.bias_attention import _varlen_kernels as varlen
+
+    from .traffic import _path
 
     rows = []
-    from syntaxkernels.ops.bias_attention import _varlen_kernels as varlen
 
     for name in names:
         workload = _workload(name)
@@ -2016,27 +2015,27 @@ def workload_overview(names: Sequence[str], family: str = "sm90", head_dims: Seq
                 b = workload_tiles("_varlen_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
                 t = workload_tiles("_varlen_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
                 walked = max(t["boundary"], 1)
-            else:
-                if workload.N <= op.SHORT_ROW_LIMIT:  # one tile a sequence
-                    fwd = op.select_config("fwd_short", _torch_dtype(dtype), head_dim, family, arch)
+            else:  # the tiles a call on the whole batch's plan launches (its row class: the padded batches' tiles)
+                target = arch or _FAMILY_ARCHS[family]
+                with _multiprocessors_of(target):
+                    path, configs = _path(workload.N, head_dim, _torch_dtype(dtype), target, False,
+                                          workload.batch_size, WORKLOAD_HEADS, int(workload.short_rows))
+                if configs.fwd_short is not None:  # one tile a sequence
+                    fwd = configs.fwd_short
                     f = workload_tiles("_bias_fwd_short_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
                 else:
-                    fwd = op.select_config("fwd", _torch_dtype(dtype), head_dim, family, arch)
+                    fwd = configs.fwd
                     f = workload_tiles("_bias_fwd_kernel", workload, fwd["BLOCK_M"], fwd["BLOCK_N"])
-                short = op._short_config(workload.N, _torch_dtype(dtype), head_dim, 1, family, arch)
-                if short is not None and workload.N > op.SHORT_ROW_LIMIT:  # (grouped: its GROUPED_CONFIG)
-                    with _multiprocessors_of(arch or _FAMILY_ARCHS[family]):
-                        short, _ = _launch.short2_grouping(short, workload.batch_size, WORKLOAD_HEADS)
+                short = configs.short
                 if short is not None:  # rows of at most 128 tokens: the short-row kernels, one or two blocks
                     dkdv = short
-                    kernel = ("_bias_bwd_short_kernel" if workload.N <= op.SHORT_ROW_LIMIT else
+                    kernel = ("_bias_bwd_short_kernel" if path == "short" else
                               "_bias_bwd_short2_keys_kernel" if short.get("KEYS_OUTER") else "_bias_bwd_short2_kernel")
                     b = workload_tiles(kernel, workload, short["BLOCK_M"], short["BLOCK_N"], rows=short.get("ROWS", 0))
                     t = workload_tiles("_bias_bwd_short_table_kernel", workload, short["BLOCK_M"], short["BLOCK_N"])
                 else:
-                    dkdv = op.select_config("dkdv", _torch_dtype(dtype), head_dim, family, arch)
+                    dkdv, table = configs.dkdv, configs.table
                     b = workload_tiles("_bias_bwd_dkdv_kernel", workload, dkdv["BLOCK_M"], dkdv["BLOCK_N"])
-                    table = op.select_config("table", _torch_dtype(dtype), head_dim, family, arch)
                     t = workload_tiles("_bias_bwd_table_kernel", workload, table["BLOCK_M"], table["BLOCK_N"])
                 walked = max(t["interior"] + t["boundary"], 1)
             lengths = workload.lengths

@@ -134,7 +134,6 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
     and essential KiB per head of the batch's longest item."""
     import torch
 
-    from syntaxkernels.plan import rows_are_short
     from syntaxkernels.specs import BucketSpec
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -150,7 +149,7 @@ def backward_traffic(workload, head_dim: int = 64, dtype: str = "bf16", arch: in
         stored_ds = stores_ds(True, sum(L * L for L in lengths), sum(lengths))
     else:
         path, configs = _path(workload.N, D, torch_dtype, arch, causal, workload.batch_size, heads,
-                              int(rows_are_short(workload.lengths)))
+                              int(workload.short_rows))
         block = configs.short["BLOCK_M"] if configs.short is not None else None
     essential: List[float] = []
     scratch: List[float] = []

@@ -213,6 +213,14 @@ class Workload:
         return len(self.lengths)
 
     @property
+    def short_rows(self) -> bool:
+        """The row class a padded plan of the whole batch carries (:func:`~syntaxkernels.plan.rows_are_short` of
+        its lengths): the tiles its calls launch."""
+        from syntaxkernels.plan import rows_are_short
+
+        return rows_are_short(self.lengths)
+
+    @property
     def kernel_buckets(self):
         """The :class:`~syntaxkernels.BucketSpec` the kernels run with: a relation batch's codes
         (``CODE_BUCKETS``, 256 buckets), else the default ``BucketSpec()`` (trees, graphs)."""

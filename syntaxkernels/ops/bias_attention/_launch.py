@@ -107,7 +107,8 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`; no
     window, causality, grouped-query k, v or positional window; dropout at head dims up to 64) takes
     :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
-    term or dropout last."""
+    term or dropout last. A batch of long rows (``short_rows`` 0, ``N > 2 * SHORT_ROW_LIMIT``, none of those variants
+    nor T5's term or dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, short_rows, _configs._BLOCK_OVERRIDE,
@@ -131,7 +132,10 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
     padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and window < 0 and not (causal or grouped or band)
               and _configs._BLOCK_OVERRIDE is None)
+    long_rows = (short_rows == 0 and N > 2 * _configs.SHORT_ROW_LIMIT and window < 0 and not variants and not dropout
+                 and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout, variants)] if padded else []
+    overrides += [_configs.long_row_overrides(dtype, width, family, arch)] if long_rows else []
     overrides += [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
     overrides += [_configs.band_overrides(dtype, width, family, arch)] if band else []

@@ -477,6 +477,38 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 64, "position", "dropout"): dict(BLOCK_M=32),
 }
 
+#: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows fill
+#: the long tiles, as in long trees and padded batches of full rows), over :data:`CONFIGS` (and sm_100's / sm_120's),
+#: in calls of more than ``2 * SHORT_ROW_LIMIT`` tokens without causality, grouped-query k, v, a window, T5's term or
+#: dropout: ``(kind, family, dtype class, head-dim class) -> fields``.
+#: Compiled on the batches of long rows (``inspect --workload packed,packed-512,long-4096,long-8192,odd-1000``:
+#: 8 or 16 rows packed into 1024 or 512 tokens, one tree of 4071 or 8192 tokens, 4 rows of about 970 padded to 1000),
+#: each kernel a valid pair against the family's own tiles, bf16, spill-free (the ranges span the five workloads):
+LONG_ROW_CONFIGS: Dict[tuple, dict] = {
+    # The forward on wider key steps: sm_80 at D128 128x32 -> 128x64 (-15.0..-17.7%), at D64 128x64 -> 128x128
+    # (-4.5..-9.2%); the sm90 family at D64 128x128 on two stages (sm_90 -6.7..-11.9%, sm_100 -3.3..-9.0%, +0.7% on
+    # packed-512), sm_100 at D128 128x128 on one stage (-1.0..-7.8%). (128x128 at D128 spills 64 B on sm_90, on one
+    # stage too, and on two stages needs 233 KiB of shared memory on sm_100; the small family's wider forward tiles
+    # need 100-128 KiB on two stages and spill 16-72 B on one.)
+    ("fwd", "sm80", "half", 64): dict(BLOCK_N=128),
+    ("fwd", "sm80", "half", 128): dict(BLOCK_N=64),
+    ("fwd", "sm90", "half", 64): dict(BLOCK_N=128, num_stages=2),
+    ("fwd", "sm100", "half", 128): dict(BLOCK_N=128, num_stages=1),
+    # dQ: the sm90 family at D128 128x32 -> 128x64 (sm_90 -13.7..-17.0%, sm_100 -12.9..-17.0%); the small family at
+    # D128 128x16 -> 128x32 on one stage (sm_86 -7.3..-8.9%, sm_120 -6.5..-8.1%; two stages need 100 KiB). (sm_80 at
+    # D128 128x64 spills 16-24 B; 128x128 at D64 spills 128-208 B on sm_80, the small family and sm_90, and at D128
+    # needs 264-297 KiB on two stages; 64x128 on four warps at D128 spills 488 B on sm_90.)
+    ("dq", "sm90", "half", 128): dict(BLOCK_N=64),
+    ("dq", "small", "half", 128): dict(BLOCK_N=32, num_stages=1),
+    # dK/dV: sm_80 at D64 32x128 -> 64x128 (-3.9..-6.0%); sm_100 at D128 64x128 on two stages (-15.9..-18.9%), at
+    # D64 128x128 on two stages (-5.7..-10.4%). (At D128 32x128 spills 72-80 B on sm_80 and the small family, and
+    # 64x128 64-112 B on sm_90 on one to three stages; 64x64 on four warps 176 B; the small family's 64x128 at D64
+    # 8-24 B.)
+    ("dkdv", "sm80", "half", 64): dict(BLOCK_M=64),
+    ("dkdv", "sm100", "half", 128): dict(BLOCK_M=64, num_stages=2),
+    ("dkdv", "sm100", "half", 64): dict(BLOCK_M=128, num_stages=2),
+}
+
 # Tests may shrink the tiles (e.g. to 16) to exercise block skipping on small N; None = CONFIGS. Shrunk tiles
 # also turn the short-row kernels off (they need a key tile as long as the rows).
 _BLOCK_OVERRIDE: Optional[Tuple[int, int]] = None
@@ -935,6 +967,11 @@ def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int, 
     if dropout:
         found.pop("table", None)
     return found
+
+
+def long_row_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int) -> Dict[str, dict]:
+    """``kind -> fields`` of :data:`LONG_ROW_CONFIGS` for this dtype, head dim and GPU."""
+    return _overrides(LONG_ROW_CONFIGS, dtype, head_dim, family, arch)
 
 
 def dropout_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int,
