@@ -648,9 +648,10 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     """Calls of 65..512 tokens (a fine-tuning batch padded to 128 or 512) take PADDED_CONFIGS' forward (64 rows, 32
     keys on four warps; 32x32 on two at D = 128 on sm_80 and the small family), dQ (64 rows, 32 keys a step) and
     dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at D = 64
-    (its entries after), and the table kernel's 32x32 where it was spill-free; calls with T5's term too, under their
-    own entries' refinements (applied after the term's); longer rows, calls with causality, grouped-query k, v, a
-    window or a positional window, dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
+    (its entries after), and the table kernel's 32x32 where it was spill-free; causal calls and calls with T5's term
+    too, the term's under their own entries' refinements (applied after the term's); longer rows, calls with
+    grouped-query k, v, a window or a positional window, causal calls with T5's term, dropout at D = 128, and the
+    tests' tile override keep the long rows' tiles."""
     spec = sk.BucketSpec()
 
     def forward(arch, N, D=64, **kw):
@@ -667,8 +668,12 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             small = (32, 32, 2) if D == 128 and arch not in (90, 100) else (64, 32, 4)
             assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
-            for kw in (dict(causal=True), dict(grouped=True), dict(band=True), dict(window=3)):
+            for kw in (dict(grouped=True), dict(band=True), dict(window=3)):
                 assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
+            assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
+            # (causal with T5's term: the padded tiles spilled there; the call keeps the term's own)
+            assert forward(arch, 300, D, causal=True, position=True) == forward(arch, 600, D, causal=True,
+                                                                                  position=True), (arch, D)
             assert forward(arch, 300, D, position=True) == small != forward(arch, 600, D, position=True), (arch, D)
         assert forward(arch, 300, 64, dropout=True) == (64, 32, 4), arch  # (with dropout at D = 64 too)
         assert forward(arch, 300, 128, dropout=True) == forward(arch, 600, 128, dropout=True), arch
@@ -688,8 +693,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         for D in (64, 128):
             assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
             assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
-            for kw in (dict(causal=True), dict(grouped=True), dict(band=True), dict(window=3)):
+            for kw in (dict(grouped=True), dict(band=True), dict(window=3)):
                 assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
+            assert tiles(arch, 512, D, causal=True) == padded != tiles(arch, 600, D, causal=True), (arch, D)
             # T5's term: the padded tiles, refined where the term's entries over them spilled
             dkdv = {(80, 128): (32, 32, 4), (86, 128): (32, 32, 4), (89, 128): (32, 32, 4), (120, 128): (32, 32, 4),
                     (90, 128): (16, 64, 4), (100, 128): (16, 64, 4)}.get((arch, D), padded[1])
@@ -740,13 +746,19 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
 @pytest.mark.long_on_cpu
 def test_padded_tiles_are_exact(monkeypatch):
     """A padded batch of short rows on the padded tiles (interpreted sm_80: the forward 64x32, dQ 64x32, dK/dV 32x64,
-    the table kernel 32x32 on four warps; at D = 128 on 65..128 tokens the forward 32x32 on two warps): ragged, empty
-    and full rows exact against the float64 reference."""
+    the table kernel 32x32 on four warps, causal calls too; at D = 128 on 65..128 tokens the forward 32x32 on two
+    warps): ragged, empty and full rows exact against the float64 reference."""
     kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
     previous = P.interpret_as(80)
     try:
         names = spy_launches(monkeypatch, fresh_configs=True)
         check_against_reference(make_case(3, 2, 150, 64, torch.bfloat16, lengths=[150, 37, 0]))
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
+                         "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+        names.clear()
+        names.kwargs.clear()
+        check_against_reference(make_case(3, 2, 150, 64, torch.bfloat16, lengths=[150, 37, 0]), causal=True)
         tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
         assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
                          "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
@@ -779,7 +791,8 @@ def test_the_plans_row_class_picks_the_padded_tiles_not_n():
             assert padded != long, (arch, D)
             assert tiles(arch, 1024, D, 1) == tiles(arch, 2000, D, 1) == tiles(arch, 65, D, 1) == padded, (arch, D)
             assert tiles(arch, 65, D, 0) == long, (arch, D)  # (above 128 tokens LONG_ROW_CONFIGS: the next test)
-            assert tiles(arch, 300, D, 1, causal=True) == tiles(arch, 300, D, 0, causal=True), (arch, D)
+            assert tiles(arch, 300, D, 1, causal=True) == padded, (arch, D)  # (causal calls too)
+            assert tiles(arch, 300, D, 0, causal=True) == long, (arch, D)
             assert tiles(arch, 64, D, 1) == tiles(arch, 64, D, 0), (arch, D)  # (the one-tile kernels' rows)
 
 

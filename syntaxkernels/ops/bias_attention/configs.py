@@ -391,9 +391,10 @@ def _opaque_bias(family: str) -> bool:
 
 #: Padded batches of short rows (a fine-tuning batch padded to 128, 512 or 1024): calls of more than
 #: ``SHORT_ROW_LIMIT`` tokens on a plan whose ``short_rows`` is True (:func:`~syntaxkernels.plan.rows_are_short` of
-#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without causality,
-#: grouped-query k, v or a window (with T5's term too: its entries in
-#: PADDED_CONFIGS refine the tiles after the term's own) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
+#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without grouped-query
+#: k, v or a window (causal calls too: a decoder fine-tuned on padded batches, but not with T5's term, where the
+#: padded tiles spilled 8 B in 18 kernels; with T5's term too: its entries in PADDED_CONFIGS refine the tiles after
+#: the term's own) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
 #: and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it
 #: with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV
 #: ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small
