@@ -478,13 +478,13 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 64, "position", "dropout"): dict(BLOCK_M=32),
 }
 
-#: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows fill
-#: the long tiles, as in long trees and padded batches of full rows), over :data:`CONFIGS` (and sm_100's / sm_120's),
-#: in calls of more than ``2 * SHORT_ROW_LIMIT`` tokens without causality, grouped-query k, v, a window, T5's term or
-#: dropout: ``(kind, family, dtype class, head-dim class) -> fields``.
-#: Compiled on the batches of long rows (``inspect --workload packed,packed-512,long-4096,long-8192,odd-1000``:
-#: 8 or 16 rows packed into 1024 or 512 tokens, one tree of 4071 or 8192 tokens, 4 rows of about 970 padded to 1000),
-#: each kernel a valid pair against the family's own tiles, bf16, spill-free (the ranges span the five workloads):
+#: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
+#: fill the long tiles, as in long trees and padded batches of full rows), over :data:`CONFIGS` (and sm_100's /
+#: sm_120's), in calls of more than ``2 * SHORT_ROW_LIMIT`` tokens without causality, grouped-query k, v, a window,
+#: T5's term or dropout: ``(kind, family, dtype class, head-dim class) -> fields``. Compiled on the batches of long
+#: rows (``inspect --workload packed,packed-512,long-4096,long-8192,odd-1000``: 8 or 16 rows packed into 1024 or 512
+#: tokens, one tree of 4071 or 8192 tokens, 4 rows of about 970 padded to 1000), each kernel a valid pair against the
+#: family's own tiles, bf16, spill-free (the ranges span the five workloads):
 LONG_ROW_CONFIGS: Dict[tuple, dict] = {
     # The forward on wider key steps: sm_80 at D128 128x32 -> 128x64 (-15.0..-17.7%), at D64 128x64 -> 128x128
     # (-4.5..-9.2%); the sm90 family at D64 128x128 on two stages (sm_90 -6.7..-11.9%, sm_100 -3.3..-9.0%, +0.7% on
