@@ -649,9 +649,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     keys on four warps; 32x32 on two at D = 128 on sm_80 and the small family), dQ (64 rows, 32 keys a step) and
     dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at D = 64
     (its entries after), and the table kernel's 32x32 where it was spill-free; causal calls and calls with T5's term
-    too, the term's under their own entries' refinements (applied after the term's); longer rows, calls with
-    grouped-query k, v, a window or a positional window, causal calls with T5's term, dropout at D = 128, and the
-    tests' tile override keep the long rows' tiles."""
+    too, the term's under their own entries' refinements (applied after the term's), causal calls with the term
+    under the refinements naming both; longer rows, calls with grouped-query k, v, a window or a positional window,
+    dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
     spec = sk.BucketSpec()
 
     def forward(arch, N, D=64, **kw):
@@ -671,9 +671,10 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             for kw in (dict(grouped=True), dict(band=True), dict(window=3)):
                 assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
             assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
-            # (causal with T5's term: the padded tiles spilled there; the call keeps the term's own)
-            assert forward(arch, 300, D, causal=True, position=True) == forward(arch, 600, D, causal=True,
-                                                                                  position=True), (arch, D)
+            # causal with T5's term (a T5 decoder): the padded tiles, the small family's D = 64 forward on 64 x 16
+            causal_term = (64, 16, 4) if D == 64 and arch in (86, 89, 120) else small
+            assert forward(arch, 300, D, causal=True, position=True) == causal_term != forward(
+                arch, 600, D, causal=True, position=True), (arch, D)
             assert forward(arch, 300, D, position=True) == small != forward(arch, 600, D, position=True), (arch, D)
         assert forward(arch, 300, 64, dropout=True) == (64, 32, 4), arch  # (with dropout at D = 64 too)
         assert forward(arch, 300, 128, dropout=True) == forward(arch, 600, 128, dropout=True), arch
@@ -700,6 +701,10 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             dkdv = {(80, 128): (32, 32, 4), (86, 128): (32, 32, 4), (89, 128): (32, 32, 4), (120, 128): (32, 32, 4),
                     (90, 128): (16, 64, 4), (100, 128): (16, 64, 4)}.get((arch, D), padded[1])
             assert tiles(arch, 300, D, position=True) == (padded[0], dkdv), (arch, D)
+            # causal too: sm_90's dK/dV at D = 128 16 x 32 (sm_100 too; 16 x 64 spilled), the small family's at D = 128
+            # on one stage (two spilled)
+            causal_dkdv = {(90, 128): (16, 32, 4), (100, 128): (16, 32, 4)}.get((arch, D), dkdv)
+            assert tiles(arch, 300, D, causal=True, position=True) == (padded[0], causal_dkdv), (arch, D)
     assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
     for arch in (80, 86, 89, 90, 100, 120):  # dropout on rows of 65..128 tokens: the tiled backward (the two-block
         assert tiles(arch, 100, dropout=True) == padded, arch  # kernels take no dropout mask) on the padded tiles
@@ -735,6 +740,10 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     assert table(86, 300, 128, position=True) == (32, 16, 4) and table(120, 300, 128, position=True) == (32, 32, 4)
     assert table(120, 300, 64, position=True)[:2] == (32, 32)
     assert tiles(100, 300, 64, position=True, dropout=True)[1][:2] == (32, 64)
+    # causal with T5's term: sm_90's table kernel at D = 128 64 x 16 on four warps (its 64 x 32 on eight spilled),
+    # sm_100 64 x 32 on four
+    assert table(90, 300, 128, causal=True, position=True) == (64, 16, 4)
+    assert table(100, 300, 128, causal=True, position=True) == (64, 32, 4)
     previous = configs._BLOCK_OVERRIDE
     try:
         configs._BLOCK_OVERRIDE = (16, 16)

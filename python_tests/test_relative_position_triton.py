@@ -542,29 +542,34 @@ def test_four_variants_in_one_call_take_their_own_tiles(monkeypatch, arch, kw, t
 
 @needs_triton
 @pytest.mark.long_on_cpu
-def test_padded_batches_with_the_term_take_the_padded_tiles(monkeypatch):
-    """A padded batch's call with T5's term (sm_86, D = 128, 70 tokens: the tiled forward and backward, the two-block
-    kernels take no term) runs the padded tiles under the term's entries and their refinements (the forward 32x32 on
-    two warps, dQ 64x32, dK/dV 32x32, the table kernel 32x16), exact against the reference (bf16, rows of 70 and
-    21, one empty)."""
+@pytest.mark.parametrize("arch,D,kw,expected", [
+    (86, 128, {}, ((32, 32, 2), (64, 32, 4), (32, 32, 4), (32, 16, 4))),
+    (90, 128, dict(causal=True), ((64, 32, 4), (64, 32, 4), (16, 32, 4), (64, 16, 4))),
+    (86, 64, dict(causal=True), ((64, 16, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4)))],
+    ids=["sm86-D128", "sm90-D128-causal", "sm86-D64-causal"])
+def test_padded_batches_with_the_term_take_the_padded_tiles(monkeypatch, arch, D, kw, expected):
+    """A padded batch's call with T5's term (70 tokens: the tiled forward and backward, the two-block kernels take no
+    term) runs the padded tiles under the term's entries and their refinements (sm_86 at D = 128: the forward 32x32
+    on two warps, dQ 64x32, dK/dV 32x32, the table kernel 32x16), a causal one (a T5 decoder's) under those naming
+    causality too (sm_90 at D = 128: dK/dV 16x32, the table kernel 64x16 on four warps; sm_86 at D = 64: the forward
+    64x16), exact against the reference (bf16, rows of 70 and 21, one empty)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay
 
-    spec = RelativePositionSpec(8, 20)
+    spec = RelativePositionSpec(8, 20, bidirectional=not kw.get("causal", False))
     _replay.clear()  # (a program recorded by another test would skip the launchers)
-    previous = P.interpret_as(86)
+    previous = P.interpret_as(arch)
     try:
         names = spy_launches(monkeypatch, fresh_configs=True)
-        case = bias_attention_case(3, 2, 70, 128, lengths=[70, 21, 0], seed=5, bias_scale=0.8)
+        case = bias_attention_case(3, 2, 70, D, lengths=[70, 21, 0], seed=5, bias_scale=0.8)
         ptable = _position_table(2, spec, seed=6)
         g = _grad_out(case)
-        got = _grads("triton", case, torch.bfloat16, g, spec, ptable)
-        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs)
-                 if n in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")}
-        assert tiles == {"_bias_fwd_kernel": (32, 32, 2), "_bias_bwd_dq_kernel": (64, 32, 4),
-                         "_bias_bwd_dkdv_kernel": (32, 32, 4), "_bias_bwd_table_kernel": (32, 16, 4)}, tiles
+        got = _grads("triton", case, torch.bfloat16, g, spec, ptable, **kw)
+        kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == dict(zip(kernels, expected)), tiles
     finally:
         P.interpret_as(previous)
-    ref64 = _grads("reference", case, torch.float64, g, spec, ptable)
-    _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable), torch.bfloat16)
+    ref64 = _grads("reference", case, torch.float64, g, spec, ptable, **kw)
+    _assert_close(case, got, ref64, _grads("reference", case, torch.bfloat16, g, spec, ptable, **kw), torch.bfloat16)

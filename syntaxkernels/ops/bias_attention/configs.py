@@ -392,9 +392,9 @@ def _opaque_bias(family: str) -> bool:
 #: Padded batches of short rows (a fine-tuning batch padded to 128, 512 or 1024): calls of more than
 #: ``SHORT_ROW_LIMIT`` tokens on a plan whose ``short_rows`` is True (:func:`~syntaxkernels.plan.rows_are_short` of
 #: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without grouped-query
-#: k, v or a window (causal calls too: a decoder fine-tuned on padded batches, but not with T5's term, where the
-#: padded tiles spilled 8 B in 18 kernels; with T5's term too: its entries in PADDED_CONFIGS refine the tiles after
-#: the term's own) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
+#: k, v or a window (causal calls too: a decoder fine-tuned on padded batches; with T5's term too: its entries in
+#: PADDED_CONFIGS refine the tiles after the term's own, and those naming "causal" too a causal call's, a T5 decoder's)
+#: take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
 #: and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it
 #: with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV
 #: ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small
@@ -476,6 +476,23 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 128, "position"): dict(num_stages=3),
     ("table", "sm120", "half", 128, "position"): dict(BLOCK_N=32),
     ("dkdv", "sm100", "half", 64, "position", "dropout"): dict(BLOCK_M=32),
+    # Causal calls with T5's term (a T5 decoder's self-attention on padded batches): the tiles above under the term's
+    # and the causal entries spilled 8 B in sm_90's dK/dV at D128 (16x64, two stages; one stage 24 B on pairs and
+    # odd-77, three 32-40 B) and table kernel at D128 (64x32 on eight warps, also the family's tile: finetune-128 and
+    # -1024), sm_100's dK/dV at D64 (32x64, one stage), the small family's dK/dV at D128 (32x32, two stages) and
+    # sm_86's / sm_89's forward at D64 (64x32). Swept on pairs, odd-77 and finetune-128/512/1024 (``--causal
+    # --position-buckets 32:128``), the kernel a valid pair on finetune-512 (pairs): sm_90 dK/dV 16x32 181.7 (142.6;
+    # 16x32 one stage 189.0, 32x32 187.1, 16x64 on eight warps 265.0), the table kernel 64x16 on four warps 90.9 (64x16
+    # on eight 170.7, 64x32 / 32x32 on four 8-32 B), sm_100 back to its 64x32 on four (the 64x16 +5-11% there);
+    # sm_100 dK/dV 32x64 on two stages 169.6 (98.4; 16x64 168.1 (102.4), 32x32 168.7, eight warps 196.4); the small
+    # family dK/dV one stage (sm_86 pairs' layer 275.8 against 297.4 with 16 queries a block), the forward 64x16
+    # (sm_86 100.8 (60.2), sm_120 103.0 against its spill-free 64x32's 111.8; 32x32 on two warps 93.2 (68.0)).
+    ("dkdv", "sm90", "half", 128, "causal", "position"): dict(BLOCK_N=32),
+    ("table", "sm90", "half", 128, "causal", "position"): dict(BLOCK_N=16, num_warps=4),
+    ("table", "sm100", "half", 128, "causal", "position"): dict(BLOCK_N=32),
+    ("dkdv", "sm100", "half", 64, "causal", "position"): dict(num_stages=2),
+    ("dkdv", "small", "half", 128, "causal", "position"): dict(num_stages=1),
+    ("fwd", "small", "half", 64, "causal", "position"): dict(BLOCK_N=16),
 }
 
 #: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
