@@ -399,6 +399,12 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (32, 32)
     assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "small", 86, frozenset({"causal"})).get(
         "dkdv", {})
+    # causal at D = 128: sm_80's dK/dV 32x32 (its 16x64 spilled 8 B on padded batches), grouped-query k, v too
+    dkdv = configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, frozenset({"causal"}))["dkdv"]
+    assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (32, 32)
+    dkdv = configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80, grouped_causal)["dkdv"]
+    assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (32, 32)
+    assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "sm80", 80)["dkdv"]
     # Three variants besides dropout: T5's term with grouped-query k, v in a causal call (the small family and
     # sm_100 take 32x16 dK/dV tiles at D = 128; sm_120 keeps its own 32-key blocks), or with a positional window
     # (the small family 32x32, sm_100 32x16, sm_80's table kernel at D = 64 128x16); all four (32x16 on the small
@@ -422,7 +428,8 @@ def test_dropout_entries_for_a_calls_other_variants_apply_after_the_plain_ones()
     assert "BLOCK_M" not in configs.dropout_overrides(torch.bfloat16, 128, "sm90", 90, term_causal)["dkdv"]
 
 
-@pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (90, 128, dict(kv_heads=2)),
+@pytest.mark.parametrize("arch,head_dim,opts", [(86, 64, dict(causal=True)), (80, 128, dict(causal=True)),
+                                                (90, 128, dict(kv_heads=2)),
                                                 (120, 64, dict(kv_heads=2, groups=2)),
                                                 (100, 128, dict(position_window=9)), (90, 64, dict(position_window=9)),
                                                 (100, 64, dict(kv_heads=2, position_window=9))])

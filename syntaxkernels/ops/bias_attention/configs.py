@@ -766,6 +766,11 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # Dropout with other variants of the call (after every plain entry). Causal: the small family's table kernel at
     # D = 64 (128x32: 32 B on odd-77; sm_120 16 B) -> 128x16.
     ("table", "small", "half", 64, "causal"): dict(BLOCK_N=16),
+    # sm_80's dK/dV at D = 128 (16x64 on four warps, one stage: 8 B on finetune-128/512/1024 and packed) -> 32x32,
+    # cheaper on every workload swept (a valid pair: finetune-512 216.5 -> 170.2, pairs 132.5 -> 126.6, odd-1000 82.4
+    # -> 76.7; with grouped-query k, v 187.6 -> 176.3, 147.7 -> 133.0, 104.1 -> 82.5; with T5's term 233.0 -> 240.0,
+    # 183.6 -> 178.1, 127.5 -> 107.4). (16x32 169.1 (pairs 133.3), on two stages 169.1; 16x64 on eight warps 360.0.)
+    ("dkdv", "sm80", "half", 128, "causal"): dict(BLOCK_M=32, BLOCK_N=32),
     # Grouped-query k, v (4 key/value heads for 12 query heads), over GROUPED_KV_CONFIGS: the dK/dV kernel's loop over
     # a group's query heads (odd-77 / odd-1000): sm_80 D128 16x64 (32 / 32 B) -> 16x32; sm_90 D128 16x128 (56 /
     # 80 B) -> 16x64 (16x32 on four warps also spill-free, more instructions on long rows; every other tiling tried
