@@ -650,7 +650,8 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     dK/dV (64 keys, 32 queries a step) tiles on four warps on every family with configs, with dropout too at D = 64
     (its entries after), and the table kernel's 32x32 where it was spill-free; causal calls and calls with T5's term
     too, the term's under their own entries' refinements (applied after the term's), causal calls with the term
-    under the refinements naming both; longer rows, calls with grouped-query k, v, a window or a positional window,
+    under the refinements naming both, grouped-query calls under the grouped loop's entries and the padded ones naming
+    "grouped_kv"; longer rows, calls with a window or a positional window, grouped-query calls with T5's term,
     dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
     spec = sk.BucketSpec()
 
@@ -668,8 +669,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             small = (32, 32, 2) if D == 128 and arch not in (90, 100) else (64, 32, 4)
             assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
-            for kw in (dict(grouped=True), dict(band=True), dict(window=3)):
+            for kw in (dict(band=True), dict(window=3)):
                 assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
+            assert forward(arch, 300, D, grouped=True) == small != forward(arch, 600, D, grouped=True), (arch, D)
             assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
             # causal with T5's term (a T5 decoder): the padded tiles, the small family's D = 64 forward on 64 x 16
             causal_term = (64, 16, 4) if D == 64 and arch in (86, 89, 120) else small
@@ -694,8 +696,20 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         for D in (64, 128):
             assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
             assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
-            for kw in (dict(grouped=True), dict(band=True), dict(window=3)):
+            for kw in (dict(band=True), dict(window=3)):
                 assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
+            # grouped-query k, v: the padded dQ, and dK/dV under the grouped loop's entries (GROUPED_KV_CONFIGS', then
+            # the padded ones naming "grouped_kv", where the padded tiles spilled)
+            small = arch in (86, 89, 120)
+            grouped_dkdv = {(80, 64): (16, 64, 4), (90, 128): (16, 32, 4), (100, 128): (16, 32, 4),
+                            (80, 128): (32, 32, 4)}.get((arch, D), (32, 32, 4) if small else padded[1])
+            assert tiles(arch, 300, D, grouped=True) == (padded[0], grouped_dkdv), (arch, D)
+            assert tiles(arch, 300, D, grouped=True, causal=True) == (
+                padded[0], (16, 64, 4) if small and D == 64 else grouped_dkdv), (arch, D)
+            assert tiles(arch, 600, D, grouped=True)[1] != grouped_dkdv, (arch, D)
+            # (with T5's term too the grouped calls keep the long rows' tiles: the padded ones spilled there)
+            assert tiles(arch, 300, D, grouped=True, position=True) == tiles(arch, 600, D, grouped=True,
+                                                                             position=True), (arch, D)
             assert tiles(arch, 512, D, causal=True) == padded != tiles(arch, 600, D, causal=True), (arch, D)
             # T5's term: the padded tiles, refined where the term's entries over them spilled
             dkdv = {(80, 128): (32, 32, 4), (86, 128): (32, 32, 4), (89, 128): (32, 32, 4), (120, 128): (32, 32, 4),
@@ -755,8 +769,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
 @pytest.mark.long_on_cpu
 def test_padded_tiles_are_exact(monkeypatch):
     """A padded batch of short rows on the padded tiles (interpreted sm_80: the forward 64x32, dQ 64x32, dK/dV 32x64,
-    the table kernel 32x32 on four warps, causal calls too; at D = 128 on 65..128 tokens the forward 32x32 on two
-    warps): ragged, empty and full rows exact against the float64 reference."""
+    the table kernel 32x32 on four warps, causal calls too, grouped-query ones with the grouped loop's dK/dV 16x64; at
+    D = 128 on 65..128 tokens the forward 32x32 on two warps): ragged, empty and full rows exact against the float64
+    reference."""
     kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
     previous = P.interpret_as(80)
     try:
@@ -771,6 +786,14 @@ def test_padded_tiles_are_exact(monkeypatch):
         tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
         assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
                          "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+        names.clear()
+        names.kwargs.clear()
+        # grouped-query k, v in a causal call (a grouped-query decoder): the grouped loop's 16 x 64 dK/dV
+        check_against_reference(make_case(3, 4, 150, 64, torch.bfloat16, lengths=[150, 37, 0], kv_heads=2),
+                                causal=True)
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
+                         "_bias_bwd_dkdv_kernel": (16, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
         names.clear()
         names.kwargs.clear()
         check_against_reference(make_case(2, 1, 70, 128, torch.bfloat16, lengths=[70, 0]))

@@ -105,10 +105,10 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     (``"position_window"``). ``short_rows``: the plan's :attr:`~syntaxkernels.plan.StructurePlan.short_rows` (1: the
     batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
     (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`; no
-    window, grouped-query k, v or positional window; causal calls too, with T5's term too; dropout at head dims up
-    to 64) takes
-    :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
-    term or dropout last. A batch of long rows (``short_rows`` 0, ``N > 2 * SHORT_ROW_LIMIT``, none of those variants
+    window or positional window; causal calls, grouped-query k, v and T5's term too, but not grouped-query k, v with
+    T5's term; dropout at head dims up to 64)
+    takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the
+    call's variants or dropout last. A batch of long rows (``short_rows`` 0, ``N > 2 * SHORT_ROW_LIMIT``, none of those variants
     nor T5's term or dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
@@ -132,7 +132,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
                                                ("position_window", band)) if on)
     rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
     padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and window < 0
-              and not (grouped or band) and _configs._BLOCK_OVERRIDE is None)
+              and not (band or (grouped and position)) and _configs._BLOCK_OVERRIDE is None)
     long_rows = (short_rows == 0 and N > 2 * _configs.SHORT_ROW_LIMIT and window < 0 and not variants and not dropout
                  and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout, variants)] if padded else []

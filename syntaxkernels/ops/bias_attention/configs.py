@@ -391,9 +391,12 @@ def _opaque_bias(family: str) -> bool:
 
 #: Padded batches of short rows (a fine-tuning batch padded to 128, 512 or 1024): calls of more than
 #: ``SHORT_ROW_LIMIT`` tokens on a plan whose ``short_rows`` is True (:func:`~syntaxkernels.plan.rows_are_short` of
-#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without grouped-query
-#: k, v or a window (causal calls too: a decoder fine-tuned on padded batches; with T5's term too: its entries in
-#: PADDED_CONFIGS refine the tiles after the term's own, and those naming "causal" too a causal call's, a T5 decoder's)
+#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without a window or a
+#: positional one (causal calls too: a decoder fine-tuned on padded batches; grouped-query k, v too, a grouped-query
+#: decoder's, with their own dK/dV entries below, but not with T5's term, where the padded tiles spilled 8-32 B in the
+#: small family's dK/dV at D64 and table kernel at D128 and sm_90's dK/dV at D128; with T5's term too: its entries in
+#: PADDED_CONFIGS refine the tiles
+#: after the term's own, and those naming "causal" too a causal call's, a T5 decoder's)
 #: take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV
 #: and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it
 #: with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV
@@ -493,6 +496,22 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 64, "causal", "position"): dict(num_stages=2),
     ("dkdv", "small", "half", 128, "causal", "position"): dict(num_stages=1),
     ("fwd", "small", "half", 64, "causal", "position"): dict(BLOCK_N=16),
+    # Grouped-query k, v (12 query heads on 4 key/value heads: the dK/dV kernel walks its key/value head's group in a
+    # loop, GROUPED_KV_CONFIGS' entries over the padded tiles): the padded dK/dV tiles spilled 16-128 B on
+    # finetune-512 and -1024 (the small family at D64 32x64 16 B, sm_100 at D64 32x64 on three stages 48 B, sm_80 at
+    # D128 32x64 16 B, the small family at D128 32x64 16 B (sm_120 128 B), sm_90 at D128 16x64 on three stages 48 B).
+    # Swept on finetune-512 (``--kv-heads 4``), the kernel a valid pair (the family's tiles before): the small family
+    # at D64 32x32 80.4 (133.8; 16x64 102.6), sm_100 at D64 one stage 74.3 (518.2; 16x64 317.6), sm_80 at D128 32x32
+    # 82.1 (116.1; 16x64 116.1), the small family at D128 32x32 149.0, sm_120 133.8 (296.1, 292.7 spilling 8 B; 16x32
+    # 185.7, 158.0), sm_90 at D128 16x32 on one stage 126.6 (323.0; two stages 190.3, three 205.1, 32x32 179.1, 16x64
+    # on one 8 B; sm_100 reads it: 116.0 against its 16x64's 115.1); in causal calls the small family at D64 16x64
+    # 63.2, sm_120 80.4 (the 32x32 spilled 16 B, sm_120 8 B; 16x32 101.6, 32x16 94.7, 8 B on sm_120).
+    ("dkdv", "small", "half", 64, "grouped_kv"): dict(BLOCK_N=32),
+    ("dkdv", "sm100", "half", 64, "grouped_kv"): dict(num_stages=1),
+    ("dkdv", "sm80", "half", 128, "grouped_kv"): dict(BLOCK_N=32),
+    ("dkdv", "small", "half", 128, "grouped_kv"): dict(BLOCK_N=32),
+    ("dkdv", "sm90", "half", 128, "grouped_kv"): dict(BLOCK_N=32, num_stages=1),
+    ("dkdv", "small", "half", 64, "causal", "grouped_kv"): dict(BLOCK_M=16, BLOCK_N=64),
 }
 
 #: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
