@@ -106,10 +106,10 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
     (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`; no
     window or positional window; causal calls, grouped-query k, v and T5's term too, but not grouped-query k, v with
-    T5's term; dropout at head dims up to 64)
-    takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the
-    call's variants or dropout last. A batch of long rows (``short_rows`` 0, ``N > 2 * SHORT_ROW_LIMIT``, none of those variants
-    nor T5's term or dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
+    T5's term; dropout at head dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table
+    tiles first, and its entries naming the call's variants or dropout last. A batch of long rows (``short_rows`` 0,
+    ``N > 2 * SHORT_ROW_LIMIT``, without a window, causality, grouped-query k, v, a positional window, T5's term or
+    dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, short_rows, _configs._BLOCK_OVERRIDE,
