@@ -396,6 +396,36 @@ def test_workload_tiles_follow_padding_and_lengths():
     assert (t["interior"] * t["area"]) == full.valid_pairs()
 
 
+def test_workload_tiles_with_a_window_count_the_live_tile_lists_by_hand():
+    """With a distance window or a positional window the forward, dQ, dK/dV and table kernels walk the launcher's
+    live-tile lists: on chains (d_ij = |i - j|) of 100 and 40 tokens and an empty row padded to 128, 32 x 32 tiles, a
+    window of 4 keeps the diagonal tiles and their neighbours (adjacent blocks hold pairs one apart), masked where
+    the walked block runs past the length; a window of 0 the diagonal only, whose one bucket the table kernel skips
+    (each query block's most frequent one-bucket tile); a positional window of 2 the same tiles as the window of 4,
+    every one masked (each holds pairs farther apart)."""
+    from syntaxkernels.tools import workloads
+
+    w = workloads.Workload("t", [workloads.chain(100), workloads.chain(40), []], 128, "chains", "")
+    grid = 3 * 4 * 4
+    for kernel in ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel"):
+        plain = I.workload_tiles(kernel, w, 32, 32)
+        assert plain["interior"] + plain["boundary"] == 16 + 4  # (every tile inside the lengths)
+        t = I.workload_tiles(kernel, w, 32, 32, window=4)
+        # 100 tokens: 4 diagonal tiles and 2 x 3 neighbours; 40: 2 and 2; the walked block past the length: block 3
+        # of the 100-token row (its two live tiles), block 1 of the 40-token one (its two)
+        assert (t["interior"], t["boundary"], t["skipped"], t["grid"]) == (10, 4, grid - 14, grid), kernel
+        t = I.workload_tiles(kernel, w, 32, 32, window=0)
+        assert (t["interior"], t["boundary"]) == (4, 2), kernel
+        t = I.workload_tiles(kernel, w, 32, 32, band=2)
+        assert (t["interior"], t["boundary"]) == (0, 14), kernel
+    t = I.workload_tiles("_bias_bwd_table_kernel", w, 32, 32, window=0)
+    assert (t["bucket_skipped"], t["one_bucket"], t["mixed"], t["interior"] + t["boundary"]) == (6, 0, 0, 0)
+    plain = I.workload_tiles("_bias_bwd_table_kernel", w, 32, 32)
+    assert plain["mixed"] > 0  # (without the window the diagonal tiles hold many buckets)
+    t = I.workload_tiles("_bias_bwd_table_kernel", w, 32, 32, window=4)
+    assert t["interior"] + t["boundary"] + t["bucket_skipped"] == 14 and t["mixed"] > 0
+
+
 SASS_EARLY_EXIT = """
         /*0000*/                   S2R R0, SR_CTAID.X ;
         /*0010*/                   ISETP.GE.AND P0, PT, R0, 0x4, PT ;
@@ -728,6 +758,19 @@ def test_inspect_rejects_an_unknown_workload_without_compiling():
     proc = subprocess.run([sys.executable, "-m", "syntaxkernels", "inspect", "--workload", "sentence"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "sentences" in proc.stderr, proc.stderr
+
+
+def test_inspect_window_options_are_checked_before_compiling(capfd):
+    """``--window`` takes 0..255 (or -1), and like ``--position-window`` only padded workloads (a packed batch is
+    refused by name): exit status 2 and why, nothing compiled."""
+    from syntaxkernels import __main__ as cli
+
+    assert cli.main(["inspect", "--workload", "pairs", "--window", "300"]) == 2
+    assert "--window takes an int in 0..255" in capfd.readouterr().err
+    for option in ("--window", "--position-window"):
+        assert cli.main(["inspect", "--workload", "pairs,sentences-packed", option, "3"]) == 2
+        err = capfd.readouterr().err
+        assert "padded workloads only" in err and "sentences-packed" in err and "pairs" not in err.split("not")[-1]
 
 
 @pytest.mark.long_on_cpu

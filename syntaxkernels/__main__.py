@@ -76,6 +76,9 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=0,
                         help="with --workload: key/value heads of the layer (grouped-query attention: the 12 query "
                              "heads share them; default 0: 12, one a query head)")
+    parser.add_argument("--window", type=int, default=-1,
+                        help="with --workload (padded workloads): the layer's distance window, pairs with d_ij <= W "
+                             "only (the kernels walk the live-tile lists; default -1: none)")
     parser.add_argument("--position-window", type=int, default=-1,
                         help="with --workload: the layer's positional window |i - j| <= W (a sliding window, as "
                              "ModernBERT's local layers and Mistral; default -1: none)")

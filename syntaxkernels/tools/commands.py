@@ -315,18 +315,27 @@ def _run_inspect_workloads(args, I) -> int:
     if band < -1:
         print(f"syntaxkernels inspect: --position-window takes an int >= 0 (or -1: none), got {band}", file=sys.stderr)
         return 2
+    window = int(getattr(args, "window", -1))
+    if window < -1 or window > 255:
+        print(f"syntaxkernels inspect: --window takes an int in 0..255 (or -1: none), got {window}", file=sys.stderr)
+        return 2
     ok, position = _position_spec(args, causal)
     if not ok:
         return 2
     start = time.perf_counter()
     used = [W.named_workload(n) for n in names]
+    packed = [w.name for w in used if w.packed]
+    if (window >= 0 or band >= 0) and packed:
+        print(f"syntaxkernels inspect: --window and --position-window apply to padded workloads only, not "
+              f"{', '.join(packed)}", file=sys.stderr)
+        return 2
     print(f"syntaxkernels inspect: {len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} "
           f"x sm_{', sm_'.join(map(str, archs))}, one layer's forward and backward compiled as launched (no GPU "
           f"needed); one line per case as it finishes", file=sys.stderr, flush=True)
     reports = I.inspect_workloads(names, archs, dtypes, head_dims, processes=args.processes,
                                   progress=lambda line: print("  " + line, file=sys.stderr, flush=True),
                                   buckets=buckets, dropout=dropout, kv_heads=kv_heads, causal=causal, band=band,
-                                  position=position)
+                                  position=position, window=window)
     summary = I.workload_summary(reports)
     conditions = (f"python -m syntaxkernels {' '.join(args.argv)}: syntaxkernels {__version__}, triton "
                   f"{triton.__version__}, torch {torch.__version__}, "
@@ -334,8 +343,9 @@ def _run_inspect_workloads(args, I) -> int:
                   f"{len(names)} workloads x {', '.join(dtypes)} x D {', '.join(map(str, head_dims))} x "
                   f"sm_{', sm_'.join(map(str, archs))}, one nn.DistanceBias layer (H = "
                   f"{I.WORKLOAD_HEADS}, {buckets or 'BucketSpec()'} table"
-                  f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, no "
-                  f"window{f', attention dropout {dropout}' if dropout else ''}"
+                  f"{f' ({buckets.num_buckets} buckets)' if buckets else ''} and strength with their gradients, "
+                  f"{f'distance window {window}' if window >= 0 else 'no window'}"
+                  f"{f', attention dropout {dropout}' if dropout else ''}"
                   f"{f', {kv_heads} key/value heads (grouped-query)' if kv_heads else ''}"
                   f"{', causal' if causal else ''}{f', positional window {band}' if band >= 0 else ''}"
                   f"{f', T5 relative-position term {position}, scale 1' if position is not None else ''}) compiled as "

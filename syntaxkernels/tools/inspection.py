@@ -1147,12 +1147,13 @@ def _kernels_on_cpu_tensors():
 
 def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, buckets=None,
                dropout: float = 0.0, kv_heads: int = 0, causal: bool = False, band: int = -1,
-               position=None, relations: Optional[int] = None) -> None:
+               position=None, relations: Optional[int] = None, window: int = -1) -> None:
     """Forward and backward of one bias-attention layer as a model calls it: ``nn.DistanceBias.attend`` (a
     shared ``BucketSpec()`` table and a learnable strength, both taking gradients) on the ``TreeBatch`` itself,
     with q, k, v the ``[B, N, H * D]`` projections viewed as ``[B, H, N, D]`` (``nn``'s head split), no window,
     not causal (attention dropout ``dropout``: the kernels' DROPOUT variant; ``kv_heads``: k and v with that many
     heads, grouped-query attention, 0 = H; ``causal``: a decoder's layer; ``band``: a positional window, -1 none;
+    ``window``: a distance window ``d_ij <= window``, -1 none;
     ``position``: a :class:`~syntaxkernels.specs.RelativePositionSpec`, T5's relative-position term with a
     learnable ``[H, P]`` table and unscaled scores as T5 calls it, or None); the output merged back to
     ``[B, N, H * D]`` as ``nn`` does, so its gradient has that layout. ``batch``: any padded structure plan (a
@@ -1180,7 +1181,7 @@ def _user_call(batch, dtype: str, head_dim: int, heads: int = WORKLOAD_HEADS, bu
         position_args = dict(position_buckets=position, scale=1.0,
                              position_table=torch.zeros(heads, position.num_buckets, requires_grad=True))
     with _kernels_on_cpu_tensors():
-        out = layer.attend(q, k, v, batch, dropout_p=dropout, causal=causal,
+        out = layer.attend(q, k, v, batch, dropout_p=dropout, causal=causal, window=None if window < 0 else window,
                            position_window=None if band < 0 else band, **position_args)
     out.transpose(1, 2).reshape(B, N, E).backward(torch.zeros(B, N, E, dtype=dt))
 
@@ -1383,18 +1384,44 @@ def _workload_plan(workload):
     return _WORKLOAD_CACHE[key]
 
 
-def _presence(workload, block_m: int, block_n: int, buckets=None):
+def _presence(workload, block_m: int, block_n: int, buckets=None, window: int = -1):
     """:func:`tile_bucket_sets` of the workload's whole batch at this tiling, with the bucket LUT the kernels run
-    (``buckets``, else the workload's own: ``BucketSpec()`` for trees and graphs, a relation batch's 256 codes)."""
+    (``buckets``, else the workload's own: ``BucketSpec()`` for trees and graphs, a relation batch's 256 codes);
+    with a distance ``window`` (>= 0) only the pairs within it count."""
     import torch
 
     spec = buckets or _kernel_buckets(workload)
-    key = (_workload_identity(workload), block_m, block_n, spec)
+    key = (_workload_identity(workload), block_m, block_n, spec, window)
     if key not in _PRESENCE_CACHE:
         batch = _workload_plan(workload)
-        _PRESENCE_CACHE[key] = tile_bucket_sets(batch.distance, torch.tensor(workload.lengths), block_m, block_n,
-                                                spec.lut().to(torch.int64))
+        lut = spec.lut().to(torch.int64)
+        T = int(lut.max()) + 1
+        if window >= 0:  # the pairs past the window: a bucket of their own, dropped
+            lut = lut.clone()
+            lut[window + 1:] = T
+        present = tile_bucket_sets(batch.distance, torch.tensor(workload.lengths), block_m, block_n, lut)
+        _PRESENCE_CACHE[key] = present[..., :T]
     return _PRESENCE_CACHE[key]
+
+
+def _listed_tiles(workload, block_m: int, block_n: int, causal: bool, window: int, band: int, by_key: bool):
+    """The tiles a call with a distance ``window`` or a positional window ``band`` (-1: none) walks on ``workload``'s
+    whole batch, as the launcher lists them (``_launch._build_lists``: a tile is live when it may hold an allowed
+    pair, :func:`~syntaxkernels.ops.block_meta.live_blocks`, and masked when some pair of it is past the length,
+    the diagonal or the positional window, :func:`~syntaxkernels.ops.block_meta.boundary_tiles`; ``by_key``: the
+    programs own query blocks and walk key blocks): bool ``(live, masked)``, each ``[B, nQ, nK]``."""
+    import torch
+
+    from syntaxkernels.ops.block_meta import _block_distance_range_torch, boundary_tiles, live_blocks
+
+    lengths = torch.tensor(workload.lengths, dtype=torch.int32)
+    # (in PyTorch: inside the inspection's fake GPU the launcher's kernel would be captured, not run)
+    smallest, _ = _block_distance_range_torch(_workload_plan(workload).distance, lengths, block_m, block_n)
+    live = live_blocks(smallest, lengths, block_m, block_n, window=None if window < 0 else window, causal=causal,
+                       band=None if band < 0 else band)
+    masked = boundary_tiles(lengths, live.shape[1], live.shape[2], block_m, block_n, causal, by_key=by_key,
+                            band=None if band < 0 else band)
+    return live, masked
 
 
 def _kernel_buckets(workload):
@@ -1406,11 +1433,13 @@ def _kernel_buckets(workload):
 
 
 def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=None, rows: int = 0,
-                   causal: bool = False) -> Optional[dict]:
+                   causal: bool = False, window: int = -1, band: int = -1) -> Optional[dict]:
     """How ``kernel`` (a report's name) walks the tiles of ``workload``'s whole batch at its launched tiling.
 
     A model of the kernels' loop bounds (``ops/bias_attention/``, no window, not causal; keep it in step with
-    them): the forward, dQ and table kernels walk, for every query block that starts inside the length, the
+    them; with a distance ``window`` or a positional window ``band`` the forward, dQ, dK/dV and table kernels walk
+    the live-tile lists, :func:`_listed_tiles`, the table kernel's bucket sets those of the pairs within the window,
+    causal calls' too): the forward, dQ and table kernels walk, for every query block that starts inside the length, the
     key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
     (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
     The table kernel reduces each walked tile's dS (summed over its heads) per bucket: one row sum for a tile
@@ -1490,17 +1519,24 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
         out["first_pass"] = out["second_key_block"]  # (the first pass runs on that tile)
         out["skipped"] = grid - out["boundary"]
         return out
+    listed = (window >= 0 or band >= 0) and kernel in _QUERY_PROGRAMS + _KEY_PROGRAMS
+    if listed:
+        live, masked = _listed_tiles(workload, block_m, block_n, causal, window, band, kernel in _QUERY_PROGRAMS)
+        out["interior"], out["boundary"] = int((live & ~masked).sum()), int((live & masked).sum())
     if kernel in _QUERY_PROGRAMS:
         rows = -(-lengths // block_m)  # query blocks that start inside the length
-        out["interior"] = int((rows * (lengths // block_n)).sum())
-        out["boundary"] = int((rows * (-(-lengths // block_n) - lengths // block_n)).sum())
+        if not listed:
+            out["interior"] = int((rows * (lengths // block_n)).sum())
+            out["boundary"] = int((rows * (-(-lengths // block_n) - lengths // block_n)).sum())
         if kernel in _TABLE_PROGRAMS:
             # Bucket sets per tile [B, nQ, nK, T]; every walked tile with an allowed pair reduces dS per bucket.
-            present = _presence(workload, block_m, block_n, spec)
+            present = _presence(workload, block_m, block_n, spec, window)
             counts = tile_walk_counts(present, T, spec.log_distance)
             position_q = torch.arange(num_q)[None, :, None]
             position_k = torch.arange(num_k)[None, None, :]
             walked = (position_q < rows[:, None, None]) & (position_k < -(-lengths // block_n)[:, None, None])
+            if listed:
+                walked = live
             # Each query block's most frequent one-bucket tiles are not walked (op._skip_buckets, tables of up to
             # STATIC_BUCKET_LIMIT buckets: their bit sets): a compare.
             if T <= op.STATIC_BUCKET_LIMIT:
@@ -1509,7 +1545,7 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
                 skipped = walked & (skip >= 0)[..., None] & (masks == (1 << skip.clamp(min=0))[..., None])
             else:
                 skipped = torch.zeros_like(walked)
-            interior_tile = position_k < (lengths // block_n)[:, None, None]
+            interior_tile = ~masked if listed else position_k < (lengths // block_n)[:, None, None]
             out["interior"] -= int((skipped & interior_tile).sum())
             out["boundary"] -= int((skipped & ~interior_tile).sum())
             out["bucket_skipped"] = int(skipped.sum())
@@ -1518,10 +1554,11 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
             out["one_bucket"], out["mixed"] = int(one.sum()), int(mixed.sum())
             out["buckets_mixed"] = int(counts[mixed].sum())
     elif kernel in _KEY_PROGRAMS:
-        keys = -(-lengths // block_n)
-        interior_q = lengths // block_m
-        out["interior"] = int((keys * interior_q).sum())
-        out["boundary"] = int((keys * (-(-lengths // block_m) - interior_q)).sum())
+        if not listed:
+            keys = -(-lengths // block_n)
+            interior_q = lengths // block_m
+            out["interior"] = int((keys * interior_q).sum())
+            out["boundary"] = int((keys * (-(-lengths // block_m) - interior_q)).sum())
     else:
         return None
     out["skipped"] = grid - out["interior"] - out["boundary"]
@@ -1633,7 +1670,7 @@ def workload_cost(report: KernelReport, tiles: Optional[dict], heads: int = WORK
 
 def _workload_job(job):
     name, dtype, head_dim, arch, *rest = job  # (name, dtype, head dim, arch[, BucketSpec, dropout, H_kv, causal, band,
-    #                                            RelativePositionSpec])
+    #                                            RelativePositionSpec, window])
     return inspect_workload(name, dtype, head_dim, arch, *rest)
 
 
@@ -1664,7 +1701,7 @@ def programs_per_multiprocessor(report: KernelReport) -> Optional[float]:
 
 def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=None,
                      dropout: float = 0.0, kv_heads: int = 0, causal: bool = False,
-                     band: int = -1, position=None) -> List[KernelReport]:
+                     band: int = -1, position=None, window: int = -1) -> List[KernelReport]:
     """Compile every kernel one layer's forward and backward launch on workload ``name`` for ``sm_<arch>``
     (the compile batch of :meth:`Workload.compile_rows`: same N, layout and alignment as the whole batch),
     and attach the whole batch's tile classes and weighted cost per valid pair to each report
@@ -1674,8 +1711,12 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     in the case name); ``causal``: a causal layer (``causal`` in the case name); ``band``: a positional window
     (``w<band>`` in the case name; padded workloads only); ``position``: T5's relative-position term, a
     :class:`~syntaxkernels.specs.RelativePositionSpec` (``rp<P>:<max_distance>`` in the case name; padded workloads
-    only)."""
+    only); ``window``: a distance window ``d_ij <= window`` (``d<window>`` in the case name; padded workloads only).
+    With a window or a positional window the kernels walk the live-tile lists, and the tile classes count those."""
     workload = _workload(name)
+    if workload.packed and (window >= 0 or band >= 0):
+        raise ValueError(f"workload {name!r} is packed: a window or a positional window is inspected on padded "
+                         "workloads only")
     if buckets is not None and workload.structure == "relations":
         raise ValueError(f"workload {name!r} is a relation batch: the kernels run its {workload.relations} relations' "
                          "codes (CODE_BUCKETS, 256 buckets); it takes no other BucketSpec")
@@ -1684,7 +1725,8 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
     case = (f"{name} {dtype} D{head_dim}" + (f" T{buckets.num_buckets}" if buckets is not None else "")
             + (f" p{dropout:g}" if dropout else "") + (f" kv{kv_heads}" if kv_heads else "")
             + (" causal" if causal else "") + (f" w{band}" if band >= 0 else "")
-            + (f" rp{position.num_buckets}:{position.max_distance}" if position is not None else ""))
+            + (f" rp{position.num_buckets}:{position.max_distance}" if position is not None else "")
+            + (f" d{window}" if window >= 0 else ""))
     reports: List[KernelReport] = []
     seen = set()
     # The compile batch stands for the whole one: every grid scales with the batch size, and the short-row
@@ -1701,7 +1743,7 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                 compile_plan.short_rows = workload.short_rows  # (the whole batch's tiles)
                 _user_call(compile_plan, dtype, head_dim,
                            buckets=workload.buckets if relations else buckets, dropout=dropout, kv_heads=kv_heads,
-                           causal=causal, band=band, position=position, relations=relations)
+                           causal=causal, band=band, position=position, relations=relations, window=window)
         except Exception as exc:  # noqa: BLE001 - the call is reported, the other workloads go on
             if not launches:
                 report = KernelReport("bias_attention", case, "(call)", arch, head_dim=head_dim, dtype=dtype,
@@ -1735,7 +1777,8 @@ def inspect_workload(name: str, dtype: str, head_dim: int, arch: int, buckets=No
                 report.block_m = int(launch.kwargs.get("BLOCK_M", 0))
                 report.block_n = int(launch.kwargs.get("BLOCK_N", 0))
             tiles = workload_tiles(report.kernel, workload, report.block_m, report.block_n, kernel_buckets,
-                                   rows=int(launch.kwargs.get("ROWS", 0)), causal=bool(launch.kwargs.get("CAUSAL")))
+                                   rows=int(launch.kwargs.get("ROWS", 0)), causal=bool(launch.kwargs.get("CAUSAL")),
+                                   window=window, band=band)
             report.tiles = tiles
             report.programs = round(math.prod(launch.grid) * whole)
             report.cost = workload_cost(report, tiles, buckets=kernel_buckets)
@@ -1747,14 +1790,14 @@ def inspect_workloads(names: Sequence[str], archs: Sequence[int] = ALL_ARCHS, dt
                       head_dims: Sequence[int] = (64, 128), processes: int = 2,
                       progress: Optional[Callable[[str], None]] = None, buckets=None,
                       dropout: float = 0.0, kv_heads: int = 0, causal: bool = False,
-                      band: int = -1, position=None) -> List[KernelReport]:
+                      band: int = -1, position=None, window: int = -1) -> List[KernelReport]:
     """:func:`inspect_workload` for every workload x dtype x head dim x arch, in a ``spawn`` process pool
     (``buckets``: the layers' BucketSpec, None = ``BucketSpec()``; ``dropout``: the layers' attention dropout;
-    ``kv_heads``, ``causal``, ``band``, ``position``: grouped-query k, v, a causal layer, a positional window and
-    T5's relative-position term)."""
+    ``kv_heads``, ``causal``, ``band``, ``position``, ``window``: grouped-query k, v, a causal layer, a positional
+    window, T5's relative-position term and a distance window)."""
     _require_compiler()
-    jobs = [(n, dt, d, a, buckets, dropout, kv_heads, causal, band, position) for n in names for dt in dtypes for d in head_dims
-            for a in archs]
+    jobs = [(n, dt, d, a, buckets, dropout, kv_heads, causal, band, position, window) for n in names for dt in dtypes
+            for d in head_dims for a in archs]
 
     def describe(job, batch):
         errors = sum(1 for r in batch if r.error)
