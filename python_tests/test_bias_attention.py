@@ -651,8 +651,8 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     (its entries after), and the table kernel's 32x32 where it was spill-free; causal calls and calls with T5's term
     too, the term's under their own entries' refinements (applied after the term's), causal calls with the term
     under the refinements naming both, grouped-query calls under the grouped loop's entries and the padded ones naming
-    "grouped_kv"; longer rows, calls with a window or a positional window, grouped-query calls with T5's term,
-    dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
+    "grouped_kv", calls with a distance window or a positional one; longer rows, grouped-query calls and calls with
+    either window with T5's term, dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
     spec = sk.BucketSpec()
 
     def forward(arch, N, D=64, **kw):
@@ -669,8 +669,12 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             small = (32, 32, 2) if D == 128 and arch not in (90, 100) else (64, 32, 4)
             assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
-            for kw in (dict(band=True), dict(window=3)):
-                assert forward(arch, 300, D, **kw) == forward(arch, 600, D, **kw), (arch, D, kw)
+            # a positional window and a distance window (the kernels walk the live-tile lists): the padded tiles too,
+            # but not either window with T5's term
+            assert forward(arch, 300, D, band=True) == small != forward(arch, 600, D, band=True), (arch, D)
+            assert forward(arch, 300, D, window=3) == small != forward(arch, 600, D, window=3), (arch, D)
+            for kw in (dict(window=3), dict(band=True)):
+                assert forward(arch, 300, D, position=True, **kw) == forward(arch, 600, D, position=True, **kw)
             assert forward(arch, 300, D, grouped=True) == small != forward(arch, 600, D, grouped=True), (arch, D)
             assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
             # causal with T5's term (a T5 decoder): the padded tiles, the small family's D = 64 forward on 64 x 16
@@ -696,8 +700,8 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         for D in (64, 128):
             assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
             assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
-            for kw in (dict(band=True), dict(window=3)):
-                assert tiles(arch, 512, D, **kw) != padded, (arch, D, kw)
+            assert tiles(arch, 512, D, band=True) == padded, (arch, D)
+            assert tiles(arch, 512, D, window=3) == padded, (arch, D)
             # grouped-query k, v: the padded dQ, and dK/dV under the grouped loop's entries (GROUPED_KV_CONFIGS', then
             # the padded ones naming "grouped_kv", where the padded tiles spilled)
             small = arch in (86, 89, 120)
@@ -707,6 +711,10 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             assert tiles(arch, 300, D, grouped=True, causal=True) == (
                 padded[0], (16, 64, 4) if small and D == 64 else grouped_dkdv), (arch, D)
             assert tiles(arch, 600, D, grouped=True)[1] != grouped_dkdv, (arch, D)
+            # ... with a distance window: the small family's D = 128 32 x 32 on one stage (sm_120 16 x 32), sm_120's
+            # D = 64 16 x 64 (where the grouped tiles spilled under the lists)
+            window_dkdv = {(120, 128): (16, 32, 4), (120, 64): (16, 64, 4)}.get((arch, D), grouped_dkdv)
+            assert tiles(arch, 300, D, grouped=True, window=3) == (padded[0], window_dkdv), (arch, D)
             # (with T5's term too the grouped calls keep the long rows' tiles: the padded ones spilled there)
             assert tiles(arch, 300, D, grouped=True, position=True) == tiles(arch, 600, D, grouped=True,
                                                                              position=True), (arch, D)
@@ -719,6 +727,17 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             # on one stage (two spilled)
             causal_dkdv = {(90, 128): (16, 32, 4), (100, 128): (16, 32, 4)}.get((arch, D), dkdv)
             assert tiles(arch, 300, D, causal=True, position=True) == (padded[0], causal_dkdv), (arch, D)
+    assert tiles(120, 300, 128, grouped=True, causal=True, window=3)[1] == (32, 32, 4)  # (16 x 32 spilled there)
+    for arch in (86, 89, 120):  # a sliding-window grouped-query decoder: the small family's dK/dV on one stage
+        for D in (64, 128):
+            previous = P.interpret_as(arch)
+            try:
+                dkdv = _launch.launch_configs(300, D, D, torch.bfloat16, 1, -1, spec, grouped=True, causal=True,
+                                              band=True).dkdv
+            finally:
+                P.interpret_as(previous)
+            want = (16, 64, 1) if (arch, D) == (120, 64) else (32, 32, 1)  # (sm_120's 32 x 32 spilled at D = 64)
+            assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"], dkdv["num_stages"]) == want, (arch, D)
     assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
     for arch in (80, 86, 89, 90, 100, 120):  # dropout on rows of 65..128 tokens: the tiled backward (the two-block
         assert tiles(arch, 100, dropout=True) == padded, arch  # kernels take no dropout mask) on the padded tiles
@@ -729,13 +748,21 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     finally:
         P.interpret_as(previous)
     assert stages == [1, 2]
+    previous = P.interpret_as(100)  # sm_100's forward with a positional window and dropout: one stage (three spilled)
+    try:
+        stages = [_launch.launch_configs(300, 64, 64, torch.bfloat16, 1, -1, spec, band=True, dropout=p).fwd[
+            "num_stages"] for p in (True, False)]
+    finally:
+        P.interpret_as(previous)
+    assert stages == [1, 3]
     for arch in (80, 86, 90, 120):  # dropout at D = 128: exactly the long rows' dropout tiles
         assert tiles(arch, 300, 128, dropout=True) == tiles(arch, 600, 128, dropout=True), arch
 
     def table(arch, N, D=64, **kw):
         previous = P.interpret_as(arch)
         try:
-            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, -1, spec, **kw).table
+            window = kw.pop("window", -1)
+            c = _launch.launch_configs(N, D, D, torch.bfloat16, 1, window, spec, **kw).table
         finally:
             P.interpret_as(previous)
         return c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]
@@ -743,7 +770,7 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     # The table kernel: 32x32 on four warps at D = 64 on every family, at D = 128 on the small family and sm_100;
     # sm_80's and sm_90's D = 128 tiles stay, and with dropout the dropout entries' tiles
     for arch in (80, 86, 89, 90, 100, 120):
-        assert table(arch, 512) == (32, 32, 4) != table(arch, 513), arch
+        assert table(arch, 512) == table(arch, 512, window=3) == (32, 32, 4) != table(arch, 513), arch
         assert table(arch, 300, dropout=True) == table(arch, 600, dropout=True), arch
     for arch in (86, 89, 100, 120):
         assert table(arch, 512, 128) == (32, 32, 4), arch
@@ -769,9 +796,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
 @pytest.mark.long_on_cpu
 def test_padded_tiles_are_exact(monkeypatch):
     """A padded batch of short rows on the padded tiles (interpreted sm_80: the forward 64x32, dQ 64x32, dK/dV 32x64,
-    the table kernel 32x32 on four warps, causal calls too, grouped-query ones with the grouped loop's dK/dV 16x64; at
-    D = 128 on 65..128 tokens the forward 32x32 on two warps): ragged, empty and full rows exact against the float64
-    reference."""
+    the table kernel 32x32 on four warps, causal calls and calls with a distance or positional window too (their
+    live-tile lists), grouped-query ones with the grouped loop's dK/dV 16x64; at D = 128 on 65..128 tokens the
+    forward 32x32 on two warps): ragged, empty and full rows exact against the float64 reference."""
     kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
     previous = P.interpret_as(80)
     try:
@@ -788,6 +815,16 @@ def test_padded_tiles_are_exact(monkeypatch):
                          "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
         names.clear()
         names.kwargs.clear()
+        # a distance window and a positional one (the live-tile lists on the padded tiles)
+        for window in (dict(window=2), dict(position_window=20)):
+            check_against_reference(make_case(3, 2, 150, 64, torch.bfloat16, lengths=[150, 37, 0]), **window)
+            tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs)
+                     if n in kernels}
+            assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
+                             "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+            assert all(k.get("USE_LISTS") for n, k in zip(names, names.kwargs) if n in kernels), window
+            names.clear()
+            names.kwargs.clear()
         # grouped-query k, v in a causal call (a grouped-query decoder): the grouped loop's 16 x 64 dK/dV
         check_against_reference(make_case(3, 4, 150, 64, torch.bfloat16, lengths=[150, 37, 0], kv_heads=2),
                                 causal=True)

@@ -104,10 +104,11 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
     (``"position_window"``). ``short_rows``: the plan's :attr:`~syntaxkernels.plan.StructurePlan.short_rows` (1: the
     batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
-    (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`; no
-    window or positional window; causal calls, grouped-query k, v and T5's term too, but not grouped-query k, v with
-    T5's term; dropout at head dims up to 64) takes :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table
-    tiles first, and its entries naming the call's variants or dropout last. A batch of long rows (``short_rows`` 0,
+    (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`;
+    calls with a distance window or a positional one, causal calls, grouped-query k, v and T5's term too, but not
+    T5's term with grouped-query k, v or either window; dropout at head dims up to 64) takes
+    :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
+    variants ("window" too: a distance window) or dropout last. A batch of long rows (``short_rows`` 0,
     ``N > 2 * SHORT_ROW_LIMIT``, without a window, causality, grouped-query k, v, a positional window, T5's term or
     dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
@@ -129,10 +130,10 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
-                                               ("position_window", band)) if on)
+                                               ("position_window", band), ("window", window >= 0)) if on)
     rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
-    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and window < 0
-              and not (band or (grouped and position)) and _configs._BLOCK_OVERRIDE is None)
+    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and not (position and (grouped or band or window >= 0))
+              and _configs._BLOCK_OVERRIDE is None)
     long_rows = (short_rows == 0 and N > 2 * _configs.SHORT_ROW_LIMIT and window < 0 and not variants and not dropout
                  and _configs._BLOCK_OVERRIDE is None)
     overrides = [_configs.padded_overrides(dtype, width, family, arch, dropout, variants)] if padded else []

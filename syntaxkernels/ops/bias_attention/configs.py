@@ -391,16 +391,18 @@ def _opaque_bias(family: str) -> bool:
 
 #: Padded batches of short rows (a fine-tuning batch padded to 128, 512 or 1024): calls of more than
 #: ``SHORT_ROW_LIMIT`` tokens on a plan whose ``short_rows`` is True (:func:`~syntaxkernels.plan.rows_are_short` of
-#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens, without a window or a
-#: positional one (causal calls too: a decoder fine-tuned on padded batches; grouped-query k, v too, a grouped-query
-#: decoder's, with their own dK/dV entries below, but not with T5's term, where the padded tiles spilled 8-32 B in the
-#: small family's dK/dV at D64 and table kernel at D128 and sm_90's dK/dV at D128; with T5's term too: its entries in
-#: PADDED_CONFIGS refine the tiles after the term's own, and those naming "causal" too a causal call's, a T5
-#: decoder's) take :data:`PADDED_CONFIGS` over the tiled forward, dQ, dK/dV and table tiles (the backward's run
-#: above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and below it with attention dropout or a scale of
-#: 0); with attention dropout at head dims up to 64 the forward, dQ and dK/dV ones (the dropout entries apply after
-#: them; at D = 128 the two together spilled 24-104 B on sm_80, the small family and sm_90: those calls keep their
-#: tiles).
+#: its lengths), or, where the plan has no such summary, of at most ``PADDED_ROW_LIMIT`` tokens (causal calls too: a
+#: decoder fine-tuned on padded batches; calls with a distance window or a positional one too: their live-tile lists
+#: are built on these tiles; grouped-query k, v too, a grouped-query decoder's, with their own dK/dV entries below,
+#: but not with T5's term, where the padded tiles spilled 8-32 B in the small family's dK/dV at D64 and table kernel
+#: at D128 and sm_90's dK/dV at D128; with T5's term too: its entries in PADDED_CONFIGS refine the tiles after the
+#: term's own, and those naming "causal" too a causal call's, a T5 decoder's; but not T5's term with a distance or
+#: positional window, where the padded tiles spilled 8-32 B in the table kernel at D64 on sm_80, the small family and
+#: sm_90, at D128 on the small family, and in sm_90's dK/dV at D128) take :data:`PADDED_CONFIGS` over the tiled forward, dQ,
+#: dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and
+#: below it with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and
+#: dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small
+#: family and sm_90: those calls keep their tiles).
 PADDED_ROW_LIMIT = 512
 
 #: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`),
@@ -478,6 +480,9 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 128, "position"): dict(num_stages=3),
     ("table", "sm120", "half", 128, "position"): dict(BLOCK_N=32),
     ("dkdv", "sm100", "half", 64, "position", "dropout"): dict(BLOCK_M=32),
+    # With a positional window and dropout sm_100's forward at D64 (64x32, three stages) spilled 8 B at the 128
+    # registers it takes (finetune-128, -512): one stage 128.3 a valid pair on finetune-512 (two stages 8 B).
+    ("fwd", "sm100", "half", 64, "position_window", "dropout"): dict(num_stages=1),
     # Causal calls with T5's term (a T5 decoder's self-attention on padded batches): the tiles above under the term's
     # and the causal entries spilled 8 B in sm_90's dK/dV at D128 (16x64, two stages; one stage 24 B on pairs and
     # odd-77, three 32-40 B) and table kernel at D128 (64x32 on eight warps, also the family's tile: finetune-128 and
@@ -511,6 +516,25 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "small", "half", 128, "grouped_kv"): dict(BLOCK_N=32),
     ("dkdv", "sm90", "half", 128, "grouped_kv"): dict(BLOCK_N=32, num_stages=1),
     ("dkdv", "small", "half", 64, "causal", "grouped_kv"): dict(BLOCK_M=16, BLOCK_N=64),
+    # ... and with a distance window (the live-tile lists) the small family's dK/dV at D128 spilled 24 B (sm_120 32
+    # B) on 32x32 two stages, sm_120's at D64 8 B on 32x32 one stage. Swept on finetune-512 (``--kv-heads 4 --window
+    # 4``), the kernel a valid pair: at D128 32x32 on one stage sm_86 83.2 (sm_120 32 B; 16x32 on one stage 108.1,
+    # sm_120 106.7; 16x32 two stages 185.2, 32x16 211.6, 16x64 214.0), at D64 on sm_120 16x64 on one stage 84.1
+    # (32x16 83.6, 16x32 8 B, 32x32 on two stages 133.0). In causal calls sm_120's 16x32 at D128 spilled 16 B: 32x32 on
+    # one stage 74.0 (16x16 99.0; 32x16 8 B, 16x32 on two stages 8 B).
+    ("dkdv", "small", "half", 128, "grouped_kv", "window"): dict(num_stages=1),
+    ("dkdv", "sm120", "half", 128, "grouped_kv", "window"): dict(BLOCK_M=16),
+    ("dkdv", "sm120", "half", 64, "grouped_kv", "window"): dict(BLOCK_M=16, BLOCK_N=64),
+    ("dkdv", "sm120", "half", 128, "causal", "grouped_kv", "window"): dict(BLOCK_M=32),
+    # A positional window in a causal grouped-query call (a sliding-window decoder, Mistral's layers): sm_86's dK/dV
+    # spilled 24 B at D64 (16x64, one stage) and 8 B at D128 (32x32, two stages). Swept on finetune-512 (``--causal
+    # --kv-heads 4 --position-window 16``), the kernel a valid pair on sm_86: 32x32 on one stage D64 74.2 (32x16 89.6,
+    # 16x32 97.9), D128 75.9 (16x32 95.3, 32x16 103.9); sm_120 at D128 32x32 on one stage 74.0, at D64 its 16x64 on
+    # one stage 85.1 (the 32x32 spilled 16 B there).
+    ("dkdv", "small", "half", 64, "causal", "grouped_kv", "position_window"): dict(BLOCK_M=32, BLOCK_N=32,
+                                                                                  num_stages=1),
+    ("dkdv", "small", "half", 128, "causal", "grouped_kv", "position_window"): dict(num_stages=1),
+    ("dkdv", "sm120", "half", 64, "causal", "grouped_kv", "position_window"): dict(BLOCK_M=16, BLOCK_N=64),
 }
 
 #: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
@@ -955,9 +979,9 @@ def _overrides(table: Dict[tuple, dict], dtype: torch.dtype, head_dim: int, fami
     family's entries, then "sm100" (sm_100 and newer in the sm90 family) or "sm120" (sm_120 and newer in the small one).
     A key may name further variants after the head-dim class (``(kind, family, dtype class, head-dim class,
     "causal")``): such an entry applies only to calls with all of them (``variants``: "causal", "grouped_kv"
-    (grouped-query k, v), "position" (T5's term), "position_window" (a positional window); :data:`PADDED_CONFIGS`:
-    "dropout"), after every plain entry. ``combined``: only the plain entries (False) or only those naming variants
-    (True); None: both."""
+    (grouped-query k, v), "position" (T5's term), "position_window" (a positional window), "window" (a distance
+    window); :data:`PADDED_CONFIGS`: "dropout"), after every plain entry. ``combined``: only the plain entries
+    (False) or only those naming variants (True); None: both."""
     cls = "fp32" if dtype == torch.float32 else "half"
     dim_class = 64 if head_block(head_dim) <= 64 else 128
     names = [family] + (["sm100"] if family == "sm90" and arch >= 100 else [])
