@@ -728,16 +728,20 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             causal_dkdv = {(90, 128): (16, 32, 4), (100, 128): (16, 32, 4)}.get((arch, D), dkdv)
             assert tiles(arch, 300, D, causal=True, position=True) == (padded[0], causal_dkdv), (arch, D)
     assert tiles(120, 300, 128, grouped=True, causal=True, window=3)[1] == (32, 32, 4)  # (16 x 32 spilled there)
-    for arch in (86, 89, 120):  # a sliding-window grouped-query decoder: the small family's dK/dV on one stage
+    # A positional window with grouped-query k, v (causal: a sliding-window decoder): the small family's dK/dV on one
+    # stage, sm_120's 16 x 64 at D = 64 (32 x 32 spilled) and two stages at D = 128 unless causal
+    for arch in (86, 89, 120):
         for D in (64, 128):
-            previous = P.interpret_as(arch)
-            try:
-                dkdv = _launch.launch_configs(300, D, D, torch.bfloat16, 1, -1, spec, grouped=True, causal=True,
-                                              band=True).dkdv
-            finally:
-                P.interpret_as(previous)
-            want = (16, 64, 1) if (arch, D) == (120, 64) else (32, 32, 1)  # (sm_120's 32 x 32 spilled at D = 64)
-            assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"], dkdv["num_stages"]) == want, (arch, D)
+            for causal in (False, True):
+                previous = P.interpret_as(arch)
+                try:
+                    dkdv = _launch.launch_configs(300, D, D, torch.bfloat16, 1, -1, spec, grouped=True, causal=causal,
+                                                  band=True).dkdv
+                finally:
+                    P.interpret_as(previous)
+                want = ((16, 64, 1) if (arch, D) == (120, 64) else (32, 32, 2) if (arch, D, causal) == (120, 128, False)
+                        else (32, 32, 1))
+                assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"], dkdv["num_stages"]) == want, (arch, D, causal)
     assert tiles(90, 300, dropout=True)[0][:2] == (64, 32)
     for arch in (80, 86, 89, 90, 100, 120):  # dropout on rows of 65..128 tokens: the tiled backward (the two-block
         assert tiles(arch, 100, dropout=True) == padded, arch  # kernels take no dropout mask) on the padded tiles
@@ -748,13 +752,13 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     finally:
         P.interpret_as(previous)
     assert stages == [1, 2]
-    previous = P.interpret_as(100)  # sm_100's forward with a positional window and dropout: one stage (three spilled)
+    previous = P.interpret_as(100)  # sm_100's forward with either window and dropout: one stage (three spilled)
     try:
-        stages = [_launch.launch_configs(300, 64, 64, torch.bfloat16, 1, -1, spec, band=True, dropout=p).fwd[
-            "num_stages"] for p in (True, False)]
+        stages = [_launch.launch_configs(300, 64, 64, torch.bfloat16, 1, window, spec, band=band, dropout=p).fwd[
+            "num_stages"] for window, band in ((-1, True), (3, False)) for p in (True, False)]
     finally:
         P.interpret_as(previous)
-    assert stages == [1, 3]
+    assert stages == [1, 3, 1, 3]
     for arch in (80, 86, 90, 120):  # dropout at D = 128: exactly the long rows' dropout tiles
         assert tiles(arch, 300, 128, dropout=True) == tiles(arch, 600, 128, dropout=True), arch
 

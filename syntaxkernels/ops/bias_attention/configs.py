@@ -483,6 +483,8 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     # With a positional window and dropout sm_100's forward at D64 (64x32, three stages) spilled 8 B at the 128
     # registers it takes (finetune-128, -512): one stage 128.3 a valid pair on finetune-512 (two stages 8 B).
     ("fwd", "sm100", "half", 64, "position_window", "dropout"): dict(num_stages=1),
+    # ... and with a distance window and dropout in causal calls (finetune-512, grouped-query too): one stage too.
+    ("fwd", "sm100", "half", 64, "window", "dropout"): dict(num_stages=1),
     # Causal calls with T5's term (a T5 decoder's self-attention on padded batches): the tiles above under the term's
     # and the causal entries spilled 8 B in sm_90's dK/dV at D128 (16x64, two stages; one stage 24 B on pairs and
     # odd-77, three 32-40 B) and table kernel at D128 (64x32 on eight warps, also the family's tile: finetune-128 and
@@ -526,7 +528,13 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm120", "half", 128, "grouped_kv", "window"): dict(BLOCK_M=16),
     ("dkdv", "sm120", "half", 64, "grouped_kv", "window"): dict(BLOCK_M=16, BLOCK_N=64),
     ("dkdv", "sm120", "half", 128, "causal", "grouped_kv", "window"): dict(BLOCK_M=32),
-    # A positional window in a causal grouped-query call (a sliding-window decoder, Mistral's layers): sm_86's dK/dV
+    # A positional window in grouped-query calls: the small family's dK/dV at D128 spilled 8 B on 32x32 two stages
+    # (sm_86; one stage as with a distance window), sm_120's at D64 16 B on 32x32 one stage (16x64 as with a distance
+    # window; sm_120 at D128 keeps two stages, spill-free there).
+    ("dkdv", "small", "half", 128, "grouped_kv", "position_window"): dict(num_stages=1),
+    ("dkdv", "sm120", "half", 128, "grouped_kv", "position_window"): dict(num_stages=2),
+    ("dkdv", "sm120", "half", 64, "grouped_kv", "position_window"): dict(BLOCK_M=16, BLOCK_N=64),
+    # In a causal grouped-query call (a sliding-window decoder, Mistral's layers): sm_86's dK/dV
     # spilled 24 B at D64 (16x64, one stage) and 8 B at D128 (32x32, two stages). Swept on finetune-512 (``--causal
     # --kv-heads 4 --position-window 16``), the kernel a valid pair on sm_86: 32x32 on one stage D64 74.2 (32x16 89.6,
     # 16x32 97.9), D128 75.9 (16x32 95.3, 32x16 103.9); sm_120 at D128 32x32 on one stage 74.0, at D64 its 16x64 on
@@ -535,6 +543,7 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
                                                                                   num_stages=1),
     ("dkdv", "small", "half", 128, "causal", "grouped_kv", "position_window"): dict(num_stages=1),
     ("dkdv", "sm120", "half", 64, "causal", "grouped_kv", "position_window"): dict(BLOCK_M=16, BLOCK_N=64),
+    ("dkdv", "sm120", "half", 128, "causal", "grouped_kv", "position_window"): dict(num_stages=1),
 }
 
 #: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
