@@ -1439,8 +1439,8 @@ def workload_tiles(kernel: str, workload, block_m: int, block_n: int, buckets=No
     A model of the kernels' loop bounds (``ops/bias_attention/``, no window, not causal; keep it in step with
     them; with a distance ``window`` or a positional window ``band`` the forward, dQ, dK/dV and table kernels walk
     the live-tile lists, :func:`_listed_tiles`, the table kernel's bucket sets those of the pairs within the window,
-    causal calls' too): the forward, dQ and table kernels walk, for every query block that starts inside the length, the
-    key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
+    causal calls' too): the forward, dQ and table kernels walk, for every query block that starts inside the length,
+    the key blocks up to the length, the one holding the length's end masked (*boundary*), the others unmasked
     (*interior*); the dK/dV kernel walks, for every key block inside the length, the query blocks the same way.
     The table kernel reduces each walked tile's dS (summed over its heads) per bucket: one row sum for a tile
     wholly in one bucket (*one-bucket*), else a compare-select-add per bucket the tile holds (*mixed*; more than 31

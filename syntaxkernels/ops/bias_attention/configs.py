@@ -398,11 +398,11 @@ def _opaque_bias(family: str) -> bool:
 #: at D128 and sm_90's dK/dV at D128; with T5's term too: its entries in PADDED_CONFIGS refine the tiles after the
 #: term's own, and those naming "causal" too a causal call's, a T5 decoder's; but not T5's term with a distance or
 #: positional window, where the padded tiles spilled 8-32 B in the table kernel at D64 on sm_80, the small family and
-#: sm_90, at D128 on the small family, and in sm_90's dK/dV at D128) take :data:`PADDED_CONFIGS` over the tiled forward, dQ,
-#: dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward ends, and
-#: below it with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the forward, dQ and
-#: dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on sm_80, the small
-#: family and sm_90: those calls keep their tiles).
+#: sm_90, at D128 on the small family, and in sm_90's dK/dV at D128) take :data:`PADDED_CONFIGS` over the tiled
+#: forward, dQ, dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward
+#: ends, and below it with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the
+#: forward, dQ and dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on
+#: sm_80, the small family and sm_90: those calls keep their tiles).
 PADDED_ROW_LIMIT = 512
 
 #: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`),
