@@ -651,8 +651,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     (its entries after), and the table kernel's 32x32 where it was spill-free; causal calls and calls with T5's term
     too, the term's under their own entries' refinements (applied after the term's), causal calls with the term
     under the refinements naming both, grouped-query calls under the grouped loop's entries and the padded ones naming
-    "grouped_kv", calls with a distance window or a positional one; longer rows, grouped-query calls and calls with
-    either window with T5's term, dropout at D = 128, and the tests' tile override keep the long rows' tiles."""
+    "grouped_kv", calls with a distance window or a positional one, with T5's term too (under the entries naming
+    both); longer rows, grouped-query calls with T5's term, dropout at D = 128, and the tests' tile override keep the
+    long rows' tiles."""
     spec = sk.BucketSpec()
 
     def forward(arch, N, D=64, **kw):
@@ -670,11 +671,14 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             assert forward(arch, 65, D) == forward(arch, 128, D) == forward(arch, 512, D) == small, (arch, D)
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
             # a positional window and a distance window (the kernels walk the live-tile lists): the padded tiles too,
-            # but not either window with T5's term
+            # with T5's term too (sm_80's D = 64 forward with it and a positional window on 32 x 32, two warps)
             assert forward(arch, 300, D, band=True) == small != forward(arch, 600, D, band=True), (arch, D)
             assert forward(arch, 300, D, window=3) == small != forward(arch, 600, D, window=3), (arch, D)
-            for kw in (dict(window=3), dict(band=True)):
-                assert forward(arch, 300, D, position=True, **kw) == forward(arch, 600, D, position=True, **kw)
+            assert forward(arch, 300, D, position=True, window=3) == small != forward(
+                arch, 600, D, position=True, window=3), (arch, D)
+            term_band = (32, 32, 2) if (arch, D) == (80, 64) else small
+            assert forward(arch, 300, D, position=True, band=True) == term_band != forward(
+                arch, 600, D, position=True, band=True), (arch, D)
             assert forward(arch, 300, D, grouped=True) == small != forward(arch, 600, D, grouped=True), (arch, D)
             assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
             # causal with T5's term (a T5 decoder): the padded tiles, the small family's D = 64 forward on 64 x 16
@@ -780,6 +784,21 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         assert table(arch, 512, 128) == (32, 32, 4), arch
     for arch in (80, 90):
         assert table(arch, 512, 128) == table(arch, 600, 128), arch
+    # With a distance window and dropout, sm_90's table kernel at D = 64 (the dropout entry's 128 x 32 spilled under
+    # the lists): padded 32 x 32 on four warps (sm_100 too), longer rows 128 x 16 (sm_100 its 64 x 64)
+    for arch, padded_table, long_table in ((90, (32, 32, 4), (128, 16, 8)), (100, (32, 32, 4), (64, 64, 8))):
+        assert table(arch, 300, window=3, dropout=True) == padded_table, arch
+        assert table(arch, 600, window=3, dropout=True) == long_table, arch
+        assert table(arch, 300, dropout=True) == table(arch, 600, dropout=True) != padded_table, arch
+        # (grouped-query k, v too, causal too: 64 x 16 on four warps, where the 32 x 32 spilled)
+        assert table(arch, 300, window=3, dropout=True, grouped=True) == (64, 16, 4), arch
+        assert table(arch, 300, window=3, dropout=True, grouped=True, causal=True) == (64, 16, 4), arch
+    previous = P.interpret_as(90)  # (and sm_90's grouped dK/dV there on one stage: three spilled 8 B)
+    try:
+        assert _launch.launch_configs(300, 64, 64, torch.bfloat16, 1, 3, spec, grouped=True, dropout=True).dkdv[
+            "num_stages"] == 1
+    finally:
+        P.interpret_as(previous)
     # With T5's term ("table_extra" tiles under the term's entries): the small family's D = 128 32x16 (sm_120 32x32),
     # sm_120's D = 64 32x32, sm_100's dK/dV at D = 64 with dropout 32x64 (the dropout entry's 64 queries spilled)
     assert table(86, 300, 128, position=True) == (32, 16, 4) and table(120, 300, 128, position=True) == (32, 32, 4)
@@ -789,6 +808,27 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     # sm_100 64 x 32 on four
     assert table(90, 300, 128, causal=True, position=True) == (64, 16, 4)
     assert table(100, 300, 128, causal=True, position=True) == (64, 32, 4)
+    # T5's term with either window (the entries naming both, where the term's padded tiles spilled under the lists):
+    # the table kernel at D = 64 64 x 16 on four warps (sm_100, sm_120 32 x 32), at D = 128 the small family's 64 x 32
+    # on eight (sm_120 32 x 32); sm_90's dK/dV at D = 128 16 x 32 (sm_100 16 x 64 with a distance window); with a
+    # positional window sm_120's dQ at D = 64 64 x 16
+    for window in (dict(window=3), dict(band=True)):
+        for arch in (80, 86, 89, 90, 100, 120):
+            want = (32, 32, 4) if arch in (100, 120) else (64, 16, 4)
+            assert table(arch, 300, 64, position=True, **window) == want, (arch, window)
+        for arch in (86, 89):
+            assert table(arch, 300, 128, position=True, **window) == (64, 32, 8), (arch, window)
+        assert table(120, 300, 128, position=True, **window) == (32, 32, 4)
+        assert tiles(90, 300, 128, position=True, **window)[1] == (16, 32, 4)
+        assert tiles(100, 300, 128, position=True, **window)[1] == ((16, 64, 4) if "window" in window else (16, 32, 4))
+        assert tiles(120, 300, 64, position=True, **window)[0] == ((64, 16, 4) if "band" in window else (64, 32, 4))
+        # ... with dropout sm_120's table kernel 64 x 16 on four warps (the dropout entries' 64 x 32 on eight spilled)
+        assert table(120, 300, 64, position=True, dropout=True, **window) == (64, 16, 4)
+    # ... in a causal call with a distance window: sm_80's forward 32 x 32 on two warps, sm_120's dQ 32 x 32; with
+    # dropout sm_80's dK/dV 32 x 32
+    assert forward(80, 300, 64, causal=True, position=True, window=3) == (32, 32, 2)
+    assert tiles(120, 300, 64, causal=True, position=True, window=3)[0] == (32, 32, 4)
+    assert tiles(80, 300, 64, position=True, window=3, dropout=True)[1] == (32, 32, 4)
     previous = configs._BLOCK_OVERRIDE
     try:
         configs._BLOCK_OVERRIDE = (16, 16)

@@ -16,7 +16,7 @@ from syntaxkernels import reference
 from syntaxkernels.ops import _primitives as P
 from syntaxkernels.tools.testing import assert_bias_attention_close, bias_attention_case, bias_attention_grads
 
-from conftest import KERNEL_DEVICE as DEVICE
+from conftest import KERNEL_DEVICE as DEVICE, spy_launches
 
 SEEDS = (0, 12345, 2 ** 40 + 99, 2 ** 63 + 5, 2 ** 64 - 1)
 
@@ -228,6 +228,33 @@ def test_short_rows_take_the_mask_in_their_own_backward(monkeypatch, N, arch, ke
         got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
         assert kernel in names, names
         assert "_bias_bwd_short2_kernel" not in names
+        ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
+        reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
+        assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)
+    finally:
+        P.interpret_as(previous)
+
+
+@pytest.mark.long_on_cpu
+def test_a_distance_window_with_dropout_on_the_padded_tiles_matches_the_reference(monkeypatch):
+    """sm_90's padded call with a distance window and dropout (100 tokens: the tiled backward on the live-tile lists)
+    takes the table kernel's 32x32 tiles on four warps of the PADDED_CONFIGS entry naming both (over the dropout
+    entry's 128x32), exact against the reference with the same seed, ragged and empty rows included."""
+    if DEVICE != "cpu":
+        pytest.skip("families are forced under the interpreter only")
+    from syntaxkernels.ops import _replay
+
+    _replay.clear()  # (a program recorded by another test would skip the launchers)
+    names = spy_launches(monkeypatch, fresh_configs=True)
+    previous = P.interpret_as(90)
+    try:
+        case = bias_attention_case(3, 2, 100, 32, torch.bfloat16, bias_scale=0.8, lengths=[100, 0, 41], seed=6)
+        grad_out = torch.randn(3, 2, 100, 32, generator=torch.Generator().manual_seed(1))
+        kw = dict(dropout_p=0.25, dropout_seed=7, window=2)
+        got = _run(case, torch.bfloat16, "triton", grad_out, **kw)
+        table = [k for n, k in zip(names, names.kwargs) if n == "_bias_bwd_table_kernel"]
+        assert [(k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for k in table] == [(32, 32, 4)], table
+        assert table[0]["USE_LISTS"] and table[0]["DROPOUT"]
         ref64 = _run(case, torch.float64, "reference", grad_out, **kw)
         reflp = _run(case, torch.bfloat16, "reference", grad_out, **kw)
         assert_bias_attention_close(case, got, ref64, reflp, torch.bfloat16)

@@ -545,14 +545,18 @@ def test_four_variants_in_one_call_take_their_own_tiles(monkeypatch, arch, kw, t
 @pytest.mark.parametrize("arch,D,kw,expected", [
     (86, 128, {}, ((32, 32, 2), (64, 32, 4), (32, 32, 4), (32, 16, 4))),
     (90, 128, dict(causal=True), ((64, 32, 4), (64, 32, 4), (16, 32, 4), (64, 16, 4))),
-    (86, 64, dict(causal=True), ((64, 16, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4)))],
-    ids=["sm86-D128", "sm90-D128-causal", "sm86-D64-causal"])
+    (86, 64, dict(causal=True), ((64, 16, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4))),
+    (80, 64, dict(position_window=9), ((32, 32, 2), (64, 32, 4), (32, 64, 4), (64, 16, 4))),
+    (86, 64, dict(window=2), ((64, 32, 4), (64, 32, 4), (32, 64, 4), (64, 16, 4)))],
+    ids=["sm86-D128", "sm90-D128-causal", "sm86-D64-causal", "sm80-D64-position-window", "sm86-D64-window"])
 def test_padded_batches_with_the_term_take_the_padded_tiles(monkeypatch, arch, D, kw, expected):
     """A padded batch's call with T5's term (70 tokens: the tiled forward and backward, the two-block kernels take no
     term) runs the padded tiles under the term's entries and their refinements (sm_86 at D = 128: the forward 32x32
     on two warps, dQ 64x32, dK/dV 32x32, the table kernel 32x16), a causal one (a T5 decoder's) under those naming
     causality too (sm_90 at D = 128: dK/dV 16x32, the table kernel 64x16 on four warps; sm_86 at D = 64: the forward
-    64x16), exact against the reference (bf16, rows of 70 and 21, one empty)."""
+    64x16), one with a distance window or a positional one (the live-tile lists) under those naming either window
+    too (the table kernel 64x16 on four warps; sm_80's forward with a positional window 32x32 on two warps), exact
+    against the reference (bf16, rows of 70 and 21, one empty)."""
     if DEVICE != "cpu":
         pytest.skip("families are forced under the interpreter only")
     from syntaxkernels.ops import _replay

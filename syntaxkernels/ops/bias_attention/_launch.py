@@ -105,10 +105,11 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     (``"position_window"``). ``short_rows``: the plan's :attr:`~syntaxkernels.plan.StructurePlan.short_rows` (1: the
     batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
     (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`;
-    calls with a distance window or a positional one, causal calls, grouped-query k, v and T5's term too, but not
-    T5's term with grouped-query k, v or either window; dropout at head dims up to 64) takes
+    calls with a distance window or a positional one, causal calls, grouped-query k, v and T5's term too, T5's term
+    with either window too, but not T5's term with grouped-query k, v; dropout at head dims up to 64) takes
     :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
-    variants ("window" too: a distance window) or dropout last. A batch of long rows (``short_rows`` 0,
+    variants ("window" too: a distance window) or dropout last (with dropout its table kernel's entries only where
+    they name dropout). A batch of long rows (``short_rows`` 0,
     ``N > 2 * SHORT_ROW_LIMIT``, without a window, causality, grouped-query k, v, a positional window, T5's term or
     dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
@@ -132,7 +133,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
                                                ("position_window", band), ("window", window >= 0)) if on)
     rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
-    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and not (position and (grouped or band or window >= 0))
+    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and not (position and grouped)
               and _configs._BLOCK_OVERRIDE is None)
     long_rows = (short_rows == 0 and N > 2 * _configs.SHORT_ROW_LIMIT and window < 0 and not variants and not dropout
                  and _configs._BLOCK_OVERRIDE is None)

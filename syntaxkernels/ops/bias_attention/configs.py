@@ -396,13 +396,13 @@ def _opaque_bias(family: str) -> bool:
 #: are built on these tiles; grouped-query k, v too, a grouped-query decoder's, with their own dK/dV entries below,
 #: but not with T5's term, where the padded tiles spilled 8-32 B in the small family's dK/dV at D64 and table kernel
 #: at D128 and sm_90's dK/dV at D128; with T5's term too: its entries in PADDED_CONFIGS refine the tiles after the
-#: term's own, and those naming "causal" too a causal call's, a T5 decoder's; but not T5's term with a distance or
-#: positional window, where the padded tiles spilled 8-32 B in the table kernel at D64 on sm_80, the small family and
-#: sm_90, at D128 on the small family, and in sm_90's dK/dV at D128) take :data:`PADDED_CONFIGS` over the tiled
+#: term's own, and those naming "causal" too a causal call's, a T5 decoder's, those naming "window" or
+#: "position_window" too a call with the term and either window) take :data:`PADDED_CONFIGS` over the tiled
 #: forward, dQ, dK/dV and table tiles (the backward's run above ``2 * SHORT_ROW_LIMIT``, where the short-row backward
 #: ends, and below it with attention dropout or a scale of 0); with attention dropout at head dims up to 64 the
-#: forward, dQ and dK/dV ones (the dropout entries apply after them; at D = 128 the two together spilled 24-104 B on
-#: sm_80, the small family and sm_90: those calls keep their tiles).
+#: forward, dQ and dK/dV ones and the table kernel's entries naming dropout (the dropout entries apply after the
+#: others; at D = 128 the two together spilled 24-104 B on sm_80, the small family and sm_90: those calls keep their
+#: tiles).
 PADDED_ROW_LIMIT = 512
 
 #: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`),
@@ -485,6 +485,17 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("fwd", "sm100", "half", 64, "position_window", "dropout"): dict(num_stages=1),
     # ... and with a distance window and dropout in causal calls (finetune-512, grouped-query too): one stage too.
     ("fwd", "sm100", "half", 64, "window", "dropout"): dict(num_stages=1),
+    # ... and sm_90's table kernel at D64 with a distance window and dropout (the dropout entry's 128x32 on eight
+    # warps) spilled 16 B on finetune-512: 32x32 on four warps 107.5 a valid pair (227.3 spilling; 64x32 on eight
+    # 142.8, 64x64 177.3, 128x16 228.0, 64x32 on four 16 B); sm_100 reads it: 98.5 (its 64x64 137.2).
+    ("table", "sm90", "half", 64, "window", "dropout"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    # ... with grouped-query k, v that 32x32 spilled 16 B (finetune-128, -512, odd-77; causal too): 64x16 on four warps
+    # 128.7 on finetune-512, 86.3 on odd-77 (128x32 241.8 spilling 8 B and 96.9; 64x32 on eight 150.8 and 95.2, 128x16
+    # 259.3 and 110.4); sm_100 111.2 and 74.2 (its 64x64 153.6 and 74.5). And
+    # sm_90's dK/dV there (32x64, three stages: 8 B on finetune-128 and -512) on one stage: 126.5 and 83.2 (207.9
+    # spilling and 139.3; 32x32 198.5 and 156.1, 16x64 219.4 and 153.2); sm_100 has one stage already.
+    ("table", "sm90", "half", 64, "grouped_kv", "window", "dropout"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("dkdv", "sm90", "half", 64, "grouped_kv", "window", "dropout"): dict(num_stages=1),
     # Causal calls with T5's term (a T5 decoder's self-attention on padded batches): the tiles above under the term's
     # and the causal entries spilled 8 B in sm_90's dK/dV at D128 (16x64, two stages; one stage 24 B on pairs and
     # odd-77, three 32-40 B) and table kernel at D128 (64x32 on eight warps, also the family's tile: finetune-128 and
@@ -502,6 +513,48 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "sm100", "half", 64, "causal", "position"): dict(num_stages=2),
     ("dkdv", "small", "half", 128, "causal", "position"): dict(num_stages=1),
     ("fwd", "small", "half", 64, "causal", "position"): dict(BLOCK_N=16),
+    # T5's term with a distance window or a positional window (the live-tile lists): the tiles above under the term's
+    # entries spilled 32 B in sm_80's table kernel at D64 (64x32 on four warps), 8 B in the small family's and sm_90's
+    # (32x32) and in the small family's at D128 (32x16), 8 B in sm_90's dK/dV at D128 (16x64, two stages); with a
+    # positional window also 8 B in sm_80's forward (64x32, two stages) and sm_120's dQ (64x32, one stage) at D64.
+    # Swept on finetune-512 (``--position-buckets 32:128 --window 4``, ``--position-window 16``), the kernel a valid
+    # pair: the table kernel at D64 64x16 on four warps sm_80 71.1 (32x16 77.2, 32x32 82.1, 64x32 on eight 114.7),
+    # sm_86 71.1 (32x16 84.8, 16x32 8 B, 64x32 on eight 114.3), sm_90 69.0 (16x32 71.3, 32x16 86.9, 64x32 on eight
+    # 84.7); at D128 on sm_86 64x32 on eight warps 138.0 (the family's tile; 16x16 147.2, 64x16 on eight 179.6, 32x32
+    # 32 B, 16x32 8 B), sm_120 keeping its spill-free 32x32 (93.6); sm_90's dK/dV at D128 16x32 on two stages 175.6
+    # (one stage 8 B, three 48 B, 32x32 188.7); with a positional window sm_80's forward at D64 32x32 on two warps 92.4
+    # (one stage 111.5, 64x16 117.8, 32x32 on four 112.2), sm_120's dQ at D64 64x16 104.3 (32x32 109.1, two stages
+    # 112.9, 32x64 138.0).
+    ("table", "sm80", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "small", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "sm90", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "small", "half", 128, "position", "window"): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8),
+    ("table", "sm120", "half", 128, "position", "window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("dkdv", "sm90", "half", 128, "position", "window"): dict(BLOCK_N=32),
+    ("table", "sm100", "half", 64, "position", "window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "sm120", "half", 64, "position", "window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("dkdv", "sm100", "half", 128, "position", "window"): dict(BLOCK_N=64),
+    ("table", "sm80", "half", 64, "position", "position_window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "small", "half", 64, "position", "position_window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "sm90", "half", 64, "position", "position_window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "small", "half", 128, "position", "position_window"): dict(BLOCK_M=64, BLOCK_N=32, num_warps=8),
+    ("table", "sm120", "half", 128, "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("dkdv", "sm90", "half", 128, "position", "position_window"): dict(BLOCK_N=32),
+    ("table", "sm100", "half", 64, "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("table", "sm120", "half", 64, "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=4),
+    ("fwd", "sm80", "half", 64, "position", "position_window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=2),
+    ("dq", "sm120", "half", 64, "position", "position_window"): dict(BLOCK_N=16),
+    # ... in causal calls with a distance window (a T5 decoder's): sm_80's forward at D64 spilled 8 B on 64x32 (two
+    # stages) and sm_120's dQ on 64x32 (one stage) as with a positional window: the forward 32x32 on two warps 72.5
+    # (one stage 105.0), sm_120's dQ 32x32 83.9 (64x16 8 B); with dropout (0.1) sm_80's dK/dV at D64 spilled 32 B on
+    # 32x64 (one stage): 32x32 204.8 (16x32 209.0, 16x64 217.6), and with either window sm_120's table kernel 8 B on the
+    # dropout entries' 64x32 on eight warps: 64x16 on four 108.7 (32x32 117.1, 64x16 on eight 183.9, 128x16 231.5).
+    ("fwd", "sm80", "half", 64, "causal", "position", "window"): dict(BLOCK_M=32, BLOCK_N=32, num_warps=2),
+    ("dq", "sm120", "half", 64, "causal", "position", "window"): dict(BLOCK_M=32, BLOCK_N=32),
+    ("dkdv", "sm80", "half", 64, "position", "window", "dropout"): dict(BLOCK_N=32),
+    ("table", "sm120", "half", 64, "position", "window", "dropout"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
+    ("table", "sm120", "half", 64, "position", "position_window", "dropout"): dict(BLOCK_M=64, BLOCK_N=16,
+                                                                                   num_warps=4),
     # Grouped-query k, v (12 query heads on 4 key/value heads: the dK/dV kernel walks its key/value head's group in a
     # loop, GROUPED_KV_CONFIGS' entries over the padded tiles): the padded dK/dV tiles spilled 16-128 B on
     # finetune-512 and -1024 (the small family at D64 32x64 16 B, sm_100 at D64 32x64 on three stages 48 B, sm_80 at
@@ -817,6 +870,11 @@ DROPOUT_CONFIGS: Dict[tuple, dict] = {
     # Dropout with other variants of the call (after every plain entry). Causal: the small family's table kernel at
     # D = 64 (128x32: 32 B on odd-77; sm_120 16 B) -> 128x16.
     ("table", "small", "half", 64, "causal"): dict(BLOCK_N=16),
+    # A distance window (the live-tile lists): sm_90's table kernel at D = 64 (128x32: 8 B on odd-1000, 16 B on
+    # long-4096) -> 128x16 (odd-1000 39.7 a valid pair against 36.0 spilling; 64x32 on eight warps 43.2), sm_100 back
+    # to its 64x64 (25.6; 128x16 34.6).
+    ("table", "sm90", "half", 64, "window"): dict(BLOCK_N=16),
+    ("table", "sm100", "half", 64, "window"): dict(BLOCK_M=64, BLOCK_N=64),
     # sm_80's dK/dV at D = 128 (16x64 on four warps, one stage: 8 B on finetune-128/512/1024 and packed) -> 32x32,
     # cheaper on every workload swept (a valid pair: finetune-512 216.5 -> 170.2, pairs 132.5 -> 126.6, odd-1000 82.4
     # -> 76.7; with grouped-query k, v 187.6 -> 176.3, 147.7 -> 133.0, 104.1 -> 82.5; with T5's term 233.0 -> 240.0,
@@ -1032,14 +1090,19 @@ def padded_overrides(dtype: torch.dtype, head_dim: int, family: str, arch: int, 
     first), or with ``last`` those naming variants of the call (``variants``: "position"; with ``dropout``
     "dropout"), which apply after every other table's (they refine a variant's own tiles on padded batches). With
     ``dropout`` at head dims up to 64 the forward, dQ and dK/dV entries only (the table kernel keeps the dropout
-    entries' tiles: 32x32 on four warps under them spilled 8 B on sm_100), at larger head dims none (the padded tiles
-    and the dropout entries together spilled 24-104 B)."""
+    entries' tiles: 32x32 on four warps under them spilled 8 B on sm_100), but for the table kernel's entries naming
+    "dropout" (applied last), at larger head dims none (the padded tiles and the dropout entries together spilled
+    24-104 B)."""
     if dropout and head_block(head_dim) > 64:
         return {}
-    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch,
-                       variants | frozenset({"dropout"} if dropout else ()), combined=last)
+    named = variants | frozenset({"dropout"} if dropout else ())
+    found = _overrides(PADDED_CONFIGS, dtype, head_dim, family, arch, named, combined=last)
     if dropout:
         found.pop("table", None)
+        # (but the table kernel's entries naming dropout set its tiles over the dropout entries')
+        own = _overrides({key: fields for key, fields in PADDED_CONFIGS.items() if "dropout" in key[4:]}, dtype,
+                         head_dim, family, arch, named, combined=True) if last else {}
+        found.update({"table": own["table"]} if "table" in own else {})
     return found
 
 
