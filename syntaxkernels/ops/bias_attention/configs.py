@@ -524,7 +524,9 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     # 32 B, 16x32 8 B), sm_120 keeping its spill-free 32x32 (93.6); sm_90's dK/dV at D128 16x32 on two stages 175.6
     # (one stage 8 B, three 48 B, 32x32 188.7); with a positional window sm_80's forward at D64 32x32 on two warps 92.4
     # (one stage 111.5, 64x16 117.8, 32x32 on four 112.2), sm_120's dQ at D64 64x16 104.3 (32x32 109.1, two stages
-    # 112.9, 32x64 138.0).
+    # 112.9, 32x64 138.0). sm_100 and sm_120 keep the spill-free 32x32 table tile at D64 (72.8 and 74.8; sm_100's
+    # 64x16 79.0, 8 B with a positional window; sm_120's 32x16 under the term's entry 75.7, 8 B), sm_100 its dK/dV
+    # 16x64 at D128 with a distance window (170.5; 16x32 179.1; with a positional window the 16x32 180.5 against 189.7).
     ("table", "sm80", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
     ("table", "small", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
     ("table", "sm90", "half", 64, "position", "window"): dict(BLOCK_M=64, BLOCK_N=16, num_warps=4),
