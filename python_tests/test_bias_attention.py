@@ -672,13 +672,18 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
             assert forward(arch, 513, D) != small and forward(arch, 513, D) == forward(arch, 1024, D), (arch, D)
             # a positional window and a distance window (the kernels walk the live-tile lists): the padded tiles too,
             # with T5's term too (sm_80's D = 64 forward with it and a positional window on 32 x 32, two warps)
-            assert forward(arch, 300, D, band=True) == small != forward(arch, 600, D, band=True), (arch, D)
+            assert forward(arch, 300, D, band=200) == small != forward(arch, 600, D, band=200), (arch, D)
+            # ... and a narrow positional window (W <= NARROW_BAND_LIMIT) on rows of any length, the plan's summary
+            # saying they are long too
+            assert forward(arch, 600, D, band=64) == forward(arch, 4096, D, band=0) == small, (arch, D)
+            assert forward(arch, 4096, D, band=10, short_rows=0) == small != forward(arch, 4096, D, band=65), (arch, D)
             assert forward(arch, 300, D, window=3) == small != forward(arch, 600, D, window=3), (arch, D)
             assert forward(arch, 300, D, position=True, window=3) == small != forward(
                 arch, 600, D, position=True, window=3), (arch, D)
             term_band = (32, 32, 2) if (arch, D) == (80, 64) else small
-            assert forward(arch, 300, D, position=True, band=True) == term_band != forward(
-                arch, 600, D, position=True, band=True), (arch, D)
+            assert forward(arch, 300, D, position=True, band=200) == term_band != forward(
+                arch, 600, D, position=True, band=200), (arch, D)
+            assert forward(arch, 4096, D, position=True, band=16) == term_band, (arch, D)
             assert forward(arch, 300, D, grouped=True) == small != forward(arch, 600, D, grouped=True), (arch, D)
             assert forward(arch, 300, D, causal=True) == small != forward(arch, 600, D, causal=True), (arch, D)
             # causal with T5's term (a T5 decoder): the padded tiles, the small family's D = 64 forward on 64 x 16
@@ -704,7 +709,7 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
         for D in (64, 128):
             assert tiles(arch, 512, D) == tiles(arch, 129, D) == padded, (arch, D)
             assert tiles(arch, 513, D) != padded and tiles(arch, 1024, D) == tiles(arch, 513, D), (arch, D)
-            assert tiles(arch, 512, D, band=True) == padded, (arch, D)
+            assert tiles(arch, 512, D, band=10) == padded, (arch, D)
             assert tiles(arch, 512, D, window=3) == padded, (arch, D)
             # grouped-query k, v: the padded dQ, and dK/dV under the grouped loop's entries (GROUPED_KV_CONFIGS', then
             # the padded ones naming "grouped_kv", where the padded tiles spilled)
@@ -740,7 +745,7 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
                 previous = P.interpret_as(arch)
                 try:
                     dkdv = _launch.launch_configs(300, D, D, torch.bfloat16, 1, -1, spec, grouped=True, causal=causal,
-                                                  band=True).dkdv
+                                                  band=10).dkdv
                 finally:
                     P.interpret_as(previous)
                 want = ((16, 64, 1) if (arch, D) == (120, 64) else (32, 32, 2) if (arch, D, causal) == (120, 128, False)
@@ -759,10 +764,14 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     previous = P.interpret_as(100)  # sm_100's forward with either window and dropout: one stage (three spilled)
     try:
         stages = [_launch.launch_configs(300, 64, 64, torch.bfloat16, 1, window, spec, band=band, dropout=p).fwd[
-            "num_stages"] for window, band in ((-1, True), (3, False)) for p in (True, False)]
+            "num_stages"] for window, band in ((-1, 10), (3, -1)) for p in (True, False)]
+        # ... and its dK/dV at D = 64 in causal calls with a positional window: one stage (three kept 8 B on the stack
+        # on 1000-token rows, where a narrow window takes these tiles)
+        stages += [_launch.launch_configs(N, 64, 64, torch.bfloat16, 1, -1, spec, band=10, causal=True).dkdv[
+            "num_stages"] for N in (300, 1000)]
     finally:
         P.interpret_as(previous)
-    assert stages == [1, 3, 1, 3]
+    assert stages == [1, 3, 1, 3, 1, 1]
     for arch in (80, 86, 90, 120):  # dropout at D = 128: exactly the long rows' dropout tiles
         assert tiles(arch, 300, 128, dropout=True) == tiles(arch, 600, 128, dropout=True), arch
 
@@ -812,7 +821,7 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
     # the table kernel at D = 64 64 x 16 on four warps (sm_100, sm_120 32 x 32), at D = 128 the small family's 64 x 32
     # on eight (sm_120 32 x 32); sm_90's dK/dV at D = 128 16 x 32 (sm_100 16 x 64 with a distance window); with a
     # positional window sm_120's dQ at D = 64 64 x 16
-    for window in (dict(window=3), dict(band=True)):
+    for window in (dict(window=3), dict(band=10)):
         for arch in (80, 86, 89, 90, 100, 120):
             want = (32, 32, 4) if arch in (100, 120) else (64, 16, 4)
             assert table(arch, 300, 64, position=True, **window) == want, (arch, window)
@@ -841,8 +850,9 @@ def test_padded_batches_of_short_rows_take_smaller_tiled_tiles():
 def test_padded_tiles_are_exact(monkeypatch):
     """A padded batch of short rows on the padded tiles (interpreted sm_80: the forward 64x32, dQ 64x32, dK/dV 32x64,
     the table kernel 32x32 on four warps, causal calls and calls with a distance or positional window too (their
-    live-tile lists), grouped-query ones with the grouped loop's dK/dV 16x64; at D = 128 on 65..128 tokens the
-    forward 32x32 on two warps): ragged, empty and full rows exact against the float64 reference."""
+    live-tile lists; rows that fill the long tiles with a narrow positional window too), grouped-query ones with the
+    grouped loop's dK/dV 16x64; at D = 128 on 65..128 tokens the forward 32x32 on two warps): ragged, empty and full
+    rows exact against the float64 reference."""
     kernels = ("_bias_fwd_kernel", "_bias_bwd_dq_kernel", "_bias_bwd_dkdv_kernel", "_bias_bwd_table_kernel")
     previous = P.interpret_as(80)
     try:
@@ -880,6 +890,17 @@ def test_padded_tiles_are_exact(monkeypatch):
         check_against_reference(make_case(2, 1, 70, 128, torch.bfloat16, lengths=[70, 0]))
         tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
         assert tiles == {"_bias_fwd_kernel": (32, 32, 2)}, tiles  # (the two-block short-row backward)
+        names.clear()
+        names.kwargs.clear()
+        # long rows (here 200 tokens past a lowered PADDED_ROW_LIMIT, no plan summary) with a narrow positional
+        # window: the padded tiles
+        monkeypatch.setattr(configs, "PADDED_ROW_LIMIT", 128)
+        assert _launch.launch_configs(200, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec()).fwd["BLOCK_M"] == 128
+        check_against_reference(make_case(2, 2, 200, 64, torch.bfloat16, lengths=[200, 191]), position_window=6)
+        tiles = {n: (k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]) for n, k in zip(names, names.kwargs) if n in kernels}
+        assert tiles == {"_bias_fwd_kernel": (64, 32, 4), "_bias_bwd_dq_kernel": (64, 32, 4),
+                         "_bias_bwd_dkdv_kernel": (32, 64, 4), "_bias_bwd_table_kernel": (32, 32, 4)}, tiles
+        assert all(k.get("USE_LISTS") for n, k in zip(names, names.kwargs) if n in kernels)
     finally:
         P.interpret_as(previous)
 
@@ -938,7 +959,7 @@ def test_long_rows_take_their_own_tiles_above_128_tokens_in_plain_calls():
             assert tiles(arch, 1024, D, 0) == tiles(arch, 300, D, 0) == tiles(arch, 129, D, 0) == want, (arch, D)
             changed |= {(arch, D, kind) for kind, a, b in zip(kinds, base, want) if a != b}
             for kw in (dict(causal=True), dict(dropout=True), dict(position=True), dict(grouped=True),
-                       dict(band=True), dict(window=3)):
+                       dict(band=10), dict(window=3)):
                 assert tiles(arch, 1024, D, 0, **kw) == tiles(arch, 1024, D, -1, **kw), (arch, D, kw)
             assert tiles(arch, 2000, D, -1) == base, (arch, D)  # (no summary: the family's tiles)
     assert {(90, 128, "dq"), (80, 64, "fwd"), (100, 128, "dkdv"), (86, 128, "dq")} <= changed, changed

@@ -149,7 +149,7 @@ def test_calls_with_a_window_take_their_own_tiles(monkeypatch):
     monkeypatch.setattr(configs, "_SHORT_ROWS", False)  # (rows of 70 take the tiled kernels, as past 128 tokens)
     previous = P.interpret_as(80)
     try:
-        banded = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec(), band=True).table
+        banded = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec(), band=10).table
         plain = _launch.launch_configs(70, 128, 128, torch.bfloat16, 1, -1, sk.BucketSpec()).table
         assert banded == {**plain, "num_stages": 1} and plain["num_stages"] == 2, (banded, plain)
         _replay.clear()  # (a program recorded by another test would skip the launchers)

@@ -471,9 +471,9 @@ def test_calls_with_the_term_and_grouped_query_or_causal_take_their_own_tiles(mo
     assert tiles(100, 128, "dkdv", grouped=True, causal=True)[:3] == (16, 128, 8)
     # a positional window: the small family's dQ at D = 64 32 keys a block, its dK/dV at D = 128 32x32; with
     # grouped-query k, v too, sm_100's dK/dV at D = 128 64 keys a block
-    assert tiles(86, 64, "dq", band=True)[1] == 32 != tiles(86, 64, "dq")[1]
-    assert tiles(86, 128, "dkdv", band=True)[:2] == (32, 32) != tiles(86, 128, "dkdv")[:2]
-    assert tiles(100, 128, "dkdv", grouped=True, band=True)[:2] == (16, 64) != tiles(100, 128, "dkdv", grouped=True)[:2]
+    assert tiles(86, 64, "dq", band=10)[1] == 32 != tiles(86, 64, "dq")[1]
+    assert tiles(86, 128, "dkdv", band=10)[:2] == (32, 32) != tiles(86, 128, "dkdv")[:2]
+    assert tiles(100, 128, "dkdv", grouped=True, band=10)[:2] == (16, 64) != tiles(100, 128, "dkdv", grouped=True)[:2]
     previous = P.interpret_as(90)
     try:  # the one-tile backward on rows of at most 64: sm_90 keys-major with grouped-query k, v
         short = _launch.launch_configs(40, 64, 64, torch.bfloat16, 1, -1, sk.BucketSpec(), position=True,

@@ -197,7 +197,7 @@ def bias_attention(q, k, v, table, bias_scale, plan, *, scale: float, window: in
     short_rows = _short_rows(plan)
     configs = launch_configs(N, D, v.shape[-1], q.dtype, 1 if table.dim() == 1 else H, window, buckets,
                              position_table is not None, H > k.shape[1], scale, causal, dropout_p > 0.0,
-                             position_window >= 0, short_rows)
+                             position_window, short_rows)
     configs = backward_configs(configs, N, dropout_p > 0.0)
     forward_meta = forward_metadata(plan, configs, window, causal, position_window)
     meta = BackwardMetadata()

@@ -87,7 +87,7 @@ _CONFIGS = {}
 def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, window: int,
                    spec: BucketSpec, position: bool = False, grouped: bool = False,
                    scale: float = 1.0, causal: bool = False, dropout: bool = False,
-                   band: bool = False, short_rows: int = -1) -> LaunchConfigs:
+                   band: int = -1, short_rows: int = -1) -> LaunchConfigs:
     """Which kernels (and tiles) a call of ``N`` tokens, head dims ``D``/``DV``, ``dtype``, a LUT of ``lut_rows`` rows
     (1: a table shared by the heads) runs on the current GPU; remembered per shape class (these arguments, the GPU and
     the tests' tile overrides). ``position``: a call with T5's relative-position term: the one-tile short-row kernels
@@ -100,13 +100,14 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     bucket sums and the term in their first product carry it). ``causal``: a causal call: the short-row backward's
     :data:`.configs.CAUSAL_CONFIGS` (kind "short" or "short2", whichever ``short`` holds). ``dropout``: a call with
     attention dropout (the kernels' ``DROPOUT`` variant): :data:`.configs.DROPOUT_CONFIGS` (the mask's registers;
-    entries for dropout with the other variants of the call too), after the others. ``band``: a call with a positional
-    window (``|i - j| <= W``): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
+    entries for dropout with the other variants of the call too), after the others. ``band``: the positional window's
+    ``W`` (``|i - j| <= W``; -1: none): :data:`.configs.BAND_CONFIGS`, and the dropout entries keyed by it
     (``"position_window"``). ``short_rows``: the plan's :attr:`~syntaxkernels.plan.StructurePlan.short_rows` (1: the
     batch's rows are short against the long tiles, 0: they are not, -1: not known). A padded batch of short rows
     (``N > SHORT_ROW_LIMIT`` and ``short_rows`` 1, or not known and ``N <=`` :data:`.configs.PADDED_ROW_LIMIT`;
     calls with a distance window or a positional one, causal calls, grouped-query k, v and T5's term too, T5's term
-    with either window too, but not T5's term with grouped-query k, v; dropout at head dims up to 64) takes
+    with either window too, but not T5's term with grouped-query k, v; dropout at head dims up to 64), and a call of
+    any rows with a positional window of at most :data:`.configs.NARROW_BAND_LIMIT`, takes
     :data:`.configs.PADDED_CONFIGS`' forward, dQ, dK/dV and table tiles first, and its entries naming the call's
     variants ("window" too: a distance window) or dropout last (with dropout its table kernel's entries only where
     they name dropout). A batch of long rows (``short_rows`` 0,
@@ -114,8 +115,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     dropout) takes :data:`.configs.LONG_ROW_CONFIGS` over the family's tiles."""
     arch = current_arch()
     tiny = abs(scale) < 1e-30
+    narrow = 0 <= band <= _configs.NARROW_BAND_LIMIT
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, short_rows, _configs._BLOCK_OVERRIDE,
-           _configs._SHORT_ROWS, position, grouped, tiny, causal, dropout, band)
+           _configs._SHORT_ROWS, position, grouped, tiny, causal, dropout, band >= 0, narrow)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
@@ -131,9 +133,9 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
         dkdv=select_config("dkdv", dtype, width, family),
         table=select_config("table_extra" if extra else "table", dtype, width, family, arch))
     variants = frozenset(name for name, on in (("causal", causal), ("grouped_kv", grouped), ("position", position),
-                                               ("position_window", band), ("window", window >= 0)) if on)
+                                               ("position_window", band >= 0), ("window", window >= 0)) if on)
     rows_short = short_rows > 0 if short_rows >= 0 else N <= _configs.PADDED_ROW_LIMIT
-    padded = (N > _configs.SHORT_ROW_LIMIT and rows_short and not (position and grouped)
+    padded = (N > _configs.SHORT_ROW_LIMIT and (rows_short or narrow) and not (position and grouped)
               and _configs._BLOCK_OVERRIDE is None)
     long_rows = (short_rows == 0 and N > 2 * _configs.SHORT_ROW_LIMIT and window < 0 and not variants and not dropout
                  and _configs._BLOCK_OVERRIDE is None)
@@ -141,7 +143,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     overrides += [_configs.long_row_overrides(dtype, width, family, arch)] if long_rows else []
     overrides += [_configs.grouped_overrides(dtype, width, family, arch)] if grouped else []
     overrides += [_configs.position_overrides(dtype, width, family, arch, variants)] if position else []
-    overrides += [_configs.band_overrides(dtype, width, family, arch)] if band else []
+    overrides += [_configs.band_overrides(dtype, width, family, arch)] if band >= 0 else []
     overrides += [_configs.causal_overrides(dtype, width, family, arch)] if causal else []
     overrides += [_configs.dropout_overrides(dtype, width, family, arch, variants)] if dropout else []
     overrides += [_configs.padded_overrides(dtype, width, family, arch, dropout, variants, last=True)] if padded else []
@@ -383,7 +385,7 @@ def bias_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, di
     stride_tr = table.stride(0) if rows > 1 else 0
     lut_args = (table, bias_scale, bucket_lut)
     configs = launch_configs(N, D, DV, q.dtype, rows, window, _NO_BUCKETS, position_table is not None,
-                             H > k.shape[1], scale, causal, dropout_p > 0.0, band >= 0, short_rows)
+                             H > k.shape[1], scale, causal, dropout_p > 0.0, band, short_rows)
     short = configs.fwd_short
     if short is not None:  # one tile a sequence, a group of heads in one program
         groups = head_groups(B, H, q.device)
@@ -578,7 +580,7 @@ def _backward_kernels(dout, q, k, v, out, lse, distance, lut, lengths, meta, sca
         return dq.zero_(), dk.zero_(), dv.zero_(), sums, pos_sums
     stride_lh = lut.stride(0) if rows > 1 else 0
     configs = launch_configs(N, D, DV, q.dtype, rows, window, spec, bool(position), H > k.shape[1], scale, causal,
-                             bool(drop), bool(band), short_rows)
+                             bool(drop), band.get("band", -1), short_rows)
     dkdv_config, dq_config = configs.dkdv, configs.dq
     block_d, block_dv = head_block(D), head_block(DV)
     precision = dot_precision(q.dtype)

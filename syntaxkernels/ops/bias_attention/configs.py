@@ -405,6 +405,14 @@ def _opaque_bias(family: str) -> bool:
 #: tiles).
 PADDED_ROW_LIMIT = 512
 
+#: Calls with a positional window of at most this ``W`` (``|i - j| <= W``: a sliding-window layer as ModernBERT's local
+#: ones, W = 64) take :data:`PADDED_CONFIGS` whatever the rows' length (long trees, long documents): the live tiles
+#: lie in a band of ``2 W + 1`` diagonals, which the long rows' 128-row tiles cover with more dead area than the padded
+#: ones' cost in instructions. A layer after the batch's first, per valid pair, the padded tiles against the family's
+#: (``inspect --workload long-4096,odd-1000 --arch all --head-dim 64,128 --position-window W``, bf16, spill-free):
+#: W = 16 -19..-41%, W = 64 -11..-26% on every family; W = 128 -1..-15% but sm_100 -0..+2%; W = 256 -5..+15%.
+NARROW_BAND_LIMIT = 64
+
 #: The tiled forward, dQ, dK/dV and table kernels' tiles on padded batches of short rows (:data:`PADDED_ROW_LIMIT`),
 #: over :data:`CONFIGS` (and sm_100's / sm_120's own): ``(kind, family, dtype class, head-dim class) -> fields``. The
 #: long rows' tiles (128 query rows a dQ program, 128 keys a dK/dV program) compute 6.4-10.3 score elements a valid pair
@@ -599,6 +607,10 @@ PADDED_CONFIGS: Dict[tuple, dict] = {
     ("dkdv", "small", "half", 128, "causal", "grouped_kv", "position_window"): dict(num_stages=1),
     ("dkdv", "sm120", "half", 64, "causal", "grouped_kv", "position_window"): dict(BLOCK_M=16, BLOCK_N=64),
     ("dkdv", "sm120", "half", 128, "causal", "grouped_kv", "position_window"): dict(num_stages=1),
+    # A narrow positional window on long rows (NARROW_BAND_LIMIT) takes these tiles too: in causal calls sm_100's
+    # dK/dV at D64 (32x64, three stages) kept 8 B on the stack on odd-1000 (two stages: on long-4096 and finetune-512);
+    # on one stage it does not, 3.9 a valid pair on odd-1000 (4.0 spilling), 96.8 on finetune-512 (98.0; 16x64 105.0).
+    ("dkdv", "sm100", "half", 64, "causal", "position_window"): dict(num_stages=1),
 }
 
 #: Batches whose plan says their rows are long (:attr:`~syntaxkernels.plan.StructurePlan.short_rows` False: the rows
@@ -804,7 +816,7 @@ CAUSAL_CONFIGS: Dict[Tuple[str, str, str, int], dict] = {
 }
 
 
-#: The kernels' tiles in calls with a positional window (``launch_configs(..., band=True)``: the BAND variant, its
+#: The kernels' tiles in calls with a positional window (``launch_configs(..., band=W)``: the BAND variant, its
 #: boundary tiles masked by ``|i - j| <= W``), over :data:`CONFIGS`: ``(kind, family, dtype class, head-dim class)
 #: -> fields`` as :data:`POSITION_CONFIGS`. Compiled as launched on pairs, odd-77 and odd-1000 (``inspect --workload
 #: pairs,odd-77,odd-1000 --position-window 10``, no dropout: with dropout, :data:`DROPOUT_CONFIGS`' entries keyed by
