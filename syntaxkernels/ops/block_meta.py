@@ -88,10 +88,9 @@ def _block_distance_range_kernel(DIST, LENGTHS, MIN_OUT, MAX_OUT,
 
 
 def _tile_warps(block_m: int, block_n: int) -> int:
-    """Warps of a block-metadata program: one per 1024 pairs of its tile, one to four, and four for a tile of 128 rows
-    (on two warps sm_120's compiler kept a value of the 128 x 16 bucket-set kernel on the stack). On a padded batch
-    most programs hold padding only and exit at once; a 32 x 32 tile on one warp keeps each such program one warp."""
-    return 4 if block_m >= 128 else max(1, min(4, block_m * block_n // 1024))
+    """Warps of a block-metadata program: one per 1024 pairs of its tile, one to four. On a padded batch most
+    programs hold padding only and exit at once; a 32 x 32 tile on one warp keeps each such program one warp."""
+    return max(1, min(4, block_m * block_n // 1024))
 
 
 def _tile_grid(num_q: int, num_k: int, B: int):
