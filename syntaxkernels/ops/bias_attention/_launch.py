@@ -117,7 +117,7 @@ def launch_configs(N: int, D: int, DV: int, dtype: torch.dtype, lut_rows: int, w
     tiny = abs(scale) < 1e-30
     narrow = 0 <= band <= _configs.NARROW_BAND_LIMIT
     key = (N, D, DV, dtype, lut_rows, window >= 0, spec, arch, short_rows, _configs._BLOCK_OVERRIDE,
-           _configs._SHORT_ROWS, position, grouped, tiny, causal, dropout, band >= 0, narrow)
+           _configs._SHORT_ROWS, narrow, position, grouped, tiny, causal, dropout, band >= 0)
     found = _CONFIGS.get(key)
     if found is not None:
         return found
